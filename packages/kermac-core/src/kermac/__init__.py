@@ -1,0 +1,39 @@
+"""kermac: fused GPU kernels for kernel machines, for PyTorch.
+
+Pairwise p-norm distances (:func:`cdist`), fused kernel matrices (:func:`run_kernel` with a
+:class:`KernelDescriptor` or a preset), the gradient contraction behind AGOP
+(:func:`cdist_grad`), semiring programs written in :mod:`kermac.ir` (:func:`run_program`), and
+cuSOLVER linear algebra (:mod:`kermac.linalg`, from the ``kermac-linalg`` package).
+
+Importing kermac is cheap: backends (NVRTC, Triton) load their heavy modules on first use.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from kermac import ir, presets
+from kermac._version import __version__
+from kermac.api import backends, cdist, cdist_grad, run_grad_program, run_kernel, run_program
+from kermac.descriptor import KernelDescriptor
+from kermac.errors import BackendError, BackendUnavailableError, UnsupportedProblemError
+from kermac.programs import GradProgram, PairwiseProgram
+
+__all__ = [
+    "__version__", "cdist", "run_kernel", "cdist_grad", "run_program", "run_grad_program", "backends",
+    "KernelDescriptor", "PairwiseProgram", "GradProgram", "ir", "presets", "linalg",
+    "BackendError", "BackendUnavailableError", "UnsupportedProblemError",
+]
+
+
+def __getattr__(name: str) -> Any:
+    if name == "linalg":
+        try:
+            import kermac_linalg
+        except ImportError as exc:
+            raise AttributeError(
+                "kermac.linalg needs the kermac-linalg package: pip install 'kermac-core[linalg]'"
+            ) from exc
+        globals()["linalg"] = kermac_linalg
+        return kermac_linalg
+    raise AttributeError(f"module 'kermac' has no attribute {name!r}")

@@ -1,0 +1,282 @@
+"""The public operations: :func:`cdist`, :func:`run_kernel`, :func:`cdist_grad`, :func:`run_program`.
+
+Each call validates its arguments, lowers them to a semiring program (:mod:`kermac.programs`),
+normalises the problem (:mod:`kermac.problem`), picks a backend (:mod:`kermac.registry`) and lets
+it write the output.  Nothing here synchronises with the host unless ``debug`` is on.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+
+import torch
+
+from kermac import ir, presets, registry
+from kermac.descriptor import KernelDescriptor
+from kermac.hyperparams import Check, HyperValue, check_values, finite, nonnegative, normalize_hyper, positive_finite
+from kermac.logs import debug_enabled, logger
+from kermac.problem import GradProblem, PairwiseProblem, check_tensor, grad_problem, pairwise_problem
+from kermac.programs import GradProgram, PairwiseProgram
+
+__all__ = ["cdist", "run_kernel", "cdist_grad", "run_program", "run_grad_program", "backends"]
+
+
+def backends() -> list[registry.BackendStatus]:
+    """Every registered backend with its availability (and the reason when unavailable)."""
+    return registry.backend_statuses()
+
+
+def cdist(
+    x: torch.Tensor,
+    z: torch.Tensor,
+    p: float | torch.Tensor = 2.0,
+    *,
+    out: torch.Tensor | None = None,
+    skip_epilogue: bool = False,
+    backend: str = "auto",
+    debug: bool = False,
+) -> torch.Tensor:
+    r"""p-norm distance between every row of ``x`` and every row of ``z``, like :func:`torch.cdist`.
+
+    .. math:: \mathrm{out}[\dots, m, n] = \Big(\sum_k |x[\dots, m, k] - z[\dots, n, k]|^p\Big)^{1/p}
+
+    Args:
+        x: ``[..., M, D]`` floating tensor.
+        z: ``[..., N, D]``, same dtype and device; batch dimensions broadcast with ``x``'s.
+        p: in [0, ∞].  ``p = 0`` counts differing coordinates, ``p = ∞`` takes the maximum;
+            1 and 2 have fast paths (2 is computed from differences, exact for near-duplicate
+            rows).  A tensor gives one ``p`` per batch entry (values must be finite and > 0;
+            see :mod:`kermac.hyperparams` for the broadcasting rule).
+        out: optional ``[..., M, N]`` output of the inputs' dtype and device, any strides.
+        skip_epilogue: return the inner reduction ``Σ_k |x − z|^p`` without the ``1/p`` root
+            (squared distances for ``p = 2``; no effect for ``p`` in {0, 1, ∞}).
+        backend: ``"auto"`` or a backend name (``"torch"``, ``"nvrtc"``, ``"triton"``).
+        debug: log backend choice and compilation through the ``kermac`` logger.
+
+    Returns:
+        ``out``, shape ``[*broadcast(batch), M, N]``.
+    """
+    debug = debug_enabled(debug)
+    x = check_tensor("x", x)
+    if isinstance(p, torch.Tensor) and not (p.dim() == 0 and p.device.type == "cpu"):
+        descriptor = presets.lp_distance
+        hypers = _hypers({"p": (p, positive_finite)}, x.device, debug)
+    else:
+        pv = normalize_hyper("p", p, device=x.device, check=nonnegative).scalar
+        descriptor, hypers = _cdist_scalar_p(pv, x.device)
+    if skip_epilogue:
+        descriptor = descriptor.replace(outer="identity")
+    problem = pairwise_problem(descriptor.lower(), x, z, out=out, hypers=hypers, debug=debug)
+    return _run_pairwise(problem, backend, "cdist")
+
+
+def _cdist_scalar_p(p: float, device: torch.device) -> tuple[KernelDescriptor, dict[str, HyperValue]]:
+    special = {0.0: presets.l0_distance, 1.0: presets.l1_distance, 2.0: presets.l2_distance, math.inf: presets.linf_distance}
+    if p in special:
+        return special[p], {}
+    return presets.lp_distance, {"p": HyperValue("p", p)}
+
+
+def run_kernel(
+    descriptor: KernelDescriptor | str,
+    x: torch.Tensor,
+    z: torch.Tensor,
+    *,
+    out: torch.Tensor | None = None,
+    p: float | torch.Tensor | None = None,
+    bandwidth: float | torch.Tensor | None = None,
+    regularization: float | torch.Tensor | None = None,
+    offset_m: int = 0,
+    offset_n: int = 0,
+    backend: str = "auto",
+    debug: bool = False,
+) -> torch.Tensor:
+    r"""One fused pass computing the kernel matrix named by ``descriptor``.
+
+    .. math:: \mathrm{out}[\dots, m, n] = \kappa\big(d(x_m, z_n)\big) + \lambda\,[m + o_m = n + o_n]
+
+    where ``d`` is the distance (or dot product) the descriptor defines and ``κ`` its kernel
+    function (identity if none); see ``docs/formulas.md`` for every formula.
+
+    Args:
+        descriptor: a :class:`~kermac.descriptor.KernelDescriptor` or the name of a preset in
+            :mod:`kermac.presets` (e.g. ``"laplace_l2"``).
+        x: ``[..., M, D]``; z: ``[..., N, D]`` (batch dimensions broadcast).
+        p: the norm exponent, required exactly when the descriptor uses it (> 0, finite).
+        bandwidth: σ > 0, required exactly when the descriptor has a kernel function.
+        regularization: λ added on the shifted diagonal ``m + offset_m == n + offset_n``;
+            ``None`` (default) adds nothing.
+        offset_m, offset_n: diagonal offsets, e.g. the row/column origin of a tile of a larger
+            kernel matrix.
+        out, backend, debug: as in :func:`cdist`.
+
+    Every hyperparameter may be a number or a tensor broadcasting against the batch dimensions
+    (one value per batch entry computes a batch of kernel matrices in one launch).
+    """
+    debug = debug_enabled(debug)
+    descriptor = _descriptor(descriptor)
+    x = check_tensor("x", x)
+    given = {"p": p, "bandwidth": bandwidth}
+    needed = {"p": descriptor.needs_p, "bandwidth": descriptor.needs_bandwidth}
+    for name, value in given.items():
+        if needed[name] and value is None:
+            raise ValueError(f"{name}: required by descriptor {descriptor.key()}, got None")
+        if not needed[name] and value is not None:
+            raise ValueError(f"{name}: descriptor {descriptor.key()} does not use {name}; got {name}={value!r}")
+    checks: dict[str, tuple[object, Check]] = {"p": (p, positive_finite), "bandwidth": (bandwidth, positive_finite), "regularization": (regularization, finite)}
+    hypers = _hypers({k: v for k, v in checks.items() if v[0] is not None}, x.device, debug)
+    program = descriptor.lower(regularized=regularization is not None)
+    problem = pairwise_problem(program, x, z, out=out, hypers=hypers, offset_m=offset_m, offset_n=offset_n, debug=debug)
+    return _run_pairwise(problem, backend, "run_kernel")
+
+
+def _descriptor(descriptor: object) -> KernelDescriptor:
+    if isinstance(descriptor, KernelDescriptor):
+        return descriptor
+    if isinstance(descriptor, str):
+        try:
+            return presets.ALL[descriptor]
+        except KeyError:
+            raise ValueError(f"descriptor: expected a KernelDescriptor or a preset name ({', '.join(presets.ALL)}); got {descriptor!r}") from None
+    raise TypeError(f"descriptor: expected a KernelDescriptor or a preset name, got {type(descriptor).__name__}")
+
+
+def cdist_grad(
+    a: torch.Tensor,
+    b: torch.Tensor,
+    c: torch.Tensor,
+    d: torch.Tensor,
+    *,
+    p: float | torch.Tensor = 2.0,
+    out: torch.Tensor | None = None,
+    backend: str = "auto",
+    debug: bool = False,
+) -> torch.Tensor:
+    r"""The gradient contraction behind AGOP and kernel-predictor gradients.
+
+    .. math:: \mathrm{out}[o, n, m] = \sum_k c[o, k]\, a[k, m]\, \operatorname{sgn}(d[n, m] - b[n, k])\, |d[n, m] - b[n, k]|^{p - 1}
+
+    with sgn(0) = 0, so a term with ``d[n, m] == b[n, k]`` is 0 for every p (also 0 < p < 1).
+
+    Args:
+        a: ``[..., K, M]`` (e.g. the kernel matrix's derivative factor).
+        b: ``[..., N, K]`` (e.g. the centres, features × points).
+        c: ``[..., O, K]`` (e.g. the coefficients).
+        d: ``[..., N, M]`` (e.g. the evaluation points, features × points).
+        p: > 0 and finite; a tensor gives one p per batch entry.  1 and 2 have fast paths.
+        out: optional ``[..., O, N, M]``.  backend, debug: as in :func:`cdist`.
+    """
+    debug = debug_enabled(debug)
+    a = check_tensor("a", a)
+    hypers = _hypers({"p": (p, positive_finite)}, a.device, debug)
+    hv = hypers["p"]
+    t = ir.Var("d") - ir.Var("b")
+    if hv.scalar == 1.0:
+        multiply, hypers = ir.sign(t), {}
+    elif hv.scalar == 2.0:
+        multiply, hypers = t, {}
+    else:
+        general = ir.sign(t) * ir.pow(abs(t), ir.Hyper("p") - 1.0)
+        multiply = ir.select(ir.ne(t, 0.0), general, 0.0)
+    program = GradProgram(multiply=multiply, epilogue=ir.Var("acc"))
+    problem = grad_problem(program, a, b, c, d, out=out, hypers=hypers, debug=debug)
+    return _run_grad(problem, backend, "cdist_grad")
+
+
+def run_program(
+    program: PairwiseProgram,
+    x: torch.Tensor,
+    z: torch.Tensor,
+    *,
+    hypers: Mapping[str, float | torch.Tensor] | None = None,
+    out: torch.Tensor | None = None,
+    offset_m: int = 0,
+    offset_n: int = 0,
+    backend: str = "auto",
+    debug: bool = False,
+) -> torch.Tensor:
+    """Run a pairwise semiring program written directly in :mod:`kermac.ir`.
+
+    ``hypers`` maps every :class:`~kermac.ir.Hyper` name the program reads to a number or tensor
+    (any value but NaN; tensors broadcast against the batch dimensions).
+    """
+    debug = debug_enabled(debug)
+    if not isinstance(program, PairwiseProgram):
+        raise TypeError(f"program: expected a kermac.programs.PairwiseProgram, got {type(program).__name__}")
+    x = check_tensor("x", x)
+    hv = _program_hypers(program.hypers, hypers, x.device, debug)
+    problem = pairwise_problem(program, x, z, out=out, hypers=hv, offset_m=offset_m, offset_n=offset_n, debug=debug)
+    return _run_pairwise(problem, backend, "run_program")
+
+
+def run_grad_program(
+    program: GradProgram,
+    a: torch.Tensor,
+    b: torch.Tensor,
+    c: torch.Tensor,
+    d: torch.Tensor,
+    *,
+    hypers: Mapping[str, float | torch.Tensor] | None = None,
+    out: torch.Tensor | None = None,
+    backend: str = "auto",
+    debug: bool = False,
+) -> torch.Tensor:
+    """Run a gradient program written directly in :mod:`kermac.ir` (shapes as in :func:`cdist_grad`)."""
+    debug = debug_enabled(debug)
+    if not isinstance(program, GradProgram):
+        raise TypeError(f"program: expected a kermac.programs.GradProgram, got {type(program).__name__}")
+    a = check_tensor("a", a)
+    hv = _program_hypers(program.hypers, hypers, a.device, debug)
+    problem = grad_problem(program, a, b, c, d, out=out, hypers=hv, debug=debug)
+    return _run_grad(problem, backend, "run_grad_program")
+
+
+def _any_value(v: float) -> str | None:
+    return None
+
+
+def _program_hypers(names: tuple[str, ...], given: Mapping[str, object] | None, device: torch.device, debug: bool) -> dict[str, HyperValue]:
+    given = dict(given or {})
+    missing = [n for n in names if n not in given]
+    extra = [n for n in given if n not in names]
+    if missing or extra:
+        raise ValueError(f"hypers: expected exactly the program's hyperparameters {list(names)}; missing {missing}, unknown {extra}")
+    return _hypers({n: (v, _any_value) for n, v in given.items()}, device, debug)
+
+
+def _hypers(specs: Mapping[str, tuple[object, Check]], device: torch.device, debug: bool) -> dict[str, HyperValue]:
+    out = {}
+    for name, (value, check) in specs.items():
+        hv = normalize_hyper(name, value, device=device, check=check)
+        if debug:
+            check_values(hv, check)
+        out[name] = hv
+    return out
+
+
+def _run_pairwise(problem: PairwiseProblem, backend: str, op: str) -> torch.Tensor:
+    if problem.out.numel() == 0:
+        return problem.out
+    chosen = registry.select_backend(backend, problem, lambda b, pr: b.check_pairwise(pr), "pairwise problem")
+    if problem.debug:
+        logger.debug(
+            "%s: backend %s; batch %s, M=%d N=%d D=%d, %s on %s; program %s",
+            op, chosen.name, list(problem.batch_shape), problem.m, problem.n, problem.d, problem.dtype, problem.device, problem.program.key(),
+        )
+    chosen.pairwise(problem)
+    return problem.out
+
+
+def _run_grad(problem: GradProblem, backend: str, op: str) -> torch.Tensor:
+    if problem.out.numel() == 0:
+        return problem.out
+    chosen = registry.select_backend(backend, problem, lambda b, pr: b.check_grad(pr), "gradient problem")
+    if problem.debug:
+        m, n, o, k = problem.sizes
+        logger.debug(
+            "%s: backend %s; batch %s, M=%d N=%d O=%d K=%d, %s on %s; program %s",
+            op, chosen.name, list(problem.batch_shape), m, n, o, k, problem.dtype, problem.device, problem.program.key(),
+        )
+    chosen.grad(problem)
+    return problem.out

@@ -1,0 +1,74 @@
+"""The interface every kermac backend implements.
+
+A backend is an object registered through the ``kermac.backends`` entry-point group (see
+:mod:`kermac.hookspecs`).  Core normalises every call into a problem object
+(:class:`kermac.problem.PairwiseProblem` or :class:`kermac.problem.GradProblem`) and hands it to
+the first backend that is available and supports it.  Backends write into ``problem.out``; they
+never allocate other memory except documented workspaces, and never synchronise with the host.
+
+Importing the module that defines a backend class must be cheap: heavy dependencies (triton,
+cuda-core, ...) are imported inside :meth:`Backend.availability` and the run methods.
+"""
+
+from __future__ import annotations
+
+import abc
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, ClassVar
+
+if TYPE_CHECKING:
+    from kermac.problem import GradProblem, PairwiseProblem
+
+__all__ = ["Availability", "Backend"]
+
+
+@dataclass(frozen=True)
+class Availability:
+    """Whether a backend can run at all on this machine, and why not."""
+
+    available: bool
+    reason: str | None = None
+    version: str | None = None
+
+    @classmethod
+    def yes(cls, version: str | None = None) -> Availability:
+        return cls(True, None, version)
+
+    @classmethod
+    def no(cls, reason: str) -> Availability:
+        return cls(False, reason, None)
+
+
+class Backend(abc.ABC):
+    """Base class of kermac backends.
+
+    Subclasses set :attr:`name` (what users pass as ``backend=``) and :attr:`priority` (``auto``
+    tries higher priorities first), and implement the methods below.
+    """
+
+    name: ClassVar[str]
+    priority: ClassVar[int] = 0
+    description: ClassVar[str] = ""
+
+    @abc.abstractmethod
+    def availability(self) -> Availability:
+        """Whether this backend can run on this machine.  Must not raise; may be cached."""
+
+    @abc.abstractmethod
+    def check_pairwise(self, problem: PairwiseProblem) -> str | None:
+        """``None`` if :meth:`pairwise` can run ``problem``, else the reason it cannot."""
+
+    @abc.abstractmethod
+    def pairwise(self, problem: PairwiseProblem) -> None:
+        """Compute the fused pairwise kernel of ``problem`` into ``problem.out``."""
+
+    @abc.abstractmethod
+    def check_grad(self, problem: GradProblem) -> str | None:
+        """``None`` if :meth:`grad` can run ``problem``, else the reason it cannot."""
+
+    @abc.abstractmethod
+    def grad(self, problem: GradProblem) -> None:
+        """Compute the gradient contraction of ``problem`` into ``problem.out``."""
+
+    def __repr__(self) -> str:
+        return f"<kermac backend {self.name!r}>"

@@ -1,0 +1,221 @@
+"""Problem normalisation: turn a user call into one validated object every backend consumes.
+
+Shapes follow :func:`torch.cdist`: trailing matrix dimensions, leading batch dimensions that
+broadcast.  Inputs are expanded to the common batch shape as views (broadcast dimensions get
+stride 0); nothing is copied, so backends read the caller's memory with whatever strides it has.
+Backends write into ``problem.out``, which is either the caller's ``out`` (any strides, no
+overlapping elements) or a fresh contiguous tensor.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import torch
+
+from kermac.hyperparams import HyperValue
+from kermac.programs import GradProgram, PairwiseProgram
+
+__all__ = ["SUPPORTED_DTYPES", "PairwiseProblem", "GradProblem", "pairwise_problem", "grad_problem", "check_tensor"]
+
+SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+
+
+@dataclass(frozen=True, eq=False)
+class PairwiseProblem:
+    """``out[*B, M, N] = program(x[*B, M, D], z[*B, N, D], hypers)``; see :mod:`kermac.programs`."""
+
+    program: PairwiseProgram
+    x: torch.Tensor
+    z: torch.Tensor
+    out: torch.Tensor
+    hypers: Mapping[str, HyperValue]
+    offset_m: int
+    offset_n: int
+    batch_shape: tuple[int, ...]
+    debug: bool = False
+
+    @property
+    def m(self) -> int:
+        return self.x.shape[-2]
+
+    @property
+    def n(self) -> int:
+        return self.z.shape[-2]
+
+    @property
+    def d(self) -> int:
+        return self.x.shape[-1]
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.x.dtype
+
+    @property
+    def device(self) -> torch.device:
+        return self.x.device
+
+
+@dataclass(frozen=True, eq=False)
+class GradProblem:
+    """``out[*B, O, N, M] = program(a[*B, K, M], b[*B, N, K], c[*B, O, K], d[*B, N, M])``."""
+
+    program: GradProgram
+    a: torch.Tensor
+    b: torch.Tensor
+    c: torch.Tensor
+    d: torch.Tensor
+    out: torch.Tensor
+    hypers: Mapping[str, HyperValue]
+    batch_shape: tuple[int, ...]
+    debug: bool = False
+
+    @property
+    def sizes(self) -> tuple[int, int, int, int]:
+        """(M, N, O, K)."""
+        return self.a.shape[-1], self.b.shape[-2], self.c.shape[-2], self.a.shape[-2]
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.a.dtype
+
+    @property
+    def device(self) -> torch.device:
+        return self.a.device
+
+
+def check_tensor(name: str, t: object, *, min_dim: int = 2) -> torch.Tensor:
+    """``t`` if it is a tensor of a supported floating dtype with at least ``min_dim`` dims."""
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
+    if t.dtype not in SUPPORTED_DTYPES:
+        names = ", ".join(str(d) for d in SUPPORTED_DTYPES)
+        raise TypeError(f"{name}: expected dtype {names}; got {t.dtype}")
+    if t.dim() < min_dim:
+        raise ValueError(f"{name}: expected at least {min_dim} dimensions [..., rows, cols], got shape {tuple(t.shape)}")
+    return t
+
+
+def _same(names: tuple[str, ...], tensors: tuple[torch.Tensor, ...]) -> None:
+    first_name, first = names[0], tensors[0]
+    for name, t in zip(names[1:], tensors[1:]):
+        if t.dtype != first.dtype:
+            raise TypeError(f"{name}: expected dtype {first.dtype} (the dtype of {first_name}), got {t.dtype}")
+        if t.device != first.device:
+            raise ValueError(f"{name}: expected a tensor on {first.device} (the device of {first_name}), got {t.device}")
+
+
+def _no_autograd(names: tuple[str, ...], tensors: tuple[torch.Tensor, ...]) -> None:
+    if torch.is_grad_enabled():
+        for name, t in zip(names, tensors):
+            if t.requires_grad:
+                raise ValueError(
+                    f"{name}: requires grad, but kermac operations are not differentiable yet; "
+                    "call under torch.no_grad() or pass a detached tensor"
+                )
+
+
+def _batch_shape(named: Mapping[str, tuple[int, ...]]) -> tuple[int, ...]:
+    try:
+        return tuple(torch.broadcast_shapes(*named.values()))
+    except RuntimeError:
+        desc = ", ".join(f"{k} {list(v)}" for k, v in named.items())
+        raise ValueError(f"batch dimensions do not broadcast: {desc}") from None
+
+
+def _prepare_out(out: torch.Tensor | None, shape: tuple[int, ...], like: torch.Tensor) -> torch.Tensor:
+    if out is None:
+        return torch.empty(shape, dtype=like.dtype, device=like.device)
+    if not isinstance(out, torch.Tensor):
+        raise TypeError(f"out: expected a torch.Tensor or None, got {type(out).__name__}")
+    if tuple(out.shape) != shape:
+        raise ValueError(f"out: expected shape {list(shape)}, got {list(out.shape)}")
+    if out.dtype != like.dtype:
+        raise TypeError(f"out: expected dtype {like.dtype}, got {out.dtype}")
+    if out.device != like.device:
+        raise ValueError(f"out: expected a tensor on {like.device}, got one on {out.device}")
+    if any(st == 0 and sz > 1 for st, sz in zip(out.stride(), out.shape)):
+        raise ValueError(f"out: expected a tensor without overlapping elements, got strides {list(out.stride())}")
+    if out.requires_grad and torch.is_grad_enabled():
+        raise ValueError("out: must not require grad")
+    return out
+
+
+def _hyper_shapes(hypers: Mapping[str, HyperValue]) -> dict[str, tuple[int, ...]]:
+    return {name: tuple(h.tensor.shape) for name, h in hypers.items() if h.tensor is not None}
+
+
+def pairwise_problem(
+    program: PairwiseProgram,
+    x: object,
+    z: object,
+    *,
+    out: torch.Tensor | None,
+    hypers: Mapping[str, HyperValue],
+    offset_m: int = 0,
+    offset_n: int = 0,
+    debug: bool = False,
+) -> PairwiseProblem:
+    """Validate and normalise a pairwise call (shapes, dtypes, devices, batch, ``out``)."""
+    x = check_tensor("x", x)
+    z = check_tensor("z", z)
+    _same(("x", "z"), (x, z))
+    _no_autograd(("x", "z"), (x, z))
+    if x.shape[-1] != z.shape[-1]:
+        raise ValueError(f"z: expected {x.shape[-1]} features in the last dimension (as x), got shape {list(z.shape)} (x: {list(x.shape)})")
+    for name, off in (("offset_m", offset_m), ("offset_n", offset_n)):
+        if isinstance(off, bool) or not isinstance(off, int):
+            raise TypeError(f"{name}: expected an int, got {type(off).__name__}")
+    batch = _batch_shape({"x": tuple(x.shape[:-2]), "z": tuple(z.shape[:-2]), **_hyper_shapes(hypers)})
+    m, n, d = x.shape[-2], z.shape[-2], x.shape[-1]
+    return PairwiseProblem(
+        program=program,
+        x=x.expand(batch + (m, d)),
+        z=z.expand(batch + (n, d)),
+        out=_prepare_out(out, batch + (m, n), x),
+        hypers={k: h.expanded(batch) for k, h in hypers.items()},
+        offset_m=offset_m,
+        offset_n=offset_n,
+        batch_shape=batch,
+        debug=debug,
+    )
+
+
+def grad_problem(
+    program: GradProgram,
+    a: object,
+    b: object,
+    c: object,
+    d: object,
+    *,
+    out: torch.Tensor | None,
+    hypers: Mapping[str, HyperValue],
+    debug: bool = False,
+) -> GradProblem:
+    """Validate and normalise a gradient contraction: a [..,K,M], b [..,N,K], c [..,O,K], d [..,N,M]."""
+    names = ("a", "b", "c", "d")
+    ts = tuple(check_tensor(nm, t) for nm, t in zip(names, (a, b, c, d)))
+    _same(names, ts)
+    _no_autograd(names, ts)
+    a, b, c, d = ts
+    k, m = a.shape[-2], a.shape[-1]
+    n, o = b.shape[-2], c.shape[-2]
+    expect = {"b": (b, -1, k, "K (a.shape[-2])"), "c": (c, -1, k, "K (a.shape[-2])"), "d": (d, -1, m, "M (a.shape[-1])")}
+    for name, (t, dim, size, what) in expect.items():
+        if t.shape[dim] != size:
+            raise ValueError(f"{name}: expected size {size} in dimension {dim} to match {what}, got shape {list(t.shape)}")
+    if d.shape[-2] != n:
+        raise ValueError(f"d: expected size {n} in dimension -2 to match N (b.shape[-2]), got shape {list(d.shape)}")
+    batch = _batch_shape({nm: tuple(t.shape[:-2]) for nm, t in zip(names, ts)} | _hyper_shapes(hypers))
+    return GradProblem(
+        program=program,
+        a=a.expand(batch + (k, m)),
+        b=b.expand(batch + (n, k)),
+        c=c.expand(batch + (o, k)),
+        d=d.expand(batch + (n, m)),
+        out=_prepare_out(out, batch + (o, n, m), a),
+        hypers={nm: h.expanded(batch) for nm, h in hypers.items()},
+        batch_shape=batch,
+        debug=debug,
+    )

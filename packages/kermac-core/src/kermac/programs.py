@@ -1,0 +1,101 @@
+"""Semiring programs: the complete per-element description of a fused kernel, in IR.
+
+A *pairwise program* computes, for every batch entry ``b`` and every pair ``(m, n)``::
+
+    acc          = REDUCE_{k < D} inner(x = x[b, m, k], z = z[b, n, k])
+    out[b, m, n] = epilogue(acc = acc, diag = [m + offset_m == n + offset_n])
+
+with ``REDUCE`` one of sum / max / min (identities 0, −∞, +∞).  ``diag`` is 1.0 on the shifted
+diagonal and 0.0 elsewhere (it implements ``K + λI``).
+
+A *gradient program* computes, for every batch entry ``b`` and every ``(o, n, m)``::
+
+    acc             = Σ_{k < K} c[b, o, k] · a[b, k, m] · multiply(d = d[b, n, m], b = b[b, n, k])
+    out[b, o, n, m] = epilogue(acc = acc)
+
+The product structure ``c · a · multiply(d, b)`` is fixed (it is what lets a backend turn the
+contraction over ``k`` into matrix products); ``multiply`` and ``epilogue`` are free.
+
+Both are frozen and hashable; :meth:`key` is their canonical text, used in JIT cache keys.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from kermac.ir import Expr, free_vars, hyper_names, to_sexpr
+
+__all__ = ["REDUCTIONS", "PairwiseProgram", "GradProgram"]
+
+#: Reduction name → identity element.
+REDUCTIONS: dict[str, float] = {"sum": 0.0, "max": -math.inf, "min": math.inf}
+
+
+def _check_vars(what: str, expr: Expr, allowed: frozenset[str]) -> None:
+    if not isinstance(expr, Expr):
+        raise TypeError(f"{what}: expected a kermac.ir.Expr, got {type(expr).__name__}")
+    extra = free_vars(expr) - allowed
+    if extra:
+        raise ValueError(f"{what}: may use variables {sorted(allowed)}, got unknown {sorted(extra)}")
+
+
+@dataclass(frozen=True)
+class PairwiseProgram:
+    """``out[b,m,n] = epilogue(REDUCE_k inner(x[b,m,k], z[b,n,k]), diag)``; see the module docs."""
+
+    inner: Expr
+    reduction: str
+    epilogue: Expr
+
+    INNER_VARS = frozenset({"x", "z"})
+    EPILOGUE_VARS = frozenset({"acc", "diag"})
+
+    def __post_init__(self) -> None:
+        _check_vars("inner", self.inner, self.INNER_VARS)
+        _check_vars("epilogue", self.epilogue, self.EPILOGUE_VARS)
+        if self.reduction not in REDUCTIONS:
+            raise ValueError(f"reduction: expected one of {sorted(REDUCTIONS)}, got {self.reduction!r}")
+
+    @property
+    def identity(self) -> float:
+        """The reduction's identity (the value of an empty reduction)."""
+        return REDUCTIONS[self.reduction]
+
+    @property
+    def hypers(self) -> tuple[str, ...]:
+        """Sorted names of the hyperparameters the program reads."""
+        return tuple(sorted(hyper_names(self.inner) | hyper_names(self.epilogue)))
+
+    @property
+    def uses_diag(self) -> bool:
+        """Whether the epilogue reads ``diag`` (the backend must then compute it)."""
+        return "diag" in free_vars(self.epilogue)
+
+    def key(self) -> str:
+        """Canonical text of the program."""
+        return f"pairwise;{self.reduction};{to_sexpr(self.inner)};{to_sexpr(self.epilogue)}"
+
+
+@dataclass(frozen=True)
+class GradProgram:
+    """``out[b,o,n,m] = epilogue(Σ_k c[b,o,k]·a[b,k,m]·multiply(d[b,n,m], b[b,n,k]))``."""
+
+    multiply: Expr
+    epilogue: Expr
+
+    MULTIPLY_VARS = frozenset({"d", "b"})
+    EPILOGUE_VARS = frozenset({"acc"})
+
+    def __post_init__(self) -> None:
+        _check_vars("multiply", self.multiply, self.MULTIPLY_VARS)
+        _check_vars("epilogue", self.epilogue, self.EPILOGUE_VARS)
+
+    @property
+    def hypers(self) -> tuple[str, ...]:
+        """Sorted names of the hyperparameters the program reads."""
+        return tuple(sorted(hyper_names(self.multiply) | hyper_names(self.epilogue)))
+
+    def key(self) -> str:
+        """Canonical text of the program."""
+        return f"grad;{to_sexpr(self.multiply)};{to_sexpr(self.epilogue)}"

@@ -1,0 +1,55 @@
+"""Evaluate :mod:`kermac.ir` expressions with broadcasting torch operations."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+
+import torch
+
+from kermac.ir import Call, Const, Expr, Hyper, Var
+
+__all__ = ["evaluate"]
+
+_TORCH_OPS: dict[str, Callable[..., torch.Tensor]] = {
+    "add": torch.add,
+    "sub": torch.sub,
+    "mul": torch.mul,
+    "div": torch.div,
+    "neg": torch.neg,
+    "abs": torch.abs,
+    "sqrt": torch.sqrt,
+    "exp": torch.exp,
+    "log": torch.log,
+    "pow": torch.pow,
+    "min": torch.minimum,  # NaN propagates, as the IR specifies
+    "max": torch.maximum,
+    "sign": torch.sign,  # sign(0) = 0, NaN stays NaN
+    "lt": torch.lt,
+    "le": torch.le,
+    "gt": torch.gt,
+    "ge": torch.ge,
+    "eq": torch.eq,
+    "ne": torch.ne,
+}
+
+
+def evaluate(expr: Expr, env: Mapping[str, torch.Tensor | float], *, like: torch.Tensor) -> torch.Tensor:
+    """Value of ``expr`` with ``Var``/``Hyper`` names looked up in ``env``.
+
+    Numbers become 0-d tensors of ``like``'s dtype and device; comparisons give 0/1 in that
+    dtype; ``select`` is ``torch.where``.  The result broadcasts the shapes of its inputs.
+    """
+    if isinstance(expr, Const):
+        return torch.tensor(expr.value, dtype=like.dtype, device=like.device)
+    if isinstance(expr, (Var, Hyper)):
+        value = env[expr.name]
+        if isinstance(value, torch.Tensor):
+            return value
+        return torch.tensor(value, dtype=like.dtype, device=like.device)
+    assert isinstance(expr, Call)
+    args = [evaluate(a, env, like=like) for a in expr.args]
+    if expr.op == "select":
+        cond, if_true, if_false = args
+        return torch.where(cond != 0, if_true, if_false)
+    result = _TORCH_OPS[expr.op](*args)
+    return result.to(like.dtype) if result.dtype == torch.bool else result
