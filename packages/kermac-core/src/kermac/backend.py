@@ -70,5 +70,12 @@ class Backend(abc.ABC):
     def grad(self, problem: GradProblem) -> None:
         """Compute the gradient contraction of ``problem`` into ``problem.out``."""
 
+    def precompile(self, problems: list[PairwiseProblem | GradProblem]) -> list[str]:
+        """Compile ahead of time whatever running ``problems`` would compile; names what was built.
+
+        Backends that compile nothing (the reference backend) keep this default.
+        """
+        return []
+
     def __repr__(self) -> str:
         return f"<kermac backend {self.name!r}>"
