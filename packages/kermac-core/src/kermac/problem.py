@@ -93,7 +93,7 @@ def check_tensor(name: str, t: object, *, min_dim: int = 2) -> torch.Tensor:
         names = ", ".join(str(d) for d in SUPPORTED_DTYPES)
         raise TypeError(f"{name}: expected dtype {names}; got {t.dtype}")
     if t.dim() < min_dim:
-        raise ValueError(f"{name}: expected at least {min_dim} dimensions [..., rows, cols], got shape {tuple(t.shape)}")
+        raise ValueError(f"{name}: expected at least {min_dim} dimensions [..., rows, cols], got shape {list(t.shape)}")
     return t
 
 

@@ -1,0 +1,107 @@
+"""Shared test helpers: the backend × device matrix and independent float64 references.
+
+The references below are written from the formulas in ``docs/formulas.md`` with plain
+broadcasting in float64 on the CPU; they share no code with kermac.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+
+import pytest
+import torch
+
+BACKENDS = ("torch", "nvrtc", "triton")
+
+#: (backend, device) pairs; CUDA ones carry the ``gpu`` mark (run with ``pytest -m gpu``).
+#: Backends that can run CPU tensors (Triton only through its interpreter, TRITON_INTERPRET=1).
+CPU_BACKENDS = ("torch", "triton")
+
+BACKEND_DEVICES = [
+    pytest.param(b, dev, id=f"{b}-{dev}", marks=[pytest.mark.gpu] if dev == "cuda" else [])
+    for b in BACKENDS
+    for dev in ("cpu", "cuda")
+    if dev == "cuda" or b in CPU_BACKENDS
+]
+
+#: Backends that must be available (comma-separated in KERMAC_REQUIRE_BACKENDS): on the GPU
+#: machine an unavailable required backend fails instead of skipping.
+REQUIRED = {b for b in os.environ.get("KERMAC_REQUIRE_BACKENDS", "").split(",") if b}
+
+
+def require_backend(name: str, device: str, op: str = "pairwise") -> None:
+    """Skip (or fail, if required) unless backend ``name`` can run ``op`` on ``device``."""
+    import kermac
+    from kermac import registry
+
+    def give_up(reason: str) -> None:
+        if name in REQUIRED and device == "cuda":
+            pytest.fail(f"required backend {name!r} cannot run on {device}: {reason}")
+        pytest.skip(f"backend {name!r} on {device}: {reason}")
+
+    if name not in registry.registered_backends():
+        give_up("not installed")
+    status = {s.name: s for s in kermac.backends()}[name]
+    if not status.available:
+        give_up(status.reason or "unavailable")
+    backend = registry.get_backend(name)
+    from kermac.problem import grad_problem, pairwise_problem
+
+    if op == "pairwise":
+        x = torch.zeros(2, 3, device=device)
+        reason = backend.check_pairwise(pairwise_problem(kermac.presets.l1_distance.lower(), x, x, out=None, hypers={}))
+    else:
+        prog = kermac.GradProgram(kermac.ir.Var("d") - kermac.ir.Var("b"), kermac.ir.Var("acc"))
+        a, b, c, d = (torch.zeros(s, device=device) for s in ((3, 2), (2, 3), (2, 3), (2, 2)))  # K=3, M=2, N=2, O=2
+        reason = backend.check_grad(grad_problem(prog, a, b, c, d, out=None, hypers={}))
+    if reason is not None:
+        give_up(reason)
+
+
+def tolerance(dtype: torch.dtype) -> float:
+    """Relative Frobenius tolerance of an output in ``dtype`` (fp32: the PEERS.md bound)."""
+    return {torch.float64: 1e-11, torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1.6e-2}[dtype]
+
+
+def rel_error(actual: torch.Tensor, expected: torch.Tensor) -> float:
+    """‖actual − expected‖_F / ‖expected‖_F in float64 (NaN if ``actual`` has a NaN)."""
+    a, e = actual.detach().double().cpu(), expected.double().cpu()
+    if torch.isnan(a).any() and not torch.isnan(e).any():
+        return math.nan
+    denom = e.norm().item() or 1.0
+    return (a - e).norm().item() / denom
+
+
+def assert_close(actual: torch.Tensor, expected: torch.Tensor, tol: float) -> None:
+    assert actual.shape == expected.shape, f"shape {tuple(actual.shape)} != {tuple(expected.shape)}"
+    err = rel_error(actual, expected)
+    assert err <= tol, f"relative error {err:.3e} > {tol:.1e}"
+
+
+def ref_distance_sum(x: torch.Tensor, z: torch.Tensor, p: float) -> torch.Tensor:
+    """Σ_k |x_mk − z_nk|^p in float64 (p = 0: count of non-zeros; p = inf: the max)."""
+    diff = (x.double().cpu()[..., :, None, :] - z.double().cpu()[..., None, :, :]).abs()
+    if p == 0:
+        return (diff != 0).double().sum(-1)
+    if p == math.inf:
+        return diff.amax(-1) if diff.shape[-1] else diff.sum(-1)
+    return diff.pow(p).sum(-1)
+
+
+def ref_cdist(x: torch.Tensor, z: torch.Tensor, p: float) -> torch.Tensor:
+    """(Σ_k |x_mk − z_nk|^p)^(1/p) in float64."""
+    s = ref_distance_sum(x, z, p)
+    return s if p in (0, 1, math.inf) else s.pow(1.0 / p)
+
+
+def ref_grad(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, d: torch.Tensor, p: float) -> torch.Tensor:
+    """Σ_k c[o,k]·a[k,m]·sgn(d[n,m]−b[n,k])·|d[n,m]−b[n,k]|^(p−1), with 0 where d = b."""
+    a, b, c, d = (t.double().cpu() for t in (a, b, c, d))
+    t = d[..., :, :, None] - b[..., :, None, :]  # [..., N, M, K]
+    phi = torch.where(t != 0, torch.sign(t) * t.abs().pow(p - 1), torch.zeros_like(t))
+    return torch.einsum("...ok,...km,...nmk->...onm", c, a, phi)
+
+
+def randn(*shape: int, dtype: torch.dtype = torch.float32, device: str = "cpu") -> torch.Tensor:
+    return torch.randn(*shape, dtype=torch.float64).to(dtype=dtype, device=device)

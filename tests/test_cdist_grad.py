@@ -1,0 +1,86 @@
+"""kermac.cdist_grad and kermac.run_grad_program on every backend against a float64 einsum."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from helpers import BACKEND_DEVICES, assert_close, randn, ref_grad, require_backend, tolerance
+
+import kermac
+from kermac import ir
+
+GRAD_TOL = 1e-4  # PEERS.md: gradients to 1e-4 relative in float32
+
+
+def grad_sizes(device: str) -> tuple[int, int, int, int]:
+    """(M, N, O, K): small on the CPU, past the tile sizes on a GPU."""
+    return (6, 5, 3, 7) if device == "cpu" else (203, 37, 17, 301)
+
+
+def operands(m: int, n: int, o: int, k: int, *, device: str, dtype: torch.dtype = torch.float32, layout: str = "contiguous"):
+    if layout == "contiguous":
+        return (randn(k, m, dtype=dtype, device=device), randn(n, k, dtype=dtype, device=device),
+                randn(o, k, dtype=dtype, device=device), randn(n, m, dtype=dtype, device=device))
+    if layout == "transposed":
+        return (randn(m, k, dtype=dtype, device=device).T, randn(k, n, dtype=dtype, device=device).T,
+                randn(k, o, dtype=dtype, device=device).T, randn(m, n, dtype=dtype, device=device).T)
+    if layout == "broadcast":
+        return (randn(2, k, m, dtype=dtype, device=device), randn(n, k, dtype=dtype, device=device),
+                randn(3, 1, o, k, dtype=dtype, device=device), randn(1, n, m, dtype=dtype, device=device))
+    raise AssertionError(layout)
+
+
+@pytest.mark.parametrize(("backend", "device"), BACKEND_DEVICES)
+@pytest.mark.parametrize("layout", ["contiguous", "transposed", "broadcast"])
+@pytest.mark.parametrize("p", [1.0, 2.0, 1.5, 3.0, 0.5])
+def test_matches_reference(backend: str, device: str, layout: str, p: float) -> None:
+    require_backend(backend, device, "grad")
+    a, b, c, d = operands(*grad_sizes(device), device=device, layout=layout)
+    out = kermac.cdist_grad(a, b, c, d, p=p, backend=backend)
+    assert_close(out, ref_grad(a, b, c, d, p), GRAD_TOL)
+
+
+@pytest.mark.parametrize(("backend", "device"), BACKEND_DEVICES)
+@pytest.mark.parametrize("p", [1.0, 0.5, 1.5])
+def test_ties_contribute_zero(backend: str, device: str, p: float) -> None:
+    """Where d[n,m] == b[n,k] the term is 0 (sgn(0) = 0), also for p < 1 where |0|^(p-1) is infinite."""
+    require_backend(backend, device, "grad")
+    m, n, o, k = grad_sizes(device)
+    a, b, c, d = operands(m, n, o, k, device=device)
+    d[:, : min(m, k)] = b[:, : min(m, k)]  # exact ties on a block of (n, m=k) pairs
+    out = kermac.cdist_grad(a, b, c, d, p=p, backend=backend)
+    assert torch.isfinite(out).all()
+    assert_close(out, ref_grad(a, b, c, d, p), GRAD_TOL)
+
+
+@pytest.mark.parametrize(("backend", "device"), BACKEND_DEVICES)
+def test_out_poisoned_and_batched_p(backend: str, device: str) -> None:
+    require_backend(backend, device, "grad")
+    m, n, o, k = grad_sizes(device)
+    a, b, c, d = operands(m, n, o, k, device=device)
+    ps = [1.0, 1.5, 2.0]
+    out = torch.full((3, o, n, m), math.nan, device=device)
+    kermac.cdist_grad(a, b, c, d, p=torch.tensor(ps, device=device), out=out, backend=backend)
+    assert_close(out, torch.stack([ref_grad(a, b, c, d, p) for p in ps]), GRAD_TOL)
+
+
+@pytest.mark.parametrize(("backend", "device"), BACKEND_DEVICES)
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float64])
+def test_other_dtypes(backend: str, device: str, dtype: torch.dtype) -> None:
+    require_backend(backend, device, "grad")
+    a, b, c, d = operands(*grad_sizes(device), device=device, dtype=dtype)
+    out = kermac.cdist_grad(a, b, c, d, p=1.5, backend=backend)
+    assert out.dtype == dtype
+    assert_close(out, ref_grad(a, b, c, d, 1.5), max(tolerance(dtype), GRAD_TOL if dtype != torch.float64 else 1e-11))
+
+
+@pytest.mark.parametrize(("backend", "device"), BACKEND_DEVICES)
+def test_user_grad_program(backend: str, device: str) -> None:
+    """mm-kermac's example: scale · Σ_k c·(alpha·(d − b))·a."""
+    require_backend(backend, device, "grad")
+    a, b, c, d = operands(*grad_sizes(device), device=device)
+    prog = kermac.GradProgram(ir.Hyper("alpha") * (ir.Var("d") - ir.Var("b")), ir.Var("acc") * ir.Hyper("scale"))
+    out = kermac.run_grad_program(prog, a, b, c, d, hypers={"alpha": 0.25, "scale": 2.0}, backend=backend)
+    assert_close(out, 0.5 * ref_grad(a, b, c, d, 2.0), GRAD_TOL)

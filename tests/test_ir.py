@@ -1,0 +1,88 @@
+"""The expression IR, semiring programs and descriptors (construction, validation, canonical keys)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from kermac import KernelDescriptor, PairwiseProgram, GradProgram, ir, presets
+from kermac.reference.evaluate import evaluate
+
+x, z, p = ir.Var("x"), ir.Var("z"), ir.Hyper("p")
+
+
+def test_operators_build_trees_that_compare_by_value() -> None:
+    e = ir.exp(-abs(x - z) / p) + 2 * x ** 0.5
+    same = ir.exp(-abs(x - z) / p) + 2 * x ** 0.5
+    assert e == same and hash(e) == hash(same)
+    assert e != ir.exp(-abs(z - x) / p) + 2 * x ** 0.5
+    assert str(e) == "(add (exp (div (neg (abs (sub x z))) $p)) (mul 2.0 (pow x 0.5)))"
+    assert ir.free_vars(e) == {"x", "z"} and ir.hyper_names(e) == {"p"}
+
+
+def test_constructor_validation() -> None:
+    with pytest.raises(ValueError, match="Call op: expected one of"):
+        ir.Call("tanh", (x,))
+    with pytest.raises(ValueError, match="'sub': expected 2 argument"):
+        ir.Call("sub", (x,))
+    with pytest.raises(TypeError, match="Expr or a real number, got str"):
+        x + "1"
+    with pytest.raises(ValueError, match="Var name: expected a Python identifier"):
+        ir.Var("not a name")
+    with pytest.raises(TypeError, match="Const value: expected a real number, got bool"):
+        ir.Const(True)
+
+
+def test_render_with_a_backend_table() -> None:
+    ops = {"sub": "({0} - {1})", "abs": "fabsf({0})", "pow": "powf({0}, {1})"}
+    text = ir.render(ir.pow(abs(x - z), p), const=repr, var=lambda n: f"{n}_v", hyper=lambda n: f"h_{n}", ops=ops)
+    assert text == "powf(fabsf((x_v - z_v)), h_p)"
+    with pytest.raises(KeyError, match="'exp' has no rendering"):
+        ir.render(ir.exp(x), const=repr, var=str, hyper=str, ops=ops)
+
+
+@pytest.mark.parametrize(
+    ("expr", "expected"),
+    [
+        (ir.sign(x - z), [-1.0, 0.0, 1.0]),
+        (ir.select(ir.gt(x, z), x, z), [2.0, 1.0, 3.0]),
+        (ir.maximum(x, ir.Const(math.nan)), [math.nan] * 3),
+        (ir.ne(x, z) + ir.le(x, z) * 10, [11.0, 10.0, 1.0]),
+    ],
+)
+def test_semantics_table(expr: ir.Expr, expected: list[float]) -> None:
+    """The reference evaluator implements the documented semantics (sign(0) = 0, NaN-propagating max, 0/1 comparisons)."""
+    env = {"x": torch.tensor([0.0, 1.0, 3.0], dtype=torch.float64), "z": torch.tensor([2.0, 1.0, -1.0], dtype=torch.float64)}
+    got = evaluate(expr, env, like=env["x"])
+    torch.testing.assert_close(got, torch.tensor(expected, dtype=torch.float64), equal_nan=True)
+
+
+def test_programs_validate_variables_and_reductions() -> None:
+    with pytest.raises(ValueError, match=r"inner: may use variables \['x', 'z'\], got unknown \['acc'\]"):
+        PairwiseProgram(ir.Var("acc"), "sum", ir.Var("acc"))
+    with pytest.raises(ValueError, match="reduction: expected one of"):
+        PairwiseProgram(x, "prod", ir.Var("acc"))
+    with pytest.raises(ValueError, match=r"multiply: may use variables \['b', 'd'\]"):
+        GradProgram(x, ir.Var("acc"))
+    prog = presets.laplace_lp.lower(regularized=True)
+    assert prog.hypers == ("bandwidth", "p", "regularization") and prog.uses_diag
+    assert not presets.laplace_lp.lower().uses_diag
+
+
+def test_descriptor_validation_and_keys() -> None:
+    with pytest.raises(ValueError, match="power: expected one of 'abs', 'square', 'pow', 'nonzero', 'identity'; got 'cube'"):
+        KernelDescriptor(power="cube")
+    with pytest.raises(ValueError, match="kernel: a kernel function needs inner='difference'"):
+        KernelDescriptor(inner="product", power="identity", kernel="laplace")
+    with pytest.raises(ValueError, match="kernel: expected one of"):
+        KernelDescriptor(kernel="sinc")
+    d = presets.l2_distance.replace(kernel="gaussian")
+    assert d == presets.gaussian and hash(d) == hash(presets.gaussian)
+    assert d.key() == "inner=difference;power=square;reduction=sum;outer=sqrt;kernel=gaussian"
+    assert len({desc.lower().key() for desc in presets.ALL.values()}) == len(presets.ALL)
+
+
+def test_gaussian_needs_no_square_root() -> None:
+    assert "sqrt" not in str(presets.gaussian.lower().epilogue)

@@ -1,0 +1,149 @@
+"""Backend discovery and selection: third-party plugins installed from a temporary directory."""
+
+from __future__ import annotations
+
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+
+import kermac
+from kermac import registry
+
+PLUGINS = {
+    # Available, priority above the reference, refuses float64 so `auto` must fall through.
+    "fake_good": '''
+        import torch
+        from kermac.backend import Availability, Backend
+        from kermac.hookspecs import hookimpl
+        from kermac.reference.backend import ReferenceBackend
+
+        CALLS = []
+
+        class FakeBackend(Backend):
+            name = "fake"
+            priority = 50
+
+            def availability(self):
+                return Availability.yes("9.9")
+
+            def check_pairwise(self, problem):
+                return "float64 is not supported" if problem.dtype == torch.float64 else None
+
+            def pairwise(self, problem):
+                CALLS.append(problem.program.key())
+                ReferenceBackend().pairwise(problem)
+
+            def check_grad(self, problem):
+                return "no gradients here"
+
+            def grad(self, problem):
+                raise AssertionError("never selected")
+
+        @hookimpl
+        def kermac_backends():
+            return [FakeBackend()]
+    ''',
+    # Installed but cannot run here.
+    "fake_unavailable": '''
+        from kermac.backend import Availability, Backend
+        from kermac.hookspecs import hookimpl
+
+        class Missing(Backend):
+            name = "missing"
+            priority = 99
+
+            def availability(self):
+                return Availability.no("needs the FakeAccelerator 3000")
+
+            def check_pairwise(self, problem):
+                return None
+
+            def pairwise(self, problem):
+                raise AssertionError("unavailable backend was run")
+
+            def check_grad(self, problem):
+                return None
+
+            def grad(self, problem):
+                raise AssertionError("unavailable backend was run")
+
+        @hookimpl
+        def kermac_backends():
+            return [Missing()]
+    ''',
+    # Fails at import.
+    "fake_broken": '''
+        raise ImportError("libfake.so: cannot open shared object file")
+    ''',
+}
+
+
+@pytest.fixture
+def plugins(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """Install the fake plugins as a distribution with entry points in ``tmp_path``."""
+    for name, source in PLUGINS.items():
+        (tmp_path / f"{name}.py").write_text(textwrap.dedent(source))
+    info = tmp_path / "fake_kermac_plugins-0.1.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: fake-kermac-plugins\nVersion: 0.1\n")
+    (info / "entry_points.txt").write_text(
+        "[kermac.backends]\n" + "".join(f"{name} = {name}\n" for name in PLUGINS)
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.warns(RuntimeWarning, match="fake_broken"):
+        registry.reset()
+        statuses = {s.name: s for s in kermac.backends()}
+    yield statuses
+    for name in PLUGINS:
+        sys.modules.pop(name, None)
+    registry.reset()
+
+
+def test_discovered_and_reported(plugins) -> None:
+    assert plugins["fake"].available and plugins["fake"].version == "9.9"
+    assert not plugins["missing"].available and "FakeAccelerator" in plugins["missing"].reason
+    assert plugins["fake_broken"].broken and "libfake.so" in plugins["fake_broken"].reason
+    assert plugins["torch"].available
+
+
+def test_auto_prefers_priority_and_falls_through(plugins) -> None:
+    import fake_good
+
+    x = torch.randn(4, 3)
+    kermac.cdist(x, x, p=1.0)
+    assert len(fake_good.CALLS) == 1  # the fake (priority 50) beat torch (0); 'missing' (99) was skipped
+    kermac.cdist(x.double(), x.double(), p=1.0)
+    assert len(fake_good.CALLS) == 1  # float64 refused by the fake: torch ran it
+
+
+def test_forcing(plugins, monkeypatch: pytest.MonkeyPatch) -> None:
+    x = torch.randn(4, 3)
+    with pytest.raises(kermac.BackendUnavailableError, match="'missing' is unavailable: needs the FakeAccelerator 3000.*fake, torch"):
+        kermac.cdist(x, x, backend="missing")
+    with pytest.raises(kermac.UnsupportedProblemError, match="'fake' cannot run this pairwise problem: float64 is not supported.*torch"):
+        kermac.cdist(x.double(), x.double(), backend="fake")
+    with pytest.raises(kermac.UnsupportedProblemError, match="'fake' cannot run this gradient problem: no gradients here"):
+        kermac.cdist_grad(x.T, x, x, torch.randn(4, 4), backend="fake")
+    with pytest.raises(ValueError, match="broken plugins: fake_broken"):
+        kermac.cdist(x, x, backend="fake_broken")
+
+
+def test_environment_override(plugins, monkeypatch: pytest.MonkeyPatch) -> None:
+    import fake_good
+
+    x = torch.randn(4, 3)
+    monkeypatch.setenv("KERMAC_BACKEND", "torch")
+    kermac.cdist(x, x)
+    assert fake_good.CALLS == []  # the default 'auto' became 'torch'
+    kermac.cdist(x, x, backend="fake")
+    assert len(fake_good.CALLS) == 1  # an explicit name wins over the variable
+
+
+def test_debug_logs_the_choice(plugins, caplog: pytest.LogCaptureFixture) -> None:
+    x = torch.randn(4, 3)
+    with caplog.at_level("DEBUG", logger="kermac"):
+        kermac.cdist(x, x, p=1.5, debug=True)
+    assert "cdist: backend fake" in caplog.text and "M=4 N=4 D=3" in caplog.text

@@ -1,0 +1,124 @@
+"""kermac.run_kernel (descriptors, presets, kernel functions, regularisation, batched
+hyperparameters) and kermac.run_program (user semiring programs) on every backend."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from helpers import BACKEND_DEVICES, assert_close, randn, ref_cdist, ref_distance_sum, require_backend, tolerance
+from test_cdist import make_layout, sizes
+
+import kermac
+from kermac import ir, presets
+
+SIGMA = 1.7
+
+
+def ref_kernel(name: str, d: torch.Tensor, sigma: float) -> torch.Tensor:
+    """The kernel functions of docs/formulas.md on a float64 distance d."""
+    if name == "laplace":
+        return torch.exp(-d / sigma)
+    if name == "gaussian":
+        return torch.exp(-(d**2) / (2 * sigma**2))
+    if name == "matern32":
+        t = math.sqrt(3) * d / sigma
+        return (1 + t) * torch.exp(-t)
+    if name == "matern52":
+        t = math.sqrt(5) * d / sigma
+        return (1 + t + 5 * d**2 / (3 * sigma**2)) * torch.exp(-t)
+    if name == "cauchy":
+        return 1 / (1 + d**2 / sigma**2)
+    raise AssertionError(name)
+
+
+def ref_preset(name: str, x: torch.Tensor, z: torch.Tensor, p: float, sigma: float) -> torch.Tensor:
+    """float64 reference of every preset, from first principles."""
+    if name == "dot_product":
+        return x.double().cpu() @ z.double().cpu().transpose(-1, -2)
+    if name == "squared_l2_distance":
+        return ref_distance_sum(x, z, 2.0)
+    norms = {"l0_distance": 0.0, "l1_distance": 1.0, "l2_distance": 2.0, "lp_distance": p, "linf_distance": math.inf,
+             "laplace_l1": 1.0, "laplace_l2": 2.0, "laplace_lp": p}
+    if name in norms:
+        d = ref_cdist(x, z, norms[name])
+        return ref_kernel("laplace", d, sigma) if name.startswith("laplace") else d
+    return ref_kernel(name, ref_cdist(x, z, 2.0), sigma)
+
+
+def preset_hypers(desc: kermac.KernelDescriptor, p: float, sigma: float) -> dict[str, float]:
+    hypers = {}
+    if desc.needs_p:
+        hypers["p"] = p
+    if desc.needs_bandwidth:
+        hypers["bandwidth"] = sigma
+    return hypers
+
+
+@pytest.mark.parametrize(("backend", "device"), BACKEND_DEVICES)
+@pytest.mark.parametrize("layout", ["contiguous", "broadcast", "transposed"])
+@pytest.mark.parametrize("name", sorted(presets.ALL))
+def test_presets(backend: str, device: str, layout: str, name: str) -> None:
+    require_backend(backend, device)
+    x, z = make_layout(layout, *sizes(device), torch.float32, device)
+    desc = presets.ALL[name]
+    out = kermac.run_kernel(desc, x, z, backend=backend, **preset_hypers(desc, 1.3, SIGMA))
+    assert_close(out, ref_preset(name, x, z, 1.3, SIGMA), tolerance(torch.float32))
+
+
+@pytest.mark.parametrize(("backend", "device"), BACKEND_DEVICES)
+@pytest.mark.parametrize(("offset_m", "offset_n"), [(0, 0), (3, 0), (0, 2), (-1, 4)])
+def test_regularization_on_shifted_diagonal(backend: str, device: str, offset_m: int, offset_n: int) -> None:
+    require_backend(backend, device)
+    m, n, d = sizes(device)
+    x, z = make_layout("contiguous", m, n, d, torch.float32, device)
+    lam = 0.25
+    out = kermac.run_kernel("laplace_l1", x, z, bandwidth=SIGMA, regularization=lam, offset_m=offset_m, offset_n=offset_n, backend=backend)
+    rows = torch.arange(m)[:, None] + offset_m
+    cols = torch.arange(n)[None, :] + offset_n
+    expected = ref_kernel("laplace", ref_cdist(x, z, 1.0), SIGMA) + lam * (rows == cols).double()
+    assert_close(out, expected, tolerance(torch.float32))
+
+
+@pytest.mark.parametrize(("backend", "device"), BACKEND_DEVICES)
+def test_batched_hyperparameters(backend: str, device: str) -> None:
+    """Bandwidths, p and λ given per batch entry compute every kernel matrix in one call."""
+    require_backend(backend, device)
+    m, n, d = sizes(device)
+    x, z = make_layout("contiguous", m, n, d, torch.float32, device)
+    sigmas, ps, lams = [0.5, 1.0, 4.0], [1.0, 1.5, 2.5], [0.0, 0.1, 1.0]
+    t = lambda v: torch.tensor(v, device=device)  # noqa: E731
+    out = kermac.run_kernel("laplace_lp", x, z, p=t(ps), bandwidth=t(sigmas), regularization=t(lams), backend=backend)
+    eye = (torch.arange(m)[:, None] == torch.arange(n)[None, :]).double()
+    expected = torch.stack([ref_kernel("laplace", ref_cdist(x, z, p), s) + lam * eye for p, s, lam in zip(ps, sigmas, lams)])
+    assert_close(out, expected, tolerance(torch.float32))
+    # A 0-d device tensor and a length-1 tensor broadcast like numbers.
+    out = kermac.run_kernel("gaussian", x, z, bandwidth=t(2.0), backend=backend)
+    assert_close(out, ref_kernel("gaussian", ref_cdist(x, z, 2.0), 2.0), tolerance(torch.float32))
+    out = kermac.run_kernel("gaussian", x, z, bandwidth=t([2.0]), backend=backend)
+    assert_close(out, ref_kernel("gaussian", ref_cdist(x, z, 2.0), 2.0)[None], tolerance(torch.float32))
+
+
+@pytest.mark.parametrize(("backend", "device"), BACKEND_DEVICES)
+def test_user_programs(backend: str, device: str) -> None:
+    """Semiring programs written in the IR: mm-kermac's scaled difference and a tropical (min, +) product."""
+    require_backend(backend, device)
+    m, n, d = sizes(device)
+    x, z = make_layout("contiguous", m, n, d, torch.float32, device)
+    x64, z64 = x.double().cpu(), z.double().cpu()
+
+    scaled = kermac.PairwiseProgram(ir.Hyper("beta") * (ir.Var("z") - ir.Var("x")), "sum", ir.Var("acc") * ir.Hyper("gamma"))
+    out = kermac.run_program(scaled, x, z, hypers={"beta": 0.5, "gamma": 2.0}, backend=backend)
+    assert_close(out, z64.sum(-1)[None, :] - x64.sum(-1)[:, None], 1e-5)
+
+    tropical = kermac.PairwiseProgram(ir.Var("x") + ir.Var("z"), "min", ir.Var("acc"))
+    out = kermac.run_program(tropical, x, z, backend=backend)
+    assert_close(out, (x64[:, None, :] + z64[None, :, :]).amin(-1), 1e-6)
+
+    clipped = kermac.PairwiseProgram(
+        ir.select(ir.gt(abs(ir.Var("x") - ir.Var("z")), ir.Hyper("tau")), 1.0, 0.0), "max", ir.Var("acc") + ir.Var("diag")
+    )
+    out = kermac.run_program(clipped, x, z, hypers={"tau": 2.5}, backend=backend)
+    eye = (torch.arange(m)[:, None] == torch.arange(n)[None, :]).double()
+    assert_close(out, ((x64[:, None, :] - z64[None, :, :]).abs() > 2.5).double().amax(-1) + eye, 1e-6)
