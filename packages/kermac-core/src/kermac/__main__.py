@@ -1,0 +1,5 @@
+"""``python -m kermac``: the ``kermac`` command line."""
+
+from kermac.cli import main
+
+raise SystemExit(main())

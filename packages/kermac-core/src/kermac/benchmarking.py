@@ -1,0 +1,436 @@
+"""The benchmark harness shared by ``kermac bench`` and the asv suites in ``benchmarks/``.
+
+A :class:`BenchCase` names one problem -- an operation, its sizes, ``p``, the kernel function --
+and builds its inputs; :func:`kermac_fn` and :func:`torch_fn` give the callables to time (kermac
+through a chosen backend writing into a preallocated ``out``, and PyTorch's own way of computing
+the same thing); :func:`reference` computes the float64 answer with the reference backend and
+:func:`max_rel_error` compares against it; :func:`time_ms` times a callable.
+
+Operations and shapes (all float32 ``torch.randn`` inputs):
+
+* ``"cdist"``, sizes ``(M, N, D)``: ``x [M, D]``, ``z [N, D]`` → ``[M, N]``, the p-norm distance.
+* ``"kernel"``, sizes ``(M, N, D)``: the same shapes; ``kernel`` is ``"laplace"``
+  (``exp(−‖x−z‖_p/σ)``) or ``"gaussian"`` (``exp(−‖x−z‖₂²/(2σ²))``, p = 2).
+* ``"grad"``, sizes ``(M, N, O, K)``: ``a [K, M]``, ``b [N, K]``, ``c [O, K]``, ``d [N, M]`` →
+  ``out [O, N, M] = Σ_k c[o,k]·a[k,m]·sgn(d[n,m]−b[n,k])·|d[n,m]−b[n,k]|^(p−1)``.
+
+The case lists: :data:`CPU_CASES` (small, for machines without a GPU), :data:`CPU_QUICK_CASES`,
+:data:`PEERS_CASES` (every row of ``shared/PEERS.md`` with the peers' H100 timings and the
+project's targets), :data:`GPU_CASES` (the subset ``kermac bench`` runs by default, < 1 minute on
+an H100) and :data:`GPU_QUICK_CASES`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Literal
+
+import torch
+
+__all__ = [
+    "CPU_CASES",
+    "CPU_QUICK_CASES",
+    "GPU_CASES",
+    "GPU_QUICK_CASES",
+    "PEERS_CASES",
+    "REFERENCE_BACKEND",
+    "BenchCase",
+    "cases_for",
+    "input_sets",
+    "kermac_fn",
+    "max_rel_error",
+    "reference",
+    "rotation_count",
+    "time_ms",
+    "tolerance",
+    "torch_fn",
+]
+
+#: The backend whose float64 results are the oracle (kermac's pure-PyTorch reference).
+REFERENCE_BACKEND = "torch"
+
+Op = Literal["cdist", "kernel", "grad"]
+_OPS = ("cdist", "kernel", "grad")
+_KERNELS = ("laplace", "gaussian")
+
+
+@dataclass(frozen=True)
+class BenchCase:
+    """One benchmark problem.
+
+    Attributes:
+        op: ``"cdist"``, ``"kernel"`` or ``"grad"`` (see the module docstring for shapes).
+        sizes: ``(M, N, D)`` for cdist and kernel, ``(M, N, O, K)`` for grad.
+        p: the norm exponent (> 0).
+        kernel: ``"laplace"`` or ``"gaussian"`` for op ``"kernel"``, else ``None``.
+        device: where inputs are created (``"cpu"``, ``"cuda"``, ``"cuda:1"``, ...).
+        peers: other systems' timings in ms on an H100 (``shared/PEERS.md``), by system name.
+        floor_ms: the hardware floor PEERS.md derives for this case, if any.
+        target_ms: the project's target for this case on an H100, if any.
+    """
+
+    op: Op
+    sizes: tuple[int, ...]
+    p: float = 2.0
+    kernel: str | None = None
+    device: str = "cpu"
+    peers: Mapping[str, float] = field(default_factory=dict, compare=False)
+    floor_ms: float | None = field(default=None, compare=False)
+    target_ms: float | None = field(default=None, compare=False)
+
+    def __post_init__(self) -> None:
+        if self.op not in _OPS:
+            raise ValueError(f"op: expected one of {', '.join(_OPS)}, got {self.op!r}")
+        want = 4 if self.op == "grad" else 3
+        if len(self.sizes) != want or not all(isinstance(s, int) and s > 0 for s in self.sizes):
+            names = "(M, N, O, K)" if self.op == "grad" else "(M, N, D)"
+            raise ValueError(f"sizes: expected {want} positive ints {names} for op {self.op!r}, got {self.sizes!r}")
+        if not (self.p > 0 and math.isfinite(self.p)):
+            raise ValueError(f"p: expected a finite number > 0, got {self.p!r}")
+        if self.op == "kernel":
+            if self.kernel not in _KERNELS:
+                raise ValueError(f"kernel: expected one of {', '.join(_KERNELS)} for op 'kernel', got {self.kernel!r}")
+            if self.kernel == "gaussian" and self.p != 2:
+                raise ValueError(f"p: the gaussian kernel is defined on the L2 distance (p=2), got p={self.p!r}")
+        elif self.kernel is not None:
+            raise ValueError(
+                f"kernel: only op 'kernel' takes a kernel function, got kernel={self.kernel!r} for op {self.op!r}"
+            )
+
+    @property
+    def label(self) -> str:
+        """A short human-readable name, e.g. ``cdist 8192x8192x256 p=1.3``."""
+        p = f"p={self.p:g}"
+        if self.op == "grad":
+            m, n, o, k = self.sizes
+            return f"grad M={m} N={n} O={o} K={k} {p}"
+        dims = "x".join(str(s) for s in self.sizes)
+        if self.op == "kernel":
+            return f"{self.kernel} L{self.p:g} {dims}"
+        return f"cdist {dims} {p}"
+
+    @property
+    def bandwidth(self) -> float:
+        """σ of a kernel case: the typical ‖x−z‖_p of randn rows, ``√2·D^(1/p)``, so values stay O(1)."""
+        return math.sqrt(2.0) * self.sizes[2] ** (1.0 / self.p)
+
+    @property
+    def out_shape(self) -> tuple[int, ...]:
+        """``(M, N)``, or ``(O, N, M)`` for grad."""
+        if self.op == "grad":
+            m, n, o, _ = self.sizes
+            return (o, n, m)
+        return self.sizes[:2]
+
+    @property
+    def input_shapes(self) -> tuple[tuple[int, ...], ...]:
+        """``(x, z)`` shapes, or ``(a, b, c, d)`` for grad."""
+        if self.op == "grad":
+            m, n, o, k = self.sizes
+            return ((k, m), (n, k), (o, k), (n, m))
+        m, n, d = self.sizes
+        return ((m, d), (n, d))
+
+    @property
+    def input_bytes(self) -> int:
+        """Bytes of all float32 inputs of one input set."""
+        return 4 * sum(math.prod(s) for s in self.input_shapes)
+
+    def on(self, device: str | torch.device) -> BenchCase:
+        """The same case with inputs on ``device``."""
+        return dataclasses.replace(self, device=str(device))
+
+    def make_inputs(self, seed: int = 0) -> tuple[torch.Tensor, ...]:
+        """Fresh float32 ``torch.randn`` inputs on :attr:`device`, reproducible from ``seed``."""
+        device = torch.device(self.device)
+        gen = torch.Generator(device=device)
+        gen.manual_seed(seed)
+        return tuple(
+            torch.randn(shape, generator=gen, device=device, dtype=torch.float32) for shape in self.input_shapes
+        )
+
+    def make_out(self) -> torch.Tensor:
+        """An uninitialised float32 output of :attr:`out_shape` on :attr:`device`."""
+        return torch.empty(self.out_shape, device=self.device, dtype=torch.float32)
+
+
+def _cdist(
+    sizes: tuple[int, int, int],
+    p: float,
+    floor: float | None,
+    target: float,
+    torch_ms: float,
+    kermac_ms: float,
+    mm_ms: float,
+) -> BenchCase:
+    peers = {"torch 2.11": torch_ms, "kermac 0.1.2": kermac_ms, "mm-kermac 1.0.0": mm_ms}
+    return BenchCase("cdist", sizes, p, device="cuda", peers=peers, floor_ms=floor, target_ms=target)
+
+
+def _grad(
+    sizes: tuple[int, int, int, int],
+    p: float,
+    target: float,
+    kermac_ms: float | None,
+    mm_ms: float,
+    torch_ms: float | None = None,
+) -> BenchCase:
+    peers = {"kermac 0.1.2": kermac_ms, "mm-kermac 1.0.0": mm_ms, "torch 2.11 einsum": torch_ms}
+    floor = 2.2 if sizes[0] == 4096 else 26.3
+    return BenchCase(
+        "grad",
+        sizes,
+        p,
+        device="cuda",
+        peers={k: v for k, v in peers.items() if v is not None},
+        floor_ms=floor,
+        target_ms=target,
+    )
+
+
+#: Every row of ``shared/PEERS.md`` (float32, one H100 80GB): peers' timings, floors and targets.
+PEERS_CASES: tuple[BenchCase, ...] = (
+    _cdist((30000, 30000, 1024), 1.0, 58.7, 64.0, 2144.0, 73.5, 77.8),
+    _cdist((30000, 30000, 1024), 1.3, 440.0, 300.0, 4060.0, 449.0, 453.0),
+    _cdist((30000, 30000, 1024), 2.0, 14.0, 25.0, 41.5, 74.5, 78.1),
+    _cdist((8192, 8192, 256), 1.0, 1.37, 1.5, 94.4, 1.80, 1.74),
+    _cdist((8192, 8192, 256), 1.3, 8.8, 6.5, 146.7, 9.19, 8.97),
+    _cdist((8192, 8192, 256), 2.0, None, 1.0, 1.60, 1.77, 1.66),
+    _cdist((16384, 16384, 32), 1.0, 0.6, 0.8, 331.7, 1.12, 1.12),
+    _cdist((16384, 16384, 32), 2.0, 0.6, 0.8, 2.32, 1.13, 1.17),
+    BenchCase(
+        "kernel",
+        (16384, 16384, 128),
+        1.0,
+        "laplace",
+        "cuda",
+        {"torch 2.11 cdist+exp": 351.0, "kermac 0.1.2": 3.33},
+        None,
+        2.6,
+    ),
+    BenchCase(
+        "kernel",
+        (16384, 16384, 128),
+        2.0,
+        "laplace",
+        "cuda",
+        {"torch 2.11 cdist+exp": 5.93, "kermac 0.1.2": 3.32},
+        None,
+        1.5,
+    ),
+    _grad((4096, 256, 16, 4096), 1.0, 3.0, 6.38, 6.31),
+    _grad((4096, 256, 16, 4096), 2.0, 3.0, 6.12, 6.03, torch_ms=6.38),
+    _grad((4096, 256, 16, 4096), 1.5, 3.5, 7.38, 7.42),
+    _grad((8192, 768, 16, 8192), 1.0, 30.0, 74.2, 73.3),
+    _grad((8192, 768, 16, 8192), 1.5, 35.0, None, 84.4),
+)
+
+#: The default GPU subset: every PEERS row except the 30000² cdist and the 8192 gradient ones.
+GPU_CASES: tuple[BenchCase, ...] = tuple(
+    c for c in PEERS_CASES if c.sizes[0] != 30000 and not (c.op == "grad" and c.sizes[0] == 8192)
+)
+
+#: ``kermac bench --quick`` on a GPU: one case per operation.
+GPU_QUICK_CASES: tuple[BenchCase, ...] = (
+    next(c for c in PEERS_CASES if c.op == "cdist" and c.sizes == (8192, 8192, 256) and c.p == 1.3),
+    next(c for c in PEERS_CASES if c.op == "kernel" and c.p == 2.0),
+    next(c for c in PEERS_CASES if c.op == "grad" and c.sizes[0] == 4096 and c.p == 1.0),
+)
+
+
+def _small(mnd: tuple[int, int, int], grad: tuple[int, int, int, int]) -> tuple[BenchCase, ...]:
+    return (
+        BenchCase("cdist", mnd, 1.0),
+        BenchCase("cdist", mnd, 1.3),
+        BenchCase("cdist", mnd, 2.0),
+        BenchCase("kernel", mnd, 1.0, "laplace"),
+        BenchCase("kernel", mnd, 2.0, "laplace"),
+        BenchCase("grad", grad, 1.0),
+        BenchCase("grad", grad, 2.0),
+    )
+
+
+#: Machines without a GPU: 1024x1024x64 distances and Laplace kernels, a small gradient.
+CPU_CASES: tuple[BenchCase, ...] = _small((1024, 1024, 64), (1024, 64, 8, 512))
+#: ``kermac bench --quick`` without a GPU (a few seconds on two cores).
+CPU_QUICK_CASES: tuple[BenchCase, ...] = _small((256, 256, 32), (256, 32, 4, 128))
+
+
+def cases_for(device: str | torch.device, *, full: bool = False, quick: bool = False) -> list[BenchCase]:
+    """The cases ``kermac bench`` runs on ``device``: CPU or GPU lists, ``full`` = all PEERS rows."""
+    device = torch.device(device)
+    if device.type == "cpu":
+        chosen = CPU_QUICK_CASES if quick else CPU_CASES
+    else:
+        chosen = PEERS_CASES if full else GPU_QUICK_CASES if quick else GPU_CASES
+    return [c.on(device) for c in chosen]
+
+
+# -- what gets timed --------------------------------------------------------------------------
+
+
+def kermac_fn(case: BenchCase, backend: str) -> Callable[..., torch.Tensor]:
+    """``fn(*inputs, out)``: the case's kermac operation through ``backend``, writing into ``out``."""
+    import kermac
+
+    if case.op == "cdist":
+        p = case.p
+        return lambda x, z, out: kermac.cdist(x, z, p, out=out, backend=backend)
+    if case.op == "grad":
+        p = case.p
+        return lambda a, b, c, d, out: kermac.cdist_grad(a, b, c, d, p=p, out=out, backend=backend)
+    sigma = case.bandwidth
+    if case.kernel == "gaussian":
+        return lambda x, z, out: kermac.run_kernel("gaussian", x, z, out=out, bandwidth=sigma, backend=backend)
+    if case.p in (1.0, 2.0):
+        preset = f"laplace_l{int(case.p)}"
+        return lambda x, z, out: kermac.run_kernel(preset, x, z, out=out, bandwidth=sigma, backend=backend)
+    p = case.p
+    return lambda x, z, out: kermac.run_kernel("laplace_lp", x, z, out=out, p=p, bandwidth=sigma, backend=backend)
+
+
+def torch_fn(case: BenchCase) -> Callable[..., torch.Tensor] | None:
+    """``fn(*inputs)``: how plain PyTorch computes the case (it allocates its output).
+
+    cdist: :func:`torch.cdist`; kernel: ``torch.cdist`` then ``exp``; grad: only for p = 2,
+    ``d[n,m]·(c a)[o,m] − Σ_k c[o,k] a[k,m] b[n,k]`` with two matrix products (``None`` for
+    other p: PyTorch has no memory-bounded way to compute it).
+    """
+    p = case.p
+    if case.op == "cdist":
+        return lambda x, z: torch.cdist(x, z, p)
+    if case.op == "kernel":
+        sigma = case.bandwidth
+        if case.kernel == "gaussian":
+            return lambda x, z: torch.cdist(x, z).square_().mul_(-0.5 / sigma**2).exp_()
+        return lambda x, z: torch.cdist(x, z, p).mul_(-1.0 / sigma).exp_()
+    if p != 2.0:
+        return None
+
+    def grad_p2(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, d: torch.Tensor) -> torch.Tensor:
+        ca = c @ a  # [O, M]
+        cab = torch.matmul(c[:, None, :] * b[None, :, :], a)  # [O, N, K] @ [K, M] -> [O, N, M]
+        return cab.neg_().add_(ca[:, None, :] * d[None, :, :])
+
+    return grad_p2
+
+
+def reference(case: BenchCase, inputs: Sequence[torch.Tensor]) -> torch.Tensor:
+    """The float64 answer for ``inputs`` (upcast), from :data:`REFERENCE_BACKEND`."""
+    wide = [t.double() for t in inputs]
+    out = torch.empty(case.out_shape, device=wide[0].device, dtype=torch.float64)
+    return kermac_fn(case, REFERENCE_BACKEND)(*wide, out)
+
+
+def max_rel_error(result: torch.Tensor, ref: torch.Tensor, *, chunk_elems: int = 1 << 26) -> float:
+    """``max |result − ref| / max |ref|`` (relative error in the max norm), in float64.
+
+    Computed over chunks of at most ``chunk_elems`` elements so it needs no full-size temporary.
+    NaN anywhere in ``result`` gives NaN.  Shapes must match.
+    """
+    if result.shape != ref.shape:
+        raise ValueError(f"result: expected shape {tuple(ref.shape)} (the reference's), got {tuple(result.shape)}")
+    flat_res = result.reshape(-1)
+    flat_ref = ref.reshape(-1)
+    err = torch.zeros((), dtype=torch.float64, device=ref.device)
+    scale = torch.zeros((), dtype=torch.float64, device=ref.device)
+    for start in range(0, flat_ref.numel(), chunk_elems):
+        r = flat_ref[start : start + chunk_elems].double()
+        y = flat_res[start : start + chunk_elems].to(device=ref.device, dtype=torch.float64)
+        err = torch.maximum(err, (y - r).abs().max())  # maximum propagates NaN
+        scale = torch.maximum(scale, r.abs().max())
+    err, scale = float(err), float(scale)
+    if math.isnan(err):
+        return math.nan
+    return err / scale if scale > 0 else (0.0 if err == 0 else math.inf)
+
+
+def tolerance(case: BenchCase) -> float:
+    """Largest :func:`max_rel_error` an fp32 result may show before ``kermac bench`` flags it."""
+    return 1e-3 if case.op == "grad" else 1e-4
+
+
+# -- timing -----------------------------------------------------------------------------------
+
+
+def _l2_bytes(device: torch.device) -> int:
+    props = torch.cuda.get_device_properties(device)
+    return int(getattr(props, "L2_cache_size", 0) or 50 * 2**20)
+
+
+def rotation_count(case: BenchCase, *, l2_bytes: int | None = None, max_sets: int = 32) -> int:
+    """How many input sets to rotate among so the inputs are not L2-resident between calls.
+
+    On CUDA, when one input set is smaller than twice the L2 cache (``l2_bytes``, default: the
+    device's), ``ceil(2·L2 / input_bytes)`` sets (at most ``max_sets``); otherwise, and on the
+    CPU, 1.
+    """
+    device = torch.device(case.device)
+    if device.type != "cuda":
+        return 1
+    l2 = _l2_bytes(device) if l2_bytes is None else l2_bytes
+    if case.input_bytes >= 2 * l2:
+        return 1
+    return min(max_sets, math.ceil(2 * l2 / case.input_bytes))
+
+
+def input_sets(case: BenchCase, *, seed: int = 0, rotate: bool = True) -> list[tuple[torch.Tensor, ...]]:
+    """Input sets for timing: one, or :func:`rotation_count` of them if ``rotate``."""
+    n = rotation_count(case) if rotate else 1
+    return [case.make_inputs(seed + i) for i in range(n)]
+
+
+def time_ms(
+    fn: Callable[..., object],
+    *,
+    device: str | torch.device,
+    warmup: int = 2,
+    repeat: int = 10,
+    args: Sequence[Sequence[object]] | None = None,
+    max_seconds: float | None = None,
+) -> list[float]:
+    """Milliseconds of each of ``repeat`` calls of ``fn`` after ``warmup`` untimed calls.
+
+    Call ``i`` (warm-up included) is ``fn(*args[i % len(args)])``, so several input sets can be
+    rotated; ``args=None`` calls ``fn()``.  On CUDA each call is bracketed by CUDA events on the
+    current stream and the host synchronises only after the warm-up and after the last call; on
+    the CPU ``time.perf_counter`` is used.  With ``max_seconds``, the last warm-up call's time
+    estimates the cost and ``repeat`` is lowered (to no fewer than 3 calls) so the timed calls
+    take about ``max_seconds``.  Report the median with :func:`statistics.median`.
+    """
+    if warmup < 0 or repeat < 1:
+        raise ValueError(f"warmup, repeat: expected warmup >= 0 and repeat >= 1, got warmup={warmup}, repeat={repeat}")
+    device = torch.device(device)
+    sets = [()] if args is None else [tuple(a) for a in args]
+    if not sets:
+        raise ValueError("args: expected at least one argument set (or None), got an empty sequence")
+    cuda = device.type == "cuda"
+    sync = (lambda: torch.cuda.synchronize(device)) if cuda else (lambda: None)
+    estimate = None
+    for i in range(warmup):
+        start = time.perf_counter()
+        fn(*sets[i % len(sets)])
+        sync()
+        estimate = time.perf_counter() - start
+    if max_seconds is not None and estimate:
+        repeat = max(min(repeat, 3), min(repeat, int(max_seconds / estimate)))
+    calls = [sets[(warmup + i) % len(sets)] for i in range(repeat)]
+    if not cuda:
+        times = []
+        for a in calls:
+            start = time.perf_counter()
+            fn(*a)
+            times.append(1e3 * (time.perf_counter() - start))
+        return times
+    with torch.cuda.device(device):
+        events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in calls]
+        for a, (start_ev, end_ev) in zip(calls, events, strict=True):
+            start_ev.record()
+            fn(*a)
+            end_ev.record()
+        sync()
+    return [s.elapsed_time(e) for s, e in events]

@@ -1,0 +1,447 @@
+"""``kermac bench``: time kermac's backends against PyTorch and check every answer.
+
+For each case of :mod:`kermac.benchmarking` it times every selected kermac backend (writing into
+a preallocated ``out``) and PyTorch's own way (``torch.cdist``; then ``exp`` for kernels; two
+matrix products for the p = 2 gradient), checks each result against the float64 answer of the
+reference backend, and prints one row per case: the median time of each implementation, the
+speed-up of the fastest kermac backend over PyTorch, and each implementation's max-norm relative
+error.  An error above the tolerance is flagged with ``!`` and makes the exit code 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import math
+import platform
+import statistics
+import sys
+import warnings
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, TextIO
+
+import torch
+
+import kermac
+from kermac import benchmarking as bm
+from kermac.cli._format import render_table
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Sequence
+
+    from kermac.registry import BackendStatus
+
+__all__ = ["register", "run"]
+
+BASELINE = "torch.cdist"
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "bench",
+        help="time the backends against torch.cdist and check their results",
+        description=(
+            "Time every available kermac backend and torch.cdist on a few cases, check each result against "
+            "the float64 reference, and print a table. Without a CUDA GPU it runs small cases on the CPU."
+        ),
+    )
+    p.add_argument("--device", help="cpu, cuda or cuda:N (default: cuda if a CUDA GPU is visible, else cpu)")
+    p.add_argument("--backends", help="comma-separated kermac backends to time (default: every available one)")
+    p.add_argument(
+        "--repeat", type=_positive_int, help="timed calls per measurement (default 10 on GPU, 5 on CPU; 3 with --quick)"
+    )
+    p.add_argument(
+        "--warmup",
+        type=_nonnegative_int,
+        help="untimed calls first, including JIT compilation (default 2 on GPU, 1 on CPU)",
+    )
+    p.add_argument(
+        "--max-seconds",
+        type=_nonnegative_float,
+        default=2.0,
+        help="lower --repeat (to no fewer than 3) so one measurement takes about this long (default 2; 0 disables)",
+    )
+    p.add_argument(
+        "--no-rotate", action="store_true", help="reuse one input set even when it fits in the GPU's L2 cache"
+    )
+    sizes = p.add_mutually_exclusive_group()
+    sizes.add_argument("--full", action="store_true", help="on a GPU: every case of shared/PEERS.md (several minutes)")
+    sizes.add_argument("--quick", action="store_true", help="fewer, smaller cases and fewer repeats")
+    p.add_argument("--json", action="store_true", help="print the results as JSON instead of a table")
+    p.add_argument("-v", "--verbose", action="store_true", help="explain every n/a cell")
+    p.set_defaults(run=run)
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text}")
+    return value
+
+
+def _nonnegative_float(text: str) -> float:
+    value = float(text)
+    if not value >= 0:
+        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {text}")
+    return value
+
+
+def _nonnegative_int(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text}")
+    return value
+
+
+@dataclass
+class Measurement:
+    """One implementation on one case: its timings and error, or why it could not run."""
+
+    times_ms: list[float] = field(default_factory=list)
+    max_rel_err: float | None = None
+    error: str | None = None
+
+    @property
+    def median_ms(self) -> float | None:
+        return statistics.median(self.times_ms) if self.times_ms else None
+
+
+@dataclass
+class CaseResult:
+    case: bm.BenchCase
+    results: dict[str, Measurement]
+    reference_error: str | None = None
+
+    def best(self, backends: list[str]) -> str | None:
+        """The fastest kermac backend whose answer passed the check."""
+        timed = [
+            (self.results[b].median_ms, b) for b in backends if self.results[b].median_ms is not None and self.ok(b)
+        ]
+        return min(timed)[1] if timed else None
+
+    def ok(self, name: str) -> bool:
+        err = self.results[name].max_rel_err
+        return err is None or err <= bm.tolerance(self.case)
+
+    def speedup(self, backends: list[str]) -> float | None:
+        best = self.best(backends)
+        base = self.results[BASELINE].median_ms
+        if best is None or base is None:
+            return None
+        return base / self.results[best].median_ms
+
+
+class Progress:
+    """One status line on ``stream``: rewritten in place with ``\\r`` on a terminal, else one line per step."""
+
+    def __init__(self, total: int, stream: TextIO) -> None:
+        self.total = total
+        self.done = 0
+        self.stream = stream
+        self.tty = stream.isatty()
+        self._width = 0
+
+    def step(self, what: str) -> None:
+        self.done += 1
+        text = f"[{self.done}/{self.total}] {what}"
+        if self.tty:
+            self.stream.write("\r" + text.ljust(self._width))
+            self._width = len(text)
+        else:
+            self.stream.write(text + "\n")
+        self.stream.flush()
+
+    def close(self) -> None:
+        if self.tty and self._width:
+            self.stream.write("\r" + " " * self._width + "\r")
+            self.stream.flush()
+
+
+def run(args: argparse.Namespace) -> int:
+    device = _resolve_device(args.device)
+    if isinstance(device, str):
+        print(f"kermac bench: {device}", file=sys.stderr)
+        return 2
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # broken plugins are reported below
+        statuses = {s.name: s for s in kermac.backends()}
+    if args.backends:
+        backends = [b.strip() for b in args.backends.split(",") if b.strip()]
+        unknown = [b for b in backends if b not in statuses or statuses[b].broken]
+        if unknown:
+            known = ", ".join(n for n, s in statuses.items() if not s.broken) or "none"
+            print(f"kermac bench: --backends: unknown backend(s) {', '.join(unknown)}; known: {known}", file=sys.stderr)
+            return 2
+        skipped = {
+            n: "not in --backends" if s.available else s.reason or "unavailable"
+            for n, s in statuses.items()
+            if n not in backends
+        }
+    else:
+        backends, skipped = default_backends(list(statuses.values()), device)
+
+    gpu = device.type == "cuda"
+    warmup = args.warmup if args.warmup is not None else 1 if args.quick or not gpu else 2
+    repeat = args.repeat if args.repeat is not None else 3 if args.quick else 10 if gpu else 5
+    cases = bm.cases_for(device, full=args.full, quick=args.quick)
+    settings = _Settings(device, warmup, repeat, args.max_seconds or None, not args.no_rotate)
+
+    progress = Progress(len(cases) * (len(backends) + 2), sys.stderr)
+    try:
+        results = [_run_case(case, backends, statuses, settings, progress) for case in cases]
+    finally:
+        progress.close()
+
+    header = _header(device, warmup, repeat)
+    if args.json:
+        print(json.dumps(_to_json(header, backends, skipped, results), indent=2))
+    else:
+        print(_report(header, backends, skipped, results, verbose=args.verbose))
+    wrong = any(not r.ok(name) for r in results for name in r.results)
+    return 1 if wrong else 0
+
+
+def default_backends(statuses: list[BackendStatus], device: torch.device) -> tuple[list[str], dict[str, str]]:
+    """The backends to time when ``--backends`` is not given, and why each other one is not.
+
+    Every available backend; but on a GPU, where another backend is available, the reference
+    backend is only the oracle of the err column (it is slow there; ``--backends`` can add it).
+    """
+    backends = [s.name for s in statuses if s.available and not s.broken]
+    skipped = {s.name: s.reason or "unavailable" for s in statuses if s.name not in backends}
+    if device.type == "cuda" and bm.REFERENCE_BACKEND in backends and len(backends) > 1:
+        backends.remove(bm.REFERENCE_BACKEND)
+        skipped[bm.REFERENCE_BACKEND] = "the reference: it checks the others; add it with --backends to time it"
+    return backends, skipped
+
+
+def _resolve_device(text: str | None) -> torch.device | str:
+    """The device to run on, or an error message."""
+    if text is None:
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        device = torch.device(text)
+    except (RuntimeError, ValueError):
+        return f"--device: expected cpu, cuda or cuda:N, got {text!r}"
+    if device.type not in ("cpu", "cuda"):
+        return f"--device: expected cpu, cuda or cuda:N, got {text!r}"
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            return f"--device: {text} requested but no CUDA GPU is visible to torch {torch.__version__}"
+        if device.index is not None and device.index >= torch.cuda.device_count():
+            return f"--device: {text} requested but only {torch.cuda.device_count()} CUDA device(s) are visible"
+        if device.index is None:
+            device = torch.device("cuda", torch.cuda.current_device())
+    return device
+
+
+@dataclass(frozen=True)
+class _Settings:
+    device: torch.device
+    warmup: int
+    repeat: int
+    max_seconds: float | None
+    rotate: bool
+
+
+def _describe(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0] if text else ''}".rstrip(": ")
+
+
+def _run_case(
+    case: bm.BenchCase, backends: list[str], statuses: dict[str, BackendStatus], s: _Settings, progress: Progress
+) -> CaseResult:
+    """Time every backend and the baseline on ``case``, checking each answer against the reference."""
+    result = CaseResult(case, {})
+    progress.step(f"{case.label}: inputs and float64 reference")
+    try:
+        sets = bm.input_sets(case, rotate=s.rotate)
+        out = case.make_out()
+    except Exception as exc:  # e.g. out of memory: the whole row is n/a
+        why = f"could not allocate the inputs: {_describe(exc)}"
+        result.results = {name: Measurement(error=why) for name in [*backends, BASELINE]}
+        progress.done += len(backends) + 1
+        return result
+    try:
+        ref = bm.reference(case, sets[0])
+    except Exception as exc:
+        ref = None
+        result.reference_error = _describe(exc)
+    for name in backends:
+        progress.step(f"{case.label}: {name}")
+        status = statuses[name]
+        if not status.available:
+            result.results[name] = Measurement(error=f"backend unavailable: {status.reason}")
+            continue
+        fn = bm.kermac_fn(case, name)
+        result.results[name] = _measure(lambda *a, fn=fn, out=out: fn(*a, out), sets, ref, s, out=out)
+    progress.step(f"{case.label}: {BASELINE}")
+    baseline = bm.torch_fn(case)
+    if baseline is None:
+        result.results[BASELINE] = Measurement(error="PyTorch has no memory-bounded equivalent for this case (p != 2)")
+    else:
+        result.results[BASELINE] = _measure(baseline, sets, ref, s, out=None)
+    del sets, ref, out
+    if s.device.type == "cuda":
+        torch.cuda.empty_cache()
+    return result
+
+
+def _measure(
+    fn: Callable[..., torch.Tensor],
+    sets: Sequence[tuple[torch.Tensor, ...]],
+    ref: torch.Tensor | None,
+    s: _Settings,
+    *,
+    out: torch.Tensor | None,
+) -> Measurement:
+    """Time ``fn`` over the input sets, then check its answer on the first set (``out`` poisoned first)."""
+    try:
+        times = bm.time_ms(fn, device=s.device, warmup=s.warmup, repeat=s.repeat, args=sets, max_seconds=s.max_seconds)
+        if out is not None:
+            out.fill_(math.nan)  # a backend that leaves out unwritten must not pass the check
+        answer = fn(*sets[0])
+        if out is not None:
+            answer = out
+        err = None if ref is None else bm.max_rel_error(answer, ref)
+    except Exception as exc:
+        return Measurement(error=_describe(exc))
+    return Measurement(times, err)
+
+
+# -- output -------------------------------------------------------------------------------------
+
+
+def _header(device: torch.device, warmup: int, repeat: int) -> dict[str, object]:
+    if device.type == "cuda":
+        name = torch.cuda.get_device_name(device)
+        note = None
+    else:
+        name = platform.processor() or platform.machine() or "CPU"
+        why = "no CUDA GPU visible" if not torch.cuda.is_available() else "--device cpu"
+        note = f"{why}: small cases on the CPU; the GPU backends and the PEERS.md sizes need a CUDA GPU"
+    return {
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "kermac": kermac.__version__,
+        "torch": torch.__version__,
+        "torch_cuda": torch.version.cuda,
+        "device": str(device),
+        "device_name": name,
+        "note": note,
+        "warmup": warmup,
+        "repeat": repeat,
+    }
+
+
+def _fmt_ms(m: Measurement) -> str:
+    ms = m.median_ms
+    if ms is None:
+        return "n/a"
+    return f"{ms:.3g}" if ms < 100 else f"{ms:.0f}"
+
+
+def _fmt_err(case: bm.BenchCase, m: Measurement) -> str:
+    if m.max_rel_err is None:
+        return "-" if m.error is None else "n/a"
+    flag = "" if m.max_rel_err <= bm.tolerance(case) else " !"
+    return f"{m.max_rel_err:.1e}{flag}" if not math.isnan(m.max_rel_err) else "nan !"
+
+
+def _report(
+    header: dict, backends: list[str], skipped: dict[str, str], results: list[CaseResult], *, verbose: bool
+) -> str:
+    impls = [*backends, BASELINE]
+    lines = [
+        f"kermac bench  {header['date']}  kermac {header['kermac']}, torch {header['torch']}"
+        + (f" (CUDA {header['torch_cuda']})" if header["torch_cuda"] else ""),
+        f"device: {header['device']} ({header['device_name']})",
+    ]
+    if header["note"]:
+        lines.append(f"note: {header['note']}")
+    lines.append(
+        f"median ms over up to {header['repeat']} calls after {header['warmup']} warm-up call(s); "
+        "err = max|y - ref| / max|ref| against the float64 reference backend"
+    )
+    lines.append("")
+    targets = any(r.case.target_ms is not None for r in results)
+    headers = (
+        ["case", *(f"{n} ms" for n in impls), "speed-up", "best"]
+        + (["target ms"] if targets else [])
+        + [f"{n} err" for n in impls]
+    )
+    rows = []
+    for r in results:
+        sp = r.speedup(backends)
+        row = [
+            r.case.label,
+            *(_fmt_ms(r.results[n]) for n in impls),
+            f"{sp:.3g}x" if sp else "-",
+            r.best(backends) or "-",
+        ]
+        if targets:
+            row.append(f"{r.case.target_ms:g}" if r.case.target_ms is not None else "-")
+        row += [_fmt_err(r.case, r.results[n]) for n in impls]
+        rows.append(row)
+    lines.append(render_table(headers, rows))
+    lines.append("")
+    lines.append(
+        f"speed-up = {BASELINE} / fastest correct kermac backend; the {BASELINE} column is torch.cdist, "
+        "then exp for kernels, and two matmuls for the p=2 gradient"
+    )
+    if bm.REFERENCE_BACKEND in backends:
+        lines.append(f"the '{bm.REFERENCE_BACKEND}' backend is kermac's pure-PyTorch reference backend")
+    if targets:
+        lines.append("targets are for an NVIDIA H100 (shared/PEERS.md)")
+    if any(not r.ok(n) for r in results for n in r.results):
+        lines.append("! = error above tolerance (1e-4; 1e-3 for gradients): that result is WRONG")
+    if skipped:
+        lines.append("not timed: " + "; ".join(f"{n} ({why})" for n, why in skipped.items()))
+    reasons = [(r.case.label, n, m.error) for r in results for n, m in r.results.items() if m.error]
+    reasons += [(r.case.label, "reference", r.reference_error) for r in results if r.reference_error]
+    if reasons and verbose:
+        lines.append("n/a cells:")
+        lines += [f"  {label} / {name}: {why}" for label, name, why in reasons]
+    elif reasons:
+        lines.append(f"{len(reasons)} cell(s) n/a: run with -v for the reasons")
+    return "\n".join(lines)
+
+
+def _finite_or_none(x: float | None) -> float | None:
+    return x if x is None or math.isfinite(x) else None
+
+
+def _to_json(
+    header: dict, backends: list[str], skipped: dict[str, str], results: list[CaseResult]
+) -> dict[str, object]:
+    cases = []
+    for r in results:
+        c = r.case
+        cases.append(
+            {
+                "label": c.label,
+                "op": c.op,
+                "sizes": list(c.sizes),
+                "p": c.p,
+                "kernel": c.kernel,
+                "peers_ms": dict(c.peers),
+                "floor_ms": c.floor_ms,
+                "target_ms": c.target_ms,
+                "tolerance": bm.tolerance(c),
+                "reference_error": r.reference_error,
+                "results": {
+                    name: {
+                        "median_ms": m.median_ms,
+                        "times_ms": m.times_ms,
+                        "max_rel_err": _finite_or_none(m.max_rel_err),
+                        "ok": r.ok(name),
+                        "error": m.error,
+                    }
+                    for name, m in r.results.items()
+                },
+                "best": r.best(backends),
+                "speedup": r.speedup(backends),
+            }
+        )
+    return {**header, "backends": backends, "baseline": BASELINE, "skipped": skipped, "cases": cases}

@@ -1,0 +1,110 @@
+"""``kermac info``: versions, CUDA GPUs, backends with their availability, and the JIT cache."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import warnings
+
+from kermac.cli._format import format_bytes, render_table
+
+__all__ = ["collect", "register", "run"]
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "info",
+        help="versions, GPUs, backends and the JIT cache",
+        description="Report kermac's and torch's versions, every CUDA GPU, every backend (available or why not) "
+        "and the JIT cache.",
+    )
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.set_defaults(run=run)
+
+
+def collect() -> dict[str, object]:
+    """Everything ``kermac info`` reports, as JSON-ready data."""
+    import torch
+
+    import kermac
+    from kermac import jit_cache
+
+    gpus: list[dict[str, object]] = []
+    gpu_error = None
+    try:
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        for i in range(count):
+            props = torch.cuda.get_device_properties(i)
+            gpus.append(
+                {
+                    "index": i,
+                    "name": props.name,
+                    "compute_capability": f"{props.major}.{props.minor}",
+                    "memory_bytes": props.total_memory,
+                }
+            )
+    except Exception as exc:  # a broken driver must not stop the report
+        gpu_error = f"{type(exc).__name__}: {exc}"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # broken plugins are listed below instead
+        statuses = kermac.backends()
+    cache = jit_cache.default_cache()
+    cache_info = cache.info()
+    return {
+        "kermac": kermac.__version__,
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "torch": torch.__version__,
+        "torch_cuda": torch.version.cuda,
+        "gpus": gpus,
+        "gpu_error": gpu_error,
+        "backends": [
+            {
+                "name": s.name,
+                "available": s.available,
+                "reason": s.reason,
+                "priority": s.priority,
+                "plugin": s.plugin,
+                "version": s.version,
+                "broken": s.broken,
+            }
+            for s in statuses
+        ],
+        "cache": {"path": str(cache_info.path), "count": cache_info.count, "total_bytes": cache_info.total_bytes},
+    }
+
+
+def run(args: argparse.Namespace) -> int:
+    data = collect()
+    if args.json:
+        print(json.dumps(data, indent=2))
+        return 0
+    print(f"kermac   {data['kermac']}")
+    print(f"python   {data['python']} ({data['platform']})")
+    cuda = f"CUDA {data['torch_cuda']}" if data["torch_cuda"] else "CPU-only build"
+    print(f"torch    {data['torch']} ({cuda})")
+    print()
+    gpus = data["gpus"]
+    if gpus:
+        print("CUDA GPUs:")
+        for g in gpus:
+            memory = format_bytes(g["memory_bytes"])
+            print(f"  cuda:{g['index']}  {g['name']}  compute capability {g['compute_capability']}  {memory}")
+    else:
+        print("CUDA GPUs: no CUDA GPU" + (f" ({data['gpu_error']})" if data["gpu_error"] else ""))
+    print()
+    print("Backends (auto tries the highest priority first):")
+    rows = []
+    for b in data["backends"]:
+        status = "BROKEN" if b["broken"] else "yes" if b["available"] else "no"
+        rows.append([b["name"], status, str(b["priority"]), b["plugin"], b["version"] or "-", b["reason"] or ""])
+    if rows:
+        print(render_table(["name", "available", "priority", "plugin", "version", "reason"], rows, left=6))
+    else:
+        print("  none registered (is kermac-core installed, so its entry points exist?)")
+    print()
+    c = data["cache"]
+    print(f"JIT cache: {c['path']}")
+    print(f"  {c['count']} {'entry' if c['count'] == 1 else 'entries'}, {format_bytes(c['total_bytes'])}")
+    return 0

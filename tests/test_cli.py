@@ -1,0 +1,359 @@
+"""The ``kermac`` command line: info, cache info/clear, bench (on the CPU here)."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from importlib import metadata
+from pathlib import Path
+
+import pytest
+import torch
+
+import kermac
+from kermac import benchmarking as bm
+from kermac import jit_cache, registry
+from kermac.cli import main
+from kermac.cli.bench import Progress, default_backends
+
+REFERENCE_EP = metadata.EntryPoint(name="torch", value="kermac.reference.plugin", group="kermac.backends")
+
+PLUGIN = '''
+import torch
+from kermac.backend import Availability, Backend
+from kermac.hookspecs import hookimpl
+from kermac.reference.backend import ReferenceBackend
+
+
+class Wrong(Backend):
+    """Fast and wrong: zeros for pairwise problems, refuses gradients."""
+    name = "wrong"
+    priority = 10
+
+    def availability(self):
+        return Availability.yes("0.0")
+
+    def check_pairwise(self, problem):
+        return None
+
+    def pairwise(self, problem):
+        problem.out.zero_()
+
+    def check_grad(self, problem):
+        return "gradients are not implemented"
+
+    def grad(self, problem):
+        raise AssertionError("never selected")
+
+
+class Lazy(Wrong):
+    """Writes nothing at all into out."""
+    name = "lazy"
+
+    def pairwise(self, problem):
+        pass
+
+
+class Right(Wrong):
+    """Correct: delegates to the reference backend, gradients too."""
+    name = "right"
+
+    def pairwise(self, problem):
+        ReferenceBackend().pairwise(problem)
+
+    def check_grad(self, problem):
+        return None
+
+    def grad(self, problem):
+        ReferenceBackend().grad(problem)
+
+
+class Missing(Wrong):
+    name = "missing"
+
+    def availability(self):
+        return Availability.no("needs the FakeAccelerator 3000")
+
+
+@hookimpl
+def kermac_backends():
+    return [Wrong(), Lazy(), Right(), Missing()]
+'''
+
+
+@pytest.fixture(autouse=True)
+def _isolated_cache_dir(tmp_path, monkeypatch):
+    """Never let a test reach the user's real cache."""
+    monkeypatch.setenv(jit_cache.ENV_CACHE_DIR, str(tmp_path / "cache"))
+    monkeypatch.delenv("KERMAC_BACKEND", raising=False)
+
+
+@pytest.fixture
+def fake_plugins(tmp_path, monkeypatch):
+    """The reference backend plus the fakes of PLUGIN, and a plugin that fails to import."""
+    (tmp_path / "kermac_cli_fake_plugin.py").write_text(textwrap.dedent(PLUGIN))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    eps = [
+        REFERENCE_EP,
+        metadata.EntryPoint(name="fakes", value="kermac_cli_fake_plugin", group="kermac.backends"),
+        metadata.EntryPoint(name="shattered", value="kermac_cli_no_such_module_xyz", group="kermac.backends"),
+    ]
+    with pytest.warns(RuntimeWarning, match="shattered"):
+        registry.reset(eps)
+    yield
+    registry.reset()
+
+
+def run_cli(capsys, *argv: str) -> tuple[int, str, str]:
+    code = main(list(argv))
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+# -- general --------------------------------------------------------------------------------
+
+
+def test_no_command_prints_usage_and_fails(capsys):
+    code, _, err = run_cli(capsys)
+    assert code == 2 and "info" in err and "bench" in err and "cache" in err
+
+
+def test_version(capsys):
+    code, out, _ = run_cli(capsys, "--version")
+    assert code == 0 and out.strip() == f"kermac {kermac.__version__}"
+
+
+def test_python_dash_m_kermac(tmp_path):
+    env = {**os.environ, jit_cache.ENV_CACHE_DIR: str(tmp_path / "sub")}
+    src = str(Path(jit_cache.__file__).parents[1])
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [src, env.get("PYTHONPATH")]))
+    proc = subprocess.run(
+        [sys.executable, "-m", "kermac", "cache", "info", "--json"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["path"] == str(tmp_path / "sub" / f"v{jit_cache.LAYOUT_VERSION}")
+
+
+# -- info -----------------------------------------------------------------------------------
+
+
+def test_info_text(capsys, tmp_path):
+    jit_cache.default_cache().put("a" * 64, b"x" * 2048)
+    code, out, _ = run_cli(capsys, "info")
+    assert code == 0
+    assert f"kermac   {kermac.__version__}" in out
+    assert torch.__version__ in out
+    if torch.cuda.is_available():
+        assert torch.cuda.get_device_name(0) in out and "compute capability" in out
+    else:
+        assert "no CUDA GPU" in out
+    assert any(line.split()[:2] == ["torch", "yes"] for line in out.splitlines())
+    assert str(tmp_path / "cache" / f"v{jit_cache.LAYOUT_VERSION}") in out
+    assert f"1 entry, {jit_cache.default_cache().info().total_bytes / 1024:.1f} KiB" in out
+
+
+def test_info_reports_unavailable_and_broken_backends(capsys, fake_plugins):
+    code, out, _ = run_cli(capsys, "info")
+    assert code == 0
+    rows = {line.split()[0]: line for line in out.splitlines() if line.strip()}
+    assert rows["missing"].split()[1] == "no" and "needs the FakeAccelerator 3000" in rows["missing"]
+    assert rows["shattered"].split()[1] == "BROKEN" and "kermac_cli_no_such_module_xyz" in rows["shattered"]
+    assert rows["wrong"].split()[1:5] == ["yes", "10", "fakes", "0.0"]
+
+
+def test_info_json(capsys, fake_plugins):
+    code, out, _ = run_cli(capsys, "info", "--json")
+    assert code == 0
+    data = json.loads(out)
+    assert data["kermac"] == kermac.__version__ and data["torch"] == torch.__version__
+    assert len(data["gpus"]) == (torch.cuda.device_count() if torch.cuda.is_available() else 0)
+    backends = {b["name"]: b for b in data["backends"]}
+    assert (
+        backends["torch"]["available"] and backends["torch"]["priority"] == 0 and backends["torch"]["plugin"] == "torch"
+    )
+    assert backends["missing"] == {
+        "name": "missing",
+        "available": False,
+        "reason": "needs the FakeAccelerator 3000",
+        "priority": 10,
+        "plugin": "fakes",
+        "version": None,
+        "broken": False,
+    }
+    assert backends["shattered"]["broken"] and not backends["shattered"]["available"]
+    assert data["cache"] == {"path": str(jit_cache.default_cache().path), "count": 0, "total_bytes": 0}
+
+
+# -- cache ----------------------------------------------------------------------------------
+
+
+def test_cache_info_and_clear(capsys, tmp_path):
+    cache = jit_cache.default_cache()
+    for i in range(3):
+        key = jit_cache.cache_key(source=f"k{i}", compiler="nvrtc", compiler_version="12.8", arch="sm_90")
+        cache.put(key, bytes(1000), {"compiler": "nvrtc", "arch": "sm_90", "build_seconds": 0.25})
+    total = cache.info().total_bytes
+    code, out, _ = run_cli(capsys, "cache", "info")
+    assert code == 0 and str(cache.path) in out and "3 entries" in out
+    code, out, _ = run_cli(capsys, "cache", "info", "-v")
+    assert code == 0 and sum("sm_90" in line and "0.25 s" in line for line in out.splitlines()) == 3
+    code, out, _ = run_cli(capsys, "cache", "info", "--json")
+    data = json.loads(out)
+    assert data["count"] == 3 and data["total_bytes"] == total and len(data["entries"]) == 3
+    assert all(e["size"] == 1000 and e["meta"]["arch"] == "sm_90" for e in data["entries"])
+    code, out, _ = run_cli(capsys, "cache", "clear")
+    assert code == 0 and out.strip() == f"Removed 3 entries ({total / 1024:.1f} KiB) from {cache.path}"
+    assert cache.info().count == 0
+    code, out, _ = run_cli(capsys, "cache", "clear", "--json")
+    assert json.loads(out) == {"path": str(cache.path), "removed": 0, "freed_bytes": 0}
+
+
+def test_cache_needs_an_action(capsys):
+    code, _, err = run_cli(capsys, "cache")
+    assert code == 2 and "ACTION" in err
+
+
+# -- bench ----------------------------------------------------------------------------------
+
+FAST = ("--quick", "--warmup", "0", "--repeat", "1", "--device", "cpu")
+
+
+def test_bench_quick_table(capsys):
+    code, out, err = run_cli(capsys, "bench", "--quick", "--device", "cpu")
+    assert code == 0, out
+    assert "small cases on the CPU" in out or torch.cuda.is_available()
+    lines = out.splitlines()
+    header = next(line for line in lines if line.startswith("case"))
+    assert header.split()[:8] == ["case", "torch", "ms", "torch.cdist", "ms", "speed-up", "best", "torch"]
+    for case in bm.CPU_QUICK_CASES:
+        row = next(line for line in lines if line.startswith(case.label + " "))
+        cells = row[len(case.label) :].split()
+        assert float(cells[0]) > 0 and cells[3] == "torch"
+        assert float(cells[4]) <= 1e-5  # the reference backend's error column
+    assert "!" not in out
+    # Not a TTY under pytest: one progress line per step.
+    steps = [line for line in err.splitlines() if line.startswith("[")]
+    assert len(steps) == 3 * len(bm.CPU_QUICK_CASES) and steps[-1].startswith(f"[{len(steps)}/{len(steps)}]")
+
+
+def test_bench_json(capsys):
+    code, out, _ = run_cli(capsys, "bench", *FAST, "--json")
+    assert code == 0
+    data = json.loads(out)
+    assert data["device"] == "cpu" and data["backends"] == ["torch"] and data["baseline"] == "torch.cdist"
+    assert data["kermac"] == kermac.__version__ and data["repeat"] == 1 and data["warmup"] == 0
+    assert [c["label"] for c in data["cases"]] == [c.label for c in bm.CPU_QUICK_CASES]
+    for c in data["cases"]:
+        ref = c["results"]["torch"]
+        assert ref["ok"] and ref["max_rel_err"] < 1e-5 and len(ref["times_ms"]) == 1 and ref["median_ms"] > 0
+        base = c["results"]["torch.cdist"]
+        if c["op"] == "grad" and c["p"] != 2:
+            assert base["error"] and base["median_ms"] is None
+        else:
+            assert base["ok"] and base["max_rel_err"] < 1e-4
+            assert c["speedup"] == pytest.approx(base["median_ms"] / ref["median_ms"])
+
+
+def test_bench_flags_wrong_answers_and_explains_na(capsys, fake_plugins):
+    code, out, _ = run_cli(capsys, "bench", *FAST, "--backends", "wrong,lazy,right,missing", "-v")
+    assert code == 1  # a wrong answer fails the run
+    lines = out.splitlines()
+    header = next(line for line in lines if line.startswith("case")).split()
+    label = bm.CPU_QUICK_CASES[0].label
+    cells = next(line for line in lines if line.startswith(label + " "))[len(label) :].split()
+    names = ["wrong", "lazy", "right", "missing", "torch.cdist"]
+    assert header[1:11:2] == names
+    err_cells = cells[-7:]  # "<err> !" for wrong, "nan !" for lazy, then right, missing, torch.cdist
+    assert err_cells[0:2] == ["1.0e+00", "!"] and err_cells[2:4] == ["nan", "!"]
+    assert float(err_cells[4]) < 1e-5 and err_cells[5] == "n/a" and float(err_cells[6]) < 1e-4
+    assert cells[6] == "right"  # best = fastest *correct* backend
+    assert "that result is WRONG" in out
+    assert "missing: backend unavailable: needs the FakeAccelerator 3000" in out
+    assert "/ wrong: UnsupportedProblemError: backend 'wrong' cannot run this gradient problem" in out
+
+
+def test_bench_json_marks_wrong_answers(capsys, fake_plugins):
+    code, out, _ = run_cli(capsys, "bench", *FAST, "--backends", "wrong,right", "--json")
+    assert code == 1
+    first = json.loads(out)["cases"][0]
+    assert first["results"]["wrong"]["ok"] is False and first["results"]["wrong"]["max_rel_err"] == pytest.approx(1.0)
+    assert first["results"]["right"]["ok"] is True and first["best"] == "right"
+
+
+def test_bench_default_skips_unavailable_and_broken_backends(capsys, fake_plugins):
+    code, out, _ = run_cli(capsys, "bench", *FAST, "--json")
+    data = json.loads(out)
+    assert set(data["backends"]) == {"torch", "wrong", "lazy", "right"}
+    assert data["skipped"] == {"missing": "needs the FakeAccelerator 3000", "shattered": data["skipped"]["shattered"]}
+    assert code == 1
+
+
+def test_default_backends_leave_the_reference_out_on_a_gpu_only_when_another_can_run():
+    def status(name: str, available: bool = True, broken: bool = False) -> registry.BackendStatus:
+        return registry.BackendStatus(name, available, None if available else "no driver", 0, name, None, broken)
+
+    statuses = [status("nvrtc"), status("triton", available=False), status("torch"), status("bad", False, True)]
+    backends, skipped = default_backends(statuses, torch.device("cuda"))
+    assert backends == ["nvrtc"]
+    assert skipped["triton"] == "no driver" and skipped["bad"] == "no driver" and "reference" in skipped["torch"]
+    assert default_backends(statuses, torch.device("cpu"))[0] == ["nvrtc", "torch"]
+    assert default_backends([status("nvrtc", False), status("torch")], torch.device("cuda"))[0] == ["torch"]
+
+
+def test_bench_explicit_backends_note_the_others(capsys, fake_plugins):
+    code, out, _ = run_cli(capsys, "bench", *FAST, "--backends", "right", "--json")
+    data = json.loads(out)
+    assert code == 0 and data["backends"] == ["right"]
+    assert (
+        data["skipped"]["torch"] == "not in --backends"
+        and data["skipped"]["missing"] == "needs the FakeAccelerator 3000"
+    )
+
+
+@pytest.mark.parametrize(
+    ("argv", "needle"),
+    [
+        (("--device", "tpu"), "--device"),
+        (("--backends", "nope"), "unknown backend(s) nope"),
+        (("--repeat", "0"), "--repeat"),
+        (("--warmup", "-1"), "--warmup"),
+        (("--max-seconds", "-1"), "--max-seconds"),
+        (("--max-seconds", "nan"), "--max-seconds"),
+        (("--quick", "--full"), "not allowed with"),
+    ],
+)
+def test_bench_rejects_bad_options(capsys, argv, needle):
+    code, _, err = run_cli(capsys, "bench", *argv)
+    assert code == 2 and needle in err
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message on a machine without CUDA")
+def test_bench_cuda_without_gpu_is_an_error(capsys):
+    code, _, err = run_cli(capsys, "bench", "--device", "cuda")
+    assert code == 2 and "no CUDA GPU" in err
+
+
+def test_progress_rewrites_one_line_on_a_terminal():
+    class Terminal(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    stream = Terminal()
+    progress = Progress(2, stream)
+    progress.step("a long first step")
+    progress.step("short")
+    progress.close()
+    text = stream.getvalue()
+    assert "\n" not in text
+    assert text.startswith(
+        "\r[1/2] a long first step\r[2/2] short" + " " * (len("[1/2] a long first step") - len("[2/2] short"))
+    )
+    assert text.endswith("\r")
