@@ -13,7 +13,12 @@ from test_cdist import make_layout, sizes
 import kermac
 from kermac import ir, presets
 
-SIGMA = 1.7
+
+
+def median_bandwidth(x: torch.Tensor, z: torch.Tensor, p: float, scale: float = 1.0) -> float:
+    """σ = scale × the median distance, the usual heuristic.  It keeps exp(−d/σ) well conditioned:
+    its relative error is (d/σ) times the distance's, so σ far below d would test fp32's limits, not kermac."""
+    return scale * float(ref_cdist(x, z, p).median())
 
 
 def ref_kernel(name: str, d: torch.Tensor, sigma: float) -> torch.Tensor:
@@ -63,8 +68,9 @@ def test_presets(backend: str, device: str, layout: str, name: str) -> None:
     require_backend(backend, device)
     x, z = make_layout(layout, *sizes(device), torch.float32, device)
     desc = presets.ALL[name]
-    out = kermac.run_kernel(desc, x, z, backend=backend, **preset_hypers(desc, 1.3, SIGMA))
-    assert_close(out, ref_preset(name, x, z, 1.3, SIGMA), tolerance(torch.float32))
+    sigma = median_bandwidth(x, z, {"laplace_l1": 1.0, "laplace_lp": 1.3}.get(name, 2.0))
+    out = kermac.run_kernel(desc, x, z, backend=backend, **preset_hypers(desc, 1.3, sigma))
+    assert_close(out, ref_preset(name, x, z, 1.3, sigma), tolerance(torch.float32))
 
 
 @pytest.mark.parametrize(("backend", "device"), BACKEND_DEVICES)
@@ -73,11 +79,11 @@ def test_regularization_on_shifted_diagonal(backend: str, device: str, offset_m:
     require_backend(backend, device)
     m, n, d = sizes(device)
     x, z = make_layout("contiguous", m, n, d, torch.float32, device)
-    lam = 0.25
-    out = kermac.run_kernel("laplace_l1", x, z, bandwidth=SIGMA, regularization=lam, offset_m=offset_m, offset_n=offset_n, backend=backend)
+    lam, sigma = 0.25, median_bandwidth(x, z, 1.0)
+    out = kermac.run_kernel("laplace_l1", x, z, bandwidth=sigma, regularization=lam, offset_m=offset_m, offset_n=offset_n, backend=backend)
     rows = torch.arange(m)[:, None] + offset_m
     cols = torch.arange(n)[None, :] + offset_n
-    expected = ref_kernel("laplace", ref_cdist(x, z, 1.0), SIGMA) + lam * (rows == cols).double()
+    expected = ref_kernel("laplace", ref_cdist(x, z, 1.0), sigma) + lam * (rows == cols).double()
     assert_close(out, expected, tolerance(torch.float32))
 
 
@@ -87,17 +93,19 @@ def test_batched_hyperparameters(backend: str, device: str) -> None:
     require_backend(backend, device)
     m, n, d = sizes(device)
     x, z = make_layout("contiguous", m, n, d, torch.float32, device)
-    sigmas, ps, lams = [0.5, 1.0, 4.0], [1.0, 1.5, 2.5], [0.0, 0.1, 1.0]
+    ps, lams = [1.0, 1.5, 2.5], [0.0, 0.1, 1.0]
+    sigmas = [median_bandwidth(x, z, p, scale) for p, scale in zip(ps, [0.5, 1.0, 4.0])]
     t = lambda v: torch.tensor(v, device=device)  # noqa: E731
     out = kermac.run_kernel("laplace_lp", x, z, p=t(ps), bandwidth=t(sigmas), regularization=t(lams), backend=backend)
     eye = (torch.arange(m)[:, None] == torch.arange(n)[None, :]).double()
     expected = torch.stack([ref_kernel("laplace", ref_cdist(x, z, p), s) + lam * eye for p, s, lam in zip(ps, sigmas, lams)])
     assert_close(out, expected, tolerance(torch.float32))
     # A 0-d device tensor and a length-1 tensor broadcast like numbers.
-    out = kermac.run_kernel("gaussian", x, z, bandwidth=t(2.0), backend=backend)
-    assert_close(out, ref_kernel("gaussian", ref_cdist(x, z, 2.0), 2.0), tolerance(torch.float32))
-    out = kermac.run_kernel("gaussian", x, z, bandwidth=t([2.0]), backend=backend)
-    assert_close(out, ref_kernel("gaussian", ref_cdist(x, z, 2.0), 2.0)[None], tolerance(torch.float32))
+    sigma = median_bandwidth(x, z, 2.0)
+    out = kermac.run_kernel("gaussian", x, z, bandwidth=t(sigma), backend=backend)
+    assert_close(out, ref_kernel("gaussian", ref_cdist(x, z, 2.0), sigma), tolerance(torch.float32))
+    out = kermac.run_kernel("gaussian", x, z, bandwidth=t([sigma]), backend=backend)
+    assert_close(out, ref_kernel("gaussian", ref_cdist(x, z, 2.0), sigma)[None], tolerance(torch.float32))
 
 
 @pytest.mark.parametrize(("backend", "device"), BACKEND_DEVICES)
