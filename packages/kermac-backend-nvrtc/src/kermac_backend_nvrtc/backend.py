@@ -1,0 +1,168 @@
+"""The ``nvrtc`` backend: availability, per-problem checks, and running pairwise / gradient programs.
+
+Flow of a call: :mod:`.plan` picks the variant and arguments; the variant's source
+(:mod:`.codegen`) is compiled once per architecture (:mod:`.compiler`, cached on disk) and loaded
+once per device (:mod:`.launcher`); the kernel is launched on torch's current stream.  A
+process-level memo maps (device, variant) straight to the loaded kernel, so a repeated call costs
+one dictionary lookup plus the launch.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import torch
+
+from kermac.backend import Availability, Backend
+from kermac.logs import logger
+from kermac.problem import GradProblem, PairwiseProblem
+
+__all__ = ["NvrtcBackend", "MIN_CAPABILITY"]
+
+MIN_CAPABILITY = (8, 0)
+_INSTALL_HINT = "pip install 'kermac-backend-nvrtc[cu13]' (or [cu12] for a CUDA 12 driver)"
+
+
+class NvrtcBackend(Backend):
+    """CUDA C++ kernels generated from core's IR, compiled by NVRTC; CUDA devices of sm_80 and newer."""
+
+    name = "nvrtc"
+    priority = 20
+    description = "CUDA C++ generated from the IR, compiled at run time by NVRTC (sm_80+)"
+
+    def __init__(self) -> None:
+        self._kernels: dict[tuple[int, object], object] = {}
+        self._lock = threading.Lock()
+
+    # ---- availability and checks ---------------------------------------------------------
+
+    def availability(self) -> Availability:
+        try:
+            import cuda.core  # noqa: F401
+        except Exception as exc:
+            return Availability.no(f"cuda-core is not importable ({type(exc).__name__}: {exc}); {_INSTALL_HINT}")
+        try:
+            from kermac_backend_nvrtc.compiler import nvrtc_version
+
+            major, minor = nvrtc_version()
+        except Exception as exc:
+            return Availability.no(f"the NVRTC library could not be loaded ({type(exc).__name__}: {exc}); {_INSTALL_HINT}")
+        if not torch.cuda.is_available():
+            return Availability.no("no CUDA device is visible to torch (torch.cuda.is_available() is False)")
+        caps = [torch.cuda.get_device_capability(i) for i in range(torch.cuda.device_count())]
+        if not any(c >= MIN_CAPABILITY for c in caps):
+            found = ", ".join(f"cuda:{i} sm_{c[0]}{c[1]}" for i, c in enumerate(caps))
+            return Availability.no(f"needs a GPU of compute capability >= 8.0, found {found}")
+        import cuda.core
+
+        return Availability.yes(f"cuda-core {cuda.core.__version__}, NVRTC {major}.{minor}")
+
+    def _device_reason(self, t: torch.Tensor) -> str | None:
+        if t.device.type != "cuda":
+            return f"runs CUDA tensors only; got tensors on {t.device}"
+        cap = torch.cuda.get_device_capability(t.device)
+        if cap < MIN_CAPABILITY:
+            return f"needs compute capability >= 8.0; {t.device} is sm_{cap[0]}{cap[1]}"
+        from kermac_backend_nvrtc.compiler import supported_archs
+
+        if cap[0] * 10 + cap[1] not in supported_archs():
+            return f"this NVRTC cannot generate code for sm_{cap[0]}{cap[1]} ({t.device}); install a newer NVRTC"
+        return None
+
+    def check_pairwise(self, problem: PairwiseProblem) -> str | None:
+        from kermac_backend_nvrtc.plan import size_problem
+
+        return self._device_reason(problem.x) or size_problem("pairwise", {"M": problem.m, "N": problem.n, "D": problem.d})
+
+    def check_grad(self, problem: GradProblem) -> str | None:
+        from kermac_backend_nvrtc.plan import size_problem
+
+        m, n, o, k = problem.sizes
+        return self._device_reason(problem.a) or size_problem("gradient", {"M": m, "N": n, "O": o, "K": k})
+
+    # ---- running -------------------------------------------------------------------------
+
+    def _kernel(self, device: int, variant: object, debug: bool) -> object:
+        memo = (device, variant)
+        found = self._kernels.get(memo)
+        if found is not None:
+            if debug:
+                logger.debug("nvrtc: %s of this variant already loaded on cuda:%d (%s)", found.name, device, found.resources)
+            return found
+        from kermac_backend_nvrtc.codegen import INPUT_TYPES, GradVariant, grad_source, pairwise_source
+        from kermac_backend_nvrtc.compiler import compile_cubin
+        from kermac_backend_nvrtc.launcher import load_kernel
+
+        start = time.perf_counter()
+        is_grad = isinstance(variant, GradVariant)
+        source, params = grad_source(variant) if is_grad else pairwise_source(variant)
+        name = "kermac_grad" if is_grad else "kermac_pairwise"
+        cap = torch.cuda.get_device_capability(device)
+        compiled = compile_cubin(source, f"sm_{cap[0]}{cap[1]}", name=name)
+        loaded = load_kernel(device, compiled.key, compiled.cubin, name, params, INPUT_TYPES[variant.dtype][1])
+        if debug:
+            logger.debug("nvrtc: %s variant %s: %s, loaded in %.1f ms; %s%s", name, compiled.key[:12],
+                         "cache hit" if compiled.hit else "compiled", 1e3 * (time.perf_counter() - start),
+                         loaded.resources, f"; ptxas: {compiled.ptxas}" if compiled.ptxas else "")
+        with self._lock:
+            self._kernels[memo] = loaded
+        return loaded
+
+    def _run(self, device: torch.device, variant: object, launch: object, debug: bool) -> None:
+        from kermac_backend_nvrtc.launcher import launch as launch_kernel
+        from kermac_backend_nvrtc.plan import NT
+
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        kernel = self._kernel(index, variant, debug)
+        chunks = launch.chunks()
+        if debug:
+            logger.debug("nvrtc: launch grid (%d, 1, %d) in %d launch(es), block %d, on cuda:%d's current stream",
+                         launch.grid_x, launch.grid_z_total, len(chunks), NT, index)
+        for zbase, gz in chunks:
+            launch_kernel(kernel, (launch.grid_x, 1, gz), NT, {**launch.args, "zbase": zbase})
+
+    def pairwise(self, problem: PairwiseProblem) -> None:
+        from kermac_backend_nvrtc.plan import plan_pairwise
+
+        variant, launch = plan_pairwise(problem)
+        self._run(problem.device, variant, launch, problem.debug)
+
+    def grad(self, problem: GradProblem) -> None:
+        from kermac_backend_nvrtc.plan import plan_grad
+
+        variant, launch = plan_grad(problem)
+        self._run(problem.device, variant, launch, problem.debug)
+
+    def precompile(self, problems: list[PairwiseProblem | GradProblem]) -> list[str]:
+        """Compile (into the disk cache, without loading) the variants of ``problems``.
+
+        NVRTC holds the GIL, so several variants compile in worker processes (spawned: they
+        never touch the GPU).  Returns one line per distinct variant and architecture.
+        """
+        import multiprocessing
+        from concurrent.futures import ProcessPoolExecutor
+
+        from kermac_backend_nvrtc.codegen import grad_source, pairwise_source
+        from kermac_backend_nvrtc.compiler import compile_cubin
+        from kermac_backend_nvrtc.plan import plan_grad, plan_pairwise
+
+        jobs: dict[tuple[str, str, str], str] = {}
+        for pr in problems:
+            cap = torch.cuda.get_device_capability(pr.device) if pr.device.type == "cuda" else (9, 0)
+            arch = f"sm_{cap[0]}{cap[1]}"
+            if isinstance(pr, GradProblem):
+                source, name = grad_source(plan_grad(pr)[0])[0], "kermac_grad"
+            else:
+                source, name = pairwise_source(plan_pairwise(pr)[0])[0], "kermac_pairwise"
+            jobs[(source, arch, name)] = f"{name} {arch} {pr.program.key()}"
+        if len(jobs) <= 1:
+            for source, arch, name in jobs:
+                compile_cubin(source, arch, name=name)
+        else:
+            ctx = multiprocessing.get_context("spawn")
+            with ProcessPoolExecutor(mp_context=ctx) as pool:
+                done = [pool.submit(compile_cubin, source, arch, name=name) for source, arch, name in jobs]
+                for f in done:
+                    f.result()
+        return list(jobs.values())

@@ -1,0 +1,322 @@
+"""IR → CUDA C++: render core's expressions and fill the kernel templates of :mod:`.kernels`.
+
+A *variant* (:class:`PairwiseVariant`, :class:`GradVariant`) is everything that changes the
+generated source: the program, the input and compute types, which hyperparameters are numbers
+(kernel arguments: a new value needs no recompile) and which are tensors (pointer + batch
+strides), the number of coalesced batch dimensions and the operand load modes.  Sizes, strides,
+pointers and hyperparameter values are kernel arguments.  :func:`pairwise_source` /
+:func:`grad_source` return the source and the ordered kernel parameters.
+
+Expressions go through :func:`kermac.ir.render` with :data:`CUDA_OPS`; two peepholes first
+replace sub-trees by faster equivalents with the same semantics: ``pow(abs(e), b)`` →
+``km_powabs`` (``ex2(b·lg2|e|)``, no sign handling needed) and
+``select(ne(e, 0), sign(e)·pow(abs(e), b), 0)`` → ``km_signpow`` (a copysign instead of a sign
+times a product).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from string import Template
+
+from kermac import ir
+from kermac.ir import Call, Const, Expr, Hyper, Var
+
+from kermac_backend_nvrtc import kernels
+
+__all__ = [
+    "CUDA_OPS", "INPUT_TYPES", "Param", "PairwiseVariant", "GradVariant", "PairwiseConfig", "GradConfig",
+    "render_expr", "pairwise_config", "grad_config", "pairwise_source", "grad_source",
+]
+
+#: IR operation → CUDA C++ format (overloads in ``kernels.PRELUDE`` cover float and double).
+CUDA_OPS: dict[str, str] = {
+    "add": "({0} + {1})", "sub": "({0} - {1})", "mul": "({0} * {1})", "div": "({0} / {1})", "neg": "(-{0})",
+    "abs": "km_abs({0})", "sqrt": "km_sqrt({0})", "exp": "km_exp({0})", "log": "km_log({0})",
+    "pow": "km_pow({0}, {1})", "min": "km_min({0}, {1})", "max": "km_max({0}, {1})", "sign": "km_sign({0})",
+    "lt": "km_lt({0}, {1})", "le": "km_le({0}, {1})", "gt": "km_gt({0}, {1})", "ge": "km_ge({0}, {1})",
+    "eq": "km_eq({0}, {1})", "ne": "km_ne({0}, {1})",
+    "select": "(({0}) != km_t(0) ? ({1}) : ({2}))",
+}
+
+#: torch dtype name → (CUDA storage type, compute type).
+INPUT_TYPES: dict[str, tuple[str, str]] = {
+    "float32": ("float", "float"),
+    "float64": ("double", "double"),
+    "float16": ("km_f16", "float"),
+    "bfloat16": ("km_bf16", "float"),
+}
+
+_LOG2_COEFFS = (1.4426815509796143, -0.72109454870224, 0.4816456139087677, -0.3710692822933197,
+                0.2927265763282776, -0.14517906308174133)
+_EXP2_COEFFS = (0.9999992847442627, 0.6931217908859253, 0.240247443318367, 0.05591785907745361,
+                0.009570101276040077)
+
+
+@dataclass(frozen=True)
+class Param:
+    """One kernel parameter: its name and C type (a ``*`` type is a device pointer)."""
+
+    name: str
+    ctype: str
+
+    @property
+    def decl(self) -> str:
+        restrict = " __restrict__" if self.ctype.endswith("*") else ""
+        return f"{self.ctype}{restrict} {self.name}"
+
+
+def _const(v: float) -> str:
+    if math.isnan(v):
+        return "km_nan(km_t(0))"
+    if math.isinf(v):
+        return "km_inf(km_t(0))" if v > 0 else "(-km_inf(km_t(0)))"
+    return f"km_t({v!r})"
+
+
+def _is_zero(e: Expr) -> bool:
+    return isinstance(e, Const) and e.value == 0.0
+
+
+def render_expr(expr: Expr, names: dict[str, str], *, ge1: frozenset[str] = frozenset(), poly: bool = False) -> str:
+    """CUDA C++ for ``expr``; ``names`` maps Var and Hyper names to C identifiers.
+
+    ``ge1``: hyperparameters known to be finite and >= 1 (``|a|^h`` then needs no ``h = 0`` case
+    and may use the polynomial ``km_powabs_poly`` when ``poly``).
+    """
+    peeps: dict[str, str] = {}
+
+    def exponent_ge1(b: Expr) -> bool:
+        return (isinstance(b, Hyper) and b.name in ge1) or (isinstance(b, Const) and 1.0 <= b.value < math.inf)
+
+    def rewrite(e: Expr) -> Expr:
+        if isinstance(e, Call):
+            if e.op == "pow" and isinstance(e.args[0], Call) and e.args[0].op == "abs":
+                base, b = sub(e.args[0]), sub(e.args[1])
+                fn = ("km_powabs_poly" if poly else "km_powabs_nz") if exponent_ge1(e.args[1]) else "km_powabs"
+                return placeholder(f"{fn}({base}, {b})")
+            if e.op == "select" and _is_zero(e.args[2]) and isinstance(e.args[0], Call) and e.args[0].op == "ne":
+                x, zero = e.args[0].args
+                body = e.args[1]
+                if (_is_zero(zero) and isinstance(body, Call) and body.op == "mul"
+                        and body.args[0] == Call("sign", (x,)) and isinstance(body.args[1], Call)
+                        and body.args[1].op == "pow" and body.args[1].args[0] == Call("abs", (x,))):
+                    return placeholder(f"km_signpow({sub(x)}, {sub(body.args[1].args[1])})")
+            return Call(e.op, tuple(rewrite(a) for a in e.args))
+        return e
+
+    def sub(e: Expr) -> str:
+        return render_expr(e, names, ge1=ge1, poly=poly)
+
+    def placeholder(text: str) -> Expr:
+        key = f"kmpeep{len(peeps)}"
+        peeps[key] = text
+        return Var(key)
+
+    def var(name: str) -> str:
+        if name in peeps:
+            return peeps[name]
+        return names[name]
+
+    return ir.render(rewrite(expr), const=_const, var=var, hyper=lambda n: names[n], ops=CUDA_OPS)
+
+
+def _horner(coeffs: tuple[float, ...], x: str) -> str:
+    text = f"{coeffs[-1]!r}f"
+    for c in reversed(coeffs[:-1]):
+        text = f"fmaf({text}, {x}, {c!r}f)"
+    return text
+
+
+def _prelude(compute: str, poly: bool) -> str:
+    text = kernels.PRELUDE.replace("$COMPUTE", compute)
+    if poly:
+        text += Template(kernels.POW_POLY).substitute(LOG2_COEFFS=_horner(_LOG2_COEFFS, "u"), EXP2_COEFFS=_horner(_EXP2_COEFFS, "f"))
+    return text + kernels.LOADER
+
+
+# ---- variants -------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class PairwiseConfig:
+    """Tile shape of the pairwise kernel for a compute type (block BM×BN, thread 2VM×2VN)."""
+
+    bm: int
+    bn: int
+    bk: int
+    vm: int
+    vn: int
+    spad: int
+    min_blocks: int
+
+
+@dataclass(frozen=True)
+class GradConfig:
+    """Tile shape of the gradient kernel: block BNN×BMM pairs, thread TPN×TPM pairs, OT outputs."""
+
+    bmm: int
+    bnn: int
+    bk: int
+    tpm: int
+    tpn: int
+    max_ot: int
+    spad: int
+    min_blocks: int
+
+
+def pairwise_config(compute: str) -> PairwiseConfig:
+    """The pairwise tile configuration for ``compute`` ("float" or "double")."""
+    if compute == "double":
+        return PairwiseConfig(bm=64, bn=64, bk=8, vm=2, vn=2, spad=2, min_blocks=2)
+    return PairwiseConfig(bm=128, bn=128, bk=8, vm=4, vn=4, spad=4, min_blocks=2)
+
+
+def grad_config(compute: str) -> GradConfig:
+    """The gradient tile configuration for ``compute`` ("float" or "double")."""
+    if compute == "double":
+        return GradConfig(bmm=32, bnn=32, bk=16, tpm=2, tpn=2, max_ot=8, spad=2, min_blocks=1)
+    return GradConfig(bmm=64, bnn=32, bk=16, tpm=4, tpn=2, max_ot=16, spad=4, min_blocks=1)
+
+
+@dataclass(frozen=True)
+class Operand:
+    """How one operand tile is loaded: ``mode`` (see ``kernels.LOADER``) and elements per thread."""
+
+    mode: int
+    e: int
+
+
+@dataclass(frozen=True)
+class PairwiseVariant:
+    """Everything that determines the generated pairwise source."""
+
+    program: object  # kermac.programs.PairwiseProgram
+    dtype: str  # torch dtype name: float32, float64, float16, bfloat16
+    tensor_hypers: tuple[tuple[str, str], ...]  # (name, CUDA type of the tensor's elements)
+    ge1_hypers: frozenset[str]  # scalar hyperparameters known finite and >= 1
+    batch_dims: int
+    x: Operand
+    z: Operand
+    poly_pairs: int  # pairs per thread whose |.|^p runs on the FMA pipe
+    k_unroll: int  # unroll factor of the k loop over one shared-memory tile
+
+
+@dataclass(frozen=True)
+class GradVariant:
+    """Everything that determines the generated gradient source."""
+
+    program: object  # kermac.programs.GradProgram
+    dtype: str
+    tensor_hypers: tuple[tuple[str, str], ...]
+    ge1_hypers: frozenset[str]
+    batch_dims: int
+    ot: int
+    k_unroll: int
+    a: Operand
+    b: Operand
+    c: Operand
+
+
+def _hyper_parts(hypers: tuple[str, ...], tensor_hypers: dict[str, str], offsets: list[str]) -> tuple[list[Param], str, str, str]:
+    params = []
+    loads = []
+    for h in hypers:
+        if h in tensor_hypers:
+            params.append(Param(f"hp_{h}", f"const {tensor_hypers[h]}*"))
+            loads.append(f"    const km_t h_{h} = km_cvt(hp_{h}[off_h_{h}], km_t(0));")
+            offsets.append(f"h_{h}")
+        else:
+            params.append(Param(f"hv_{h}", "km_t"))
+            loads.append(f"    const km_t h_{h} = hv_{h};")
+    formals = "".join(f", km_t h_{h}" for h in hypers)
+    actuals = "".join(f", h_{h}" for h in hypers)
+    return params, "\n".join(loads), formals, actuals
+
+
+def _batch_parts(operands: list[str], batch_dims: int) -> tuple[list[Param], str]:
+    """Parameters and code computing ``off_<operand>`` of batch entry ``bidx`` (innermost dim last)."""
+    params = []
+    lines = [f"    long long {', '.join(f'off_{o} = 0' for o in operands)};"]
+    if batch_dims:
+        lines.append("    { long long r = bidx; long long q;")
+        for i in reversed(range(batch_dims)):
+            params.append(Param(f"bs{i}", "long long"))
+            lines.append(f"      q = r % bs{i}; r /= bs{i};")
+            for o in operands:
+                params.append(Param(f"b{o}{i}", "long long"))
+                lines.append(f"      off_{o} += q * b{o}{i};")
+        lines.append("    }")
+    return params, "\n".join(lines)
+
+
+def pairwise_source(v: PairwiseVariant) -> tuple[str, list[Param]]:
+    """CUDA source of ``kermac_pairwise`` for variant ``v`` and its parameters in order."""
+    prog = v.program
+    tin, compute = INPUT_TYPES[v.dtype]
+    cfg = pairwise_config(compute)
+    th = dict(v.tensor_hypers)
+    operands = ["x", "z", "o"]
+    hyper_params, hyper_loads, formals, actuals = _hyper_parts(prog.hypers, th, operands)
+    batch_params, batch_code = _batch_parts(operands, v.batch_dims)
+    names = {"x": "x", "z": "z", "acc": "acc", "diag": "diag"} | {h: f"h_{h}" for h in prog.hypers}
+    params = [
+        Param("x", f"const {tin}*"), Param("z", f"const {tin}*"), Param("out", f"{tin}*"),
+        Param("M", "int"), Param("N", "int"), Param("D", "int"), Param("tiles_n", "int"), Param("zbase", "long long"),
+        Param("sxm", "long long"), Param("sxk", "long long"), Param("szn", "long long"), Param("szk", "long long"),
+        Param("som", "long long"), Param("son", "long long"),
+    ]
+    if prog.uses_diag:
+        params.append(Param("diag_shift", "long long"))
+    params += batch_params + hyper_params
+    reduce = {"sum": "acc + v", "max": "km_max(acc, v)", "min": "km_min(acc, v)"}[prog.reduction]
+    poly = v.poly_pairs > 0
+    source = kernels.PAIRWISE.substitute(
+        BM=cfg.bm, BN=cfg.bn, BK=cfg.bk, VM=cfg.vm, VN=cfg.vn, SPAD=cfg.spad, MIN_BLOCKS=cfg.min_blocks,
+        POLY_PAIRS=v.poly_pairs, KUNROLL=v.k_unroll,
+        INNER=render_expr(prog.inner, names, ge1=v.ge1_hypers),
+        INNER_FMA=render_expr(prog.inner, names, ge1=v.ge1_hypers, poly=poly),
+        REDUCE=reduce,
+        EPILOGUE=render_expr(prog.epilogue, names, ge1=v.ge1_hypers),
+        IDENTITY=_const(prog.identity),
+        HYPER_FORMALS=formals, HYPER_ACTUALS=actuals, HYPER_LOADS=hyper_loads,
+        PARAMS=", ".join(p.decl for p in params),
+        BATCH_OFFSETS=batch_code,
+        TIN=tin, TOUT=tin,
+        XMODE=v.x.mode, XE=v.x.e, ZMODE=v.z.mode, ZE=v.z.e,
+        DIAG="((long long)m + diag_shift == (long long)n ? km_t(1) : km_t(0))" if prog.uses_diag else "km_t(0)",
+    )
+    return _prelude(compute, poly) + source, params
+
+
+def grad_source(v: GradVariant) -> tuple[str, list[Param]]:
+    """CUDA source of ``kermac_grad`` for variant ``v`` and its parameters in order."""
+    prog = v.program
+    tin, compute = INPUT_TYPES[v.dtype]
+    cfg = grad_config(compute)
+    th = dict(v.tensor_hypers)
+    operands = ["a", "b", "c", "d", "o"]
+    hyper_params, hyper_loads, formals, actuals = _hyper_parts(prog.hypers, th, operands)
+    batch_params, batch_code = _batch_parts(operands, v.batch_dims)
+    names = {"d": "d", "b": "b", "acc": "acc"} | {h: f"h_{h}" for h in prog.hypers}
+    params = [
+        Param("a", f"const {tin}*"), Param("b", f"const {tin}*"), Param("c", f"const {tin}*"), Param("d", f"const {tin}*"),
+        Param("out", f"{tin}*"),
+        Param("M", "int"), Param("N", "int"), Param("O", "int"), Param("K", "int"),
+        Param("tiles_m", "int"), Param("ochunks", "int"), Param("zbase", "long long"),
+        Param("sak", "long long"), Param("sam", "long long"), Param("sbn", "long long"), Param("sbk", "long long"),
+        Param("sco", "long long"), Param("sck", "long long"), Param("sdn", "long long"), Param("sdm", "long long"),
+        Param("soo", "long long"), Param("son", "long long"), Param("som", "long long"),
+    ]
+    params += batch_params + hyper_params
+    source = kernels.GRAD.substitute(
+        KUNROLL=v.k_unroll, BMM=cfg.bmm, BNN=cfg.bnn, BK=cfg.bk, TPM=cfg.tpm, TPN=cfg.tpn, OT=v.ot, SPAD=cfg.spad, MIN_BLOCKS=cfg.min_blocks,
+        MULTIPLY=render_expr(prog.multiply, names, ge1=v.ge1_hypers),
+        EPILOGUE=render_expr(prog.epilogue, names, ge1=v.ge1_hypers),
+        HYPER_FORMALS=formals, HYPER_ACTUALS=actuals, HYPER_LOADS=hyper_loads,
+        PARAMS=", ".join(p.decl for p in params),
+        BATCH_OFFSETS=batch_code,
+        TIN=tin, TOUT=tin,
+        AMODE=v.a.mode, AE=v.a.e, BMODE=v.b.mode, BE=v.b.e, CMODE=v.c.mode, CE=v.c.e,
+    )
+    return _prelude(compute, False) + source, params

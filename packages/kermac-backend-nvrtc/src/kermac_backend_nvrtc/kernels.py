@@ -1,0 +1,423 @@
+"""CUDA C++ sources of the tiled kernels, self-contained (no headers), as templates for codegen.
+
+:data:`PRELUDE` holds the scalar helpers every kernel uses: input types (``km_f16``/``km_bf16``
+wrap 16-bit storage, so no ``cuda_fp16.h`` is needed), conversions, the IR operations with the
+semantics of :mod:`kermac.ir` (NaN-propagating min/max, sign(0) = 0, comparisons giving 1.0 or
+0.0) and a fast ``|a|^b`` for a non-negative base (``ex2.approx(b·lg2.approx(a))`` in float32,
+with an optional polynomial variant that runs on the FMA pipe instead of the special-function
+unit).  :data:`LOADER` stages one ``PT × KT`` operand tile into shared memory (stored k-major,
+``S[k][p]``) through registers, so the next tile's global loads overlap the current tile's math.
+
+:data:`PAIRWISE` is a register-tiled SIMT kernel: a block computes ``BM × BN`` outputs, each of
+its 256 threads ``TM × TN`` of them (two ``TM/2``-row and ``TN/2``-column groups, read from
+shared memory as 16-byte vectors), looping over k in ``BK`` steps with double-buffered shared
+memory.  :data:`GRAD` tiles ``(n, m)`` the same way and keeps all ``OT`` outputs of a pair in
+registers: per ``(n, m, k)`` it evaluates ``a·multiply(d, b)`` once and does ``OT`` FMAs.
+
+``codegen`` substitutes the ``$NAME`` placeholders (``string.Template``): the rendered
+expressions, tile constants, the parameter list and the batch-offset code.
+"""
+
+from __future__ import annotations
+
+from string import Template
+
+__all__ = ["PRELUDE", "LOADER", "PAIRWISE", "GRAD", "POW_POLY"]
+
+PRELUDE = r"""
+typedef $COMPUTE km_t;
+struct km_f16 { unsigned short v; };
+struct km_bf16 { unsigned short v; };
+
+__device__ __forceinline__ float km_cvt(float a, float) { return a; }
+__device__ __forceinline__ double km_cvt(double a, double) { return a; }
+__device__ __forceinline__ float km_cvt(double a, float) { return (float)a; }
+__device__ __forceinline__ double km_cvt(float a, double) { return (double)a; }
+__device__ __forceinline__ float km_cvt(km_f16 a, float) {
+  float r; asm("{ .reg .b16 h; mov.b16 h, %1; cvt.f32.f16 %0, h; }" : "=f"(r) : "h"(a.v)); return r; }
+__device__ __forceinline__ double km_cvt(km_f16 a, double) { return (double)km_cvt(a, 0.0f); }
+__device__ __forceinline__ float km_cvt(km_bf16 a, float) { return __int_as_float(((int)a.v) << 16); }
+__device__ __forceinline__ double km_cvt(km_bf16 a, double) { return (double)km_cvt(a, 0.0f); }
+__device__ __forceinline__ void km_store(float* p, float a) { *p = a; }
+__device__ __forceinline__ void km_store(double* p, float a) { *p = (double)a; }
+__device__ __forceinline__ void km_store(float* p, double a) { *p = (float)a; }
+__device__ __forceinline__ void km_store(double* p, double a) { *p = a; }
+__device__ __forceinline__ void km_store(km_f16* p, float a) {
+  unsigned short r; asm("{ .reg .b16 h; cvt.rn.f16.f32 h, %1; mov.b16 %0, h; }" : "=h"(r) : "f"(a)); p->v = r; }
+__device__ __forceinline__ void km_store(km_bf16* p, float a) {
+  unsigned short r; asm("{ .reg .b16 h; cvt.rn.bf16.f32 h, %1; mov.b16 %0, h; }" : "=h"(r) : "f"(a)); p->v = r; }
+
+__device__ __forceinline__ float km_inf(float) { return __int_as_float(0x7f800000); }
+__device__ __forceinline__ double km_inf(double) { return __longlong_as_double(0x7ff0000000000000LL); }
+__device__ __forceinline__ float km_nan(float) { return __int_as_float(0x7fffffff); }
+__device__ __forceinline__ double km_nan(double) { return __longlong_as_double(0x7fffffffffffffffLL); }
+
+__device__ __forceinline__ float km_fma(float a, float b, float c) { return fmaf(a, b, c); }
+__device__ __forceinline__ double km_fma(double a, double b, double c) { return fma(a, b, c); }
+__device__ __forceinline__ float km_abs(float a) { return fabsf(a); }
+__device__ __forceinline__ double km_abs(double a) { return fabs(a); }
+__device__ __forceinline__ float km_sqrt(float a) { return sqrtf(a); }
+__device__ __forceinline__ double km_sqrt(double a) { return sqrt(a); }
+__device__ __forceinline__ float km_exp(float a) { return expf(a); }
+__device__ __forceinline__ double km_exp(double a) { return exp(a); }
+__device__ __forceinline__ float km_log(float a) { return logf(a); }
+__device__ __forceinline__ double km_log(double a) { return log(a); }
+// IEEE pow is long code: one out-of-line copy keeps unrolled epilogues small (and compiles fast).
+__device__ __noinline__ float km_pow(float a, float b) { return powf(a, b); }
+__device__ __noinline__ double km_pow(double a, double b) { return pow(a, b); }
+// min / max with NaN propagation (torch.minimum / torch.maximum).
+__device__ __forceinline__ float km_max(float a, float b) { float r; asm("max.NaN.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b)); return r; }
+__device__ __forceinline__ float km_min(float a, float b) { float r; asm("min.NaN.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b)); return r; }
+__device__ __forceinline__ double km_max(double a, double b) { return (a > b || a != a) ? a : b; }
+__device__ __forceinline__ double km_min(double a, double b) { return (a < b || a != a) ? a : b; }
+// sign: -1, 0 or 1; NaN stays NaN (|a| > 0 is false for 0 and NaN, which are returned as they are).
+__device__ __forceinline__ float km_sign(float a) { return fabsf(a) > 0.0f ? copysignf(1.0f, a) : a; }
+__device__ __forceinline__ double km_sign(double a) { return fabs(a) > 0.0 ? copysign(1.0, a) : a; }
+// |a|^b for a >= 0 (the IR's pow(abs(.), b)): IEEE pow except pow(1, +-inf) (NaN here, 1 in IEEE).
+__device__ __forceinline__ float km_ex2(float a) { float r; asm("ex2.approx.f32 %0, %1;" : "=f"(r) : "f"(a)); return r; }
+__device__ __forceinline__ float km_lg2(float a) { float r; asm("lg2.approx.f32 %0, %1;" : "=f"(r) : "f"(a)); return r; }
+// Both sides are computed and then selected: a conditional around the asm would become a branch.
+__device__ __forceinline__ float km_powabs(float a, float b) { const float r = km_ex2(b * km_lg2(a)); return b == 0.0f ? 1.0f : r; }
+__device__ __forceinline__ double km_powabs(double a, double b) { return pow(a, b); }
+// |a|^b when b is known finite and >= 1 (no b == 0 case).
+__device__ __forceinline__ float km_powabs_nz(float a, float b) { return km_ex2(b * km_lg2(a)); }
+__device__ __forceinline__ double km_powabs_nz(double a, double b) { return pow(a, b); }
+// sign(x)·|x|^b where x != 0, and 0 where x == 0 (the IR's select(ne(x,0), sign(x)·pow(abs(x),b), 0)).
+__device__ __forceinline__ float km_signpow(float x, float b) { const float r = copysignf(km_powabs(fabsf(x), b), x); return x == 0.0f ? 0.0f : r; }
+__device__ __forceinline__ double km_signpow(double x, double b) { return x == 0.0 ? 0.0 : copysign(pow(fabs(x), b), x); }
+#define KM_CMP(name, op) \
+  __device__ __forceinline__ float name(float a, float b) { return (a op b) ? 1.0f : 0.0f; } \
+  __device__ __forceinline__ double name(double a, double b) { return (a op b) ? 1.0 : 0.0; }
+KM_CMP(km_lt, <) KM_CMP(km_le, <=) KM_CMP(km_gt, >) KM_CMP(km_ge, >=) KM_CMP(km_eq, ==) KM_CMP(km_ne, !=)
+"""
+
+#: ``|a|^b`` for ``a >= 0`` on the FMA pipe: log2 and exp2 by minimax polynomials (float32 only).
+#: log2: a = 2^e·m with m in [0.75, 1.5); log2(m) = u·P(u), u = m − 1.  exp2: y = i + f, f in
+#: [−0.5, 0.5]; 2^f = Q(f); the exponent i is added to the bits.  For b >= 1 only: |a| = 0 gives
+#: lg2 = −127 and y is clamped at −126, so the result is below 1.2e-38.  Max relative error about
+#: 5e-6 per term.
+POW_POLY = r"""
+__device__ __forceinline__ float km_log2_poly(float a) {
+  int bits = __float_as_int(a);
+  int e = (bits - 0x3f400000) & 0xff800000;           // exponent such that m = a / 2^e in [0.75, 1.5)
+  float m = __int_as_float(bits - e);
+  float u = m - 1.0f;
+  float ef = __int_as_float((e >> 23) + 0x4b400000) - 12582912.0f;  // e / 2^23 as float, no I2F
+  float p = $LOG2_COEFFS;
+  return fmaf(u, p, ef);
+}
+__device__ __forceinline__ float km_exp2_poly(float y) {
+  y = fmaxf(y, -126.0f);                              // keeps the exponent field >= 0 (|a| = 0 gives ~1e-38)
+  float r = y + 12582912.0f;                          // 1.5·2^23: round to the nearest integer
+  float i = r - 12582912.0f;
+  float f = y - i;
+  float q = $EXP2_COEFFS;
+  // Add i to the exponent (the low mantissa bits of r hold i).
+  return __int_as_float(__float_as_int(r) * (1 << 23) + __float_as_int(q));
+}
+// inf and NaN bases (not finite: the bit tricks would lose them) are returned as they are: inf^b = inf for b >= 1.
+__device__ __forceinline__ float km_powabs_poly(float a, float b) {
+  const float v = km_exp2_poly(b * km_log2_poly(a));
+  return a <= 3.40282347e38f ? v : a;
+}
+"""
+
+LOADER = r"""
+// One PT x KT operand tile, element (p, k) at base[p*sp + k*sk], staged through registers into
+// S[k][p] (k-major).  MODE 0: scalar loads, k fastest across threads; 1: scalar, p fastest;
+// 2: E-vectors along k (sk == 1, aligned); 3: E-vectors along p (sp == 1, aligned).
+template <typename Tin, int NT, int PT, int KT, int SP, int MODE, int E>
+struct KmTile {
+  struct __align__(sizeof(Tin) * E) Vec { Tin v[E]; };
+  Vec r;
+  __device__ __forceinline__ void load(const Tin* __restrict__ base, long long sp, long long sk,
+                                       int p_lim, int k0, int k_lim) {
+    const int tid = threadIdx.x;
+    if (MODE == 0 || MODE == 1) {
+#pragma unroll
+      for (int i = 0; i < E; ++i) {
+        int e = tid + NT * i;
+        int k = MODE == 0 ? e % KT : e / PT;
+        int p = MODE == 0 ? e / KT : e % PT;
+        bool ok = (PT * KT % NT == 0 || e < PT * KT) && p < p_lim && k0 + k < k_lim;
+        r.v[i] = ok ? base[(long long)p * sp + (long long)(k0 + k) * sk] : Tin{};
+      }
+    } else if (MODE == 2) {
+      int p = tid / (KT / E), k = (tid % (KT / E)) * E;
+      bool ok = p < p_lim && k0 + k < k_lim;
+      if (ok) r = *reinterpret_cast<const Vec*>(base + (long long)p * sp + (k0 + k));
+      else {
+#pragma unroll
+        for (int i = 0; i < E; ++i) r.v[i] = Tin{};
+      }
+    } else {
+      int p = (tid % (PT / E)) * E, k = tid / (PT / E);
+      bool ok = p < p_lim && k0 + k < k_lim;
+      if (ok) r = *reinterpret_cast<const Vec*>(base + p + (long long)(k0 + k) * sk);
+      else {
+#pragma unroll
+        for (int i = 0; i < E; ++i) r.v[i] = Tin{};
+      }
+    }
+  }
+  __device__ __forceinline__ void store(km_t (*S)[SP]) const {
+    const int tid = threadIdx.x;
+    if (MODE == 0 || MODE == 1) {
+#pragma unroll
+      for (int i = 0; i < E; ++i) {
+        int e = tid + NT * i;
+        int k = MODE == 0 ? e % KT : e / PT;
+        int p = MODE == 0 ? e / KT : e % PT;
+        if (PT * KT % NT == 0 || e < PT * KT) S[k][p] = km_cvt(r.v[i], km_t(0));
+      }
+    } else if (MODE == 2) {
+      int p = tid / (KT / E), k = (tid % (KT / E)) * E;
+#pragma unroll
+      for (int i = 0; i < E; ++i) S[k + i][p] = km_cvt(r.v[i], km_t(0));
+    } else {
+      int p = (tid % (PT / E)) * E, k = tid / (PT / E);
+#pragma unroll
+      for (int i = 0; i < E; ++i) S[k][p + i] = km_cvt(r.v[i], km_t(0));
+    }
+  }
+};
+
+// V consecutive values of shared memory as one vector load where 16 bytes allow it.
+template <int V>
+__device__ __forceinline__ void km_lds(const km_t* p, km_t* r) {
+  if (sizeof(km_t) * V == 16) {
+    if (sizeof(km_t) == 4) { float4 q = *reinterpret_cast<const float4*>(p); r[0] = q.x; r[1] = q.y; r[2] = q.z; r[3] = q.w; }
+    else { double2 q = *reinterpret_cast<const double2*>(p); r[0] = q.x; r[1] = q.y; }
+  } else if (sizeof(km_t) * V == 8 && sizeof(km_t) == 4) {
+    float2 q = *reinterpret_cast<const float2*>(p); r[0] = q.x; r[1] = q.y;
+  } else {
+#pragma unroll
+    for (int i = 0; i < V; ++i) r[i] = p[i];
+  }
+}
+"""
+
+PAIRWISE = Template(r"""
+#define NT 256
+#define BM $BM
+#define BN $BN
+#define BK $BK
+#define VM $VM
+#define VN $VN
+#define SPAD $SPAD
+#define GROUP_M 8
+
+#define POLY_PAIRS $POLY_PAIRS
+__device__ __forceinline__ km_t km_inner(km_t x, km_t z$HYPER_FORMALS) { return $INNER; }
+// The same term with |.|^b on the FMA pipe (POW_POLY); used for the first POLY_PAIRS of a thread's pairs.
+__device__ __forceinline__ km_t km_inner_fma(km_t x, km_t z$HYPER_FORMALS) { return $INNER_FMA; }
+__device__ __forceinline__ km_t km_reduce(km_t acc, km_t v) { return $REDUCE; }
+__device__ __forceinline__ km_t km_epilogue(km_t acc, km_t diag$HYPER_FORMALS) { return $EPILOGUE; }
+
+extern "C" __global__ void __launch_bounds__(NT, $MIN_BLOCKS)
+kermac_pairwise($PARAMS) {
+  __shared__ __align__(16) km_t Xs[2][BK][BM + SPAD];
+  __shared__ __align__(16) km_t Zs[2][BK][BN + SPAD];
+  const int tid = threadIdx.x;
+  const int tx = tid % 16, ty = tid / 16;
+  // Grouped tile order: GROUP_M row tiles sweep the column tiles together (L2 reuse of z).
+  const int tiles_m = (M + BM - 1) / BM;
+  const int tile = blockIdx.x;
+  const int group = tile / (GROUP_M * tiles_n);
+  const int first_m = group * GROUP_M;
+  const int gsize = min(tiles_m - first_m, GROUP_M);
+  const int in_group = tile % (GROUP_M * tiles_n);
+  const int m0 = (first_m + in_group % gsize) * BM;
+  const int n0 = (in_group / gsize) * BN;
+  const int ntiles = (D + BK - 1) / BK;
+
+  {
+    const long long bidx = zbase + blockIdx.z;  // batch entry (the host splits batches over 65535)
+$BATCH_OFFSETS
+$HYPER_LOADS
+    const $TIN* xb = x + off_x + (long long)m0 * sxm;
+    const $TIN* zb = z + off_z + (long long)n0 * szn;
+    KmTile<$TIN, NT, BM, BK, BM + SPAD, $XMODE, $XE> xt;
+    KmTile<$TIN, NT, BN, BK, BN + SPAD, $ZMODE, $ZE> zt;
+    km_t acc[2 * VM][2 * VN];
+#pragma unroll
+    for (int i = 0; i < 2 * VM; ++i)
+#pragma unroll
+      for (int j = 0; j < 2 * VN; ++j) acc[i][j] = $IDENTITY;
+
+    if (ntiles > 0) {
+      xt.load(xb, sxm, sxk, M - m0, 0, D);
+      zt.load(zb, szn, szk, N - n0, 0, D);
+      xt.store(Xs[0]);
+      zt.store(Zs[0]);
+      __syncthreads();
+    }
+    for (int t = 0; t < ntiles; ++t) {
+      const int cur = t & 1;
+      if (t + 1 < ntiles) {
+        xt.load(xb, sxm, sxk, M - m0, (t + 1) * BK, D);
+        zt.load(zb, szn, szk, N - n0, (t + 1) * BK, D);
+      }
+      const int kcount = min(BK, D - t * BK);
+#define KM_STEP(kk)                                                               \
+      {                                                                           \
+        km_t xr[2 * VM], zr[2 * VN];                                              \
+        km_lds<VM>(&Xs[cur][kk][ty * VM], xr);                                    \
+        km_lds<VM>(&Xs[cur][kk][BM / 2 + ty * VM], xr + VM);                      \
+        km_lds<VN>(&Zs[cur][kk][tx * VN], zr);                                    \
+        km_lds<VN>(&Zs[cur][kk][BN / 2 + tx * VN], zr + VN);                      \
+        _Pragma("unroll") for (int i = 0; i < 2 * VM; ++i)                        \
+        _Pragma("unroll") for (int j = 0; j < 2 * VN; ++j)                        \
+          acc[i][j] = km_reduce(acc[i][j], i * 2 * VN + j < POLY_PAIRS                \
+            ? km_inner_fma(xr[i], zr[j]$HYPER_ACTUALS) : km_inner(xr[i], zr[j]$HYPER_ACTUALS)); \
+      }
+      if (kcount == BK) {
+#pragma unroll $KUNROLL
+        for (int kk = 0; kk < BK; ++kk) KM_STEP(kk)
+      } else {
+        for (int kk = 0; kk < kcount; ++kk) KM_STEP(kk)
+      }
+#undef KM_STEP
+      if (t + 1 < ntiles) {
+        xt.store(Xs[cur ^ 1]);
+        zt.store(Zs[cur ^ 1]);
+      }
+      __syncthreads();
+    }
+
+    $TOUT* ob = out + off_o;
+#pragma unroll
+    for (int i = 0; i < 2 * VM; ++i) {
+      const int m = m0 + (i < VM ? ty * VM + i : BM / 2 + ty * VM + (i - VM));
+      if (m >= M) continue;
+#pragma unroll
+      for (int j = 0; j < 2 * VN; ++j) {
+        const int n = n0 + (j < VN ? tx * VN + j : BN / 2 + tx * VN + (j - VN));
+        if (n < N) {
+          const km_t diag = $DIAG;
+          km_store(ob + (long long)m * som + (long long)n * son, km_epilogue(acc[i][j], diag$HYPER_ACTUALS));
+        }
+      }
+    }
+  }
+}
+""")
+
+GRAD = Template(r"""
+#define NT 256
+#define BMM $BMM
+#define BNN $BNN
+#define BK $BK
+#define TPM $TPM
+#define TPN $TPN
+#define OT $OT
+#define SPAD $SPAD
+
+__device__ __forceinline__ km_t km_multiply(km_t d, km_t b$HYPER_FORMALS) { return $MULTIPLY; }
+__device__ __forceinline__ km_t km_epilogue(km_t acc$HYPER_FORMALS) { return $EPILOGUE; }
+
+extern "C" __global__ void __launch_bounds__(NT, $MIN_BLOCKS)
+kermac_grad($PARAMS) {
+  __shared__ __align__(16) km_t As[2][BK][BMM + SPAD];
+  __shared__ __align__(16) km_t Bs[2][BK][BNN + SPAD];
+  __shared__ __align__(16) km_t Cs[2][BK][OT];
+  const int tid = threadIdx.x;
+  const int tx = tid % 16, ty = tid / 16;
+  const int m0 = (blockIdx.x % tiles_m) * BMM;
+  const int n0 = (blockIdx.x / tiles_m) * BNN;
+  const int ntiles = (K + BK - 1) / BK;
+
+  {
+    const long long zi = zbase + blockIdx.z;  // batch entry × output chunk (the host splits over 65535)
+    const long long bidx = zi / ochunks;
+    const int o0 = (int)(zi % ochunks) * OT;
+$BATCH_OFFSETS
+$HYPER_LOADS
+    km_t dv[TPN][TPM];
+#pragma unroll
+    for (int i = 0; i < TPN; ++i)
+#pragma unroll
+      for (int j = 0; j < TPM; ++j) {
+        const int n = n0 + ty * TPN + i, m = m0 + tx * TPM + j;
+        dv[i][j] = (n < N && m < M) ? km_cvt(d[off_d + (long long)n * sdn + (long long)m * sdm], km_t(0)) : km_t(0);
+      }
+    const $TIN* ab = a + off_a + (long long)m0 * sam;
+    const $TIN* bb = b + off_b + (long long)n0 * sbn;
+    const $TIN* cb = c + off_c + (long long)o0 * sco;
+    KmTile<$TIN, NT, BMM, BK, BMM + SPAD, $AMODE, $AE> at;
+    KmTile<$TIN, NT, BNN, BK, BNN + SPAD, $BMODE, $BE> bt;
+    KmTile<$TIN, NT, OT, BK, OT, $CMODE, $CE> ct;
+    km_t acc[OT][TPN][TPM];
+#pragma unroll
+    for (int o = 0; o < OT; ++o)
+#pragma unroll
+      for (int i = 0; i < TPN; ++i)
+#pragma unroll
+        for (int j = 0; j < TPM; ++j) acc[o][i][j] = km_t(0);
+
+    if (ntiles > 0) {
+      at.load(ab, sam, sak, M - m0, 0, K);
+      bt.load(bb, sbn, sbk, N - n0, 0, K);
+      ct.load(cb, sco, sck, O - o0, 0, K);
+      at.store(As[0]);
+      bt.store(Bs[0]);
+      ct.store(Cs[0]);
+      __syncthreads();
+    }
+    for (int t = 0; t < ntiles; ++t) {
+      const int cur = t & 1;
+      if (t + 1 < ntiles) {
+        at.load(ab, sam, sak, M - m0, (t + 1) * BK, K);
+        bt.load(bb, sbn, sbk, N - n0, (t + 1) * BK, K);
+        ct.load(cb, sco, sck, O - o0, (t + 1) * BK, K);
+      }
+      const int kcount = min(BK, K - t * BK);
+#define KM_STEP(kk)                                                               \
+      {                                                                           \
+        km_t ar[TPM], br[TPN], cr[OT];                                            \
+        km_lds<TPM>(&As[cur][kk][tx * TPM], ar);                                  \
+        km_lds<TPN>(&Bs[cur][kk][ty * TPN], br);                                  \
+        _Pragma("unroll") for (int o = 0; o < OT; o += (OT < 4 ? OT : 4))         \
+          km_lds<(OT < 4 ? OT : 4)>(&Cs[cur][kk][o], cr + o);                     \
+        _Pragma("unroll") for (int i = 0; i < TPN; ++i)                           \
+        _Pragma("unroll") for (int j = 0; j < TPM; ++j) {                         \
+          const km_t v = ar[j] * km_multiply(dv[i][j], br[i]$HYPER_ACTUALS);      \
+          _Pragma("unroll") for (int o = 0; o < OT; ++o)                          \
+            acc[o][i][j] = km_fma(cr[o], v, acc[o][i][j]);                        \
+        }                                                                         \
+      }
+      if (kcount == BK) {
+#pragma unroll $KUNROLL
+        for (int kk = 0; kk < BK; ++kk) KM_STEP(kk)
+      } else {
+        for (int kk = 0; kk < kcount; ++kk) KM_STEP(kk)
+      }
+#undef KM_STEP
+      if (t + 1 < ntiles) {
+        at.store(As[cur ^ 1]);
+        bt.store(Bs[cur ^ 1]);
+        ct.store(Cs[cur ^ 1]);
+      }
+      __syncthreads();
+    }
+
+    $TOUT* ob = out + off_o;
+#pragma unroll
+    for (int o = 0; o < OT; ++o) {
+      if (o0 + o >= O) break;
+#pragma unroll
+      for (int i = 0; i < TPN; ++i) {
+        const int n = n0 + ty * TPN + i;
+        if (n >= N) continue;
+#pragma unroll
+        for (int j = 0; j < TPM; ++j) {
+          const int m = m0 + tx * TPM + j;
+          if (m < M)
+            km_store(ob + (long long)(o0 + o) * soo + (long long)n * son + (long long)m * som,
+                     km_epilogue(acc[o][i][j]$HYPER_ACTUALS));
+        }
+      }
+    }
+  }
+}
+""")

@@ -1,0 +1,101 @@
+"""Load cubins per device and launch kernels on PyTorch's current stream (``cuda.core``).
+
+A cubin is loaded once per (device, cache key); kernels are looked up by name.  Arguments are
+packed from Python values by each parameter's C type (pointers and ``long long`` as 64-bit
+integers, ``int`` as 32-bit, ``km_t`` as the compute type).  Launching never synchronises.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from kermac.logs import logger
+
+from kermac_backend_nvrtc.codegen import Param
+
+__all__ = ["LoadedKernel", "load_kernel", "launch"]
+
+_lock = threading.Lock()
+_kernels: dict[tuple[int, str, str], LoadedKernel] = {}
+_streams: dict[int, object] = {}
+
+
+@dataclass(frozen=True)
+class LoadedKernel:
+    """A kernel loaded on one device with its parameter list."""
+
+    kernel: object  # cuda.core Kernel
+    params: tuple[Param, ...]
+    compute: str  # "float" or "double"
+    device: int
+    name: str
+    resources: str  # registers, local (spill) memory and static shared memory per the driver
+
+
+def load_kernel(device: int, key: str, cubin: bytes, name: str, params: Sequence[Param], compute: str) -> LoadedKernel:
+    """The kernel ``name`` of ``cubin`` on CUDA device ``device`` (loaded on first use)."""
+    cache_id = (device, key, name)
+    with _lock:
+        found = _kernels.get(cache_id)
+    if found is not None:
+        return found
+    from cuda.core import Device, ObjectCode
+
+    with torch.cuda.device(device):
+        Device(device).set_current()
+        kernel = ObjectCode.from_cubin(cubin).get_kernel(name)
+    try:
+        attrs = kernel.attributes
+        resources = (f"{attrs.num_regs} registers, {attrs.local_size_bytes} bytes local memory, "
+                     f"{attrs.shared_size_bytes} bytes static shared memory")
+    except Exception as exc:  # attributes are diagnostics only
+        resources = f"attributes unavailable: {exc}"
+    loaded = LoadedKernel(kernel, tuple(params), compute, device, name, resources)
+    logger.debug("nvrtc: loaded %s on cuda:%d: %s", name, device, resources)
+    with _lock:
+        _kernels[cache_id] = loaded
+    return loaded
+
+
+def _stream(device: int) -> object:
+    from cuda.core import Stream
+
+    handle = torch.cuda.current_stream(device).cuda_stream
+    stream = _streams.get(handle)
+    if stream is None:
+        stream = Stream.from_handle(handle)
+        _streams[handle] = stream
+    return stream
+
+
+def _pack(params: Sequence[Param], values: dict[str, int | float], compute: str) -> list:
+    ftype = np.float32 if compute == "float" else np.float64
+    out = []
+    for p in params:
+        v = values[p.name]
+        if p.ctype.endswith("*"):
+            out.append(np.uint64(v))
+        elif p.ctype == "long long":
+            out.append(np.int64(v))
+        elif p.ctype == "int":
+            out.append(np.int32(v))
+        elif p.ctype == "km_t":
+            out.append(ftype(v))
+        else:
+            raise AssertionError(f"unknown parameter type {p.ctype!r} of {p.name}")
+    return out
+
+
+def launch(k: LoadedKernel, grid: tuple[int, int, int], block: int, values: dict[str, int | float]) -> None:
+    """Launch ``k`` on the current stream of its device with parameter ``values`` by name."""
+    from cuda.core import LaunchConfig
+    from cuda.core import launch as cuda_launch
+
+    args = _pack(k.params, values, k.compute)
+    with torch.cuda.device(k.device):
+        cuda_launch(_stream(k.device), LaunchConfig(grid=grid, block=block), k.kernel, *args)

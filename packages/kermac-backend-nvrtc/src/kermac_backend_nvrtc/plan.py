@@ -1,0 +1,167 @@
+"""Problem → kernel variant, launch grid and argument values (no CUDA calls, no host sync).
+
+:func:`plan_pairwise` and :func:`plan_grad` read a normalised problem (shapes, strides,
+alignment, which hyperparameters are numbers and which tensors) and choose the variant of the
+generated kernel, the grid, and the value of every kernel parameter by name.  Batches larger
+than the 65535 blocks a grid's z dimension allows are split into several launches (``zbase``).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from kermac.ir import Call, Expr, walk
+from kermac.layout import BatchLayout, batch_layout, grad_operands, pairwise_operands
+from kermac.problem import GradProblem, PairwiseProblem
+
+from kermac_backend_nvrtc.codegen import (
+    GradVariant, Operand, PairwiseVariant, grad_config, pairwise_config, INPUT_TYPES,
+)
+
+__all__ = ["Launch", "plan_pairwise", "plan_grad", "size_problem", "NT", "MAX_GRID_Z"]
+
+NT = 256
+MAX_GRID_Z = 65535
+INT32_MAX = 2**31 - 1
+#: Pairs of a thread's 8×8 tile whose |t|^p runs on the FMA pipe (kernels.POW_POLY) instead of the
+#: MUFU unit.  Measured on an H100 (docs/nvrtc-notes.md): 0 → 462 ms, 12 → 502, 20 → 535, 28 → 580
+#: for cdist 30000²×1024, p = 1.3, so the split is off until the kernel is restructured.
+POLY_PAIRS = 0
+_EXPENSIVE = frozenset({"pow", "exp", "log", "sqrt", "div"})
+_TENSOR_TYPES = {torch.float32: "float", torch.float64: "double", torch.float16: "km_f16", torch.bfloat16: "km_bf16"}
+
+
+@dataclass(frozen=True)
+class Launch:
+    """One launch: grid (x, z), and the kernel arguments by parameter name (zbase set per chunk)."""
+
+    grid_x: int
+    grid_z_total: int
+    args: dict[str, int | float]
+
+    def chunks(self) -> list[tuple[int, int]]:
+        """(zbase, grid_z) of each launch covering ``grid_z_total`` z-blocks."""
+        return [(z0, min(MAX_GRID_Z, self.grid_z_total - z0)) for z0 in range(0, self.grid_z_total, MAX_GRID_Z)]
+
+
+def size_problem(what: str, sizes: dict[str, int]) -> str | None:
+    """A reason if any size exceeds the kernels' 32-bit row/column indices, else ``None``."""
+    big = {k: v for k, v in sizes.items() if v > INT32_MAX - 256}
+    if big:
+        return f"{what} sizes {big} exceed the 32-bit index range of the nvrtc kernels"
+    return None
+
+
+def _operand(t: torch.Tensor, layout: BatchLayout, name: str, pt: int, kt: int, p_dim: int, k_dim: int) -> Operand:
+    """Load mode for a tile of ``pt`` positions × ``kt`` k-values of ``t`` (dims ``p_dim``, ``k_dim``)."""
+    e = max(1, -(-pt * kt // NT))
+    sp, sk = t.stride(p_dim), t.stride(k_dim)
+    p_size, k_size = t.shape[p_dim], t.shape[k_dim]
+    if pt * kt == NT * e and e > 1:
+        aligned = t.data_ptr() % (e * t.element_size()) == 0 and all(s % e == 0 for s in layout.strides[name])
+        if aligned and (sk == 1 or k_size == 1) and k_size % e == 0 and sp % e == 0:
+            return Operand(2, e)
+        if aligned and (sp == 1 or p_size == 1) and p_size % e == 0 and sk % e == 0:
+            return Operand(3, e)
+    return Operand(0 if abs(sk) <= abs(sp) else 1, e)
+
+
+def _uses_pow_abs(expr: Expr) -> bool:
+    return any(isinstance(n, Call) and n.op == "pow" and isinstance(n.args[0], Call) and n.args[0].op == "abs" for n in walk(expr))
+
+
+def _expensive(expr: Expr) -> bool:
+    return any(isinstance(n, Call) and n.op in _EXPENSIVE for n in walk(expr))
+
+
+def _hypers(problem: PairwiseProblem | GradProblem, compute: str) -> tuple[tuple[tuple[str, str], ...], frozenset[str], dict]:
+    tensor, ge1, args = [], set(), {}
+    for name in problem.program.hypers:
+        hv = problem.hypers[name]
+        if hv.tensor is None:
+            if math.isfinite(hv.scalar) and hv.scalar >= 1.0:
+                ge1.add(name)
+            args[f"hv_{name}"] = hv.scalar
+        else:
+            tensor.append((name, _TENSOR_TYPES[hv.tensor.dtype]))
+            args[f"hp_{name}"] = hv.tensor.data_ptr()
+    return tuple(tensor), frozenset(ge1), args
+
+
+def _batch_args(layout: BatchLayout, rename: dict[str, str]) -> dict[str, int]:
+    args = {}
+    for i, size in enumerate(layout.shape):
+        args[f"bs{i}"] = size
+        for name, strides in layout.strides.items():
+            args[f"b{rename[name]}{i}"] = strides[i]
+    return args
+
+
+def _rename(names: list[str]) -> dict[str, str]:
+    return {n: ("o" if n == "out" else f"h_{n[6:]}" if n.startswith("hyper_") else n) for n in names}
+
+
+def plan_pairwise(problem: PairwiseProblem) -> tuple[PairwiseVariant, Launch]:
+    """Variant and launch of ``problem`` (which :func:`size_problem` accepted)."""
+    dtype = str(problem.dtype).removeprefix("torch.")
+    compute = INPUT_TYPES[dtype][1]
+    cfg = pairwise_config(compute)
+    ops = pairwise_operands(problem)
+    layout = batch_layout(problem.batch_shape, ops)
+    tensor_hypers, ge1, hyper_args = _hypers(problem, compute)
+    prog = problem.program
+    poly = compute == "float" and _uses_pow_abs(prog.inner) and any(
+        isinstance(n, Call) and n.op == "pow" and getattr(n.args[1], "name", None) in ge1 for n in walk(prog.inner)
+    )
+    variant = PairwiseVariant(
+        program=prog, dtype=dtype, tensor_hypers=tensor_hypers, ge1_hypers=ge1, batch_dims=len(layout.shape),
+        x=_operand(problem.x, layout, "x", cfg.bm, cfg.bk, -2, -1),
+        z=_operand(problem.z, layout, "z", cfg.bn, cfg.bk, -2, -1),
+        poly_pairs=POLY_PAIRS if poly else 0,
+        k_unroll=2 if _expensive(prog.inner) else cfg.bk,
+    )
+    m, n, d = problem.m, problem.n, problem.d
+    tiles_m, tiles_n = -(-m // cfg.bm), -(-n // cfg.bn)
+    x, z, out = problem.x, problem.z, problem.out
+    args: dict[str, int | float] = {
+        "x": x.data_ptr(), "z": z.data_ptr(), "out": out.data_ptr(), "M": m, "N": n, "D": d, "tiles_n": tiles_n,
+        "sxm": x.stride(-2), "sxk": x.stride(-1), "szn": z.stride(-2), "szk": z.stride(-1),
+        "som": out.stride(-2), "son": out.stride(-1), "diag_shift": problem.offset_m - problem.offset_n,
+    }
+    args |= _batch_args(layout, _rename(list(ops))) | hyper_args
+    return variant, Launch(tiles_m * tiles_n, layout.size, args)
+
+
+def plan_grad(problem: GradProblem) -> tuple[GradVariant, Launch]:
+    """Variant and launch of ``problem`` (which :func:`size_problem` accepted)."""
+    dtype = str(problem.dtype).removeprefix("torch.")
+    compute = INPUT_TYPES[dtype][1]
+    cfg = grad_config(compute)
+    m, n, o, k = problem.sizes
+    ot = min(cfg.max_ot, 1 << max(0, (o - 1).bit_length()))
+    ochunks = -(-o // ot)
+    ops = grad_operands(problem)
+    layout = batch_layout(problem.batch_shape, ops)
+    tensor_hypers, ge1, hyper_args = _hypers(problem, compute)
+    prog = problem.program
+    variant = GradVariant(
+        program=prog, dtype=dtype, tensor_hypers=tensor_hypers, ge1_hypers=ge1, batch_dims=len(layout.shape), ot=ot,
+        k_unroll=4,
+        a=_operand(problem.a, layout, "a", cfg.bmm, cfg.bk, -1, -2),
+        b=_operand(problem.b, layout, "b", cfg.bnn, cfg.bk, -2, -1),
+        c=_operand(problem.c, layout, "c", ot, cfg.bk, -2, -1),
+    )
+    tiles_m, tiles_n = -(-m // cfg.bmm), -(-n // cfg.bnn)
+    a, b, c, d, out = problem.a, problem.b, problem.c, problem.d, problem.out
+    args: dict[str, int | float] = {
+        "a": a.data_ptr(), "b": b.data_ptr(), "c": c.data_ptr(), "d": d.data_ptr(), "out": out.data_ptr(),
+        "M": m, "N": n, "O": o, "K": k, "tiles_m": tiles_m, "ochunks": ochunks,
+        "sak": a.stride(-2), "sam": a.stride(-1), "sbn": b.stride(-2), "sbk": b.stride(-1),
+        "sco": c.stride(-2), "sck": c.stride(-1), "sdn": d.stride(-2), "sdm": d.stride(-1),
+        "soo": out.stride(-3), "son": out.stride(-2), "som": out.stride(-1),
+    }
+    args |= _batch_args(layout, _rename(list(ops))) | hyper_args
+    return variant, Launch(tiles_m * tiles_n, layout.size * ochunks, args)

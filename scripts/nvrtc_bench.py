@@ -1,0 +1,180 @@
+"""GPU check + timing of the nvrtc backend on the PEERS.md rows (run on the GPU machine).
+
+For every row: a float64 check of a slice of the output (rows/columns subset, full reduction),
+then CUDA-event timings (warm-up first, median of repeats) of nvrtc and, where affordable,
+torch.  Prints a table last; writes the same table and the full log under $OUT if set.
+
+    python scripts/nvrtc_bench.py [--rows substr,...] [--reps N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import statistics
+import sys
+import time
+
+import torch
+
+import kermac
+
+PEERS = {  # row -> (kermac, mm-kermac, target) from PEERS.md (ms)
+    "cdist 30000x30000x1024 p=1": (73.5, 77.8, 64), "cdist 30000x30000x1024 p=1.3": (449, 453, 300),
+    "cdist 30000x30000x1024 p=2": (74.5, 78.1, 25), "cdist 8192x8192x256 p=1": (1.80, 1.74, 1.5),
+    "cdist 8192x8192x256 p=1.3": (9.19, 8.97, 6.5), "cdist 8192x8192x256 p=2": (1.77, 1.66, 1.0),
+    "cdist 16384x16384x32 p=1": (1.12, 1.12, 0.8), "cdist 16384x16384x32 p=2": (1.13, 1.17, 0.8),
+    "laplace_l1 16384x16384x128": (3.33, None, 2.6), "laplace_l2 16384x16384x128": (3.32, None, 1.5),
+    "grad 4096,256,16,4096 p=1": (6.38, 6.31, 3.0), "grad 4096,256,16,4096 p=2": (6.12, 6.03, 3.0),
+    "grad 4096,256,16,4096 p=1.5": (7.38, 7.42, 3.5), "grad 8192,768,16,8192 p=1": (74.2, 73.3, 30),
+    "grad 8192,768,16,8192 p=1.5": (None, 84.4, 35),
+}
+
+
+def timeit(fn, reps: int, budget_s: float = 2.0) -> float:
+    fn()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    fn()
+    end.record()
+    torch.cuda.synchronize()
+    first = start.elapsed_time(end)
+    reps = max(3, min(reps, int(budget_s * 1e3 / max(first, 1e-3))))
+    times = []
+    for _ in range(reps):
+        start.record()
+        fn()
+        end.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(end))
+    return statistics.median(times)
+
+
+def rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    a, b = a.double(), b.double()
+    if torch.isnan(a).any():
+        return math.nan
+    return ((a - b).norm() / b.norm()).item()
+
+
+def cdist_row(m: int, d: int, p: float, reps: int, with_torch: bool) -> dict:
+    x = torch.randn(m, d, device="cuda")
+    z = torch.randn(m, d, device="cuda")
+    out = torch.empty(m, m, device="cuda")
+    t0 = time.perf_counter()
+    kermac.cdist(x, z, p=p, out=out, backend="nvrtc")
+    torch.cuda.synchronize()
+    first = time.perf_counter() - t0
+    s = 256
+    ref = torch.cdist(x[:s].double(), z[-s:].double(), p=p)
+    err = rel(out[:s, -s:], ref)
+    ms = timeit(lambda: kermac.cdist(x, z, p=p, out=out, backend="nvrtc"), reps)
+    tms = timeit(lambda: torch.cdist(x, z, p=p), reps) if with_torch else None
+    return {"ms": ms, "torch_ms": tms, "err": err, "first_call_s": first}
+
+
+def kernel_row(name: str, m: int, d: int, reps: int) -> dict:
+    x = torch.randn(m, d, device="cuda")
+    z = torch.randn(m, d, device="cuda")
+    out = torch.empty(m, m, device="cuda")
+    desc = kermac.presets.ALL[name]
+    bw = 10.0
+    kermac.run_kernel(desc, x, z, bandwidth=bw, out=out, backend="nvrtc")
+    s = 256
+    p = 1.0 if name == "laplace_l1" else 2.0
+    ref = torch.exp(-torch.cdist(x[:s].double(), z[-s:].double(), p=p) / bw)
+    err = rel(out[:s, -s:], ref)
+    ms = timeit(lambda: kermac.run_kernel(desc, x, z, bandwidth=bw, out=out, backend="nvrtc"), reps)
+    tms = timeit(lambda: torch.exp(-torch.cdist(x, z, p=p) / bw), reps) if p == 2.0 else None
+    return {"ms": ms, "torch_ms": tms, "err": err}
+
+
+def grad_row(m: int, n: int, o: int, k: int, p: float, reps: int) -> dict:
+    a = torch.randn(k, m, device="cuda")
+    b = torch.randn(n, k, device="cuda")
+    c = torch.randn(o, k, device="cuda")
+    d = torch.randn(n, m, device="cuda")
+    out = torch.empty(o, n, m, device="cuda")
+    kermac.cdist_grad(a, b, c, d, p=p, out=out, backend="nvrtc")
+    ns, ms_ = 8, 128
+    t = d[:ns, :ms_, None].double() - b[:ns, None, :].double()
+    phi = torch.where(t != 0, torch.sign(t) * t.abs().pow(p - 1), torch.zeros_like(t))
+    ref = torch.einsum("ok,km,nmk->onm", c.double(), a[:, :ms_].double(), phi)
+    err = rel(out[:, :ns, :ms_], ref)
+    ms = timeit(lambda: kermac.cdist_grad(a, b, c, d, p=p, out=out, backend="nvrtc"), reps)
+    tms = None
+    if p == 2.0:
+        tms = timeit(lambda: torch.einsum("ok,km,nm->onm", c, a, d) - torch.einsum("ok,km,nk->onm", c, a, b), reps)
+    return {"ms": ms, "torch_ms": tms, "err": err}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--rows", default="")
+    ap.add_argument("--reps", type=int, default=20)
+    args = ap.parse_args()
+    want = [w for w in args.rows.split(",") if w]
+    print(torch.cuda.get_device_name(), "torch", torch.__version__, time.strftime("%Y-%m-%d %H:%M"), flush=True)
+    plan = [
+        ("cdist 16384x16384x32 p=1", lambda: cdist_row(16384, 32, 1.0, args.reps, False)),
+        ("cdist 16384x16384x32 p=2", lambda: cdist_row(16384, 32, 2.0, args.reps, True)),
+        ("cdist 8192x8192x256 p=1", lambda: cdist_row(8192, 256, 1.0, args.reps, True)),
+        ("cdist 8192x8192x256 p=1.3", lambda: cdist_row(8192, 256, 1.3, args.reps, False)),
+        ("cdist 8192x8192x256 p=2", lambda: cdist_row(8192, 256, 2.0, args.reps, True)),
+        ("laplace_l1 16384x16384x128", lambda: kernel_row("laplace_l1", 16384, 128, args.reps)),
+        ("laplace_l2 16384x16384x128", lambda: kernel_row("laplace_l2", 16384, 128, args.reps)),
+        ("grad 4096,256,16,4096 p=1", lambda: grad_row(4096, 256, 16, 4096, 1.0, args.reps)),
+        ("grad 4096,256,16,4096 p=2", lambda: grad_row(4096, 256, 16, 4096, 2.0, args.reps)),
+        ("grad 4096,256,16,4096 p=1.5", lambda: grad_row(4096, 256, 16, 4096, 1.5, args.reps)),
+        ("grad 8192,768,16,8192 p=1", lambda: grad_row(8192, 768, 16, 8192, 1.0, 5)),
+        ("grad 8192,768,16,8192 p=1.5", lambda: grad_row(8192, 768, 16, 8192, 1.5, 5)),
+        ("cdist 30000x30000x1024 p=1", lambda: cdist_row(30000, 1024, 1.0, 5, False)),
+        ("cdist 30000x30000x1024 p=2", lambda: cdist_row(30000, 1024, 2.0, 5, True)),
+        ("cdist 30000x30000x1024 p=1.3", lambda: cdist_row(30000, 1024, 1.3, 3, False)),
+    ]
+    from kermac_backend_nvrtc import plan as nvplan
+
+    def with_poly(pairs: int, fn):
+        def run() -> dict:
+            saved, nvplan.POLY_PAIRS = nvplan.POLY_PAIRS, pairs
+            try:
+                return fn()
+            finally:
+                nvplan.POLY_PAIRS = saved
+        return run
+
+    for pairs in (0, 12, 28):  # fraction of |t|^p on the FMA pipe (default: plan.POLY_PAIRS of 64)
+        plan.append((f"cdist 8192x8192x256 p=1.3 poly={pairs}", with_poly(pairs, lambda: cdist_row(8192, 256, 1.3, args.reps, False))))
+        plan.append((f"cdist 30000x30000x1024 p=1.3 poly={pairs}", with_poly(pairs, lambda: cdist_row(30000, 1024, 1.3, 3, False))))
+    results = {}
+    for name, fn in plan:
+        if want and not any(w in name for w in want):
+            continue
+        try:
+            results[name] = fn()
+        except Exception as exc:  # keep measuring the other rows
+            results[name] = {"error": f"{type(exc).__name__}: {exc}"}
+        print(name, json.dumps(results[name]), flush=True)
+        torch.cuda.empty_cache()
+    lines = ["| row | nvrtc ms | torch ms | kermac | mm-kermac | target | rel err |", "|---|---:|---:|---:|---:|---:|---:|"]
+    for name, r in results.items():
+        km, mm, tgt = PEERS.get(name, (None, None, None))
+        if "error" in r:
+            lines.append(f"| {name} | error: {r['error'][:60]} | | | | | |")
+            continue
+        f = lambda v: "—" if v is None else f"{v:.3g}"
+        lines.append(f"| {name} | {r['ms']:.3f} | {f(r['torch_ms'])} | {f(km)} | {f(mm)} | {f(tgt)} | {r['err']:.1e} |")
+    table = "\n".join(lines)
+    print(table)
+    if os.environ.get("OUT"):
+        with open(os.path.join(os.environ["OUT"], "nvrtc_bench.md"), "w") as fh:
+            fh.write(table + "\n")
+        with open(os.path.join(os.environ["OUT"], "nvrtc_bench.json"), "w") as fh:
+            json.dump(results, fh, indent=1)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,259 @@
+"""NVRTC backend without a GPU: every kind of generated kernel compiles to cubin for sm_80 and sm_90,
+and the generated source has the structure the IR asks for.
+
+Problems are built on CPU tensors (planning reads only shapes, strides and alignment); NVRTC
+compiles without a GPU.  Nothing here loads a module (that needs a device).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+import kermac
+from kermac import ir, presets
+from kermac.hyperparams import HyperValue
+from kermac.problem import grad_problem, pairwise_problem
+
+nvrtc_codegen = pytest.importorskip("kermac_backend_nvrtc.codegen")
+pytest.importorskip("cuda.core")
+from kermac_backend_nvrtc import codegen, compiler, plan  # noqa: E402
+
+try:
+    compiler.nvrtc_version()
+except Exception as exc:  # pragma: no cover - depends on the machine
+    pytest.skip(f"NVRTC library not loadable: {exc}", allow_module_level=True)
+
+ARCHS = ("sm_80", "sm_90")
+M, N, D = 37, 29, 13
+
+
+def _t(*shape: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    return torch.randn(*shape, dtype=torch.float64).to(dtype)
+
+
+def _hypers(**values: float | torch.Tensor) -> dict[str, HyperValue]:
+    return {k: HyperValue(k, v) if isinstance(v, float) else HyperValue(k, None, v) for k, v in values.items()}
+
+
+def _pw(program: kermac.PairwiseProgram, x: torch.Tensor | None = None, z: torch.Tensor | None = None, **hypers):
+    x = _t(M, D) if x is None else x
+    z = _t(N, D, dtype=x.dtype) if z is None else z
+    return pairwise_problem(program, x, z, out=None, hypers=_hypers(**hypers))
+
+
+def _grad_program(p: float | None) -> kermac.GradProgram:
+    t = ir.Var("d") - ir.Var("b")
+    if p == 1.0:
+        mul = ir.sign(t)
+    elif p == 2.0:
+        mul = t
+    else:
+        mul = ir.select(ir.ne(t, 0.0), ir.sign(t) * ir.pow(abs(t), ir.Hyper("p") - 1.0), 0.0)
+    return kermac.GradProgram(multiply=mul, epilogue=ir.Var("acc"))
+
+
+def _gr(power: float | None, o: int = 16, dtype: torch.dtype = torch.float32, a: torch.Tensor | None = None, **hypers):
+    k, m, n = 21, 19, 11
+    a = _t(k, m, dtype=dtype) if a is None else a
+    return grad_problem(_grad_program(power), a, _t(n, k, dtype=dtype), _t(o, k, dtype=dtype), _t(n, m, dtype=dtype),
+                        out=None, hypers=_hypers(**hypers))
+
+
+def _every_op_program() -> kermac.PairwiseProgram:
+    x, z, acc, diag, h = ir.Var("x"), ir.Var("z"), ir.Var("acc"), ir.Var("diag"), ir.Hyper("h")
+    inner = ir.select(ir.lt(x, z), ir.minimum(x, z) * h, ir.maximum(x, z) / (1.0 + abs(z))) + ir.sign(x - z) \
+        + ir.le(x, 0.0) + ir.gt(z, 0.5) + ir.ge(x, z) + ir.eq(x, z) - ir.ne(x, 1.0) + ir.pow(x, 2.0)
+    epi = ir.sqrt(abs(acc)) + ir.exp(-abs(acc)) + ir.log(1.0 + abs(acc)) + ir.select(diag, h, -math.inf) * 0.0
+    return kermac.PairwiseProgram(inner=inner, reduction="max", epilogue=-epi)
+
+
+def _cases() -> dict[str, object]:
+    cases: dict[str, object] = {}
+    for name, desc in presets.ALL.items():
+        if name == "ALL":
+            continue
+        hy = {}
+        if desc.needs_p:
+            hy["p"] = 1.5
+        if desc.needs_bandwidth:
+            hy["bandwidth"] = 2.0
+        cases[f"preset-{name}"] = _pw(desc.lower(), **hy)
+    cases["laplace_l2-regularized"] = _pw(presets.laplace_l2.lower(regularized=True), bandwidth=1.0, regularization=0.1)
+    cases["lp-p<1"] = _pw(presets.lp_distance.lower(), p=0.7)
+    cases["lp-tensor-p-f32"] = _pw(presets.lp_distance.lower(), p=torch.tensor([0.5, 1.5, 3.0]))
+    cases["laplace_lp-tensor-hypers-f64"] = _pw(presets.laplace_lp.lower(), p=torch.tensor([1.5], dtype=torch.float64),
+                                                bandwidth=torch.tensor([1.0, 2.0], dtype=torch.float16))
+    for dtype in (torch.float64, torch.float16, torch.bfloat16):
+        tag = str(dtype).removeprefix("torch.")
+        x = _t(M, D, dtype=dtype)
+        cases[f"l1-{tag}"] = _pw(presets.l1_distance.lower(), x, _t(N, D, dtype=dtype))
+        cases[f"lp-{tag}"] = _pw(presets.lp_distance.lower(), x, _t(N, D, dtype=dtype), p=1.3)
+        cases[f"gaussian-regularized-{tag}"] = _pw(presets.gaussian.lower(regularized=True), x, _t(N, D, dtype=dtype),
+                                                   bandwidth=1.0, regularization=1.0)
+    cases["l1-vec-k"] = _pw(presets.l1_distance.lower(), _t(M, 16), _t(N, 16))
+    cases["l1-vec-p"] = _pw(presets.l1_distance.lower(), _t(D, 128).T, _t(D, 64).T)
+    cases["l1-scalar-p-fast"] = _pw(presets.l1_distance.lower(), _t(D, M).T, _t(D, N).T)
+    cases["l1-sliced"] = _pw(presets.l1_distance.lower(), _t(2 * M, D + 3)[::2, 1:D + 1], _t(N, 2 * D)[:, ::2])
+    cases["l1-batch1"] = _pw(presets.l1_distance.lower(), _t(3, M, D), _t(3, N, D))
+    cases["l1-batch2-broadcast"] = _pw(presets.l1_distance.lower(), _t(2, 1, M, D), _t(3, N, D))
+    cases["every-op-max"] = _pw(_every_op_program(), h=0.5)
+    cases["every-op-min-f64"] = _pw(kermac.PairwiseProgram(_every_op_program().inner, "min", ir.Var("acc")),
+                                    _t(M, D, dtype=torch.float64), _t(N, D, dtype=torch.float64), h=0.5)
+    for p in (1.0, 2.0):
+        cases[f"grad-p{p:g}"] = _gr(p)
+    cases["grad-p1.5"] = _gr(None, p=1.5)
+    cases["grad-p0.5-tensor"] = _gr(None, p=torch.tensor([0.5, 1.5]))
+    for o in (1, 2, 3, 5, 33):
+        cases[f"grad-p1-o{o}"] = _gr(1.0, o=o)
+    for dtype in (torch.float64, torch.float16, torch.bfloat16):
+        cases[f"grad-p1.5-{str(dtype).removeprefix('torch.')}"] = _gr(None, dtype=dtype, p=1.5)
+    cases["grad-a-transposed"] = _gr(2.0, a=_t(19, 21).T)
+    return cases
+
+
+CASES = _cases()
+
+
+def _source(problem) -> str:
+    if isinstance(problem, kermac.problem.GradProblem):
+        return codegen.grad_source(plan.plan_grad(problem)[0])[0]
+    return codegen.pairwise_source(plan.plan_pairwise(problem)[0])[0]
+
+
+@pytest.fixture(autouse=True)
+def _private_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("KERMAC_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setattr(compiler, "_memo", {})
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_variant_compiles_to_cubin(case: str, arch: str) -> None:
+    problem = CASES[case]
+    name = "kermac_grad" if isinstance(problem, kermac.problem.GradProblem) else "kermac_pairwise"
+    built = compiler.compile_cubin(_source(problem), arch, name=name)
+    assert built.cubin[:4] == b"\x7fELF"
+    assert not built.hit
+    assert "registers" in built.ptxas  # the ptxas report (-v) is captured for debug output
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_poly_split_variant_compiles(arch: str) -> None:
+    import dataclasses
+
+    variant = dataclasses.replace(plan.plan_pairwise(CASES["preset-lp_distance"])[0], poly_pairs=20)
+    built = compiler.compile_cubin(codegen.pairwise_source(variant)[0], arch, name="kermac_pairwise")
+    assert built.cubin[:4] == b"\x7fELF"
+
+
+def test_cache_hit_is_fast_and_identical() -> None:
+    source = _source(CASES["preset-l1_distance"])
+    first = compiler.compile_cubin(source, "sm_90", name="kermac_pairwise")
+    compiler._memo.clear()
+    second = compiler.compile_cubin(source, "sm_90", name="kermac_pairwise")
+    assert second.hit and second.cubin == first.cubin
+    assert second.seconds < 0.05
+
+
+def test_plan_picks_load_modes() -> None:
+    assert plan.plan_pairwise(CASES["l1-vec-k"])[0].x == codegen.Operand(2, 4)
+    assert plan.plan_pairwise(CASES["l1-vec-p"])[0].x == codegen.Operand(3, 4)
+    assert plan.plan_pairwise(CASES["l1-scalar-p-fast"])[0].x.mode == 1  # 29 rows: no aligned vectors
+    assert plan.plan_pairwise(CASES["l1-sliced"])[0].x.mode == 0
+    assert plan.plan_pairwise(CASES["l1-float64"])[0].x.e == 2
+
+
+def test_source_l1_is_a_plain_abs_difference() -> None:
+    src = _source(CASES["preset-l1_distance"])
+    assert "return km_abs((x - z));" in src
+    assert "km_pow" not in src.split("kermac_pairwise(")[1]
+    assert "#define POLY_PAIRS 0" in src
+
+
+def test_source_fractional_p_uses_fast_pow(monkeypatch: pytest.MonkeyPatch) -> None:
+    src = _source(CASES["preset-lp_distance"])  # p = 1.5: scalar >= 1, ex2(p·lg2|t|) without the p = 0 case
+    assert "km_powabs_nz(km_abs((x - z)), h_p)" in src
+    monkeypatch.setattr(plan, "POLY_PAIRS", 20)  # the FMA-pipe polynomial split, when switched on
+    src = _source(CASES["preset-lp_distance"])
+    assert "km_powabs_poly(km_abs((x - z)), h_p)" in src and "#define POLY_PAIRS 20" in src
+    assert "km_pow(acc, (km_t(1.0) / h_p))" in src  # the root stays IEEE pow
+    src = _source(CASES["lp-p<1"])
+    assert "km_powabs(km_abs((x - z)), h_p)" in src and "#define POLY_PAIRS 0" in src
+
+
+def test_source_hyper_kinds() -> None:
+    src = _source(CASES["lp-tensor-p-f32"])
+    assert "const float* __restrict__ hp_p" in src and "hp_p[off_h_p]" in src
+    src = _source(CASES["laplace_lp-tensor-hypers-f64"])
+    assert "const double* __restrict__ hp_p" in src and "const km_f16* __restrict__ hp_bandwidth" in src
+    src = _source(CASES["preset-laplace_l1"])
+    assert "km_t hv_bandwidth" in src and "km_exp" in src
+
+
+def test_source_diag_and_batch() -> None:
+    src = _source(CASES["laplace_l2-regularized"])
+    assert "long long diag_shift" in src and "diag_shift == (long long)n" in src
+    src = _source(CASES["l1-batch2-broadcast"])
+    assert "long long bs1" in src and "off_x += q * bx1" in src
+
+
+def test_source_grad() -> None:
+    assert "return km_sign((d - b));" in _source(CASES["grad-p1"])
+    assert "return km_signpow((d - b), (h_p - km_t(1.0)));" in _source(CASES["grad-p1.5"])
+    assert "#define OT 1" in _source(CASES["grad-p1-o1"])
+    assert "#define OT 4" in _source(CASES["grad-p1-o3"])
+    assert "#define OT 16" in _source(CASES["grad-p1-o33"])
+
+
+def test_render_semantics_table() -> None:
+    names = {"x": "x", "z": "z"}
+    assert codegen.render_expr(ir.Const(math.inf) - ir.Var("x"), names) == "(km_inf(km_t(0)) - x)"
+    assert codegen.render_expr(ir.select(ir.Var("x"), 1.0, ir.Const(math.nan)), names) == "((x) != km_t(0) ? (km_t(1.0)) : (km_nan(km_t(0))))"
+    assert set(codegen.CUDA_OPS) == set(ir.OPS)
+
+
+def _poly_powabs(a: np.ndarray, b: float) -> np.ndarray:
+    """float32 emulation of kernels.POW_POLY (bit tricks included)."""
+    f32 = np.float32
+    bits = a.astype(f32).view(np.int32)
+    e = (bits - np.int32(0x3F400000)) & np.int32(-0x800000)
+    m = (bits - e).view(f32)
+    u = m - f32(1)
+    ef = ((e >> 23) + np.int32(0x4B400000)).view(f32) - f32(12582912.0)
+    p = f32(codegen._LOG2_COEFFS[-1])
+    for c in reversed(codegen._LOG2_COEFFS[:-1]):
+        p = p * u + f32(c)
+    y = np.maximum(f32(b) * (u * p + ef), f32(-126.0))
+    r = y + f32(12582912.0)
+    i = r - f32(12582912.0)
+    f = y - i
+    q = f32(codegen._EXP2_COEFFS[-1])
+    for c in reversed(codegen._EXP2_COEFFS[:-1]):
+        q = q * f + f32(c)
+    return ((r.view(np.int32) << 23) + q.view(np.int32)).view(f32)
+
+
+@pytest.mark.parametrize("b", [1.0, 1.3, 2.5, 7.0])
+def test_polynomial_pow_accuracy(b: float) -> None:
+    a = np.concatenate([np.geomspace(1e-6, 1e6, 20001), [0.0, 1.0, 0.75, 1.5]]).astype(np.float32)
+    got = _poly_powabs(a, b).astype(np.float64)
+    want = np.power(a.astype(np.float64), b)
+    ok = (want > 1e-30) & (want < 3e38)
+    rel = (got[ok] - want[ok]) / want[ok]
+    # |t|^b = 2^(b·log2|t|): the log2 error is scaled by b (cancelled by the root 1/p of a distance).
+    assert np.abs(rel).max() < 3.5e-6 * (1.0 + b)
+    assert abs(rel.mean()) < 2e-6  # errors oscillate: sums over k do not accumulate a bias
+    assert got[a == 0].max() < 1.2e-38
+
+
+def test_precompile_in_worker_processes() -> None:
+    from kermac_backend_nvrtc.backend import NvrtcBackend
+
+    built = NvrtcBackend().precompile([CASES["preset-l1_distance"], CASES["grad-p2"]])
+    assert len(built) == 2 and all(" sm_90 " in b for b in built)
+    compiler._memo.clear()
+    assert compiler.compile_cubin(_source(CASES["grad-p2"]), "sm_90", name="kermac_grad").hit

@@ -1,0 +1,174 @@
+"""NVRTC-specific GPU tests (``pytest -m gpu``): layouts, dtypes, tails, NaN semantics, user programs.
+
+The shared suites (test_cdist, test_run_kernel, test_cdist_grad) cover the public operations on
+every backend; these add what only a code-generating backend can get wrong: load-mode choice
+(vectorised vs scalar), tile tails, half/bfloat16/float64 code paths, the polynomial pow split,
+the fused sign-power of the gradient, more than 16 gradient outputs, and module loading on
+several devices.  Every expected value comes from float64 (the reference backend on upcast
+inputs, or the float64 helpers).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+
+import pytest
+import torch
+from helpers import assert_close, randn, ref_cdist, ref_grad, require_backend, tolerance
+
+import kermac
+from kermac import ir
+
+pytestmark = pytest.mark.gpu
+
+
+@pytest.fixture(autouse=True)
+def _nvrtc() -> None:
+    require_backend("nvrtc", "cuda")
+    require_backend("nvrtc", "cuda", op="grad")
+
+
+def _reference_program(program, x, z, **kw) -> torch.Tensor:
+    return kermac.run_program(program, x.double(), z.double(), backend="torch", **kw)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float64])
+@pytest.mark.parametrize("p", [1.0, 1.3, 2.0, math.inf])
+def test_cdist_dtypes(dtype: torch.dtype, p: float) -> None:
+    x, z = randn(130, 37, dtype=dtype, device="cuda"), randn(131, 37, dtype=dtype, device="cuda")
+    out = kermac.cdist(x, z, p=p, backend="nvrtc")
+    assert out.dtype == dtype
+    assert_close(out, ref_cdist(x, z, p), tolerance(dtype))
+
+
+@pytest.mark.parametrize(("m", "n", "d"), [(1, 1, 1), (129, 257, 9), (128, 128, 8), (3, 300, 1031), (257, 5, 0)])
+@pytest.mark.parametrize("p", [1.0, 1.7, 3.0])
+def test_cdist_tails(m: int, n: int, d: int, p: float) -> None:
+    x, z = randn(m, d, device="cuda"), randn(n, d, device="cuda")
+    out = torch.full((m, n), math.nan, device="cuda")
+    kermac.cdist(x, z, p=p, out=out, backend="nvrtc")
+    assert_close(out, ref_cdist(x, z, p), tolerance(torch.float32))
+
+
+@pytest.mark.parametrize("layout", ["k-vec", "p-vec", "p-scalar", "sliced", "misaligned", "broadcast-batch"])
+def test_cdist_load_modes(layout: str) -> None:
+    m, n, d = 96, 200, 64
+    if layout == "k-vec":
+        x, z = randn(m, d, device="cuda"), randn(n, d, device="cuda")
+    elif layout == "p-vec":
+        x, z = randn(d, m, device="cuda").T, randn(d, n, device="cuda").T
+    elif layout == "p-scalar":
+        x, z = randn(d, m + 1, device="cuda").T[:m], randn(d, n + 3, device="cuda").T[1:]
+    elif layout == "sliced":
+        x, z = randn(m, 2 * d, device="cuda")[:, ::2], randn(n, d + 1, device="cuda")[:, 1:]
+    elif layout == "misaligned":
+        x, z = randn(m * d + 1, device="cuda")[1:].view(m, d), randn(n * d + 2, device="cuda")[2:].view(n, d)
+    else:
+        x, z = randn(3, 1, m, d, device="cuda"), randn(2, n, d, device="cuda").transpose(-1, -2).contiguous().transpose(-1, -2)
+    for p in (1.0, 1.5):
+        assert_close(kermac.cdist(x, z, p=p, backend="nvrtc"), ref_cdist(x, z, p), tolerance(torch.float32))
+
+
+def test_cdist_p2_near_duplicates() -> None:
+    """Differences, not the matmul expansion: near-identical rows keep full relative accuracy."""
+    x = randn(300, 512, device="cuda") * 100
+    z = x + 1e-3 * randn(300, 512, device="cuda")
+    out = kermac.cdist(x, z, p=2.0, backend="nvrtc")
+    ref = ref_cdist(x, z, 2.0)
+    assert ((out.diagonal().double().cpu() - ref.diagonal()).abs() / ref.diagonal()).max() < 1e-5
+    assert_close(out, ref, tolerance(torch.float32))
+
+
+def test_batched_p_and_bandwidth_tensors() -> None:
+    x, z = randn(70, 33, device="cuda"), randn(90, 33, device="cuda")
+    p = torch.tensor([0.6, 1.0, 1.5, 2.5], device="cuda")
+    bw = torch.tensor([0.5, 1.0, 2.0, 4.0], device="cuda", dtype=torch.float64)
+    out = kermac.run_kernel(kermac.presets.laplace_lp, x, z, p=p, bandwidth=bw, backend="nvrtc")
+    ref = torch.stack([torch.exp(-ref_cdist(x, z, q) / s) for q, s in zip(p.tolist(), bw.tolist())])
+    assert_close(out, ref, tolerance(torch.float32))
+
+
+@pytest.mark.parametrize("offsets", [(0, 0), (5, 0), (0, 130), (-3, 7)])
+def test_regularization_offsets(offsets: tuple[int, int]) -> None:
+    x, z = randn(140, 20, device="cuda"), randn(150, 20, device="cuda")
+    om, on = offsets
+    out = kermac.run_kernel(kermac.presets.gaussian, x, z, bandwidth=1.5, regularization=0.25, offset_m=om, offset_n=on,
+                            backend="nvrtc")
+    ref = torch.exp(-ref_distance_sq(x, z) / (2 * 1.5**2))
+    rows = torch.arange(140)[:, None] + om
+    cols = torch.arange(150)[None, :] + on
+    ref = ref + 0.25 * (rows == cols).double()
+    assert_close(out, ref, tolerance(torch.float32))
+
+
+def ref_distance_sq(x: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
+    return ((x.double().cpu()[:, None, :] - z.double().cpu()[None, :, :]) ** 2).sum(-1)
+
+
+def test_every_op_user_program_and_nan_propagation() -> None:
+    x, z, acc, diag, h = ir.Var("x"), ir.Var("z"), ir.Var("acc"), ir.Var("diag"), ir.Hyper("h")
+    inner = ir.select(ir.lt(x, z), ir.minimum(x, z) * h, ir.maximum(x, z) / (1.0 + abs(z))) + ir.sign(x - z) \
+        + ir.le(x, 0.0) + ir.gt(z, 0.5) + ir.ge(x, z) + ir.eq(x, z) - ir.ne(x, 1.0) + ir.pow(abs(x), 1.5)
+    epi = ir.sqrt(abs(acc)) + ir.exp(-abs(acc)) + ir.log(1.0 + abs(acc)) + ir.select(diag, h, 0.0)
+    xs, zs = randn(77, 19, device="cuda"), randn(66, 19, device="cuda")
+    xs[3, 4] = math.nan
+    for reduction in ("sum", "max", "min"):
+        prog = kermac.PairwiseProgram(inner=inner, reduction=reduction, epilogue=epi)
+        out = kermac.run_program(prog, xs, zs, hypers={"h": 0.5}, offset_m=2, backend="nvrtc")
+        ref = _reference_program(prog, xs, zs, hypers={"h": 0.5}, offset_m=2)
+        assert torch.isnan(out[3]).all() and not torch.isnan(out[4:]).any()
+        mask = ~torch.isnan(ref)
+        assert_close(out[mask], ref[mask].float(), 3e-5)
+
+
+def test_linf_nan_propagates() -> None:
+    x, z = randn(40, 50, device="cuda"), randn(30, 50, device="cuda")
+    z[7, 49] = math.nan
+    out = kermac.cdist(x, z, p=math.inf, backend="nvrtc")
+    assert torch.isnan(out[:, 7]).all() and not torch.isnan(out[:, :7]).any()
+
+
+@pytest.mark.parametrize("p", [0.5, 1.0, 1.5, 2.0, 3.0])
+@pytest.mark.parametrize("o", [1, 3, 16, 33])
+def test_grad(p: float, o: int) -> None:
+    k, m, n = 70, 67, 45
+    a, b, c, d = (randn(*s, device="cuda") for s in ((k, m), (n, k), (o, k), (n, m)))
+    b[0, :5] = d[0, :5]  # exact ties: the sgn(0) = 0 convention
+    out = torch.full((o, n, m), math.nan, device="cuda")
+    kermac.cdist_grad(a, b, c, d, p=p, out=out, backend="nvrtc")
+    assert_close(out, ref_grad(a, b, c, d, p), 1e-4)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float64])
+def test_grad_dtypes_and_views(dtype: torch.dtype) -> None:
+    k, m, n, o = 40, 35, 33, 5
+    a = randn(m, k, dtype=dtype, device="cuda").T
+    b, c, d = randn(n, k, dtype=dtype, device="cuda"), randn(o, k, dtype=dtype, device="cuda"), randn(n, m, dtype=dtype, device="cuda")
+    out = kermac.cdist_grad(a, b, c, d, p=1.5, backend="nvrtc")
+    assert_close(out, ref_grad(a, b, c, d, 1.5), {torch.float64: 1e-10, torch.float16: 3e-3, torch.bfloat16: 2e-2}[dtype])
+
+
+def test_grad_batched_p() -> None:
+    k, m, n, o = 50, 40, 20, 4
+    a, b, c, d = (randn(*s, device="cuda") for s in ((k, m), (n, k), (o, k), (n, m)))
+    ps = [0.8, 1.5, 2.0]
+    out = kermac.cdist_grad(a, b, c, d, p=torch.tensor(ps, device="cuda"), backend="nvrtc")
+    assert_close(out, torch.stack([ref_grad(a, b, c, d, q) for q in ps]), 1e-4)
+
+
+def test_debug_logs_compile_and_launch(caplog: pytest.LogCaptureFixture) -> None:
+    x = randn(10, 10, device="cuda")
+    with caplog.at_level(logging.DEBUG, logger="kermac"):
+        kermac.cdist(x, x, p=1.25, backend="nvrtc", debug=True)
+    text = caplog.text
+    assert "launch grid" in text and "registers" in text
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two CUDA devices")
+def test_two_devices() -> None:
+    for dev in ("cuda:0", "cuda:1"):
+        x, z = randn(50, 20, device=dev), randn(60, 20, device=dev)
+        out = kermac.cdist(x, z, p=1.0, backend="nvrtc")
+        assert out.device == torch.device(dev)
+        assert_close(out, ref_cdist(x, z, 1.0), tolerance(torch.float32))
