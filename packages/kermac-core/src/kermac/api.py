@@ -102,14 +102,17 @@ def run_kernel(
     Args:
         descriptor: a :class:`~kermac.descriptor.KernelDescriptor` or the name of a preset in
             :mod:`kermac.presets` (e.g. ``"laplace_l2"``).
-        x: ``[..., M, D]``; z: ``[..., N, D]`` (batch dimensions broadcast).
+        x: ``[..., M, D]``.
+        z: ``[..., N, D]`` (batch dimensions broadcast with ``x``'s).
         p: the norm exponent, required exactly when the descriptor uses it (> 0, finite).
         bandwidth: σ > 0, required exactly when the descriptor has a kernel function.
         regularization: λ added on the shifted diagonal ``m + offset_m == n + offset_n``;
             ``None`` (default) adds nothing.
-        offset_m, offset_n: diagonal offsets, e.g. the row/column origin of a tile of a larger
-            kernel matrix.
-        out, backend, debug: as in :func:`cdist`.
+        offset_m: row offset of the diagonal, e.g. the row origin of a tile of a larger kernel matrix.
+        offset_n: column offset of the diagonal.
+        out: optional ``[..., M, N]`` output, as in :func:`cdist`.
+        backend: as in :func:`cdist`.
+        debug: as in :func:`cdist`.
 
     Every hyperparameter may be a number or a tensor broadcasting against the batch dimensions
     (one value per batch entry computes a batch of kernel matrices in one launch).
@@ -165,7 +168,9 @@ def cdist_grad(
         c: ``[..., O, K]`` (e.g. the coefficients).
         d: ``[..., N, M]`` (e.g. the evaluation points, features × points).
         p: > 0 and finite; a tensor gives one p per batch entry.  1 and 2 have fast paths.
-        out: optional ``[..., O, N, M]``.  backend, debug: as in :func:`cdist`.
+        out: optional ``[..., O, N, M]`` output of the inputs' dtype and device, any strides.
+        backend: as in :func:`cdist`.
+        debug: as in :func:`cdist`.
     """
     debug = debug_enabled(debug)
     a = check_tensor("a", a)

@@ -1,0 +1,1 @@
+"""airspeed velocity (asv) suites of kermac; see ``asv.conf.json`` and ``docs/benchmarks.md``."""

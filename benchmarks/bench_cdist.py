@@ -1,0 +1,18 @@
+"""``kermac.cdist`` (float32, preallocated ``out``) per backend, beside ``torch.cdist``.
+
+Cases: the cdist rows of ``shared/PEERS.md`` on a GPU, small CPU cases otherwise.
+"""
+
+from __future__ import annotations
+
+from ._harness import KERMAC_BACKENDS, OpSuite, cases
+
+
+class CDist(OpSuite):
+    op = "cdist"
+    baseline = "torch.cdist"
+    params = ([baseline, *KERMAC_BACKENDS], list(cases(op)))
+    param_names = ["implementation", "case"]
+
+    def time_cdist(self, impl: str, label: str) -> None:
+        self.run()

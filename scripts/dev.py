@@ -1,0 +1,245 @@
+#!/usr/bin/env python3
+"""Set up the kermac development environment and run its tasks (standard library only, Python >= 3.10).
+
+    python3 scripts/dev.py setup [--force]   create or refresh .venv: torch, every packages/* member editable, dev tools
+    python3 scripts/dev.py test [ARGS...]    setup, then ``python -m pytest ARGS``
+    python3 scripts/dev.py bench [ARGS...]   setup, then ``kermac bench ARGS``
+    python3 scripts/dev.py docs [ARGS...]    setup, then ``mkdocs build --strict ARGS``
+    python3 scripts/dev.py torch             install the right torch into the interpreter running this script
+                                             (hatch's pre-install step; see the root pyproject.toml)
+
+Torch is installed first and on its own, so that nothing installed after it can pull another build:
+without an NVIDIA GPU it is ``torch==2.13.0`` (a CPU wheel where one is on the package index or in
+pip's find-links), with one ``torch>=2.4``.  ``KERMAC_TORCH_SPEC`` replaces that requirement with
+any pip arguments, e.g. ``KERMAC_TORCH_SPEC="torch --index-url https://download.pytorch.org/whl/cpu"``.
+Without a GPU on Linux, set-up refuses a torch build that would bring CUDA libraries (several GB).
+
+``setup`` is idempotent: it records a hash of every pyproject.toml, this script, the interpreter
+and the torch choice in .venv, and does nothing while they are unchanged (members are editable,
+so source edits need no reinstall).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import platform
+import shlex
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+VENV = ROOT / ".venv"
+STAMP = VENV / ".kermac-dev-stamp"
+TORCH_CONSTRAINT = VENV / ".kermac-torch-constraint.txt"
+
+CPU_TORCH = "torch==2.13.0"
+GPU_TORCH = "torch>=2.4"
+MIN_PIP = "pip>=25.1"  # first pip with --group (PEP 735 dependency groups)
+DEV_GROUP = "dev"  # [dependency-groups] in the root pyproject.toml
+# Members with CUDA-library extras, and whether they are worth installing without a GPU:
+# NVRTC compiles to cubin on any machine (the CPU test tier does), cuSOLVER needs a GPU to run.
+CUDA_EXTRA_WITHOUT_GPU = {"kermac-backend-nvrtc": True, "kermac-linalg": False}
+DEFAULT_CUDA_MAJOR = 13  # what the NVRTC wheels are taken for when torch has no CUDA
+
+
+def say(message: str) -> None:
+    print(f"[dev] {message}", flush=True)
+
+
+def fail(message: str) -> None:
+    print(f"[dev] error: {message}", file=sys.stderr, flush=True)
+    sys.exit(1)
+
+
+def run(cmd: list[str], what: str) -> None:
+    """Run ``cmd`` from the repository root; exit with a message naming ``what`` if it fails."""
+    say("$ " + shlex.join(str(c) for c in cmd))
+    if subprocess.run(cmd, cwd=ROOT).returncode != 0:
+        fail(f"{what} failed (command above)")
+
+
+def has_nvidia_gpu() -> bool:
+    """True if an NVIDIA GPU is visible: a /dev/nvidia0 device node or a working ``nvidia-smi -L``."""
+    if Path("/dev/nvidia0").exists():
+        return True
+    smi = shutil.which("nvidia-smi")
+    if smi is None:
+        return False
+    try:
+        listed = subprocess.run([smi, "-L"], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return listed.returncode == 0 and "GPU" in listed.stdout
+
+
+def torch_spec(gpu: bool) -> list[str]:
+    """The pip arguments that install torch: ``KERMAC_TORCH_SPEC`` or the default for this machine."""
+    override = os.environ.get("KERMAC_TORCH_SPEC", "").strip()
+    if override:
+        return shlex.split(override)
+    return [GPU_TORCH if gpu else CPU_TORCH]
+
+
+def pip(python: Path | str, *args: str) -> list[str]:
+    quiet = [] if sys.stdout.isatty() else ["--progress-bar", "off"]
+    return [str(python), "-m", "pip", "install", *quiet, *args]
+
+
+def resolved_torch(python: Path | str, spec: list[str]) -> dict:
+    """What pip would install for ``spec`` (pip >= 22.2 ``--dry-run --report``), without installing it."""
+    with tempfile.TemporaryDirectory() as tmp:
+        report = Path(tmp) / "report.json"
+        cmd = [str(python), "-m", "pip", "install", "--dry-run", "--quiet", "--report", str(report), *spec]
+        if subprocess.run(cmd, cwd=ROOT).returncode != 0:
+            fail(f"pip cannot resolve the torch requirement {shlex.join(spec)}")
+        entries = json.loads(report.read_text())["install"]
+    for entry in entries:
+        if entry["metadata"]["name"].lower() == "torch":
+            return entry
+    return {}  # already installed and satisfying: nothing to install
+
+
+def install_torch(python: Path | str, gpu: bool) -> str:
+    """Install torch into ``python`` (before anything else) and return its version string.
+
+    Without a GPU on Linux, a torch whose metadata asks for NVIDIA CUDA wheels is refused before
+    anything is downloaded: that build is several GB and useless on this machine.
+    """
+    spec = torch_spec(gpu)
+    if not gpu and platform.system() == "Linux":
+        entry = resolved_torch(python, spec)
+        cuda_deps = [r for r in entry.get("metadata", {}).get("requires_dist", []) if r.lower().startswith("nvidia-")]
+        if cuda_deps:
+            version = entry["metadata"]["version"]
+            fail(
+                f"no NVIDIA GPU here, but {shlex.join(spec)} resolves to torch {version}, a CUDA build "
+                f"(needs {cuda_deps[0]}, ...: several GB). Set KERMAC_TORCH_SPEC to a CPU build, e.g. "
+                '"torch --index-url https://download.pytorch.org/whl/cpu", and run again.'
+            )
+    run(pip(python, *spec), "installing torch")
+    probe = subprocess.run(
+        [str(python), "-c", "import torch; print(torch.__version__); print(torch.version.cuda or '')"],
+        capture_output=True,
+        text=True,
+    )
+    if probe.returncode != 0:
+        fail(f"torch was installed but does not import:\n{probe.stderr}")
+    version, cuda = probe.stdout.split("\n")[:2]
+    say(f"torch {version} ({'CUDA ' + cuda if cuda else 'CPU only'})")
+    return version
+
+
+def torch_cuda_major(python: Path) -> int | None:
+    out = subprocess.run(
+        [str(python), "-c", "import torch; print(torch.version.cuda or '')"], capture_output=True, text=True, check=True
+    )
+    cuda = out.stdout.strip()
+    return int(cuda.split(".")[0]) if cuda else None
+
+
+def members() -> list[Path]:
+    """Every workspace member: the folders under packages/ with a pyproject.toml."""
+    return sorted(p.parent for p in (ROOT / "packages").glob("*/pyproject.toml"))
+
+
+def member_requirements(gpu: bool, cuda_major: int) -> list[str]:
+    """``-e`` arguments for every member, with the cuXX extra where the member needs CUDA wheels."""
+    args = []
+    for path in members():
+        rel = path.relative_to(ROOT).as_posix()
+        with_cuda = CUDA_EXTRA_WITHOUT_GPU.get(path.name)
+        extra = f"[cu{cuda_major}]" if with_cuda is not None and (gpu or with_cuda) else ""
+        args += ["-e", f"./{rel}{extra}"]
+    return args
+
+
+def venv_python() -> Path:
+    return VENV / ("Scripts/python.exe" if os.name == "nt" else "bin/python")
+
+
+def venv_tool(name: str) -> Path:
+    return VENV / ("Scripts" if os.name == "nt" else "bin") / name
+
+
+def stamp_of(gpu: bool) -> str:
+    h = hashlib.sha256()
+    for path in [ROOT / "pyproject.toml", *(m / "pyproject.toml" for m in members()), Path(__file__).resolve()]:
+        h.update(path.relative_to(ROOT).as_posix().encode())
+        h.update(path.read_bytes())
+    h.update(repr((sys.version_info[:3], sys.executable, gpu, torch_spec(gpu))).encode())
+    return h.hexdigest()
+
+
+def venv_matches_interpreter() -> bool:
+    py = venv_python()
+    if not py.exists():
+        return False
+    out = subprocess.run([str(py), "-c", "import sys; print(sys.version_info[:2])"], capture_output=True, text=True)
+    return out.returncode == 0 and out.stdout.strip() == str(sys.version_info[:2])
+
+
+def setup(force: bool = False) -> Path:
+    """Create or refresh .venv; return its interpreter.  A no-op while nothing it depends on changed."""
+    gpu = has_nvidia_gpu()
+    stamp = stamp_of(gpu)
+    if not force and venv_matches_interpreter() and STAMP.exists() and STAMP.read_text() == stamp:
+        say(f"{VENV.relative_to(ROOT)} is up to date")
+        return venv_python()
+    if VENV.exists() and not venv_matches_interpreter():
+        say(f"{VENV.relative_to(ROOT)} was made by another interpreter: recreating it")
+        shutil.rmtree(VENV)
+    STAMP.unlink(missing_ok=True)
+    if not VENV.exists():
+        run([sys.executable, "-m", "venv", str(VENV)], "creating the virtual environment")
+    py = venv_python()
+    say(f"NVIDIA GPU: {'yes' if gpu else 'no'}")
+    run(pip(py, "--upgrade", MIN_PIP), "upgrading pip")
+    version = install_torch(py, gpu)
+    TORCH_CONSTRAINT.write_text(f"torch=={version}\n")  # nothing after this may replace torch
+    cuda_major = torch_cuda_major(py) or DEFAULT_CUDA_MAJOR
+    run(
+        pip(py, "-c", str(TORCH_CONSTRAINT), *member_requirements(gpu, cuda_major), "--group", DEV_GROUP),
+        "installing the workspace members and dev tools",
+    )
+    STAMP.write_text(stamp)
+    say(f"ready: {py}")
+    return py
+
+
+def main(argv: list[str]) -> int:
+    if sys.version_info < (3, 10):  # noqa: UP036 -- this script may be started by any python3
+        fail(f"Python >= 3.10 is needed, this is {platform.python_version()} ({sys.executable})")
+    commands = ("setup", "test", "bench", "docs", "torch")
+    if not argv or argv[0] not in commands:
+        print(__doc__)
+        return 2 if argv else 0
+    command, args = argv[0], argv[1:]
+    if command == "torch":
+        install_torch(sys.executable, has_nvidia_gpu())
+        return 0
+    if command == "setup":
+        unknown = [a for a in args if a != "--force"]
+        if unknown:
+            fail(f"setup: expected no arguments or --force, got {shlex.join(unknown)}")
+        setup(force="--force" in args)
+        return 0
+    py = setup()
+    env = dict(os.environ)
+    if command == "test":
+        cmd = [str(py), "-m", "pytest", *args]
+    elif command == "bench":
+        cmd = [str(venv_tool("kermac")), "bench", *args]
+    else:
+        cmd = [str(venv_tool("mkdocs")), "build", "--strict", *args]
+        env.setdefault("NO_MKDOCS_2_WARNING", "1")  # mkdocs-material's end-of-life banner
+    say("$ " + shlex.join(cmd))
+    return subprocess.run(cmd, cwd=ROOT, env=env).returncode
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
