@@ -60,9 +60,9 @@ def rel(a: torch.Tensor, b: torch.Tensor) -> float:
     return ((a - b).norm() / b.norm()).item()
 
 
-def cdist_row(m: int, d: int, p: float, reps: int, with_torch: bool) -> dict:
+def cdist_row(m: int, d: int, p: float, reps: int, with_torch: bool, near: bool = False) -> dict:
     x = torch.randn(m, d, device="cuda")
-    z = torch.randn(m, d, device="cuda")
+    z = x + 1e-4 * torch.randn(m, d, device="cuda") if near else torch.randn(m, d, device="cuda")
     out = torch.empty(m, m, device="cuda")
     t0 = time.perf_counter()
     kermac.cdist(x, z, p=p, out=out, backend="nvrtc")
@@ -85,10 +85,13 @@ def kernel_row(name: str, m: int, d: int, reps: int) -> dict:
     kermac.run_kernel(desc, x, z, bandwidth=bw, out=out, backend="nvrtc")
     s = 256
     p = 1.0 if name == "laplace_l1" else 2.0
-    ref = torch.exp(-torch.cdist(x[:s].double(), z[-s:].double(), p=p) / bw)
+    torch_fn = (lambda: torch.exp(-torch.cdist(x, z) ** 2 / (2 * bw**2))) if name == "gaussian" else (
+        lambda: torch.exp(-torch.cdist(x, z, p=p) / bw))
+    dist = torch.cdist(x[:s].double(), z[-s:].double(), p=p)
+    ref = torch.exp(-dist**2 / (2 * bw**2)) if name == "gaussian" else torch.exp(-dist / bw)
     err = rel(out[:s, -s:], ref)
     ms = timeit(lambda: kermac.run_kernel(desc, x, z, bandwidth=bw, out=out, backend="nvrtc"), reps)
-    tms = timeit(lambda: torch.exp(-torch.cdist(x, z, p=p) / bw), reps) if p == 2.0 else None
+    tms = timeit(torch_fn, reps) if p == 2.0 else None
     return {"ms": ms, "torch_ms": tms, "err": err}
 
 
@@ -149,6 +152,45 @@ def main() -> None:
     for pairs in (0, 12, 28):  # fraction of |t|^p on the FMA pipe (default: plan.POLY_PAIRS of 64)
         plan.append((f"cdist 8192x8192x256 p=1.3 poly={pairs}", with_poly(pairs, lambda: cdist_row(8192, 256, 1.3, args.reps, False))))
         plan.append((f"cdist 30000x30000x1024 p=1.3 poly={pairs}", with_poly(pairs, lambda: cdist_row(30000, 1024, 1.3, 3, False))))
+    def simt(fn):  # the same row on the SIMT difference kernel (p = 2 family)
+        def run() -> dict:
+            saved, nvplan.TENSOR_CORES = nvplan.TENSOR_CORES, False
+            try:
+                return fn()
+            finally:
+                nvplan.TENSOR_CORES = saved
+        return run
+
+    def one_block(fn):  # the tensor-core kernel at 1 block/SM (no register cap: ~200 registers, no spills)
+        def run() -> dict:
+            import dataclasses
+
+            from kermac_backend_nvrtc import codegen as nvcodegen
+
+            from kermac.registry import get_backend
+
+            memo = get_backend("nvrtc")._kernels
+            saved = nvcodegen.TC_CONFIG
+            nvcodegen.TC_CONFIG = dataclasses.replace(saved, min_blocks=1)
+            memo.clear()
+            try:
+                return fn()
+            finally:
+                nvcodegen.TC_CONFIG = saved
+                memo.clear()
+        return run
+
+    plan += [
+        ("cdist 30000x30000x1024 p=2 tc-1block", one_block(lambda: cdist_row(30000, 1024, 2.0, 5, False))),
+        ("cdist 16384x16384x32 p=2 tc-1block", one_block(lambda: cdist_row(16384, 32, 2.0, args.reps, False))),
+        ("laplace_l2 16384x16384x128 tc-1block", one_block(lambda: kernel_row("laplace_l2", 16384, 128, args.reps))),
+        ("cdist 16384x16384x32 p=2 simt", simt(lambda: cdist_row(16384, 32, 2.0, args.reps, False))),
+        ("cdist 8192x8192x256 p=2 simt", simt(lambda: cdist_row(8192, 256, 2.0, args.reps, False))),
+        ("laplace_l2 16384x16384x128 simt", simt(lambda: kernel_row("laplace_l2", 16384, 128, args.reps))),
+        ("gaussian 16384x16384x128", lambda: kernel_row("gaussian", 16384, 128, args.reps)),
+        ("cdist 30000x30000x1024 p=2 simt", simt(lambda: cdist_row(30000, 1024, 2.0, 5, False))),
+        ("cdist 8192x8192x256 p=2 near-duplicates", lambda: cdist_row(8192, 256, 2.0, args.reps, False, near=True)),
+    ]
     results = {}
     for name, fn in plan:
         if want and not any(w in name for w in want):

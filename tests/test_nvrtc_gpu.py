@@ -80,6 +80,82 @@ def test_cdist_p2_near_duplicates() -> None:
     assert_close(out, ref, tolerance(torch.float32))
 
 
+@pytest.fixture(params=[True, False], ids=["tensor-cores", "simt"])
+def p2_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> bool:
+    """Runs a test on the tensor-core (3×TF32 + guard) and on the SIMT difference path for p = 2."""
+    from kermac_backend_nvrtc import plan
+
+    monkeypatch.setattr(plan, "TENSOR_CORES", request.param)
+    return request.param
+
+
+@pytest.mark.parametrize(("m", "n", "d"), [(1, 1, 1), (129, 257, 9), (128, 128, 16), (3, 300, 1031), (257, 5, 0), (200, 190, 300)])
+def test_p2_paths_tails(p2_path: bool, m: int, n: int, d: int) -> None:
+    x, z = randn(m, d, device="cuda"), randn(n, d, device="cuda")
+    out = torch.full((m, n), math.nan, device="cuda")
+    kermac.cdist(x, z, p=2.0, out=out, backend="nvrtc")
+    assert_close(out, ref_cdist(x, z, 2.0), tolerance(torch.float32))
+
+
+@pytest.mark.parametrize("layout", ["k-vec", "p-vec", "p-scalar", "sliced", "misaligned", "broadcast-batch", "out-transposed"])
+def test_p2_paths_layouts(p2_path: bool, layout: str) -> None:
+    m, n, d = 150, 133, 72
+    out = None
+    if layout in ("k-vec", "out-transposed"):
+        x, z = randn(m, d, device="cuda"), randn(n, d, device="cuda")
+        if layout == "out-transposed":
+            out = torch.full((n, m), math.nan, device="cuda").T
+    elif layout == "p-vec":
+        x, z = randn(d, 152, device="cuda").T[:m], randn(d, 136, device="cuda").T[:n]
+    elif layout == "p-scalar":
+        x, z = randn(d, m + 1, device="cuda").T[:m], randn(d, n + 3, device="cuda").T[1:]
+    elif layout == "sliced":
+        x, z = randn(m, 2 * d, device="cuda")[:, ::2], randn(n, d + 1, device="cuda")[:, 1:]
+    elif layout == "misaligned":
+        x, z = randn(m * d + 1, device="cuda")[1:].view(m, d), randn(n * d + 2, device="cuda")[2:].view(n, d)
+    else:
+        x, z = randn(3, 1, m, d, device="cuda"), randn(2, n, d, device="cuda")
+    got = kermac.cdist(x, z, p=2.0, out=out, backend="nvrtc")
+    assert_close(got, ref_cdist(x, z, 2.0), tolerance(torch.float32))
+
+
+@pytest.mark.parametrize("data", ["near-duplicates", "self", "offset", "zeros-and-nan"])
+def test_p2_guard_keeps_entries_exact(p2_path: bool, data: str) -> None:
+    """Entries where the expansion cancels are recomputed from differences: per-entry 1e-5 relative."""
+    m, d = 300, 256
+    x = randn(m, d, device="cuda") * 10
+    z = x + 1e-4 * randn(m, d, device="cuda")
+    if data == "self":
+        z = x
+    elif data == "offset":
+        x, z = randn(m, d, device="cuda") + 5.0, randn(m, d, device="cuda") + 5.0
+    elif data == "zeros-and-nan":
+        x[:7] = 0.0
+        z[:5] = 0.0
+        x[11, 3] = math.nan
+    out = kermac.cdist(x, z, p=2.0, backend="nvrtc")
+    ref = ref_cdist(x, z, 2.0)
+    if data == "zeros-and-nan":
+        assert torch.isnan(out[11]).all() and not torch.isnan(out[12:]).any()
+        out, ref = out[12:], ref[12:]
+    err = (out.double().cpu() - ref).abs()
+    assert (err <= 1e-5 * ref).all(), f"worst relative entry {(err / ref.clamp_min(1e-300)).max():.2e}"
+
+
+def test_p2_tensor_cores_match_simt_on_kernels(monkeypatch: pytest.MonkeyPatch) -> None:
+    from kermac_backend_nvrtc import plan
+
+    x, z = randn(2, 260, 96, device="cuda"), randn(2, 270, 96, device="cuda")
+    bw = torch.tensor([3.0, 5.0], device="cuda")
+    got = {}
+    for tc in (True, False):
+        monkeypatch.setattr(plan, "TENSOR_CORES", tc)
+        got[tc] = {name: kermac.run_kernel(name, x, z, bandwidth=bw, regularization=0.5, offset_n=3, backend="nvrtc")
+                   for name in ("gaussian", "laplace_l2", "matern52", "cauchy")}
+    for name in got[True]:
+        assert_close(got[True][name], got[False][name].double(), 2e-6)
+
+
 def test_batched_p_and_bandwidth_tensors() -> None:
     x, z = randn(70, 33, device="cuda"), randn(90, 33, device="cuda")
     p = torch.tensor([0.6, 1.0, 1.5, 2.5], device="cuda")

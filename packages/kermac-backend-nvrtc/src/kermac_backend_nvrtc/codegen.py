@@ -28,6 +28,7 @@ from kermac_backend_nvrtc import kernels
 __all__ = [
     "CUDA_OPS", "INPUT_TYPES", "Param", "PairwiseVariant", "GradVariant", "PairwiseConfig", "GradConfig",
     "render_expr", "pairwise_config", "grad_config", "pairwise_source", "grad_source",
+    "TC_CONFIG", "tc_guard", "is_squared_difference_sum",
 ]
 
 #: IR operation → CUDA C++ format (overloads in ``kernels.PRELUDE`` cover float and double).
@@ -151,6 +152,25 @@ class PairwiseConfig:
     min_blocks: int
 
 
+#: Tile of the tensor-core kernel (``kernels.TC_PAIRWISE``): 8 warps of 64×32 outputs; the k-major
+#: shared rows are padded by 8 floats so that the mma fragments' loads hit 32 distinct banks
+#: (row stride 136 ≡ 8 mod 32).  ``vm``/``vn`` describe the SIMT thread tile and do not apply.
+TC_CONFIG = PairwiseConfig(bm=128, bn=128, bk=16, vm=0, vn=0, spad=8, min_blocks=2)
+
+
+def tc_guard(d: int) -> float:
+    """Cancellation threshold of the tensor-core path for reduction length ``d``.
+
+    d² = ‖x‖² + ‖z‖² − 2·x·z has an absolute error of about ε·S, S = ‖x‖² + ‖z‖²: fp32 sums of
+    the three terms (≈ √D·2⁻²⁴·S, the maximum over random, offset and clustered data in the
+    float64 emulation of the kernel stays below it) plus the 3×TF32 split (each product misses at
+    most 3·2⁻²²·|x_k z_k|, so ≤ 3·2⁻²³·S in total).  Entries with d² ≤ 2¹⁶·ε·S — relative error
+    of d² possibly above 2⁻¹⁶ (1.5e-5, 7.6e-6 on d) — are recomputed from differences; the
+    threshold is capped at 1/2.
+    """
+    return min(0.5, (math.sqrt(max(d, 1)) * 2.0**-24 + 3 * 2.0**-23) * 2.0**16)
+
+
 @dataclass(frozen=True)
 class GradConfig:
     """Tile shape of the gradient kernel: block BNN×BMM pairs, thread TPN×TPM pairs, OT outputs."""
@@ -200,6 +220,7 @@ class PairwiseVariant:
     z: Operand
     poly_pairs: int  # pairs per thread whose |.|^p runs on the FMA pipe
     k_unroll: int  # unroll factor of the k loop over one shared-memory tile
+    tensor_cores: bool = False  # (x − z)² sum on the tensor cores (kernels.TC_PAIRWISE), float32 only
 
 
 @dataclass(frozen=True)
@@ -252,6 +273,8 @@ def _batch_parts(operands: list[str], batch_dims: int) -> tuple[list[Param], str
 
 def pairwise_source(v: PairwiseVariant) -> tuple[str, list[Param]]:
     """CUDA source of ``kermac_pairwise`` for variant ``v`` and its parameters in order."""
+    if v.tensor_cores:
+        return _tc_pairwise_source(v)
     prog = v.program
     tin, compute = INPUT_TYPES[v.dtype]
     cfg = pairwise_config(compute)
@@ -287,6 +310,42 @@ def pairwise_source(v: PairwiseVariant) -> tuple[str, list[Param]]:
         DIAG="((long long)m + diag_shift == (long long)n ? km_t(1) : km_t(0))" if prog.uses_diag else "km_t(0)",
     )
     return _prelude(compute, poly) + source, params
+
+
+def _tc_pairwise_source(v: PairwiseVariant) -> tuple[str, list[Param]]:
+    """``kernels.TC_PAIRWISE`` for a float32 (x − z)²-sum program: its epilogue, hyperparameters, batch."""
+    prog = v.program
+    if v.dtype != "float32" or not is_squared_difference_sum(prog):
+        raise ValueError(f"tensor-core variant: needs a float32 sum of (x - z)^2; got {v.dtype} {prog.key()}")
+    cfg = TC_CONFIG
+    operands = ["x", "z", "o"]
+    hyper_params, hyper_loads, formals, actuals = _hyper_parts(prog.hypers, dict(v.tensor_hypers), operands)
+    batch_params, batch_code = _batch_parts(operands, v.batch_dims)
+    names = {"acc": "acc", "diag": "diag"} | {h: f"h_{h}" for h in prog.hypers}
+    params = [
+        Param("x", "const float*"), Param("z", "const float*"), Param("out", "float*"),
+        Param("M", "int"), Param("N", "int"), Param("D", "int"), Param("tiles_n", "int"), Param("zbase", "long long"),
+        Param("sxm", "long long"), Param("sxk", "long long"), Param("szn", "long long"), Param("szk", "long long"),
+        Param("som", "long long"), Param("son", "long long"), Param("guard", "km_t"), Param("ovec", "int"),
+    ]
+    if prog.uses_diag:
+        params.append(Param("diag_shift", "long long"))
+    params += batch_params + hyper_params
+    source = kernels.TC_PAIRWISE.substitute(
+        BM=cfg.bm, BN=cfg.bn, BK=cfg.bk, SPAD=cfg.spad, MIN_BLOCKS=cfg.min_blocks,
+        EPILOGUE=render_expr(prog.epilogue, names, ge1=v.ge1_hypers),
+        HYPER_FORMALS=formals, HYPER_ACTUALS=actuals, HYPER_LOADS=hyper_loads,
+        PARAMS=", ".join(p.decl for p in params), BATCH_OFFSETS=batch_code,
+        XMODE=v.x.mode, XE=v.x.e, ZMODE=v.z.mode, ZE=v.z.e,
+        DIAG="((long long)m + diag_shift == (long long)n ? km_t(1) : km_t(0))" if prog.uses_diag else "km_t(0)",
+    )
+    return _prelude("float", False) + source, params
+
+
+def is_squared_difference_sum(program: object) -> bool:
+    """Whether ``program`` reduces ``(x − z)·(x − z)`` by a sum (structurally, any epilogue)."""
+    t = Call("sub", (Var("x"), Var("z")))
+    return program.reduction == "sum" and program.inner == Call("mul", (t, t))
 
 
 def grad_source(v: GradVariant) -> tuple[str, list[Param]]:

@@ -9,6 +9,7 @@ than the 65535 blocks a grid's z dimension allows are split into several launche
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import dataclass
 
 import torch
@@ -18,7 +19,8 @@ from kermac.layout import BatchLayout, batch_layout, grad_operands, pairwise_ope
 from kermac.problem import GradProblem, PairwiseProblem
 
 from kermac_backend_nvrtc.codegen import (
-    GradVariant, Operand, PairwiseVariant, grad_config, pairwise_config, INPUT_TYPES,
+    TC_CONFIG, GradVariant, Operand, PairwiseVariant, grad_config, is_squared_difference_sum, pairwise_config,
+    tc_guard, INPUT_TYPES,
 )
 
 __all__ = ["Launch", "plan_pairwise", "plan_grad", "size_problem", "NT", "MAX_GRID_Z"]
@@ -30,6 +32,10 @@ INT32_MAX = 2**31 - 1
 #: MUFU unit.  Measured on an H100 (docs/nvrtc-notes.md): 0 → 462 ms, 12 → 502, 20 → 535, 28 → 580
 #: for cdist 30000²×1024, p = 1.3, so the split is off until the kernel is restructured.
 POLY_PAIRS = 0
+#: Float32 sums of (x − z)² run on the tensor cores (3×TF32 expansion with the cancellation guard,
+#: kernels.TC_PAIRWISE).  ``KERMAC_NVRTC_TENSOR_CORES=0`` in the environment (read at import) or
+#: setting this to False selects the SIMT difference kernel instead.
+TENSOR_CORES = os.environ.get("KERMAC_NVRTC_TENSOR_CORES", "1") != "0"
 _EXPENSIVE = frozenset({"pow", "exp", "log", "sqrt", "div"})
 _TENSOR_TYPES = {torch.float32: "float", torch.float64: "double", torch.float16: "km_f16", torch.bfloat16: "km_bf16"}
 
@@ -108,11 +114,12 @@ def plan_pairwise(problem: PairwiseProblem) -> tuple[PairwiseVariant, Launch]:
     """Variant and launch of ``problem`` (which :func:`size_problem` accepted)."""
     dtype = str(problem.dtype).removeprefix("torch.")
     compute = INPUT_TYPES[dtype][1]
-    cfg = pairwise_config(compute)
+    prog = problem.program
+    tensor_cores = TENSOR_CORES and dtype == "float32" and is_squared_difference_sum(prog)
+    cfg = TC_CONFIG if tensor_cores else pairwise_config(compute)
     ops = pairwise_operands(problem)
     layout = batch_layout(problem.batch_shape, ops)
     tensor_hypers, ge1, hyper_args = _hypers(problem, compute)
-    prog = problem.program
     poly = compute == "float" and _uses_pow_abs(prog.inner) and any(
         isinstance(n, Call) and n.op == "pow" and getattr(n.args[1], "name", None) in ge1 for n in walk(prog.inner)
     )
@@ -122,6 +129,7 @@ def plan_pairwise(problem: PairwiseProblem) -> tuple[PairwiseVariant, Launch]:
         z=_operand(problem.z, layout, "z", cfg.bn, cfg.bk, -2, -1),
         poly_pairs=POLY_PAIRS if poly else 0,
         k_unroll=2 if _expensive(prog.inner) else cfg.bk,
+        tensor_cores=tensor_cores,
     )
     m, n, d = problem.m, problem.n, problem.d
     tiles_m, tiles_n = -(-m // cfg.bm), -(-n // cfg.bn)
@@ -131,6 +139,10 @@ def plan_pairwise(problem: PairwiseProblem) -> tuple[PairwiseVariant, Launch]:
         "sxm": x.stride(-2), "sxk": x.stride(-1), "szn": z.stride(-2), "szk": z.stride(-1),
         "som": out.stride(-2), "son": out.stride(-1), "diag_shift": problem.offset_m - problem.offset_n,
     }
+    if tensor_cores:
+        args["guard"] = tc_guard(d)
+        args["ovec"] = int(out.stride(-1) == 1 and out.stride(-2) % 2 == 0 and out.data_ptr() % 8 == 0
+                           and all(s % 2 == 0 for s in layout.strides["out"]))
     args |= _batch_args(layout, _rename(list(ops))) | hyper_args
     return variant, Launch(tiles_m * tiles_n, layout.size, args)
 
