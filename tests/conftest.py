@@ -3,7 +3,8 @@
 - Tests marked ``gpu`` run only where ``torch.cuda.is_available()`` and the device's compute
   capability is at least 8.0; elsewhere they are skipped with the reason.  ``pytest -m gpu`` on
   the GPU machine runs just them.
-- The ``seed`` fixture seeds torch's generators (CPU and every CUDA device) from a fresh random
+- Without a CUDA GPU, ``TRITON_INTERPRET=1`` is set so the Triton backend runs on the CPU.
+- The autouse ``seed`` fixture seeds torch's generators (CPU and every CUDA device) from a fresh random
   value each run and prints it, which pytest shows when the test fails.  ``KERMAC_TEST_SEED=N``
   replays a failure with the seed it printed.
 """
@@ -17,6 +18,11 @@ import pytest
 import torch
 
 MIN_CAPABILITY = (8, 0)
+
+# Without a CUDA GPU the Triton backend runs its kernels through Triton's interpreter; the
+# variable must be set before any Triton kernel is defined, i.e. before the backend loads.
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 
 def _gpu_skip_reason() -> str | None:
@@ -37,7 +43,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.skip(reason=reason))
 
 
-@pytest.fixture
+@pytest.fixture(autouse=True)
 def seed() -> int:
     """Seed torch with a fresh random value (or ``KERMAC_TEST_SEED``) and return it."""
     fixed = os.environ.get("KERMAC_TEST_SEED", "").strip()

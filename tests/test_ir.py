@@ -47,6 +47,7 @@ def test_render_with_a_backend_table() -> None:
     ("expr", "expected"),
     [
         (ir.sign(x - z), [-1.0, 0.0, 1.0]),
+        (ir.sign(x * ir.Const(math.inf) - x * ir.Const(math.inf)), [math.nan] * 3),
         (ir.select(ir.gt(x, z), x, z), [2.0, 1.0, 3.0]),
         (ir.maximum(x, ir.Const(math.nan)), [math.nan] * 3),
         (ir.ne(x, z) + ir.le(x, z) * 10, [11.0, 10.0, 1.0]),

@@ -23,7 +23,7 @@ _TORCH_OPS: dict[str, Callable[..., torch.Tensor]] = {
     "pow": torch.pow,
     "min": torch.minimum,  # NaN propagates, as the IR specifies
     "max": torch.maximum,
-    "sign": torch.sign,  # sign(0) = 0, NaN stays NaN
+    "sign": lambda a: torch.where(torch.isnan(a), a, torch.sign(a)),  # sign(0) = 0; NaN stays NaN (torch.sign gives 0)
     "lt": torch.lt,
     "le": torch.le,
     "gt": torch.gt,

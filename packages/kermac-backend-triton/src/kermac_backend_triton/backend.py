@@ -1,0 +1,77 @@
+"""The ``triton`` backend: every pairwise and gradient program compiled from core's IR by Triton.
+
+Available where triton imports and a CUDA GPU of compute capability ≥ 8.0 is visible, or where
+``TRITON_INTERPRET=1`` is set: then kernels run in Triton's CPU interpreter (for tests), CPU
+tensors are accepted, and the backend ranks below the reference backend so ``auto`` never picks
+the slow interpreter.  Inputs may be float32, float16, bfloat16 (computed in float32) or float64.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from kermac.backend import Availability, Backend
+from kermac_backend_triton.launch import grid_size_problem, interpreting, run_grad, run_pairwise
+
+if TYPE_CHECKING:
+    from kermac.problem import GradProblem, PairwiseProblem
+
+__all__ = ["MIN_CAPABILITY", "TritonBackend"]
+
+MIN_CAPABILITY = (8, 0)
+
+
+class TritonBackend(Backend):
+    """Triton kernels generated per semiring program; autotuned tiles keyed on the shape."""
+
+    name = "triton"
+    description = "Triton kernels generated from kermac's IR (CUDA sm_80+; the CPU interpreter with TRITON_INTERPRET=1)"
+
+    @property
+    def priority(self) -> int:  # type: ignore[override]
+        """10 on a GPU (below NVRTC's, above the reference); −10 under the interpreter."""
+        return -10 if interpreting() else 10
+
+    def availability(self) -> Availability:
+        try:
+            import triton
+        except Exception as exc:
+            return Availability.no(f"triton is not importable ({type(exc).__name__}: {exc}); pip install triton")
+        if interpreting():
+            return Availability.yes(f"{triton.__version__} (interpreter, TRITON_INTERPRET=1)")
+        import torch
+
+        if not torch.cuda.is_available():
+            return Availability.no("no CUDA GPU is visible to torch (TRITON_INTERPRET=1 runs the kernels on the CPU)")
+        best = max(torch.cuda.get_device_capability(i) for i in range(torch.cuda.device_count()))
+        if best < MIN_CAPABILITY:
+            name = torch.cuda.get_device_name()
+            return Availability.no(f"{name} has compute capability {best[0]}.{best[1]}; Triton needs 8.0 or newer")
+        return Availability.yes(triton.__version__)
+
+    def _check_device(self, device) -> str | None:
+        if device.type == "cuda":
+            if interpreting():
+                return None
+            import torch
+
+            cc = torch.cuda.get_device_capability(device)
+            if cc < MIN_CAPABILITY:
+                name = torch.cuda.get_device_name(device)
+                return f"{name} ({device}) has compute capability {cc[0]}.{cc[1]}; Triton needs 8.0 or newer"
+            return None
+        if device.type == "cpu" and interpreting():
+            return None
+        return f"the Triton backend runs CUDA tensors (CPU ones under TRITON_INTERPRET=1); got tensors on {device}"
+
+    def check_pairwise(self, problem: PairwiseProblem) -> str | None:
+        return self._check_device(problem.device) or grid_size_problem(problem)
+
+    def check_grad(self, problem: GradProblem) -> str | None:
+        return self._check_device(problem.device) or grid_size_problem(problem)
+
+    def pairwise(self, problem: PairwiseProblem) -> None:
+        run_pairwise(problem)
+
+    def grad(self, problem: GradProblem) -> None:
+        run_grad(problem)

@@ -1,0 +1,87 @@
+"""Tile configurations: the small autotuning spaces and the shape buckets they are keyed on.
+
+Triton's autotuner times every configuration the first time a key is seen and keeps the
+fastest; the key here is a *bucket* of the problem shape (the bit lengths of the sizes), so
+similar shapes share one decision and a new shape rarely re-tunes.  Each configuration is a
+separate compilation, so the spaces stay small (compile time matters).  Under the interpreter a
+single small configuration is used (no timing is possible there).  ``KERMAC_TRITON_AUTOTUNE=0``
+switches tuning off on a GPU too: every launch then takes the default configuration
+(:data:`DEFAULT_PAIRWISE`, :data:`DEFAULT_GRAD`), compiling one kernel per program instead of
+one per configuration (the GPU test-suite uses this).
+
+Pairwise meta-parameters (see :mod:`kermac_backend_triton.kernels`): ``BK`` features per step;
+``MI × NI`` outputs per thread; ``MT × NT`` threads (``MT·NT / 32`` warps); ``GROUP_M``.
+Gradient: ``BN × BM`` (n, m) pairs and ``BO`` outputs rows per program, ``BK`` per step.
+"""
+
+from __future__ import annotations
+
+import os
+
+__all__ = [
+    "DEFAULT_GRAD",
+    "DEFAULT_PAIRWISE",
+    "INTERPRET_GRAD",
+    "INTERPRET_PAIRWISE",
+    "autotune_enabled",
+    "bucket",
+    "grad_block_o",
+    "grad_configs",
+    "pairwise_configs",
+]
+
+#: (meta-parameters, num_warps, num_stages) of the pairwise kernel on a GPU.
+PAIRWISE_SPACE: tuple[tuple[dict[str, int], int, int], ...] = (
+    ({"BK": 8, "MI": 8, "NI": 8, "MT": 8, "NT": 16, "GROUP_M": 8}, 4, 3),
+    ({"BK": 4, "MI": 8, "NI": 8, "MT": 8, "NT": 16, "GROUP_M": 8}, 4, 3),
+    ({"BK": 2, "MI": 8, "NI": 8, "MT": 8, "NT": 16, "GROUP_M": 8}, 4, 4),
+    ({"BK": 8, "MI": 4, "NI": 4, "MT": 8, "NT": 16, "GROUP_M": 8}, 4, 3),
+)
+
+#: Gradient kernel space; ``BO`` is chosen from O (:func:`grad_block_o`), not tuned.
+GRAD_SPACE: tuple[tuple[dict[str, int], int, int], ...] = (
+    ({"BN": 8, "BM": 32, "BK": 32}, 4, 3),
+    ({"BN": 4, "BM": 64, "BK": 32}, 4, 3),
+    ({"BN": 4, "BM": 32, "BK": 32}, 4, 3),
+    ({"BN": 8, "BM": 32, "BK": 16}, 4, 4),
+)
+
+#: Configurations used when autotuning is off (launch options included).
+DEFAULT_PAIRWISE = dict(PAIRWISE_SPACE[1][0], num_warps=PAIRWISE_SPACE[1][1], num_stages=PAIRWISE_SPACE[1][2])
+DEFAULT_GRAD = dict(GRAD_SPACE[0][0], num_warps=GRAD_SPACE[0][1], num_stages=GRAD_SPACE[0][2])
+
+#: The interpreter's only configurations: small tiles so CPU tests stay fast.
+INTERPRET_PAIRWISE = {"BK": 8, "MI": 2, "NI": 2, "MT": 4, "NT": 4, "GROUP_M": 2}
+INTERPRET_GRAD = {"BN": 2, "BM": 8, "BK": 16}
+
+
+def autotune_enabled() -> bool:
+    """Whether GPU launches autotune (``KERMAC_TRITON_AUTOTUNE``, default on)."""
+    return os.environ.get("KERMAC_TRITON_AUTOTUNE", "1").strip().lower() not in ("0", "false", "no", "off")
+
+
+def pairwise_configs() -> list:
+    """The pairwise space as ``triton.Config`` objects."""
+    import triton
+
+    return [triton.Config(dict(meta), num_warps=w, num_stages=s) for meta, w, s in PAIRWISE_SPACE]
+
+
+def grad_configs() -> list:
+    """The gradient space as ``triton.Config`` objects."""
+    import triton
+
+    return [triton.Config(dict(meta), num_warps=w, num_stages=s) for meta, w, s in GRAD_SPACE]
+
+
+def grad_block_o(o: int) -> int:
+    """Rows of ``o`` per program: the next power of two ≥ O, at least 16 (``tl.dot``), at most 64."""
+    return min(64, max(16, 1 << max(0, o - 1).bit_length()))
+
+
+def bucket(*sizes: int) -> int:
+    """One integer naming the bit lengths of ``sizes`` (the autotuning key)."""
+    key = 0
+    for s in sizes:
+        key = key * 64 + min(63, int(s).bit_length())
+    return key

@@ -1,0 +1,241 @@
+"""Triton source of the two kernels, generated per program and layout specialisation.
+
+**Pairwise** ``out[b,m,n] = epilogue(REDUCE_k inner(x[b,m,k], z[b,n,k]), diag)``.  One program
+computes a ``BM × BN`` output tile, ``BM = MI·MT`` and ``BN = NI·NT``, held as a 4-d accumulator
+``[MI, NI, MT, NT]``.  Triton's default layouts give threads to the fastest dimensions, so the
+``MT × NT`` dimensions are spread over threads and each thread keeps an ``MI × NI`` micro-tile in
+registers: the SIMT register blocking of a GEMM.  Each step of the ``k`` loop loads ``x`` and
+``z`` tiles ``[BK, MI, MT]`` and ``[BK, NI, NT]``, evaluates ``inner`` on their broadcast
+``[BK, MI, NI, MT, NT]`` and reduces axis 0 — inside each thread, so the reduction costs no
+shuffles.  Full ``BK`` chunks run unmasked; one masked step handles ``D mod BK`` (masked terms
+are replaced by the reduction's identity).  Row indices are clamped (``m mod M``) so loads need no
+masks; the store is masked.  Programs are ordered in groups of ``GROUP_M`` row tiles for L2 reuse.
+
+**Gradient** ``out[b,o,n,m] = epilogue(Σ_k c[b,o,k]·a[b,k,m]·multiply(d[b,n,m], b[b,n,k]))``.
+One program owns a ``BN × BM`` tile of ``(n, m)`` pairs and ``BO`` rows of ``o``.  Per ``BK``
+chunk it forms ``w[n,m,k] = a[k,m]·multiply(d[n,m], b[n,k])`` elementwise and contracts it with
+``c`` on the tensor cores: ``acc[(n,m), o] += w[(n,m), k] @ cᵀ[k, o]`` (``tf32x3`` in float32 —
+three TF32 products, float32 accuracy — and ``ieee`` in float64).
+
+Batch entries are decoded from the program id over the coalesced batch dimensions of
+:func:`kermac.layout.batch_layout`; tensor hyperparameters are read once per program from their
+per-batch offset.  With ``int64`` every index is 64-bit (for operands past 2³¹ elements).
+Sizes are not specialised on (one compilation serves every shape); strides are, so unit strides
+and 16-divisible row strides give vectorised loads.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from kermac.programs import REDUCTIONS, GradProgram, PairwiseProgram
+from kermac_backend_triton.codegen import COMPUTE_TYPES, helpers, hyper_arg, nonnegative, render_expr
+
+__all__ = ["GRAD_ENTRY", "PAIRWISE_ENTRY", "GradSpec", "PairwiseSpec", "grad_source", "pairwise_source"]
+
+PAIRWISE_ENTRY = "kermac_pairwise"
+GRAD_ENTRY = "kermac_grad"
+
+_IDENTITY = {"sum": "0.0", "max": "_NINF", "min": "_INF"}
+_COMBINE = {
+    "sum": "acc + tl.sum(t, 0)",
+    "max": "_kmax(acc, tl.reduce(t, 0, _kmax))",
+    "min": "_kmin(acc, tl.reduce(t, 0, _kmin))",
+}
+
+
+@dataclass(frozen=True)
+class PairwiseSpec:
+    """Everything the generated pairwise source depends on."""
+
+    program: PairwiseProgram
+    compute: str  # "float32" or "float64"
+    nbatch: int  # coalesced batch dimensions
+    tensor_hypers: frozenset[str]  # hyperparameters passed as per-batch tensors
+    int64: bool
+    interpret: bool  # generated for Triton's CPU interpreter (portable helpers)
+
+
+@dataclass(frozen=True)
+class GradSpec:
+    """Everything the generated gradient source depends on."""
+
+    program: GradProgram
+    compute: str
+    nbatch: int
+    tensor_hypers: frozenset[str]
+    int64: bool
+    interpret: bool
+
+
+def _hyper_params(names: tuple[str, ...], tensor: frozenset[str], cdt: str) -> str:
+    return "".join(f"H_{n}, " if n in tensor else f"{hyper_arg(n)}: {cdt}, " for n in names)
+
+
+def _batch_params(operands: tuple[str, ...], nbatch: int) -> str:
+    params = [f"BS{i}" for i in range(nbatch)]
+    params += [f"SB_{op}_{i}" for op in operands for i in range(nbatch)]
+    return "".join(p + ", " for p in params)
+
+
+def _batch_code(operands: dict[str, str], nbatch: int) -> list[str]:
+    """Lines that decode batch entry ``bat`` and move each operand's base to it.
+
+    ``operands`` maps an operand's stride-name key to the variable holding its base pointer.
+    """
+    if nbatch == 0:
+        return []
+    lines = ["rest = bat"]
+    for i in reversed(range(1, nbatch)):
+        lines += [f"b{i} = rest % BS{i}", f"rest = rest // BS{i}"]
+    lines.append("b0 = rest")
+    for key, ptr in operands.items():
+        offset = " + ".join(f"b{i} * SB_{key}_{i}" for i in range(nbatch))
+        lines.append(f"{ptr} += {offset}")
+    return lines
+
+
+def _hyper_loads(names: tuple[str, ...], tensor: frozenset[str], cdt: str) -> list[str]:
+    return [f"{hyper_arg(n)} = tl.load(H_{n}).to({cdt})" for n in sorted(tensor) if n in names]
+
+
+def _indent(lines: list[str], depth: int = 1) -> str:
+    pad = "    " * depth
+    return "".join(f"{pad}{line}\n" for line in lines)
+
+
+def pairwise_source(spec: PairwiseSpec) -> str:
+    """Complete Python module source (helpers + ``kermac_pairwise``) for ``spec``."""
+    prog = spec.program
+    cdt = COMPUTE_TYPES[spec.compute]
+    hypers = prog.hypers
+    inner = render_expr(prog.inner, {"x": "xv", "z": "zv"}, spec.compute, fast=True)
+    acc_known = frozenset({"acc"}) if prog.reduction != "max" and nonnegative(prog.inner) else frozenset()
+    epilogue = render_expr(prog.epilogue, {"acc": "acc", "diag": "diag"}, spec.compute, acc_known)
+    operands = {"x": "X", "z": "Z", "out": "OUT"} | {f"hyper_{n}": f"H_{n}" for n in sorted(spec.tensor_hypers)}
+    cast = ".to(tl.int64)" if spec.int64 else ""
+    identity = _IDENTITY[prog.reduction]
+    assert float(REDUCTIONS[prog.reduction]) in (0.0, float("inf"), float("-inf"))
+    full = "[BK, MI, NI, MT, NT]"
+    head = f"""\
+@triton.jit(do_not_specialize=["M", "N", "D", "OFF_M", "OFF_N", "KEY"])
+def {PAIRWISE_ENTRY}(
+    X, Z, OUT, {_hyper_params(hypers, spec.tensor_hypers, cdt)}M, N, D, OFF_M, OFF_N,
+    SXM, SXK, SZN, SZK, SOM, SON, {_batch_params(tuple(operands), spec.nbatch)}KEY,
+    BK: tl.constexpr, MI: tl.constexpr, NI: tl.constexpr, MT: tl.constexpr, NT: tl.constexpr,
+    GROUP_M: tl.constexpr,
+):
+    # program {prog.key()}
+    BM: tl.constexpr = MI * MT
+    BN: tl.constexpr = NI * NT
+    pid = tl.program_id(0){cast}
+    tiles_m = tl.cdiv(M, BM)
+    tiles_n = tl.cdiv(N, BN)
+    tiles = tiles_m * tiles_n
+    bat = pid // tiles
+    tile = pid % tiles
+    width = GROUP_M * tiles_n
+    first_m = (tile // width) * GROUP_M
+    group_rows = tl.minimum(tiles_m - first_m, GROUP_M)
+    pm = first_m + (tile % width) % group_rows
+    pn = (tile % width) // group_rows
+"""
+    body = _batch_code(operands, spec.nbatch) + _hyper_loads(hypers, spec.tensor_hypers, cdt)
+    main = f"""\
+    om = pm * BM + tl.arange(0, MI)[:, None] * MT + tl.arange(0, MT)[None, :]
+    on = pn * BN + tl.arange(0, NI)[:, None] * NT + tl.arange(0, NT)[None, :]
+    xrow = X + ((om % M) * SXM)[None, :, :]
+    zrow = Z + ((on % N) * SZN)[None, :, :]
+    kr = tl.arange(0, BK)[:, None, None]{cast}
+    acc = tl.full([MI, NI, MT, NT], {identity}, {cdt})
+    d_full = D - D % BK
+    for k0 in range(0, d_full, BK):
+        kk = k0 + kr
+        xv = tl.load(xrow + kk * SXK).to({cdt})[:, :, None, :, None]
+        zv = tl.load(zrow + kk * SZK).to({cdt})[:, None, :, None, :]
+        t = tl.broadcast_to({inner}, {full})
+        acc = {_COMBINE[prog.reduction]}
+    if d_full < D:
+        kk = d_full + kr
+        km = kk < D
+        xv = tl.load(xrow + kk * SXK, mask=km, other=0.0).to({cdt})[:, :, None, :, None]
+        zv = tl.load(zrow + kk * SZK, mask=km, other=0.0).to({cdt})[:, None, :, None, :]
+        t = tl.where(km[:, :, :, None, None], tl.broadcast_to({inner}, {full}), {identity})
+        acc = {_COMBINE[prog.reduction]}
+    om4 = om[:, None, :, None]
+    on4 = on[None, :, None, :]
+"""
+    if prog.uses_diag:
+        main += "    diag = tl.where(om4 + OFF_M == on4 + OFF_N, 1.0, 0.0)\n"
+    main += f"""\
+    val = tl.broadcast_to({epilogue}, [MI, NI, MT, NT])
+    tl.store(OUT + om4 * SOM + on4 * SON, val.to(OUT.dtype.element_ty), mask=(om4 < M) & (on4 < N))
+"""
+    return helpers(spec.compute, spec.interpret) + "\n\n" + head + _indent(body) + main
+
+
+def grad_source(spec: GradSpec) -> str:
+    """Complete Python module source (helpers + ``kermac_grad``) for ``spec``."""
+    prog = spec.program
+    cdt = COMPUTE_TYPES[spec.compute]
+    hypers = prog.hypers
+    multiply = render_expr(prog.multiply, {"d": "dv", "b": "bv"}, spec.compute, fast=True)
+    epilogue = render_expr(prog.epilogue, {"acc": "acc"}, spec.compute)
+    operands = {"a": "A", "b": "B", "c": "C", "d": "DD", "out": "OUT"} | {
+        f"hyper_{n}": f"H_{n}" for n in sorted(spec.tensor_hypers)
+    }
+    cast = ".to(tl.int64)" if spec.int64 else ""
+    head = f"""\
+@triton.jit(do_not_specialize=["M", "N", "O", "K", "KEY"])
+def {GRAD_ENTRY}(
+    A, B, C, DD, OUT, {_hyper_params(hypers, spec.tensor_hypers, cdt)}M, N, O, K,
+    SAK, SAM, SBN, SBK, SCO, SCK, SDN, SDM, SOO, SON, SOM, {_batch_params(tuple(operands), spec.nbatch)}KEY,
+    BN: tl.constexpr, BM: tl.constexpr, BK: tl.constexpr, BO: tl.constexpr, PRECISION: tl.constexpr,
+):
+    # program {prog.key()}
+    pid = tl.program_id(0){cast}
+    tiles_o = tl.cdiv(O, BO)
+    tiles_n = tl.cdiv(N, BN)
+    tiles = tiles_o * tiles_n * tl.cdiv(M, BM)
+    bat = pid // tiles
+    tile = pid % tiles
+    po = tile % tiles_o
+    rest_t = tile // tiles_o
+    pn = rest_t % tiles_n
+    pm = rest_t // tiles_n
+"""
+    body = _batch_code(operands, spec.nbatch) + _hyper_loads(hypers, spec.tensor_hypers, cdt)
+    main = f"""\
+    rn = pn * BN + tl.arange(0, BN)
+    rm = pm * BM + tl.arange(0, BM)
+    ro = po * BO + tl.arange(0, BO)
+    rnc = rn % N
+    rmc = rm % M
+    dv = tl.load(DD + rnc[:, None] * SDN + rmc[None, :] * SDM).to({cdt})[:, :, None]
+    brow = B + rnc[:, None] * SBN
+    acol = A + rmc[:, None] * SAM
+    crow = C + (ro % O)[None, :] * SCO
+    kr = tl.arange(0, BK){cast}
+    acc = tl.zeros([BN * BM, BO], {cdt})
+    k_full = K - K % BK
+    for k0 in range(0, k_full, BK):
+        kk = k0 + kr
+        bv = tl.load(brow + kk[None, :] * SBK).to({cdt})[:, None, :]
+        av = tl.load(acol + kk[None, :] * SAK).to({cdt})
+        cv = tl.load(crow + kk[:, None] * SCK).to({cdt})
+        w = av[None, :, :] * tl.broadcast_to({multiply}, [BN, BM, BK])
+        acc = tl.dot(tl.reshape(w, [BN * BM, BK]), cv, acc, input_precision=PRECISION, out_dtype={cdt})
+    if k_full < K:
+        kk = k_full + kr
+        km = kk < K
+        bv = tl.load(brow + kk[None, :] * SBK, mask=km[None, :], other=0.0).to({cdt})[:, None, :]
+        av = tl.load(acol + kk[None, :] * SAK, mask=km[None, :], other=0.0).to({cdt})
+        cv = tl.load(crow + kk[:, None] * SCK, mask=km[:, None], other=0.0).to({cdt})
+        w = tl.where(km[None, None, :], av[None, :, :] * tl.broadcast_to({multiply}, [BN, BM, BK]), 0.0)
+        acc = tl.dot(tl.reshape(w, [BN * BM, BK]), cv, acc, input_precision=PRECISION, out_dtype={cdt})
+    val = tl.reshape(tl.broadcast_to({epilogue}, [BN * BM, BO]), [BN, BM, BO])
+    optr = OUT + ro[None, None, :] * SOO + rn[:, None, None] * SON + rm[None, :, None] * SOM
+    omask = (ro < O)[None, None, :] & (rn < N)[:, None, None] & (rm < M)[None, :, None]
+    tl.store(optr, val.to(OUT.dtype.element_ty), mask=omask)
+"""
+    return helpers(spec.compute, spec.interpret) + "\n\n" + head + _indent(body) + main

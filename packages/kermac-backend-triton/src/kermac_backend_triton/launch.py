@@ -1,0 +1,218 @@
+"""From a normalised problem to a kernel launch: specialisation, arguments, grid.
+
+Nothing here synchronises with the host or allocates device memory: scalars travel as kernel
+arguments, tensor hyperparameters as pointers with per-batch strides, and every operand (any
+strides, stride-0 broadcast batches) is read in place.  The kernel runs on PyTorch's current
+stream of the operands' device.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from kermac.layout import BatchLayout, batch_layout, grad_operands, pairwise_operands
+from kermac.problem import GradProblem, PairwiseProblem
+from kermac_backend_triton import configs
+from kermac_backend_triton.kernels import (
+    GRAD_ENTRY,
+    PAIRWISE_ENTRY,
+    GradSpec,
+    PairwiseSpec,
+    grad_source,
+    pairwise_source,
+)
+from kermac_backend_triton.modules import load_module
+
+__all__ = [
+    "compute_type",
+    "grad_spec",
+    "grid_size_problem",
+    "interpreting",
+    "pairwise_spec",
+    "run_grad",
+    "run_pairwise",
+]
+
+INT32_MAX = 2**31 - 1
+#: Largest index overrun of any tile beyond an operand's last row/feature (pointer arithmetic of
+#: clamped or masked lanes), used when deciding whether 32-bit indices suffice.
+_TILE_SLACK = 512
+
+_lock = threading.Lock()
+_kernels: dict[tuple[PairwiseSpec | GradSpec, bool], Callable[..., Any]] = {}
+
+
+def interpreting() -> bool:
+    """Whether Triton runs kernels in its CPU interpreter (``TRITON_INTERPRET=1``)."""
+    return os.environ.get("TRITON_INTERPRET", "0").strip().lower() not in ("", "0", "false", "no", "off")
+
+
+def compute_type(dtype: torch.dtype) -> str:
+    """float64 computes in float64; float32, float16 and bfloat16 in float32."""
+    return "float64" if dtype == torch.float64 else "float32"
+
+
+def _needs_int64(tensors: list[torch.Tensor], programs: int) -> bool:
+    for t in tensors:
+        extent = sum((size + _TILE_SLACK) * abs(stride) for size, stride in zip(t.shape, t.stride(), strict=True))
+        if extent > INT32_MAX:
+            return True
+    return programs > INT32_MAX // 2
+
+
+def _layout_args(layout: BatchLayout, operands: list[str]) -> list[int]:
+    args = list(layout.shape)
+    for op in operands:
+        args += list(layout.strides[op])
+    return args
+
+
+def _kernel(spec: PairwiseSpec | GradSpec, debug: bool) -> Callable[..., Any]:
+    """The compiled-on-demand kernel of ``spec``: autotuned on a GPU, plain under the interpreter."""
+    key = (spec, configs.autotune_enabled())
+    with _lock:
+        kernel = _kernels.get(key)
+    if kernel is not None:
+        return kernel
+    if isinstance(spec, PairwiseSpec):
+        fn = getattr(load_module(pairwise_source(spec), debug=debug), PAIRWISE_ENTRY)
+        space = configs.pairwise_configs
+    else:
+        fn = getattr(load_module(grad_source(spec), debug=debug), GRAD_ENTRY)
+        space = configs.grad_configs
+    if not spec.interpret and configs.autotune_enabled():
+        import triton
+
+        fn = triton.autotune(configs=space(), key=["KEY"], cache_results=True)(fn)
+    with _lock:
+        return _kernels.setdefault(key, fn)
+
+
+def _device_guard(t: torch.Tensor) -> contextlib.AbstractContextManager:
+    return torch.cuda.device(t.device) if t.device.type == "cuda" else contextlib.nullcontext()
+
+
+def _tensor_hypers(problem: PairwiseProblem | GradProblem) -> frozenset[str]:
+    return frozenset(n for n, h in problem.hypers.items() if h.tensor is not None)
+
+
+def _hyper_args(problem: PairwiseProblem | GradProblem, names: tuple[str, ...]) -> list[object]:
+    values = [problem.hypers[n] for n in names]
+    return [h.tensor if h.tensor is not None else h.scalar for h in values]
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def grid_size_problem(problem: PairwiseProblem | GradProblem) -> str | None:
+    """``None`` if the launch grid fits CUDA's limit with the smallest tiles, else why not."""
+    batch = math.prod(problem.batch_shape)
+    if isinstance(problem, PairwiseProblem):
+        space = configs.PAIRWISE_SPACE
+        tiles = min(_cdiv(problem.m, c["MI"] * c["MT"]) * _cdiv(problem.n, c["NI"] * c["NT"]) for c, _, _ in space)
+    else:
+        m, n, o, _ = problem.sizes
+        pairs = min(_cdiv(n, c["BN"]) * _cdiv(m, c["BM"]) for c, _, _ in configs.GRAD_SPACE)
+        tiles = _cdiv(o, configs.grad_block_o(o)) * pairs
+    if batch * tiles > INT32_MAX:
+        return f"the problem needs {batch * tiles} thread blocks, more than CUDA's limit of {INT32_MAX}"
+    return None
+
+
+def pairwise_spec(problem: PairwiseProblem) -> tuple[PairwiseSpec, BatchLayout]:
+    """The source specialisation and batch layout of a pairwise problem."""
+    layout = batch_layout(problem.batch_shape, pairwise_operands(problem))
+    programs = layout.size * _cdiv(problem.m, 16) * _cdiv(problem.n, 16)
+    tensors = [problem.x, problem.z, problem.out] + [h.tensor for h in problem.hypers.values() if h.tensor is not None]
+    spec = PairwiseSpec(
+        program=problem.program,
+        compute=compute_type(problem.dtype),
+        nbatch=len(layout.shape),
+        tensor_hypers=_tensor_hypers(problem),
+        int64=_needs_int64(tensors, programs),
+        interpret=interpreting(),
+    )
+    return spec, layout
+
+
+def grad_spec(problem: GradProblem) -> tuple[GradSpec, BatchLayout]:
+    """The source specialisation and batch layout of a gradient problem."""
+    layout = batch_layout(problem.batch_shape, grad_operands(problem))
+    m, n, o, _ = problem.sizes
+    programs = layout.size * _cdiv(m, 8) * _cdiv(n, 2) * _cdiv(o, 16)
+    tensors = [problem.a, problem.b, problem.c, problem.d, problem.out]
+    tensors += [h.tensor for h in problem.hypers.values() if h.tensor is not None]
+    spec = GradSpec(
+        program=problem.program,
+        compute=compute_type(problem.dtype),
+        nbatch=len(layout.shape),
+        tensor_hypers=_tensor_hypers(problem),
+        int64=_needs_int64(tensors, programs),
+        interpret=interpreting(),
+    )
+    return spec, layout
+
+
+def run_pairwise(problem: PairwiseProblem, meta: dict[str, int] | None = None) -> None:
+    """Launch the pairwise kernel of ``problem`` (``meta`` forces a tile configuration)."""
+    spec, layout = pairwise_spec(problem)
+    kernel = _kernel(spec, problem.debug)
+    x, z, out = problem.x, problem.z, problem.out
+    m, n, d = problem.m, problem.n, problem.d
+    operands = ["x", "z", "out"] + [f"hyper_{h}" for h in sorted(spec.tensor_hypers)]
+    args = [x, z, out, *_hyper_args(problem, spec.program.hypers), m, n, d, problem.offset_m, problem.offset_n]
+    args += [x.stride(-2), x.stride(-1), z.stride(-2), z.stride(-1), out.stride(-2), out.stride(-1)]
+    args += _layout_args(layout, operands)
+    batch = layout.size
+
+    def grid(meta_: dict[str, int]) -> tuple[int]:
+        return (batch * _cdiv(m, meta_["MI"] * meta_["MT"]) * _cdiv(n, meta_["NI"] * meta_["NT"]),)
+
+    extra: dict[str, int] = {}
+    if interpreting():
+        extra = dict(configs.INTERPRET_PAIRWISE)
+    elif not configs.autotune_enabled():
+        extra = dict(configs.DEFAULT_PAIRWISE)
+    if meta is not None:
+        kernel = getattr(kernel, "fn", kernel)
+        extra = dict(meta)
+    with _device_guard(out):
+        kernel[grid](*args, KEY=configs.bucket(batch, m, n, d), **extra)
+
+
+def run_grad(problem: GradProblem, meta: dict[str, int] | None = None) -> None:
+    """Launch the gradient kernel of ``problem`` (``meta`` forces a tile configuration)."""
+    spec, layout = grad_spec(problem)
+    kernel = _kernel(spec, problem.debug)
+    a, b, c, d, out = problem.a, problem.b, problem.c, problem.d, problem.out
+    m, n, o, k = problem.sizes
+    operands = ["a", "b", "c", "d", "out"] + [f"hyper_{h}" for h in sorted(spec.tensor_hypers)]
+    args = [a, b, c, d, out, *_hyper_args(problem, spec.program.hypers), m, n, o, k]
+    args += [a.stride(-2), a.stride(-1), b.stride(-2), b.stride(-1), c.stride(-2), c.stride(-1)]
+    args += [d.stride(-2), d.stride(-1), out.stride(-3), out.stride(-2), out.stride(-1)]
+    args += _layout_args(layout, operands)
+    batch = layout.size
+    block_o = configs.grad_block_o(o)
+
+    def grid(meta_: dict[str, int]) -> tuple[int]:
+        return (batch * _cdiv(o, block_o) * _cdiv(n, meta_["BN"]) * _cdiv(m, meta_["BM"]),)
+
+    extra: dict[str, int] = {}
+    if interpreting():
+        extra = dict(configs.INTERPRET_GRAD)
+    elif not configs.autotune_enabled():
+        extra = dict(configs.DEFAULT_GRAD)
+    if meta is not None:
+        kernel = getattr(kernel, "fn", kernel)
+        extra = dict(meta)
+    precision = "ieee" if spec.compute == "float64" else "tf32x3"
+    with _device_guard(out):
+        kernel[grid](*args, KEY=configs.bucket(batch, m, n, o, k), BO=block_o, PRECISION=precision, **extra)

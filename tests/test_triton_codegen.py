@@ -1,0 +1,158 @@
+"""The Triton backend's code generation: generated source per descriptor, and the IEEE special
+cases of its generated helpers (pow, sign, NaN-propagating min/max) against torch.
+
+Source checks need only triton's package to be importable for nothing: they inspect text.
+Value checks run wherever the backend can (a GPU, or the CPU with TRITON_INTERPRET=1).
+"""
+
+from __future__ import annotations
+
+import ast
+import math
+
+import pytest
+import torch
+from helpers import BACKEND_DEVICES, require_backend
+
+import kermac
+from kermac import ir, presets
+from kermac.programs import GradProgram, PairwiseProgram
+
+codegen = pytest.importorskip("kermac_backend_triton.codegen")
+kernels = pytest.importorskip("kermac_backend_triton.kernels")
+
+TRITON_DEVICES = [p for p in BACKEND_DEVICES if p.values[0] == "triton"]
+
+
+def pairwise(desc: kermac.KernelDescriptor, **changes: object) -> str:
+    spec = dict(program=desc.lower(), compute="float32", nbatch=0, tensor_hypers=frozenset())
+    spec.update(int64=False, interpret=False)
+    spec.update(changes)
+    return kernels.pairwise_source(kernels.PairwiseSpec(**spec))
+
+
+def grad_program(p: float) -> GradProgram:
+    t = ir.Var("d") - ir.Var("b")
+    if p == 1.0:
+        return GradProgram(ir.sign(t), ir.Var("acc"))
+    general = ir.sign(t) * ir.pow(abs(t), ir.Hyper("p") - 1.0)
+    return GradProgram(ir.select(ir.ne(t, 0.0), general, 0.0), ir.Var("acc"))
+
+
+def kernel_body(source: str, name: str) -> str:
+    """The text of function ``name`` in ``source`` (which must parse as Python)."""
+    tree = ast.parse(source)
+    fn = next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == name)
+    return ast.get_source_segment(source, fn)
+
+
+@pytest.mark.parametrize("name", sorted(presets.ALL))
+@pytest.mark.parametrize("regularized", [False, True])
+def test_every_preset_generates_valid_source(name: str, regularized: bool) -> None:
+    desc = presets.ALL[name]
+    program = desc.lower(regularized=regularized)
+    body = kernel_body(pairwise(desc, program=program), kernels.PAIRWISE_ENTRY)
+    # The reduction and its identity.
+    combines = {"sum": "tl.sum(t, 0)", "max": "tl.reduce(t, 0, _kmax)", "min": "tl.reduce(t, 0, _kmin)"}
+    combine = combines[program.reduction]
+    assert body.count(combine) == 2  # the unmasked steps and the masked tail
+    # The diagonal is computed exactly when the epilogue reads it.
+    assert ("diag = tl.where(om4 + OFF_M == on4 + OFF_N" in body) == regularized
+    # Every hyperparameter is a typed scalar argument.
+    for h in program.hypers:
+        assert f"h_{h}: tl.float32" in body
+    # Inner expressions use the special-function unit's log2; epilogues the accurate one.
+    if desc.power == "pow":
+        assert "_kpow_nn_fast(tl.abs((xv - zv)), h_p)" in body
+    if desc.outer == "root":
+        assert "_kpow_nn(acc, (1.0 / h_p))" in body
+    assert "_kpow(" not in body  # every built-in base is provably non-negative
+
+
+def test_specialisations_fall_out_of_the_ir() -> None:
+    l1 = kernel_body(pairwise(presets.l1_distance), kernels.PAIRWISE_ENTRY)
+    l2 = kernel_body(pairwise(presets.l2_distance), kernels.PAIRWISE_ENTRY)
+    assert "tl.broadcast_to(tl.abs((xv - zv))," in l1 and "pow" not in l1
+    assert "tl.broadcast_to(((xv - zv) * (xv - zv))," in l2 and "tl.sqrt_rn(acc)" in l2
+    dot = kernel_body(pairwise(presets.dot_product), kernels.PAIRWISE_ENTRY)
+    assert "tl.broadcast_to((xv * zv)," in dot
+
+
+def test_layout_specialisations() -> None:
+    src = pairwise(presets.laplace_lp, nbatch=2, tensor_hypers=frozenset({"bandwidth"}), int64=True)
+    body = kernel_body(src, kernels.PAIRWISE_ENTRY)
+    assert "pid = tl.program_id(0).to(tl.int64)" in body
+    assert "b1 = rest % BS1" in body and "X += b0 * SB_x_0 + b1 * SB_x_1" in body
+    assert "H_bandwidth += b0 * SB_hyper_bandwidth_0 + b1 * SB_hyper_bandwidth_1" in body
+    assert "h_bandwidth = tl.load(H_bandwidth).to(tl.float32)" in body
+    assert "h_p: tl.float32" in body  # p stays a scalar argument
+    plain = kernel_body(pairwise(presets.laplace_lp), kernels.PAIRWISE_ENTRY)
+    assert "int64" not in plain and "BS0" not in plain
+
+
+def test_float64_and_interpreter_helpers() -> None:
+    f64 = pairwise(presets.lp_distance, compute="float64")
+    assert "h_p: tl.float64" in f64 and "lg2.approx.ftz.f32 $0" not in f64 and "libdevice" not in f64
+    gpu = pairwise(presets.lp_distance)
+    assert "lg2.approx.ftz.f32 $0" in gpu and "libdevice.exp2(a)" in gpu
+    interp = pairwise(presets.lp_distance, interpret=True)
+    assert "lg2.approx.ftz.f32 $0" not in interp and "return tl.log2(a)" in interp
+
+
+@pytest.mark.parametrize("p", [1.0, 1.5])
+def test_grad_source(p: float) -> None:
+    spec = kernels.GradSpec(grad_program(p), "float32", 1, frozenset(), False, False)
+    body = kernel_body(kernels.grad_source(spec), kernels.GRAD_ENTRY)
+    dot = "tl.dot(tl.reshape(w, [BN * BM, BK]), cv, acc, input_precision=PRECISION, out_dtype=tl.float32)"
+    assert body.count(dot) == 2
+    if p == 1.0:
+        assert "_ksign((dv - bv))" in body and "pow" not in body
+    else:
+        assert "_kpow_nn_fast(tl.abs((dv - bv)), (h_p - 1.0))" in body
+
+
+def test_op_table_covers_the_ir() -> None:
+    for compute in codegen.COMPUTE_TYPES:
+        assert set(codegen.op_table(compute)) == set(ir.OPS)
+    with pytest.raises(ValueError, match="compute"):
+        codegen.op_table("float16")
+
+
+def test_constants_and_nonnegativity() -> None:
+    x, z = ir.Var("x"), ir.Var("z")
+    e = ir.minimum(x, -1.5) + ir.maximum(z, math.inf) * math.nan - (-0.0)
+    text = codegen.render_expr(e, {"x": "X", "z": "Z"}, "float32")
+    assert text == "((_kmin(X, (-1.5)) + (_kmax(Z, _INF) * (_INF - _INF))) - (-0.0))"
+    nn = codegen.nonnegative
+    assert nn(abs(x - z)) and nn((x - z) * (x - z)) and nn(ir.exp(x)) and nn(ir.Var("acc"), frozenset({"acc"}))
+    assert not nn(x - z) and not nn(ir.Hyper("p")) and not nn(ir.Const(-0.0)) and not nn(ir.sqrt(x))
+    assert nn(ir.maximum(x, 0.0)) and not nn(ir.minimum(x, 0.0))
+    with pytest.raises(KeyError, match="variable 'q'"):
+        codegen.render_expr(ir.Var("q"), {"x": "X"}, "float32")
+
+
+SPECIALS = [0.0, -0.0, 1.0, -1.0, 2.0, -2.0, 0.5, -0.5, 3.0, math.inf, -math.inf, math.nan]
+
+
+@pytest.mark.parametrize(("backend", "device"), TRITON_DEVICES)
+def test_helpers_match_torch_on_special_values(backend: str, device: str) -> None:
+    """pow (general and non-negative), sign, min and max on IEEE special values, as torch computes them."""
+    require_backend(backend, device)
+    v = torch.tensor(SPECIALS, device=device)[:, None]
+    x, z = ir.Var("x"), ir.Var("z")
+    cases = {
+        "pow": (ir.pow(x, z), lambda a, b: torch.pow(a, b)),
+        "pow_nonneg": (ir.pow(abs(x), z), lambda a, b: torch.pow(a.abs(), b)),
+        # kermac.ir documents sign(NaN) = NaN (torch.sign gives 0 there).
+        "sign": (ir.sign(x) + 0.0 * ir.eq(z, z), lambda a, b: torch.where(a.isnan(), a, a.sign()) + 0.0 * (b == b)),
+        "min": (ir.minimum(x, z), torch.minimum),
+        "max": (ir.maximum(x, z), torch.maximum),
+    }
+    for name, (expr, ref) in cases.items():
+        out = kermac.run_program(PairwiseProgram(expr, "sum", ir.Var("acc")), v, v, backend=backend).cpu().double()
+        expected = ref(v.cpu().double(), v.cpu().double().T)
+        same_nan = torch.isnan(out) == torch.isnan(expected)
+        assert same_nan.all(), f"{name}: NaN pattern differs at {same_nan.logical_not().nonzero().tolist()}"
+        finite = ~torch.isnan(expected)
+        close = torch.isclose(out[finite], expected[finite], rtol=1e-6, atol=0.0)
+        assert close.all(), f"{name}: {out[finite][~close].tolist()} != {expected[finite][~close].tolist()}"
