@@ -74,6 +74,38 @@ PLUGINS = {
         def kermac_backends():
             return [Missing()]
     ''',
+    # Opt-in (negative priority): runs only when named.
+    "fake_optin": '''
+        from kermac.backend import Availability, Backend
+        from kermac.hookspecs import hookimpl
+        from kermac.reference.backend import ReferenceBackend
+
+        CALLS = []
+
+        class Emulator(Backend):
+            name = "emulator"
+            priority = -10
+
+            def availability(self):
+                return Availability.yes()
+
+            def check_pairwise(self, problem):
+                return None
+
+            def pairwise(self, problem):
+                CALLS.append(problem.program.key())
+                ReferenceBackend().pairwise(problem)
+
+            def check_grad(self, problem):
+                return None
+
+            def grad(self, problem):
+                ReferenceBackend().grad(problem)
+
+        @hookimpl
+        def kermac_backends():
+            return [Emulator()]
+    ''',
     # Fails at import.
     "fake_broken": '''
         raise ImportError("libfake.so: cannot open shared object file")
@@ -119,9 +151,19 @@ def test_auto_prefers_priority_and_falls_through(plugins) -> None:
     assert len(fake_good.CALLS) == 1  # float64 refused by the fake: torch ran it
 
 
+def test_negative_priority_is_opt_in(plugins) -> None:
+    import fake_optin
+
+    x = torch.randn(4, 3, dtype=torch.float64)
+    kermac.cdist(x, x)
+    assert fake_optin.CALLS == []  # auto never picks an opt-in backend
+    kermac.cdist(x, x, backend="emulator")
+    assert len(fake_optin.CALLS) == 1
+
+
 def test_forcing(plugins, monkeypatch: pytest.MonkeyPatch) -> None:
     x = torch.randn(4, 3)
-    with pytest.raises(kermac.BackendUnavailableError, match="'missing' is unavailable: needs the FakeAccelerator 3000.*fake, torch"):
+    with pytest.raises(kermac.BackendUnavailableError, match="'missing' is unavailable: needs the FakeAccelerator 3000.*can run this pairwise problem: .*fake.*torch"):
         kermac.cdist(x, x, backend="missing")
     with pytest.raises(kermac.UnsupportedProblemError, match="'fake' cannot run this pairwise problem: float64 is not supported.*torch"):
         kermac.cdist(x.double(), x.double(), backend="fake")

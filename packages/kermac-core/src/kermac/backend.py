@@ -43,7 +43,9 @@ class Backend(abc.ABC):
     """Base class of kermac backends.
 
     Subclasses set :attr:`name` (what users pass as ``backend=``) and :attr:`priority` (``auto``
-    tries higher priorities first), and implement the methods below.
+    tries higher priorities first; a negative priority marks an opt-in backend, e.g. an emulator,
+    that ``auto`` never picks and ``kermac bench`` does not time unless named), and implement the
+    methods below.
     """
 
     name: ClassVar[str]

@@ -159,7 +159,7 @@ def select_backend(backend: str, problem: object, check: Callable[[Backend, obje
     """Choose the backend that runs ``problem``.
 
     ``backend='auto'`` takes the highest-priority backend that is available and whose ``check``
-    accepts the problem; a name forces that backend and raises :class:`BackendUnavailableError` or
+    accepts the problem (never one of negative priority: those are opt-in); a name forces that backend and raises :class:`BackendUnavailableError` or
     :class:`UnsupportedProblemError` (naming the backends that would work) if it cannot.
     """
     name = requested_backend(backend)
@@ -174,6 +174,8 @@ def select_backend(backend: str, problem: object, check: Callable[[Backend, obje
         return chosen
     reasons = []
     for b in sorted(registered_backends().values(), key=lambda b: -b.priority):
+        if b.priority < 0:
+            continue  # opt-in backends run only when named
         av = availability(b)
         if not av.available:
             reasons.append(f"{b.name}: {av.reason}")

@@ -205,11 +205,16 @@ def run(args: argparse.Namespace) -> int:
 def default_backends(statuses: list[BackendStatus], device: torch.device) -> tuple[list[str], dict[str, str]]:
     """The backends to time when ``--backends`` is not given, and why each other one is not.
 
-    Every available backend; but on a GPU, where another backend is available, the reference
+    Every available backend except opt-in ones (negative priority, e.g. Triton's CPU interpreter);
+    but on a GPU, where another backend is available, the reference
     backend is only the oracle of the err column (it is slow there; ``--backends`` can add it).
     """
-    backends = [s.name for s in statuses if s.available and not s.broken]
-    skipped = {s.name: s.reason or "unavailable" for s in statuses if s.name not in backends}
+    backends = [s.name for s in statuses if s.available and not s.broken and s.priority >= 0]
+    skipped = {
+        s.name: (s.reason or "unavailable") if not s.available or s.broken else "opt-in backend (negative priority): name it with --backends"
+        for s in statuses
+        if s.name not in backends
+    }
     if device.type == "cuda" and bm.REFERENCE_BACKEND in backends and len(backends) > 1:
         backends.remove(bm.REFERENCE_BACKEND)
         skipped[bm.REFERENCE_BACKEND] = "the reference: it checks the others; add it with --backends to time it"
