@@ -1,0 +1,37 @@
+"""kermac.linalg: batched solves and eigensolvers on cuSOLVER without host synchronisation.
+
+Every operation takes float32/float64 matrices ``A [..., N, N]`` (right-hand sides ``B [..., N, K]``)
+on a CUDA device, where it calls cuSOLVER through nvmath-python (imported on first use), or on
+the CPU, where it calls ``torch.linalg`` with the same semantics. Each returns a per-batch-entry
+int32 status tensor ``info`` on the inputs' device instead of raising: a failed entry is NaN and
+leaves the others valid; ``check=True`` synchronises and raises :class:`LinalgError` listing the
+failed entries. Batches run one cuSOLVER call per entry on a bounded pool of streams
+(:func:`set_max_streams`) joined back to torch's current stream; nothing else waits on the host.
+
+* :func:`cholesky_solve`, :func:`solve` solve ``A X = B`` (Cholesky for SPD A, LU otherwise);
+* :func:`cholesky` factors ``A = L Lᵀ``;
+* :func:`eigh` and :func:`eigh_range` compute all eigenpairs or those in an index/value range;
+* :func:`workspace_size` reports what a call allocates.
+"""
+
+from __future__ import annotations
+
+from ._cholesky import cholesky, cholesky_solve
+from ._dispatch import max_streams, set_max_streams
+from ._eigh import eigh, eigh_range
+from ._lu import solve
+from ._status import LinalgError
+from ._workspace import WorkspaceSize, workspace_size
+
+__all__ = [
+    "LinalgError",
+    "WorkspaceSize",
+    "cholesky",
+    "cholesky_solve",
+    "eigh",
+    "eigh_range",
+    "max_streams",
+    "set_max_streams",
+    "solve",
+    "workspace_size",
+]
