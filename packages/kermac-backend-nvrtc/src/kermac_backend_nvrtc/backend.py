@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Sequence
 
 import torch
 
@@ -134,8 +135,12 @@ class NvrtcBackend(Backend):
         variant, launch = plan_grad(problem)
         self._run(problem.device, variant, launch, problem.debug)
 
-    def precompile(self, problems: list[PairwiseProblem | GradProblem]) -> list[str]:
+    def precompile(self, problems: list[PairwiseProblem | GradProblem], *, archs: Sequence[str] | None = None) -> list[str]:
         """Compile (into the disk cache, without loading) the variants of ``problems``.
+
+        ``archs`` (e.g. ``["sm_80", "sm_90"]``) are the targets; by default each problem's CUDA
+        device (problems on the ``meta`` device, as ``kermac precompile`` builds without a GPU,
+        then need ``archs``).
 
         NVRTC holds the GIL, so several variants compile in worker processes (spawned: they
         never touch the GPU).  Returns one line per distinct variant and architecture.
@@ -149,13 +154,19 @@ class NvrtcBackend(Backend):
 
         jobs: dict[tuple[str, str, str], str] = {}
         for pr in problems:
-            cap = torch.cuda.get_device_capability(pr.device) if pr.device.type == "cuda" else (9, 0)
-            arch = f"sm_{cap[0]}{cap[1]}"
+            if archs:
+                targets = list(archs)
+            elif pr.device.type == "cuda":
+                cap = torch.cuda.get_device_capability(pr.device)
+                targets = [f"sm_{cap[0]}{cap[1]}"]
+            else:
+                raise ValueError(f"archs: needed for problems on {pr.device} (no CUDA device to read the architecture from)")
             if isinstance(pr, GradProblem):
                 source, name = grad_source(plan_grad(pr)[0])[0], "kermac_grad"
             else:
                 source, name = pairwise_source(plan_pairwise(pr)[0])[0], "kermac_pairwise"
-            jobs[(source, arch, name)] = f"{name} {arch} {pr.program.key()}"
+            for arch in targets:
+                jobs[(source, arch, name)] = f"{name} {arch} {pr.program.key()}"
         if len(jobs) <= 1:
             for source, arch, name in jobs:
                 compile_cubin(source, arch, name=name)

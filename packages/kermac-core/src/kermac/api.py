@@ -7,15 +7,15 @@ it write the output.  Nothing here synchronises with the host unless ``debug`` i
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 
 import torch
 
-from kermac import ir, presets, registry
+from kermac import presets, registry
 from kermac.descriptor import KernelDescriptor
 from kermac.hyperparams import Check, HyperValue, check_values, finite, nonnegative, normalize_hyper, positive_finite
 from kermac.logs import debug_enabled, logger
+from kermac.lowering import cdist_program, grad_program
 from kermac.problem import GradProblem, PairwiseProblem, check_tensor, grad_problem, pairwise_problem
 from kermac.programs import GradProgram, PairwiseProgram
 
@@ -60,22 +60,14 @@ def cdist(
     debug = debug_enabled(debug)
     x = check_tensor("x", x)
     if isinstance(p, torch.Tensor) and not (p.dim() == 0 and p.device.type == "cpu"):
-        descriptor = presets.lp_distance
+        program = cdist_program(None, skip_epilogue=skip_epilogue)
         hypers = _hypers({"p": (p, positive_finite)}, x.device, debug)
     else:
-        pv = normalize_hyper("p", p, device=x.device, check=nonnegative).scalar
-        descriptor, hypers = _cdist_scalar_p(pv, x.device)
-    if skip_epilogue:
-        descriptor = descriptor.replace(outer="identity")
-    problem = pairwise_problem(descriptor.lower(), x, z, out=out, hypers=hypers, debug=debug)
+        hv = normalize_hyper("p", p, device=x.device, check=nonnegative)
+        program = cdist_program(hv.scalar, skip_epilogue=skip_epilogue)
+        hypers = {"p": hv} if "p" in program.hypers else {}
+    problem = pairwise_problem(program, x, z, out=out, hypers=hypers, debug=debug)
     return _run_pairwise(problem, backend, "cdist")
-
-
-def _cdist_scalar_p(p: float, device: torch.device) -> tuple[KernelDescriptor, dict[str, HyperValue]]:
-    special = {0.0: presets.l0_distance, 1.0: presets.l1_distance, 2.0: presets.l2_distance, math.inf: presets.linf_distance}
-    if p in special:
-        return special[p], {}
-    return presets.lp_distance, {"p": HyperValue("p", p)}
 
 
 def run_kernel(
@@ -127,7 +119,11 @@ def run_kernel(
             raise ValueError(f"{name}: required by descriptor {descriptor.key()}, got None")
         if not needed[name] and value is not None:
             raise ValueError(f"{name}: descriptor {descriptor.key()} does not use {name}; got {name}={value!r}")
-    checks: dict[str, tuple[object, Check]] = {"p": (p, positive_finite), "bandwidth": (bandwidth, positive_finite), "regularization": (regularization, finite)}
+    checks: dict[str, tuple[object, Check]] = {
+        "p": (p, positive_finite),
+        "bandwidth": (bandwidth, positive_finite),
+        "regularization": (regularization, finite),
+    }
     hypers = _hypers({k: v for k, v in checks.items() if v[0] is not None}, x.device, debug)
     program = descriptor.lower(regularized=regularization is not None)
     problem = pairwise_problem(program, x, z, out=out, hypers=hypers, offset_m=offset_m, offset_n=offset_n, debug=debug)
@@ -141,7 +137,9 @@ def _descriptor(descriptor: object) -> KernelDescriptor:
         try:
             return presets.ALL[descriptor]
         except KeyError:
-            raise ValueError(f"descriptor: expected a KernelDescriptor or a preset name ({', '.join(presets.ALL)}); got {descriptor!r}") from None
+            raise ValueError(
+                f"descriptor: expected a KernelDescriptor or a preset name ({', '.join(presets.ALL)}); got {descriptor!r}"
+            ) from None
     raise TypeError(f"descriptor: expected a KernelDescriptor or a preset name, got {type(descriptor).__name__}")
 
 
@@ -175,16 +173,9 @@ def cdist_grad(
     debug = debug_enabled(debug)
     a = check_tensor("a", a)
     hypers = _hypers({"p": (p, positive_finite)}, a.device, debug)
-    hv = hypers["p"]
-    t = ir.Var("d") - ir.Var("b")
-    if hv.scalar == 1.0:
-        multiply, hypers = ir.sign(t), {}
-    elif hv.scalar == 2.0:
-        multiply, hypers = t, {}
-    else:
-        general = ir.sign(t) * ir.pow(abs(t), ir.Hyper("p") - 1.0)
-        multiply = ir.select(ir.ne(t, 0.0), general, 0.0)
-    program = GradProgram(multiply=multiply, epilogue=ir.Var("acc"))
+    program = grad_program(hypers["p"].scalar)
+    if "p" not in program.hypers:
+        hypers = {}
     problem = grad_problem(program, a, b, c, d, out=out, hypers=hypers, debug=debug)
     return _run_grad(problem, backend, "cdist_grad")
 
@@ -241,12 +232,16 @@ def _any_value(v: float) -> str | None:
     return None
 
 
-def _program_hypers(names: tuple[str, ...], given: Mapping[str, object] | None, device: torch.device, debug: bool) -> dict[str, HyperValue]:
+def _program_hypers(
+    names: tuple[str, ...], given: Mapping[str, object] | None, device: torch.device, debug: bool
+) -> dict[str, HyperValue]:
     given = dict(given or {})
     missing = [n for n in names if n not in given]
     extra = [n for n in given if n not in names]
     if missing or extra:
-        raise ValueError(f"hypers: expected exactly the program's hyperparameters {list(names)}; missing {missing}, unknown {extra}")
+        raise ValueError(
+            f"hypers: expected exactly the program's hyperparameters {list(names)}; missing {missing}, unknown {extra}"
+        )
     return _hypers({n: (v, _any_value) for n, v in given.items()}, device, debug)
 
 
@@ -267,7 +262,15 @@ def _run_pairwise(problem: PairwiseProblem, backend: str, op: str) -> torch.Tens
     if problem.debug:
         logger.debug(
             "%s: backend %s; batch %s, M=%d N=%d D=%d, %s on %s; program %s",
-            op, chosen.name, list(problem.batch_shape), problem.m, problem.n, problem.d, problem.dtype, problem.device, problem.program.key(),
+            op,
+            chosen.name,
+            list(problem.batch_shape),
+            problem.m,
+            problem.n,
+            problem.d,
+            problem.dtype,
+            problem.device,
+            problem.program.key(),
         )
     chosen.pairwise(problem)
     return problem.out
@@ -281,7 +284,16 @@ def _run_grad(problem: GradProblem, backend: str, op: str) -> torch.Tensor:
         m, n, o, k = problem.sizes
         logger.debug(
             "%s: backend %s; batch %s, M=%d N=%d O=%d K=%d, %s on %s; program %s",
-            op, chosen.name, list(problem.batch_shape), m, n, o, k, problem.dtype, problem.device, problem.program.key(),
+            op,
+            chosen.name,
+            list(problem.batch_shape),
+            m,
+            n,
+            o,
+            k,
+            problem.dtype,
+            problem.device,
+            problem.program.key(),
         )
     chosen.grad(problem)
     return problem.out

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import abc
 from dataclasses import dataclass
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, ClassVar
 
 if TYPE_CHECKING:
@@ -72,10 +73,12 @@ class Backend(abc.ABC):
     def grad(self, problem: GradProblem) -> None:
         """Compute the gradient contraction of ``problem`` into ``problem.out``."""
 
-    def precompile(self, problems: list[PairwiseProblem | GradProblem]) -> list[str]:
+    def precompile(self, problems: list[PairwiseProblem | GradProblem], *, archs: Sequence[str] | None = None) -> list[str]:
         """Compile ahead of time whatever running ``problems`` would compile; names what was built.
 
-        Backends that compile nothing (the reference backend) keep this default.
+        ``archs`` names target architectures (e.g. ``"sm_90"``) where the problems' device does
+        not (``kermac precompile`` builds problems on the ``meta`` device when there is no GPU).
+        Backends that compile nothing ahead of time keep this default.
         """
         return []
 

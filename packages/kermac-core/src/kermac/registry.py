@@ -19,7 +19,6 @@ import pluggy
 from kermac import hookspecs
 from kermac.backend import Availability, Backend
 from kermac.errors import BackendUnavailableError, UnsupportedProblemError
-from kermac.logs import logger
 
 if TYPE_CHECKING:
     from collections.abc import Iterable

@@ -1,4 +1,4 @@
-"""The ``kermac`` command line: ``kermac info``, ``kermac bench``, ``kermac cache info|clear``.
+"""The ``kermac`` command line: ``kermac info``, ``bench``, ``cache info|clear``, ``precompile``.
 
 Also reachable as ``python -m kermac``.  Each command lives in its own module exposing
 ``register(subparsers)`` (adds its parser) and ``run(args) -> int`` (the exit code).
@@ -17,18 +17,19 @@ __all__ = ["build_parser", "main"]
 
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of ``kermac`` with every sub-command."""
-    from kermac.cli import bench, cache, info
+    from kermac.cli import bench, cache, info, precompile
 
     parser = argparse.ArgumentParser(
         prog="kermac",
         description="Fused GPU kernels for kernel machines: inspect the installation, benchmark the backends, "
-        "manage the JIT cache.",
+        "manage and fill the JIT cache.",
     )
     parser.add_argument("--version", action="version", version=f"kermac {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     info.register(sub)
     bench.register(sub)
     cache.register(sub)
+    precompile.register(sub)
     return parser
 
 

@@ -1,0 +1,58 @@
+"""The common problems whose kernels ``kermac precompile`` compiles ahead of time.
+
+Every distance of :func:`kermac.cdist` (p in {0, 1, 2, ∞}, a fractional p as a number and as a
+per-batch tensor, with and without ``skip_epilogue``), every preset of :mod:`kermac.presets`
+(with and without regularisation), and :func:`kermac.cdist_grad` for p in {1, 2} and a fractional
+p, on contiguous, aligned operands — the layout most calls have.  Problems can be built on the
+``meta`` device, so no GPU is needed to describe them.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import torch
+
+from kermac import presets
+from kermac.hyperparams import HyperValue
+from kermac.lowering import cdist_program, grad_program
+from kermac.problem import GradProblem, PairwiseProblem, grad_problem, pairwise_problem
+
+__all__ = ["common_problems"]
+
+#: Sizes of the representative operands: multiples of every tile size, so vector loads apply.
+M = N = D = 256
+GRAD_SIZES = {"m": 256, "n": 64, "o": 16, "k": 256}
+
+
+def _hypers(names: Sequence[str], device: torch.device) -> dict[str, HyperValue]:
+    values = {"p": 1.5, "bandwidth": 1.0, "regularization": 1e-3}
+    return {n: HyperValue(n, values[n]) for n in names}
+
+
+def common_problems(device: torch.device | str = "meta", dtypes: Sequence[torch.dtype] = (torch.float32,)) -> list[PairwiseProblem | GradProblem]:
+    """The problems listed in the module documentation, for each dtype, on ``device``."""
+    device = torch.device(device)
+    problems: list[PairwiseProblem | GradProblem] = []
+    for dtype in dtypes:
+        x = torch.empty(M, D, dtype=dtype, device=device)
+        z = torch.empty(N, D, dtype=dtype, device=device)
+        programs = [cdist_program(p, skip_epilogue=s) for p in (0.0, 1.0, 2.0, 1.5, math.inf) for s in (False, True)]
+        for program in dict.fromkeys(programs):  # unique, in order
+            problems.append(pairwise_problem(program, x, z, out=None, hypers=_hypers(program.hypers, device)))
+        p_batch = torch.empty(2, dtype=dtype, device=device)
+        problems.append(pairwise_problem(cdist_program(None), x, z, out=None, hypers={"p": HyperValue("p", None, p_batch)}))
+        for descriptor in presets.ALL.values():
+            for regularized in (False, True):
+                program = descriptor.lower(regularized=regularized)
+                problems.append(pairwise_problem(program, x, z, out=None, hypers=_hypers(program.hypers, device)))
+        s = GRAD_SIZES
+        a = torch.empty(s["k"], s["m"], dtype=dtype, device=device)
+        b = torch.empty(s["n"], s["k"], dtype=dtype, device=device)
+        c = torch.empty(s["o"], s["k"], dtype=dtype, device=device)
+        d = torch.empty(s["n"], s["m"], dtype=dtype, device=device)
+        for p in (1.0, 2.0, 1.5):
+            program = grad_program(p)
+            problems.append(grad_problem(program, a, b, c, d, out=None, hypers=_hypers(program.hypers, device)))
+    return problems
