@@ -16,6 +16,7 @@ import torch
 import kermac
 from kermac import ir, presets
 from kermac.hyperparams import HyperValue
+from kermac.lowering import grad_program
 from kermac.problem import grad_problem, pairwise_problem
 
 nvrtc_codegen = pytest.importorskip("kermac_backend_nvrtc.codegen")
@@ -45,21 +46,10 @@ def _pw(program: kermac.PairwiseProgram, x: torch.Tensor | None = None, z: torch
     return pairwise_problem(program, x, z, out=None, hypers=_hypers(**hypers))
 
 
-def _grad_program(p: float | None) -> kermac.GradProgram:
-    t = ir.Var("d") - ir.Var("b")
-    if p == 1.0:
-        mul = ir.sign(t)
-    elif p == 2.0:
-        mul = t
-    else:
-        mul = ir.select(ir.ne(t, 0.0), ir.sign(t) * ir.pow(abs(t), ir.Hyper("p") - 1.0), 0.0)
-    return kermac.GradProgram(multiply=mul, epilogue=ir.Var("acc"))
-
-
 def _gr(power: float | None, o: int = 16, dtype: torch.dtype = torch.float32, a: torch.Tensor | None = None, **hypers):
     k, m, n = 21, 19, 11
     a = _t(k, m, dtype=dtype) if a is None else a
-    return grad_problem(_grad_program(power), a, _t(n, k, dtype=dtype), _t(o, k, dtype=dtype), _t(n, m, dtype=dtype),
+    return grad_problem(grad_program(power), a, _t(n, k, dtype=dtype), _t(o, k, dtype=dtype), _t(n, m, dtype=dtype),
                         out=None, hypers=_hypers(**hypers))
 
 
