@@ -87,3 +87,17 @@ def test_descriptor_validation_and_keys() -> None:
 
 def test_gaussian_needs_no_square_root() -> None:
     assert "sqrt" not in str(presets.gaussian.lower().epilogue)
+
+
+def test_is_squared_difference_sum_recognises_the_p2_family() -> None:
+    from kermac.programs import is_squared_difference_sum
+
+    x, z = ir.Var("x"), ir.Var("z")
+    t = x - z
+    for desc in (presets.l2_distance, presets.gaussian, presets.laplace_l2):
+        assert is_squared_difference_sum(desc.lower())
+    assert is_squared_difference_sum(PairwiseProgram(t * t, "sum", ir.exp(-ir.Var("acc"))))
+    assert not is_squared_difference_sum(PairwiseProgram(t * t, "max", ir.Var("acc")))
+    assert not is_squared_difference_sum(PairwiseProgram((z - x) * (z - x), "sum", ir.Var("acc")))
+    assert not is_squared_difference_sum(presets.l1_distance.lower())
+    assert not is_squared_difference_sum(presets.dot_product.lower())

@@ -156,3 +156,100 @@ def test_helpers_match_torch_on_special_values(backend: str, device: str) -> Non
         finite = ~torch.isnan(expected)
         close = torch.isclose(out[finite], expected[finite], rtol=1e-6, atol=0.0)
         assert close.all(), f"{name}: {out[finite][~close].tolist()} != {expected[finite][~close].tolist()}"
+
+
+@pytest.mark.parametrize("name", ["l2_distance", "squared_l2_distance", "gaussian", "laplace_l2", "matern32", "cauchy"])
+def test_p2_family_selects_the_tensor_core_kernel(name: str) -> None:
+    """Float32 Σ(x − z)² programs expand on tensor cores with the guard and the exact recompute."""
+    program = presets.ALL[name].lower(regularized=True)
+    assert kernels.tensor_core_eligible(program, "float32")
+    assert not kernels.tensor_core_eligible(program, "float64")
+    body = kernel_body(pairwise(presets.ALL[name], program=program, tensor_cores=True), kernels.PAIRWISE_ENTRY)
+    assert 'tl.dot(xv, tl.trans(zv), dot, input_precision="tf32x3", out_dtype=tl.float32)' in body
+    assert "xn += tl.sum(xv * xv, 1)" in body and "zn += tl.sum(zv * zv, 1)" in body
+    assert "flag = ~((acc > GUARD * s) & (acc < _INF))" in body
+    assert "if tl.max(flag.to(tl.int32)) > 0:" in body and "acc = tl.where(flag, exact, acc)" in body
+    assert "diag = tl.where(om2 + OFF_M == on2 + OFF_N" in body
+    assert "_kpow(" not in body  # acc is known non-negative in the epilogue
+
+
+@pytest.mark.parametrize("name", ["l1_distance", "lp_distance", "dot_product", "linf_distance", "laplace_l1"])
+def test_other_programs_keep_the_simt_kernel(name: str) -> None:
+    program = presets.ALL[name].lower()
+    assert not kernels.tensor_core_eligible(program, "float32")
+    with pytest.raises(ValueError, match="tensor_cores: needs a float32 sum"):
+        pairwise(presets.ALL[name], tensor_cores=True)
+    with pytest.raises(ValueError, match="tensor_cores: needs a float32 sum"):
+        pairwise(presets.l2_distance, compute="float64", tensor_cores=True)
+
+
+def test_guard_threshold_follows_the_error_bound() -> None:
+    def bound(d: int) -> float:
+        return (math.sqrt(d) * 2.0**-24 + 3 * 2.0**-23) * 2.0**16
+
+    assert kernels.guard_threshold(256) == pytest.approx(bound(256)) and 0.08 < kernels.guard_threshold(256) < 0.09
+    assert kernels.guard_threshold(1024) == pytest.approx(bound(1024))
+    assert kernels.guard_threshold(0) == pytest.approx(bound(1))
+    assert kernels.guard_threshold(10**8) == 0.5
+
+
+def test_selection_follows_dtype_and_switch(monkeypatch: pytest.MonkeyPatch) -> None:
+    """KERMAC_TRITON_TENSOR_CORES=0 or D < TC_MIN_D keeps the SIMT kernel; other dtypes and programs never take it."""
+    launch = pytest.importorskip("kermac_backend_triton.launch")
+    configs = pytest.importorskip("kermac_backend_triton.configs")
+    from kermac.problem import pairwise_problem
+
+    def spec(desc: kermac.KernelDescriptor, dtype: torch.dtype, d: int = configs.TC_MIN_D) -> object:
+        x, z = torch.ones(4, d, dtype=dtype), torch.ones(5, d, dtype=dtype)
+        problem = pairwise_problem(desc.lower(), x, z, out=None, hypers={}, offset_m=0, offset_n=0, debug=False)
+        return launch.pairwise_spec(problem)[0]
+
+    monkeypatch.delenv("KERMAC_TRITON_TENSOR_CORES", raising=False)
+    assert spec(presets.l2_distance, torch.float32).tensor_cores
+    assert spec(presets.l2_distance, torch.float16).tensor_cores  # computed in float32
+    assert not spec(presets.l2_distance, torch.float64).tensor_cores
+    assert not spec(presets.l1_distance, torch.float32).tensor_cores
+    assert not spec(presets.l2_distance, torch.float32, configs.TC_MIN_D - 1).tensor_cores  # short D: SIMT
+    monkeypatch.setenv("KERMAC_TRITON_TENSOR_CORES", "0")
+    assert not spec(presets.l2_distance, torch.float32).tensor_cores
+
+
+@pytest.mark.parametrize(("backend", "device"), TRITON_DEVICES)
+@pytest.mark.parametrize("tensor_cores", ["1", "0"])
+def test_p2_paths_agree_and_recompute_near_duplicates(
+    backend: str, device: str, tensor_cores: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Both p = 2 paths against float64: random rows, near-duplicates (the guard's recompute), x = z, NaN."""
+    require_backend(backend, device)
+    monkeypatch.setenv("KERMAC_TRITON_TENSOR_CORES", tensor_cores)
+    g = torch.Generator().manual_seed(5)
+    x = (torch.randn(37, 70, generator=g) * 10).to(device)  # D ≥ TC_MIN_D
+    near = x[:20] + 1e-4 * torch.randn(20, 70, generator=g).to(device)
+    z = torch.cat([near, torch.randn(13, 70, generator=g).to(device)])
+    z[3] = x[3]
+    x[30, 7] = math.nan
+    out = kermac.cdist(x, z, p=2.0, backend=backend).cpu().double()
+    ref = torch.cdist(x.cpu().double(), z.cpu().double(), compute_mode="donot_use_mm_for_euclid_dist")
+    assert torch.isnan(out[30]).all() and not torch.isnan(out[:30]).any()
+    assert out[3, 3] == 0.0
+    keep = torch.ones(37, dtype=torch.bool)
+    keep[30] = False
+    rel = ((out[keep] - ref[keep]).abs() / ref[keep].clamp_min(1e-30)).nan_to_num(0.0)
+    assert rel.max() < 1e-5
+
+
+@pytest.mark.parametrize(("backend", "device"), TRITON_DEVICES)
+def test_tensor_core_kernel_with_batches_views_and_tensor_hypers(backend: str, device: str) -> None:
+    """The tensor-core kernel on broadcast batches, a transposed z, per-batch bandwidths, +λ on a shifted diagonal."""
+    require_backend(backend, device)
+    g = torch.Generator().manual_seed(11)
+    x = torch.randn(2, 1, 19, 64, generator=g).to(device)
+    z = torch.randn(3, 64, 21, generator=g).to(device).transpose(-1, -2)  # [3, 21, 64], k-stride 21
+    sigma = torch.tensor([[9.0], [11.0], [13.0]]).to(device)[None, :, :].expand(2, 3, 1)[..., 0]  # [2, 3]
+    out = kermac.run_kernel(
+        "gaussian", x, z, bandwidth=sigma, regularization=0.5, offset_m=2, offset_n=0, backend=backend
+    )
+    d2 = torch.cdist(x.cpu().double(), z.cpu().double(), compute_mode="donot_use_mm_for_euclid_dist") ** 2
+    ref = torch.exp(-d2 / (2 * sigma.cpu().double()[..., None, None] ** 2))
+    ref += 0.5 * (torch.arange(19)[:, None] + 2 == torch.arange(21)[None, :]).double()
+    torch.testing.assert_close(out.cpu().double(), ref, rtol=2e-5, atol=1e-6)

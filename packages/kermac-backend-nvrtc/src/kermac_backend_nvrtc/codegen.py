@@ -22,6 +22,7 @@ from string import Template
 
 from kermac import ir
 from kermac.ir import Call, Const, Expr, Hyper, Var
+from kermac.programs import is_squared_difference_sum
 
 from kermac_backend_nvrtc import kernels
 
@@ -340,12 +341,6 @@ def _tc_pairwise_source(v: PairwiseVariant) -> tuple[str, list[Param]]:
         DIAG="((long long)m + diag_shift == (long long)n ? km_t(1) : km_t(0))" if prog.uses_diag else "km_t(0)",
     )
     return _prelude("float", False) + source, params
-
-
-def is_squared_difference_sum(program: object) -> bool:
-    """Whether ``program`` reduces ``(x − z)·(x − z)`` by a sum (structurally, any epilogue)."""
-    t = Call("sub", (Var("x"), Var("z")))
-    return program.reduction == "sum" and program.inner == Call("mul", (t, t))
 
 
 def grad_source(v: GradVariant) -> tuple[str, list[Param]]:

@@ -171,7 +171,12 @@ def main(argv: list[str] | None = None) -> int:
         rec["err"] = _rel(got(), ref)
         rec["triton_ms"] = _bench(lambda run=run, problem=problem: run(problem))
         if args.sweep:
-            space = configs.GRAD_SPACE if grad else configs.PAIRWISE_SPACE
+            if grad:
+                space = configs.GRAD_SPACE
+            elif launch.pairwise_spec(problem)[0].tensor_cores:
+                space = configs.PAIRWISE_TC_SPACE
+            else:
+                space = configs.PAIRWISE_SPACE
             sweep = {}
             for j, (meta, w, s) in enumerate(space):
                 forced = dict(meta) | {"num_warps": w, "num_stages": s}

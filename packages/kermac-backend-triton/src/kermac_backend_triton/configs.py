@@ -11,6 +11,8 @@ one per configuration (the GPU test-suite uses this).
 
 Pairwise meta-parameters (see :mod:`kermac_backend_triton.kernels`): ``BK`` features per step;
 ``MI × NI`` outputs per thread; ``MT × NT`` threads (``MT·NT / 32`` warps); ``GROUP_M``.
+Tensor-core pairwise kernel (float32 p = 2 family): ``BM × BN`` outputs per program, ``BK`` per
+step.  ``KERMAC_TRITON_TENSOR_CORES=0`` selects the SIMT kernel for those programs too.
 Gradient: ``BN × BM`` (n, m) pairs and ``BO`` outputs rows per program, ``BK`` per step.
 """
 
@@ -21,13 +23,18 @@ import os
 __all__ = [
     "DEFAULT_GRAD",
     "DEFAULT_PAIRWISE",
+    "DEFAULT_PAIRWISE_TC",
     "INTERPRET_GRAD",
     "INTERPRET_PAIRWISE",
+    "INTERPRET_PAIRWISE_TC",
+    "TC_MIN_D",
     "autotune_enabled",
     "bucket",
     "grad_block_o",
     "grad_configs",
     "pairwise_configs",
+    "pairwise_tc_configs",
+    "tensor_cores_enabled",
 ]
 
 #: (meta-parameters, num_warps, num_stages) of the pairwise kernel on a GPU.
@@ -36,6 +43,19 @@ PAIRWISE_SPACE: tuple[tuple[dict[str, int], int, int], ...] = (
     ({"BK": 4, "MI": 8, "NI": 8, "MT": 8, "NT": 16, "GROUP_M": 8}, 4, 3),
     ({"BK": 2, "MI": 8, "NI": 8, "MT": 8, "NT": 16, "GROUP_M": 8}, 4, 4),
     ({"BK": 8, "MI": 4, "NI": 4, "MT": 8, "NT": 16, "GROUP_M": 8}, 4, 3),
+)
+
+#: Smallest reduction length D that takes the tensor-core kernel: measured on the H100 (default
+#: tiles, docs/triton-notes.md Version 2) it is 1.5–2.4× faster than the SIMT kernel at D = 128,
+#: 256 and 1024, but 11 % slower at D = 32, where the output store dominates.
+TC_MIN_D = 64
+
+#: Tensor-core pairwise space (tf32x3 ``tl.dot``; blocks ≥ 16 in every dimension).
+PAIRWISE_TC_SPACE: tuple[tuple[dict[str, int], int, int], ...] = (
+    ({"BM": 128, "BN": 128, "BK": 32, "GROUP_M": 8}, 8, 3),
+    ({"BM": 128, "BN": 128, "BK": 16, "GROUP_M": 8}, 8, 4),
+    ({"BM": 128, "BN": 64, "BK": 32, "GROUP_M": 8}, 4, 3),
+    ({"BM": 64, "BN": 128, "BK": 32, "GROUP_M": 8}, 4, 3),
 )
 
 #: Gradient kernel space; ``BO`` is chosen from O (:func:`grad_block_o`), not tuned.
@@ -48,16 +68,32 @@ GRAD_SPACE: tuple[tuple[dict[str, int], int, int], ...] = (
 
 #: Configurations used when autotuning is off (launch options included).
 DEFAULT_PAIRWISE = dict(PAIRWISE_SPACE[1][0], num_warps=PAIRWISE_SPACE[1][1], num_stages=PAIRWISE_SPACE[1][2])
+DEFAULT_PAIRWISE_TC = dict(
+    PAIRWISE_TC_SPACE[0][0], num_warps=PAIRWISE_TC_SPACE[0][1], num_stages=PAIRWISE_TC_SPACE[0][2]
+)
 DEFAULT_GRAD = dict(GRAD_SPACE[0][0], num_warps=GRAD_SPACE[0][1], num_stages=GRAD_SPACE[0][2])
 
 #: The interpreter's only configurations: small tiles so CPU tests stay fast.
 INTERPRET_PAIRWISE = {"BK": 8, "MI": 2, "NI": 2, "MT": 4, "NT": 4, "GROUP_M": 2}
+INTERPRET_PAIRWISE_TC = {"BM": 16, "BN": 16, "BK": 16, "GROUP_M": 2}
 INTERPRET_GRAD = {"BN": 2, "BM": 8, "BK": 16}
 
 
 def autotune_enabled() -> bool:
     """Whether GPU launches autotune (``KERMAC_TRITON_AUTOTUNE``, default on)."""
     return os.environ.get("KERMAC_TRITON_AUTOTUNE", "1").strip().lower() not in ("0", "false", "no", "off")
+
+
+def tensor_cores_enabled() -> bool:
+    """Whether float32 (x − z)²-sum programs use the tensor-core kernel (``KERMAC_TRITON_TENSOR_CORES``, default on)."""
+    return os.environ.get("KERMAC_TRITON_TENSOR_CORES", "1").strip().lower() not in ("0", "false", "no", "off")
+
+
+def pairwise_tc_configs() -> list:
+    """The tensor-core pairwise space as ``triton.Config`` objects."""
+    import triton
+
+    return [triton.Config(dict(meta), num_warps=w, num_stages=s) for meta, w, s in PAIRWISE_TC_SPACE]
 
 
 def pairwise_configs() -> list:

@@ -11,6 +11,15 @@ shuffles.  Full ``BK`` chunks run unmasked; one masked step handles ``D mod BK``
 are replaced by the reduction's identity).  Row indices are clamped (``m mod M``) so loads need no
 masks; the store is masked.  Programs are ordered in groups of ``GROUP_M`` row tiles for L2 reuse.
 
+**Pairwise on tensor cores** (float32 ``Σ_k (x − z)²`` programs, any epilogue:
+:func:`kermac.programs.is_squared_difference_sum`).  One program computes a ``BM × BN`` tile of
+d² = ‖x‖² + ‖z‖² − 2·x·zᵀ: ``x·zᵀ`` by ``tl.dot(..., input_precision="tf32x3")`` (three TF32
+products, float32 accuracy), the norms summed in float32 from the same loaded tiles in the same
+k loop.  Cancellation guard: an entry is *flagged* where d² ≤ ``GUARD``·(‖x‖² + ‖z‖²) or d² is
+not finite (``GUARD`` from :func:`guard_threshold`); if any entry of the tile is flagged, a second
+k loop recomputes Σ_k (x − z)² from differences for the whole tile and the flagged entries take
+it, so near-duplicate rows (and x = z) are as exact as the SIMT kernel.  Then the epilogue.
+
 **Gradient** ``out[b,o,n,m] = epilogue(Σ_k c[b,o,k]·a[b,k,m]·multiply(d[b,n,m], b[b,n,k]))``.
 One program owns a ``BN × BM`` tile of ``(n, m)`` pairs and ``BO`` rows of ``o``.  Per ``BK``
 chunk it forms ``w[n,m,k] = a[k,m]·multiply(d[n,m], b[n,k])`` elementwise and contracts it with
@@ -26,12 +35,22 @@ and 16-divisible row strides give vectorised loads.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
-from kermac.programs import REDUCTIONS, GradProgram, PairwiseProgram
+from kermac.programs import REDUCTIONS, GradProgram, PairwiseProgram, is_squared_difference_sum
 from kermac_backend_triton.codegen import COMPUTE_TYPES, helpers, hyper_arg, nonnegative, render_expr
 
-__all__ = ["GRAD_ENTRY", "PAIRWISE_ENTRY", "GradSpec", "PairwiseSpec", "grad_source", "pairwise_source"]
+__all__ = [
+    "GRAD_ENTRY",
+    "PAIRWISE_ENTRY",
+    "GradSpec",
+    "PairwiseSpec",
+    "grad_source",
+    "guard_threshold",
+    "pairwise_source",
+    "tensor_core_eligible",
+]
 
 PAIRWISE_ENTRY = "kermac_pairwise"
 GRAD_ENTRY = "kermac_grad"
@@ -54,6 +73,7 @@ class PairwiseSpec:
     tensor_hypers: frozenset[str]  # hyperparameters passed as per-batch tensors
     int64: bool
     interpret: bool  # generated for Triton's CPU interpreter (portable helpers)
+    tensor_cores: bool = False  # the tf32x3 expansion with the guard (tensor_core_eligible programs)
 
 
 @dataclass(frozen=True)
@@ -66,6 +86,22 @@ class GradSpec:
     tensor_hypers: frozenset[str]
     int64: bool
     interpret: bool
+
+
+def tensor_core_eligible(program: PairwiseProgram, compute: str) -> bool:
+    """Whether the tensor-core kernel computes ``program``: a float32 sum of (x − z)²."""
+    return compute == "float32" and is_squared_difference_sum(program)
+
+
+def guard_threshold(d: int) -> float:
+    """Cancellation threshold of the tensor-core kernel for reduction length ``d``.
+
+    d² = ‖x‖² + ‖z‖² − 2·x·z carries an absolute error of about ε·S, S = ‖x‖² + ‖z‖²: the fp32
+    sums of the three terms (≈ √D·2⁻²⁴·S) plus the 3×TF32 split (≤ 3·2⁻²³·S), the derivation of
+    the NVRTC backend's guard (``docs/nvrtc-notes.md``, Version 2).  Entries with d² ≤ 2¹⁶·ε·S
+    (relative error of d² possibly above 2⁻¹⁶) are recomputed from differences; capped at 1/2.
+    """
+    return min(0.5, (math.sqrt(max(d, 1)) * 2.0**-24 + 3 * 2.0**-23) * 2.0**16)
 
 
 def _hyper_params(names: tuple[str, ...], tensor: frozenset[str], cdt: str) -> str:
@@ -106,6 +142,8 @@ def _indent(lines: list[str], depth: int = 1) -> str:
 
 def pairwise_source(spec: PairwiseSpec) -> str:
     """Complete Python module source (helpers + ``kermac_pairwise``) for ``spec``."""
+    if spec.tensor_cores:
+        return _pairwise_tc_source(spec)
     prog = spec.program
     cdt = COMPUTE_TYPES[spec.compute]
     hypers = prog.hypers
@@ -170,6 +208,78 @@ def {PAIRWISE_ENTRY}(
     main += f"""\
     val = tl.broadcast_to({epilogue}, [MI, NI, MT, NT])
     tl.store(OUT + om4 * SOM + on4 * SON, val.to(OUT.dtype.element_ty), mask=(om4 < M) & (on4 < N))
+"""
+    return helpers(spec.compute, spec.interpret) + "\n\n" + head + _indent(body) + main
+
+
+def _pairwise_tc_source(spec: PairwiseSpec) -> str:
+    """``kermac_pairwise`` on tensor cores (see the module docs) for an eligible ``spec``."""
+    prog = spec.program
+    if not tensor_core_eligible(prog, spec.compute):
+        raise ValueError(f"tensor_cores: needs a float32 sum of (x - z)^2; got {spec.compute} {prog.key()}")
+    cdt = COMPUTE_TYPES[spec.compute]
+    hypers = prog.hypers
+    epilogue = render_expr(prog.epilogue, {"acc": "acc", "diag": "diag"}, spec.compute, frozenset({"acc"}))
+    operands = {"x": "X", "z": "Z", "out": "OUT"} | {f"hyper_{n}": f"H_{n}" for n in sorted(spec.tensor_hypers)}
+    cast = ".to(tl.int64)" if spec.int64 else ""
+    head = f"""\
+@triton.jit(do_not_specialize=["M", "N", "D", "OFF_M", "OFF_N", "GUARD", "KEY"])
+def {PAIRWISE_ENTRY}(
+    X, Z, OUT, {_hyper_params(hypers, spec.tensor_hypers, cdt)}M, N, D, OFF_M, OFF_N,
+    SXM, SXK, SZN, SZK, SOM, SON, {_batch_params(tuple(operands), spec.nbatch)}GUARD, KEY,
+    BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr,
+):
+    # program {prog.key()} (tensor cores)
+    pid = tl.program_id(0){cast}
+    tiles_m = tl.cdiv(M, BM)
+    tiles_n = tl.cdiv(N, BN)
+    tiles = tiles_m * tiles_n
+    bat = pid // tiles
+    tile = pid % tiles
+    width = GROUP_M * tiles_n
+    first_m = (tile // width) * GROUP_M
+    group_rows = tl.minimum(tiles_m - first_m, GROUP_M)
+    pm = first_m + (tile % width) % group_rows
+    pn = (tile % width) // group_rows
+"""
+    body = _batch_code(operands, spec.nbatch) + _hyper_loads(hypers, spec.tensor_hypers, cdt)
+    main = f"""\
+    om = pm * BM + tl.arange(0, BM){cast}
+    on = pn * BN + tl.arange(0, BN){cast}
+    xrow = X + ((om % M) * SXM)[:, None]
+    zrow = Z + ((on % N) * SZN)[:, None]
+    kr = tl.arange(0, BK)[None, :]{cast}
+    dot = tl.zeros([BM, BN], tl.float32)
+    xn = tl.zeros([BM], tl.float32)
+    zn = tl.zeros([BN], tl.float32)
+    for k0 in range(0, D, BK):
+        kk = k0 + kr
+        xv = tl.load(xrow + kk * SXK, mask=kk < D, other=0.0).to(tl.float32)
+        zv = tl.load(zrow + kk * SZK, mask=kk < D, other=0.0).to(tl.float32)
+        dot = tl.dot(xv, tl.trans(zv), dot, input_precision="tf32x3", out_dtype=tl.float32)
+        xn += tl.sum(xv * xv, 1)
+        zn += tl.sum(zv * zv, 1)
+    s = xn[:, None] + zn[None, :]
+    acc = s - 2.0 * dot
+    flag = ~((acc > GUARD * s) & (acc < _INF))
+    if tl.max(flag.to(tl.int32)) > 0:
+        exact = tl.zeros([BM, BN], tl.float32)
+        xcol = X + (om % M) * SXM
+        zcol = Z + (on % N) * SZN
+        for kd in range(0, D):
+            t = tl.load(xcol).to(tl.float32)[:, None] - tl.load(zcol).to(tl.float32)[None, :]
+            exact += t * t
+            xcol += SXK
+            zcol += SZK
+        acc = tl.where(flag, exact, acc)
+    om2 = om[:, None]
+    on2 = on[None, :]
+"""
+    if prog.uses_diag:
+        main += "    diag = tl.where(om2 + OFF_M == on2 + OFF_N, 1.0, 0.0)\n"
+    main += f"""\
+    val = tl.broadcast_to({epilogue}, [BM, BN])
+    tl.store(OUT + om2 * SOM + on2 * SON, val.to(OUT.dtype.element_ty), mask=(om2 < M) & (on2 < N))
 """
     return helpers(spec.compute, spec.interpret) + "\n\n" + head + _indent(body) + main
 

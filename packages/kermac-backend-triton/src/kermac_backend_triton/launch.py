@@ -26,7 +26,9 @@ from kermac_backend_triton.kernels import (
     GradSpec,
     PairwiseSpec,
     grad_source,
+    guard_threshold,
     pairwise_source,
+    tensor_core_eligible,
 )
 from kermac_backend_triton.modules import load_module
 
@@ -83,7 +85,7 @@ def _kernel(spec: PairwiseSpec | GradSpec, debug: bool) -> Callable[..., Any]:
         return kernel
     if isinstance(spec, PairwiseSpec):
         fn = getattr(load_module(pairwise_source(spec), debug=debug), PAIRWISE_ENTRY)
-        space = configs.pairwise_configs
+        space = configs.pairwise_tc_configs if spec.tensor_cores else configs.pairwise_configs
     else:
         fn = getattr(load_module(grad_source(spec), debug=debug), GRAD_ENTRY)
         space = configs.grad_configs
@@ -132,13 +134,17 @@ def pairwise_spec(problem: PairwiseProblem) -> tuple[PairwiseSpec, BatchLayout]:
     layout = batch_layout(problem.batch_shape, pairwise_operands(problem))
     programs = layout.size * _cdiv(problem.m, 16) * _cdiv(problem.n, 16)
     tensors = [problem.x, problem.z, problem.out] + [h.tensor for h in problem.hypers.values() if h.tensor is not None]
+    compute = compute_type(problem.dtype)
     spec = PairwiseSpec(
         program=problem.program,
-        compute=compute_type(problem.dtype),
+        compute=compute,
         nbatch=len(layout.shape),
         tensor_hypers=_tensor_hypers(problem),
         int64=_needs_int64(tensors, programs),
         interpret=interpreting(),
+        tensor_cores=configs.tensor_cores_enabled()
+        and problem.d >= configs.TC_MIN_D
+        and tensor_core_eligible(problem.program, compute),
     )
     return spec, layout
 
@@ -172,17 +178,22 @@ def run_pairwise(problem: PairwiseProblem, meta: dict[str, int] | None = None) -
     args += [x.stride(-2), x.stride(-1), z.stride(-2), z.stride(-1), out.stride(-2), out.stride(-1)]
     args += _layout_args(layout, operands)
     batch = layout.size
+    tc = spec.tensor_cores
+    if tc:
+        args.append(guard_threshold(d))
 
     def grid(meta_: dict[str, int]) -> tuple[int]:
+        if tc:
+            return (batch * _cdiv(m, meta_["BM"]) * _cdiv(n, meta_["BN"]),)
         return (batch * _cdiv(m, meta_["MI"] * meta_["MT"]) * _cdiv(n, meta_["NI"] * meta_["NT"]),)
 
     extra: dict[str, int] = {}
     if interpreting():
-        extra = dict(configs.INTERPRET_PAIRWISE)
+        extra = dict(configs.INTERPRET_PAIRWISE_TC if tc else configs.INTERPRET_PAIRWISE)
     elif not configs.autotune_enabled():
-        extra = dict(configs.DEFAULT_PAIRWISE)
+        extra = dict(configs.DEFAULT_PAIRWISE_TC if tc else configs.DEFAULT_PAIRWISE)
     if meta is not None:
-        kernel = getattr(kernel, "fn", kernel)
+        kernel = kernel.fn if hasattr(kernel, "configs") else kernel  # unwrap the autotuner
         extra = dict(meta)
     with _device_guard(out):
         kernel[grid](*args, KEY=configs.bucket(batch, m, n, d), **extra)
@@ -211,7 +222,7 @@ def run_grad(problem: GradProblem, meta: dict[str, int] | None = None) -> None:
     elif not configs.autotune_enabled():
         extra = dict(configs.DEFAULT_GRAD)
     if meta is not None:
-        kernel = getattr(kernel, "fn", kernel)
+        kernel = kernel.fn if hasattr(kernel, "configs") else kernel  # unwrap the autotuner
         extra = dict(meta)
     precision = "ieee" if spec.compute == "float64" else "tf32x3"
     with _device_guard(out):

@@ -24,9 +24,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from kermac.ir import Expr, free_vars, hyper_names, to_sexpr
+from kermac.ir import Call, Expr, Var, free_vars, hyper_names, to_sexpr
 
-__all__ = ["REDUCTIONS", "PairwiseProgram", "GradProgram"]
+__all__ = ["REDUCTIONS", "PairwiseProgram", "GradProgram", "is_squared_difference_sum"]
 
 #: Reduction name → identity element.
 REDUCTIONS: dict[str, float] = {"sum": 0.0, "max": -math.inf, "min": math.inf}
@@ -99,3 +99,14 @@ class GradProgram:
     def key(self) -> str:
         """Canonical text of the program."""
         return f"grad;{to_sexpr(self.multiply)};{to_sexpr(self.epilogue)}"
+
+
+def is_squared_difference_sum(program: PairwiseProgram) -> bool:
+    """Whether ``program`` is ``Σ_k (x − z)·(x − z)`` structurally, with any epilogue.
+
+    Such programs (l2, squared l2, Gaussian, Laplace-L2, Matérn, Cauchy, user programs of that
+    shape) reduce d² = Σ_k (x_k − z_k)², which a backend may expand into
+    ‖x‖² + ‖z‖² − 2·x·z and compute on tensor cores.
+    """
+    t = Call("sub", (Var("x"), Var("z")))
+    return program.reduction == "sum" and program.inner == Call("mul", (t, t))
