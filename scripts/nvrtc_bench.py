@@ -22,13 +22,20 @@ import torch
 import kermac
 
 PEERS = {  # row -> (kermac, mm-kermac, target) from PEERS.md (ms)
-    "cdist 30000x30000x1024 p=1": (73.5, 77.8, 64), "cdist 30000x30000x1024 p=1.3": (449, 453, 300),
-    "cdist 30000x30000x1024 p=2": (74.5, 78.1, 25), "cdist 8192x8192x256 p=1": (1.80, 1.74, 1.5),
-    "cdist 8192x8192x256 p=1.3": (9.19, 8.97, 6.5), "cdist 8192x8192x256 p=2": (1.77, 1.66, 1.0),
-    "cdist 16384x16384x32 p=1": (1.12, 1.12, 0.8), "cdist 16384x16384x32 p=2": (1.13, 1.17, 0.8),
-    "laplace_l1 16384x16384x128": (3.33, None, 2.6), "laplace_l2 16384x16384x128": (3.32, None, 1.5),
-    "grad 4096,256,16,4096 p=1": (6.38, 6.31, 3.0), "grad 4096,256,16,4096 p=2": (6.12, 6.03, 3.0),
-    "grad 4096,256,16,4096 p=1.5": (7.38, 7.42, 3.5), "grad 8192,768,16,8192 p=1": (74.2, 73.3, 30),
+    "cdist 30000x30000x1024 p=1": (73.5, 77.8, 64),
+    "cdist 30000x30000x1024 p=1.3": (449, 453, 300),
+    "cdist 30000x30000x1024 p=2": (74.5, 78.1, 25),
+    "cdist 8192x8192x256 p=1": (1.80, 1.74, 1.5),
+    "cdist 8192x8192x256 p=1.3": (9.19, 8.97, 6.5),
+    "cdist 8192x8192x256 p=2": (1.77, 1.66, 1.0),
+    "cdist 16384x16384x32 p=1": (1.12, 1.12, 0.8),
+    "cdist 16384x16384x32 p=2": (1.13, 1.17, 0.8),
+    "laplace_l1 16384x16384x128": (3.33, None, 2.6),
+    "laplace_l2 16384x16384x128": (3.32, None, 1.5),
+    "grad 4096,256,16,4096 p=1": (6.38, 6.31, 3.0),
+    "grad 4096,256,16,4096 p=2": (6.12, 6.03, 3.0),
+    "grad 4096,256,16,4096 p=1.5": (7.38, 7.42, 3.5),
+    "grad 8192,768,16,8192 p=1": (74.2, 73.3, 30),
     "grad 8192,768,16,8192 p=1.5": (None, 84.4, 35),
 }
 
@@ -85,10 +92,13 @@ def kernel_row(name: str, m: int, d: int, reps: int) -> dict:
     kermac.run_kernel(desc, x, z, bandwidth=bw, out=out, backend="nvrtc")
     s = 256
     p = 1.0 if name == "laplace_l1" else 2.0
-    torch_fn = (lambda: torch.exp(-torch.cdist(x, z) ** 2 / (2 * bw**2))) if name == "gaussian" else (
-        lambda: torch.exp(-torch.cdist(x, z, p=p) / bw))
+    torch_fn = (
+        (lambda: torch.exp(-(torch.cdist(x, z) ** 2) / (2 * bw**2)))
+        if name == "gaussian"
+        else (lambda: torch.exp(-torch.cdist(x, z, p=p) / bw))
+    )
     dist = torch.cdist(x[:s].double(), z[-s:].double(), p=p)
-    ref = torch.exp(-dist**2 / (2 * bw**2)) if name == "gaussian" else torch.exp(-dist / bw)
+    ref = torch.exp(-(dist**2) / (2 * bw**2)) if name == "gaussian" else torch.exp(-dist / bw)
     err = rel(out[:s, -s:], ref)
     ms = timeit(lambda: kermac.run_kernel(desc, x, z, bandwidth=bw, out=out, backend="nvrtc"), reps)
     tms = timeit(torch_fn, reps) if p == 2.0 else None
@@ -112,6 +122,10 @@ def grad_row(m: int, n: int, o: int, k: int, p: float, reps: int) -> dict:
     if p == 2.0:
         tms = timeit(lambda: torch.einsum("ok,km,nm->onm", c, a, d) - torch.einsum("ok,km,nk->onm", c, a, b), reps)
     return {"ms": ms, "torch_ms": tms, "err": err}
+
+
+def _fmt(v: float | None) -> str:
+    return "—" if v is None else f"{v:.3g}"
 
 
 def main() -> None:
@@ -147,11 +161,23 @@ def main() -> None:
                 return fn()
             finally:
                 nvplan.POLY_PAIRS = saved
+
         return run
 
     for pairs in (0, 12, 28):  # fraction of |t|^p on the FMA pipe (default: plan.POLY_PAIRS of 64)
-        plan.append((f"cdist 8192x8192x256 p=1.3 poly={pairs}", with_poly(pairs, lambda: cdist_row(8192, 256, 1.3, args.reps, False))))
-        plan.append((f"cdist 30000x30000x1024 p=1.3 poly={pairs}", with_poly(pairs, lambda: cdist_row(30000, 1024, 1.3, 3, False))))
+        plan.append(
+            (
+                f"cdist 8192x8192x256 p=1.3 poly={pairs}",
+                with_poly(pairs, lambda: cdist_row(8192, 256, 1.3, args.reps, False)),
+            )
+        )
+        plan.append(
+            (
+                f"cdist 30000x30000x1024 p=1.3 poly={pairs}",
+                with_poly(pairs, lambda: cdist_row(30000, 1024, 1.3, 3, False)),
+            )
+        )
+
     def simt(fn):  # the same row on the SIMT difference kernel (p = 2 family)
         def run() -> dict:
             saved, nvplan.TENSOR_CORES = nvplan.TENSOR_CORES, False
@@ -159,15 +185,15 @@ def main() -> None:
                 return fn()
             finally:
                 nvplan.TENSOR_CORES = saved
+
         return run
 
     def one_block(fn):  # the tensor-core kernel at 1 block/SM (no register cap: ~200 registers, no spills)
         def run() -> dict:
             import dataclasses
 
-            from kermac_backend_nvrtc import codegen as nvcodegen
-
             from kermac.registry import get_backend
+            from kermac_backend_nvrtc import codegen as nvcodegen
 
             memo = get_backend("nvrtc")._kernels
             saved = nvcodegen.TC_CONFIG
@@ -178,6 +204,7 @@ def main() -> None:
             finally:
                 nvcodegen.TC_CONFIG = saved
                 memo.clear()
+
         return run
 
     plan += [
@@ -201,14 +228,17 @@ def main() -> None:
             results[name] = {"error": f"{type(exc).__name__}: {exc}"}
         print(name, json.dumps(results[name]), flush=True)
         torch.cuda.empty_cache()
-    lines = ["| row | nvrtc ms | torch ms | kermac | mm-kermac | target | rel err |", "|---|---:|---:|---:|---:|---:|---:|"]
+    lines = [
+        "| row | nvrtc ms | torch ms | kermac | mm-kermac | target | rel err |",
+        "|---|---:|---:|---:|---:|---:|---:|",
+    ]
     for name, r in results.items():
         km, mm, tgt = PEERS.get(name, (None, None, None))
         if "error" in r:
             lines.append(f"| {name} | error: {r['error'][:60]} | | | | | |")
             continue
-        f = lambda v: "—" if v is None else f"{v:.3g}"
-        lines.append(f"| {name} | {r['ms']:.3f} | {f(r['torch_ms'])} | {f(km)} | {f(mm)} | {f(tgt)} | {r['err']:.1e} |")
+        cells = [f"{r['ms']:.3f}", _fmt(r["torch_ms"]), _fmt(km), _fmt(mm), _fmt(tgt), f"{r['err']:.1e}"]
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
     table = "\n".join(lines)
     print(table)
     if os.environ.get("OUT"):

@@ -18,7 +18,9 @@ def sizes(device: str) -> tuple[int, int, int]:
     return (7, 5, 9) if device == "cpu" else (131, 67, 259)
 
 
-def make_layout(layout: str, m: int, n: int, d: int, dtype: torch.dtype, device: str) -> tuple[torch.Tensor, torch.Tensor]:
+def make_layout(
+    layout: str, m: int, n: int, d: int, dtype: torch.dtype, device: str
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Operands with the given memory layout; values are fresh standard normals."""
     if layout == "contiguous":
         return randn(m, d, dtype=dtype, device=device), randn(n, d, dtype=dtype, device=device)
@@ -27,7 +29,9 @@ def make_layout(layout: str, m: int, n: int, d: int, dtype: torch.dtype, device:
     if layout == "transposed":
         return randn(d, m, dtype=dtype, device=device).T, randn(d, n, dtype=dtype, device=device).T
     if layout == "sliced":
-        return randn(2 * m, d + 3, dtype=dtype, device=device)[::2, 1 : d + 1], randn(n, 2 * d, dtype=dtype, device=device)[:, ::2]
+        return randn(2 * m, d + 3, dtype=dtype, device=device)[::2, 1 : d + 1], randn(
+            n, 2 * d, dtype=dtype, device=device
+        )[:, ::2]
     if layout == "ones":
         return randn(1, 1, dtype=dtype, device=device), randn(1, 1, dtype=dtype, device=device)
     raise AssertionError(layout)

@@ -19,16 +19,30 @@ def grad_sizes(device: str) -> tuple[int, int, int, int]:
     return (6, 5, 3, 7) if device == "cpu" else (203, 37, 17, 301)
 
 
-def operands(m: int, n: int, o: int, k: int, *, device: str, dtype: torch.dtype = torch.float32, layout: str = "contiguous"):
+def operands(
+    m: int, n: int, o: int, k: int, *, device: str, dtype: torch.dtype = torch.float32, layout: str = "contiguous"
+):
     if layout == "contiguous":
-        return (randn(k, m, dtype=dtype, device=device), randn(n, k, dtype=dtype, device=device),
-                randn(o, k, dtype=dtype, device=device), randn(n, m, dtype=dtype, device=device))
+        return (
+            randn(k, m, dtype=dtype, device=device),
+            randn(n, k, dtype=dtype, device=device),
+            randn(o, k, dtype=dtype, device=device),
+            randn(n, m, dtype=dtype, device=device),
+        )
     if layout == "transposed":
-        return (randn(m, k, dtype=dtype, device=device).T, randn(k, n, dtype=dtype, device=device).T,
-                randn(k, o, dtype=dtype, device=device).T, randn(m, n, dtype=dtype, device=device).T)
+        return (
+            randn(m, k, dtype=dtype, device=device).T,
+            randn(k, n, dtype=dtype, device=device).T,
+            randn(k, o, dtype=dtype, device=device).T,
+            randn(m, n, dtype=dtype, device=device).T,
+        )
     if layout == "broadcast":
-        return (randn(2, k, m, dtype=dtype, device=device), randn(n, k, dtype=dtype, device=device),
-                randn(3, 1, o, k, dtype=dtype, device=device), randn(1, n, m, dtype=dtype, device=device))
+        return (
+            randn(2, k, m, dtype=dtype, device=device),
+            randn(n, k, dtype=dtype, device=device),
+            randn(3, 1, o, k, dtype=dtype, device=device),
+            randn(1, n, m, dtype=dtype, device=device),
+        )
     raise AssertionError(layout)
 
 

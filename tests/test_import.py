@@ -11,7 +11,8 @@ def test_import_kermac_loads_no_backend_dependency() -> None:
         "import sys, torch\n"
         "before = set(sys.modules)\n"  # torch itself may import cuda.bindings
         "import kermac, kermac.presets, kermac.ir\n"
-        "heavy = [m for m in ('triton', 'cuda.core', 'cuda.bindings', 'nvmath', 'kermac_linalg') if m in sys.modules and m not in before]\n"
+        "names = ('triton', 'cuda.core', 'cuda.bindings', 'nvmath', 'kermac_linalg')\n"
+        "heavy = [m for m in names if m in sys.modules and m not in before]\n"
         "print(','.join(heavy))\n"
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

@@ -7,17 +7,17 @@ import math
 import pytest
 import torch
 
-from kermac import KernelDescriptor, PairwiseProgram, GradProgram, ir, presets
+from kermac import GradProgram, KernelDescriptor, PairwiseProgram, ir, presets
 from kermac.reference.evaluate import evaluate
 
 x, z, p = ir.Var("x"), ir.Var("z"), ir.Hyper("p")
 
 
 def test_operators_build_trees_that_compare_by_value() -> None:
-    e = ir.exp(-abs(x - z) / p) + 2 * x ** 0.5
-    same = ir.exp(-abs(x - z) / p) + 2 * x ** 0.5
+    e = ir.exp(-abs(x - z) / p) + 2 * x**0.5
+    same = ir.exp(-abs(x - z) / p) + 2 * x**0.5
     assert e == same and hash(e) == hash(same)
-    assert e != ir.exp(-abs(z - x) / p) + 2 * x ** 0.5
+    assert e != ir.exp(-abs(z - x) / p) + 2 * x**0.5
     assert str(e) == "(add (exp (div (neg (abs (sub x z))) $p)) (mul 2.0 (pow x 0.5)))"
     assert ir.free_vars(e) == {"x", "z"} and ir.hyper_names(e) == {"p"}
 
@@ -54,8 +54,14 @@ def test_render_with_a_backend_table() -> None:
     ],
 )
 def test_semantics_table(expr: ir.Expr, expected: list[float]) -> None:
-    """The reference evaluator implements the documented semantics (sign(0) = 0, NaN-propagating max, 0/1 comparisons)."""
-    env = {"x": torch.tensor([0.0, 1.0, 3.0], dtype=torch.float64), "z": torch.tensor([2.0, 1.0, -1.0], dtype=torch.float64)}
+    """The reference evaluator implements the documented semantics.
+
+    sign(0) = 0, NaN-propagating max, comparisons give 0/1.
+    """
+    env = {
+        "x": torch.tensor([0.0, 1.0, 3.0], dtype=torch.float64),
+        "z": torch.tensor([2.0, 1.0, -1.0], dtype=torch.float64),
+    }
     got = evaluate(expr, env, like=env["x"])
     torch.testing.assert_close(got, torch.tensor(expected, dtype=torch.float64), equal_nan=True)
 
@@ -73,7 +79,9 @@ def test_programs_validate_variables_and_reductions() -> None:
 
 
 def test_descriptor_validation_and_keys() -> None:
-    with pytest.raises(ValueError, match="power: expected one of 'abs', 'square', 'pow', 'nonzero', 'identity'; got 'cube'"):
+    with pytest.raises(
+        ValueError, match="power: expected one of 'abs', 'square', 'pow', 'nonzero', 'identity'; got 'cube'"
+    ):
         KernelDescriptor(power="cube")
     with pytest.raises(ValueError, match="kernel: a kernel function needs inner='difference'"):
         KernelDescriptor(inner="product", power="identity", kernel="laplace")

@@ -49,14 +49,29 @@ def _pw(program: kermac.PairwiseProgram, x: torch.Tensor | None = None, z: torch
 def _gr(power: float | None, o: int = 16, dtype: torch.dtype = torch.float32, a: torch.Tensor | None = None, **hypers):
     k, m, n = 21, 19, 11
     a = _t(k, m, dtype=dtype) if a is None else a
-    return grad_problem(grad_program(power), a, _t(n, k, dtype=dtype), _t(o, k, dtype=dtype), _t(n, m, dtype=dtype),
-                        out=None, hypers=_hypers(**hypers))
+    return grad_problem(
+        grad_program(power),
+        a,
+        _t(n, k, dtype=dtype),
+        _t(o, k, dtype=dtype),
+        _t(n, m, dtype=dtype),
+        out=None,
+        hypers=_hypers(**hypers),
+    )
 
 
 def _every_op_program() -> kermac.PairwiseProgram:
     x, z, acc, diag, h = ir.Var("x"), ir.Var("z"), ir.Var("acc"), ir.Var("diag"), ir.Hyper("h")
-    inner = ir.select(ir.lt(x, z), ir.minimum(x, z) * h, ir.maximum(x, z) / (1.0 + abs(z))) + ir.sign(x - z) \
-        + ir.le(x, 0.0) + ir.gt(z, 0.5) + ir.ge(x, z) + ir.eq(x, z) - ir.ne(x, 1.0) + ir.pow(x, 2.0)
+    inner = (
+        ir.select(ir.lt(x, z), ir.minimum(x, z) * h, ir.maximum(x, z) / (1.0 + abs(z)))
+        + ir.sign(x - z)
+        + ir.le(x, 0.0)
+        + ir.gt(z, 0.5)
+        + ir.ge(x, z)
+        + ir.eq(x, z)
+        - ir.ne(x, 1.0)
+        + ir.pow(x, 2.0)
+    )
     epi = ir.sqrt(abs(acc)) + ir.exp(-abs(acc)) + ir.log(1.0 + abs(acc)) + ir.select(diag, h, -math.inf) * 0.0
     return kermac.PairwiseProgram(inner=inner, reduction="max", epilogue=-epi)
 
@@ -75,24 +90,32 @@ def _cases() -> dict[str, object]:
     cases["laplace_l2-regularized"] = _pw(presets.laplace_l2.lower(regularized=True), bandwidth=1.0, regularization=0.1)
     cases["lp-p<1"] = _pw(presets.lp_distance.lower(), p=0.7)
     cases["lp-tensor-p-f32"] = _pw(presets.lp_distance.lower(), p=torch.tensor([0.5, 1.5, 3.0]))
-    cases["laplace_lp-tensor-hypers-f64"] = _pw(presets.laplace_lp.lower(), p=torch.tensor([1.5], dtype=torch.float64),
-                                                bandwidth=torch.tensor([1.0, 2.0], dtype=torch.float16))
+    cases["laplace_lp-tensor-hypers-f64"] = _pw(
+        presets.laplace_lp.lower(),
+        p=torch.tensor([1.5], dtype=torch.float64),
+        bandwidth=torch.tensor([1.0, 2.0], dtype=torch.float16),
+    )
     for dtype in (torch.float64, torch.float16, torch.bfloat16):
         tag = str(dtype).removeprefix("torch.")
         x = _t(M, D, dtype=dtype)
         cases[f"l1-{tag}"] = _pw(presets.l1_distance.lower(), x, _t(N, D, dtype=dtype))
         cases[f"lp-{tag}"] = _pw(presets.lp_distance.lower(), x, _t(N, D, dtype=dtype), p=1.3)
-        cases[f"gaussian-regularized-{tag}"] = _pw(presets.gaussian.lower(regularized=True), x, _t(N, D, dtype=dtype),
-                                                   bandwidth=1.0, regularization=1.0)
+        cases[f"gaussian-regularized-{tag}"] = _pw(
+            presets.gaussian.lower(regularized=True), x, _t(N, D, dtype=dtype), bandwidth=1.0, regularization=1.0
+        )
     cases["l1-vec-k"] = _pw(presets.l1_distance.lower(), _t(M, 16), _t(N, 16))
     cases["l1-vec-p"] = _pw(presets.l1_distance.lower(), _t(D, 128).T, _t(D, 64).T)
     cases["l1-scalar-p-fast"] = _pw(presets.l1_distance.lower(), _t(D, M).T, _t(D, N).T)
-    cases["l1-sliced"] = _pw(presets.l1_distance.lower(), _t(2 * M, D + 3)[::2, 1:D + 1], _t(N, 2 * D)[:, ::2])
+    cases["l1-sliced"] = _pw(presets.l1_distance.lower(), _t(2 * M, D + 3)[::2, 1 : D + 1], _t(N, 2 * D)[:, ::2])
     cases["l1-batch1"] = _pw(presets.l1_distance.lower(), _t(3, M, D), _t(3, N, D))
     cases["l1-batch2-broadcast"] = _pw(presets.l1_distance.lower(), _t(2, 1, M, D), _t(3, N, D))
     cases["every-op-max"] = _pw(_every_op_program(), h=0.5)
-    cases["every-op-min-f64"] = _pw(kermac.PairwiseProgram(_every_op_program().inner, "min", ir.Var("acc")),
-                                    _t(M, D, dtype=torch.float64), _t(N, D, dtype=torch.float64), h=0.5)
+    cases["every-op-min-f64"] = _pw(
+        kermac.PairwiseProgram(_every_op_program().inner, "min", ir.Var("acc")),
+        _t(M, D, dtype=torch.float64),
+        _t(N, D, dtype=torch.float64),
+        h=0.5,
+    )
     for p in (1.0, 2.0):
         cases[f"grad-p{p:g}"] = _gr(p)
     cases["grad-p1.5"] = _gr(None, p=1.5)
@@ -105,11 +128,16 @@ def _cases() -> dict[str, object]:
     # The tensor-core path (float32 sums of (x − z)²): load modes, batches, diag, tensor hyperparameters.
     l2 = presets.l2_distance.lower()
     cases["tc-l2-p-vec"] = _pw(l2, _t(D, 128).T, _t(D, 64).T)
-    cases["tc-l2-sliced"] = _pw(l2, _t(2 * M, D + 3)[::2, 1:D + 1], _t(N, 2 * D)[:, ::2])
+    cases["tc-l2-sliced"] = _pw(l2, _t(2 * M, D + 3)[::2, 1 : D + 1], _t(N, 2 * D)[:, ::2])
     cases["tc-l2-batch2-broadcast"] = _pw(l2, _t(2, 1, M, 16), _t(3, N, 16))
     cases["tc-squared-l2"] = _pw(presets.squared_l2_distance.lower(), _t(M, 32), _t(N, 32))
-    cases["tc-laplace_l2-tensor-bandwidth"] = _pw(presets.laplace_l2.lower(regularized=True), _t(M, 24), _t(N, 24),
-                                                 bandwidth=torch.tensor([1.0, 2.0]), regularization=0.5)
+    cases["tc-laplace_l2-tensor-bandwidth"] = _pw(
+        presets.laplace_l2.lower(regularized=True),
+        _t(M, 24),
+        _t(N, 24),
+        bandwidth=torch.tensor([1.0, 2.0]),
+        regularization=0.5,
+    )
     return cases
 
 
@@ -165,8 +193,11 @@ def test_plan_selects_tensor_cores_for_squared_differences() -> None:
     for dtype in (torch.float64, torch.float16, torch.bfloat16):  # other dtypes keep the SIMT path
         problem = _pw(presets.l2_distance.lower(), _t(M, D, dtype=dtype), _t(N, D, dtype=dtype))
         assert not plan.plan_pairwise(problem)[0].tensor_cores
-    user = kermac.PairwiseProgram(inner=(ir.Var("x") - ir.Var("z")) * (ir.Var("x") - ir.Var("z")), reduction="sum",
-                                  epilogue=ir.exp(-ir.Var("acc")))
+    user = kermac.PairwiseProgram(
+        inner=(ir.Var("x") - ir.Var("z")) * (ir.Var("x") - ir.Var("z")),
+        reduction="sum",
+        epilogue=ir.exp(-ir.Var("acc")),
+    )
     assert plan.plan_pairwise(_pw(user))[0].tensor_cores  # structural match, any epilogue
     launch = plan.plan_pairwise(CASES["preset-l2_distance"])[1]
     assert launch.args["ovec"] == 0  # N = 29 columns: rows of odd stride, no paired stores
@@ -198,7 +229,7 @@ def _tc_emulated(x: np.ndarray, z: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     acc = np.zeros((x.shape[0], z.shape[0]), f32)
     for k0 in range(0, x.shape[1], 8):
         for a, b in ((xl, zh), (xh, zl), (xh, zh)):
-            acc = (acc + a[:, k0:k0 + 8].astype(np.float64) @ b[:, k0:k0 + 8].T.astype(np.float64)).astype(f32)
+            acc = (acc + a[:, k0 : k0 + 8].astype(np.float64) @ b[:, k0 : k0 + 8].T.astype(np.float64)).astype(f32)
     xn, zn = (np.square(v).sum(1, dtype=f32) for v in (x, z))
     s = (xn[:, None] + zn[None, :]).astype(f32)
     d2 = (s - f32(2) * acc).astype(f32)
@@ -293,7 +324,10 @@ def test_source_grad() -> None:
 def test_render_semantics_table() -> None:
     names = {"x": "x", "z": "z"}
     assert codegen.render_expr(ir.Const(math.inf) - ir.Var("x"), names) == "(km_inf(km_t(0)) - x)"
-    assert codegen.render_expr(ir.select(ir.Var("x"), 1.0, ir.Const(math.nan)), names) == "((x) != km_t(0) ? (km_t(1.0)) : (km_nan(km_t(0))))"
+    assert (
+        codegen.render_expr(ir.select(ir.Var("x"), 1.0, ir.Const(math.nan)), names)
+        == "((x) != km_t(0) ? (km_t(1.0)) : (km_nan(km_t(0))))"
+    )
     assert set(codegen.CUDA_OPS) == set(ir.OPS)
 
 

@@ -65,7 +65,10 @@ def test_cdist_load_modes(layout: str) -> None:
     elif layout == "misaligned":
         x, z = randn(m * d + 1, device="cuda")[1:].view(m, d), randn(n * d + 2, device="cuda")[2:].view(n, d)
     else:
-        x, z = randn(3, 1, m, d, device="cuda"), randn(2, n, d, device="cuda").transpose(-1, -2).contiguous().transpose(-1, -2)
+        x, z = (
+            randn(3, 1, m, d, device="cuda"),
+            randn(2, n, d, device="cuda").transpose(-1, -2).contiguous().transpose(-1, -2),
+        )
     for p in (1.0, 1.5):
         assert_close(kermac.cdist(x, z, p=p, backend="nvrtc"), ref_cdist(x, z, p), tolerance(torch.float32))
 
@@ -89,7 +92,9 @@ def p2_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> 
     return request.param
 
 
-@pytest.mark.parametrize(("m", "n", "d"), [(1, 1, 1), (129, 257, 9), (128, 128, 16), (3, 300, 1031), (257, 5, 0), (200, 190, 300)])
+@pytest.mark.parametrize(
+    ("m", "n", "d"), [(1, 1, 1), (129, 257, 9), (128, 128, 16), (3, 300, 1031), (257, 5, 0), (200, 190, 300)]
+)
 def test_p2_paths_tails(p2_path: bool, m: int, n: int, d: int) -> None:
     x, z = randn(m, d, device="cuda"), randn(n, d, device="cuda")
     out = torch.full((m, n), math.nan, device="cuda")
@@ -97,7 +102,9 @@ def test_p2_paths_tails(p2_path: bool, m: int, n: int, d: int) -> None:
     assert_close(out, ref_cdist(x, z, 2.0), tolerance(torch.float32))
 
 
-@pytest.mark.parametrize("layout", ["k-vec", "p-vec", "p-scalar", "sliced", "misaligned", "broadcast-batch", "out-transposed"])
+@pytest.mark.parametrize(
+    "layout", ["k-vec", "p-vec", "p-scalar", "sliced", "misaligned", "broadcast-batch", "out-transposed"]
+)
 def test_p2_paths_layouts(p2_path: bool, layout: str) -> None:
     m, n, d = 150, 133, 72
     out = None
@@ -150,8 +157,10 @@ def test_p2_tensor_cores_match_simt_on_kernels(monkeypatch: pytest.MonkeyPatch) 
     got = {}
     for tc in (True, False):
         monkeypatch.setattr(plan, "TENSOR_CORES", tc)
-        got[tc] = {name: kermac.run_kernel(name, x, z, bandwidth=bw, regularization=0.5, offset_n=3, backend="nvrtc")
-                   for name in ("gaussian", "laplace_l2", "matern52", "cauchy")}
+        got[tc] = {
+            name: kermac.run_kernel(name, x, z, bandwidth=bw, regularization=0.5, offset_n=3, backend="nvrtc")
+            for name in ("gaussian", "laplace_l2", "matern52", "cauchy")
+        }
     for name in got[True]:
         assert_close(got[True][name], got[False][name].double(), 2e-6)
 
@@ -161,7 +170,7 @@ def test_batched_p_and_bandwidth_tensors() -> None:
     p = torch.tensor([0.6, 1.0, 1.5, 2.5], device="cuda")
     bw = torch.tensor([0.5, 1.0, 2.0, 4.0], device="cuda", dtype=torch.float64)
     out = kermac.run_kernel(kermac.presets.laplace_lp, x, z, p=p, bandwidth=bw, backend="nvrtc")
-    ref = torch.stack([torch.exp(-ref_cdist(x, z, q) / s) for q, s in zip(p.tolist(), bw.tolist())])
+    ref = torch.stack([torch.exp(-ref_cdist(x, z, q) / s) for q, s in zip(p.tolist(), bw.tolist(), strict=True)])
     assert_close(out, ref, tolerance(torch.float32))
 
 
@@ -169,8 +178,9 @@ def test_batched_p_and_bandwidth_tensors() -> None:
 def test_regularization_offsets(offsets: tuple[int, int]) -> None:
     x, z = randn(140, 20, device="cuda"), randn(150, 20, device="cuda")
     om, on = offsets
-    out = kermac.run_kernel(kermac.presets.gaussian, x, z, bandwidth=1.5, regularization=0.25, offset_m=om, offset_n=on,
-                            backend="nvrtc")
+    out = kermac.run_kernel(
+        kermac.presets.gaussian, x, z, bandwidth=1.5, regularization=0.25, offset_m=om, offset_n=on, backend="nvrtc"
+    )
     ref = torch.exp(-ref_distance_sq(x, z) / (2 * 1.5**2))
     rows = torch.arange(140)[:, None] + om
     cols = torch.arange(150)[None, :] + on
@@ -184,8 +194,16 @@ def ref_distance_sq(x: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
 
 def test_every_op_user_program_and_nan_propagation() -> None:
     x, z, acc, diag, h = ir.Var("x"), ir.Var("z"), ir.Var("acc"), ir.Var("diag"), ir.Hyper("h")
-    inner = ir.select(ir.lt(x, z), ir.minimum(x, z) * h, ir.maximum(x, z) / (1.0 + abs(z))) + ir.sign(x - z) \
-        + ir.le(x, 0.0) + ir.gt(z, 0.5) + ir.ge(x, z) + ir.eq(x, z) - ir.ne(x, 1.0) + ir.pow(abs(x), 1.5)
+    inner = (
+        ir.select(ir.lt(x, z), ir.minimum(x, z) * h, ir.maximum(x, z) / (1.0 + abs(z)))
+        + ir.sign(x - z)
+        + ir.le(x, 0.0)
+        + ir.gt(z, 0.5)
+        + ir.ge(x, z)
+        + ir.eq(x, z)
+        - ir.ne(x, 1.0)
+        + ir.pow(abs(x), 1.5)
+    )
     epi = ir.sqrt(abs(acc)) + ir.exp(-abs(acc)) + ir.log(1.0 + abs(acc)) + ir.select(diag, h, 0.0)
     xs, zs = randn(77, 19, device="cuda"), randn(66, 19, device="cuda")
     xs[3, 4] = math.nan
@@ -220,9 +238,15 @@ def test_grad(p: float, o: int) -> None:
 def test_grad_dtypes_and_views(dtype: torch.dtype) -> None:
     k, m, n, o = 40, 35, 33, 5
     a = randn(m, k, dtype=dtype, device="cuda").T
-    b, c, d = randn(n, k, dtype=dtype, device="cuda"), randn(o, k, dtype=dtype, device="cuda"), randn(n, m, dtype=dtype, device="cuda")
+    b, c, d = (
+        randn(n, k, dtype=dtype, device="cuda"),
+        randn(o, k, dtype=dtype, device="cuda"),
+        randn(n, m, dtype=dtype, device="cuda"),
+    )
     out = kermac.cdist_grad(a, b, c, d, p=1.5, backend="nvrtc")
-    assert_close(out, ref_grad(a, b, c, d, 1.5), {torch.float64: 1e-10, torch.float16: 3e-3, torch.bfloat16: 2e-2}[dtype])
+    assert_close(
+        out, ref_grad(a, b, c, d, 1.5), {torch.float64: 1e-10, torch.float16: 3e-3, torch.bfloat16: 2e-2}[dtype]
+    )
 
 
 def test_grad_batched_p() -> None:

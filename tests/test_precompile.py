@@ -52,13 +52,17 @@ def test_common_problems_cover_the_api_without_a_gpu() -> None:
     assert sum(isinstance(p, GradProblem) for p in problems) == 6
 
 
-def test_cli_precompile_calls_each_compiling_backend(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture) -> None:
+def test_cli_precompile_calls_each_compiling_backend(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+) -> None:
     rec = Recorder()
-    monkeypatch.setattr(registry, "registered_backends", lambda: {"recorder": rec, "torch": registry.get_backend("torch")})
+    monkeypatch.setattr(
+        registry, "registered_backends", lambda: {"recorder": rec, "torch": registry.get_backend("torch")}
+    )
     if torch.cuda.is_available():
         pytest.skip("checks the no-GPU defaults")
     assert main(["precompile", "--dtype", "float16"]) == 0
-    (problems, archs), = rec.calls  # the reference backend compiles nothing and is not asked
+    ((problems, archs),) = rec.calls  # the reference backend compiles nothing and is not asked
     assert archs == ["sm_80", "sm_90"] and {p.dtype for p in problems} == {torch.float16}
     out = capsys.readouterr().out
     assert f"recorder: {len(problems)} variant(s)" in out

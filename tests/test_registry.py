@@ -14,7 +14,7 @@ from kermac import registry
 
 PLUGINS = {
     # Available, priority above the reference, refuses float64 so `auto` must fall through.
-    "fake_good": '''
+    "fake_good": """
         import torch
         from kermac.backend import Availability, Backend
         from kermac.hookspecs import hookimpl
@@ -45,9 +45,9 @@ PLUGINS = {
         @hookimpl
         def kermac_backends():
             return [FakeBackend()]
-    ''',
+    """,
     # Installed but cannot run here.
-    "fake_unavailable": '''
+    "fake_unavailable": """
         from kermac.backend import Availability, Backend
         from kermac.hookspecs import hookimpl
 
@@ -73,9 +73,9 @@ PLUGINS = {
         @hookimpl
         def kermac_backends():
             return [Missing()]
-    ''',
+    """,
     # Opt-in (negative priority): runs only when named.
-    "fake_optin": '''
+    "fake_optin": """
         from kermac.backend import Availability, Backend
         from kermac.hookspecs import hookimpl
         from kermac.reference.backend import ReferenceBackend
@@ -105,11 +105,11 @@ PLUGINS = {
         @hookimpl
         def kermac_backends():
             return [Emulator()]
-    ''',
+    """,
     # Fails at import.
-    "fake_broken": '''
+    "fake_broken": """
         raise ImportError("libfake.so: cannot open shared object file")
-    ''',
+    """,
 }
 
 
@@ -121,9 +121,7 @@ def plugins(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     info = tmp_path / "fake_kermac_plugins-0.1.dist-info"
     info.mkdir()
     (info / "METADATA").write_text("Metadata-Version: 2.1\nName: fake-kermac-plugins\nVersion: 0.1\n")
-    (info / "entry_points.txt").write_text(
-        "[kermac.backends]\n" + "".join(f"{name} = {name}\n" for name in PLUGINS)
-    )
+    (info / "entry_points.txt").write_text("[kermac.backends]\n" + "".join(f"{name} = {name}\n" for name in PLUGINS))
     monkeypatch.syspath_prepend(str(tmp_path))
     with pytest.warns(RuntimeWarning, match="fake_broken"):
         registry.reset()
@@ -163,11 +161,19 @@ def test_negative_priority_is_opt_in(plugins) -> None:
 
 def test_forcing(plugins, monkeypatch: pytest.MonkeyPatch) -> None:
     x = torch.randn(4, 3)
-    with pytest.raises(kermac.BackendUnavailableError, match="'missing' is unavailable: needs the FakeAccelerator 3000.*can run this pairwise problem: .*fake.*torch"):
+    with pytest.raises(
+        kermac.BackendUnavailableError,
+        match=r"'missing' is unavailable: needs the FakeAccelerator 3000.*can run this pairwise problem: .*fake.*torch",
+    ):
         kermac.cdist(x, x, backend="missing")
-    with pytest.raises(kermac.UnsupportedProblemError, match="'fake' cannot run this pairwise problem: float64 is not supported.*torch"):
+    with pytest.raises(
+        kermac.UnsupportedProblemError,
+        match=r"'fake' cannot run this pairwise problem: float64 is not supported.*torch",
+    ):
         kermac.cdist(x.double(), x.double(), backend="fake")
-    with pytest.raises(kermac.UnsupportedProblemError, match="'fake' cannot run this gradient problem: no gradients here"):
+    with pytest.raises(
+        kermac.UnsupportedProblemError, match="'fake' cannot run this gradient problem: no gradients here"
+    ):
         kermac.cdist_grad(x.T, x, x, torch.randn(4, 4), backend="fake")
     with pytest.raises(ValueError, match="broken plugins: fake_broken"):
         kermac.cdist(x, x, backend="fake_broken")

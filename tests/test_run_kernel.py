@@ -7,12 +7,11 @@ import math
 
 import pytest
 import torch
-from helpers import BACKEND_DEVICES, assert_close, randn, ref_cdist, ref_distance_sum, require_backend, tolerance
+from helpers import BACKEND_DEVICES, assert_close, ref_cdist, ref_distance_sum, require_backend, tolerance
 from test_cdist import make_layout, sizes
 
 import kermac
 from kermac import ir, presets
-
 
 
 def median_bandwidth(x: torch.Tensor, z: torch.Tensor, p: float, scale: float = 1.0) -> float:
@@ -44,8 +43,16 @@ def ref_preset(name: str, x: torch.Tensor, z: torch.Tensor, p: float, sigma: flo
         return x.double().cpu() @ z.double().cpu().transpose(-1, -2)
     if name == "squared_l2_distance":
         return ref_distance_sum(x, z, 2.0)
-    norms = {"l0_distance": 0.0, "l1_distance": 1.0, "l2_distance": 2.0, "lp_distance": p, "linf_distance": math.inf,
-             "laplace_l1": 1.0, "laplace_l2": 2.0, "laplace_lp": p}
+    norms = {
+        "l0_distance": 0.0,
+        "l1_distance": 1.0,
+        "l2_distance": 2.0,
+        "lp_distance": p,
+        "linf_distance": math.inf,
+        "laplace_l1": 1.0,
+        "laplace_l2": 2.0,
+        "laplace_lp": p,
+    }
     if name in norms:
         d = ref_cdist(x, z, norms[name])
         return ref_kernel("laplace", d, sigma) if name.startswith("laplace") else d
@@ -80,7 +87,9 @@ def test_regularization_on_shifted_diagonal(backend: str, device: str, offset_m:
     m, n, d = sizes(device)
     x, z = make_layout("contiguous", m, n, d, torch.float32, device)
     lam, sigma = 0.25, median_bandwidth(x, z, 1.0)
-    out = kermac.run_kernel("laplace_l1", x, z, bandwidth=sigma, regularization=lam, offset_m=offset_m, offset_n=offset_n, backend=backend)
+    out = kermac.run_kernel(
+        "laplace_l1", x, z, bandwidth=sigma, regularization=lam, offset_m=offset_m, offset_n=offset_n, backend=backend
+    )
     rows = torch.arange(m)[:, None] + offset_m
     cols = torch.arange(n)[None, :] + offset_n
     expected = ref_kernel("laplace", ref_cdist(x, z, 1.0), sigma) + lam * (rows == cols).double()
@@ -94,11 +103,13 @@ def test_batched_hyperparameters(backend: str, device: str) -> None:
     m, n, d = sizes(device)
     x, z = make_layout("contiguous", m, n, d, torch.float32, device)
     ps, lams = [1.0, 1.5, 2.5], [0.0, 0.1, 1.0]
-    sigmas = [median_bandwidth(x, z, p, scale) for p, scale in zip(ps, [0.5, 1.0, 4.0])]
+    sigmas = [median_bandwidth(x, z, p, scale) for p, scale in zip(ps, [0.5, 1.0, 4.0], strict=True)]
     t = lambda v: torch.tensor(v, device=device)  # noqa: E731
     out = kermac.run_kernel("laplace_lp", x, z, p=t(ps), bandwidth=t(sigmas), regularization=t(lams), backend=backend)
     eye = (torch.arange(m)[:, None] == torch.arange(n)[None, :]).double()
-    expected = torch.stack([ref_kernel("laplace", ref_cdist(x, z, p), s) + lam * eye for p, s, lam in zip(ps, sigmas, lams)])
+    expected = torch.stack(
+        [ref_kernel("laplace", ref_cdist(x, z, p), s) + lam * eye for p, s, lam in zip(ps, sigmas, lams, strict=True)]
+    )
     assert_close(out, expected, tolerance(torch.float32))
     # A 0-d device tensor and a length-1 tensor broadcast like numbers.
     sigma = median_bandwidth(x, z, 2.0)
@@ -116,7 +127,9 @@ def test_user_programs(backend: str, device: str) -> None:
     x, z = make_layout("contiguous", m, n, d, torch.float32, device)
     x64, z64 = x.double().cpu(), z.double().cpu()
 
-    scaled = kermac.PairwiseProgram(ir.Hyper("beta") * (ir.Var("z") - ir.Var("x")), "sum", ir.Var("acc") * ir.Hyper("gamma"))
+    scaled = kermac.PairwiseProgram(
+        ir.Hyper("beta") * (ir.Var("z") - ir.Var("x")), "sum", ir.Var("acc") * ir.Hyper("gamma")
+    )
     out = kermac.run_program(scaled, x, z, hypers={"beta": 0.5, "gamma": 2.0}, backend=backend)
     assert_close(out, z64.sum(-1)[None, :] - x64.sum(-1)[:, None], 1e-5)
 
@@ -125,7 +138,9 @@ def test_user_programs(backend: str, device: str) -> None:
     assert_close(out, (x64[:, None, :] + z64[None, :, :]).amin(-1), 1e-6)
 
     clipped = kermac.PairwiseProgram(
-        ir.select(ir.gt(abs(ir.Var("x") - ir.Var("z")), ir.Hyper("tau")), 1.0, 0.0), "max", ir.Var("acc") + ir.Var("diag")
+        ir.select(ir.gt(abs(ir.Var("x") - ir.Var("z")), ir.Hyper("tau")), 1.0, 0.0),
+        "max",
+        ir.Var("acc") + ir.Var("diag"),
     )
     out = kermac.run_program(clipped, x, z, hypers={"tau": 2.5}, backend=backend)
     eye = (torch.arange(m)[:, None] == torch.arange(n)[None, :]).double()

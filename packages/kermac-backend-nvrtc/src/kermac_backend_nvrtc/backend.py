@@ -19,7 +19,7 @@ from kermac.backend import Availability, Backend
 from kermac.logs import logger
 from kermac.problem import GradProblem, PairwiseProblem
 
-__all__ = ["NvrtcBackend", "MIN_CAPABILITY"]
+__all__ = ["MIN_CAPABILITY", "NvrtcBackend"]
 
 MIN_CAPABILITY = (8, 0)
 _INSTALL_HINT = "pip install 'kermac-backend-nvrtc[cu13]' (or [cu12] for a CUDA 12 driver)"
@@ -40,7 +40,7 @@ class NvrtcBackend(Backend):
 
     def availability(self) -> Availability:
         try:
-            import cuda.core  # noqa: F401
+            import cuda.core
         except Exception as exc:
             return Availability.no(f"cuda-core is not importable ({type(exc).__name__}: {exc}); {_INSTALL_HINT}")
         try:
@@ -48,7 +48,9 @@ class NvrtcBackend(Backend):
 
             major, minor = nvrtc_version()
         except Exception as exc:
-            return Availability.no(f"the NVRTC library could not be loaded ({type(exc).__name__}: {exc}); {_INSTALL_HINT}")
+            return Availability.no(
+                f"the NVRTC library could not be loaded ({type(exc).__name__}: {exc}); {_INSTALL_HINT}"
+            )
         if not torch.cuda.is_available():
             return Availability.no("no CUDA device is visible to torch (torch.cuda.is_available() is False)")
         caps = [torch.cuda.get_device_capability(i) for i in range(torch.cuda.device_count())]
@@ -74,7 +76,9 @@ class NvrtcBackend(Backend):
     def check_pairwise(self, problem: PairwiseProblem) -> str | None:
         from kermac_backend_nvrtc.plan import size_problem
 
-        return self._device_reason(problem.x) or size_problem("pairwise", {"M": problem.m, "N": problem.n, "D": problem.d})
+        return self._device_reason(problem.x) or size_problem(
+            "pairwise", {"M": problem.m, "N": problem.n, "D": problem.d}
+        )
 
     def check_grad(self, problem: GradProblem) -> str | None:
         from kermac_backend_nvrtc.plan import size_problem
@@ -89,7 +93,9 @@ class NvrtcBackend(Backend):
         found = self._kernels.get(memo)
         if found is not None:
             if debug:
-                logger.debug("nvrtc: %s of this variant already loaded on cuda:%d (%s)", found.name, device, found.resources)
+                logger.debug(
+                    "nvrtc: %s of this variant already loaded on cuda:%d (%s)", found.name, device, found.resources
+                )
             return found
         from kermac_backend_nvrtc.codegen import INPUT_TYPES, GradVariant, grad_source, pairwise_source
         from kermac_backend_nvrtc.compiler import compile_cubin
@@ -103,9 +109,15 @@ class NvrtcBackend(Backend):
         compiled = compile_cubin(source, f"sm_{cap[0]}{cap[1]}", name=name)
         loaded = load_kernel(device, compiled.key, compiled.cubin, name, params, INPUT_TYPES[variant.dtype][1])
         if debug:
-            logger.debug("nvrtc: %s variant %s: %s, loaded in %.1f ms; %s%s", name, compiled.key[:12],
-                         "cache hit" if compiled.hit else "compiled", 1e3 * (time.perf_counter() - start),
-                         loaded.resources, f"; ptxas: {compiled.ptxas}" if compiled.ptxas else "")
+            logger.debug(
+                "nvrtc: %s variant %s: %s, loaded in %.1f ms; %s%s",
+                name,
+                compiled.key[:12],
+                "cache hit" if compiled.hit else "compiled",
+                1e3 * (time.perf_counter() - start),
+                loaded.resources,
+                f"; ptxas: {compiled.ptxas}" if compiled.ptxas else "",
+            )
         with self._lock:
             self._kernels[memo] = loaded
         return loaded
@@ -118,8 +130,14 @@ class NvrtcBackend(Backend):
         kernel = self._kernel(index, variant, debug)
         chunks = launch.chunks()
         if debug:
-            logger.debug("nvrtc: launch grid (%d, 1, %d) in %d launch(es), block %d, on cuda:%d's current stream",
-                         launch.grid_x, launch.grid_z_total, len(chunks), NT, index)
+            logger.debug(
+                "nvrtc: launch grid (%d, 1, %d) in %d launch(es), block %d, on cuda:%d's current stream",
+                launch.grid_x,
+                launch.grid_z_total,
+                len(chunks),
+                NT,
+                index,
+            )
         for zbase, gz in chunks:
             launch_kernel(kernel, (launch.grid_x, 1, gz), NT, {**launch.args, "zbase": zbase})
 
@@ -135,7 +153,9 @@ class NvrtcBackend(Backend):
         variant, launch = plan_grad(problem)
         self._run(problem.device, variant, launch, problem.debug)
 
-    def precompile(self, problems: list[PairwiseProblem | GradProblem], *, archs: Sequence[str] | None = None) -> list[str]:
+    def precompile(
+        self, problems: list[PairwiseProblem | GradProblem], *, archs: Sequence[str] | None = None
+    ) -> list[str]:
         """Compile (into the disk cache, without loading) the variants of ``problems``.
 
         ``archs`` (e.g. ``["sm_80", "sm_90"]``) are the targets; by default each problem's CUDA
@@ -160,7 +180,9 @@ class NvrtcBackend(Backend):
                 cap = torch.cuda.get_device_capability(pr.device)
                 targets = [f"sm_{cap[0]}{cap[1]}"]
             else:
-                raise ValueError(f"archs: needed for problems on {pr.device} (no CUDA device to read the architecture from)")
+                raise ValueError(
+                    f"archs: needed for problems on {pr.device} (no CUDA device to read the architecture from)"
+                )
             if isinstance(pr, GradProblem):
                 source, name = grad_source(plan_grad(pr)[0])[0], "kermac_grad"
             else:

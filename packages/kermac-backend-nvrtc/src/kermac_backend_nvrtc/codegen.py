@@ -23,22 +23,47 @@ from string import Template
 from kermac import ir
 from kermac.ir import Call, Const, Expr, Hyper, Var
 from kermac.programs import is_squared_difference_sum
-
 from kermac_backend_nvrtc import kernels
 
 __all__ = [
-    "CUDA_OPS", "INPUT_TYPES", "Param", "PairwiseVariant", "GradVariant", "PairwiseConfig", "GradConfig",
-    "render_expr", "pairwise_config", "grad_config", "pairwise_source", "grad_source",
-    "TC_CONFIG", "tc_guard", "is_squared_difference_sum",
+    "CUDA_OPS",
+    "INPUT_TYPES",
+    "TC_CONFIG",
+    "GradConfig",
+    "GradVariant",
+    "PairwiseConfig",
+    "PairwiseVariant",
+    "Param",
+    "grad_config",
+    "grad_source",
+    "is_squared_difference_sum",
+    "pairwise_config",
+    "pairwise_source",
+    "render_expr",
+    "tc_guard",
 ]
 
 #: IR operation → CUDA C++ format (overloads in ``kernels.PRELUDE`` cover float and double).
 CUDA_OPS: dict[str, str] = {
-    "add": "({0} + {1})", "sub": "({0} - {1})", "mul": "({0} * {1})", "div": "({0} / {1})", "neg": "(-{0})",
-    "abs": "km_abs({0})", "sqrt": "km_sqrt({0})", "exp": "km_exp({0})", "log": "km_log({0})",
-    "pow": "km_pow({0}, {1})", "min": "km_min({0}, {1})", "max": "km_max({0}, {1})", "sign": "km_sign({0})",
-    "lt": "km_lt({0}, {1})", "le": "km_le({0}, {1})", "gt": "km_gt({0}, {1})", "ge": "km_ge({0}, {1})",
-    "eq": "km_eq({0}, {1})", "ne": "km_ne({0}, {1})",
+    "add": "({0} + {1})",
+    "sub": "({0} - {1})",
+    "mul": "({0} * {1})",
+    "div": "({0} / {1})",
+    "neg": "(-{0})",
+    "abs": "km_abs({0})",
+    "sqrt": "km_sqrt({0})",
+    "exp": "km_exp({0})",
+    "log": "km_log({0})",
+    "pow": "km_pow({0}, {1})",
+    "min": "km_min({0}, {1})",
+    "max": "km_max({0}, {1})",
+    "sign": "km_sign({0})",
+    "lt": "km_lt({0}, {1})",
+    "le": "km_le({0}, {1})",
+    "gt": "km_gt({0}, {1})",
+    "ge": "km_ge({0}, {1})",
+    "eq": "km_eq({0}, {1})",
+    "ne": "km_ne({0}, {1})",
     "select": "(({0}) != km_t(0) ? ({1}) : ({2}))",
 }
 
@@ -50,10 +75,15 @@ INPUT_TYPES: dict[str, tuple[str, str]] = {
     "bfloat16": ("km_bf16", "float"),
 }
 
-_LOG2_COEFFS = (1.4426815509796143, -0.72109454870224, 0.4816456139087677, -0.3710692822933197,
-                0.2927265763282776, -0.14517906308174133)
-_EXP2_COEFFS = (0.9999992847442627, 0.6931217908859253, 0.240247443318367, 0.05591785907745361,
-                0.009570101276040077)
+_LOG2_COEFFS = (
+    1.4426815509796143,
+    -0.72109454870224,
+    0.4816456139087677,
+    -0.3710692822933197,
+    0.2927265763282776,
+    -0.14517906308174133,
+)
+_EXP2_COEFFS = (0.9999992847442627, 0.6931217908859253, 0.240247443318367, 0.05591785907745361, 0.009570101276040077)
 
 
 @dataclass(frozen=True)
@@ -101,9 +131,15 @@ def render_expr(expr: Expr, names: dict[str, str], *, ge1: frozenset[str] = froz
             if e.op == "select" and _is_zero(e.args[2]) and isinstance(e.args[0], Call) and e.args[0].op == "ne":
                 x, zero = e.args[0].args
                 body = e.args[1]
-                if (_is_zero(zero) and isinstance(body, Call) and body.op == "mul"
-                        and body.args[0] == Call("sign", (x,)) and isinstance(body.args[1], Call)
-                        and body.args[1].op == "pow" and body.args[1].args[0] == Call("abs", (x,))):
+                if (
+                    _is_zero(zero)
+                    and isinstance(body, Call)
+                    and body.op == "mul"
+                    and body.args[0] == Call("sign", (x,))
+                    and isinstance(body.args[1], Call)
+                    and body.args[1].op == "pow"
+                    and body.args[1].args[0] == Call("abs", (x,))
+                ):
                     return placeholder(f"km_signpow({sub(x)}, {sub(body.args[1].args[1])})")
             return Call(e.op, tuple(rewrite(a) for a in e.args))
         return e
@@ -134,11 +170,14 @@ def _horner(coeffs: tuple[float, ...], x: str) -> str:
 def _prelude(compute: str, poly: bool) -> str:
     text = kernels.PRELUDE.replace("$COMPUTE", compute)
     if poly:
-        text += Template(kernels.POW_POLY).substitute(LOG2_COEFFS=_horner(_LOG2_COEFFS, "u"), EXP2_COEFFS=_horner(_EXP2_COEFFS, "f"))
+        text += Template(kernels.POW_POLY).substitute(
+            LOG2_COEFFS=_horner(_LOG2_COEFFS, "u"), EXP2_COEFFS=_horner(_EXP2_COEFFS, "f")
+        )
     return text + kernels.LOADER
 
 
 # ---- variants -------------------------------------------------------------------------------
+
 
 @dataclass(frozen=True)
 class PairwiseConfig:
@@ -240,7 +279,9 @@ class GradVariant:
     c: Operand
 
 
-def _hyper_parts(hypers: tuple[str, ...], tensor_hypers: dict[str, str], offsets: list[str]) -> tuple[list[Param], str, str, str]:
+def _hyper_parts(
+    hypers: tuple[str, ...], tensor_hypers: dict[str, str], offsets: list[str]
+) -> tuple[list[Param], str, str, str]:
     params = []
     loads = []
     for h in hypers:
@@ -285,10 +326,20 @@ def pairwise_source(v: PairwiseVariant) -> tuple[str, list[Param]]:
     batch_params, batch_code = _batch_parts(operands, v.batch_dims)
     names = {"x": "x", "z": "z", "acc": "acc", "diag": "diag"} | {h: f"h_{h}" for h in prog.hypers}
     params = [
-        Param("x", f"const {tin}*"), Param("z", f"const {tin}*"), Param("out", f"{tin}*"),
-        Param("M", "int"), Param("N", "int"), Param("D", "int"), Param("tiles_n", "int"), Param("zbase", "long long"),
-        Param("sxm", "long long"), Param("sxk", "long long"), Param("szn", "long long"), Param("szk", "long long"),
-        Param("som", "long long"), Param("son", "long long"),
+        Param("x", f"const {tin}*"),
+        Param("z", f"const {tin}*"),
+        Param("out", f"{tin}*"),
+        Param("M", "int"),
+        Param("N", "int"),
+        Param("D", "int"),
+        Param("tiles_n", "int"),
+        Param("zbase", "long long"),
+        Param("sxm", "long long"),
+        Param("sxk", "long long"),
+        Param("szn", "long long"),
+        Param("szk", "long long"),
+        Param("som", "long long"),
+        Param("son", "long long"),
     ]
     if prog.uses_diag:
         params.append(Param("diag_shift", "long long"))
@@ -296,18 +347,31 @@ def pairwise_source(v: PairwiseVariant) -> tuple[str, list[Param]]:
     reduce = {"sum": "acc + v", "max": "km_max(acc, v)", "min": "km_min(acc, v)"}[prog.reduction]
     poly = v.poly_pairs > 0
     source = kernels.PAIRWISE.substitute(
-        BM=cfg.bm, BN=cfg.bn, BK=cfg.bk, VM=cfg.vm, VN=cfg.vn, SPAD=cfg.spad, MIN_BLOCKS=cfg.min_blocks,
-        POLY_PAIRS=v.poly_pairs, KUNROLL=v.k_unroll,
+        BM=cfg.bm,
+        BN=cfg.bn,
+        BK=cfg.bk,
+        VM=cfg.vm,
+        VN=cfg.vn,
+        SPAD=cfg.spad,
+        MIN_BLOCKS=cfg.min_blocks,
+        POLY_PAIRS=v.poly_pairs,
+        KUNROLL=v.k_unroll,
         INNER=render_expr(prog.inner, names, ge1=v.ge1_hypers),
         INNER_FMA=render_expr(prog.inner, names, ge1=v.ge1_hypers, poly=poly),
         REDUCE=reduce,
         EPILOGUE=render_expr(prog.epilogue, names, ge1=v.ge1_hypers),
         IDENTITY=_const(prog.identity),
-        HYPER_FORMALS=formals, HYPER_ACTUALS=actuals, HYPER_LOADS=hyper_loads,
+        HYPER_FORMALS=formals,
+        HYPER_ACTUALS=actuals,
+        HYPER_LOADS=hyper_loads,
         PARAMS=", ".join(p.decl for p in params),
         BATCH_OFFSETS=batch_code,
-        TIN=tin, TOUT=tin,
-        XMODE=v.x.mode, XE=v.x.e, ZMODE=v.z.mode, ZE=v.z.e,
+        TIN=tin,
+        TOUT=tin,
+        XMODE=v.x.mode,
+        XE=v.x.e,
+        ZMODE=v.z.mode,
+        ZE=v.z.e,
         DIAG="((long long)m + diag_shift == (long long)n ? km_t(1) : km_t(0))" if prog.uses_diag else "km_t(0)",
     )
     return _prelude(compute, poly) + source, params
@@ -324,20 +388,42 @@ def _tc_pairwise_source(v: PairwiseVariant) -> tuple[str, list[Param]]:
     batch_params, batch_code = _batch_parts(operands, v.batch_dims)
     names = {"acc": "acc", "diag": "diag"} | {h: f"h_{h}" for h in prog.hypers}
     params = [
-        Param("x", "const float*"), Param("z", "const float*"), Param("out", "float*"),
-        Param("M", "int"), Param("N", "int"), Param("D", "int"), Param("tiles_n", "int"), Param("zbase", "long long"),
-        Param("sxm", "long long"), Param("sxk", "long long"), Param("szn", "long long"), Param("szk", "long long"),
-        Param("som", "long long"), Param("son", "long long"), Param("guard", "km_t"), Param("ovec", "int"),
+        Param("x", "const float*"),
+        Param("z", "const float*"),
+        Param("out", "float*"),
+        Param("M", "int"),
+        Param("N", "int"),
+        Param("D", "int"),
+        Param("tiles_n", "int"),
+        Param("zbase", "long long"),
+        Param("sxm", "long long"),
+        Param("sxk", "long long"),
+        Param("szn", "long long"),
+        Param("szk", "long long"),
+        Param("som", "long long"),
+        Param("son", "long long"),
+        Param("guard", "km_t"),
+        Param("ovec", "int"),
     ]
     if prog.uses_diag:
         params.append(Param("diag_shift", "long long"))
     params += batch_params + hyper_params
     source = kernels.TC_PAIRWISE.substitute(
-        BM=cfg.bm, BN=cfg.bn, BK=cfg.bk, SPAD=cfg.spad, MIN_BLOCKS=cfg.min_blocks,
+        BM=cfg.bm,
+        BN=cfg.bn,
+        BK=cfg.bk,
+        SPAD=cfg.spad,
+        MIN_BLOCKS=cfg.min_blocks,
         EPILOGUE=render_expr(prog.epilogue, names, ge1=v.ge1_hypers),
-        HYPER_FORMALS=formals, HYPER_ACTUALS=actuals, HYPER_LOADS=hyper_loads,
-        PARAMS=", ".join(p.decl for p in params), BATCH_OFFSETS=batch_code,
-        XMODE=v.x.mode, XE=v.x.e, ZMODE=v.z.mode, ZE=v.z.e,
+        HYPER_FORMALS=formals,
+        HYPER_ACTUALS=actuals,
+        HYPER_LOADS=hyper_loads,
+        PARAMS=", ".join(p.decl for p in params),
+        BATCH_OFFSETS=batch_code,
+        XMODE=v.x.mode,
+        XE=v.x.e,
+        ZMODE=v.z.mode,
+        ZE=v.z.e,
         DIAG="((long long)m + diag_shift == (long long)n ? km_t(1) : km_t(0))" if prog.uses_diag else "km_t(0)",
     )
     return _prelude("float", False) + source, params
@@ -354,23 +440,55 @@ def grad_source(v: GradVariant) -> tuple[str, list[Param]]:
     batch_params, batch_code = _batch_parts(operands, v.batch_dims)
     names = {"d": "d", "b": "b", "acc": "acc"} | {h: f"h_{h}" for h in prog.hypers}
     params = [
-        Param("a", f"const {tin}*"), Param("b", f"const {tin}*"), Param("c", f"const {tin}*"), Param("d", f"const {tin}*"),
+        Param("a", f"const {tin}*"),
+        Param("b", f"const {tin}*"),
+        Param("c", f"const {tin}*"),
+        Param("d", f"const {tin}*"),
         Param("out", f"{tin}*"),
-        Param("M", "int"), Param("N", "int"), Param("O", "int"), Param("K", "int"),
-        Param("tiles_m", "int"), Param("ochunks", "int"), Param("zbase", "long long"),
-        Param("sak", "long long"), Param("sam", "long long"), Param("sbn", "long long"), Param("sbk", "long long"),
-        Param("sco", "long long"), Param("sck", "long long"), Param("sdn", "long long"), Param("sdm", "long long"),
-        Param("soo", "long long"), Param("son", "long long"), Param("som", "long long"),
+        Param("M", "int"),
+        Param("N", "int"),
+        Param("O", "int"),
+        Param("K", "int"),
+        Param("tiles_m", "int"),
+        Param("ochunks", "int"),
+        Param("zbase", "long long"),
+        Param("sak", "long long"),
+        Param("sam", "long long"),
+        Param("sbn", "long long"),
+        Param("sbk", "long long"),
+        Param("sco", "long long"),
+        Param("sck", "long long"),
+        Param("sdn", "long long"),
+        Param("sdm", "long long"),
+        Param("soo", "long long"),
+        Param("son", "long long"),
+        Param("som", "long long"),
     ]
     params += batch_params + hyper_params
     source = kernels.GRAD.substitute(
-        KUNROLL=v.k_unroll, BMM=cfg.bmm, BNN=cfg.bnn, BK=cfg.bk, TPM=cfg.tpm, TPN=cfg.tpn, OT=v.ot, SPAD=cfg.spad, MIN_BLOCKS=cfg.min_blocks,
+        KUNROLL=v.k_unroll,
+        BMM=cfg.bmm,
+        BNN=cfg.bnn,
+        BK=cfg.bk,
+        TPM=cfg.tpm,
+        TPN=cfg.tpn,
+        OT=v.ot,
+        SPAD=cfg.spad,
+        MIN_BLOCKS=cfg.min_blocks,
         MULTIPLY=render_expr(prog.multiply, names, ge1=v.ge1_hypers),
         EPILOGUE=render_expr(prog.epilogue, names, ge1=v.ge1_hypers),
-        HYPER_FORMALS=formals, HYPER_ACTUALS=actuals, HYPER_LOADS=hyper_loads,
+        HYPER_FORMALS=formals,
+        HYPER_ACTUALS=actuals,
+        HYPER_LOADS=hyper_loads,
         PARAMS=", ".join(p.decl for p in params),
         BATCH_OFFSETS=batch_code,
-        TIN=tin, TOUT=tin,
-        AMODE=v.a.mode, AE=v.a.e, BMODE=v.b.mode, BE=v.b.e, CMODE=v.c.mode, CE=v.c.e,
+        TIN=tin,
+        TOUT=tin,
+        AMODE=v.a.mode,
+        AE=v.a.e,
+        BMODE=v.b.mode,
+        BE=v.b.e,
+        CMODE=v.c.mode,
+        CE=v.c.e,
     )
     return _prelude(compute, False) + source, params

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from kermac.jit_cache import cache_key, default_cache
 from kermac.logs import logger
 
-__all__ = ["Compiled", "compile_cubin", "nvrtc_version", "supported_archs", "OPTIONS"]
+__all__ = ["OPTIONS", "Compiled", "compile_cubin", "nvrtc_version", "supported_archs"]
 
 #: NVRTC options besides the architecture (IEEE division and square root; FMA contraction on).
 OPTIONS = ("-std=c++17", "-Xptxas=-v")
@@ -51,7 +51,7 @@ def supported_archs() -> list[int]:
     """Compute capabilities (e.g. 80, 90) NVRTC can emit cubins for."""
     from cuda.bindings import nvrtc
 
-    err, n = nvrtc.nvrtcGetNumSupportedArchs()
+    err, _count = nvrtc.nvrtcGetNumSupportedArchs()
     if err != nvrtc.nvrtcResult.NVRTC_SUCCESS:
         raise RuntimeError(f"nvrtcGetNumSupportedArchs failed: {err}")
     err, archs = nvrtc.nvrtcGetSupportedArchs()
@@ -93,6 +93,12 @@ def compile_cubin(source: str, arch: str, *, name: str) -> Compiled:
     with _memo_lock:
         _memo[key] = cubin
     ptxas = meta.get("ptxas", "")
-    logger.debug("nvrtc: %s for %s: %s in %.1f ms%s", name, arch, "cache hit" if hit else "compiled",
-                 1e3 * seconds, f"; ptxas: {ptxas}" if ptxas else "")
+    logger.debug(
+        "nvrtc: %s for %s: %s in %.1f ms%s",
+        name,
+        arch,
+        "cache hit" if hit else "compiled",
+        1e3 * seconds,
+        f"; ptxas: {ptxas}" if ptxas else "",
+    )
     return Compiled(cubin, key, hit, seconds, ptxas)

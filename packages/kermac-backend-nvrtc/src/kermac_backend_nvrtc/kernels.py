@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from string import Template
 
-__all__ = ["PRELUDE", "LOADER", "PAIRWISE", "TC_PAIRWISE", "GRAD", "POW_POLY"]
+__all__ = ["GRAD", "LOADER", "PAIRWISE", "POW_POLY", "PRELUDE", "TC_PAIRWISE"]
 
 PRELUDE = r"""
 typedef $COMPUTE km_t;

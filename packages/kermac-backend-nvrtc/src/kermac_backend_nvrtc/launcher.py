@@ -15,10 +15,9 @@ import numpy as np
 import torch
 
 from kermac.logs import logger
-
 from kermac_backend_nvrtc.codegen import Param
 
-__all__ = ["LoadedKernel", "load_kernel", "launch"]
+__all__ = ["LoadedKernel", "launch", "load_kernel"]
 
 _lock = threading.Lock()
 _kernels: dict[tuple[int, str, str], LoadedKernel] = {}
@@ -51,8 +50,10 @@ def load_kernel(device: int, key: str, cubin: bytes, name: str, params: Sequence
         kernel = ObjectCode.from_cubin(cubin).get_kernel(name)
     try:
         attrs = kernel.attributes
-        resources = (f"{attrs.num_regs} registers, {attrs.local_size_bytes} bytes local memory, "
-                     f"{attrs.shared_size_bytes} bytes static shared memory")
+        resources = (
+            f"{attrs.num_regs} registers, {attrs.local_size_bytes} bytes local memory, "
+            f"{attrs.shared_size_bytes} bytes static shared memory"
+        )
     except Exception as exc:  # attributes are diagnostics only
         resources = f"attributes unavailable: {exc}"
     loaded = LoadedKernel(kernel, tuple(params), compute, device, name, resources)

@@ -17,13 +17,19 @@ import torch
 from kermac.ir import Call, Expr, walk
 from kermac.layout import BatchLayout, batch_layout, grad_operands, pairwise_operands
 from kermac.problem import GradProblem, PairwiseProblem
-
 from kermac_backend_nvrtc.codegen import (
-    TC_CONFIG, GradVariant, Operand, PairwiseVariant, grad_config, is_squared_difference_sum, pairwise_config,
-    tc_guard, INPUT_TYPES,
+    INPUT_TYPES,
+    TC_CONFIG,
+    GradVariant,
+    Operand,
+    PairwiseVariant,
+    grad_config,
+    is_squared_difference_sum,
+    pairwise_config,
+    tc_guard,
 )
 
-__all__ = ["Launch", "plan_pairwise", "plan_grad", "size_problem", "NT", "MAX_GRID_Z"]
+__all__ = ["MAX_GRID_Z", "NT", "Launch", "plan_grad", "plan_pairwise", "size_problem"]
 
 NT = 256
 MAX_GRID_Z = 65535
@@ -76,14 +82,19 @@ def _operand(t: torch.Tensor, layout: BatchLayout, name: str, pt: int, kt: int, 
 
 
 def _uses_pow_abs(expr: Expr) -> bool:
-    return any(isinstance(n, Call) and n.op == "pow" and isinstance(n.args[0], Call) and n.args[0].op == "abs" for n in walk(expr))
+    return any(
+        isinstance(n, Call) and n.op == "pow" and isinstance(n.args[0], Call) and n.args[0].op == "abs"
+        for n in walk(expr)
+    )
 
 
 def _expensive(expr: Expr) -> bool:
     return any(isinstance(n, Call) and n.op in _EXPENSIVE for n in walk(expr))
 
 
-def _hypers(problem: PairwiseProblem | GradProblem, compute: str) -> tuple[tuple[tuple[str, str], ...], frozenset[str], dict]:
+def _hypers(
+    problem: PairwiseProblem | GradProblem, compute: str
+) -> tuple[tuple[tuple[str, str], ...], frozenset[str], dict]:
     tensor, ge1, args = [], set(), {}
     for name in problem.program.hypers:
         hv = problem.hypers[name]
@@ -120,11 +131,19 @@ def plan_pairwise(problem: PairwiseProblem) -> tuple[PairwiseVariant, Launch]:
     ops = pairwise_operands(problem)
     layout = batch_layout(problem.batch_shape, ops)
     tensor_hypers, ge1, hyper_args = _hypers(problem, compute)
-    poly = compute == "float" and _uses_pow_abs(prog.inner) and any(
-        isinstance(n, Call) and n.op == "pow" and getattr(n.args[1], "name", None) in ge1 for n in walk(prog.inner)
+    poly = (
+        compute == "float"
+        and _uses_pow_abs(prog.inner)
+        and any(
+            isinstance(n, Call) and n.op == "pow" and getattr(n.args[1], "name", None) in ge1 for n in walk(prog.inner)
+        )
     )
     variant = PairwiseVariant(
-        program=prog, dtype=dtype, tensor_hypers=tensor_hypers, ge1_hypers=ge1, batch_dims=len(layout.shape),
+        program=prog,
+        dtype=dtype,
+        tensor_hypers=tensor_hypers,
+        ge1_hypers=ge1,
+        batch_dims=len(layout.shape),
         x=_operand(problem.x, layout, "x", cfg.bm, cfg.bk, -2, -1),
         z=_operand(problem.z, layout, "z", cfg.bn, cfg.bk, -2, -1),
         poly_pairs=POLY_PAIRS if poly else 0,
@@ -135,14 +154,29 @@ def plan_pairwise(problem: PairwiseProblem) -> tuple[PairwiseVariant, Launch]:
     tiles_m, tiles_n = -(-m // cfg.bm), -(-n // cfg.bn)
     x, z, out = problem.x, problem.z, problem.out
     args: dict[str, int | float] = {
-        "x": x.data_ptr(), "z": z.data_ptr(), "out": out.data_ptr(), "M": m, "N": n, "D": d, "tiles_n": tiles_n,
-        "sxm": x.stride(-2), "sxk": x.stride(-1), "szn": z.stride(-2), "szk": z.stride(-1),
-        "som": out.stride(-2), "son": out.stride(-1), "diag_shift": problem.offset_m - problem.offset_n,
+        "x": x.data_ptr(),
+        "z": z.data_ptr(),
+        "out": out.data_ptr(),
+        "M": m,
+        "N": n,
+        "D": d,
+        "tiles_n": tiles_n,
+        "sxm": x.stride(-2),
+        "sxk": x.stride(-1),
+        "szn": z.stride(-2),
+        "szk": z.stride(-1),
+        "som": out.stride(-2),
+        "son": out.stride(-1),
+        "diag_shift": problem.offset_m - problem.offset_n,
     }
     if tensor_cores:
         args["guard"] = tc_guard(d)
-        args["ovec"] = int(out.stride(-1) == 1 and out.stride(-2) % 2 == 0 and out.data_ptr() % 8 == 0
-                           and all(s % 2 == 0 for s in layout.strides["out"]))
+        args["ovec"] = int(
+            out.stride(-1) == 1
+            and out.stride(-2) % 2 == 0
+            and out.data_ptr() % 8 == 0
+            and all(s % 2 == 0 for s in layout.strides["out"])
+        )
     args |= _batch_args(layout, _rename(list(ops))) | hyper_args
     return variant, Launch(tiles_m * tiles_n, layout.size, args)
 
@@ -160,7 +194,12 @@ def plan_grad(problem: GradProblem) -> tuple[GradVariant, Launch]:
     tensor_hypers, ge1, hyper_args = _hypers(problem, compute)
     prog = problem.program
     variant = GradVariant(
-        program=prog, dtype=dtype, tensor_hypers=tensor_hypers, ge1_hypers=ge1, batch_dims=len(layout.shape), ot=ot,
+        program=prog,
+        dtype=dtype,
+        tensor_hypers=tensor_hypers,
+        ge1_hypers=ge1,
+        batch_dims=len(layout.shape),
+        ot=ot,
         k_unroll=4,
         a=_operand(problem.a, layout, "a", cfg.bmm, cfg.bk, -1, -2),
         b=_operand(problem.b, layout, "b", cfg.bnn, cfg.bk, -2, -1),
@@ -169,11 +208,28 @@ def plan_grad(problem: GradProblem) -> tuple[GradVariant, Launch]:
     tiles_m, tiles_n = -(-m // cfg.bmm), -(-n // cfg.bnn)
     a, b, c, d, out = problem.a, problem.b, problem.c, problem.d, problem.out
     args: dict[str, int | float] = {
-        "a": a.data_ptr(), "b": b.data_ptr(), "c": c.data_ptr(), "d": d.data_ptr(), "out": out.data_ptr(),
-        "M": m, "N": n, "O": o, "K": k, "tiles_m": tiles_m, "ochunks": ochunks,
-        "sak": a.stride(-2), "sam": a.stride(-1), "sbn": b.stride(-2), "sbk": b.stride(-1),
-        "sco": c.stride(-2), "sck": c.stride(-1), "sdn": d.stride(-2), "sdm": d.stride(-1),
-        "soo": out.stride(-3), "son": out.stride(-2), "som": out.stride(-1),
+        "a": a.data_ptr(),
+        "b": b.data_ptr(),
+        "c": c.data_ptr(),
+        "d": d.data_ptr(),
+        "out": out.data_ptr(),
+        "M": m,
+        "N": n,
+        "O": o,
+        "K": k,
+        "tiles_m": tiles_m,
+        "ochunks": ochunks,
+        "sak": a.stride(-2),
+        "sam": a.stride(-1),
+        "sbn": b.stride(-2),
+        "sbk": b.stride(-1),
+        "sco": c.stride(-2),
+        "sck": c.stride(-1),
+        "sdn": d.stride(-2),
+        "sdm": d.stride(-1),
+        "soo": out.stride(-3),
+        "son": out.stride(-2),
+        "som": out.stride(-1),
     }
     args |= _batch_args(layout, _rename(list(ops))) | hyper_args
     return variant, Launch(tiles_m * tiles_n, layout.size * ochunks, args)

@@ -20,9 +20,22 @@ from kermac.errors import BackendError, BackendUnavailableError, UnsupportedProb
 from kermac.programs import GradProgram, PairwiseProgram
 
 __all__ = [
-    "__version__", "cdist", "run_kernel", "cdist_grad", "run_program", "run_grad_program", "backends",
-    "KernelDescriptor", "PairwiseProgram", "GradProgram", "ir", "presets", "linalg",
-    "BackendError", "BackendUnavailableError", "UnsupportedProblemError",
+    "BackendError",
+    "BackendUnavailableError",
+    "GradProgram",
+    "KernelDescriptor",
+    "PairwiseProgram",
+    "UnsupportedProblemError",
+    "__version__",
+    "backends",
+    "cdist",
+    "cdist_grad",
+    "ir",
+    "linalg",
+    "presets",
+    "run_grad_program",
+    "run_kernel",
+    "run_program",
 ]
 
 

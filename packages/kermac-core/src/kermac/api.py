@@ -19,7 +19,7 @@ from kermac.lowering import cdist_program, grad_program
 from kermac.problem import GradProblem, PairwiseProblem, check_tensor, grad_problem, pairwise_problem
 from kermac.programs import GradProgram, PairwiseProgram
 
-__all__ = ["cdist", "run_kernel", "cdist_grad", "run_program", "run_grad_program", "backends"]
+__all__ = ["backends", "cdist", "cdist_grad", "run_grad_program", "run_kernel", "run_program"]
 
 
 def backends() -> list[registry.BackendStatus]:
@@ -138,7 +138,8 @@ def _descriptor(descriptor: object) -> KernelDescriptor:
             return presets.ALL[descriptor]
         except KeyError:
             raise ValueError(
-                f"descriptor: expected a KernelDescriptor or a preset name ({', '.join(presets.ALL)}); got {descriptor!r}"
+                f"descriptor: expected a KernelDescriptor or a preset name ({', '.join(presets.ALL)}); "
+                f"got {descriptor!r}"
             ) from None
     raise TypeError(f"descriptor: expected a KernelDescriptor or a preset name, got {type(descriptor).__name__}")
 
@@ -156,7 +157,9 @@ def cdist_grad(
 ) -> torch.Tensor:
     r"""The gradient contraction behind AGOP and kernel-predictor gradients.
 
-    .. math:: \mathrm{out}[o, n, m] = \sum_k c[o, k]\, a[k, m]\, \operatorname{sgn}(d[n, m] - b[n, k])\, |d[n, m] - b[n, k]|^{p - 1}
+    .. math::
+        \mathrm{out}[o, n, m] = \sum_k c[o, k]\, a[k, m]\,
+            \operatorname{sgn}(d[n, m] - b[n, k])\, |d[n, m] - b[n, k]|^{p - 1}
 
     with sgn(0) = 0, so a term with ``d[n, m] == b[n, k]`` is 0 for every p (also 0 < p < 1).
 

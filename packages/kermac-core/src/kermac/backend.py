@@ -13,8 +13,8 @@ cuda-core, ...) are imported inside :meth:`Backend.availability` and the run met
 from __future__ import annotations
 
 import abc
-from dataclasses import dataclass
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar
 
 if TYPE_CHECKING:
@@ -73,7 +73,9 @@ class Backend(abc.ABC):
     def grad(self, problem: GradProblem) -> None:
         """Compute the gradient contraction of ``problem`` into ``problem.out``."""
 
-    def precompile(self, problems: list[PairwiseProblem | GradProblem], *, archs: Sequence[str] | None = None) -> list[str]:
+    def precompile(
+        self, problems: list[PairwiseProblem | GradProblem], *, archs: Sequence[str] | None = None
+    ) -> list[str]:
         """Compile ahead of time whatever running ``problems`` would compile; names what was built.
 
         ``archs`` names target architectures (e.g. ``"sm_90"``) where the problems' device does

@@ -27,7 +27,7 @@ from kermac import ir
 from kermac.ir import Expr, Hyper, Var
 from kermac.programs import PairwiseProgram
 
-__all__ = ["KernelDescriptor", "INNER_OPS", "INNER_POWERS", "OUTER_POWERS", "KERNEL_FUNCTIONS"]
+__all__ = ["INNER_OPS", "INNER_POWERS", "KERNEL_FUNCTIONS", "OUTER_POWERS", "KernelDescriptor"]
 
 INNER_OPS = ("difference", "product")
 INNER_POWERS = ("abs", "square", "pow", "nonzero", "identity")
@@ -99,9 +99,13 @@ class KernelDescriptor:
         if self.kernel is not None:
             _choice("kernel", self.kernel, tuple(KERNEL_FUNCTIONS))
             if self.inner != "difference":
-                raise ValueError(f"kernel: a kernel function needs inner='difference' (a distance); got inner={self.inner!r}")
+                raise ValueError(
+                    f"kernel: a kernel function needs inner='difference' (a distance); got inner={self.inner!r}"
+                )
         if self.power == "nonzero" and self.inner != "difference":
-            raise ValueError(f"power: 'nonzero' counts differing coordinates and needs inner='difference'; got inner={self.inner!r}")
+            raise ValueError(
+                f"power: 'nonzero' counts differing coordinates and needs inner='difference'; got inner={self.inner!r}"
+            )
 
     @property
     def needs_p(self) -> bool:

@@ -20,7 +20,16 @@ from dataclasses import dataclass
 
 import torch
 
-__all__ = ["HyperValue", "Check", "normalize_hyper", "check_values", "nonnegative", "positive", "positive_finite", "finite"]
+__all__ = [
+    "Check",
+    "HyperValue",
+    "check_values",
+    "finite",
+    "nonnegative",
+    "normalize_hyper",
+    "positive",
+    "positive_finite",
+]
 
 #: A range check: ``None`` if the value is fine, else the expectation in words.
 Check = Callable[[float], "str | None"]
@@ -83,7 +92,10 @@ def normalize_hyper(name: str, value: object, *, device: torch.device, check: Ch
     if value.dim() == 0 and value.device.type == "cpu":
         return HyperValue(name, _checked(name, float(value.item()), check))
     if value.device != device:
-        raise ValueError(f"{name}: expected a tensor on {device} (the inputs' device) or a 0-d CPU tensor, got a tensor on {value.device}")
+        raise ValueError(
+            f"{name}: expected a tensor on {device} (the inputs' device) or a 0-d CPU tensor, "
+            f"got a tensor on {value.device}"
+        )
     if value.requires_grad and torch.is_grad_enabled():
         raise ValueError(f"{name}: gradients with respect to hyperparameters are not supported; pass {name}.detach()")
     return HyperValue(name, None, value)

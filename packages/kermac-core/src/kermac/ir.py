@@ -45,23 +45,61 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import Union
 
 __all__ = [
-    "Expr", "Const", "Var", "Hyper", "Call", "OPS", "Number", "as_expr",
-    "abs_", "sqrt", "exp", "log", "pow", "minimum", "maximum", "sign", "select",
-    "lt", "le", "gt", "ge", "eq", "ne",
-    "free_vars", "hyper_names", "walk", "render", "substitute",
+    "OPS",
+    "Call",
+    "Const",
+    "Expr",
+    "Hyper",
+    "Number",
+    "Var",
+    "abs_",
+    "as_expr",
+    "eq",
+    "exp",
+    "free_vars",
+    "ge",
+    "gt",
+    "hyper_names",
+    "le",
+    "log",
+    "lt",
+    "maximum",
+    "minimum",
+    "ne",
+    "pow",
+    "render",
+    "select",
+    "sign",
+    "sqrt",
+    "substitute",
+    "walk",
 ]
 
-Number = Union[int, float]
+Number = int | float
 
 #: Operation name → arity.  The table above gives their semantics.
 OPS: Mapping[str, int] = {
-    "add": 2, "sub": 2, "mul": 2, "div": 2, "neg": 1,
-    "abs": 1, "sqrt": 1, "exp": 1, "log": 1, "pow": 2,
-    "min": 2, "max": 2, "sign": 1,
-    "lt": 2, "le": 2, "gt": 2, "ge": 2, "eq": 2, "ne": 2,
+    "add": 2,
+    "sub": 2,
+    "mul": 2,
+    "div": 2,
+    "neg": 1,
+    "abs": 1,
+    "sqrt": 1,
+    "exp": 1,
+    "log": 1,
+    "pow": 2,
+    "min": 2,
+    "max": 2,
+    "sign": 1,
+    "lt": 2,
+    "le": 2,
+    "gt": 2,
+    "ge": 2,
+    "eq": 2,
+    "ne": 2,
     "select": 3,
 }
 
@@ -199,7 +237,7 @@ def log(a: Expr | Number) -> Expr:
     return _call("log", a)
 
 
-def pow(a: Expr | Number, b: Expr | Number) -> Expr:  # noqa: A001 - mirrors math.pow
+def pow(a: Expr | Number, b: Expr | Number) -> Expr:
     """aᵇ (also ``a ** b``)."""
     return _call("pow", a, b)
 

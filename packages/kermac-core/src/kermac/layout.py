@@ -18,7 +18,7 @@ import torch
 
 from kermac.problem import GradProblem, PairwiseProblem
 
-__all__ = ["BatchLayout", "batch_layout", "pairwise_operands", "grad_operands"]
+__all__ = ["BatchLayout", "batch_layout", "grad_operands", "pairwise_operands"]
 
 
 @dataclass(frozen=True)
@@ -39,7 +39,7 @@ class BatchLayout:
     def offsets(self, name: str, index: int) -> int:
         """Element offset of batch entry ``index`` in operand ``name`` (for tests and CPU use)."""
         off = 0
-        for size, stride in zip(reversed(self.shape), reversed(self.strides[name])):
+        for size, stride in zip(reversed(self.shape), reversed(self.strides[name]), strict=True):
             off += (index % size) * stride
             index //= size
         return off

@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import os
 
-__all__ = ["logger", "debug_enabled", "enable_debug_logging"]
+__all__ = ["debug_enabled", "enable_debug_logging", "logger"]
 
 logger = logging.getLogger("kermac")
 ENV_DEBUG = "KERMAC_DEBUG"

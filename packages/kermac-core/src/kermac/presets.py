@@ -9,9 +9,21 @@ from __future__ import annotations
 from kermac.descriptor import KernelDescriptor
 
 __all__ = [
-    "l0_distance", "l1_distance", "l2_distance", "squared_l2_distance", "lp_distance", "linf_distance",
-    "laplace_l1", "laplace_l2", "laplace_lp", "gaussian", "matern32", "matern52", "cauchy", "dot_product",
     "ALL",
+    "cauchy",
+    "dot_product",
+    "gaussian",
+    "l0_distance",
+    "l1_distance",
+    "l2_distance",
+    "laplace_l1",
+    "laplace_l2",
+    "laplace_lp",
+    "linf_distance",
+    "lp_distance",
+    "matern32",
+    "matern52",
+    "squared_l2_distance",
 ]
 
 #: Number of coordinates where x and z differ (torch.cdist with p = 0).

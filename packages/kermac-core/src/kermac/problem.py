@@ -17,7 +17,7 @@ import torch
 from kermac.hyperparams import HyperValue
 from kermac.programs import GradProgram, PairwiseProgram
 
-__all__ = ["SUPPORTED_DTYPES", "PairwiseProblem", "GradProblem", "pairwise_problem", "grad_problem", "check_tensor"]
+__all__ = ["SUPPORTED_DTYPES", "GradProblem", "PairwiseProblem", "check_tensor", "grad_problem", "pairwise_problem"]
 
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
@@ -99,16 +99,18 @@ def check_tensor(name: str, t: object, *, min_dim: int = 2) -> torch.Tensor:
 
 def _same(names: tuple[str, ...], tensors: tuple[torch.Tensor, ...]) -> None:
     first_name, first = names[0], tensors[0]
-    for name, t in zip(names[1:], tensors[1:]):
+    for name, t in zip(names[1:], tensors[1:], strict=True):
         if t.dtype != first.dtype:
             raise TypeError(f"{name}: expected dtype {first.dtype} (the dtype of {first_name}), got {t.dtype}")
         if t.device != first.device:
-            raise ValueError(f"{name}: expected a tensor on {first.device} (the device of {first_name}), got {t.device}")
+            raise ValueError(
+                f"{name}: expected a tensor on {first.device} (the device of {first_name}), got {t.device}"
+            )
 
 
 def _no_autograd(names: tuple[str, ...], tensors: tuple[torch.Tensor, ...]) -> None:
     if torch.is_grad_enabled():
-        for name, t in zip(names, tensors):
+        for name, t in zip(names, tensors, strict=True):
             if t.requires_grad:
                 raise ValueError(
                     f"{name}: requires grad, but kermac operations are not differentiable yet; "
@@ -135,7 +137,7 @@ def _prepare_out(out: torch.Tensor | None, shape: tuple[int, ...], like: torch.T
         raise TypeError(f"out: expected dtype {like.dtype}, got {out.dtype}")
     if out.device != like.device:
         raise ValueError(f"out: expected a tensor on {like.device}, got one on {out.device}")
-    if any(st == 0 and sz > 1 for st, sz in zip(out.stride(), out.shape)):
+    if any(st == 0 and sz > 1 for st, sz in zip(out.stride(), out.shape, strict=True)):
         raise ValueError(f"out: expected a tensor without overlapping elements, got strides {list(out.stride())}")
     if out.requires_grad and torch.is_grad_enabled():
         raise ValueError("out: must not require grad")
@@ -163,7 +165,10 @@ def pairwise_problem(
     _same(("x", "z"), (x, z))
     _no_autograd(("x", "z"), (x, z))
     if x.shape[-1] != z.shape[-1]:
-        raise ValueError(f"z: expected {x.shape[-1]} features in the last dimension (as x), got shape {list(z.shape)} (x: {list(x.shape)})")
+        raise ValueError(
+            f"z: expected {x.shape[-1]} features in the last dimension (as x), "
+            f"got shape {list(z.shape)} (x: {list(x.shape)})"
+        )
     for name, off in (("offset_m", offset_m), ("offset_n", offset_n)):
         if isinstance(off, bool) or not isinstance(off, int):
             raise TypeError(f"{name}: expected an int, got {type(off).__name__}")
@@ -195,19 +200,25 @@ def grad_problem(
 ) -> GradProblem:
     """Validate and normalise a gradient contraction: a [..,K,M], b [..,N,K], c [..,O,K], d [..,N,M]."""
     names = ("a", "b", "c", "d")
-    ts = tuple(check_tensor(nm, t) for nm, t in zip(names, (a, b, c, d)))
+    ts = tuple(check_tensor(nm, t) for nm, t in zip(names, (a, b, c, d), strict=True))
     _same(names, ts)
     _no_autograd(names, ts)
     a, b, c, d = ts
     k, m = a.shape[-2], a.shape[-1]
     n, o = b.shape[-2], c.shape[-2]
-    expect = {"b": (b, -1, k, "K (a.shape[-2])"), "c": (c, -1, k, "K (a.shape[-2])"), "d": (d, -1, m, "M (a.shape[-1])")}
+    expect = {
+        "b": (b, -1, k, "K (a.shape[-2])"),
+        "c": (c, -1, k, "K (a.shape[-2])"),
+        "d": (d, -1, m, "M (a.shape[-1])"),
+    }
     for name, (t, dim, size, what) in expect.items():
         if t.shape[dim] != size:
-            raise ValueError(f"{name}: expected size {size} in dimension {dim} to match {what}, got shape {list(t.shape)}")
+            raise ValueError(
+                f"{name}: expected size {size} in dimension {dim} to match {what}, got shape {list(t.shape)}"
+            )
     if d.shape[-2] != n:
         raise ValueError(f"d: expected size {n} in dimension -2 to match N (b.shape[-2]), got shape {list(d.shape)}")
-    batch = _batch_shape({nm: tuple(t.shape[:-2]) for nm, t in zip(names, ts)} | _hyper_shapes(hypers))
+    batch = _batch_shape({nm: tuple(t.shape[:-2]) for nm, t in zip(names, ts, strict=True)} | _hyper_shapes(hypers))
     return GradProblem(
         program=program,
         a=a.expand(batch + (k, m)),

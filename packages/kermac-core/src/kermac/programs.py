@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 from kermac.ir import Call, Expr, Var, free_vars, hyper_names, to_sexpr
 
-__all__ = ["REDUCTIONS", "PairwiseProgram", "GradProgram", "is_squared_difference_sum"]
+__all__ = ["REDUCTIONS", "GradProgram", "PairwiseProgram", "is_squared_difference_sum"]
 
 #: Reduction name → identity element.
 REDUCTIONS: dict[str, float] = {"sum": 0.0, "max": -math.inf, "min": math.inf}

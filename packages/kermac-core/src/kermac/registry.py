@@ -10,9 +10,10 @@ from __future__ import annotations
 import os
 import threading
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass
 from importlib import metadata
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING
 
 import pluggy
 
@@ -23,7 +24,7 @@ from kermac.errors import BackendUnavailableError, UnsupportedProblemError
 if TYPE_CHECKING:
     from collections.abc import Iterable
 
-__all__ = ["BackendStatus", "backend_statuses", "get_backend", "registered_backends", "select_backend", "reset"]
+__all__ = ["BackendStatus", "backend_statuses", "get_backend", "registered_backends", "reset", "select_backend"]
 
 AUTO = "auto"
 ENV_BACKEND = "KERMAC_BACKEND"
@@ -73,12 +74,18 @@ def _discover(entry_points: Iterable[metadata.EntryPoint]) -> _Registry:
                     raise TypeError(f"kermac_backends() returned {type(b).__name__}, expected a kermac.backend.Backend")
         except Exception as exc:  # a broken plugin must not take the others down
             reg.broken[ep.name] = f"{type(exc).__name__}: {exc}"
-            warnings.warn(f"kermac: backend plugin {ep.name!r} ({ep.value}) is broken and was skipped: {exc}", RuntimeWarning, stacklevel=3)
+            warnings.warn(
+                f"kermac: backend plugin {ep.name!r} ({ep.value}) is broken and was skipped: {exc}",
+                RuntimeWarning,
+                stacklevel=3,
+            )
             continue
         for b in found:
             if b.name in reg.backends:
                 reg.broken[ep.name] = f"backend name {b.name!r} already registered by plugin {reg.plugins[b.name]!r}"
-                warnings.warn(f"kermac: {reg.broken[ep.name]}; the one from {ep.name!r} was skipped", RuntimeWarning, stacklevel=3)
+                warnings.warn(
+                    f"kermac: {reg.broken[ep.name]}; the one from {ep.name!r} was skipped", RuntimeWarning, stacklevel=3
+                )
                 continue
             reg.backends[b.name] = b
             reg.plugins[b.name] = ep.name
@@ -158,7 +165,8 @@ def select_backend(backend: str, problem: object, check: Callable[[Backend, obje
     """Choose the backend that runs ``problem``.
 
     ``backend='auto'`` takes the highest-priority backend that is available and whose ``check``
-    accepts the problem (never one of negative priority: those are opt-in); a name forces that backend and raises :class:`BackendUnavailableError` or
+    accepts the problem (never one of negative priority: those are opt-in); a name forces that
+    backend and raises :class:`BackendUnavailableError` or
     :class:`UnsupportedProblemError` (naming the backends that would work) if it cannot.
     """
     name = requested_backend(backend)
@@ -166,10 +174,14 @@ def select_backend(backend: str, problem: object, check: Callable[[Backend, obje
         chosen = get_backend(name)
         av = availability(chosen)
         if not av.available:
-            raise BackendUnavailableError(f"backend {name!r} is unavailable: {av.reason}.{_alternatives(problem, check, what)}")
+            raise BackendUnavailableError(
+                f"backend {name!r} is unavailable: {av.reason}.{_alternatives(problem, check, what)}"
+            )
         reason = check(chosen, problem)
         if reason is not None:
-            raise UnsupportedProblemError(f"backend {name!r} cannot run this {what}: {reason}.{_alternatives(problem, check, what)}")
+            raise UnsupportedProblemError(
+                f"backend {name!r} cannot run this {what}: {reason}.{_alternatives(problem, check, what)}"
+            )
         return chosen
     reasons = []
     for b in sorted(registered_backends().values(), key=lambda b: -b.priority):

@@ -31,7 +31,9 @@ def _hypers(names: Sequence[str], device: torch.device) -> dict[str, HyperValue]
     return {n: HyperValue(n, values[n]) for n in names}
 
 
-def common_problems(device: torch.device | str = "meta", dtypes: Sequence[torch.dtype] = (torch.float32,)) -> list[PairwiseProblem | GradProblem]:
+def common_problems(
+    device: torch.device | str = "meta", dtypes: Sequence[torch.dtype] = (torch.float32,)
+) -> list[PairwiseProblem | GradProblem]:
     """The problems listed in the module documentation, for each dtype, on ``device``."""
     device = torch.device(device)
     problems: list[PairwiseProblem | GradProblem] = []
@@ -42,7 +44,9 @@ def common_problems(device: torch.device | str = "meta", dtypes: Sequence[torch.
         for program in dict.fromkeys(programs):  # unique, in order
             problems.append(pairwise_problem(program, x, z, out=None, hypers=_hypers(program.hypers, device)))
         p_batch = torch.empty(2, dtype=dtype, device=device)
-        problems.append(pairwise_problem(cdist_program(None), x, z, out=None, hypers={"p": HyperValue("p", None, p_batch)}))
+        problems.append(
+            pairwise_problem(cdist_program(None), x, z, out=None, hypers={"p": HyperValue("p", None, p_batch)})
+        )
         for descriptor in presets.ALL.values():
             for regularized in (False, True):
                 program = descriptor.lower(regularized=regularized)

@@ -211,7 +211,9 @@ def default_backends(statuses: list[BackendStatus], device: torch.device) -> tup
     """
     backends = [s.name for s in statuses if s.available and not s.broken and s.priority >= 0]
     skipped = {
-        s.name: (s.reason or "unavailable") if not s.available or s.broken else "opt-in backend (negative priority): name it with --backends"
+        s.name: (s.reason or "unavailable")
+        if not s.available or s.broken
+        else "opt-in backend (negative priority): name it with --backends"
         for s in statuses
         if s.name not in backends
     }

@@ -23,7 +23,11 @@ DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("precompile", help="compile the common kernel variants into the JIT cache")
     p.add_argument("--backends", help="comma-separated backends (default: every backend that compiles ahead of time)")
-    p.add_argument("--arch", action="append", help="target architecture, e.g. sm_90 (repeatable; default: the GPU's, or sm_80 and sm_90 without one)")
+    p.add_argument(
+        "--arch",
+        action="append",
+        help="target architecture, e.g. sm_90 (repeatable; default: the GPU's, or sm_80 and sm_90 without one)",
+    )
     p.add_argument("--dtype", action="append", choices=sorted(DTYPES), help="input dtype (repeatable; default float32)")
     p.set_defaults(run=run)
 

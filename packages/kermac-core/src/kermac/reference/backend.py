@@ -17,7 +17,7 @@ from kermac.problem import GradProblem, PairwiseProblem
 from kermac.programs import REDUCTIONS
 from kermac.reference.evaluate import evaluate
 
-__all__ = ["ReferenceBackend", "CHUNK_ELEMENTS"]
+__all__ = ["CHUNK_ELEMENTS", "ReferenceBackend"]
 
 #: Upper bound on the elements of one evaluated block (~16 MB in float32).
 CHUNK_ELEMENTS = 1 << 22
