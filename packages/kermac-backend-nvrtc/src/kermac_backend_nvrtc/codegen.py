@@ -313,6 +313,26 @@ def _batch_parts(operands: list[str], batch_dims: int) -> tuple[list[Param], str
     return params, "\n".join(lines)
 
 
+def _pairwise_params(
+    tin: str, extra: list[Param], uses_diag: bool, batch_params: list[Param], hyper_params: list[Param]
+) -> list[Param]:
+    """Parameters of a pairwise kernel in order: operands, sizes and strides, ``extra``, the
+    diagonal shift if the epilogue reads ``diag``, batch strides, hyperparameters."""
+    sizes = [Param(n, "int") for n in ("M", "N", "D", "tiles_n")]
+    strides = [Param(n, "long long") for n in ("zbase", "sxm", "sxk", "szn", "szk", "som", "son")]
+    params = [
+        Param("x", f"const {tin}*"),
+        Param("z", f"const {tin}*"),
+        Param("out", f"{tin}*"),
+        *sizes,
+        *strides,
+        *extra,
+    ]
+    if uses_diag:
+        params.append(Param("diag_shift", "long long"))
+    return params + batch_params + hyper_params
+
+
 def pairwise_source(v: PairwiseVariant) -> tuple[str, list[Param]]:
     """CUDA source of ``kermac_pairwise`` for variant ``v`` and its parameters in order."""
     if v.tensor_cores:
@@ -325,25 +345,7 @@ def pairwise_source(v: PairwiseVariant) -> tuple[str, list[Param]]:
     hyper_params, hyper_loads, formals, actuals = _hyper_parts(prog.hypers, th, operands)
     batch_params, batch_code = _batch_parts(operands, v.batch_dims)
     names = {"x": "x", "z": "z", "acc": "acc", "diag": "diag"} | {h: f"h_{h}" for h in prog.hypers}
-    params = [
-        Param("x", f"const {tin}*"),
-        Param("z", f"const {tin}*"),
-        Param("out", f"{tin}*"),
-        Param("M", "int"),
-        Param("N", "int"),
-        Param("D", "int"),
-        Param("tiles_n", "int"),
-        Param("zbase", "long long"),
-        Param("sxm", "long long"),
-        Param("sxk", "long long"),
-        Param("szn", "long long"),
-        Param("szk", "long long"),
-        Param("som", "long long"),
-        Param("son", "long long"),
-    ]
-    if prog.uses_diag:
-        params.append(Param("diag_shift", "long long"))
-    params += batch_params + hyper_params
+    params = _pairwise_params(tin, [], prog.uses_diag, batch_params, hyper_params)
     reduce = {"sum": "acc + v", "max": "km_max(acc, v)", "min": "km_min(acc, v)"}[prog.reduction]
     poly = v.poly_pairs > 0
     source = kernels.PAIRWISE.substitute(
@@ -387,27 +389,8 @@ def _tc_pairwise_source(v: PairwiseVariant) -> tuple[str, list[Param]]:
     hyper_params, hyper_loads, formals, actuals = _hyper_parts(prog.hypers, dict(v.tensor_hypers), operands)
     batch_params, batch_code = _batch_parts(operands, v.batch_dims)
     names = {"acc": "acc", "diag": "diag"} | {h: f"h_{h}" for h in prog.hypers}
-    params = [
-        Param("x", "const float*"),
-        Param("z", "const float*"),
-        Param("out", "float*"),
-        Param("M", "int"),
-        Param("N", "int"),
-        Param("D", "int"),
-        Param("tiles_n", "int"),
-        Param("zbase", "long long"),
-        Param("sxm", "long long"),
-        Param("sxk", "long long"),
-        Param("szn", "long long"),
-        Param("szk", "long long"),
-        Param("som", "long long"),
-        Param("son", "long long"),
-        Param("guard", "km_t"),
-        Param("ovec", "int"),
-    ]
-    if prog.uses_diag:
-        params.append(Param("diag_shift", "long long"))
-    params += batch_params + hyper_params
+    extra = [Param("guard", "km_t"), Param("ovec", "int")]
+    params = _pairwise_params("float", extra, prog.uses_diag, batch_params, hyper_params)
     source = kernels.TC_PAIRWISE.substitute(
         BM=cfg.bm,
         BN=cfg.bn,

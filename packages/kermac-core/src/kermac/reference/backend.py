@@ -94,8 +94,7 @@ class ReferenceBackend(Backend):
         m, n, o, k = problem.sizes
         cdtype = compute_dtype(problem.dtype)
         like = torch.empty((), dtype=cdtype, device=problem.device)
-        mul_env = _hyper_env(dict(problem.hypers), cdtype, 3)
-        epi_env = _hyper_env(dict(problem.hypers), cdtype, 3)
+        hyper_env = _hyper_env(dict(problem.hypers), cdtype, 3)  # [*B, 1, 1, 1]: both stages
         bk = max(1, min(k, 256))
         bn, bm = _tile(n, m, math.prod(batch) * max(bk, o))
         for n0, n1 in _blocks(n, bn):
@@ -104,9 +103,9 @@ class ReferenceBackend(Backend):
                 for k0, k1 in _blocks(k, bk):
                     ds = problem.d[..., n0:n1, m0:m1, None].to(cdtype)
                     bs = problem.b[..., n0:n1, None, k0:k1].to(cdtype)
-                    terms = evaluate(prog.multiply, {"d": ds, "b": bs, **mul_env}, like=like)
+                    terms = evaluate(prog.multiply, {"d": ds, "b": bs, **hyper_env}, like=like)
                     terms = terms.expand(batch + (n1 - n0, m1 - m0, k1 - k0))
                     terms = terms * problem.a[..., k0:k1, m0:m1].to(cdtype).transpose(-1, -2)[..., None, :, :]
                     acc += torch.einsum("...ok,...nmk->...onm", problem.c[..., :, k0:k1].to(cdtype), terms)
-                value = evaluate(prog.epilogue, {"acc": acc, **epi_env}, like=like)
+                value = evaluate(prog.epilogue, {"acc": acc, **hyper_env}, like=like)
                 problem.out[..., :, n0:n1, m0:m1].copy_(value.expand(acc.shape))
