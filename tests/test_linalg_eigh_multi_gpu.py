@@ -65,6 +65,8 @@ def three_fake_devices(monkeypatch):
 def test_device_list_resolution(three_fake_devices):
     assert _eigh_mg._device_ids(None) == [0, 1, 2]
     assert _eigh_mg._device_ids([2, "cuda:0", torch.device("cuda")]) == [2, 0, 1]
+    ids, layout = _eigh_mg._distribution(100, [2, 0, 1], 64)  # two blocks: two devices take part
+    assert ids == [2, 0] and layout == BlockCyclic(100, 64, 2)
 
 
 @pytest.mark.parametrize(
@@ -97,7 +99,7 @@ def test_worker_failure_surfaces_the_child_traceback():
 def test_worker_without_a_request_reports_an_error(tmp_path):
     result = tmp_path / "r.pkl"
     proc = subprocess.run(
-        [sys.executable, "-m", "kermac_linalg._mg_worker", str(result)], input=b"", capture_output=True, check=False
+        [sys.executable, "-m", "kermac_linalg._mg_child", str(result)], input=b"", capture_output=True, check=False
     )
     assert proc.returncode == 1
     assert "Traceback" in pickle.loads(result.read_bytes())["error"]

@@ -18,11 +18,11 @@ from dataclasses import dataclass
 
 import torch
 
-__all__ = ["MgResult", "buffer_size", "library", "syevd"]
+__all__ = ["MgResult", "library", "query", "syevd"]
 
 # Enum values from cusolverMg.h, cublas_api.h, cusolver_common.h and library_types.h.
 _GRID_MAPPING_COL_MAJOR = 0
-_FILL_UPPER = 1
+_FILL_LOWER = 0  # cusolverMgSyevd accepts only the lower triangle (INVALID_VALUE otherwise)
 _EIG_MODE_VECTOR = 1
 _DATA_TYPES = {torch.float32: 0, torch.float64: 1}  # CUDA_R_32F, CUDA_R_64F
 _STATUS = {
@@ -178,20 +178,21 @@ def _synchronize(device_ids: list[int]) -> None:
         torch.cuda.synchronize(g)
 
 
-def buffer_size(device_ids: list[int], local: list[torch.Tensor], n: int, block: int) -> int:
-    """``cusolverMgSyevd_bufferSize``: workspace elements (of the matrix dtype) needed on each device.
+def query(device_ids: list[int], local: list[torch.Tensor], n: int, block: int) -> MgResult:
+    """``cusolverMgSyevd_bufferSize`` alone: the workspace elements (of the matrix dtype) per device.
 
-    ``local`` are the devices' arrays as for :func:`syevd`; only their addresses are passed.
+    ``local`` are the devices' arrays as for :func:`syevd`; only their addresses are passed. The
+    result's eigenvalues are NaN.
     """
-    return _run(device_ids, local, n, block, solve=False).workspace_elements
+    return _run(device_ids, local, n, block, solve=False)
 
 
 def syevd(device_ids: list[int], local: list[torch.Tensor], n: int, block: int) -> MgResult:
     """Eigen-decompose the block-cyclic matrix held in ``local`` (one tensor per device) in place.
 
     ``local[g]`` is device ``device_ids[g]``'s ``[rows, n]`` row-major array (see
-    :class:`~kermac_linalg._mg_layout.BlockCyclic`); cuSOLVER reads the upper triangle of its
-    column-major view (A's lower triangle) and overwrites it with eigenvectors.  Allocates the
+    :class:`~kermac_linalg._mg_layout.BlockCyclic`); cuSOLVER reads the lower triangle of the
+    column-major matrix they form and overwrites it with eigenvectors, one per column.  Allocates the
     workspace on each device, waits for the devices, and returns the eigenvalues on the host.
     """
     return _run(device_ids, local, n, block, solve=True)
@@ -205,7 +206,7 @@ def _run(device_ids: list[int], local: list[torch.Tensor], n: int, block: int, *
         _synchronize(device_ids)
         _enable_peer_access(device_ids)
     with _Session(device_ids, n, block, dtype) as s:
-        head = (s.handle, _EIG_MODE_VECTOR, _FILL_UPPER, n, _pointers(local), 1, 1, s.desc)
+        head = (s.handle, _EIG_MODE_VECTOR, _FILL_LOWER, n, _pointers(local), 1, 1, s.desc)
         tail = (_vp(eigenvalues.data_ptr()), _DATA_TYPES[dtype], _DATA_TYPES[dtype])
         _check("cusolverMgSyevd_bufferSize", s.lib.cusolverMgSyevd_bufferSize(*head, *tail, ctypes.byref(lwork)))
         if solve:

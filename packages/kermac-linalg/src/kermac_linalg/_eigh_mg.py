@@ -53,7 +53,8 @@ def eigh_multi_gpu(
         A: ``[N, N]`` float32/float64 on the CPU or any CUDA device (not necessarily one of
             ``devices``); only the lower triangle is read, like ``torch.linalg.eigh``.
         devices: CUDA devices to use (indices, ``"cuda:1"`` or ``torch.device``), distinct; default
-            every visible device.
+            every visible device. Only the first ``ceil(N / block_size)`` take part (each needs a
+            block).
         block_size: columns per block of the block-cyclic distribution.
         isolate: run cusolverMg in a fresh child process (default). cusolverMg's handle cannot be
             reused within one CUDA context, and a second call in the same process can fail or
@@ -75,14 +76,13 @@ def eigh_multi_gpu(
     check_flag("isolate", isolate)
     check_flag("overwrite_a", overwrite_a)
     check_flag("check", check)
-    ids = _device_ids(devices)
-    layout = BlockCyclic(n, _block_size(block_size), len(ids))
+    ids, layout = _distribution(n, devices, block_size)
     W = torch.empty(n, dtype=A.dtype, device=A.device)
     vt = A if overwrite_a and A.is_contiguous() else torch.empty((n, n), dtype=A.dtype, device=A.device)
     if n == 0:
         return W, vt.mT, torch.zeros((), dtype=torch.int32, device=A.device)
     local = _local_arrays(layout, ids, A.dtype)
-    layout.scatter(A, local)
+    layout.scatter(A.mT, local)  # columns of A, so that cuSOLVER reads A's lower triangle
     _synchronize(ids, A.device)
     start = time.perf_counter()
     result = _solve(ids, local, layout, isolate=isolate, solve=True)
@@ -109,7 +109,7 @@ class MultiGpuWorkspace:
     """Device memory one :func:`eigh_multi_gpu` call allocates, per device.
 
     Attributes:
-        devices: the device indices, in distribution order.
+        devices: the device indices taking part, in distribution order.
         block_size: columns per block.
         matrix_bytes: bytes of each device's share of the matrix (whole blocks, padding included).
         workspace_bytes: cuSOLVER's workspace, the same on every device.
@@ -144,8 +144,7 @@ def eigh_multi_gpu_workspace(
     if dtype not in DTYPES:
         raise TypeError(f"dtype must be torch.float32 or torch.float64, got {dtype}")
     check_flag("isolate", isolate)
-    ids = _device_ids(devices)
-    layout = BlockCyclic(int(n), _block_size(block_size), len(ids))
+    ids, layout = _distribution(int(n), devices, block_size)
     probes = [torch.empty(1, int(n), dtype=dtype, device=g) for g in ids]  # addresses only
     _synchronize(ids, None)
     lwork = _solve(ids, probes, layout, isolate=isolate, solve=False).workspace_elements
@@ -154,14 +153,21 @@ def eigh_multi_gpu_workspace(
     return MultiGpuWorkspace(tuple(ids), layout.block, matrix, lwork * itemsize)
 
 
+def _distribution(n: int, devices: DeviceList, block_size: object) -> tuple[list[int], BlockCyclic]:
+    """The devices that get at least one block (the first ``ceil(n / block)``) and their layout."""
+    ids = _device_ids(devices)
+    block = _block_size(block_size)
+    ids = ids[: max(1, -(-n // block))]
+    return ids, BlockCyclic(n, block, len(ids))
+
+
 def _solve(
     ids: list[int], local: list[torch.Tensor], layout: BlockCyclic, *, isolate: bool, solve: bool
 ) -> _cusolvermg.MgResult:
     if isolate:
         return run_isolated(ids, local, layout.n, layout.block, solve=solve)
-    if solve:
-        return _cusolvermg.syevd(ids, local, layout.n, layout.block)
-    return _cusolvermg.MgResult(torch.empty(0), 0, _cusolvermg.buffer_size(ids, local, layout.n, layout.block))
+    op = _cusolvermg.syevd if solve else _cusolvermg.query
+    return op(ids, local, layout.n, layout.block)
 
 
 def _local_arrays(layout: BlockCyclic, ids: list[int], dtype: torch.dtype) -> list[torch.Tensor]:

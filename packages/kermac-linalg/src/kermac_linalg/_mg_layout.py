@@ -5,10 +5,10 @@ to ``G`` devices in turn: block ``b`` (columns ``b·block .. (b+1)·block − 1`
 ``b mod G``.  Each device stores its blocks side by side as a column-major ``N × (k·block)`` array
 (leading dimension N), the last block padded.
 
-A row-major torch matrix seen as column-major is its transpose, so the local array of a device is
-simply the *rows* of the owned blocks stacked into a row-major ``[k·block, N]`` tensor: rows of A
-for the input (cuSOLVER then sees Aᵀ, whose upper triangle is A's lower one), and eigenvectors
-(columns of cuSOLVER's result) as rows on the way back.
+A row-major ``[k·block, N]`` torch tensor seen as column-major is an ``N × k·block`` matrix, so a
+device's local array is the owned columns stacked as *rows*: rows of Aᵀ on the way in (cuSOLVER
+then sees A itself and reads its lower triangle, as torch does), and eigenvectors (columns of
+cuSOLVER's result) as rows of Vᵀ on the way back.
 """
 
 from __future__ import annotations
@@ -49,7 +49,10 @@ class BlockCyclic:
         ]
 
     def scatter(self, A: torch.Tensor, local: list[torch.Tensor]) -> None:
-        """Copy the rows of ``A [n, n]`` into the local tensors, zeroing the padding rows."""
+        """Copy the rows of ``A [n, n]`` (pass ``A.mT`` for its columns) into the local tensors.
+
+        The padding rows of a partial last block are zeroed.
+        """
         for g, dst in enumerate(local):
             for start, at, rows in self.spans(g):
                 dst[at : at + rows].copy_(A[start : start + rows], non_blocking=True)

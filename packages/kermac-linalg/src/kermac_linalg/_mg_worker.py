@@ -6,7 +6,7 @@ child through CUDA IPC (:mod:`torch.multiprocessing`'s reductions), the child ru
 eigenvalues, status and workspace size to a file the parent reads back.  A fresh process means a
 fresh CUDA context, so no cusolverMg state survives from one call to the next.
 
-Run as ``python -m kermac_linalg._mg_worker RESULT_PATH`` with the pickled request on stdin.
+The child is ``python -m kermac_linalg._mg_child RESULT_PATH`` with the pickled request on stdin.
 """
 
 from __future__ import annotations
@@ -16,14 +16,13 @@ import pickle
 import subprocess
 import sys
 import tempfile
-import traceback
 from multiprocessing.reduction import ForkingPickler
 from pathlib import Path
 
 import torch
 import torch.multiprocessing  # registers the CUDA IPC reductions with ForkingPickler
 
-from ._cusolvermg import MgResult, buffer_size, syevd
+from ._cusolvermg import MgResult
 
 __all__ = ["run_isolated"]
 
@@ -44,7 +43,7 @@ def run_isolated(device_ids: list[int], local: list[torch.Tensor], n: int, block
     with tempfile.TemporaryDirectory(prefix="kermac-mg-") as tmp:
         result_path = os.path.join(tmp, "result.pkl")
         proc = subprocess.run(
-            [sys.executable, "-m", "kermac_linalg._mg_worker", result_path],
+            [sys.executable, "-m", "kermac_linalg._mg_child", result_path],
             input=payload,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,
@@ -62,28 +61,3 @@ def run_isolated(device_ids: list[int], local: list[torch.Tensor], n: int, block
         detail = reply["error"] if reply else f"the worker exited with status {proc.returncode} and no result"
         raise RuntimeError(f"multi-GPU eigh worker failed: {detail}\n--- worker stderr (tail) ---\n{stderr}")
     return MgResult(reply["eigenvalues"], reply["info"], reply["workspace_elements"])
-
-
-def _main(result_path: str) -> int:
-    try:
-        request = pickle.loads(sys.stdin.buffer.read())
-        op = syevd if request["solve"] else _query
-        result = op(request["devices"], request["local"], request["n"], request["block"])
-        reply = {
-            "eigenvalues": result.eigenvalues,
-            "info": result.info,
-            "workspace_elements": result.workspace_elements,
-        }
-    except BaseException:
-        reply = {"error": traceback.format_exc()}
-    with open(result_path, "wb") as f:
-        pickle.dump(reply, f)
-    return 0 if "error" not in reply else 1
-
-
-def _query(device_ids: list[int], local: list[torch.Tensor], n: int, block: int) -> MgResult:
-    return MgResult(torch.empty(0), 0, buffer_size(device_ids, local, n, block))
-
-
-if __name__ == "__main__":
-    sys.exit(_main(sys.argv[1]))
