@@ -9,7 +9,8 @@ import sys
 
 import pytest
 import torch
-from test_linalg_eigh import TOL, assert_eigenpairs, symmetric
+from linalg_helpers import assert_eigenpairs, symmetric
+from test_linalg_eigh import TOL
 
 import kermac_linalg as kl
 from kermac_linalg import _eigh_mg
