@@ -214,6 +214,8 @@ PAIRWISE = Template(r"""
 // POLY_PAIRS of a thread's pairs take ex2 on the FMA pipe (km_powabs_split), the others on the MUFU.
 #define POLY_PAIRS $POLY_PAIRS
 __device__ __forceinline__ km_t km_inner(km_t x, km_t z$HYPER_FORMALS) { return $INNER; }
+// Pair q of the thread's 4·VM·VN is split iff floor((q + 1)·n / P) > floor(q·n / P): n of them, spread evenly.
+#define KM_IS_SPLIT(q, n) (((q) + 1) * (n) / (4 * VM * VN) > (q) * (n) / (4 * VM * VN))
 #if POLY_PAIRS > 0
 #define KM_SPLIT_TERM(x, z) km_powabs_split(km_abs((x) - (z)), km_pb, km_plmin)
 #else
@@ -286,7 +288,7 @@ $HYPER_LOADS
         km_lds<VN>(&Zs[cur][kk][BN / 2 + tx * VN], zr + VN);                      \
         _Pragma("unroll") for (int i = 0; i < 2 * VM; ++i)                        \
         _Pragma("unroll") for (int j = 0; j < 2 * VN; ++j)                        \
-          acc[i][j] = km_reduce(acc[i][j], i * 2 * VN + j < (SPLIT)               \
+          acc[i][j] = km_reduce(acc[i][j], KM_IS_SPLIT(i * 2 * VN + j, SPLIT)     \
             ? KM_SPLIT_TERM(xr[i], zr[j]) : km_inner(xr[i], zr[j]$HYPER_ACTUALS)); \
       }
       if (kcount == BK && !km_fallback) {
