@@ -37,10 +37,11 @@ MAX_GRID_Z = 65535
 INT32_MAX = 2**31 - 1
 #: Pairs of a thread's 8×8 tile whose ex2 of |x − z|^p runs on the FMA pipe (kernels.POW_POLY)
 #: instead of the MUFU, in programs ``Σ |x − z|^p`` with a scalar p >= 1 (cdist, Laplace-Lp) in
-#: float32.  The MUFU (lg2 + ex2: 16 issue cycles per warp and pair) and the issue slots (5 per
-#: pair on the MUFU, 13 with ex2 on the FMA pipe) balance near 44 of 64.  0 (or
-#: ``KERMAC_NVRTC_POLY_PAIRS=0`` in the environment, read at import) switches the split off.
-POLY_PAIRS = int(os.environ.get("KERMAC_NVRTC_POLY_PAIRS", "44"))
+#: float32.  Per warp and pair the MUFU pairs cost 16 MUFU cycles and 5 issue slots, the split
+#: ones 8 and 12; they balance at ~46 of 64, but 36–40 measured fastest on an H100
+#: (docs/nvrtc-notes.md).  0 (or ``KERMAC_NVRTC_POLY_PAIRS=0`` in the environment, read at
+#: import) switches the split off.
+POLY_PAIRS = int(os.environ.get("KERMAC_NVRTC_POLY_PAIRS", "36"))
 #: ``|t|^p`` with a known p >= 1 flushes subnormals (lg2/ex2 ``.ftz``: no denormal fix-ups; terms
 #: below 2^-126 become 0).  False (or ``KERMAC_NVRTC_FTZ=0``) keeps the denormal-exact lg2/ex2.
 FTZ = os.environ.get("KERMAC_NVRTC_FTZ", "1") != "0"
