@@ -135,7 +135,7 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument(
         "--split",
-        default="0:0,0:1,40:1,44:1,48:1,52:1,44:0",
+        default="0:0,0:1,28:1,36:1,44:1,52:1",
         help="fractional-p variants to sweep, PAIRS:FTZ,... (plan.POLY_PAIRS, plan.FTZ)",
     )
     args = ap.parse_args()
