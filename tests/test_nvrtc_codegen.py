@@ -374,9 +374,9 @@ def _split_powabs(a: np.ndarray, b: float) -> np.ndarray:
     a = a.astype(f32)
     with np.errstate(divide="ignore"):
         lg2 = np.where(a >= f32(2.0**-126), np.log2(a.astype(np.float64)), -np.inf).astype(f32)
-    l = np.maximum(lg2, f32(-126.0) / f32(b))
-    t = _fma32(l, b, f32(12582912.0))
-    r = _fma32(l, b, f32(12582912.0) - t)
+    lc = np.maximum(lg2, f32(-126.0) / f32(b))
+    t = _fma32(lc, b, f32(12582912.0))
+    r = _fma32(lc, b, f32(12582912.0) - t)
     q = np.full_like(r, codegen._EXP2_COEFFS[-1])
     for c in reversed(codegen._EXP2_COEFFS[:-1]):
         q = _fma32(q, r, f32(c))

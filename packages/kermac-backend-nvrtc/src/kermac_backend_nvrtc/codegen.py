@@ -106,7 +106,7 @@ def _is_zero(e: Expr) -> bool:
     return isinstance(e, Const) and e.value == 0.0
 
 
-def exponent_ge1(b: Expr, ge1: frozenset[str]) -> bool:
+def _exponent_ge1(b: Expr, ge1: frozenset[str]) -> bool:
     """Whether exponent ``b`` is known finite and >= 1: a constant, or a hyperparameter in ``ge1``."""
     return (isinstance(b, Hyper) and b.name in ge1) or (isinstance(b, Const) and 1.0 <= b.value < math.inf)
 
@@ -118,7 +118,7 @@ def split_exponent(program: object, ge1: frozenset[str]) -> Expr | None:
     if program.reduction != "sum" or not (isinstance(inner, Call) and inner.op == "pow"):
         return None
     base, b = inner.args
-    if base != Call("abs", (Call("sub", (Var("x"), Var("z"))),)) or not exponent_ge1(b, ge1):
+    if base != Call("abs", (Call("sub", (Var("x"), Var("z"))),)) or not _exponent_ge1(b, ge1):
         return None
     return b
 
@@ -135,7 +135,7 @@ def render_expr(expr: Expr, names: dict[str, str], *, ge1: frozenset[str] = froz
         if isinstance(e, Call):
             if e.op == "pow" and isinstance(e.args[0], Call) and e.args[0].op == "abs":
                 base, b = sub(e.args[0]), sub(e.args[1])
-                fn = ("km_powabs_ftz" if ftz else "km_powabs_nz") if exponent_ge1(e.args[1], ge1) else "km_powabs"
+                fn = ("km_powabs_ftz" if ftz else "km_powabs_nz") if _exponent_ge1(e.args[1], ge1) else "km_powabs"
                 return placeholder(f"{fn}({base}, {b})")
             if e.op == "select" and _is_zero(e.args[2]) and isinstance(e.args[0], Call) and e.args[0].op == "ne":
                 x, zero = e.args[0].args
@@ -360,9 +360,7 @@ def pairwise_source(v: PairwiseVariant) -> tuple[str, list[Param]]:
     split = v.poly_pairs > 0
     exponent = split_exponent(prog, v.ge1_hypers)
     if split and (compute != "float" or exponent is None):
-        raise ValueError(
-            f"split variant: needs a float sum of |x - z|^b with b >= 1; got {compute} {prog.key()}"
-        )
+        raise ValueError(f"split variant: needs a float sum of |x - z|^b with b >= 1; got {compute} {prog.key()}")
     source = kernels.PAIRWISE.substitute(
         BM=cfg.bm,
         BN=cfg.bn,

@@ -210,8 +210,8 @@ PAIRWISE = Template(r"""
 #define SPAD $SPAD
 #define GROUP_M 8
 
-// Split kernels (POLY_PAIRS > 0, only for a float32 sum of |x − z|^b with b >= 1): the first
-// POLY_PAIRS of a thread's pairs take ex2 on the FMA pipe (km_powabs_split), the others on the MUFU.
+// Split kernels (POLY_PAIRS > 0, only for a float32 sum of |x − z|^b with b >= 1): POLY_PAIRS of a
+// thread's pairs take ex2 on the FMA pipe (km_powabs_split), the others on the MUFU.
 #define POLY_PAIRS $POLY_PAIRS
 __device__ __forceinline__ km_t km_inner(km_t x, km_t z$HYPER_FORMALS) { return $INNER; }
 // Pair q of the thread's 4·VM·VN is split iff floor((q + 1)·n / P) > floor(q·n / P): n of them, spread evenly.
@@ -320,8 +320,8 @@ $HYPER_LOADS
         if (n < N) {
           const km_t diag = $DIAG;
 #if POLY_PAIRS > 0
-          // Every term is at least about 2^-126 on the split pairs (lmin): a sum below D·2^-125
-          // (x = z included) is 0, as ex2.ftz makes it on the MUFU pairs.
+          // Split terms are at least about 2^-126 (lmin, |x − z| = 0 included): a sum below
+          // D·2^-125 has only terms below the float32 normal range and is 0, as each is with ftz.
           const km_t sum = acc[i][j] < km_t(D) * km_t(2.350988701644575e-38) ? km_t(0) : acc[i][j];
 #else
           const km_t sum = acc[i][j];
