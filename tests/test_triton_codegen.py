@@ -165,11 +165,16 @@ def test_p2_family_selects_the_tensor_core_kernel(name: str) -> None:
     assert kernels.tensor_core_eligible(program, "float32")
     assert not kernels.tensor_core_eligible(program, "float64")
     body = kernel_body(pairwise(presets.ALL[name], program=program, tensor_cores=True), kernels.PAIRWISE_ENTRY)
-    assert 'tl.dot(xv, tl.trans(zv), dot, input_precision="tf32x3", out_dtype=tl.float32)' in body
-    assert "xn += tl.sum(xv * xv, 1)" in body and "zn += tl.sum(zv * zv, 1)" in body
-    assert "flag = ~((acc > GUARD * s) & (acc < _INF))" in body
-    assert "if tl.max(flag.to(tl.int32)) > 0:" in body and "acc = tl.where(flag, exact, acc)" in body
-    assert "diag = tl.where(om2 + OFF_M == on2 + OFF_N" in body
+    # 3×TF32: hi·lo + lo·hi + hi·hi, each operand split once per k step.
+    for a, b in (("xh", "zl"), ("xl", "zh"), ("xh", "zh")):
+        assert f'dot = tl.dot({a}, {b}, dot, input_precision="tf32", out_dtype=tl.float32)' in body
+    assert "xh = _ktf32(xv)" in body and "zl = _ktf32(zt - zh)" in body
+    assert "xsq += xv * xv" in body and "zsq += zv * zv" in body
+    assert "flag = ~((d2 > GUARD * s) & (d2 < _INF))" in body
+    # Flagged tiles are recomputed from differences and stored by the SIMT tile in the branch.
+    assert "if tl.max(tl.max(flag.to(tl.int32), 1), 0) > 0:" in body and "racc = racc + tl.sum(rt, 0)" in body
+    assert body.count("tl.store(") == 2
+    assert "diag = tl.where(om2 + OFF_M == on2 + OFF_N" in body and "rdiag = tl.where(rom4 + OFF_M" in body
     assert "_kpow(" not in body  # acc is known non-negative in the epilogue
 
 

@@ -32,6 +32,7 @@ __all__ = [
     "bucket",
     "grad_block_o",
     "grad_configs",
+    "launch_options",
     "pairwise_configs",
     "pairwise_tc_configs",
     "tensor_cores_enabled",
@@ -45,17 +46,17 @@ PAIRWISE_SPACE: tuple[tuple[dict[str, int], int, int], ...] = (
     ({"BK": 8, "MI": 4, "NI": 4, "MT": 8, "NT": 16, "GROUP_M": 8}, 4, 3),
 )
 
-#: Smallest reduction length D that takes the tensor-core kernel: measured on the H100 (default
-#: tiles, docs/triton-notes.md Version 2) it is 1.5–2.4× faster than the SIMT kernel at D = 128,
-#: 256 and 1024, but 11 % slower at D = 32, where the output store dominates.
+#: Smallest reduction length D that takes the tensor-core kernel.
 TC_MIN_D = 64
 
-#: Tensor-core pairwise space (tf32x3 ``tl.dot``; blocks ≥ 16 in every dimension).
-PAIRWISE_TC_SPACE: tuple[tuple[dict[str, int], int, int], ...] = (
-    ({"BM": 128, "BN": 128, "BK": 32, "GROUP_M": 8}, 8, 3),
-    ({"BM": 128, "BN": 128, "BK": 16, "GROUP_M": 8}, 8, 4),
-    ({"BM": 128, "BN": 64, "BK": 32, "GROUP_M": 8}, 4, 3),
-    ({"BM": 64, "BN": 128, "BK": 32, "GROUP_M": 8}, 4, 3),
+#: Tensor-core pairwise space: (meta-parameters, num_warps, num_stages, maxnreg).  Blocks are
+#: ≥ 16 in every dimension (``tl.dot``); ``maxnreg`` caps registers so that two 8-warp programs
+#: share a multiprocessor (the spills it causes lie outside the k loop).
+PAIRWISE_TC_SPACE: tuple[tuple[dict[str, int], int, int, int | None], ...] = (
+    ({"BM": 128, "BN": 128, "BK": 32, "GROUP_M": 8}, 8, 3, 128),
+    ({"BM": 128, "BN": 64, "BK": 16, "GROUP_M": 8}, 4, 4, None),
+    ({"BM": 64, "BN": 64, "BK": 32, "GROUP_M": 8}, 4, 3, None),
+    ({"BM": 128, "BN": 128, "BK": 32, "GROUP_M": 8}, 8, 3, None),
 )
 
 #: Gradient kernel space; ``BO`` is chosen from O (:func:`grad_block_o`), not tuned.
@@ -69,7 +70,10 @@ GRAD_SPACE: tuple[tuple[dict[str, int], int, int], ...] = (
 #: Configurations used when autotuning is off (launch options included).
 DEFAULT_PAIRWISE = dict(PAIRWISE_SPACE[1][0], num_warps=PAIRWISE_SPACE[1][1], num_stages=PAIRWISE_SPACE[1][2])
 DEFAULT_PAIRWISE_TC = dict(
-    PAIRWISE_TC_SPACE[0][0], num_warps=PAIRWISE_TC_SPACE[0][1], num_stages=PAIRWISE_TC_SPACE[0][2]
+    PAIRWISE_TC_SPACE[0][0],
+    num_warps=PAIRWISE_TC_SPACE[0][1],
+    num_stages=PAIRWISE_TC_SPACE[0][2],
+    maxnreg=PAIRWISE_TC_SPACE[0][3],
 )
 DEFAULT_GRAD = dict(GRAD_SPACE[0][0], num_warps=GRAD_SPACE[0][1], num_stages=GRAD_SPACE[0][2])
 
@@ -93,7 +97,7 @@ def pairwise_tc_configs() -> list:
     """The tensor-core pairwise space as ``triton.Config`` objects."""
     import triton
 
-    return [triton.Config(dict(meta), num_warps=w, num_stages=s) for meta, w, s in PAIRWISE_TC_SPACE]
+    return [triton.Config(dict(meta), num_warps=w, num_stages=s, maxnreg=r) for meta, w, s, r in PAIRWISE_TC_SPACE]
 
 
 def pairwise_configs() -> list:
@@ -108,6 +112,15 @@ def grad_configs() -> list:
     import triton
 
     return [triton.Config(dict(meta), num_warps=w, num_stages=s) for meta, w, s in GRAD_SPACE]
+
+
+def launch_options(entry: tuple) -> dict:
+    """Meta-parameters and launch options of one space entry, as ``run_pairwise(meta=…)`` takes them."""
+    meta, warps, stages, *rest = entry
+    options = dict(meta, num_warps=warps, num_stages=stages)
+    if rest and rest[0] is not None:
+        options["maxnreg"] = rest[0]
+    return options
 
 
 def grad_block_o(o: int) -> int:
