@@ -55,7 +55,7 @@ def test_every_preset_generates_valid_source(name: str, regularized: bool) -> No
     # The reduction and its identity.
     combines = {"sum": "tl.sum(t, 0)", "max": "tl.reduce(t, 0, _kmax)", "min": "tl.reduce(t, 0, _kmin)"}
     combine = combines[program.reduction]
-    assert body.count(combine) == 2  # the unmasked steps and the masked tail
+    assert body.count(combine) == 1  # one masked loop (D is specialised, so its loads stay vectorised)
     # The diagonal is computed exactly when the epilogue reads it.
     assert ("diag = tl.where(om4 + OFF_M == on4 + OFF_N" in body) == regularized
     # Every hyperparameter is a typed scalar argument.
@@ -219,18 +219,37 @@ def test_selection_follows_dtype_and_switch(monkeypatch: pytest.MonkeyPatch) -> 
     assert not spec(presets.l2_distance, torch.float32).tensor_cores
 
 
+def test_tensor_core_spaces_follow_d() -> None:
+    """Short and long D take their own tile spaces; the autotuner's prune keeps exactly that space."""
+    configs = pytest.importorskip("kermac_backend_triton.configs")
+    pytest.importorskip("triton")
+    short, long = configs.TC_SHORT_D - 1, configs.TC_SHORT_D
+    assert configs.pairwise_tc_space(short) == configs.PAIRWISE_TC_SPACE_SHORT
+    assert configs.pairwise_tc_space(long) == configs.PAIRWISE_TC_SPACE_LONG
+    assert short.bit_length() < long.bit_length()  # the key buckets bit lengths: no key spans both spaces
+    space = configs.pairwise_tc_configs()
+    for d, want in ((short, configs.PAIRWISE_TC_SPACE_SHORT), (long, configs.PAIRWISE_TC_SPACE_LONG)):
+        kept = configs.prune_pairwise_tc(space, {"D": d})
+        assert [(c.kwargs, c.num_warps, c.num_stages, c.maxnreg) for c in kept] == list(want)
+        assert configs.default_pairwise_tc(d) == configs.launch_options(want[0])
+
+
 @pytest.mark.parametrize(("backend", "device"), TRITON_DEVICES)
 @pytest.mark.parametrize("tensor_cores", ["1", "0"])
+@pytest.mark.parametrize("d", [70, 20])
 def test_p2_paths_agree_and_recompute_near_duplicates(
-    backend: str, device: str, tensor_cores: str, monkeypatch: pytest.MonkeyPatch
+    backend: str, device: str, tensor_cores: str, d: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Both p = 2 paths against float64: random rows, near-duplicates (the guard's recompute), x = z, NaN."""
+    """Both p = 2 paths against float64: random rows, near-duplicates (the guard's recompute), x = z, NaN.
+
+    D = 70 and 20 take the two tile spaces of the tensor-core kernel; neither is a multiple of 16.
+    """
     require_backend(backend, device)
     monkeypatch.setenv("KERMAC_TRITON_TENSOR_CORES", tensor_cores)
     g = torch.Generator().manual_seed(5)
-    x = (torch.randn(37, 70, generator=g) * 10).to(device)  # D ≥ TC_MIN_D
-    near = x[:20] + 1e-4 * torch.randn(20, 70, generator=g).to(device)
-    z = torch.cat([near, torch.randn(13, 70, generator=g).to(device)])
+    x = (torch.randn(37, d, generator=g) * 10).to(device)  # D ≥ TC_MIN_D
+    near = x[:20] + 1e-4 * torch.randn(20, d, generator=g).to(device)
+    z = torch.cat([near, torch.randn(13, d, generator=g).to(device)])
     z[3] = x[3]
     x[30, 7] = math.nan
     out = kermac.cdist(x, z, p=2.0, backend=backend).cpu().double()

@@ -174,7 +174,7 @@ def main(argv: list[str] | None = None) -> int:
             if grad:
                 space = configs.GRAD_SPACE
             elif launch.pairwise_spec(problem)[0].tensor_cores:
-                space = configs.PAIRWISE_TC_SPACE
+                space = configs.pairwise_tc_space(problem.d)
             else:
                 space = configs.PAIRWISE_SPACE
             sweep = {}
