@@ -7,11 +7,9 @@ computes a ``BM × BN`` output tile, ``BM = MI·MT`` and ``BN = NI·NT``, held a
 registers: the SIMT register blocking of a GEMM.  Each step of the ``k`` loop loads ``x`` and
 ``z`` tiles ``[BK, MI, MT]`` and ``[BK, NI, NT]``, evaluates ``inner`` on their broadcast
 ``[BK, MI, NI, MT, NT]`` and reduces axis 0 — inside each thread, so the reduction costs no
-shuffles.  The k mask (masked terms are the reduction's identity) keeps 16-byte loads because D
-is specialised on divisibility by 16 (one loop body, not an unmasked loop plus a masked tail:
-half the code for ptxas).  Row indices are clamped (``m mod M``) so loads need no row masks;
-the store is masked and streaming (``.cs``: the output is not re-read by the kernel).  Programs
-are ordered in groups of ``GROUP_M`` row tiles for L2 reuse.
+shuffles.  Full ``BK`` chunks run unmasked; one masked step handles ``D mod BK`` (masked terms
+are replaced by the reduction's identity).  Row indices are clamped (``m mod M``) so loads need no
+masks; the store is masked.  Programs are ordered in groups of ``GROUP_M`` row tiles for L2 reuse.
 
 **Pairwise on tensor cores** (float32 ``Σ_k (x − z)²`` programs, any epilogue:
 :func:`kermac.programs.is_squared_difference_sum`).  One program computes a ``BM × BN`` tile of
@@ -26,7 +24,7 @@ its serialising NaN fix-ups between the products).  N and D are specialised on d
 :func:`guard_threshold`); if any entry of the tile is flagged, the program recomputes the whole
 tile from differences with a register-lean SIMT tile (:data:`_RECOMPUTE_TILE`) and stores that
 instead, so near-duplicate rows (and x = z) are as exact as the SIMT kernel; otherwise it
-applies the epilogue to d² and stores (streaming).
+applies the epilogue to d² and stores it streaming (``.cs``: the output is not re-read).
 
 **Gradient** ``out[b,o,n,m] = epilogue(Σ_k c[b,o,k]·a[b,k,m]·multiply(d[b,n,m], b[b,n,k]))``.
 One program owns a ``BN × BM`` tile of ``(n, m)`` pairs and ``BO`` rows of ``o``.  Per ``BK``
@@ -169,12 +167,20 @@ def _tile_order(cast: str) -> str:
 """
 
 
-def _simt_tile(spec: PairwiseSpec, t: dict[str, str], p: str = "") -> list[str]:
+_STREAM = ', cache_modifier=".cs"'
+
+
+def _simt_tile(
+    spec: PairwiseSpec, t: dict[str, str], p: str = "", *, split_tail: bool = True, streaming: bool = False
+) -> list[str]:
     """The SIMT register-blocked tile: reduction, epilogue and store of one ``BM × BN`` tile.
 
     ``t`` names the tile's constexprs (keys ``BK MI NI MT NT``, see the module docs); every
     variable is prefixed with ``p`` (the tensor-core kernel embeds this tile in a branch, where
-    names must not collide with its own).
+    names must not collide with its own).  ``split_tail``: unmasked full ``BK`` steps and one
+    masked step for ``D mod BK`` (no per-term select in the hot loop); otherwise one masked loop
+    (half the code, for the tensor-core kernel's rarely taken recompute).  ``streaming`` stores
+    with ``.cs`` (evict first: the output is not re-read).
     """
     prog = spec.program
     cdt = COMPUTE_TYPES[spec.compute]
@@ -186,6 +192,7 @@ def _simt_tile(spec: PairwiseSpec, t: dict[str, str], p: str = "") -> list[str]:
     identity = _IDENTITY[prog.reduction]
     combine = _COMBINE[prog.reduction].format(acc=f"{p}acc", t=f"{p}t")
     full = f"[{bk}, {mi}, {ni}, {mt}, {nt}]"
+    x5, z5 = "[:, :, None, :, None]", "[:, None, :, None, :]"
     lines = [
         f"{p}om = pm * BM + tl.arange(0, {mi})[:, None] * {mt} + tl.arange(0, {mt})[None, :]",
         f"{p}on = pn * BN + tl.arange(0, {ni})[:, None] * {nt} + tl.arange(0, {nt})[None, :]",
@@ -193,22 +200,36 @@ def _simt_tile(spec: PairwiseSpec, t: dict[str, str], p: str = "") -> list[str]:
         f"{p}zrow = Z + (({p}on % N) * SZN)[None, :, :]",
         f"{p}kr = tl.arange(0, {bk})[:, None, None]{cast}",
         f"{p}acc = tl.full([{mi}, {ni}, {mt}, {nt}], {identity}, {cdt})",
-        f"for k0 in range(0, D, {bk}):",
-        f"    {p}kk = k0 + {p}kr",
+    ]
+    masked = [
         f"    {p}km = {p}kk < D",
-        f"    {p}xv = tl.load({p}xrow + {p}kk * SXK, mask={p}km, other=0.0).to({cdt})[:, :, None, :, None]",
-        f"    {p}zv = tl.load({p}zrow + {p}kk * SZK, mask={p}km, other=0.0).to({cdt})[:, None, :, None, :]",
+        f"    {p}xv = tl.load({p}xrow + {p}kk * SXK, mask={p}km, other=0.0).to({cdt}){x5}",
+        f"    {p}zv = tl.load({p}zrow + {p}kk * SZK, mask={p}km, other=0.0).to({cdt}){z5}",
         f"    {p}t = tl.where({p}km[:, :, :, None, None], tl.broadcast_to({inner}, {full}), {identity})",
         f"    {p}acc = {combine}",
-        f"{p}om4 = {p}om[:, None, :, None]",
-        f"{p}on4 = {p}on[None, :, None, :]",
     ]
+    if split_tail:
+        lines += [
+            f"{p}d_full = D - D % {bk}",
+            f"for k0 in range(0, {p}d_full, {bk}):",
+            f"    {p}kk = k0 + {p}kr",
+            f"    {p}xv = tl.load({p}xrow + {p}kk * SXK).to({cdt}){x5}",
+            f"    {p}zv = tl.load({p}zrow + {p}kk * SZK).to({cdt}){z5}",
+            f"    {p}t = tl.broadcast_to({inner}, {full})",
+            f"    {p}acc = {combine}",
+            f"if {p}d_full < D:",
+            f"    {p}kk = {p}d_full + {p}kr",
+            *masked,
+        ]
+    else:
+        lines += [f"for k0 in range(0, D, {bk}):", f"    {p}kk = k0 + {p}kr", *masked]
+    lines += [f"{p}om4 = {p}om[:, None, :, None]", f"{p}on4 = {p}on[None, :, None, :]"]
     if prog.uses_diag:
         lines.append(f"{p}diag = tl.where({p}om4 + OFF_M == {p}on4 + OFF_N, 1.0, 0.0)")
     lines += [
         f"{p}val = tl.broadcast_to({epilogue}, [{mi}, {ni}, {mt}, {nt}])",
         f"tl.store(OUT + {p}om4 * SOM + {p}on4 * SON, {p}val.to(OUT.dtype.element_ty), "
-        f'mask=({p}om4 < M) & ({p}on4 < N), cache_modifier=".cs")',
+        f"mask=({p}om4 < M) & ({p}on4 < N){_STREAM if streaming else ''})",
     ]
     return lines
 
@@ -222,9 +243,8 @@ def pairwise_source(spec: PairwiseSpec) -> str:
     operands = {"x": "X", "z": "Z", "out": "OUT"} | {f"hyper_{n}": f"H_{n}" for n in sorted(spec.tensor_hypers)}
     cast = ".to(tl.int64)" if spec.int64 else ""
     assert float(REDUCTIONS[prog.reduction]) in (0.0, float("inf"), float("-inf"))
-    # D is specialised (divisibility by 16): the k mask then keeps the loads vectorised.
     head = f"""\
-@triton.jit(do_not_specialize=["M", "N", "OFF_M", "OFF_N", "KEY"])
+@triton.jit(do_not_specialize=["M", "N", "D", "OFF_M", "OFF_N", "KEY"])
 def {PAIRWISE_ENTRY}(
     X, Z, OUT, {_hyper_params(prog.hypers, spec.tensor_hypers, cdt)}M, N, D, OFF_M, OFF_N,
     SXM, SXK, SZN, SZK, SOM, SON, {_batch_params(tuple(operands), spec.nbatch)}KEY,
@@ -320,7 +340,7 @@ def {PAIRWISE_ENTRY}(
         "d2 = s - 2.0 * dot",
         "flag = ~((d2 > GUARD * s) & (d2 < _INF))",
         "if tl.max(tl.max(flag.to(tl.int32), 1), 0) > 0:",
-        *(f"    {line}" for line in _simt_tile(spec, _RECOMPUTE_TILE, "r")),
+        *(f"    {line}" for line in _simt_tile(spec, _RECOMPUTE_TILE, "r", split_tail=False, streaming=True)),
         "else:",
         "    om2 = om[:, None]",
         "    on2 = on[None, :]",
@@ -329,8 +349,7 @@ def {PAIRWISE_ENTRY}(
         main.append("    diag = tl.where(om2 + OFF_M == on2 + OFF_N, 1.0, 0.0)")
     main += [
         f"    val = tl.broadcast_to({epilogue}, [BM, BN])",
-        "    tl.store(OUT + om2 * SOM + on2 * SON, val.to(OUT.dtype.element_ty), mask=(om2 < M) & (on2 < N), "
-        'cache_modifier=".cs")',
+        f"    tl.store(OUT + om2 * SOM + on2 * SON, val.to(OUT.dtype.element_ty), mask=(om2 < M) & (on2 < N){_STREAM})",
     ]
     return helpers(spec.compute, spec.interpret) + _TF32_HELPER + "\n\n" + head + _indent(body + main)
 
