@@ -165,11 +165,16 @@ def test_p2_family_selects_the_tensor_core_kernel(name: str) -> None:
     assert kernels.tensor_core_eligible(program, "float32")
     assert not kernels.tensor_core_eligible(program, "float64")
     body = kernel_body(pairwise(presets.ALL[name], program=program, tensor_cores=True), kernels.PAIRWISE_ENTRY)
-    assert 'tl.dot(xv, tl.trans(zv), dot, input_precision="tf32x3", out_dtype=tl.float32)' in body
-    assert "xn += tl.sum(xv * xv, 1)" in body and "zn += tl.sum(zv * zv, 1)" in body
-    assert "flag = ~((acc > GUARD * s) & (acc < _INF))" in body
-    assert "if tl.max(flag.to(tl.int32)) > 0:" in body and "acc = tl.where(flag, exact, acc)" in body
-    assert "diag = tl.where(om2 + OFF_M == on2 + OFF_N" in body
+    # 3×TF32: hi·lo + lo·hi + hi·hi, each operand split once per k step.
+    for a, b in (("xh", "zl"), ("xl", "zh"), ("xh", "zh")):
+        assert f'dot = tl.dot({a}, {b}, dot, input_precision="tf32", out_dtype=tl.float32)' in body
+    assert "xh = _ktf32(xv)" in body and "zl = _ktf32(zt - zh)" in body
+    assert "xsq += xv * xv" in body and "zsq += zv * zv" in body
+    assert "flag = ~((d2 > GUARD * s) & (d2 < _INF))" in body
+    # Flagged tiles are recomputed from differences and stored by the SIMT tile in the branch.
+    assert "if tl.max(tl.max(flag.to(tl.int32), 1), 0) > 0:" in body and "racc = racc + tl.sum(rt, 0)" in body
+    assert body.count("tl.store(") == 2
+    assert "diag = tl.where(om2 + OFF_M == on2 + OFF_N" in body and "rdiag = tl.where(rom4 + OFF_M" in body
     assert "_kpow(" not in body  # acc is known non-negative in the epilogue
 
 
@@ -214,18 +219,37 @@ def test_selection_follows_dtype_and_switch(monkeypatch: pytest.MonkeyPatch) -> 
     assert not spec(presets.l2_distance, torch.float32).tensor_cores
 
 
+def test_tensor_core_spaces_follow_d() -> None:
+    """Short and long D take their own tile spaces; the autotuner's prune keeps exactly that space."""
+    configs = pytest.importorskip("kermac_backend_triton.configs")
+    pytest.importorskip("triton")
+    short, long = configs.TC_SHORT_D - 1, configs.TC_SHORT_D
+    assert configs.pairwise_tc_space(short) == configs.PAIRWISE_TC_SPACE_SHORT
+    assert configs.pairwise_tc_space(long) == configs.PAIRWISE_TC_SPACE_LONG
+    assert short.bit_length() < long.bit_length()  # the key buckets bit lengths: no key spans both spaces
+    space = configs.pairwise_tc_configs()
+    for d, want in ((short, configs.PAIRWISE_TC_SPACE_SHORT), (long, configs.PAIRWISE_TC_SPACE_LONG)):
+        kept = configs.prune_pairwise_tc(space, {"D": d})
+        assert [(c.kwargs, c.num_warps, c.num_stages, c.maxnreg) for c in kept] == list(want)
+        assert configs.default_pairwise_tc(d) == configs.launch_options(want[0])
+
+
 @pytest.mark.parametrize(("backend", "device"), TRITON_DEVICES)
 @pytest.mark.parametrize("tensor_cores", ["1", "0"])
+@pytest.mark.parametrize("d", [70, 20])
 def test_p2_paths_agree_and_recompute_near_duplicates(
-    backend: str, device: str, tensor_cores: str, monkeypatch: pytest.MonkeyPatch
+    backend: str, device: str, tensor_cores: str, d: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Both p = 2 paths against float64: random rows, near-duplicates (the guard's recompute), x = z, NaN."""
+    """Both p = 2 paths against float64: random rows, near-duplicates (the guard's recompute), x = z, NaN.
+
+    D = 70 and 20 take the two tile spaces of the tensor-core kernel; neither is a multiple of 16.
+    """
     require_backend(backend, device)
     monkeypatch.setenv("KERMAC_TRITON_TENSOR_CORES", tensor_cores)
     g = torch.Generator().manual_seed(5)
-    x = (torch.randn(37, 70, generator=g) * 10).to(device)  # D ≥ TC_MIN_D
-    near = x[:20] + 1e-4 * torch.randn(20, 70, generator=g).to(device)
-    z = torch.cat([near, torch.randn(13, 70, generator=g).to(device)])
+    x = (torch.randn(37, d, generator=g) * 10).to(device)  # D ≥ TC_MIN_D
+    near = x[:20] + 1e-4 * torch.randn(20, d, generator=g).to(device)
+    z = torch.cat([near, torch.randn(13, d, generator=g).to(device)])
     z[3] = x[3]
     x[30, 7] = math.nan
     out = kermac.cdist(x, z, p=2.0, backend=backend).cpu().double()

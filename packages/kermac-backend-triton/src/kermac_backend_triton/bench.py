@@ -174,12 +174,12 @@ def main(argv: list[str] | None = None) -> int:
             if grad:
                 space = configs.GRAD_SPACE
             elif launch.pairwise_spec(problem)[0].tensor_cores:
-                space = configs.PAIRWISE_TC_SPACE
+                space = configs.pairwise_tc_space(problem.d)
             else:
                 space = configs.PAIRWISE_SPACE
             sweep = {}
-            for j, (meta, w, s) in enumerate(space):
-                forced = dict(meta) | {"num_warps": w, "num_stages": s}
+            for j, entry in enumerate(space):
+                forced = configs.launch_options(entry)
                 try:
                     run(problem, forced)
                     sweep[j] = round(_bench(lambda f=forced, r=run, pr=problem: r(pr, f)), 3)

@@ -6,13 +6,15 @@ similar shapes share one decision and a new shape rarely re-tunes.  Each configu
 separate compilation, so the spaces stay small (compile time matters).  Under the interpreter a
 single small configuration is used (no timing is possible there).  ``KERMAC_TRITON_AUTOTUNE=0``
 switches tuning off on a GPU too: every launch then takes the default configuration
-(:data:`DEFAULT_PAIRWISE`, :data:`DEFAULT_GRAD`), compiling one kernel per program instead of
-one per configuration (the GPU test-suite uses this).
+(:data:`DEFAULT_PAIRWISE`, :func:`default_pairwise_tc`, :data:`DEFAULT_GRAD`), compiling one
+kernel per program instead of one per configuration (the GPU test-suite uses this).
 
 Pairwise meta-parameters (see :mod:`kermac_backend_triton.kernels`): ``BK`` features per step;
 ``MI × NI`` outputs per thread; ``MT × NT`` threads (``MT·NT / 32`` warps); ``GROUP_M``.
 Tensor-core pairwise kernel (float32 p = 2 family): ``BM × BN`` outputs per program, ``BK`` per
-step.  ``KERMAC_TRITON_TENSOR_CORES=0`` selects the SIMT kernel for those programs too.
+step, from one of two spaces chosen by D (the autotuner prunes to it, so a program compiles
+two configurations).  ``KERMAC_TRITON_TENSOR_CORES=0`` selects the SIMT kernel for those
+programs too.
 Gradient: ``BN × BM`` (n, m) pairs and ``BO`` outputs rows per program, ``BK`` per step.
 """
 
@@ -23,17 +25,21 @@ import os
 __all__ = [
     "DEFAULT_GRAD",
     "DEFAULT_PAIRWISE",
-    "DEFAULT_PAIRWISE_TC",
     "INTERPRET_GRAD",
     "INTERPRET_PAIRWISE",
     "INTERPRET_PAIRWISE_TC",
     "TC_MIN_D",
+    "TC_SHORT_D",
     "autotune_enabled",
     "bucket",
+    "default_pairwise_tc",
     "grad_block_o",
     "grad_configs",
+    "launch_options",
     "pairwise_configs",
     "pairwise_tc_configs",
+    "pairwise_tc_space",
+    "prune_pairwise_tc",
     "tensor_cores_enabled",
 ]
 
@@ -45,18 +51,27 @@ PAIRWISE_SPACE: tuple[tuple[dict[str, int], int, int], ...] = (
     ({"BK": 8, "MI": 4, "NI": 4, "MT": 8, "NT": 16, "GROUP_M": 8}, 4, 3),
 )
 
-#: Smallest reduction length D that takes the tensor-core kernel: measured on the H100 (default
-#: tiles, docs/triton-notes.md Version 2) it is 1.5–2.4× faster than the SIMT kernel at D = 128,
-#: 256 and 1024, but 11 % slower at D = 32, where the output store dominates.
-TC_MIN_D = 64
+#: Smallest reduction length D that takes the tensor-core kernel: measured on the H100
+#: (docs/triton-notes.md, Version 3) it beats the SIMT kernel at D = 16 and 32 (1.3–1.7×).
+TC_MIN_D = 16
 
-#: Tensor-core pairwise space (tf32x3 ``tl.dot``; blocks ≥ 16 in every dimension).
-PAIRWISE_TC_SPACE: tuple[tuple[dict[str, int], int, int], ...] = (
-    ({"BM": 128, "BN": 128, "BK": 32, "GROUP_M": 8}, 8, 3),
-    ({"BM": 128, "BN": 128, "BK": 16, "GROUP_M": 8}, 8, 4),
-    ({"BM": 128, "BN": 64, "BK": 32, "GROUP_M": 8}, 4, 3),
-    ({"BM": 64, "BN": 128, "BK": 32, "GROUP_M": 8}, 4, 3),
+#: Tensor-core pairwise spaces, (meta-parameters, num_warps, num_stages, maxnreg), one per range
+#: of D; the first entry of each is the default.  ``maxnreg`` = 128 lets two 8-warp (or four
+#: 4-warp) programs share a multiprocessor; ptxas's spills then lie outside the k loop.  Chosen
+#: from a 16-configuration sweep (Version 3): 128×128×32 at 8 warps won every row with D ≥ 64,
+#: the 64×64 tiles are there for problems with few tiles; BK = 16 won at D = 16 and 32.
+PAIRWISE_TC_SPACE_LONG: tuple[tuple[dict[str, int], int, int, int | None], ...] = (
+    ({"BM": 128, "BN": 128, "BK": 32, "GROUP_M": 8}, 8, 3, 128),
+    ({"BM": 64, "BN": 64, "BK": 32, "GROUP_M": 8}, 4, 3, None),
 )
+PAIRWISE_TC_SPACE_SHORT: tuple[tuple[dict[str, int], int, int, int | None], ...] = (
+    ({"BM": 128, "BN": 64, "BK": 16, "GROUP_M": 8}, 4, 4, 128),
+    ({"BM": 128, "BN": 128, "BK": 16, "GROUP_M": 8}, 8, 4, 128),
+)
+#: D below which :data:`PAIRWISE_TC_SPACE_SHORT` applies (a bit-length boundary of the
+#: autotuning key, so one key never spans both spaces).
+TC_SHORT_D = 64
+PAIRWISE_TC_SPACE = PAIRWISE_TC_SPACE_LONG + PAIRWISE_TC_SPACE_SHORT
 
 #: Gradient kernel space; ``BO`` is chosen from O (:func:`grad_block_o`), not tuned.
 GRAD_SPACE: tuple[tuple[dict[str, int], int, int], ...] = (
@@ -68,9 +83,6 @@ GRAD_SPACE: tuple[tuple[dict[str, int], int, int], ...] = (
 
 #: Configurations used when autotuning is off (launch options included).
 DEFAULT_PAIRWISE = dict(PAIRWISE_SPACE[1][0], num_warps=PAIRWISE_SPACE[1][1], num_stages=PAIRWISE_SPACE[1][2])
-DEFAULT_PAIRWISE_TC = dict(
-    PAIRWISE_TC_SPACE[0][0], num_warps=PAIRWISE_TC_SPACE[0][1], num_stages=PAIRWISE_TC_SPACE[0][2]
-)
 DEFAULT_GRAD = dict(GRAD_SPACE[0][0], num_warps=GRAD_SPACE[0][1], num_stages=GRAD_SPACE[0][2])
 
 #: The interpreter's only configurations: small tiles so CPU tests stay fast.
@@ -89,11 +101,36 @@ def tensor_cores_enabled() -> bool:
     return os.environ.get("KERMAC_TRITON_TENSOR_CORES", "1").strip().lower() not in ("0", "false", "no", "off")
 
 
-def pairwise_tc_configs() -> list:
-    """The tensor-core pairwise space as ``triton.Config`` objects."""
+def pairwise_tc_space(d: int) -> tuple[tuple[dict[str, int], int, int, int | None], ...]:
+    """The tensor-core configurations for reduction length ``d``."""
+    return PAIRWISE_TC_SPACE_SHORT if d < TC_SHORT_D else PAIRWISE_TC_SPACE_LONG
+
+
+def default_pairwise_tc(d: int) -> dict:
+    """The tensor-core configuration used without autotuning, for reduction length ``d``."""
+    return launch_options(pairwise_tc_space(d)[0])
+
+
+def _tc_config(entry: tuple) -> object:
     import triton
 
-    return [triton.Config(dict(meta), num_warps=w, num_stages=s) for meta, w, s in PAIRWISE_TC_SPACE]
+    meta, warps, stages, maxnreg = entry
+    return triton.Config(dict(meta), num_warps=warps, num_stages=stages, maxnreg=maxnreg)
+
+
+def _tc_entry(config: object) -> tuple:
+    return (config.kwargs, config.num_warps, config.num_stages, config.maxnreg)
+
+
+def pairwise_tc_configs() -> list:
+    """Both tensor-core spaces as ``triton.Config`` objects (see :func:`prune_pairwise_tc`)."""
+    return [_tc_config(entry) for entry in PAIRWISE_TC_SPACE]
+
+
+def prune_pairwise_tc(configs: list, named_args: dict, **kwargs: object) -> list:
+    """The autotuner's ``early_config_prune``: keep the space of the launch's D (2 compilations, not 4)."""
+    keep = pairwise_tc_space(int(named_args["D"]))
+    return [c for c in configs if _tc_entry(c) in keep]
 
 
 def pairwise_configs() -> list:
@@ -108,6 +145,15 @@ def grad_configs() -> list:
     import triton
 
     return [triton.Config(dict(meta), num_warps=w, num_stages=s) for meta, w, s in GRAD_SPACE]
+
+
+def launch_options(entry: tuple) -> dict:
+    """Meta-parameters and launch options of one space entry, as ``run_pairwise(meta=…)`` takes them."""
+    meta, warps, stages, *rest = entry
+    options = dict(meta, num_warps=warps, num_stages=stages)
+    if rest and rest[0] is not None:
+        options["maxnreg"] = rest[0]
+    return options
 
 
 def grad_block_o(o: int) -> int:

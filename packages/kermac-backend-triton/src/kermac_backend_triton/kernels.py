@@ -13,12 +13,18 @@ masks; the store is masked.  Programs are ordered in groups of ``GROUP_M`` row t
 
 **Pairwise on tensor cores** (float32 ``Σ_k (x − z)²`` programs, any epilogue:
 :func:`kermac.programs.is_squared_difference_sum`).  One program computes a ``BM × BN`` tile of
-d² = ‖x‖² + ‖z‖² − 2·x·zᵀ: ``x·zᵀ`` by ``tl.dot(..., input_precision="tf32x3")`` (three TF32
-products, float32 accuracy), the norms summed in float32 from the same loaded tiles in the same
-k loop.  Cancellation guard: an entry is *flagged* where d² ≤ ``GUARD``·(‖x‖² + ‖z‖²) or d² is
-not finite (``GUARD`` from :func:`guard_threshold`); if any entry of the tile is flagged, a second
-k loop recomputes Σ_k (x − z)² from differences for the whole tile and the flagged entries take
-it, so near-duplicate rows (and x = z) are as exact as the SIMT kernel.  Then the epilogue.
+d² = ‖x‖² + ‖z‖² − 2·x·zᵀ.  A first k loop sums the norms ‖x‖², ‖z‖² in float32 (kept out of the
+main loop: there they would hold a second register copy of each tile and cost occupancy); the
+main loop forms ``x·zᵀ`` in 3×TF32: each operand is split as hi = tf32(a), lo = tf32(a − hi)
+(round to nearest, :data:`_TF32_HELPER`) and three chained ``tl.dot(..., input_precision="tf32")``
+add hi·lo + lo·hi + hi·hi (float32 accuracy; the same products as Triton's ``tf32x3``, without
+its serialising NaN fix-ups between the products).  N and D are specialised on divisibility by
+16 so the k mask and the store mask keep 16-byte vectors.  Cancellation guard: an entry is
+*flagged* where d² ≤ ``GUARD``·(‖x‖² + ‖z‖²) or d² is not finite (``GUARD`` from
+:func:`guard_threshold`); if any entry of the tile is flagged, the program recomputes the whole
+tile from differences with a register-lean SIMT tile (:data:`_RECOMPUTE_TILE`) and stores that
+instead, so near-duplicate rows (and x = z) are as exact as the SIMT kernel; otherwise it
+applies the epilogue to d² and stores it streaming (``.cs``: the output is not re-read).
 
 **Gradient** ``out[b,o,n,m] = epilogue(Σ_k c[b,o,k]·a[b,k,m]·multiply(d[b,n,m], b[b,n,k]))``.
 One program owns a ``BN × BM`` tile of ``(n, m)`` pairs and ``BO`` rows of ``o``.  Per ``BK``
@@ -57,9 +63,9 @@ GRAD_ENTRY = "kermac_grad"
 
 _IDENTITY = {"sum": "0.0", "max": "_NINF", "min": "_INF"}
 _COMBINE = {
-    "sum": "acc + tl.sum(t, 0)",
-    "max": "_kmax(acc, tl.reduce(t, 0, _kmax))",
-    "min": "_kmin(acc, tl.reduce(t, 0, _kmin))",
+    "sum": "{acc} + tl.sum({t}, 0)",
+    "max": "_kmax({acc}, tl.reduce({t}, 0, _kmax))",
+    "min": "_kmin({acc}, tl.reduce({t}, 0, _kmin))",
 }
 
 
@@ -140,32 +146,13 @@ def _indent(lines: list[str], depth: int = 1) -> str:
     return "".join(f"{pad}{line}\n" for line in lines)
 
 
-def pairwise_source(spec: PairwiseSpec) -> str:
-    """Complete Python module source (helpers + ``kermac_pairwise``) for ``spec``."""
-    if spec.tensor_cores:
-        return _pairwise_tc_source(spec)
-    prog = spec.program
-    cdt = COMPUTE_TYPES[spec.compute]
-    hypers = prog.hypers
-    inner = render_expr(prog.inner, {"x": "xv", "z": "zv"}, spec.compute, fast=True)
-    acc_known = frozenset({"acc"}) if prog.reduction != "max" and nonnegative(prog.inner) else frozenset()
-    epilogue = render_expr(prog.epilogue, {"acc": "acc", "diag": "diag"}, spec.compute, acc_known)
-    operands = {"x": "X", "z": "Z", "out": "OUT"} | {f"hyper_{n}": f"H_{n}" for n in sorted(spec.tensor_hypers)}
-    cast = ".to(tl.int64)" if spec.int64 else ""
-    identity = _IDENTITY[prog.reduction]
-    assert float(REDUCTIONS[prog.reduction]) in (0.0, float("inf"), float("-inf"))
-    full = "[BK, MI, NI, MT, NT]"
-    head = f"""\
-@triton.jit(do_not_specialize=["M", "N", "D", "OFF_M", "OFF_N", "KEY"])
-def {PAIRWISE_ENTRY}(
-    X, Z, OUT, {_hyper_params(hypers, spec.tensor_hypers, cdt)}M, N, D, OFF_M, OFF_N,
-    SXM, SXK, SZN, SZK, SOM, SON, {_batch_params(tuple(operands), spec.nbatch)}KEY,
-    BK: tl.constexpr, MI: tl.constexpr, NI: tl.constexpr, MT: tl.constexpr, NT: tl.constexpr,
-    GROUP_M: tl.constexpr,
-):
-    # program {prog.key()}
-    BM: tl.constexpr = MI * MT
-    BN: tl.constexpr = NI * NT
+def _tile_order(cast: str) -> str:
+    """Lines (one indent) mapping the program id to batch entry ``bat`` and tile ``(pm, pn)``.
+
+    Tiles are taken in groups of ``GROUP_M`` row tiles so that consecutive programs share
+    operand rows in L2.
+    """
+    return f"""\
     pid = tl.program_id(0){cast}
     tiles_m = tl.cdiv(M, BM)
     tiles_n = tl.cdiv(N, BN)
@@ -178,38 +165,116 @@ def {PAIRWISE_ENTRY}(
     pm = first_m + (tile % width) % group_rows
     pn = (tile % width) // group_rows
 """
-    body = _batch_code(operands, spec.nbatch) + _hyper_loads(hypers, spec.tensor_hypers, cdt)
-    main = f"""\
-    om = pm * BM + tl.arange(0, MI)[:, None] * MT + tl.arange(0, MT)[None, :]
-    on = pn * BN + tl.arange(0, NI)[:, None] * NT + tl.arange(0, NT)[None, :]
-    xrow = X + ((om % M) * SXM)[None, :, :]
-    zrow = Z + ((on % N) * SZN)[None, :, :]
-    kr = tl.arange(0, BK)[:, None, None]{cast}
-    acc = tl.full([MI, NI, MT, NT], {identity}, {cdt})
-    d_full = D - D % BK
-    for k0 in range(0, d_full, BK):
-        kk = k0 + kr
-        xv = tl.load(xrow + kk * SXK).to({cdt})[:, :, None, :, None]
-        zv = tl.load(zrow + kk * SZK).to({cdt})[:, None, :, None, :]
-        t = tl.broadcast_to({inner}, {full})
-        acc = {_COMBINE[prog.reduction]}
-    if d_full < D:
-        kk = d_full + kr
-        km = kk < D
-        xv = tl.load(xrow + kk * SXK, mask=km, other=0.0).to({cdt})[:, :, None, :, None]
-        zv = tl.load(zrow + kk * SZK, mask=km, other=0.0).to({cdt})[:, None, :, None, :]
-        t = tl.where(km[:, :, :, None, None], tl.broadcast_to({inner}, {full}), {identity})
-        acc = {_COMBINE[prog.reduction]}
-    om4 = om[:, None, :, None]
-    on4 = on[None, :, None, :]
-"""
+
+
+_STREAM = ', cache_modifier=".cs"'
+
+
+def _simt_tile(
+    spec: PairwiseSpec, t: dict[str, str], p: str = "", *, split_tail: bool = True, streaming: bool = False
+) -> list[str]:
+    """The SIMT register-blocked tile: reduction, epilogue and store of one ``BM × BN`` tile.
+
+    ``t`` names the tile's constexprs (keys ``BK MI NI MT NT``, see the module docs); every
+    variable is prefixed with ``p`` (the tensor-core kernel embeds this tile in a branch, where
+    names must not collide with its own).  ``split_tail``: unmasked full ``BK`` steps and one
+    masked step for ``D mod BK`` (no per-term select in the hot loop); otherwise one masked loop
+    (half the code, for the tensor-core kernel's rarely taken recompute).  ``streaming`` stores
+    with ``.cs`` (evict first: the output is not re-read).
+    """
+    prog = spec.program
+    cdt = COMPUTE_TYPES[spec.compute]
+    cast = ".to(tl.int64)" if spec.int64 else ""
+    bk, mi, ni, mt, nt = (t[k] for k in ("BK", "MI", "NI", "MT", "NT"))
+    inner = render_expr(prog.inner, {"x": f"{p}xv", "z": f"{p}zv"}, spec.compute, fast=True)
+    acc_known = frozenset({"acc"}) if prog.reduction != "max" and nonnegative(prog.inner) else frozenset()
+    epilogue = render_expr(prog.epilogue, {"acc": f"{p}acc", "diag": f"{p}diag"}, spec.compute, acc_known)
+    identity = _IDENTITY[prog.reduction]
+    combine = _COMBINE[prog.reduction].format(acc=f"{p}acc", t=f"{p}t")
+    full = f"[{bk}, {mi}, {ni}, {mt}, {nt}]"
+    x5, z5 = "[:, :, None, :, None]", "[:, None, :, None, :]"
+    lines = [
+        f"{p}om = pm * BM + tl.arange(0, {mi})[:, None] * {mt} + tl.arange(0, {mt})[None, :]",
+        f"{p}on = pn * BN + tl.arange(0, {ni})[:, None] * {nt} + tl.arange(0, {nt})[None, :]",
+        f"{p}xrow = X + (({p}om % M) * SXM)[None, :, :]",
+        f"{p}zrow = Z + (({p}on % N) * SZN)[None, :, :]",
+        f"{p}kr = tl.arange(0, {bk})[:, None, None]{cast}",
+        f"{p}acc = tl.full([{mi}, {ni}, {mt}, {nt}], {identity}, {cdt})",
+    ]
+    masked = [
+        f"    {p}km = {p}kk < D",
+        f"    {p}xv = tl.load({p}xrow + {p}kk * SXK, mask={p}km, other=0.0).to({cdt}){x5}",
+        f"    {p}zv = tl.load({p}zrow + {p}kk * SZK, mask={p}km, other=0.0).to({cdt}){z5}",
+        f"    {p}t = tl.where({p}km[:, :, :, None, None], tl.broadcast_to({inner}, {full}), {identity})",
+        f"    {p}acc = {combine}",
+    ]
+    if split_tail:
+        lines += [
+            f"{p}d_full = D - D % {bk}",
+            f"for k0 in range(0, {p}d_full, {bk}):",
+            f"    {p}kk = k0 + {p}kr",
+            f"    {p}xv = tl.load({p}xrow + {p}kk * SXK).to({cdt}){x5}",
+            f"    {p}zv = tl.load({p}zrow + {p}kk * SZK).to({cdt}){z5}",
+            f"    {p}t = tl.broadcast_to({inner}, {full})",
+            f"    {p}acc = {combine}",
+            f"if {p}d_full < D:",
+            f"    {p}kk = {p}d_full + {p}kr",
+            *masked,
+        ]
+    else:
+        lines += [f"for k0 in range(0, D, {bk}):", f"    {p}kk = k0 + {p}kr", *masked]
+    lines += [f"{p}om4 = {p}om[:, None, :, None]", f"{p}on4 = {p}on[None, :, None, :]"]
     if prog.uses_diag:
-        main += "    diag = tl.where(om4 + OFF_M == on4 + OFF_N, 1.0, 0.0)\n"
-    main += f"""\
-    val = tl.broadcast_to({epilogue}, [MI, NI, MT, NT])
-    tl.store(OUT + om4 * SOM + on4 * SON, val.to(OUT.dtype.element_ty), mask=(om4 < M) & (on4 < N))
+        lines.append(f"{p}diag = tl.where({p}om4 + OFF_M == {p}on4 + OFF_N, 1.0, 0.0)")
+    lines += [
+        f"{p}val = tl.broadcast_to({epilogue}, [{mi}, {ni}, {mt}, {nt}])",
+        f"tl.store(OUT + {p}om4 * SOM + {p}on4 * SON, {p}val.to(OUT.dtype.element_ty), "
+        f"mask=({p}om4 < M) & ({p}on4 < N){_STREAM if streaming else ''})",
+    ]
+    return lines
+
+
+def pairwise_source(spec: PairwiseSpec) -> str:
+    """Complete Python module source (helpers + ``kermac_pairwise``) for ``spec``."""
+    if spec.tensor_cores:
+        return _pairwise_tc_source(spec)
+    prog = spec.program
+    cdt = COMPUTE_TYPES[spec.compute]
+    operands = {"x": "X", "z": "Z", "out": "OUT"} | {f"hyper_{n}": f"H_{n}" for n in sorted(spec.tensor_hypers)}
+    cast = ".to(tl.int64)" if spec.int64 else ""
+    assert float(REDUCTIONS[prog.reduction]) in (0.0, float("inf"), float("-inf"))
+    head = f"""\
+@triton.jit(do_not_specialize=["M", "N", "D", "OFF_M", "OFF_N", "KEY"])
+def {PAIRWISE_ENTRY}(
+    X, Z, OUT, {_hyper_params(prog.hypers, spec.tensor_hypers, cdt)}M, N, D, OFF_M, OFF_N,
+    SXM, SXK, SZN, SZK, SOM, SON, {_batch_params(tuple(operands), spec.nbatch)}KEY,
+    BK: tl.constexpr, MI: tl.constexpr, NI: tl.constexpr, MT: tl.constexpr, NT: tl.constexpr,
+    GROUP_M: tl.constexpr,
+):
+    # program {prog.key()}
+    BM: tl.constexpr = MI * MT
+    BN: tl.constexpr = NI * NT
+{_tile_order(cast)}"""
+    body = _batch_code(operands, spec.nbatch) + _hyper_loads(prog.hypers, spec.tensor_hypers, cdt)
+    tile = {k: k for k in ("BK", "MI", "NI", "MT", "NT")}
+    return helpers(spec.compute, spec.interpret) + "\n\n" + head + _indent(body + _simt_tile(spec, tile))
+
+
+#: Round-to-nearest (ties away) float32 → TF32 (low 13 bits cleared) by integer operations: the
+#: ``cvt.rna.tf32.f32`` of the 3×TF32 split, also valid under the interpreter.  ±inf stays ±inf,
+#: NaN stays NaN, finite values above TF32's range round to ±inf (the guard then recomputes them).
+_TF32_HELPER = """
+
+@triton.jit
+def _ktf32(a):
+    b = a.to(tl.uint32, bitcast=True)
+    return ((b + 0x1000) & 0xFFFFE000).to(tl.float32, bitcast=True)
 """
-    return helpers(spec.compute, spec.interpret) + "\n\n" + head + _indent(body) + main
+
+#: The recompute tile of the tensor-core kernel: ``RMT × RNT`` = 128 threads of ``RMI × RNI``
+#: outputs, ``RK`` features per step (register-lean: the branch must not raise the kernel's
+#: register count, which sets how many programs share a multiprocessor).
+_RECOMPUTE_TILE = {"BK": "RK", "MI": "RMI", "NI": "RNI", "MT": "RMT", "NT": "RNT"}
 
 
 def _pairwise_tc_source(spec: PairwiseSpec) -> str:
@@ -218,70 +283,75 @@ def _pairwise_tc_source(spec: PairwiseSpec) -> str:
     if not tensor_core_eligible(prog, spec.compute):
         raise ValueError(f"tensor_cores: needs a float32 sum of (x - z)^2; got {spec.compute} {prog.key()}")
     cdt = COMPUTE_TYPES[spec.compute]
-    hypers = prog.hypers
-    epilogue = render_expr(prog.epilogue, {"acc": "acc", "diag": "diag"}, spec.compute, frozenset({"acc"}))
+    epilogue = render_expr(prog.epilogue, {"acc": "d2", "diag": "diag"}, spec.compute, frozenset({"acc"}))
     operands = {"x": "X", "z": "Z", "out": "OUT"} | {f"hyper_{n}": f"H_{n}" for n in sorted(spec.tensor_hypers)}
     cast = ".to(tl.int64)" if spec.int64 else ""
+    # N and D are specialised (divisibility by 16): the k mask and the store mask then keep
+    # 16-byte vectors (at most two compilations per configuration instead of one).
     head = f"""\
-@triton.jit(do_not_specialize=["M", "N", "D", "OFF_M", "OFF_N", "GUARD", "KEY"])
+@triton.jit(do_not_specialize=["M", "OFF_M", "OFF_N", "GUARD", "KEY"])
 def {PAIRWISE_ENTRY}(
-    X, Z, OUT, {_hyper_params(hypers, spec.tensor_hypers, cdt)}M, N, D, OFF_M, OFF_N,
+    X, Z, OUT, {_hyper_params(prog.hypers, spec.tensor_hypers, cdt)}M, N, D, OFF_M, OFF_N,
     SXM, SXK, SZN, SZK, SOM, SON, {_batch_params(tuple(operands), spec.nbatch)}GUARD, KEY,
     BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr,
 ):
     # program {prog.key()} (tensor cores)
-    pid = tl.program_id(0){cast}
-    tiles_m = tl.cdiv(M, BM)
-    tiles_n = tl.cdiv(N, BN)
-    tiles = tiles_m * tiles_n
-    bat = pid // tiles
-    tile = pid % tiles
-    width = GROUP_M * tiles_n
-    first_m = (tile // width) * GROUP_M
-    group_rows = tl.minimum(tiles_m - first_m, GROUP_M)
-    pm = first_m + (tile % width) % group_rows
-    pn = (tile % width) // group_rows
-"""
-    body = _batch_code(operands, spec.nbatch) + _hyper_loads(hypers, spec.tensor_hypers, cdt)
-    main = f"""\
-    om = pm * BM + tl.arange(0, BM){cast}
-    on = pn * BN + tl.arange(0, BN){cast}
-    xrow = X + ((om % M) * SXM)[:, None]
-    zrow = Z + ((on % N) * SZN)[:, None]
-    kr = tl.arange(0, BK)[None, :]{cast}
-    dot = tl.zeros([BM, BN], tl.float32)
-    xn = tl.zeros([BM], tl.float32)
-    zn = tl.zeros([BN], tl.float32)
-    for k0 in range(0, D, BK):
-        kk = k0 + kr
-        xv = tl.load(xrow + kk * SXK, mask=kk < D, other=0.0).to(tl.float32)
-        zv = tl.load(zrow + kk * SZK, mask=kk < D, other=0.0).to(tl.float32)
-        dot = tl.dot(xv, tl.trans(zv), dot, input_precision="tf32x3", out_dtype=tl.float32)
-        xn += tl.sum(xv * xv, 1)
-        zn += tl.sum(zv * zv, 1)
-    s = xn[:, None] + zn[None, :]
-    acc = s - 2.0 * dot
-    flag = ~((acc > GUARD * s) & (acc < _INF))
-    if tl.max(flag.to(tl.int32)) > 0:
-        exact = tl.zeros([BM, BN], tl.float32)
-        xcol = X + (om % M) * SXM
-        zcol = Z + (on % N) * SZN
-        for kd in range(0, D):
-            t = tl.load(xcol).to(tl.float32)[:, None] - tl.load(zcol).to(tl.float32)[None, :]
-            exact += t * t
-            xcol += SXK
-            zcol += SZK
-        acc = tl.where(flag, exact, acc)
-    om2 = om[:, None]
-    on2 = on[None, :]
-"""
+    RK: tl.constexpr = 2
+    RMT: tl.constexpr = 8
+    RNT: tl.constexpr = 16
+    RMI: tl.constexpr = BM // RMT
+    RNI: tl.constexpr = BN // RNT
+{_tile_order(cast)}"""
+    body = _batch_code(operands, spec.nbatch) + _hyper_loads(prog.hypers, spec.tensor_hypers, cdt)
+    load = [
+        "    kk = k0 + kr",
+        "    xv = tl.load(xrow + kk * SXK, mask=kk < D, other=0.0).to(tl.float32)",
+        "    zv = tl.load(zrow + kk * SZK, mask=kk < D, other=0.0).to(tl.float32)",
+    ]
+    main = [
+        f"om = pm * BM + tl.arange(0, BM){cast}",
+        f"on = pn * BN + tl.arange(0, BN){cast}",
+        "xrow = X + ((om % M) * SXM)[:, None]",
+        "zrow = Z + ((on % N) * SZN)[:, None]",
+        f"kr = tl.arange(0, BK)[None, :]{cast}",
+        # The norms first, in their own loop: summed in the main loop they would hold a second
+        # register copy of each tile (the dot needs another layout) and cost occupancy.
+        "xsq = tl.zeros([BM, BK], tl.float32)",
+        "zsq = tl.zeros([BN, BK], tl.float32)",
+        "for k0 in range(0, D, BK):",
+        *load,
+        "    xsq += xv * xv",
+        "    zsq += zv * zv",
+        "xn = tl.sum(xsq, 1)",
+        "zn = tl.sum(zsq, 1)",
+        # x·zᵀ in 3×TF32: hi·lo + lo·hi + hi·hi, the low products first.
+        "dot = tl.zeros([BM, BN], tl.float32)",
+        "for k0 in range(0, D, BK):",
+        *load,
+        "    xh = _ktf32(xv)",
+        "    xl = _ktf32(xv - xh)",
+        "    zt = tl.trans(zv)",
+        "    zh = _ktf32(zt)",
+        "    zl = _ktf32(zt - zh)",
+        '    dot = tl.dot(xh, zl, dot, input_precision="tf32", out_dtype=tl.float32)',
+        '    dot = tl.dot(xl, zh, dot, input_precision="tf32", out_dtype=tl.float32)',
+        '    dot = tl.dot(xh, zh, dot, input_precision="tf32", out_dtype=tl.float32)',
+        "s = xn[:, None] + zn[None, :]",
+        "d2 = s - 2.0 * dot",
+        "flag = ~((d2 > GUARD * s) & (d2 < _INF))",
+        "if tl.max(tl.max(flag.to(tl.int32), 1), 0) > 0:",
+        *(f"    {line}" for line in _simt_tile(spec, _RECOMPUTE_TILE, "r", split_tail=False, streaming=True)),
+        "else:",
+        "    om2 = om[:, None]",
+        "    on2 = on[None, :]",
+    ]
     if prog.uses_diag:
-        main += "    diag = tl.where(om2 + OFF_M == on2 + OFF_N, 1.0, 0.0)\n"
-    main += f"""\
-    val = tl.broadcast_to({epilogue}, [BM, BN])
-    tl.store(OUT + om2 * SOM + on2 * SON, val.to(OUT.dtype.element_ty), mask=(om2 < M) & (on2 < N))
-"""
-    return helpers(spec.compute, spec.interpret) + "\n\n" + head + _indent(body) + main
+        main.append("    diag = tl.where(om2 + OFF_M == on2 + OFF_N, 1.0, 0.0)")
+    main += [
+        f"    val = tl.broadcast_to({epilogue}, [BM, BN])",
+        f"    tl.store(OUT + om2 * SOM + on2 * SON, val.to(OUT.dtype.element_ty), mask=(om2 < M) & (on2 < N){_STREAM})",
+    ]
+    return helpers(spec.compute, spec.interpret) + _TF32_HELPER + "\n\n" + head + _indent(body + main)
 
 
 def grad_source(spec: GradSpec) -> str:

@@ -83,16 +83,19 @@ def _kernel(spec: PairwiseSpec | GradSpec, debug: bool) -> Callable[..., Any]:
         kernel = _kernels.get(key)
     if kernel is not None:
         return kernel
+    prune = None
     if isinstance(spec, PairwiseSpec):
         fn = getattr(load_module(pairwise_source(spec), debug=debug), PAIRWISE_ENTRY)
         space = configs.pairwise_tc_configs if spec.tensor_cores else configs.pairwise_configs
+        if spec.tensor_cores:
+            prune = {"early_config_prune": configs.prune_pairwise_tc}
     else:
         fn = getattr(load_module(grad_source(spec), debug=debug), GRAD_ENTRY)
         space = configs.grad_configs
     if not spec.interpret and configs.autotune_enabled():
         import triton
 
-        fn = triton.autotune(configs=space(), key=["KEY"], cache_results=True)(fn)
+        fn = triton.autotune(configs=space(), key=["KEY"], cache_results=True, prune_configs_by=prune)(fn)
     with _lock:
         return _kernels.setdefault(key, fn)
 
@@ -191,7 +194,7 @@ def run_pairwise(problem: PairwiseProblem, meta: dict[str, int] | None = None) -
     if interpreting():
         extra = dict(configs.INTERPRET_PAIRWISE_TC if tc else configs.INTERPRET_PAIRWISE)
     elif not configs.autotune_enabled():
-        extra = dict(configs.DEFAULT_PAIRWISE_TC if tc else configs.DEFAULT_PAIRWISE)
+        extra = configs.default_pairwise_tc(d) if tc else dict(configs.DEFAULT_PAIRWISE)
     if meta is not None:
         kernel = kernel.fn if hasattr(kernel, "configs") else kernel  # unwrap the autotuner
         extra = dict(meta)
