@@ -28,10 +28,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from string import Template
 
+from kermac import ir
 from kermac_backend_nvrtc import kernels
 from kermac_backend_nvrtc.codegen import GradVariant, Param, _prelude, grad_parts
 
-__all__ = ["TC_GRAD", "TC_GRAD_CONFIG", "TcGradConfig", "smem_stride", "tc_grad_source"]
+__all__ = ["SIGN_MULTIPLY", "TC_GRAD", "TC_GRAD_CONFIG", "TcGradConfig", "smem_stride", "tc_grad_source"]
 
 
 @dataclass(frozen=True)
@@ -45,6 +46,7 @@ class TcGradConfig:
     bk: int
     k_unroll: int
     min_blocks: int
+    flush: str  # "k8": mma partial sums of one 8-wide k step; "tile": of one k tile (more registers)
     max_ot: int = 16
 
     @property
@@ -58,9 +60,11 @@ class TcGradConfig:
         return self.warps_m * self.wm * 16
 
 
-#: 8 n × 64 m pairs per block (warps of 4 n × 16 m: 32 accumulators per thread at O = 16), k tiles
-#: of 32, two blocks per SM (128 registers, no spills with NVRTC 13 for sm_90).
-TC_GRAD_CONFIG = TcGradConfig(warps_n=2, warps_m=4, wn=4, wm=1, bk=32, k_unroll=4, min_blocks=2)
+#: 8 n × 32 m pairs per block (warps of 2 n × 16 m), k tiles of 32 with mma partial sums per tile,
+#: two blocks per SM (≤ 120 registers, no spills with NVRTC 13 for sm_90).
+TC_GRAD_CONFIG = TcGradConfig(warps_n=4, warps_m=2, wn=2, wm=1, bk=32, k_unroll=4, min_blocks=2, flush="tile")
+#: sign(d − b) (cdist_grad with p = 1): B' = ±a or 0, formed by flipping the sign bits of a's TF32 split.
+SIGN_MULTIPLY = ir.sign(ir.Var("d") - ir.Var("b"))
 
 
 def smem_stride(p: int) -> int:
@@ -84,6 +88,8 @@ TC_GRAD = Template(r"""
 #define AS $ASTRIDE
 #define BS $BSTRIDE
 #define CS $CSTRIDE
+#define FLUSH_K8 $FLUSH_K8
+#define SIGN $SIGN
 
 __device__ __forceinline__ float km_multiply(float d, float b$HYPER_FORMALS) { return $MULTIPLY; }
 __device__ __forceinline__ float km_epilogue(float acc$HYPER_FORMALS) { return $EPILOGUE; }
@@ -124,7 +130,12 @@ $HYPER_LOADS
     KmTile<float, NT, BMM, BK, AS, $AMODE, $AE> at;
     KmTile<float, NT, BNN, BK, BS, $BMODE, $BE> bt;
     KmTile<float, NT, OT8 * 8, BK, CS, $CMODE, $CE> ct;
+    // The tensor cores truncate their fp32 sums: only short partial sums (one 8-wide k step, or one
+    // k tile in part[]) stay in the mma accumulators, and acc adds them with round-to-nearest.
     float acc[WN][WM][OT8][4];
+#if !FLUSH_K8
+    float part[WN][WM][OT8][4];
+#endif
 #pragma unroll
     for (int i = 0; i < WN; ++i)
 #pragma unroll
@@ -132,7 +143,12 @@ $HYPER_LOADS
 #pragma unroll
         for (int t = 0; t < OT8; ++t)
 #pragma unroll
-          for (int e = 0; e < 4; ++e) acc[i][j][t][e] = 0.0f;
+          for (int e = 0; e < 4; ++e) {
+            acc[i][j][t][e] = 0.0f;
+#if !FLUSH_K8
+            part[i][j][t][e] = 0.0f;
+#endif
+          }
 
     // c goes to shared memory already split into TF32 hi and lo parts.
 #define KM_STORE(buf)                                                                 \
@@ -179,24 +195,61 @@ $HYPER_LOADS
           const int r = (wm * WM + j) * 16 + g;
           // A fragment element e: row (m) g + 8·(e & 1), column (k) q + 4·(e >> 1).
           const float av[4] = {As[cur][kk + q][r], As[cur][kk + q][r + 8], As[cur][kk + q + 4][r], As[cur][kk + q + 4][r + 8]};
+#if SIGN
+          unsigned ah[4], al[4];
+#pragma unroll
+          for (int e = 0; e < 4; ++e) km_split(av[e], ah[e], al[e]);
+#endif
 #pragma unroll
           for (int i = 0; i < WN; ++i) {
             unsigned hi[4], lo[4];
 #pragma unroll
             for (int e = 0; e < 4; ++e) {
+#if SIGN
+              // multiply = sign(d − b) is ±1, 0 or NaN: sign·a's split is B''s split, exactly.
+              const float sg = km_multiply(dv[i][j][e & 1], bv[e >> 1][i]$HYPER_ACTUALS);
+              hi[e] = __float_as_uint(sg * __uint_as_float(ah[e]));
+              lo[e] = __float_as_uint(sg * __uint_as_float(al[e]));
+#else
               const float v = av[e] * km_multiply(dv[i][j][e & 1], bv[e >> 1][i]$HYPER_ACTUALS);
               hi[e] = km_tf32(v);
               lo[e] = __float_as_uint(v - __uint_as_float(hi[e]));
+#endif
             }
+#if FLUSH_K8
 #pragma unroll
-            for (int u = 0; u < OT8; ++u) km_mma(acc[i][j][u], lo, ch[u][0], ch[u][1]);
+            for (int u = 0; u < OT8; ++u) {
+              float s8[4];
+              km_mma0(s8, lo, ch[u][0], ch[u][1]);
+              km_mma(s8, hi, cl[u][0], cl[u][1]);
+              km_mma(s8, hi, ch[u][0], ch[u][1]);
 #pragma unroll
-            for (int u = 0; u < OT8; ++u) km_mma(acc[i][j][u], hi, cl[u][0], cl[u][1]);
+              for (int e = 0; e < 4; ++e) acc[i][j][u][e] += s8[e];
+            }
+#else
 #pragma unroll
-            for (int u = 0; u < OT8; ++u) km_mma(acc[i][j][u], hi, ch[u][0], ch[u][1]);
+            for (int u = 0; u < OT8; ++u) km_mma(part[i][j][u], lo, ch[u][0], ch[u][1]);
+#pragma unroll
+            for (int u = 0; u < OT8; ++u) km_mma(part[i][j][u], hi, cl[u][0], cl[u][1]);
+#pragma unroll
+            for (int u = 0; u < OT8; ++u) km_mma(part[i][j][u], hi, ch[u][0], ch[u][1]);
+#endif
           }
         }
       }
+#if !FLUSH_K8
+#pragma unroll
+      for (int i = 0; i < WN; ++i)
+#pragma unroll
+        for (int j = 0; j < WM; ++j)
+#pragma unroll
+          for (int u = 0; u < OT8; ++u)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+              acc[i][j][u][e] += part[i][j][u][e];
+              part[i][j][u][e] = 0.0f;
+            }
+#endif
       if (t + 1 < ntiles) KM_STORE(cur ^ 1)
       __syncthreads();
     }
@@ -246,6 +299,8 @@ def tc_grad_source(v: GradVariant) -> tuple[str, list[Param]]:
         BSTRIDE=smem_stride(cfg.bnn),
         CSTRIDE=smem_stride(v.ot),
         KUNROLL=cfg.k_unroll,
+        FLUSH_K8=int(cfg.flush == "k8"),
+        SIGN=int(v.program.multiply == SIGN_MULTIPLY),
         MIN_BLOCKS=cfg.min_blocks,
         MULTIPLY=parts.multiply,
         EPILOGUE=parts.epilogue,
