@@ -229,7 +229,7 @@ def grad_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -
     from kermac_backend_nvrtc import plan
 
     monkeypatch.setattr(plan, "TENSOR_CORES", request.param)
-    monkeypatch.setattr(plan, "TC_GRAD_MIN_O", 1)
+    monkeypatch.setattr(plan, "TC_GRAD_MIN_O", (1, 1))
     return request.param
 
 
@@ -294,7 +294,9 @@ def test_grad_paths_agree_on_user_program(monkeypatch: pytest.MonkeyPatch) -> No
     from kermac_backend_nvrtc import plan
 
     a, b, c, d = (randn(*s, device="cuda") for s in ((2, 90, 75), (40, 90), (2, 12, 90), (40, 75)))
-    prog = kermac.GradProgram(ir.Hyper("alpha") * ir.exp(-abs(ir.Var("d") - ir.Var("b"))), ir.Var("acc") * ir.Hyper("s"))
+    prog = kermac.GradProgram(
+        ir.Hyper("alpha") * ir.exp(-abs(ir.Var("d") - ir.Var("b"))), ir.Var("acc") * ir.Hyper("s")
+    )
     hypers = {"alpha": torch.tensor([0.5, 2.0], device="cuda"), "s": 3.0}
     got = {}
     for tc in (True, False):

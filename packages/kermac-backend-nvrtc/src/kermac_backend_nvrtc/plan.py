@@ -17,6 +17,7 @@ import torch
 from kermac.ir import Call, Expr, walk
 from kermac.layout import BatchLayout, batch_layout, grad_operands, pairwise_operands
 from kermac.problem import GradProblem, PairwiseProblem
+from kermac_backend_nvrtc import tc_grad
 from kermac_backend_nvrtc.codegen import (
     INPUT_TYPES,
     TC_CONFIG,
@@ -28,7 +29,6 @@ from kermac_backend_nvrtc.codegen import (
     pairwise_config,
     tc_guard,
 )
-from kermac_backend_nvrtc import tc_grad
 
 __all__ = ["MAX_GRID_Z", "NT", "TC_GRAD_MIN_O", "TENSOR_CORES", "Launch", "plan_grad", "plan_pairwise", "size_problem"]
 
@@ -44,9 +44,11 @@ POLY_PAIRS = 0
 #: (tc_grad.TC_GRAD).  ``KERMAC_NVRTC_TENSOR_CORES=0`` in the environment (read at import) or
 #: setting this to False selects the SIMT kernels instead.
 TENSOR_CORES = os.environ.get("KERMAC_NVRTC_TENSOR_CORES", "1") != "0"
-#: Smallest O for which the gradient runs on the tensor cores (below it the SIMT kernel's O FMAs
-#: per term cost less than forming the TF32 fragments); see docs/nvrtc-notes.md.
-TC_GRAD_MIN_O = 2
+#: Smallest O for which a float32 gradient runs on the tensor cores, for (cheap, transcendental)
+#: multiply expressions.  The SIMT kernel keeps a power of two ≥ O (at most 16) outputs per pair and
+#: costs about the same as the tensor-core kernel at 8 of them for p = 1 and 2, at 4–8 for p = 1.5
+#: (H100, docs/nvrtc-notes.md); below these it is faster.
+TC_GRAD_MIN_O = (9, 5)
 _EXPENSIVE = frozenset({"pow", "exp", "log", "sqrt", "div"})
 _TENSOR_TYPES = {torch.float32: "float", torch.float64: "double", torch.float16: "km_f16", torch.bfloat16: "km_bf16"}
 
@@ -191,7 +193,8 @@ def plan_grad(problem: GradProblem) -> tuple[GradVariant, Launch]:
     dtype = str(problem.dtype).removeprefix("torch.")
     compute = INPUT_TYPES[dtype][1]
     m, n, o, k = problem.sizes
-    tensor_cores = TENSOR_CORES and dtype == "float32" and o >= TC_GRAD_MIN_O
+    prog = problem.program
+    tensor_cores = TENSOR_CORES and dtype == "float32" and o >= TC_GRAD_MIN_O[_expensive(prog.multiply)]
     cfg = tc_grad.TC_GRAD_CONFIG if tensor_cores else grad_config(compute)
     ot = min(cfg.max_ot, 1 << max(0, (o - 1).bit_length()))
     if tensor_cores:
@@ -200,7 +203,6 @@ def plan_grad(problem: GradProblem) -> tuple[GradVariant, Launch]:
     ops = grad_operands(problem)
     layout = batch_layout(problem.batch_shape, ops)
     tensor_hypers, ge1, hyper_args = _hypers(problem, compute)
-    prog = problem.program
     variant = GradVariant(
         program=prog,
         dtype=dtype,

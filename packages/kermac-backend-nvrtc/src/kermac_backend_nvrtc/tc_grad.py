@@ -12,9 +12,14 @@ is the mma's M dimension and o its N dimension, so O ≤ 8 costs one mma per fra
 Accuracy (3×TF32): c is split once, when its tile is stored to shared memory, into
 c_hi = rna_tf32(c) and c_lo = rna_tf32(c − c_hi); every B' value into v_hi = rna_tf32(v) and
 v_lo = v − v_hi (three instructions; the tensor core reads v_lo's top 19 bits), and
-c·v ≈ v_lo·c_hi + v_hi·c_lo + v_hi·c_hi with fp32 accumulators.  Each term misses at most about
-2⁻²¹·|c·v| (the dropped v_lo·c_lo and the TF32 reading of v_lo), against 2⁻²⁴ for fp32 FMAs.
-A B' value of ±inf gives NaN (inf − inf in the split) where fp32 arithmetic would give ±inf.
+c·v ≈ v_lo·c_hi + v_hi·c_lo + v_hi·c_hi.  Each term misses at most about 2⁻²¹·|c·v| (the dropped
+v_lo·c_lo and the TF32 reading of v_lo), against 2⁻²⁴ for fp32 FMAs.  The tensor cores truncate
+their fp32 sums, a bias that grew to 2.9e-5 relative at K = 4096 and 5.8e-5 at K = 8192 when the
+mma accumulators ran over all of k; they therefore hold the three products of one 8-wide k step
+only, and fp32 registers add those partial sums with round-to-nearest (4.7e-7 at K = 16384).
+For ``multiply = sign(d − b)`` (p = 1), B' = ±a or 0: a is split once per fragment and reused for
+the warp's n values, B''s split is sign·a_hi, sign·a_lo (exact).  A B' value of ±inf gives NaN
+(inf − inf in the split) where fp32 arithmetic would give ±inf.
 
 Block: 8 warps of ``wn`` n × ``wm``·16 m pairs (``warps_n`` × ``warps_m`` warps); d of the warp's
 pairs stays in registers; a, b and the split c are staged through shared memory in k tiles of
@@ -46,7 +51,6 @@ class TcGradConfig:
     bk: int
     k_unroll: int
     min_blocks: int
-    flush: str  # "k8": mma partial sums of one 8-wide k step; "tile": of one k tile (more registers)
     max_ot: int = 16
 
     @property
@@ -60,9 +64,9 @@ class TcGradConfig:
         return self.warps_m * self.wm * 16
 
 
-#: 8 n × 32 m pairs per block (warps of 2 n × 16 m), k tiles of 32 with mma partial sums per tile,
-#: two blocks per SM (≤ 120 registers, no spills with NVRTC 13 for sm_90).
-TC_GRAD_CONFIG = TcGradConfig(warps_n=4, warps_m=2, wn=2, wm=1, bk=32, k_unroll=4, min_blocks=2, flush="tile")
+#: 8 n × 64 m pairs per block (warps of 4 n × 16 m), k tiles of 32, two blocks per SM (128 registers;
+#: NVRTC 13 spills 52–80 bytes for sm_90, yet this measured fastest: docs/nvrtc-notes.md).
+TC_GRAD_CONFIG = TcGradConfig(warps_n=2, warps_m=4, wn=4, wm=1, bk=32, k_unroll=4, min_blocks=2)
 #: sign(d − b) (cdist_grad with p = 1): B' = ±a or 0, formed by flipping the sign bits of a's TF32 split.
 SIGN_MULTIPLY = ir.sign(ir.Var("d") - ir.Var("b"))
 
@@ -88,7 +92,6 @@ TC_GRAD = Template(r"""
 #define AS $ASTRIDE
 #define BS $BSTRIDE
 #define CS $CSTRIDE
-#define FLUSH_K8 $FLUSH_K8
 #define SIGN $SIGN
 
 __device__ __forceinline__ float km_multiply(float d, float b$HYPER_FORMALS) { return $MULTIPLY; }
@@ -130,12 +133,9 @@ $HYPER_LOADS
     KmTile<float, NT, BMM, BK, AS, $AMODE, $AE> at;
     KmTile<float, NT, BNN, BK, BS, $BMODE, $BE> bt;
     KmTile<float, NT, OT8 * 8, BK, CS, $CMODE, $CE> ct;
-    // The tensor cores truncate their fp32 sums: only short partial sums (one 8-wide k step, or one
-    // k tile in part[]) stay in the mma accumulators, and acc adds them with round-to-nearest.
+    // The tensor cores truncate their fp32 sums (a bias that grows with the number of additions), so
+    // the mma accumulators hold one 8-wide k step only; acc adds those with round-to-nearest.
     float acc[WN][WM][OT8][4];
-#if !FLUSH_K8
-    float part[WN][WM][OT8][4];
-#endif
 #pragma unroll
     for (int i = 0; i < WN; ++i)
 #pragma unroll
@@ -143,12 +143,7 @@ $HYPER_LOADS
 #pragma unroll
         for (int t = 0; t < OT8; ++t)
 #pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            acc[i][j][t][e] = 0.0f;
-#if !FLUSH_K8
-            part[i][j][t][e] = 0.0f;
-#endif
-          }
+          for (int e = 0; e < 4; ++e) acc[i][j][t][e] = 0.0f;
 
     // c goes to shared memory already split into TF32 hi and lo parts.
 #define KM_STORE(buf)                                                                 \
@@ -194,7 +189,8 @@ $HYPER_LOADS
         for (int j = 0; j < WM; ++j) {
           const int r = (wm * WM + j) * 16 + g;
           // A fragment element e: row (m) g + 8·(e & 1), column (k) q + 4·(e >> 1).
-          const float av[4] = {As[cur][kk + q][r], As[cur][kk + q][r + 8], As[cur][kk + q + 4][r], As[cur][kk + q + 4][r + 8]};
+          const float* a0 = &As[cur][kk + q][r];
+          const float av[4] = {a0[0], a0[8], a0[4 * AS], a0[4 * AS + 8]};
 #if SIGN
           unsigned ah[4], al[4];
 #pragma unroll
@@ -216,7 +212,6 @@ $HYPER_LOADS
               lo[e] = __float_as_uint(v - __uint_as_float(hi[e]));
 #endif
             }
-#if FLUSH_K8
 #pragma unroll
             for (int u = 0; u < OT8; ++u) {
               float s8[4];
@@ -226,30 +221,9 @@ $HYPER_LOADS
 #pragma unroll
               for (int e = 0; e < 4; ++e) acc[i][j][u][e] += s8[e];
             }
-#else
-#pragma unroll
-            for (int u = 0; u < OT8; ++u) km_mma(part[i][j][u], lo, ch[u][0], ch[u][1]);
-#pragma unroll
-            for (int u = 0; u < OT8; ++u) km_mma(part[i][j][u], hi, cl[u][0], cl[u][1]);
-#pragma unroll
-            for (int u = 0; u < OT8; ++u) km_mma(part[i][j][u], hi, ch[u][0], ch[u][1]);
-#endif
           }
         }
       }
-#if !FLUSH_K8
-#pragma unroll
-      for (int i = 0; i < WN; ++i)
-#pragma unroll
-        for (int j = 0; j < WM; ++j)
-#pragma unroll
-          for (int u = 0; u < OT8; ++u)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) {
-              acc[i][j][u][e] += part[i][j][u][e];
-              part[i][j][u][e] = 0.0f;
-            }
-#endif
       if (t + 1 < ntiles) KM_STORE(cur ^ 1)
       __syncthreads();
     }
@@ -271,7 +245,8 @@ $HYPER_LOADS
           for (int u = 0; u < OT8; ++u) {
             const int o = o0 + u * 8 + 2 * q + (e & 1);
             if (o < O)
-              ob[(long long)o * soo + (long long)n * son + (long long)m * som] = km_epilogue(acc[i][j][u][e]$HYPER_ACTUALS);
+              ob[(long long)o * soo + (long long)n * son + (long long)m * som] =
+                  km_epilogue(acc[i][j][u][e]$HYPER_ACTUALS);
           }
         }
     }
@@ -299,7 +274,6 @@ def tc_grad_source(v: GradVariant) -> tuple[str, list[Param]]:
         BSTRIDE=smem_stride(cfg.bnn),
         CSTRIDE=smem_stride(v.ot),
         KUNROLL=cfg.k_unroll,
-        FLUSH_K8=int(cfg.flush == "k8"),
         SIGN=int(v.program.multiply == SIGN_MULTIPLY),
         MIN_BLOCKS=cfg.min_blocks,
         MULTIPLY=parts.multiply,
