@@ -221,7 +221,7 @@ def test_simt_grad_variant_compiles(arch: str, case: str, monkeypatch: pytest.Mo
 
 @pytest.mark.parametrize("arch", ARCHS)
 def test_tc_grad_single_output_compiles(arch: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(plan, "TC_GRAD_MIN_O", (1, 1))  # O = 1 on the tensor cores (one padded 8-wide chunk)
+    monkeypatch.setattr(plan, "TC_GRAD_MIN_O", 1)  # O = 1 on the tensor cores (one padded 8-wide chunk)
     variant, launch = plan.plan_grad(CASES["grad-p1-o1"])
     assert variant.tensor_cores and variant.ot == 8 and launch.args["ochunks"] == 1
     built = compiler.compile_cubin(codegen.grad_source(variant)[0], arch, name="kermac_grad")
@@ -230,12 +230,12 @@ def test_tc_grad_single_output_compiles(arch: str, monkeypatch: pytest.MonkeyPat
 
 def test_plan_selects_tensor_cores_for_grad(monkeypatch: pytest.MonkeyPatch) -> None:
     expect = {"grad-p1": (16, 1), "grad-p1-o33": (16, 3), "tc-grad-views": (16, 1), "grad-p1.5": (16, 1)}
-    expect["tc-grad-batch-broadcast-tensor-p"] = (8, 1)  # O = 5 with |t|^(p−1)
+    expect |= {"grad-p1-o5": (8, 1), "tc-grad-batch-broadcast-tensor-p": (8, 1)}
     for case, (ot, ochunks) in expect.items():
         variant, launch = plan.plan_grad(CASES[case])
         assert variant.tensor_cores and variant.ot == ot and launch.args["ochunks"] == ochunks, case
         assert "tiles_n" in launch.args and "tiles_m" not in launch.args
-    for case in ("grad-p1-o1", "grad-p1-o3", "grad-p1-o5"):  # O below plan.TC_GRAD_MIN_O for sign(d − b)
+    for case in ("grad-p1-o1", "grad-p1-o3"):  # O below plan.TC_GRAD_MIN_O
         assert not plan.plan_grad(CASES[case])[0].tensor_cores, case
     for dtype in ("float64", "float16", "bfloat16"):
         assert not plan.plan_grad(CASES[f"grad-p1.5-{dtype}"])[0].tensor_cores
@@ -374,10 +374,9 @@ def test_source_diag_and_batch() -> None:
 
 def test_source_grad(monkeypatch: pytest.MonkeyPatch) -> None:
     src = _source(CASES["grad-p1"])
-    assert "return km_sign((d - b));" in src and "#define OT8 2" in src and "#define SIGN 1" in src
+    assert "return km_sign((d - b));" in src and "#define OT8 2" in src
     assert "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32" in src
-    src = _source(CASES["grad-p1.5"])
-    assert "return km_signpow((d - b), (h_p - km_t(1.0)));" in src and "#define SIGN 0" in src
+    assert "return km_signpow((d - b), (h_p - km_t(1.0)));" in _source(CASES["grad-p1.5"])
     src = _source(CASES["tc-grad-batch-broadcast-tensor-p"])
     assert "hp_p[off_h_p]" in src and "off_a += q * ba0" in src and "#define OT8 1" in src
     monkeypatch.setattr(plan, "TENSOR_CORES", False)

@@ -229,7 +229,7 @@ def grad_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -
     from kermac_backend_nvrtc import plan
 
     monkeypatch.setattr(plan, "TENSOR_CORES", request.param)
-    monkeypatch.setattr(plan, "TC_GRAD_MIN_O", (1, 1))
+    monkeypatch.setattr(plan, "TC_GRAD_MIN_O", 1)
     return request.param
 
 

@@ -44,11 +44,11 @@ POLY_PAIRS = 0
 #: (tc_grad.TC_GRAD).  ``KERMAC_NVRTC_TENSOR_CORES=0`` in the environment (read at import) or
 #: setting this to False selects the SIMT kernels instead.
 TENSOR_CORES = os.environ.get("KERMAC_NVRTC_TENSOR_CORES", "1") != "0"
-#: Smallest O for which a float32 gradient runs on the tensor cores, for (cheap, transcendental)
-#: multiply expressions.  The SIMT kernel keeps a power of two ≥ O (at most 16) outputs per pair and
-#: costs about the same as the tensor-core kernel at 8 of them for p = 1 and 2, at 4–8 for p = 1.5
-#: (H100, docs/nvrtc-notes.md); below these it is faster.
-TC_GRAD_MIN_O = (9, 5)
+#: Smallest O for which a float32 gradient runs on the tensor cores.  The SIMT kernel keeps a power
+#: of two ≥ O outputs per pair (at most 16); the tensor-core kernel costs the same for every O ≤ 8 and
+#: beat it at O = 8 for p = 1 and 2 and at O = 5 for p = 1.5, lost at O = 4 (H100,
+#: docs/nvrtc-notes.md).
+TC_GRAD_MIN_O = 5
 _EXPENSIVE = frozenset({"pow", "exp", "log", "sqrt", "div"})
 _TENSOR_TYPES = {torch.float32: "float", torch.float64: "double", torch.float16: "km_f16", torch.bfloat16: "km_bf16"}
 
@@ -194,7 +194,7 @@ def plan_grad(problem: GradProblem) -> tuple[GradVariant, Launch]:
     compute = INPUT_TYPES[dtype][1]
     m, n, o, k = problem.sizes
     prog = problem.program
-    tensor_cores = TENSOR_CORES and dtype == "float32" and o >= TC_GRAD_MIN_O[_expensive(prog.multiply)]
+    tensor_cores = TENSOR_CORES and dtype == "float32" and o >= TC_GRAD_MIN_O
     cfg = tc_grad.TC_GRAD_CONFIG if tensor_cores else grad_config(compute)
     ot = min(cfg.max_ot, 1 << max(0, (o - 1).bit_length()))
     if tensor_cores:

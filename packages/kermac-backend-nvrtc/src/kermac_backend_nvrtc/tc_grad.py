@@ -16,10 +16,8 @@ c·v ≈ v_lo·c_hi + v_hi·c_lo + v_hi·c_hi.  Each term misses at most about 2
 v_lo·c_lo and the TF32 reading of v_lo), against 2⁻²⁴ for fp32 FMAs.  The tensor cores truncate
 their fp32 sums, a bias that grew to 2.9e-5 relative at K = 4096 and 5.8e-5 at K = 8192 when the
 mma accumulators ran over all of k; they therefore hold the three products of one 8-wide k step
-only, and fp32 registers add those partial sums with round-to-nearest (4.7e-7 at K = 16384).
-For ``multiply = sign(d − b)`` (p = 1), B' = ±a or 0: a is split once per fragment and reused for
-the warp's n values, B''s split is sign·a_hi, sign·a_lo (exact).  A B' value of ±inf gives NaN
-(inf − inf in the split) where fp32 arithmetic would give ±inf.
+only, and fp32 registers add those partial sums with round-to-nearest (4.7e-7 at K = 16384).  A B'
+value of ±inf gives NaN (inf − inf in the split) where fp32 arithmetic would give ±inf.
 
 Block: 8 warps of ``wn`` n × ``wm``·16 m pairs (``warps_n`` × ``warps_m`` warps); d of the warp's
 pairs stays in registers; a, b and the split c are staged through shared memory in k tiles of
@@ -33,11 +31,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from string import Template
 
-from kermac import ir
 from kermac_backend_nvrtc import kernels
 from kermac_backend_nvrtc.codegen import GradVariant, Param, _prelude, grad_parts
 
-__all__ = ["SIGN_MULTIPLY", "TC_GRAD", "TC_GRAD_CONFIG", "TcGradConfig", "smem_stride", "tc_grad_source"]
+__all__ = ["TC_GRAD", "TC_GRAD_CONFIG", "TcGradConfig", "smem_stride", "tc_grad_source"]
 
 
 @dataclass(frozen=True)
@@ -64,11 +61,9 @@ class TcGradConfig:
         return self.warps_m * self.wm * 16
 
 
-#: 8 n × 64 m pairs per block (warps of 4 n × 16 m), k tiles of 32, two blocks per SM (128 registers;
-#: NVRTC 13 spills 52–80 bytes for sm_90, yet this measured fastest: docs/nvrtc-notes.md).
+#: 8 n × 64 m pairs per block (warps of 4 n × 16 m), k tiles of 32, two blocks per SM: 128 registers
+#: with 64–80 bytes of spills (NVRTC 13.0, sm_90), the fastest of the tiles measured (docs/nvrtc-notes.md).
 TC_GRAD_CONFIG = TcGradConfig(warps_n=2, warps_m=4, wn=4, wm=1, bk=32, k_unroll=4, min_blocks=2)
-#: sign(d − b) (cdist_grad with p = 1): B' = ±a or 0, formed by flipping the sign bits of a's TF32 split.
-SIGN_MULTIPLY = ir.sign(ir.Var("d") - ir.Var("b"))
 
 
 def smem_stride(p: int) -> int:
@@ -92,7 +87,6 @@ TC_GRAD = Template(r"""
 #define AS $ASTRIDE
 #define BS $BSTRIDE
 #define CS $CSTRIDE
-#define SIGN $SIGN
 
 __device__ __forceinline__ float km_multiply(float d, float b$HYPER_FORMALS) { return $MULTIPLY; }
 __device__ __forceinline__ float km_epilogue(float acc$HYPER_FORMALS) { return $EPILOGUE; }
@@ -191,26 +185,14 @@ $HYPER_LOADS
           // A fragment element e: row (m) g + 8·(e & 1), column (k) q + 4·(e >> 1).
           const float* a0 = &As[cur][kk + q][r];
           const float av[4] = {a0[0], a0[8], a0[4 * AS], a0[4 * AS + 8]};
-#if SIGN
-          unsigned ah[4], al[4];
-#pragma unroll
-          for (int e = 0; e < 4; ++e) km_split(av[e], ah[e], al[e]);
-#endif
 #pragma unroll
           for (int i = 0; i < WN; ++i) {
             unsigned hi[4], lo[4];
 #pragma unroll
             for (int e = 0; e < 4; ++e) {
-#if SIGN
-              // multiply = sign(d − b) is ±1, 0 or NaN: sign·a's split is B''s split, exactly.
-              const float sg = km_multiply(dv[i][j][e & 1], bv[e >> 1][i]$HYPER_ACTUALS);
-              hi[e] = __float_as_uint(sg * __uint_as_float(ah[e]));
-              lo[e] = __float_as_uint(sg * __uint_as_float(al[e]));
-#else
               const float v = av[e] * km_multiply(dv[i][j][e & 1], bv[e >> 1][i]$HYPER_ACTUALS);
               hi[e] = km_tf32(v);
               lo[e] = __float_as_uint(v - __uint_as_float(hi[e]));
-#endif
             }
 #pragma unroll
             for (int u = 0; u < OT8; ++u) {
@@ -274,7 +256,6 @@ def tc_grad_source(v: GradVariant) -> tuple[str, list[Param]]:
         BSTRIDE=smem_stride(cfg.bnn),
         CSTRIDE=smem_stride(v.ot),
         KUNROLL=cfg.k_unroll,
-        SIGN=int(v.program.multiply == SIGN_MULTIPLY),
         MIN_BLOCKS=cfg.min_blocks,
         MULTIPLY=parts.multiply,
         EPILOGUE=parts.epilogue,
