@@ -78,9 +78,10 @@ def cdist_row(m: int, d: int, p: float, reps: int, with_torch: bool, near: bool 
     s = 256
     ref = torch.cdist(x[:s].double(), z[-s:].double(), p=p)
     err = rel(out[:s, -s:], ref)
+    max_rel = ((out[:s, -s:].double() - ref).abs() / ref).max().item()
     ms = timeit(lambda: kermac.cdist(x, z, p=p, out=out, backend="nvrtc"), reps)
     tms = timeit(lambda: torch.cdist(x, z, p=p), reps) if with_torch else None
-    return {"ms": ms, "torch_ms": tms, "err": err, "first_call_s": first}
+    return {"ms": ms, "torch_ms": tms, "err": err, "max_rel": max_rel, "first_call_s": first}
 
 
 def kernel_row(name: str, m: int, d: int, reps: int) -> dict:
@@ -132,6 +133,11 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--rows", default="")
     ap.add_argument("--reps", type=int, default=20)
+    ap.add_argument(
+        "--split",
+        default="0:0,0:1,28:1,36:1,44:1,52:1",
+        help="fractional-p variants to sweep, PAIRS:FTZ,... (plan.POLY_PAIRS, plan.FTZ)",
+    )
     args = ap.parse_args()
     want = [w for w in args.rows.split(",") if w]
     print(torch.cuda.get_device_name(), "torch", torch.__version__, time.strftime("%Y-%m-%d %H:%M"), flush=True)
@@ -154,27 +160,30 @@ def main() -> None:
     ]
     from kermac_backend_nvrtc import plan as nvplan
 
-    def with_poly(pairs: int, fn):
+    def with_split(pairs: int, ftz: bool, fn):
         def run() -> dict:
-            saved, nvplan.POLY_PAIRS = nvplan.POLY_PAIRS, pairs
+            saved = nvplan.POLY_PAIRS, nvplan.FTZ
+            nvplan.POLY_PAIRS, nvplan.FTZ = pairs, ftz
             try:
                 return fn()
             finally:
-                nvplan.POLY_PAIRS = saved
+                nvplan.POLY_PAIRS, nvplan.FTZ = saved
 
         return run
 
-    for pairs in (0, 12, 28):  # fraction of |t|^p on the FMA pipe (default: plan.POLY_PAIRS of 64)
+    for item in filter(None, args.split.split(",")):  # ex2 of `pairs` of 64 pairs on the FMA pipe
+        pairs, ftz = (int(v) for v in item.split(":"))
+        tag = f"poly={pairs} ftz={ftz}"
         plan.append(
             (
-                f"cdist 8192x8192x256 p=1.3 poly={pairs}",
-                with_poly(pairs, lambda: cdist_row(8192, 256, 1.3, args.reps, False)),
+                f"cdist 8192x8192x256 p=1.3 {tag}",
+                with_split(pairs, bool(ftz), lambda: cdist_row(8192, 256, 1.3, args.reps, False)),
             )
         )
         plan.append(
             (
-                f"cdist 30000x30000x1024 p=1.3 poly={pairs}",
-                with_poly(pairs, lambda: cdist_row(30000, 1024, 1.3, 3, False)),
+                f"cdist 30000x30000x1024 p=1.3 {tag}",
+                with_split(pairs, bool(ftz), lambda: cdist_row(30000, 1024, 1.3, 3, False)),
             )
         )
 
@@ -234,15 +243,16 @@ def main() -> None:
         print(name, json.dumps(results[name]), flush=True)
         torch.cuda.empty_cache()
     lines = [
-        "| row | nvrtc ms | torch ms | kermac | mm-kermac | target | rel err |",
-        "|---|---:|---:|---:|---:|---:|---:|",
+        "| row | nvrtc ms | torch ms | kermac | mm-kermac | target | rel err | max rel |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for name, r in results.items():
         km, mm, tgt = PEERS.get(name, (None, None, None))
         if "error" in r:
-            lines.append(f"| {name} | error: {r['error'][:60]} | | | | | |")
+            lines.append(f"| {name} | error: {r['error'][:60]} | | | | | | |")
             continue
         cells = [f"{r['ms']:.3f}", _fmt(r["torch_ms"]), _fmt(km), _fmt(mm), _fmt(tgt), f"{r['err']:.1e}"]
+        cells.append(f"{r['max_rel']:.1e}" if "max_rel" in r else "—")
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
     table = "\n".join(lines)
     print(table)

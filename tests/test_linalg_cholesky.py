@@ -4,19 +4,11 @@ from __future__ import annotations
 
 import pytest
 import torch
+from linalg_helpers import DEVICES, DTYPES, spd
 
 import kermac_linalg as kl
 
-DEVICES = [pytest.param("cpu", id="cpu"), pytest.param("cuda", id="cuda", marks=pytest.mark.gpu)]
-DTYPES = [torch.float32, torch.float64]
 TOL = {torch.float32: 1e-5, torch.float64: 1e-13}
-
-
-def spd(*batch: int, n: int, dtype=torch.float64, device="cpu", seed=0) -> torch.Tensor:
-    """Well-conditioned SPD matrices G Gᵀ / n + I."""
-    g = torch.Generator().manual_seed(seed)
-    G = torch.randn(*batch, n, n, generator=g, dtype=torch.float64)
-    return (G @ G.mT / n + torch.eye(n, dtype=torch.float64)).to(dtype=dtype, device=device)
 
 
 def rel(a: torch.Tensor, b: torch.Tensor) -> float:

@@ -4,32 +4,11 @@ from __future__ import annotations
 
 import pytest
 import torch
+from linalg_helpers import DEVICES, DTYPES, assert_solves, rhs, spd
 
 import kermac_linalg as kl
 
-DEVICES = [pytest.param("cpu", id="cpu"), pytest.param("cuda", id="cuda", marks=pytest.mark.gpu)]
-DTYPES = [torch.float32, torch.float64]
 TOL = {torch.float32: 2e-5, torch.float64: 1e-12}
-
-
-def spd(*batch: int, n: int, dtype=torch.float64, device="cpu", seed=0) -> torch.Tensor:
-    """Well-conditioned SPD matrices G Gᵀ / n + I (condition number below about 5)."""
-    g = torch.Generator().manual_seed(seed)
-    G = torch.randn(*batch, n, n, generator=g, dtype=torch.float64)
-    return (G @ G.mT / n + torch.eye(n, dtype=torch.float64)).to(dtype=dtype, device=device)
-
-
-def rhs(*shape: int, dtype=torch.float64, device="cpu", seed=1) -> torch.Tensor:
-    g = torch.Generator().manual_seed(seed)
-    return torch.randn(*shape, generator=g, dtype=torch.float64).to(dtype=dtype, device=device)
-
-
-def assert_solves(A: torch.Tensor, B: torch.Tensor, X: torch.Tensor, tol: float) -> None:
-    """X matches the float64 solution of A X = B (broadcast) to relative error ``tol``."""
-    ref = torch.linalg.solve(A.double().cpu(), B.double().cpu())
-    assert X.shape == ref.shape
-    err = (X.double().cpu() - ref).norm() / ref.norm()
-    assert err <= tol, f"relative error {err:.2e} > {tol:.0e}"
 
 
 @pytest.mark.parametrize("device", DEVICES)

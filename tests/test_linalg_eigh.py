@@ -4,31 +4,11 @@ from __future__ import annotations
 
 import pytest
 import torch
+from linalg_helpers import DEVICES, DTYPES, assert_eigenpairs, symmetric
 
 import kermac_linalg as kl
 
-DEVICES = [pytest.param("cpu", id="cpu"), pytest.param("cuda", id="cuda", marks=pytest.mark.gpu)]
-DTYPES = [torch.float32, torch.float64]
 TOL = {torch.float32: 2e-5, torch.float64: 1e-12}
-
-
-def symmetric(*batch: int, n: int, dtype=torch.float64, device="cpu", seed=0) -> torch.Tensor:
-    g = torch.Generator().manual_seed(seed)
-    G = torch.randn(*batch, n, n, generator=g, dtype=torch.float64)
-    return ((G + G.mT) / 2).to(dtype=dtype, device=device)
-
-
-def assert_eigenpairs(A: torch.Tensor, W: torch.Tensor, V: torch.Tensor, tol: float) -> None:
-    """Ascending float64-accurate eigenvalues, residual ‖AV − VΛ‖ and orthogonality ‖VᵀV − I‖."""
-    A64, W64, V64 = A.double().cpu(), W.double().cpu(), V.double().cpu()
-    n = A.shape[-1]
-    scale = torch.linalg.matrix_norm(A64, ord=2).clamp(min=1).max()
-    ref = torch.linalg.eigvalsh(A64)
-    assert (W64.diff(dim=-1) >= 0).all(), "eigenvalues must be ascending"
-    assert (W64 - ref).abs().max() <= tol * scale
-    assert (A64 @ V64 - V64 * W64[..., None, :]).norm(dim=(-2, -1)).max() <= tol * scale * n**0.5
-    eye = torch.eye(n, dtype=torch.float64)
-    assert (V64.mT @ V64 - eye).norm(dim=(-2, -1)).max() <= tol * n
 
 
 @pytest.mark.parametrize("device", DEVICES)

@@ -7,11 +7,10 @@ import math
 
 import pytest
 import torch
+from linalg_helpers import DEVICES, DTYPES
 
 import kermac_linalg as kl
 
-DEVICES = [pytest.param("cpu", id="cpu"), pytest.param("cuda", id="cuda", marks=pytest.mark.gpu)]
-DTYPES = [torch.float32, torch.float64]
 TOL = {torch.float32: 2e-5, torch.float64: 1e-12}
 
 

@@ -8,24 +8,9 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import torch
+from linalg_helpers import rhs, solve_error, spd
 
 import kermac_linalg as kl
-
-
-def spd(*batch: int, n: int, dtype=torch.float64, device="cpu", seed=0) -> torch.Tensor:
-    g = torch.Generator().manual_seed(seed)
-    G = torch.randn(*batch, n, n, generator=g, dtype=torch.float64)
-    return (G @ G.mT / n + torch.eye(n, dtype=torch.float64)).to(dtype=dtype, device=device)
-
-
-def rhs(*shape: int, dtype=torch.float64, device="cpu", seed=1) -> torch.Tensor:
-    g = torch.Generator().manual_seed(seed)
-    return torch.randn(*shape, generator=g, dtype=torch.float64).to(dtype=dtype, device=device)
-
-
-def solve_error(A: torch.Tensor, B: torch.Tensor, X: torch.Tensor) -> float:
-    ref = torch.linalg.solve(A.double().cpu(), B.double().cpu())
-    return ((X.double().cpu() - ref).norm() / ref.norm()).item()
 
 
 def eigen_residual(A: torch.Tensor, W: torch.Tensor, V: torch.Tensor) -> float:

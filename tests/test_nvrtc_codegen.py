@@ -192,12 +192,38 @@ def test_variant_compiles_to_cubin(case: str, arch: str) -> None:
 
 
 @pytest.mark.parametrize("arch", ARCHS)
-def test_poly_split_variant_compiles(arch: str) -> None:
+@pytest.mark.parametrize(("pairs", "ftz"), [(0, False), (44, True), (44, False), (64, True)])
+def test_split_variants_compile(arch: str, pairs: int, ftz: bool) -> None:
     import dataclasses
 
-    variant = dataclasses.replace(plan.plan_pairwise(CASES["preset-lp_distance"])[0], poly_pairs=20)
-    built = compiler.compile_cubin(codegen.pairwise_source(variant)[0], arch, name="kermac_pairwise")
-    assert built.cubin[:4] == b"\x7fELF"
+    for case in ("preset-lp_distance", "preset-laplace_lp", "lp-float16"):
+        variant = dataclasses.replace(plan.plan_pairwise(CASES[case])[0], poly_pairs=pairs, ftz=ftz)
+        built = compiler.compile_cubin(codegen.pairwise_source(variant)[0], arch, name="kermac_pairwise")
+        assert built.cubin[:4] == b"\x7fELF"
+
+
+def test_split_needs_a_float_sum_of_powered_differences() -> None:
+    import dataclasses
+
+    ge1 = frozenset({"p"})
+    lp = presets.lp_distance.lower()
+    assert codegen.split_exponent(lp, ge1) == ir.Hyper("p")
+    assert codegen.split_exponent(presets.laplace_lp.lower(), ge1) == ir.Hyper("p")
+    assert codegen.split_exponent(lp, frozenset()) is None  # p not known >= 1 (p < 1, tensor p)
+    x, z = ir.Var("x"), ir.Var("z")
+    for inner, reduction in [
+        (ir.pow(abs(x * z), ir.Hyper("p")), "sum"),
+        (ir.pow(abs(x - z), ir.Hyper("p")), "max"),
+        (ir.pow(abs(x - z), ir.Const(0.5)), "sum"),
+        (abs(x - z), "sum"),
+    ]:
+        assert codegen.split_exponent(kermac.PairwiseProgram(inner, reduction, ir.Var("acc")), ge1) is None
+    assert codegen.split_exponent(kermac.PairwiseProgram(ir.pow(abs(x - z), 3.0), "sum", ir.Var("acc")), ge1)
+    for case in ("lp-p<1", "lp-tensor-p-f32", "lp-float64", "preset-l1_distance"):
+        assert plan.plan_pairwise(CASES[case])[0].poly_pairs == 0, case
+    variant = dataclasses.replace(plan.plan_pairwise(CASES["preset-l1_distance"])[0], poly_pairs=8)
+    with pytest.raises(ValueError, match="split variant"):
+        codegen.pairwise_source(variant)
 
 
 @pytest.mark.parametrize("arch", ARCHS)
@@ -346,12 +372,18 @@ def test_source_l1_is_a_plain_abs_difference() -> None:
 
 
 def test_source_fractional_p_uses_fast_pow(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(plan, "POLY_PAIRS", 44)
+    monkeypatch.setattr(plan, "FTZ", True)
     src = _source(CASES["preset-lp_distance"])  # p = 1.5: scalar >= 1, ex2(p·lg2|t|) without the p = 0 case
-    assert "km_powabs_nz(km_abs((x - z)), h_p)" in src
-    monkeypatch.setattr(plan, "POLY_PAIRS", 20)  # the FMA-pipe polynomial split, when switched on
-    src = _source(CASES["preset-lp_distance"])
-    assert "km_powabs_poly(km_abs((x - z)), h_p)" in src and "#define POLY_PAIRS 20" in src
+    assert "km_powabs_ftz(km_abs((x - z)), h_p)" in src and "lg2.approx.ftz.f32" in src
+    assert "#define POLY_PAIRS 44" in src and "const km_t km_pb = h_p;" in src
+    assert "fmaxf(km_lg2_ftz(a), lmin)" in src and "float km_powabs_split(" in src
     assert "km_pow(acc, (km_t(1.0) / h_p))" in src  # the root stays IEEE pow
+    monkeypatch.setattr(plan, "POLY_PAIRS", 0)
+    monkeypatch.setattr(plan, "FTZ", False)
+    src = _source(CASES["preset-lp_distance"])
+    assert "km_powabs_nz(km_abs((x - z)), h_p)" in src and "#define POLY_PAIRS 0" in src
+    assert "float km_powabs_split(" not in src  # POW_POLY only in split kernels
     src = _source(CASES["lp-p<1"])
     assert "km_powabs(km_abs((x - z)), h_p)" in src and "#define POLY_PAIRS 0" in src
 
@@ -446,38 +478,40 @@ def test_render_semantics_table() -> None:
     assert set(codegen.CUDA_OPS) == set(ir.OPS)
 
 
-def _poly_powabs(a: np.ndarray, b: float) -> np.ndarray:
-    """float32 emulation of kernels.POW_POLY (bit tricks included)."""
+def _fma32(a: np.ndarray, b: np.ndarray | float, c: np.ndarray | float) -> np.ndarray:
+    """fmaf in float32: the float32 product is exact in float64, so one float64 add then rounding."""
+    return (a.astype(np.float64) * np.float64(b) + np.asarray(c, np.float64)).astype(np.float32)
+
+
+def _split_powabs(a: np.ndarray, b: float) -> np.ndarray:
+    """float32 emulation of kernels.POW_POLY's km_powabs_split (lg2.approx.ftz as a rounded log2)."""
     f32 = np.float32
-    bits = a.astype(f32).view(np.int32)
-    e = (bits - np.int32(0x3F400000)) & np.int32(-0x800000)
-    m = (bits - e).view(f32)
-    u = m - f32(1)
-    ef = ((e >> 23) + np.int32(0x4B400000)).view(f32) - f32(12582912.0)
-    p = f32(codegen._LOG2_COEFFS[-1])
-    for c in reversed(codegen._LOG2_COEFFS[:-1]):
-        p = p * u + f32(c)
-    y = np.maximum(f32(b) * (u * p + ef), f32(-126.0))
-    r = y + f32(12582912.0)
-    i = r - f32(12582912.0)
-    f = y - i
-    q = f32(codegen._EXP2_COEFFS[-1])
+    a = a.astype(f32)
+    with np.errstate(divide="ignore"):
+        lg2 = np.where(a >= f32(2.0**-126), np.log2(a.astype(np.float64)), -np.inf).astype(f32)
+    lc = np.maximum(lg2, f32(-126.0) / f32(b))
+    t = _fma32(lc, b, f32(12582912.0))
+    r = _fma32(lc, b, f32(12582912.0) - t)
+    q = np.full_like(r, codegen._EXP2_COEFFS[-1])
     for c in reversed(codegen._EXP2_COEFFS[:-1]):
-        q = q * f + f32(c)
-    return ((r.view(np.int32) << 23) + q.view(np.int32)).view(f32)
+        q = _fma32(q, r, f32(c))
+    return ((t.view(np.int32) << 23) + q.view(np.int32)).view(f32)
 
 
 @pytest.mark.parametrize("b", [1.0, 1.3, 2.5, 7.0])
-def test_polynomial_pow_accuracy(b: float) -> None:
-    a = np.concatenate([np.geomspace(1e-6, 1e6, 20001), [0.0, 1.0, 0.75, 1.5]]).astype(np.float32)
-    got = _poly_powabs(a, b).astype(np.float64)
+def test_split_pow_accuracy(b: float) -> None:
+    lim = 2.0 ** (125 / b)  # the kernel's guard keeps |x − z| <= 2^(125/b) on this path
+    a = np.concatenate([np.geomspace(1e-30, min(lim, 1e30), 40001), [0.0, 1.0, 0.75, 1.5, 2.0**-130]])
+    a = a.astype(np.float32)
+    got = _split_powabs(a, b).astype(np.float64)
     want = np.power(a.astype(np.float64), b)
-    ok = (want > 1e-30) & (want < 3e38)
+    ok = want > 2.0**-125
     rel = (got[ok] - want[ok]) / want[ok]
-    # |t|^b = 2^(b·log2|t|): the log2 error is scaled by b (cancelled by the root 1/p of a distance).
-    assert np.abs(rel).max() < 3.5e-6 * (1.0 + b)
-    assert abs(rel.mean()) < 2e-6  # errors oscillate: sums over k do not accumulate a bias
-    assert got[a == 0].max() < 1.2e-38
+    # 2^r: 2.7e-6; the float32 product b·l and lg2's rounding add b·2^-24·|log2 a|·ln 2 at most.
+    assert np.abs(rel).max() < 2.7e-6 + 6e-8 * np.abs(np.log2(a[ok])).max() * b
+    assert abs(rel.mean()) < 3e-7  # errors oscillate: sums over k do not accumulate a bias
+    tiny = got[~ok]  # 0 and terms below 2^-125 come out below 2^-125 (the kernel's epilogue flush)
+    assert (tiny >= 0).all() and (tiny < 2.0**-125).all()
 
 
 def test_precompile_in_worker_processes() -> None:

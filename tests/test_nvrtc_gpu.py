@@ -149,6 +149,52 @@ def test_p2_guard_keeps_entries_exact(p2_path: bool, data: str) -> None:
     assert (err <= 1e-5 * ref).all(), f"worst relative entry {(err / ref.clamp_min(1e-300)).max():.2e}"
 
 
+@pytest.fixture(params=[(0, False), (0, True), (44, True), (64, False)], ids=["mufu", "mufu-ftz", "split44", "split64"])
+def split_pairs(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> int:
+    """Fractional p on the MUFU only (denormal-exact or ftz) and with ex2 split onto the FMA pipe."""
+    from kermac_backend_nvrtc import plan
+
+    pairs, ftz = request.param
+    monkeypatch.setattr(plan, "POLY_PAIRS", pairs)
+    monkeypatch.setattr(plan, "FTZ", ftz)
+    return pairs
+
+
+@pytest.mark.parametrize("data", ["randn", "self", "subnormal", "large", "nan-inf"])
+@pytest.mark.parametrize("p", [1.3, 7.0])
+def test_fractional_p_split(split_pairs: int, data: str, p: float) -> None:
+    """|x − z|^p split between MUFU and FMA-pipe ex2: float64 accuracy, exact zeros, and the
+    tiles with inputs the polynomial cannot take (beyond 2^(125/p − 1), inf, NaN) on the MUFU."""
+    m, n, d = 200, 190, 77  # tails in m, n and k (9 full k tiles and 5)
+    x, z = randn(m, d, device="cuda"), randn(n, d, device="cuda")
+    rows = torch.ones(m, dtype=torch.bool)
+    if data == "self":
+        z = x[:n].clone()
+    elif data == "subnormal":  # coordinates where both sides are subnormal: flushed terms
+        mask = torch.rand(d, device="cuda") < 0.3
+        x[:, mask] *= 1e-39
+        z[:, mask] *= 1e-39
+    elif data == "large":  # one value beyond the polynomial's range, |v|^p still finite
+        x[5, 40] = 1e29 if p < 2 else 3e5
+        rows[5] = False
+    elif data == "nan-inf":
+        x[3, 20] = math.nan
+        z[7, 60] = math.inf
+        rows[3] = False
+    out = kermac.cdist(x, z, p=p, backend="nvrtc").cpu()
+    ref = ref_cdist(x, z, p)
+    if data == "nan-inf":
+        assert torch.isnan(out[3]).all()
+        assert torch.isinf(out[4:, 7]).all() and torch.isinf(out[:3, 7]).all()
+        cols = torch.arange(n) != 7
+        out, ref = out[:, cols], ref[:, cols]
+    elif data == "large":
+        assert_close(out[5], ref[5], tolerance(torch.float32))
+    assert_close(out[rows], ref[rows], tolerance(torch.float32))
+    if data == "self":
+        assert (out.diagonal() == 0).all()  # x = z: every term 0, the sum exactly 0 on every path
+
+
 def test_p2_tensor_cores_match_simt_on_kernels(monkeypatch: pytest.MonkeyPatch) -> None:
     from kermac_backend_nvrtc import plan
 

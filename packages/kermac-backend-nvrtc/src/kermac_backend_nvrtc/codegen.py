@@ -9,7 +9,8 @@ pointers and hyperparameter values are kernel arguments.  :func:`pairwise_source
 
 Expressions go through :func:`kermac.ir.render` with :data:`CUDA_OPS`; two peepholes first
 replace sub-trees by faster equivalents with the same semantics: ``pow(abs(e), b)`` →
-``km_powabs`` (``ex2(b·lg2|e|)``, no sign handling needed) and
+``km_powabs`` (``ex2(b·lg2|e|)``, no sign handling needed; ``km_powabs_ftz`` for a known
+``b >= 1`` when subnormals may be flushed) and
 ``select(ne(e, 0), sign(e)·pow(abs(e), b), 0)`` → ``km_signpow`` (a copysign instead of a sign
 times a product).
 """
@@ -42,6 +43,7 @@ __all__ = [
     "pairwise_config",
     "pairwise_source",
     "render_expr",
+    "split_exponent",
     "tc_guard",
 ]
 
@@ -77,14 +79,7 @@ INPUT_TYPES: dict[str, tuple[str, str]] = {
     "bfloat16": ("km_bf16", "float"),
 }
 
-_LOG2_COEFFS = (
-    1.4426815509796143,
-    -0.72109454870224,
-    0.4816456139087677,
-    -0.3710692822933197,
-    0.2927265763282776,
-    -0.14517906308174133,
-)
+#: 2^r on [−0.5, 0.5], relative minimax of degree 4 (float32 Horner: max 2.7e-6, mean 4e-8).
 _EXP2_COEFFS = (0.9999992847442627, 0.6931217908859253, 0.240247443318367, 0.05591785907745361, 0.009570101276040077)
 
 
@@ -113,22 +108,36 @@ def _is_zero(e: Expr) -> bool:
     return isinstance(e, Const) and e.value == 0.0
 
 
-def render_expr(expr: Expr, names: dict[str, str], *, ge1: frozenset[str] = frozenset(), poly: bool = False) -> str:
+def _exponent_ge1(b: Expr, ge1: frozenset[str]) -> bool:
+    """Whether exponent ``b`` is known finite and >= 1: a constant, or a hyperparameter in ``ge1``."""
+    return (isinstance(b, Hyper) and b.name in ge1) or (isinstance(b, Const) and 1.0 <= b.value < math.inf)
+
+
+def split_exponent(program: object, ge1: frozenset[str]) -> Expr | None:
+    """The exponent ``b`` if ``program`` is ``Σ_k |x − z|^b`` with ``b`` known finite and >= 1 (any
+    epilogue), else ``None``: the programs whose pairwise kernel may split ex2 onto the FMA pipe."""
+    inner = program.inner
+    if program.reduction != "sum" or not (isinstance(inner, Call) and inner.op == "pow"):
+        return None
+    base, b = inner.args
+    if base != Call("abs", (Call("sub", (Var("x"), Var("z"))),)) or not _exponent_ge1(b, ge1):
+        return None
+    return b
+
+
+def render_expr(expr: Expr, names: dict[str, str], *, ge1: frozenset[str] = frozenset(), ftz: bool = False) -> str:
     """CUDA C++ for ``expr``; ``names`` maps Var and Hyper names to C identifiers.
 
-    ``ge1``: hyperparameters known to be finite and >= 1 (``|a|^h`` then needs no ``h = 0`` case
-    and may use the polynomial ``km_powabs_poly`` when ``poly``).
+    ``ge1``: hyperparameters known to be finite and >= 1 (``|a|^h`` then needs no ``h = 0`` case,
+    and with ``ftz`` uses ``km_powabs_ftz``, which flushes terms below 2^-126 to 0).
     """
     peeps: dict[str, str] = {}
-
-    def exponent_ge1(b: Expr) -> bool:
-        return (isinstance(b, Hyper) and b.name in ge1) or (isinstance(b, Const) and 1.0 <= b.value < math.inf)
 
     def rewrite(e: Expr) -> Expr:
         if isinstance(e, Call):
             if e.op == "pow" and isinstance(e.args[0], Call) and e.args[0].op == "abs":
                 base, b = sub(e.args[0]), sub(e.args[1])
-                fn = ("km_powabs_poly" if poly else "km_powabs_nz") if exponent_ge1(e.args[1]) else "km_powabs"
+                fn = ("km_powabs_ftz" if ftz else "km_powabs_nz") if _exponent_ge1(e.args[1], ge1) else "km_powabs"
                 return placeholder(f"{fn}({base}, {b})")
             if e.op == "select" and _is_zero(e.args[2]) and isinstance(e.args[0], Call) and e.args[0].op == "ne":
                 x, zero = e.args[0].args
@@ -147,7 +156,7 @@ def render_expr(expr: Expr, names: dict[str, str], *, ge1: frozenset[str] = froz
         return e
 
     def sub(e: Expr) -> str:
-        return render_expr(e, names, ge1=ge1, poly=poly)
+        return render_expr(e, names, ge1=ge1, ftz=ftz)
 
     def placeholder(text: str) -> Expr:
         key = f"kmpeep{len(peeps)}"
@@ -169,11 +178,11 @@ def _horner(coeffs: tuple[float, ...], x: str) -> str:
     return text
 
 
-def _prelude(compute: str, poly: bool) -> str:
+def _prelude(compute: str, split: bool = False, ftz: bool = False) -> str:
     text = kernels.PRELUDE.replace("$COMPUTE", compute)
-    if poly:
+    if split:
         text += Template(kernels.POW_POLY).substitute(
-            LOG2_COEFFS=_horner(_LOG2_COEFFS, "u"), EXP2_COEFFS=_horner(_EXP2_COEFFS, "f")
+            LG2="km_lg2_ftz" if ftz else "km_lg2", EXP2_COEFFS=_horner(_EXP2_COEFFS, "r")
         )
     return text + kernels.LOADER
 
@@ -260,9 +269,10 @@ class PairwiseVariant:
     batch_dims: int
     x: Operand
     z: Operand
-    poly_pairs: int  # pairs per thread whose |.|^p runs on the FMA pipe
+    poly_pairs: int  # pairs per thread whose ex2 of |x − z|^b runs on the FMA pipe (split_exponent programs)
     k_unroll: int  # unroll factor of the k loop over one shared-memory tile
     tensor_cores: bool = False  # (x − z)² sum on the tensor cores (kernels.TC_PAIRWISE), float32 only
+    ftz: bool = False  # |.|^b with b >= 1 flushes subnormals (no denormal fix-ups around lg2/ex2)
 
 
 @dataclass(frozen=True)
@@ -350,7 +360,10 @@ def pairwise_source(v: PairwiseVariant) -> tuple[str, list[Param]]:
     names = {"x": "x", "z": "z", "acc": "acc", "diag": "diag"} | {h: f"h_{h}" for h in prog.hypers}
     params = _pairwise_params(tin, [], prog.uses_diag, batch_params, hyper_params)
     reduce = {"sum": "acc + v", "max": "km_max(acc, v)", "min": "km_min(acc, v)"}[prog.reduction]
-    poly = v.poly_pairs > 0
+    split = v.poly_pairs > 0
+    exponent = split_exponent(prog, v.ge1_hypers)
+    if split and (compute != "float" or exponent is None):
+        raise ValueError(f"split variant: needs a float sum of |x - z|^b with b >= 1; got {compute} {prog.key()}")
     source = kernels.PAIRWISE.substitute(
         BM=cfg.bm,
         BN=cfg.bn,
@@ -361,8 +374,8 @@ def pairwise_source(v: PairwiseVariant) -> tuple[str, list[Param]]:
         MIN_BLOCKS=cfg.min_blocks,
         POLY_PAIRS=v.poly_pairs,
         KUNROLL=v.k_unroll,
-        INNER=render_expr(prog.inner, names, ge1=v.ge1_hypers),
-        INNER_FMA=render_expr(prog.inner, names, ge1=v.ge1_hypers, poly=poly),
+        INNER=render_expr(prog.inner, names, ge1=v.ge1_hypers, ftz=v.ftz),
+        POLY_EXP=render_expr(exponent, names) if split else "",
         REDUCE=reduce,
         EPILOGUE=render_expr(prog.epilogue, names, ge1=v.ge1_hypers),
         IDENTITY=_const(prog.identity),
@@ -379,7 +392,7 @@ def pairwise_source(v: PairwiseVariant) -> tuple[str, list[Param]]:
         ZE=v.z.e,
         DIAG="((long long)m + diag_shift == (long long)n ? km_t(1) : km_t(0))" if prog.uses_diag else "km_t(0)",
     )
-    return _prelude(compute, poly) + source, params
+    return _prelude(compute, split, v.ftz) + source, params
 
 
 def _tc_pairwise_source(v: PairwiseVariant) -> tuple[str, list[Param]]:

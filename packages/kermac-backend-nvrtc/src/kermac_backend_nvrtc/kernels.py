@@ -4,9 +4,10 @@
 wrap 16-bit storage, so no ``cuda_fp16.h`` is needed), conversions, the IR operations with the
 semantics of :mod:`kermac.ir` (NaN-propagating min/max, sign(0) = 0, comparisons giving 1.0 or
 0.0) and a fast ``|a|^b`` for a non-negative base (``ex2.approx(b·lg2.approx(a))`` in float32,
-with an optional polynomial variant that runs on the FMA pipe instead of the special-function
-unit).  :data:`LOADER` stages one ``PT × KT`` operand tile into shared memory (stored k-major,
-``S[k][p]``) through registers, so the next tile's global loads overlap the current tile's math.
+optionally flushing subnormals, which saves the denormal fix-up instructions).  :data:`POW_POLY`
+adds a variant whose ex2 runs on the FMA pipe instead of the special-function unit.
+:data:`LOADER` stages one ``PT × KT`` operand tile into shared memory (stored k-major, ``S[k][p]``)
+through registers, so the next tile's global loads overlap the current tile's math.
 
 :data:`PAIRWISE` is a register-tiled SIMT kernel: a block computes ``BM × BN`` outputs, each of
 its 256 threads ``TM × TN`` of them (two ``TM/2``-row and ``TN/2``-column groups, read from
@@ -82,6 +83,13 @@ __device__ __forceinline__ double km_powabs(double a, double b) { return pow(a, 
 // |a|^b when b is known finite and >= 1 (no b == 0 case).
 __device__ __forceinline__ float km_powabs_nz(float a, float b) { return km_ex2(b * km_lg2(a)); }
 __device__ __forceinline__ double km_powabs_nz(double a, double b) { return pow(a, b); }
+// Flush-to-zero forms, without the denormal fix-ups: lg2 of a subnormal is -inf, ex2 below -126 is 0.
+__device__ __forceinline__ float km_ex2_ftz(float a) { float r; asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(a)); return r; }
+__device__ __forceinline__ float km_lg2_ftz(float a) { float r; asm("lg2.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(a)); return r; }
+// |a|^b when b is known finite and >= 1, flushing: a < 2^-126 and results below 2^-126 give 0 (each
+// such term is below 1.2e-38, which a sum cannot tell from 0); 0, inf and NaN as km_powabs_nz.
+__device__ __forceinline__ float km_powabs_ftz(float a, float b) { return km_ex2_ftz(b * km_lg2_ftz(a)); }
+__device__ __forceinline__ double km_powabs_ftz(double a, double b) { return pow(a, b); }
 // sign(x)·|x|^b where x != 0, and 0 where x == 0 (the IR's select(ne(x,0), sign(x)·pow(abs(x),b), 0)).
 __device__ __forceinline__ float km_signpow(float x, float b) { const float r = copysignf(km_powabs(fabsf(x), b), x); return x == 0.0f ? 0.0f : r; }
 __device__ __forceinline__ double km_signpow(double x, double b) { return x == 0.0 ? 0.0 : copysign(pow(fabs(x), b), x); }
@@ -91,34 +99,29 @@ __device__ __forceinline__ double km_signpow(double x, double b) { return x == 0
 KM_CMP(km_lt, <) KM_CMP(km_le, <=) KM_CMP(km_gt, >) KM_CMP(km_ge, >=) KM_CMP(km_eq, ==) KM_CMP(km_ne, !=)
 """
 
-#: ``|a|^b`` for ``a >= 0`` on the FMA pipe: log2 and exp2 by minimax polynomials (float32 only).
-#: log2: a = 2^e·m with m in [0.75, 1.5); log2(m) = u·P(u), u = m − 1.  exp2: y = i + f, f in
-#: [−0.5, 0.5]; 2^f = Q(f); the exponent i is added to the bits.  For b >= 1 only: |a| = 0 gives
-#: lg2 = −127 and y is clamped at −126, so the result is below 1.2e-38.  Max relative error about
-#: 5e-6 per term.
+#: ``|a|^b`` with ex2 on the FMA pipe, for the split pairwise kernel (float32; ``b`` finite, >= 1):
+#: l = max(lg2 a, lmin) stays on the special-function unit (lmin = −126/b: a = 0, whose lg2 is
+#: −inf, gives 2^−126); y = b·l = j + r with j = round(y) from the 1.5·2^23 magic add (fused into
+#: the FMA) and r in [−0.5, 0.5]; 2^r by a degree-4 minimax polynomial (relative error 2.7e-6, mean
+#: 4e-8); j is added to the result's exponent bits.  9 FMA/ALU-pipe instructions instead of a FMUL
+#: and a MUFU.EX2.  Valid for b·log2 a <= 125 — no inf or NaN: the kernel guarantees that by
+#: checking every staged input (``km_beyond``) and taking the MUFU path for a tile that fails.
 POW_POLY = r"""
-__device__ __forceinline__ float km_log2_poly(float a) {
-  int bits = __float_as_int(a);
-  int e = (bits - 0x3f400000) & 0xff800000;           // exponent such that m = a / 2^e in [0.75, 1.5)
-  float m = __int_as_float(bits - e);
-  float u = m - 1.0f;
-  float ef = __int_as_float((e >> 23) + 0x4b400000) - 12582912.0f;  // e / 2^23 as float, no I2F
-  float p = $LOG2_COEFFS;
-  return fmaf(u, p, ef);
+__device__ __forceinline__ float km_powabs_split(float a, float b, float lmin) {
+  const float l = fmaxf($LG2(a), lmin);
+  const float t = fmaf(b, l, 12582912.0f);            // 1.5·2^23 + j: j in the low mantissa bits
+  const float r = fmaf(b, l, 12582912.0f - t);        // y − j, exact to one rounding
+  const float q = $EXP2_COEFFS;
+  return __int_as_float((__float_as_int(t) << 23) + __float_as_int(q));  // q·2^j (j >= −126: no wrap)
 }
-__device__ __forceinline__ float km_exp2_poly(float y) {
-  y = fmaxf(y, -126.0f);                              // keeps the exponent field >= 0 (|a| = 0 gives ~1e-38)
-  float r = y + 12582912.0f;                          // 1.5·2^23: round to the nearest integer
-  float i = r - 12582912.0f;
-  float f = y - i;
-  float q = $EXP2_COEFFS;
-  // Add i to the exponent (the low mantissa bits of r hold i).
-  return __int_as_float(__float_as_int(r) * (1 << 23) + __float_as_int(q));
-}
-// inf and NaN bases (not finite: the bit tricks would lose them) are returned as they are: inf^b = inf for b >= 1.
-__device__ __forceinline__ float km_powabs_poly(float a, float b) {
-  const float v = km_exp2_poly(b * km_log2_poly(a));
-  return a <= 3.40282347e38f ? v : a;
+// Whether a staged operand tile (KmTile registers) holds a value with !(|v| <= lim): large, inf or NaN.
+template <typename Tile>
+__device__ __forceinline__ bool km_beyond(const Tile& tile, float lim) {
+  bool out = false;
+#pragma unroll
+  for (int i = 0; i < (int)(sizeof(tile.r.v) / sizeof(tile.r.v[0])); ++i)
+    out |= !(fabsf(km_cvt(tile.r.v[i], 0.0f)) <= lim);
+  return out;
 }
 """
 
@@ -212,10 +215,17 @@ PAIRWISE = Template(r"""
 #define SPAD $SPAD
 #define GROUP_M 8
 
+// Split kernels (POLY_PAIRS > 0, only for a float32 sum of |x − z|^b with b >= 1): POLY_PAIRS of a
+// thread's pairs take ex2 on the FMA pipe (km_powabs_split), the others on the MUFU.
 #define POLY_PAIRS $POLY_PAIRS
 __device__ __forceinline__ km_t km_inner(km_t x, km_t z$HYPER_FORMALS) { return $INNER; }
-// The same term with |.|^b on the FMA pipe (POW_POLY); used for the first POLY_PAIRS of a thread's pairs.
-__device__ __forceinline__ km_t km_inner_fma(km_t x, km_t z$HYPER_FORMALS) { return $INNER_FMA; }
+// Pair q of the thread's 4·VM·VN is split iff floor((q + 1)·n / P) > floor(q·n / P): n of them, spread evenly.
+#define KM_IS_SPLIT(q, n) (((q) + 1) * (n) / (4 * VM * VN) > (q) * (n) / (4 * VM * VN))
+#if POLY_PAIRS > 0
+#define KM_SPLIT_TERM(x, z) km_powabs_split(km_abs((x) - (z)), km_pb, km_plmin)
+#else
+#define KM_SPLIT_TERM(x, z) km_t(0)
+#endif
 __device__ __forceinline__ km_t km_reduce(km_t acc, km_t v) { return $REDUCE; }
 __device__ __forceinline__ km_t km_epilogue(km_t acc, km_t diag$HYPER_FORMALS) { return $EPILOGUE; }
 
@@ -240,6 +250,16 @@ kermac_pairwise($PARAMS) {
     const long long bidx = zbase + blockIdx.z;  // batch entry (the host splits batches over 65535)
 $BATCH_OFFSETS
 $HYPER_LOADS
+#if POLY_PAIRS > 0
+    const km_t km_pb = $POLY_EXP;                              // the exponent b of |x − z|^b
+    const km_t km_plmin = km_t(-126) / km_pb;                  // lg2 clamp: b·lmin = −126
+    const km_t km_plim = km_ex2(km_t(125) / km_pb - km_t(1));  // |x|, |z| <= lim: b·log2|x − z| <= 125
+    // A tile holding an input beyond lim (or inf, NaN) runs all pairs on the MUFU: km_fallback.
+#define KM_SYNC(next) km_fallback = __syncthreads_or((next) && (km_beyond(xt, km_plim) || km_beyond(zt, km_plim)))
+#else
+#define KM_SYNC(next) __syncthreads()
+#endif
+    int km_fallback = 0;
     const $TIN* xb = x + off_x + (long long)m0 * sxm;
     const $TIN* zb = z + off_z + (long long)n0 * szn;
     KmTile<$TIN, NT, BM, BK, BM + SPAD, $XMODE, $XE> xt;
@@ -255,7 +275,7 @@ $HYPER_LOADS
       zt.load(zb, szn, szk, N - n0, 0, D);
       xt.store(Xs[0]);
       zt.store(Zs[0]);
-      __syncthreads();
+      KM_SYNC(true);
     }
     for (int t = 0; t < ntiles; ++t) {
       const int cur = t & 1;
@@ -264,7 +284,7 @@ $HYPER_LOADS
         zt.load(zb, szn, szk, N - n0, (t + 1) * BK, D);
       }
       const int kcount = min(BK, D - t * BK);
-#define KM_STEP(kk)                                                               \
+#define KM_STEP(kk, SPLIT)                                                        \
       {                                                                           \
         km_t xr[2 * VM], zr[2 * VN];                                              \
         km_lds<VM>(&Xs[cur][kk][ty * VM], xr);                                    \
@@ -273,22 +293,26 @@ $HYPER_LOADS
         km_lds<VN>(&Zs[cur][kk][BN / 2 + tx * VN], zr + VN);                      \
         _Pragma("unroll") for (int i = 0; i < 2 * VM; ++i)                        \
         _Pragma("unroll") for (int j = 0; j < 2 * VN; ++j)                        \
-          acc[i][j] = km_reduce(acc[i][j], i * 2 * VN + j < POLY_PAIRS                \
-            ? km_inner_fma(xr[i], zr[j]$HYPER_ACTUALS) : km_inner(xr[i], zr[j]$HYPER_ACTUALS)); \
+          acc[i][j] = km_reduce(acc[i][j], KM_IS_SPLIT(i * 2 * VN + j, SPLIT)     \
+            ? KM_SPLIT_TERM(xr[i], zr[j]) : km_inner(xr[i], zr[j]$HYPER_ACTUALS)); \
       }
-      if (kcount == BK) {
+      if (kcount == BK && !km_fallback) {
 #pragma unroll $KUNROLL
-        for (int kk = 0; kk < BK; ++kk) KM_STEP(kk)
+        for (int kk = 0; kk < BK; ++kk) KM_STEP(kk, POLY_PAIRS)
+      } else if (kcount == BK) {
+#pragma unroll $KUNROLL
+        for (int kk = 0; kk < BK; ++kk) KM_STEP(kk, 0)
       } else {
-        for (int kk = 0; kk < kcount; ++kk) KM_STEP(kk)
+        for (int kk = 0; kk < kcount; ++kk) KM_STEP(kk, 0)
       }
 #undef KM_STEP
       if (t + 1 < ntiles) {
         xt.store(Xs[cur ^ 1]);
         zt.store(Zs[cur ^ 1]);
       }
-      __syncthreads();
+      KM_SYNC(t + 1 < ntiles);
     }
+#undef KM_SYNC
 
     $TOUT* ob = out + off_o;
 #pragma unroll
@@ -300,7 +324,14 @@ $HYPER_LOADS
         const int n = n0 + (j < VN ? tx * VN + j : BN / 2 + tx * VN + (j - VN));
         if (n < N) {
           const km_t diag = $DIAG;
-          km_store(ob + (long long)m * som + (long long)n * son, km_epilogue(acc[i][j], diag$HYPER_ACTUALS));
+#if POLY_PAIRS > 0
+          // Split terms are at least about 2^-126 (lmin, |x − z| = 0 included): a sum below
+          // D·2^-125 has only terms below the float32 normal range and is 0, as each is with ftz.
+          const km_t sum = acc[i][j] < km_t(D) * km_t(2.350988701644575e-38) ? km_t(0) : acc[i][j];
+#else
+          const km_t sum = acc[i][j];
+#endif
+          km_store(ob + (long long)m * som + (long long)n * son, km_epilogue(sum, diag$HYPER_ACTUALS));
         }
       }
     }

@@ -27,6 +27,7 @@ from kermac_backend_nvrtc.codegen import (
     grad_config,
     is_squared_difference_sum,
     pairwise_config,
+    split_exponent,
     tc_guard,
 )
 
@@ -35,10 +36,16 @@ __all__ = ["MAX_GRID_Z", "NT", "TC_GRAD_MIN_O", "TENSOR_CORES", "Launch", "plan_
 NT = 256
 MAX_GRID_Z = 65535
 INT32_MAX = 2**31 - 1
-#: Pairs of a thread's 8×8 tile whose |t|^p runs on the FMA pipe (kernels.POW_POLY) instead of the
-#: MUFU unit.  Measured on an H100 (docs/nvrtc-notes.md): 0 → 462 ms, 12 → 502, 20 → 535, 28 → 580
-#: for cdist 30000²×1024, p = 1.3, so the split is off until the kernel is restructured.
-POLY_PAIRS = 0
+#: Pairs of a thread's 8×8 tile whose ex2 of |x − z|^p runs on the FMA pipe (kernels.POW_POLY)
+#: instead of the MUFU, in programs ``Σ |x − z|^p`` with a scalar p >= 1 (cdist, Laplace-Lp) in
+#: float32.  Per warp and pair the MUFU pairs cost 16 MUFU cycles and 5 issue slots, the split
+#: ones 8 and 12; they balance at ~46 of 64, but 36–40 measured fastest on an H100
+#: (docs/nvrtc-notes.md).  0 (or ``KERMAC_NVRTC_POLY_PAIRS=0`` in the environment, read at
+#: import) switches the split off.
+POLY_PAIRS = int(os.environ.get("KERMAC_NVRTC_POLY_PAIRS", "36"))
+#: ``|t|^p`` with a known p >= 1 flushes subnormals (lg2/ex2 ``.ftz``: no denormal fix-ups; terms
+#: below 2^-126 become 0).  False (or ``KERMAC_NVRTC_FTZ=0``) keeps the denormal-exact lg2/ex2.
+FTZ = os.environ.get("KERMAC_NVRTC_FTZ", "1") != "0"
 #: Float32 sums of (x − z)² run on the tensor cores (3×TF32 expansion with the cancellation guard,
 #: kernels.TC_PAIRWISE), and so do float32 gradients with at least TC_GRAD_MIN_O outputs
 #: (tc_grad.TC_GRAD).  ``KERMAC_NVRTC_TENSOR_CORES=0`` in the environment (read at import) or
@@ -88,13 +95,6 @@ def _operand(t: torch.Tensor, layout: BatchLayout, name: str, pt: int, kt: int, 
     return Operand(0 if abs(sk) <= abs(sp) else 1, e)
 
 
-def _uses_pow_abs(expr: Expr) -> bool:
-    return any(
-        isinstance(n, Call) and n.op == "pow" and isinstance(n.args[0], Call) and n.args[0].op == "abs"
-        for n in walk(expr)
-    )
-
-
 def _expensive(expr: Expr) -> bool:
     return any(isinstance(n, Call) and n.op in _EXPENSIVE for n in walk(expr))
 
@@ -138,13 +138,7 @@ def plan_pairwise(problem: PairwiseProblem) -> tuple[PairwiseVariant, Launch]:
     ops = pairwise_operands(problem)
     layout = batch_layout(problem.batch_shape, ops)
     tensor_hypers, ge1, hyper_args = _hypers(problem, compute)
-    poly = (
-        compute == "float"
-        and _uses_pow_abs(prog.inner)
-        and any(
-            isinstance(n, Call) and n.op == "pow" and getattr(n.args[1], "name", None) in ge1 for n in walk(prog.inner)
-        )
-    )
+    split = compute == "float" and split_exponent(prog, ge1) is not None
     variant = PairwiseVariant(
         program=prog,
         dtype=dtype,
@@ -153,9 +147,10 @@ def plan_pairwise(problem: PairwiseProblem) -> tuple[PairwiseVariant, Launch]:
         batch_dims=len(layout.shape),
         x=_operand(problem.x, layout, "x", cfg.bm, cfg.bk, -2, -1),
         z=_operand(problem.z, layout, "z", cfg.bn, cfg.bk, -2, -1),
-        poly_pairs=POLY_PAIRS if poly else 0,
+        poly_pairs=POLY_PAIRS if split else 0,
         k_unroll=2 if _expensive(prog.inner) else cfg.bk,
         tensor_cores=tensor_cores,
+        ftz=FTZ,
     )
     m, n, d = problem.m, problem.n, problem.d
     tiles_m, tiles_n = -(-m // cfg.bm), -(-n // cfg.bn)

@@ -11,7 +11,9 @@ failed entries. Batches run one cuSOLVER call per entry on a bounded pool of str
 * :func:`cholesky_solve`, :func:`solve` solve ``A X = B`` (Cholesky for SPD A, LU otherwise);
 * :func:`cholesky` factors ``A = L Lᵀ``;
 * :func:`eigh` and :func:`eigh_range` compute all eigenpairs or those in an index/value range;
-* :func:`workspace_size` reports what a call allocates.
+* :func:`workspace_size` reports what a call allocates;
+* :func:`eigh_multi_gpu` decomposes one large matrix on several GPUs (cusolverMg; this one waits
+  on the host), :func:`eigh_multi_gpu_workspace` reports its memory per device.
 """
 
 from __future__ import annotations
@@ -19,16 +21,20 @@ from __future__ import annotations
 from ._cholesky import cholesky, cholesky_solve
 from ._dispatch import max_streams, set_max_streams
 from ._eigh import eigh, eigh_range
+from ._eigh_mg import MultiGpuWorkspace, eigh_multi_gpu, eigh_multi_gpu_workspace
 from ._lu import solve
 from ._status import LinalgError
 from ._workspace import WorkspaceSize, workspace_size
 
 __all__ = [
     "LinalgError",
+    "MultiGpuWorkspace",
     "WorkspaceSize",
     "cholesky",
     "cholesky_solve",
     "eigh",
+    "eigh_multi_gpu",
+    "eigh_multi_gpu_workspace",
     "eigh_range",
     "max_streams",
     "set_max_streams",
