@@ -187,7 +187,7 @@ def main() -> None:
             )
         )
 
-    def simt(fn):  # the same row on the SIMT difference kernel (p = 2 family)
+    def simt(fn):  # the same row on the SIMT kernels (p = 2 family of cdist, float32 gradients)
         def run() -> dict:
             saved, nvplan.TENSOR_CORES = nvplan.TENSOR_CORES, False
             try:
@@ -226,6 +226,11 @@ def main() -> None:
         ("gaussian 16384x16384x128", lambda: kernel_row("gaussian", 16384, 128, args.reps)),
         ("cdist 30000x30000x1024 p=2 simt", simt(lambda: cdist_row(30000, 1024, 2.0, 5, False))),
         ("cdist 8192x8192x256 p=2 near-duplicates", lambda: cdist_row(8192, 256, 2.0, args.reps, False, near=True)),
+        ("grad 4096,256,16,4096 p=1 simt", simt(lambda: grad_row(4096, 256, 16, 4096, 1.0, args.reps))),
+        ("grad 4096,256,16,4096 p=2 simt", simt(lambda: grad_row(4096, 256, 16, 4096, 2.0, args.reps))),
+        ("grad 4096,256,16,4096 p=1.5 simt", simt(lambda: grad_row(4096, 256, 16, 4096, 1.5, args.reps))),
+        ("grad 8192,768,16,8192 p=1 simt", simt(lambda: grad_row(8192, 768, 16, 8192, 1.0, 5))),
+        ("grad 8192,768,16,8192 p=1.5 simt", simt(lambda: grad_row(8192, 768, 16, 8192, 1.5, 5))),
     ]
     results = {}
     for name, fn in plan:

@@ -21,7 +21,7 @@ from kermac.problem import grad_problem, pairwise_problem
 
 nvrtc_codegen = pytest.importorskip("kermac_backend_nvrtc.codegen")
 pytest.importorskip("cuda.core")
-from kermac_backend_nvrtc import codegen, compiler, plan  # noqa: E402
+from kermac_backend_nvrtc import codegen, compiler, plan, tc_grad  # noqa: E402
 
 try:
     compiler.nvrtc_version()
@@ -125,6 +125,30 @@ def _cases() -> dict[str, object]:
     for dtype in (torch.float64, torch.float16, torch.bfloat16):
         cases[f"grad-p1.5-{str(dtype).removeprefix('torch.')}"] = _gr(None, dtype=dtype, p=1.5)
     cases["grad-a-transposed"] = _gr(2.0, a=_t(19, 21).T)
+    # The tensor-core gradient (float32, O >= plan.TC_GRAD_MIN_O): O in one or several chunks, views,
+    # broadcast batches, tensor hyperparameters, a user program.
+    k, m, n = 21, 19, 11
+    cases["tc-grad-batch-broadcast-tensor-p"] = grad_problem(
+        grad_program(None),
+        _t(2, 1, k, m),
+        _t(n, k),
+        _t(3, 5, k),
+        _t(1, n, m),
+        out=None,
+        hypers=_hypers(p=torch.tensor([[0.5], [1.5]])),
+    )
+    cases["tc-grad-views"] = grad_problem(
+        grad_program(1.0), _t(m, k).T, _t(k, n).T, _t(k, 9).T, _t(m, n).T, out=None, hypers={}
+    )
+    cases["tc-grad-user-program"] = grad_problem(
+        kermac.GradProgram(ir.Hyper("alpha") * ir.exp(-abs(ir.Var("d") - ir.Var("b"))), ir.Var("acc") * ir.Hyper("s")),
+        _t(k, m),
+        _t(n, k),
+        _t(40, k),
+        _t(n, m),
+        out=None,
+        hypers=_hypers(alpha=0.5, s=2.0),
+    )
     # The tensor-core path (float32 sums of (x − z)²): load modes, batches, diag, tensor hyperparameters.
     l2 = presets.l2_distance.lower()
     cases["tc-l2-p-vec"] = _pw(l2, _t(D, 128).T, _t(D, 64).T)
@@ -209,6 +233,41 @@ def test_simt_p2_variant_compiles(arch: str, monkeypatch: pytest.MonkeyPatch) ->
     assert not variant.tensor_cores
     built = compiler.compile_cubin(codegen.pairwise_source(variant)[0], arch, name="kermac_pairwise")
     assert built.cubin[:4] == b"\x7fELF"
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("case", ["grad-p1", "grad-p1.5", "grad-p0.5-tensor", "grad-a-transposed"])
+def test_simt_grad_variant_compiles(arch: str, case: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(plan, "TENSOR_CORES", False)  # the SIMT float32 gradient stays reachable
+    variant = plan.plan_grad(CASES[case])[0]
+    assert not variant.tensor_cores
+    built = compiler.compile_cubin(codegen.grad_source(variant)[0], arch, name="kermac_grad")
+    assert built.cubin[:4] == b"\x7fELF"
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_tc_grad_single_output_compiles(arch: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(plan, "TC_GRAD_MIN_O", 1)  # O = 1 on the tensor cores (one padded 8-wide chunk)
+    variant, launch = plan.plan_grad(CASES["grad-p1-o1"])
+    assert variant.tensor_cores and variant.ot == 8 and launch.args["ochunks"] == 1
+    built = compiler.compile_cubin(codegen.grad_source(variant)[0], arch, name="kermac_grad")
+    assert "registers" in built.ptxas
+
+
+def test_plan_selects_tensor_cores_for_grad(monkeypatch: pytest.MonkeyPatch) -> None:
+    expect = {"grad-p1": (16, 1), "grad-p1-o33": (16, 3), "tc-grad-views": (16, 1), "grad-p1.5": (16, 1)}
+    expect |= {"grad-p1-o5": (8, 1), "tc-grad-batch-broadcast-tensor-p": (8, 1)}
+    for case, (ot, ochunks) in expect.items():
+        variant, launch = plan.plan_grad(CASES[case])
+        assert variant.tensor_cores and variant.ot == ot and launch.args["ochunks"] == ochunks, case
+        assert "tiles_n" in launch.args and "tiles_m" not in launch.args
+    for case in ("grad-p1-o1", "grad-p1-o3"):  # O below plan.TC_GRAD_MIN_O
+        assert not plan.plan_grad(CASES[case])[0].tensor_cores, case
+    for dtype in ("float64", "float16", "bfloat16"):
+        assert not plan.plan_grad(CASES[f"grad-p1.5-{dtype}"])[0].tensor_cores
+    monkeypatch.setattr(plan, "TENSOR_CORES", False)
+    variant, launch = plan.plan_grad(CASES["grad-p1"])
+    assert not variant.tensor_cores and "tiles_m" in launch.args
 
 
 def test_plan_selects_tensor_cores_for_squared_differences() -> None:
@@ -345,12 +404,68 @@ def test_source_diag_and_batch() -> None:
     assert "long long bs1" in src and "off_x += q * bx1" in src
 
 
-def test_source_grad() -> None:
-    assert "return km_sign((d - b));" in _source(CASES["grad-p1"])
+def test_source_grad(monkeypatch: pytest.MonkeyPatch) -> None:
+    src = _source(CASES["grad-p1"])
+    assert "return km_sign((d - b));" in src and "#define OT8 2" in src
+    assert "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32" in src
     assert "return km_signpow((d - b), (h_p - km_t(1.0)));" in _source(CASES["grad-p1.5"])
+    src = _source(CASES["tc-grad-batch-broadcast-tensor-p"])
+    assert "hp_p[off_h_p]" in src and "off_a += q * ba0" in src and "#define OT8 1" in src
+    monkeypatch.setattr(plan, "TENSOR_CORES", False)
+    assert "return km_sign((d - b));" in _source(CASES["grad-p1"])
     assert "#define OT 1" in _source(CASES["grad-p1-o1"])
     assert "#define OT 4" in _source(CASES["grad-p1-o3"])
     assert "#define OT 16" in _source(CASES["grad-p1-o33"])
+
+
+def test_smem_stride_is_conflict_free() -> None:
+    """Fragment loads (8 consecutive p × 4 consecutive k rows) of every tile width hit 32 banks."""
+    for p in (8, 16, 24, 32, 64, 128):
+        s = tc_grad.smem_stride(p)
+        assert s >= p and s % 4 == 0
+        assert len({(k * s + g) % 32 for k in range(4) for g in range(8)}) == 32
+
+
+def _tc_grad_emulated(a, b, c, d, p: float) -> np.ndarray:
+    """float32 emulation of tc_grad.TC_GRAD: B' = a·φ in fp32, c split by rounding, B' into
+    rna_tf32 + an fp32 residual that the tensor core reads as TF32 (truncated here; rounding it gives
+    the same errors to 1 %), three products per 8-wide k step added to fp32 accumulators."""
+    f32 = np.float32
+    t = (d[:, :, None] - b[:, None, :]).astype(f32)  # [N, M, K]
+    phi = np.sign(t) if p == 1.0 else (np.sign(t) * np.abs(t) ** f32(p - 1)).astype(f32)
+    v = (a.T[None] * phi).astype(f32)
+    vh = _tf32(v)
+    vl = (((v - vh).astype(f32)).view(np.uint32) & np.uint32(0xFFFFE000)).view(f32)
+    ch = _tf32(c)
+    cl = _tf32((c - ch).astype(f32))
+    acc = np.zeros((c.shape[0],) + v.shape[:2], f32)
+    for k0 in range(0, c.shape[1], 8):
+        s = slice(k0, k0 + 8)
+        for x, y in ((vl, ch), (vh, cl), (vh, ch)):
+            acc = (acc + np.einsum("nmk,ok->onm", x[..., s].astype(np.float64), y[:, s].astype(np.float64))).astype(f32)
+    return acc
+
+
+@pytest.mark.parametrize("p", [1.0, 2.0, 1.5])
+@pytest.mark.parametrize("data", ["randn", "offset", "cancelling"])
+def test_tc_grad_split_accuracy(p: float, data: str) -> None:
+    """3×TF32 is as accurate as fp32 FMAs on random data (3e-7 relative Frobenius vs float64; the
+    SIMT kernel's fp32 sums give 4e-7) and within 1e-5 (SIMT: 2.7e-6; PEERS.md allows 1e-4) for
+    mixed-sign c whose terms cancel to 1 % of their magnitude, where the dropped lo·lo products
+    (≤ 2⁻²² of each term) show."""
+    rng = np.random.default_rng(7)
+    k, m, n, o = 512, 24, 6, 5
+    a, b, c, d = (rng.standard_normal(s) for s in ((k, m), (n, k), (o, k), (n, m)))
+    if data == "offset":
+        a, b, d = a + 4.0, b + 3.0, d - 3.0
+    elif data == "cancelling":  # k pairs with equal a, b and c of opposite sign up to 1 %
+        a[1::2], b[:, 1::2] = a[::2], b[:, ::2]
+        c[:, 1::2] = -c[:, ::2] * (1 + 0.01 * rng.standard_normal((o, k // 2)))
+    a, b, c, d = (x.astype(np.float32) for x in (a, b, c, d))
+    t = d.astype(np.float64)[:, :, None] - b.astype(np.float64)[:, None, :]
+    ref = np.einsum("ok,km,nmk->onm", c.astype(np.float64), a.astype(np.float64), np.sign(t) * np.abs(t) ** (p - 1))
+    got = _tc_grad_emulated(a, b, c, d, p)
+    assert np.linalg.norm(got - ref) / np.linalg.norm(ref) < (1.5e-5 if data == "cancelling" else 1e-6)
 
 
 def test_render_semantics_table() -> None:

@@ -269,15 +269,86 @@ def test_linf_nan_propagates() -> None:
     assert torch.isnan(out[:, 7]).all() and not torch.isnan(out[:, :7]).any()
 
 
+@pytest.fixture(params=[True, False], ids=["tensor-cores", "simt"])
+def grad_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> bool:
+    """Runs a float32 gradient test on the tensor-core kernel (every O, also O = 1) and on the SIMT one."""
+    from kermac_backend_nvrtc import plan
+
+    monkeypatch.setattr(plan, "TENSOR_CORES", request.param)
+    monkeypatch.setattr(plan, "TC_GRAD_MIN_O", 1)
+    return request.param
+
+
 @pytest.mark.parametrize("p", [0.5, 1.0, 1.5, 2.0, 3.0])
-@pytest.mark.parametrize("o", [1, 3, 16, 33])
-def test_grad(p: float, o: int) -> None:
-    k, m, n = 70, 67, 45
+@pytest.mark.parametrize(("k", "m", "n", "o"), [(70, 67, 45, 1), (70, 67, 45, 3), (301, 203, 37, 16), (70, 67, 45, 33)])
+def test_grad(grad_path: bool, p: float, k: int, m: int, n: int, o: int) -> None:
     a, b, c, d = (randn(*s, device="cuda") for s in ((k, m), (n, k), (o, k), (n, m)))
     b[0, :5] = d[0, :5]  # exact ties: the sgn(0) = 0 convention
     out = torch.full((o, n, m), math.nan, device="cuda")
     kermac.cdist_grad(a, b, c, d, p=p, out=out, backend="nvrtc")
     assert_close(out, ref_grad(a, b, c, d, p), 1e-4)
+
+
+@pytest.mark.parametrize("layout", ["views", "sliced", "misaligned", "broadcast-batch", "out-transposed"])
+def test_grad_paths_layouts(grad_path: bool, layout: str) -> None:
+    k, m, n, o = 77, 70, 19, 9
+    out = None
+    if layout == "views":
+        a, b, c, d = (randn(*s, device="cuda").T for s in ((m, k), (k, n), (k, o), (m, n)))
+    elif layout == "sliced":
+        a, b = randn(k, 2 * m, device="cuda")[:, ::2], randn(n, k + 3, device="cuda")[:, 3:]
+        c, d = randn(2 * o, k, device="cuda")[::2], randn(n, m + 1, device="cuda")[:, 1:]
+    elif layout == "misaligned":
+        a, b, c, d = (randn(x * y + 1, device="cuda")[1:].view(x, y) for x, y in ((k, m), (n, k), (o, k), (n, m)))
+    elif layout == "broadcast-batch":
+        a, b = randn(2, 1, k, m, device="cuda"), randn(n, k, device="cuda")
+        c, d = randn(3, o, k, device="cuda"), randn(1, 1, n, m, device="cuda")
+    else:
+        a, b, c, d = (randn(*s, device="cuda") for s in ((k, m), (n, k), (o, k), (n, m)))
+        out = torch.full((m, n, o), math.nan, device="cuda").permute(2, 1, 0)
+    for p in (1.0, 1.5):
+        got = kermac.cdist_grad(a, b, c, d, p=p, out=out, backend="nvrtc")
+        assert_close(got, ref_grad(a, b, c, d, p), 1e-4)
+
+
+@pytest.mark.parametrize("p", [1.0, 2.0, 1.5])
+def test_grad_cancelling_terms(grad_path: bool, p: float) -> None:
+    """Mixed-sign c whose terms cancel in pairs to 1 % of their size (3×TF32 drops lo·lo products)."""
+    k, m, n, o = 512, 130, 20, 16
+    a, b, c, d = (randn(*s, device="cuda") for s in ((k, m), (n, k), (o, k), (n, m)))
+    a[1::2], b[:, 1::2] = a[::2], b[:, ::2]
+    c[:, 1::2] = -c[:, ::2] * (1 + 0.01 * randn(o, k // 2, device="cuda"))
+    assert_close(kermac.cdist_grad(a, b, c, d, p=p, backend="nvrtc"), ref_grad(a, b, c, d, p), 3e-5)
+
+
+@pytest.mark.parametrize("p", [1.0, 2.0, 1.5])
+def test_grad_nan_propagates(grad_path: bool, p: float) -> None:
+    k, m, n, o = 40, 37, 21, 10
+    a, b, c, d = (randn(*s, device="cuda") for s in ((k, m), (n, k), (o, k), (n, m)))
+    d[3, 5] = math.nan  # out[:, 3, 5]
+    a[7, 11] = math.nan  # out[:, :, 11]
+    b[17, 2] = d[17, 30]  # a tie (term 0) beside them
+    out = kermac.cdist_grad(a, b, c, d, p=p, backend="nvrtc")
+    nan = torch.zeros(o, n, m, dtype=torch.bool, device="cuda")
+    nan[:, 3, 5] = True
+    nan[:, :, 11] = True
+    assert torch.equal(torch.isnan(out), nan)
+    assert_close(out[~nan], ref_grad(a, b, c, d, p)[~nan.cpu()], 1e-4)
+
+
+def test_grad_paths_agree_on_user_program(monkeypatch: pytest.MonkeyPatch) -> None:
+    from kermac_backend_nvrtc import plan
+
+    a, b, c, d = (randn(*s, device="cuda") for s in ((2, 90, 75), (40, 90), (2, 12, 90), (40, 75)))
+    prog = kermac.GradProgram(
+        ir.Hyper("alpha") * ir.exp(-abs(ir.Var("d") - ir.Var("b"))), ir.Var("acc") * ir.Hyper("s")
+    )
+    hypers = {"alpha": torch.tensor([0.5, 2.0], device="cuda"), "s": 3.0}
+    got = {}
+    for tc in (True, False):
+        monkeypatch.setattr(plan, "TENSOR_CORES", tc)
+        got[tc] = kermac.run_grad_program(prog, a, b, c, d, hypers=hypers, backend="nvrtc")
+    assert_close(got[True], got[False].double(), 2e-6)
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float64])
@@ -295,7 +366,7 @@ def test_grad_dtypes_and_views(dtype: torch.dtype) -> None:
     )
 
 
-def test_grad_batched_p() -> None:
+def test_grad_batched_p(grad_path: bool) -> None:
     k, m, n, o = 50, 40, 20, 4
     a, b, c, d = (randn(*s, device="cuda") for s in ((k, m), (n, k), (o, k), (n, m)))
     ps = [0.8, 1.5, 2.0]

@@ -31,11 +31,13 @@ __all__ = [
     "INPUT_TYPES",
     "TC_CONFIG",
     "GradConfig",
+    "GradParts",
     "GradVariant",
     "PairwiseConfig",
     "PairwiseVariant",
     "Param",
     "grad_config",
+    "grad_parts",
     "grad_source",
     "is_squared_difference_sum",
     "pairwise_config",
@@ -287,6 +289,7 @@ class GradVariant:
     a: Operand
     b: Operand
     c: Operand
+    tensor_cores: bool = False  # float32 contraction on the tensor cores (tc_grad.TC_GRAD); ot is 8 or 16
 
 
 def _hyper_parts(
@@ -422,45 +425,58 @@ def _tc_pairwise_source(v: PairwiseVariant) -> tuple[str, list[Param]]:
         ZE=v.z.e,
         DIAG="((long long)m + diag_shift == (long long)n ? km_t(1) : km_t(0))" if prog.uses_diag else "km_t(0)",
     )
-    return _prelude("float", False) + source, params
+    return _prelude("float", False) + kernels.MMA_TF32 + source, params
+
+
+@dataclass(frozen=True)
+class GradParts:
+    """What the SIMT and tensor-core gradient sources share: parameters and rendered pieces."""
+
+    params: list[Param]
+    hyper_loads: str
+    formals: str
+    actuals: str
+    batch_code: str
+    multiply: str
+    epilogue: str
+
+
+def grad_parts(v: GradVariant, tin: str, tiles: str) -> GradParts:
+    """Parameters (in order) and rendered pieces of a gradient kernel for variant ``v``.
+
+    Parameters: operands a, b, c, d, out; sizes M, N, O, K; ``tiles`` (the tile count along the
+    grid's fastest dimension: ``tiles_m`` or ``tiles_n``); ``ochunks``; ``zbase``; the strides; batch
+    strides; hyperparameters.
+    """
+    prog = v.program
+    operands = ["a", "b", "c", "d", "o"]
+    hyper_params, hyper_loads, formals, actuals = _hyper_parts(prog.hypers, dict(v.tensor_hypers), operands)
+    batch_params, batch_code = _batch_parts(operands, v.batch_dims)
+    names = {"d": "d", "b": "b", "acc": "acc"} | {h: f"h_{h}" for h in prog.hypers}
+    params = [Param(n, f"const {tin}*") for n in ("a", "b", "c", "d")]
+    params += [Param("out", f"{tin}*"), *(Param(n, "int") for n in ("M", "N", "O", "K", tiles, "ochunks"))]
+    strides = ("zbase", "sak", "sam", "sbn", "sbk", "sco", "sck", "sdn", "sdm", "soo", "son", "som")
+    params += [Param(n, "long long") for n in strides]
+    return GradParts(
+        params=params + batch_params + hyper_params,
+        hyper_loads=hyper_loads,
+        formals=formals,
+        actuals=actuals,
+        batch_code=batch_code,
+        multiply=render_expr(prog.multiply, names, ge1=v.ge1_hypers),
+        epilogue=render_expr(prog.epilogue, names, ge1=v.ge1_hypers),
+    )
 
 
 def grad_source(v: GradVariant) -> tuple[str, list[Param]]:
     """CUDA source of ``kermac_grad`` for variant ``v`` and its parameters in order."""
-    prog = v.program
+    if v.tensor_cores:
+        from kermac_backend_nvrtc.tc_grad import tc_grad_source  # imports this module
+
+        return tc_grad_source(v)
     tin, compute = INPUT_TYPES[v.dtype]
     cfg = grad_config(compute)
-    th = dict(v.tensor_hypers)
-    operands = ["a", "b", "c", "d", "o"]
-    hyper_params, hyper_loads, formals, actuals = _hyper_parts(prog.hypers, th, operands)
-    batch_params, batch_code = _batch_parts(operands, v.batch_dims)
-    names = {"d": "d", "b": "b", "acc": "acc"} | {h: f"h_{h}" for h in prog.hypers}
-    params = [
-        Param("a", f"const {tin}*"),
-        Param("b", f"const {tin}*"),
-        Param("c", f"const {tin}*"),
-        Param("d", f"const {tin}*"),
-        Param("out", f"{tin}*"),
-        Param("M", "int"),
-        Param("N", "int"),
-        Param("O", "int"),
-        Param("K", "int"),
-        Param("tiles_m", "int"),
-        Param("ochunks", "int"),
-        Param("zbase", "long long"),
-        Param("sak", "long long"),
-        Param("sam", "long long"),
-        Param("sbn", "long long"),
-        Param("sbk", "long long"),
-        Param("sco", "long long"),
-        Param("sck", "long long"),
-        Param("sdn", "long long"),
-        Param("sdm", "long long"),
-        Param("soo", "long long"),
-        Param("son", "long long"),
-        Param("som", "long long"),
-    ]
-    params += batch_params + hyper_params
+    parts = grad_parts(v, tin, "tiles_m")
     source = kernels.GRAD.substitute(
         KUNROLL=v.k_unroll,
         BMM=cfg.bmm,
@@ -471,13 +487,13 @@ def grad_source(v: GradVariant) -> tuple[str, list[Param]]:
         OT=v.ot,
         SPAD=cfg.spad,
         MIN_BLOCKS=cfg.min_blocks,
-        MULTIPLY=render_expr(prog.multiply, names, ge1=v.ge1_hypers),
-        EPILOGUE=render_expr(prog.epilogue, names, ge1=v.ge1_hypers),
-        HYPER_FORMALS=formals,
-        HYPER_ACTUALS=actuals,
-        HYPER_LOADS=hyper_loads,
-        PARAMS=", ".join(p.decl for p in params),
-        BATCH_OFFSETS=batch_code,
+        MULTIPLY=parts.multiply,
+        EPILOGUE=parts.epilogue,
+        HYPER_FORMALS=parts.formals,
+        HYPER_ACTUALS=parts.actuals,
+        HYPER_LOADS=parts.hyper_loads,
+        PARAMS=", ".join(p.decl for p in parts.params),
+        BATCH_OFFSETS=parts.batch_code,
         TIN=tin,
         TOUT=tin,
         AMODE=v.a.mode,
@@ -487,4 +503,4 @@ def grad_source(v: GradVariant) -> tuple[str, list[Param]]:
         CMODE=v.c.mode,
         CE=v.c.e,
     )
-    return _prelude(compute, False) + source, params
+    return _prelude(compute, False) + source, parts.params

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from string import Template
 
-__all__ = ["GRAD", "LOADER", "PAIRWISE", "POW_POLY", "PRELUDE", "TC_PAIRWISE"]
+__all__ = ["GRAD", "LOADER", "MMA_TF32", "PAIRWISE", "POW_POLY", "PRELUDE", "TC_PAIRWISE"]
 
 PRELUDE = r"""
 typedef $COMPUTE km_t;
@@ -163,7 +163,9 @@ struct KmTile {
       }
     }
   }
-  __device__ __forceinline__ void store(km_t (*S)[SP]) const {
+  // f(k, p, value) for every element this thread staged (value converted to km_t).
+  template <typename F>
+  __device__ __forceinline__ void each(F f) const {
     const int tid = threadIdx.x;
     if (MODE == 0 || MODE == 1) {
 #pragma unroll
@@ -171,17 +173,20 @@ struct KmTile {
         int e = tid + NT * i;
         int k = MODE == 0 ? e % KT : e / PT;
         int p = MODE == 0 ? e / KT : e % PT;
-        if (PT * KT % NT == 0 || e < PT * KT) S[k][p] = km_cvt(r.v[i], km_t(0));
+        if (PT * KT % NT == 0 || e < PT * KT) f(k, p, km_cvt(r.v[i], km_t(0)));
       }
     } else if (MODE == 2) {
       int p = tid / (KT / E), k = (tid % (KT / E)) * E;
 #pragma unroll
-      for (int i = 0; i < E; ++i) S[k + i][p] = km_cvt(r.v[i], km_t(0));
+      for (int i = 0; i < E; ++i) f(k + i, p, km_cvt(r.v[i], km_t(0)));
     } else {
       int p = (tid % (PT / E)) * E, k = tid / (PT / E);
 #pragma unroll
-      for (int i = 0; i < E; ++i) S[k][p + i] = km_cvt(r.v[i], km_t(0));
+      for (int i = 0; i < E; ++i) f(k, p + i, km_cvt(r.v[i], km_t(0)));
     }
+  }
+  __device__ __forceinline__ void store(km_t (*S)[SP]) const {
+    each([&](int k, int p, km_t v) { S[k][p] = v; });
   }
 };
 
@@ -453,6 +458,29 @@ $HYPER_LOADS
 }
 """)
 
+#: TF32 tensor-core helpers of the 3×TF32 kernels (float32 only): rounding to TF32, the hi/lo split
+#: a ≈ hi + lo, and one ``mma.sync`` m16n8k8 step (fragment layouts in the PTX ISA).
+MMA_TF32 = r"""
+// fp32 → TF32 bits, rounded to nearest (ties away), low 13 bits cleared.
+__device__ __forceinline__ unsigned km_tf32(float a) { return (__float_as_uint(a) + 0x1000u) & 0xffffe000u; }
+__device__ __forceinline__ void km_split(float a, unsigned& hi, unsigned& lo) {
+  hi = km_tf32(a);
+  lo = km_tf32(a - __uint_as_float(hi));
+}
+// c += a·b on one m16n8k8 tile (A row-major 16×8, B column-major 8×8, fp32 accumulators).
+__device__ __forceinline__ void km_mma(float* c, const unsigned* a, unsigned b0, unsigned b1) {
+  asm("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+// d = a·b (zero accumulator input).
+__device__ __forceinline__ void km_mma0(float* d, const unsigned* a, unsigned b0, unsigned b1) {
+  asm("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%10,%10,%10,%10};"
+      : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1), "f"(0.0f));
+}
+"""
+
 #: Pairwise programs whose term is (x − z)² with a sum (l2, squared l2, gaussian, laplace_l2, matern,
 #: cauchy), float32 only: d² = ‖x‖² + ‖z‖² − 2·x·z with the cross term on the tensor cores
 #: (``mma.sync`` m16n8k8 TF32) in 3×TF32 — each operand split into a TF32 high part and a TF32
@@ -469,18 +497,6 @@ TC_PAIRWISE = Template(r"""
 #define GROUP_M 8
 
 __device__ __forceinline__ float km_epilogue(float acc, float diag$HYPER_FORMALS) { return $EPILOGUE; }
-// fp32 → TF32 bits, rounded to nearest (ties away), low 13 bits cleared.
-__device__ __forceinline__ unsigned km_tf32(float a) { return (__float_as_uint(a) + 0x1000u) & 0xffffe000u; }
-__device__ __forceinline__ void km_split(float a, unsigned& hi, unsigned& lo) {
-  hi = km_tf32(a);
-  lo = km_tf32(a - __uint_as_float(hi));
-}
-// c += a·b on one m16n8k8 tile (A row-major 16×8, B column-major 8×8, fp32 accumulators).
-__device__ __forceinline__ void km_mma(float* c, const unsigned* a, unsigned b0, unsigned b1) {
-  asm("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
-      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
 
 extern "C" __global__ void __launch_bounds__(NT, $MIN_BLOCKS)
 kermac_pairwise($PARAMS) {

@@ -17,6 +17,7 @@ import torch
 from kermac.ir import Call, Expr, walk
 from kermac.layout import BatchLayout, batch_layout, grad_operands, pairwise_operands
 from kermac.problem import GradProblem, PairwiseProblem
+from kermac_backend_nvrtc import tc_grad
 from kermac_backend_nvrtc.codegen import (
     INPUT_TYPES,
     TC_CONFIG,
@@ -30,7 +31,7 @@ from kermac_backend_nvrtc.codegen import (
     tc_guard,
 )
 
-__all__ = ["MAX_GRID_Z", "NT", "Launch", "plan_grad", "plan_pairwise", "size_problem"]
+__all__ = ["MAX_GRID_Z", "NT", "TC_GRAD_MIN_O", "TENSOR_CORES", "Launch", "plan_grad", "plan_pairwise", "size_problem"]
 
 NT = 256
 MAX_GRID_Z = 65535
@@ -46,9 +47,15 @@ POLY_PAIRS = int(os.environ.get("KERMAC_NVRTC_POLY_PAIRS", "36"))
 #: below 2^-126 become 0).  False (or ``KERMAC_NVRTC_FTZ=0``) keeps the denormal-exact lg2/ex2.
 FTZ = os.environ.get("KERMAC_NVRTC_FTZ", "1") != "0"
 #: Float32 sums of (x − z)² run on the tensor cores (3×TF32 expansion with the cancellation guard,
-#: kernels.TC_PAIRWISE).  ``KERMAC_NVRTC_TENSOR_CORES=0`` in the environment (read at import) or
-#: setting this to False selects the SIMT difference kernel instead.
+#: kernels.TC_PAIRWISE), and so do float32 gradients with at least TC_GRAD_MIN_O outputs
+#: (tc_grad.TC_GRAD).  ``KERMAC_NVRTC_TENSOR_CORES=0`` in the environment (read at import) or
+#: setting this to False selects the SIMT kernels instead.
 TENSOR_CORES = os.environ.get("KERMAC_NVRTC_TENSOR_CORES", "1") != "0"
+#: Smallest O for which a float32 gradient runs on the tensor cores.  The SIMT kernel keeps a power
+#: of two ≥ O outputs per pair (at most 16); the tensor-core kernel costs the same for every O ≤ 8 and
+#: beat it at O = 8 for p = 1 and 2 and at O = 5 for p = 1.5, lost at O = 4 (H100,
+#: docs/nvrtc-notes.md).
+TC_GRAD_MIN_O = 5
 _EXPENSIVE = frozenset({"pow", "exp", "log", "sqrt", "div"})
 _TENSOR_TYPES = {torch.float32: "float", torch.float64: "double", torch.float16: "km_f16", torch.bfloat16: "km_bf16"}
 
@@ -180,14 +187,17 @@ def plan_grad(problem: GradProblem) -> tuple[GradVariant, Launch]:
     """Variant and launch of ``problem`` (which :func:`size_problem` accepted)."""
     dtype = str(problem.dtype).removeprefix("torch.")
     compute = INPUT_TYPES[dtype][1]
-    cfg = grad_config(compute)
     m, n, o, k = problem.sizes
+    prog = problem.program
+    tensor_cores = TENSOR_CORES and dtype == "float32" and o >= TC_GRAD_MIN_O
+    cfg = tc_grad.TC_GRAD_CONFIG if tensor_cores else grad_config(compute)
     ot = min(cfg.max_ot, 1 << max(0, (o - 1).bit_length()))
+    if tensor_cores:
+        ot = max(ot, 8)
     ochunks = -(-o // ot)
     ops = grad_operands(problem)
     layout = batch_layout(problem.batch_shape, ops)
     tensor_hypers, ge1, hyper_args = _hypers(problem, compute)
-    prog = problem.program
     variant = GradVariant(
         program=prog,
         dtype=dtype,
@@ -195,10 +205,11 @@ def plan_grad(problem: GradProblem) -> tuple[GradVariant, Launch]:
         ge1_hypers=ge1,
         batch_dims=len(layout.shape),
         ot=ot,
-        k_unroll=4,
+        k_unroll=cfg.k_unroll if tensor_cores else 4,
         a=_operand(problem.a, layout, "a", cfg.bmm, cfg.bk, -1, -2),
         b=_operand(problem.b, layout, "b", cfg.bnn, cfg.bk, -2, -1),
         c=_operand(problem.c, layout, "c", ot, cfg.bk, -2, -1),
+        tensor_cores=tensor_cores,
     )
     tiles_m, tiles_n = -(-m // cfg.bmm), -(-n // cfg.bnn)
     a, b, c, d, out = problem.a, problem.b, problem.c, problem.d, problem.out
@@ -212,7 +223,6 @@ def plan_grad(problem: GradProblem) -> tuple[GradVariant, Launch]:
         "N": n,
         "O": o,
         "K": k,
-        "tiles_m": tiles_m,
         "ochunks": ochunks,
         "sak": a.stride(-2),
         "sam": a.stride(-1),
@@ -226,5 +236,9 @@ def plan_grad(problem: GradProblem) -> tuple[GradVariant, Launch]:
         "son": out.stride(-2),
         "som": out.stride(-1),
     }
+    if tensor_cores:
+        args["tiles_n"] = tiles_n
+    else:
+        args["tiles_m"] = tiles_m
     args |= _batch_args(layout, _rename(list(ops))) | hyper_args
     return variant, Launch(tiles_m * tiles_n, layout.size * ochunks, args)
