@@ -63,7 +63,7 @@ class TcGradConfig:
 
 #: 8 n × 64 m pairs per block (warps of 4 n × 16 m), k tiles of 32, two blocks per SM: 128 registers
 #: with 64–80 bytes of spills (NVRTC 13.0, sm_90), the fastest of the tiles measured (docs/nvrtc-notes.md).
-TC_GRAD_CONFIG = TcGradConfig(warps_n=2, warps_m=4, wn=4, wm=1, bk=32, k_unroll=4, min_blocks=2)
+TC_GRAD_CONFIG = TcGradConfig(warps_n=2, warps_m=4, wn=4, wm=1, bk=32, k_unroll=1, min_blocks=2)
 
 
 def smem_stride(p: int) -> int:
