@@ -106,6 +106,43 @@ PLUGINS = {
         def kermac_backends():
             return [Emulator()]
     """,
+    # Low priority, but prefers itself for problems with D = 7; its preference hook breaks for D = 9.
+    "fake_preferring": """
+        from kermac.backend import Availability, Backend
+        from kermac.hookspecs import hookimpl
+        from kermac.reference.backend import ReferenceBackend
+
+        CALLS = []
+
+        class Specialist(Backend):
+            name = "specialist"
+            priority = 5
+
+            def availability(self):
+                return Availability.yes()
+
+            def preference(self, problem):
+                if problem.d == 9:
+                    raise ZeroDivisionError("broken hook")
+                return 60 if problem.d == 7 else self.priority
+
+            def check_pairwise(self, problem):
+                return None
+
+            def pairwise(self, problem):
+                CALLS.append(problem.program.key())
+                ReferenceBackend().pairwise(problem)
+
+            def check_grad(self, problem):
+                return "no gradients here"
+
+            def grad(self, problem):
+                raise AssertionError("never selected")
+
+        @hookimpl
+        def kermac_backends():
+            return [Specialist()]
+    """,
     # Fails at import.
     "fake_broken": """
         raise ImportError("libfake.so: cannot open shared object file")
@@ -147,6 +184,27 @@ def test_auto_prefers_priority_and_falls_through(plugins) -> None:
     assert len(fake_good.CALLS) == 1  # the fake (priority 50) beat torch (0); 'missing' (99) was skipped
     kermac.cdist(x.double(), x.double(), p=1.0)
     assert len(fake_good.CALLS) == 1  # float64 refused by the fake: torch ran it
+
+
+def test_preference_overrides_priority_per_problem(plugins) -> None:
+    import fake_good
+    import fake_preferring
+
+    x = torch.randn(4, 7)
+    kermac.cdist(x, x, p=1.0)
+    assert len(fake_preferring.CALLS) == 1 and fake_good.CALLS == []  # preference 60 beat priority 50
+    x = torch.randn(4, 3)
+    kermac.cdist(x, x, p=1.0)
+    assert len(fake_preferring.CALLS) == 1 and len(fake_good.CALLS) == 1  # elsewhere: priority 5 < 50
+
+
+def test_a_raising_preference_warns_and_ranks_by_priority(plugins) -> None:
+    import fake_good
+
+    x = torch.randn(4, 9)
+    with pytest.warns(RuntimeWarning, match=r"'specialist': preference\(\) raised ZeroDivisionError: broken hook"):
+        kermac.cdist(x, x, p=1.0)
+    assert len(fake_good.CALLS) == 1
 
 
 def test_negative_priority_is_opt_in(plugins) -> None:

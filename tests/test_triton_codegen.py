@@ -219,6 +219,25 @@ def test_selection_follows_dtype_and_switch(monkeypatch: pytest.MonkeyPatch) -> 
     assert not spec(presets.l2_distance, torch.float32).tensor_cores
 
 
+def test_auto_prefers_triton_where_its_tensor_core_kernel_runs(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Preference 25 (above NVRTC's 20) for the tensor-core problems on a GPU; elsewhere the priority."""
+    backend_mod = pytest.importorskip("kermac_backend_triton.backend")
+    from kermac.problem import pairwise_problem
+
+    def problem(desc: kermac.KernelDescriptor, d: int = 64) -> object:
+        x, z = torch.ones(4, d), torch.ones(5, d)
+        return pairwise_problem(desc.lower(), x, z, out=None, hypers={}, offset_m=0, offset_n=0, debug=False)
+
+    monkeypatch.delenv("KERMAC_TRITON_TENSOR_CORES", raising=False)
+    monkeypatch.setattr(backend_mod, "interpreting", lambda: False)
+    backend = backend_mod.TritonBackend()
+    assert backend.preference(problem(presets.l2_distance)) == backend_mod.TENSOR_CORE_PREFERENCE == 25
+    assert backend.preference(problem(presets.laplace_l2)) == 25
+    assert backend.preference(problem(presets.l1_distance)) == backend.priority
+    monkeypatch.setattr(backend_mod, "interpreting", lambda: True)  # the interpreter stays opt-in
+    assert backend.preference(problem(presets.l2_distance)) == backend.priority
+
+
 def test_tensor_core_spaces_follow_d() -> None:
     """Short and long D take their own tile spaces; the autotuner's prune keeps exactly that space."""
     configs = pytest.importorskip("kermac_backend_triton.configs")

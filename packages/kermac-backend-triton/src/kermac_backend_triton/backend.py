@@ -11,14 +11,19 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from kermac.backend import Availability, Backend
-from kermac_backend_triton.launch import grid_size_problem, interpreting, run_grad, run_pairwise
+from kermac.problem import PairwiseProblem
+from kermac_backend_triton.launch import grid_size_problem, interpreting, run_grad, run_pairwise, uses_tensor_cores
 
 if TYPE_CHECKING:
-    from kermac.problem import GradProblem, PairwiseProblem
+    from kermac.problem import GradProblem
 
-__all__ = ["MIN_CAPABILITY", "TritonBackend"]
+__all__ = ["MIN_CAPABILITY", "TENSOR_CORE_PREFERENCE", "TritonBackend"]
 
 MIN_CAPABILITY = (8, 0)
+#: ``auto``'s preference for the float32 p = 2 family on Triton's tensor-core kernel, above NVRTC's
+#: priority (20): measured at 0.71–0.97× NVRTC's time on every such row of the benchmark (H100,
+#: 2026-11-23, docs/triton-notes.md "Version 3").  Everything else keeps the priority (10).
+TENSOR_CORE_PREFERENCE = 25
 
 
 class TritonBackend(Backend):
@@ -69,6 +74,12 @@ class TritonBackend(Backend):
 
     def check_grad(self, problem: GradProblem) -> str | None:
         return self._check_device(problem.device) or grid_size_problem(problem)
+
+    def preference(self, problem: PairwiseProblem | GradProblem) -> int:
+        """:data:`TENSOR_CORE_PREFERENCE` where the tensor-core kernel runs on a GPU, else the priority."""
+        if isinstance(problem, PairwiseProblem) and not interpreting() and uses_tensor_cores(problem):
+            return TENSOR_CORE_PREFERENCE
+        return self.priority
 
     def pairwise(self, problem: PairwiseProblem) -> None:
         run_pairwise(problem)

@@ -132,6 +132,15 @@ def grid_size_problem(problem: PairwiseProblem | GradProblem) -> str | None:
     return None
 
 
+def uses_tensor_cores(problem: PairwiseProblem) -> bool:
+    """Whether ``problem`` runs on the tensor-core kernel (float32 p = 2 family, D ≥ ``TC_MIN_D``)."""
+    return (
+        configs.tensor_cores_enabled()
+        and problem.d >= configs.TC_MIN_D
+        and tensor_core_eligible(problem.program, compute_type(problem.dtype))
+    )
+
+
 def pairwise_spec(problem: PairwiseProblem) -> tuple[PairwiseSpec, BatchLayout]:
     """The source specialisation and batch layout of a pairwise problem."""
     layout = batch_layout(problem.batch_shape, pairwise_operands(problem))
@@ -145,9 +154,7 @@ def pairwise_spec(problem: PairwiseProblem) -> tuple[PairwiseSpec, BatchLayout]:
         tensor_hypers=_tensor_hypers(problem),
         int64=_needs_int64(tensors, programs),
         interpret=interpreting(),
-        tensor_cores=configs.tensor_cores_enabled()
-        and problem.d >= configs.TC_MIN_D
-        and tensor_core_eligible(problem.program, compute),
+        tensor_cores=uses_tensor_cores(problem),
     )
     return spec, layout
 

@@ -73,6 +73,16 @@ class Backend(abc.ABC):
     def grad(self, problem: GradProblem) -> None:
         """Compute the gradient contraction of ``problem`` into ``problem.out``."""
 
+    def preference(self, problem: PairwiseProblem | GradProblem) -> int:
+        """How strongly ``auto`` should prefer this backend for ``problem`` (default: :attr:`priority`).
+
+        ``auto`` runs the accepting backend of highest preference (ties go to the higher
+        priority). A backend overrides this where it has *measured* itself faster than its
+        priority suggests for a class of problems; it must be cheap and must not raise.
+        Backends of negative priority stay opt-in whatever this returns.
+        """
+        return self.priority
+
     def precompile(
         self, problems: list[PairwiseProblem | GradProblem], *, archs: Sequence[str] | None = None
     ) -> list[str]:

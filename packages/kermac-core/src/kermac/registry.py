@@ -164,8 +164,10 @@ def requested_backend(backend: str) -> str:
 def select_backend(backend: str, problem: object, check: Callable[[Backend, object], str | None], what: str) -> Backend:
     """Choose the backend that runs ``problem``.
 
-    ``backend='auto'`` takes the highest-priority backend that is available and whose ``check``
-    accepts the problem (never one of negative priority: those are opt-in); a name forces that
+    ``backend='auto'`` takes, among the backends that are available and whose ``check`` accepts
+    the problem (never one of negative priority: those are opt-in), the one of highest
+    :meth:`~kermac.backend.Backend.preference` for it (its priority unless it knows better; ties
+    go to the higher priority); a name forces that
     backend and raises :class:`BackendUnavailableError` or
     :class:`UnsupportedProblemError` (naming the backends that would work) if it cannot.
     """
@@ -183,7 +185,7 @@ def select_backend(backend: str, problem: object, check: Callable[[Backend, obje
                 f"backend {name!r} cannot run this {what}: {reason}.{_alternatives(problem, check, what)}"
             )
         return chosen
-    reasons = []
+    reasons, accepting = [], []
     for b in sorted(registered_backends().values(), key=lambda b: -b.priority):
         if b.priority < 0:
             continue  # opt-in backends run only when named
@@ -193,9 +195,25 @@ def select_backend(backend: str, problem: object, check: Callable[[Backend, obje
             continue
         reason = check(b, problem)
         if reason is None:
-            return b
-        reasons.append(f"{b.name}: {reason}")
+            accepting.append(b)
+        else:
+            reasons.append(f"{b.name}: {reason}")
+    if accepting:
+        return max(accepting, key=lambda b: (_preference(b, problem), b.priority))
     raise UnsupportedProblemError(f"no backend can run this {what} ({'; '.join(reasons) or 'no backends registered'})")
+
+
+def _preference(b: Backend, problem: object) -> int:
+    """``b.preference(problem)``; a plugin whose hook raises is warned about and ranked by priority."""
+    try:
+        return int(b.preference(problem))
+    except Exception as exc:
+        warnings.warn(
+            f"kermac backend {b.name!r}: preference() raised {type(exc).__name__}: {exc}; using its priority",
+            RuntimeWarning,
+            stacklevel=4,
+        )
+        return b.priority
 
 
 def _alternatives(problem: object, check: Callable[[Backend, object], str | None], what: str) -> str:
