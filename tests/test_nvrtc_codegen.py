@@ -289,6 +289,18 @@ def test_plan_selects_tensor_cores_for_squared_differences() -> None:
     assert launch.args["guard"] == codegen.tc_guard(D)
 
 
+def test_tensor_core_kernel_calls_expensive_epilogues(monkeypatch: pytest.MonkeyPatch) -> None:
+    """div/exp/sqrt/pow/log epilogues are __noinline__ on the tensor-core path (compile time); others inline."""
+    for name, inline in (("gaussian", False), ("l2_distance", False), ("squared_l2_distance", True)):
+        variant = plan.plan_pairwise(CASES[f"preset-{name}"])[0]
+        assert variant.inline_epilogue is inline, name
+        source = codegen.pairwise_source(variant)[0]
+        assert f"__device__ {'__forceinline__' if inline else '__noinline__'} float km_epilogue(" in source
+    assert plan.plan_pairwise(CASES["preset-laplace_l1"])[0].inline_epilogue  # SIMT kernels always inline
+    monkeypatch.setattr(plan, "INLINE_EXPENSIVE_EPILOGUE", True)
+    assert plan.plan_pairwise(CASES["preset-gaussian"])[0].inline_epilogue
+
+
 def test_source_tensor_cores() -> None:
     src = _source(CASES["preset-gaussian"])
     assert "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32" in src

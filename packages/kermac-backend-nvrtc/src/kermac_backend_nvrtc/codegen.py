@@ -273,6 +273,7 @@ class PairwiseVariant:
     k_unroll: int  # unroll factor of the k loop over one shared-memory tile
     tensor_cores: bool = False  # (x − z)² sum on the tensor cores (kernels.TC_PAIRWISE), float32 only
     ftz: bool = False  # |.|^b with b >= 1 flushes subnormals (no denormal fix-ups around lg2/ex2)
+    inline_epilogue: bool = True  # False: the tensor-core kernel calls the epilogue (__noinline__)
 
 
 @dataclass(frozen=True)
@@ -414,6 +415,7 @@ def _tc_pairwise_source(v: PairwiseVariant) -> tuple[str, list[Param]]:
         SPAD=cfg.spad,
         MIN_BLOCKS=cfg.min_blocks,
         EPILOGUE=render_expr(prog.epilogue, names, ge1=v.ge1_hypers),
+        EPILOGUE_INLINE="__forceinline__" if v.inline_epilogue else "__noinline__",
         HYPER_FORMALS=formals,
         HYPER_ACTUALS=actuals,
         HYPER_LOADS=hyper_loads,

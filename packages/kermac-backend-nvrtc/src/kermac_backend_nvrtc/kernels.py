@@ -496,7 +496,7 @@ TC_PAIRWISE = Template(r"""
 #define SPAD $SPAD
 #define GROUP_M 8
 
-__device__ __forceinline__ float km_epilogue(float acc, float diag$HYPER_FORMALS) { return $EPILOGUE; }
+__device__ $EPILOGUE_INLINE float km_epilogue(float acc, float diag$HYPER_FORMALS) { return $EPILOGUE; }
 
 extern "C" __global__ void __launch_bounds__(NT, $MIN_BLOCKS)
 kermac_pairwise($PARAMS) {

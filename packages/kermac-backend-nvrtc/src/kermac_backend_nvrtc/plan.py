@@ -56,6 +56,11 @@ TENSOR_CORES = os.environ.get("KERMAC_NVRTC_TENSOR_CORES", "1") != "0"
 #: beat it at O = 8 for p = 1 and 2 and at O = 5 for p = 1.5, lost at O = 4 (H100,
 #: docs/nvrtc-notes.md).
 TC_GRAD_MIN_O = 5
+#: The tensor-core kernel calls an expensive epilogue (div, exp, sqrt, pow, log: IEEE code with
+#: slow paths) as a real function instead of inlining its 64 copies per thread: that halves ptxas
+#: time (cold compile 1.0–1.6 s → ≤ 0.95 s on the development machine, docs/nvrtc-notes.md) for a
+#: call per output.  ``KERMAC_NVRTC_INLINE_EPILOGUE=1`` (read at import) inlines it again.
+INLINE_EXPENSIVE_EPILOGUE = os.environ.get("KERMAC_NVRTC_INLINE_EPILOGUE", "0") == "1"
 _EXPENSIVE = frozenset({"pow", "exp", "log", "sqrt", "div"})
 _TENSOR_TYPES = {torch.float32: "float", torch.float64: "double", torch.float16: "km_f16", torch.bfloat16: "km_bf16"}
 
@@ -151,6 +156,7 @@ def plan_pairwise(problem: PairwiseProblem) -> tuple[PairwiseVariant, Launch]:
         k_unroll=2 if _expensive(prog.inner) else cfg.bk,
         tensor_cores=tensor_cores,
         ftz=FTZ,
+        inline_epilogue=not tensor_cores or INLINE_EXPENSIVE_EPILOGUE or not _expensive(prog.epilogue),
     )
     m, n, d = problem.m, problem.n, problem.d
     tiles_m, tiles_n = -(-m // cfg.bm), -(-n // cfg.bn)

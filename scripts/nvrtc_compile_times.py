@@ -1,0 +1,49 @@
+"""Cold NVRTC compile time of every common variant (``kermac precompile``'s list), one at a time.
+
+No cache and no GPU involved: each variant's source goes through NVRTC to a cubin for ``--arch``,
+timed on this process's one thread (what a first call pays).  Prints one row per variant with
+its ptxas resource line, then the median and maximum.
+
+    python scripts/nvrtc_compile_times.py [--arch sm_90] [--match substring]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+from kermac.problem import GradProblem
+from kermac.variants import common_problems
+from kermac_backend_nvrtc.codegen import grad_source, pairwise_source
+from kermac_backend_nvrtc.compiler import _build
+from kermac_backend_nvrtc.plan import plan_grad, plan_pairwise
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--arch", default="sm_90")
+    ap.add_argument("--match", default="")
+    args = ap.parse_args()
+    seen: set[str] = set()
+    times: list[float] = []
+    for problem in common_problems():
+        grad = isinstance(problem, GradProblem)
+        variant = plan_grad(problem)[0] if grad else plan_pairwise(problem)[0]
+        source = (grad_source if grad else pairwise_source)(variant)[0]
+        label = f"{'grad' if grad else 'pairwise'} {problem.program.key()}"
+        if source in seen or args.match not in label:
+            continue
+        seen.add(source)
+        meta: dict = {}
+        start = time.perf_counter()
+        _build(source, args.arch, "kermac_grad" if grad else "kermac_pairwise", meta)
+        times.append(time.perf_counter() - start)
+        print(f"{times[-1]:6.2f} s  {label[:90]:90s}  {meta.get('ptxas', '')}", flush=True)
+    if times:
+        median, worst = statistics.median(times), max(times)
+        print(f"\n{len(times)} variants for {args.arch}: median {median:.2f} s, max {worst:.2f} s")
+
+
+if __name__ == "__main__":
+    main()
