@@ -29,8 +29,10 @@ applies the epilogue to d² and stores it streaming (``.cs``: the output is not 
 **Gradient** ``out[b,o,n,m] = epilogue(Σ_k c[b,o,k]·a[b,k,m]·multiply(d[b,n,m], b[b,n,k]))``.
 One program owns a ``BN × BM`` tile of ``(n, m)`` pairs and ``BO`` rows of ``o``.  Per ``BK``
 chunk it forms ``w[n,m,k] = a[k,m]·multiply(d[n,m], b[n,k])`` elementwise and contracts it with
-``c`` on the tensor cores: ``acc[(n,m), o] += w[(n,m), k] @ cᵀ[k, o]`` (``tf32x3`` in float32 —
-three TF32 products, float32 accuracy — and ``ieee`` in float64).
+``c`` on the tensor cores: ``acc[(n,m), o] += w[(n,m), k] @ cᵀ[k, o]`` — in float32 as 3×TF32
+by hand (:func:`_grad_contract`: the pairwise kernel's :data:`_TF32_HELPER` split, three plain
+``tf32`` products into a fresh accumulator per k step, added to ``acc`` in float32), ``ieee`` in
+float64.  ``w`` stays in registers as the A operand of the products.
 
 Batch entries are decoded from the program id over the coalesced batch dimensions of
 :func:`kermac.layout.batch_layout`; tensor hyperparameters are read once per program from their
