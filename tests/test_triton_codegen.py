@@ -103,8 +103,14 @@ def test_float64_and_interpreter_helpers() -> None:
 def test_grad_source(p: float) -> None:
     spec = kernels.GradSpec(grad_program(p), "float32", 1, frozenset(), False, False)
     body = kernel_body(kernels.grad_source(spec), kernels.GRAD_ENTRY)
-    dot = "tl.dot(tl.reshape(w, [BN * BM, BK]), cv, acc, input_precision=PRECISION, out_dtype=tl.float32)"
-    assert body.count(dot) == 2
+    # 3×TF32 by hand into a fresh accumulator per k step, in the full steps and the masked tail.
+    assert body.count('input_precision="tf32", out_dtype=tl.float32)') == 6 and body.count("acc += part") == 2
+    assert body.count("wh = _ktf32(w)") == 2 and "tf32x3" not in body
+    f64 = kernel_body(
+        kernels.grad_source(kernels.GradSpec(grad_program(p), "float64", 1, frozenset(), False, False)),
+        kernels.GRAD_ENTRY,
+    )
+    assert f64.count('tl.dot(w, cv, acc, input_precision="ieee", out_dtype=tl.float64)') == 2 and "_ktf32" not in f64
     if p == 1.0:
         assert "_ksign((dv - bv))" in body and "pow" not in body
     else:

@@ -73,17 +73,19 @@ PAIRWISE_TC_SPACE_SHORT: tuple[tuple[dict[str, int], int, int, int | None], ...]
 TC_SHORT_D = 64
 PAIRWISE_TC_SPACE = PAIRWISE_TC_SPACE_LONG + PAIRWISE_TC_SPACE_SHORT
 
-#: Gradient kernel space; ``BO`` is chosen from O (:func:`grad_block_o`), not tuned.
-GRAD_SPACE: tuple[tuple[dict[str, int], int, int], ...] = (
-    ({"BN": 8, "BM": 32, "BK": 32}, 4, 3),
-    ({"BN": 4, "BM": 64, "BK": 32}, 4, 3),
-    ({"BN": 4, "BM": 32, "BK": 32}, 4, 3),
-    ({"BN": 8, "BM": 32, "BK": 16}, 4, 4),
+#: Gradient kernel space, (meta-parameters, num_warps, num_stages, maxnreg); ``BO`` is chosen
+#: from O (:func:`grad_block_o`), not tuned.  The tile's ``w`` operand stays in registers (the
+#: A operand of the tensor-core product), so registers set the occupancy: at 8 warps
+#: ``maxnreg`` = 128 lets two programs share a multiprocessor (offline, sm_90: 184 registers
+#: without the cap, 48 bytes of spills with it).
+GRAD_SPACE: tuple[tuple[dict[str, int], int, int, int | None], ...] = (
+    ({"BN": 8, "BM": 32, "BK": 32}, 8, 3, 128),
+    ({"BN": 8, "BM": 32, "BK": 32}, 8, 3, None),
+    ({"BN": 8, "BM": 32, "BK": 16}, 4, 4, None),
 )
 
 #: Configurations used when autotuning is off (launch options included).
 DEFAULT_PAIRWISE = dict(PAIRWISE_SPACE[1][0], num_warps=PAIRWISE_SPACE[1][1], num_stages=PAIRWISE_SPACE[1][2])
-DEFAULT_GRAD = dict(GRAD_SPACE[0][0], num_warps=GRAD_SPACE[0][1], num_stages=GRAD_SPACE[0][2])
 
 #: The interpreter's only configurations: small tiles so CPU tests stay fast.
 INTERPRET_PAIRWISE = {"BK": 8, "MI": 2, "NI": 2, "MT": 4, "NT": 4, "GROUP_M": 2}
@@ -142,9 +144,8 @@ def pairwise_configs() -> list:
 
 def grad_configs() -> list:
     """The gradient space as ``triton.Config`` objects."""
-    import triton
 
-    return [triton.Config(dict(meta), num_warps=w, num_stages=s) for meta, w, s in GRAD_SPACE]
+    return [_tc_config(entry) for entry in GRAD_SPACE]
 
 
 def launch_options(entry: tuple) -> dict:
@@ -154,6 +155,10 @@ def launch_options(entry: tuple) -> dict:
     if rest and rest[0] is not None:
         options["maxnreg"] = rest[0]
     return options
+
+
+#: The gradient configuration used when autotuning is off.
+DEFAULT_GRAD = launch_options(GRAD_SPACE[0])
 
 
 def grad_block_o(o: int) -> int:

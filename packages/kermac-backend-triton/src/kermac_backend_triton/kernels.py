@@ -29,8 +29,10 @@ applies the epilogue to d² and stores it streaming (``.cs``: the output is not 
 **Gradient** ``out[b,o,n,m] = epilogue(Σ_k c[b,o,k]·a[b,k,m]·multiply(d[b,n,m], b[b,n,k]))``.
 One program owns a ``BN × BM`` tile of ``(n, m)`` pairs and ``BO`` rows of ``o``.  Per ``BK``
 chunk it forms ``w[n,m,k] = a[k,m]·multiply(d[n,m], b[n,k])`` elementwise and contracts it with
-``c`` on the tensor cores: ``acc[(n,m), o] += w[(n,m), k] @ cᵀ[k, o]`` (``tf32x3`` in float32 —
-three TF32 products, float32 accuracy — and ``ieee`` in float64).
+``c`` on the tensor cores: ``acc[(n,m), o] += w[(n,m), k] @ cᵀ[k, o]`` — in float32 as 3×TF32
+by hand (:func:`_grad_contract`: the pairwise kernel's :data:`_TF32_HELPER` split, three plain
+``tf32`` products into a fresh accumulator per k step, added to ``acc`` in float32), ``ieee`` in
+float64.  ``w`` stays in registers as the A operand of the products.
 
 Batch entries are decoded from the program id over the coalesced batch dimensions of
 :func:`kermac.layout.batch_layout`; tensor hyperparameters are read once per program from their
@@ -354,6 +356,31 @@ def {PAIRWISE_ENTRY}(
     return helpers(spec.compute, spec.interpret) + _TF32_HELPER + "\n\n" + head + _indent(body + main)
 
 
+def _grad_contract(compute: str) -> list[str]:
+    """Lines adding one k step's ``w[(n,m), k] @ cv[k, o]`` to ``acc``.
+
+    float64: one ``ieee`` dot.  float32: 3×TF32 by hand (as in the tensor-core pairwise kernel):
+    hi = :func:`_ktf32` rounding, lo = the remainder (``w``'s lo goes in unrounded: the tensor
+    cores truncate it, an error ≤ 2⁻²¹·|w| that saves two instructions per term), the products
+    wl·ch + wh·cl + wh·ch summed into a fresh accumulator ``part`` that is added to ``acc`` in
+    float32 — the tensor cores truncate their own sums, which over all of K would grow the error
+    linearly with K.
+    """
+    if compute == "float64":
+        return ['acc = tl.dot(w, cv, acc, input_precision="ieee", out_dtype=tl.float64)']
+    dot = 'tl.dot({}, {}{}, input_precision="tf32", out_dtype=tl.float32)'
+    return [
+        "wh = _ktf32(w)",
+        "wl = w - wh",
+        "ch = _ktf32(cv)",
+        "cl = _ktf32(cv - ch)",
+        "part = " + dot.format("wl", "ch", ""),
+        "part = " + dot.format("wh", "cl", ", part"),
+        "part = " + dot.format("wh", "ch", ", part"),
+        "acc += part",
+    ]
+
+
 def grad_source(spec: GradSpec) -> str:
     """Complete Python module source (helpers + ``kermac_grad``) for ``spec``."""
     prog = spec.program
@@ -370,7 +397,7 @@ def grad_source(spec: GradSpec) -> str:
 def {GRAD_ENTRY}(
     A, B, C, DD, OUT, {_hyper_params(hypers, spec.tensor_hypers, cdt)}M, N, O, K,
     SAK, SAM, SBN, SBK, SCO, SCK, SDN, SDM, SOO, SON, SOM, {_batch_params(tuple(operands), spec.nbatch)}KEY,
-    BN: tl.constexpr, BM: tl.constexpr, BK: tl.constexpr, BO: tl.constexpr, PRECISION: tl.constexpr,
+    BN: tl.constexpr, BM: tl.constexpr, BK: tl.constexpr, BO: tl.constexpr,
 ):
     # program {prog.key()}
     pid = tl.program_id(0){cast}
@@ -385,6 +412,7 @@ def {GRAD_ENTRY}(
     pm = rest_t // tiles_n
 """
     body = _batch_code(operands, spec.nbatch) + _hyper_loads(hypers, spec.tensor_hypers, cdt)
+    contract = _indent(_grad_contract(spec.compute), 2)
     main = f"""\
     rn = pn * BN + tl.arange(0, BN)
     rm = pm * BM + tl.arange(0, BM)
@@ -403,8 +431,8 @@ def {GRAD_ENTRY}(
         bv = tl.load(brow + kk[None, :] * SBK).to({cdt})[:, None, :]
         av = tl.load(acol + kk[None, :] * SAK).to({cdt})
         cv = tl.load(crow + kk[:, None] * SCK).to({cdt})
-        w = av[None, :, :] * tl.broadcast_to({multiply}, [BN, BM, BK])
-        acc = tl.dot(tl.reshape(w, [BN * BM, BK]), cv, acc, input_precision=PRECISION, out_dtype={cdt})
+        w = tl.reshape(av[None, :, :] * tl.broadcast_to({multiply}, [BN, BM, BK]), [BN * BM, BK])
+{contract}
     if k_full < K:
         kk = k_full + kr
         km = kk < K
@@ -412,10 +440,12 @@ def {GRAD_ENTRY}(
         av = tl.load(acol + kk[None, :] * SAK, mask=km[None, :], other=0.0).to({cdt})
         cv = tl.load(crow + kk[:, None] * SCK, mask=km[:, None], other=0.0).to({cdt})
         w = tl.where(km[None, None, :], av[None, :, :] * tl.broadcast_to({multiply}, [BN, BM, BK]), 0.0)
-        acc = tl.dot(tl.reshape(w, [BN * BM, BK]), cv, acc, input_precision=PRECISION, out_dtype={cdt})
+        w = tl.reshape(w, [BN * BM, BK])
+{contract}
     val = tl.reshape(tl.broadcast_to({epilogue}, [BN * BM, BO]), [BN, BM, BO])
     optr = OUT + ro[None, None, :] * SOO + rn[:, None, None] * SON + rm[None, :, None] * SOM
     omask = (ro < O)[None, None, :] & (rn < N)[:, None, None] & (rm < M)[None, :, None]
     tl.store(optr, val.to(OUT.dtype.element_ty), mask=omask)
 """
-    return helpers(spec.compute, spec.interpret) + "\n\n" + head + _indent(body) + main
+    split = _TF32_HELPER if spec.compute == "float32" else ""
+    return helpers(spec.compute, spec.interpret) + split + "\n\n" + head + _indent(body) + main

@@ -125,7 +125,7 @@ def grid_size_problem(problem: PairwiseProblem | GradProblem) -> str | None:
         tiles = min(_cdiv(problem.m, c["MI"] * c["MT"]) * _cdiv(problem.n, c["NI"] * c["NT"]) for c, _, _ in space)
     else:
         m, n, o, _ = problem.sizes
-        pairs = min(_cdiv(n, c["BN"]) * _cdiv(m, c["BM"]) for c, _, _ in configs.GRAD_SPACE)
+        pairs = min(_cdiv(n, c["BN"]) * _cdiv(m, c["BM"]) for c, *_ in configs.GRAD_SPACE)
         tiles = _cdiv(o, configs.grad_block_o(o)) * pairs
     if batch * tiles > INT32_MAX:
         return f"the problem needs {batch * tiles} thread blocks, more than CUDA's limit of {INT32_MAX}"
@@ -234,6 +234,5 @@ def run_grad(problem: GradProblem, meta: dict[str, int] | None = None) -> None:
     if meta is not None:
         kernel = kernel.fn if hasattr(kernel, "configs") else kernel  # unwrap the autotuner
         extra = dict(meta)
-    precision = "ieee" if spec.compute == "float64" else "tf32x3"
     with _device_guard(out):
-        kernel[grid](*args, KEY=configs.bucket(batch, m, n, o, k), BO=block_o, PRECISION=precision, **extra)
+        kernel[grid](*args, KEY=configs.bucket(batch, m, n, o, k), BO=block_o, **extra)
