@@ -289,16 +289,16 @@ def test_plan_selects_tensor_cores_for_squared_differences() -> None:
     assert launch.args["guard"] == codegen.tc_guard(D)
 
 
-def test_tensor_core_kernel_calls_expensive_epilogues(monkeypatch: pytest.MonkeyPatch) -> None:
-    """div/exp/sqrt/pow/log epilogues are __noinline__ on the tensor-core path (compile time); others inline."""
+def test_tensor_core_epilogue_inlining_switch(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Inlined by default; INLINE_EXPENSIVE_EPILOGUE off calls div/exp/sqrt/pow/log epilogues (__noinline__)."""
+    assert plan.plan_pairwise(CASES["preset-gaussian"])[0].inline_epilogue
+    monkeypatch.setattr(plan, "INLINE_EXPENSIVE_EPILOGUE", False)
     for name, inline in (("gaussian", False), ("l2_distance", False), ("squared_l2_distance", True)):
         variant = plan.plan_pairwise(CASES[f"preset-{name}"])[0]
         assert variant.inline_epilogue is inline, name
         source = codegen.pairwise_source(variant)[0]
         assert f"__device__ {'__forceinline__' if inline else '__noinline__'} float km_epilogue(" in source
     assert plan.plan_pairwise(CASES["preset-laplace_l1"])[0].inline_epilogue  # SIMT kernels always inline
-    monkeypatch.setattr(plan, "INLINE_EXPENSIVE_EPILOGUE", True)
-    assert plan.plan_pairwise(CASES["preset-gaussian"])[0].inline_epilogue
 
 
 def test_source_tensor_cores() -> None:
