@@ -19,7 +19,6 @@ module.  Inner-loop expressions (``fast``) take ``log2`` from the special-functi
 from __future__ import annotations
 
 import math
-import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -30,17 +29,6 @@ __all__ = ["COMPUTE_TYPES", "helpers", "hyper_arg", "nonnegative", "op_table", "
 
 #: Compute type name → the Triton dtype expression used in generated source.
 COMPUTE_TYPES: Mapping[str, str] = {"float32": "tl.float32", "float64": "tl.float64"}
-
-#: Inner-loop powers ``|t|^b`` (``_kpow_nn_fast``) take ex2 as ``ex2.approx.ftz``: results below
-#: 2^-126 become 0 (as NVRTC's, whose sums below D·2^-125 are 0 too) and the denormal fix-ups
-#: around ``ex2.approx`` (7 of ~30 instructions per gradient term) go away.
-#: ``KERMAC_TRITON_FTZ=0`` (read at import) keeps Triton's denormal-exact ``tl.exp2``.
-FTZ = os.environ.get("KERMAC_TRITON_FTZ", "1") != "0"
-_EX2_FAST = (
-    'tl.inline_asm_elementwise("ex2.approx.ftz.f32 $0, $1;", "=r,r", [a], dtype=tl.float32, is_pure=True, pack=1)'
-    if FTZ
-    else "tl.exp2(a)"
-)
 
 _PLATFORM_HELPERS = {
     # float32 on a GPU.  _klog2_fast: lg2.approx.ftz.f32 on the special-function unit (max error
@@ -55,11 +43,6 @@ from triton.language.extra import libdevice
 @triton.jit
 def _klog2_fast(a):
     return tl.inline_asm_elementwise("lg2.approx.ftz.f32 $0, $1;", "=r,r", [a], dtype=tl.float32, is_pure=True, pack=1)
-
-
-@triton.jit
-def _kexp2_fast(a):
-    return EX2_FAST
 
 
 @triton.jit
@@ -79,11 +62,6 @@ def _klog2_fast(a):
 
 
 @triton.jit
-def _kexp2_fast(a):
-    return tl.exp2(a)
-
-
-@triton.jit
 def _kexp(a):
     return tl.exp(a)
 
@@ -98,15 +76,14 @@ def _kexp2(a):
 def helpers(compute: str, interpret: bool) -> str:
     """Module prologue of every generated kernel module: imports, constants, helper functions.
 
-    Only four helpers differ between platforms (:data:`_PLATFORM_HELPERS`): for float32 on a
-    GPU ``_klog2_fast``/``_kexp2_fast`` are the special-function unit's ``lg2.approx.ftz`` and
-    ``ex2.approx`` (``.ftz`` with :data:`FTZ`) and ``_kexp``/``_kexp2`` are libdevice's; under
-    the interpreter or in float64 all four are Triton's accurate ones.
+    Only three helpers differ between platforms (:data:`_PLATFORM_HELPERS`): for float32 on a
+    GPU ``_klog2_fast`` is the special-function unit's ``lg2.approx`` and ``_kexp``/``_kexp2``
+    are libdevice's; under the interpreter or in float64 all three are Triton's accurate ones.
     """
     if compute not in COMPUTE_TYPES:
         raise ValueError(f"compute: expected one of {sorted(COMPUTE_TYPES)}, got {compute!r}")
     platform = _PLATFORM_HELPERS["gpu" if compute == "float32" and not interpret else "portable"]
-    return _HELPERS + platform.replace("EX2_FAST", _EX2_FAST)
+    return _HELPERS + platform
 
 
 _HELPERS = """\
@@ -127,8 +104,8 @@ def _kpow_nn(a, b):
 
 @triton.jit
 def _kpow_nn_fast(a, b):
-    # _kpow_nn on the special-function unit (inner loops): lg2.approx and ex2.approx (.ftz: FTZ).
-    r = _kexp2_fast(b * _klog2_fast(a))
+    # _kpow_nn on the special-function unit (inner loops): lg2.approx and ex2.approx.
+    r = tl.exp2(b * _klog2_fast(a))
     return tl.where(b == 0, 1.0, tl.where(a == 1, 1.0, r))
 
 
