@@ -66,8 +66,9 @@ def test_bad_tensors() -> None:
         kermac.cdist(torch.randn(4), z)
     with pytest.raises(ValueError, match=msg("z:", "4 features", "[5, 3]")):
         kermac.cdist(x, torch.randn(5, 3))
-    with pytest.raises(ValueError, match=msg("x:", "requires grad")):
-        kermac.cdist(x.requires_grad_(), z)
+    with pytest.raises(ValueError, match=msg("x:", "requires grad", "not differentiable (kermac.cdist is)")):
+        kermac.run_kernel("laplace_l1", x.requires_grad_(), z, bandwidth=1.0)
+    assert kermac.cdist(x, z).requires_grad  # cdist is differentiable (tests/test_cdist_autograd.py)
 
 
 def test_bad_out() -> None:

@@ -56,9 +56,32 @@ def cdist(
 
     Returns:
         ``out``, shape ``[*broadcast(batch), M, N]``.
+
+    Differentiable: where ``x`` or ``z`` requires grad (and grad mode is on), the result has a
+    backward that runs :func:`cdist_grad` on the same backend (:mod:`kermac.autograd`; p > 0
+    finite, or 0; not ∞; no ``out``; no gradient for a tensor ``p``).
     """
-    debug = debug_enabled(debug)
     x = check_tensor("x", x)
+    z = check_tensor("z", z)
+    if torch.is_grad_enabled() and (x.requires_grad or z.requires_grad):
+        from kermac.autograd import differentiable_cdist
+
+        return differentiable_cdist(x, z, p, out=out, skip_epilogue=skip_epilogue, backend=backend, debug=debug)
+    return _cdist(x, z, p, out=out, skip_epilogue=skip_epilogue, backend=backend, debug=debug)
+
+
+def _cdist(
+    x: torch.Tensor,
+    z: torch.Tensor,
+    p: float | torch.Tensor,
+    *,
+    out: torch.Tensor | None,
+    skip_epilogue: bool,
+    backend: str,
+    debug: bool,
+) -> torch.Tensor:
+    """:func:`cdist` without the autograd routing (also the forward of its autograd function)."""
+    debug = debug_enabled(debug)
     if isinstance(p, torch.Tensor) and not (p.dim() == 0 and p.device.type == "cpu"):
         program = cdist_program(None, skip_epilogue=skip_epilogue)
         hypers = _hypers({"p": (p, positive_finite)}, x.device, debug)

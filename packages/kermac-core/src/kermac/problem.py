@@ -113,8 +113,8 @@ def _no_autograd(names: tuple[str, ...], tensors: tuple[torch.Tensor, ...]) -> N
         for name, t in zip(names, tensors, strict=True):
             if t.requires_grad:
                 raise ValueError(
-                    f"{name}: requires grad, but kermac operations are not differentiable yet; "
-                    "call under torch.no_grad() or pass a detached tensor"
+                    f"{name}: requires grad, but this kermac operation is not differentiable "
+                    "(kermac.cdist is); call under torch.no_grad() or pass a detached tensor"
                 )
 
 
