@@ -58,30 +58,11 @@ def cdist(
         ``out``, shape ``[*broadcast(batch), M, N]``.
 
     Differentiable: where ``x`` or ``z`` requires grad (and grad mode is on), the result has a
-    backward that runs :func:`cdist_grad` on the same backend (:mod:`kermac.autograd`; p > 0
-    finite, or 0; not ∞; no ``out``; no gradient for a tensor ``p``).
+    backward that runs :func:`cdist_grad` on the same backend (:mod:`kermac.autograd`; any p but
+    ∞; no ``out``; no gradient for a tensor ``p``).
     """
-    x = check_tensor("x", x)
-    z = check_tensor("z", z)
-    if torch.is_grad_enabled() and (x.requires_grad or z.requires_grad):
-        from kermac.autograd import differentiable_cdist
-
-        return differentiable_cdist(x, z, p, out=out, skip_epilogue=skip_epilogue, backend=backend, debug=debug)
-    return _cdist(x, z, p, out=out, skip_epilogue=skip_epilogue, backend=backend, debug=debug)
-
-
-def _cdist(
-    x: torch.Tensor,
-    z: torch.Tensor,
-    p: float | torch.Tensor,
-    *,
-    out: torch.Tensor | None,
-    skip_epilogue: bool,
-    backend: str,
-    debug: bool,
-) -> torch.Tensor:
-    """:func:`cdist` without the autograd routing (also the forward of its autograd function)."""
     debug = debug_enabled(debug)
+    x = check_tensor("x", x)
     if isinstance(p, torch.Tensor) and not (p.dim() == 0 and p.device.type == "cpu"):
         program = cdist_program(None, skip_epilogue=skip_epilogue)
         hypers = _hypers({"p": (p, positive_finite)}, x.device, debug)
@@ -89,8 +70,7 @@ def _cdist(
         hv = normalize_hyper("p", p, device=x.device, check=nonnegative)
         program = cdist_program(hv.scalar, skip_epilogue=skip_epilogue)
         hypers = {"p": hv} if "p" in program.hypers else {}
-    problem = pairwise_problem(program, x, z, out=out, hypers=hypers, debug=debug)
-    return _run_pairwise(problem, backend, "cdist")
+    return _pairwise(program, x, z, out=out, hypers=hypers, backend=backend, debug=debug, op="cdist")
 
 
 def run_kernel(
@@ -149,8 +129,17 @@ def run_kernel(
     }
     hypers = _hypers({k: v for k, v in checks.items() if v[0] is not None}, x.device, debug)
     program = descriptor.lower(regularized=regularization is not None)
-    problem = pairwise_problem(program, x, z, out=out, hypers=hypers, offset_m=offset_m, offset_n=offset_n, debug=debug)
-    return _run_pairwise(problem, backend, "run_kernel")
+    return _pairwise(
+        program,
+        x,
+        z,
+        out=out,
+        hypers=hypers,
+        offsets=(offset_m, offset_n),
+        backend=backend,
+        debug=debug,
+        op="run_kernel",
+    )
 
 
 def _descriptor(descriptor: object) -> KernelDescriptor:
@@ -228,8 +217,9 @@ def run_program(
         raise TypeError(f"program: expected a kermac.programs.PairwiseProgram, got {type(program).__name__}")
     x = check_tensor("x", x)
     hv = _program_hypers(program.hypers, hypers, x.device, debug)
-    problem = pairwise_problem(program, x, z, out=out, hypers=hv, offset_m=offset_m, offset_n=offset_n, debug=debug)
-    return _run_pairwise(problem, backend, "run_program")
+    return _pairwise(
+        program, x, z, out=out, hypers=hv, offsets=(offset_m, offset_n), backend=backend, debug=debug, op="run_program"
+    )
 
 
 def run_grad_program(
@@ -279,6 +269,31 @@ def _hypers(specs: Mapping[str, tuple[object, Check]], device: torch.device, deb
             check_values(hv, check)
         out[name] = hv
     return out
+
+
+def _pairwise(
+    program: PairwiseProgram,
+    x: torch.Tensor,
+    z: torch.Tensor,
+    *,
+    out: torch.Tensor | None,
+    hypers: dict[str, HyperValue],
+    offsets: tuple[int, int] = (0, 0),
+    backend: str,
+    debug: bool,
+    op: str,
+) -> torch.Tensor:
+    """Run a pairwise program; through :mod:`kermac.autograd` where x or z requires grad."""
+    if torch.is_grad_enabled() and isinstance(z, torch.Tensor) and (x.requires_grad or z.requires_grad):
+        from kermac.autograd import differentiable_pairwise
+
+        return differentiable_pairwise(
+            program, x, z, out=out, hypers=hypers, offset_m=offsets[0], offset_n=offsets[1],
+            backend=backend, debug=debug, op=op,
+        )  # fmt: skip
+    m0, n0 = offsets
+    problem = pairwise_problem(program, x, z, out=out, hypers=hypers, offset_m=m0, offset_n=n0, debug=debug)
+    return _run_pairwise(problem, backend, op)
 
 
 def _run_pairwise(problem: PairwiseProblem, backend: str, op: str) -> torch.Tensor:

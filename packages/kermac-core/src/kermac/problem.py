@@ -114,7 +114,7 @@ def _no_autograd(names: tuple[str, ...], tensors: tuple[torch.Tensor, ...]) -> N
             if t.requires_grad:
                 raise ValueError(
                     f"{name}: requires grad, but this kermac operation is not differentiable "
-                    "(kermac.cdist is); call under torch.no_grad() or pass a detached tensor"
+                    "(cdist, run_kernel and run_program are); call under torch.no_grad() or pass a detached tensor"
                 )
 
 

@@ -41,7 +41,8 @@ def _tile(rows: int, cols: int, per_pair: int) -> tuple[int, int]:
     return r, max(1, min(cols, pairs // r))
 
 
-def _hyper_env(problem_hypers: dict, cdtype: torch.dtype, trailing: int) -> dict[str, torch.Tensor | float]:
+def hyper_env(problem_hypers: dict, cdtype: torch.dtype, trailing: int) -> dict[str, torch.Tensor | float]:
+    """Hyperparameter values for :func:`evaluate`: scalars, or tensors with ``trailing`` unit dims."""
     env: dict[str, torch.Tensor | float] = {}
     for name, hv in problem_hypers.items():
         env[name] = hv.scalar if hv.tensor is None else hv.tensor.to(cdtype).reshape(hv.tensor.shape + (1,) * trailing)
@@ -68,8 +69,8 @@ class ReferenceBackend(Backend):
         prog, batch = problem.program, problem.batch_shape
         cdtype = compute_dtype(problem.dtype)
         like = torch.empty((), dtype=cdtype, device=problem.device)
-        inner_env = _hyper_env(dict(problem.hypers), cdtype, 3)
-        epi_env = _hyper_env(dict(problem.hypers), cdtype, 2)
+        inner_env = hyper_env(dict(problem.hypers), cdtype, 3)
+        epi_env = hyper_env(dict(problem.hypers), cdtype, 2)
         reduce = _REDUCE[prog.reduction]
         d = problem.d
         bm, bn = _tile(problem.m, problem.n, math.prod(batch) * max(d, 1))
@@ -94,7 +95,7 @@ class ReferenceBackend(Backend):
         m, n, o, k = problem.sizes
         cdtype = compute_dtype(problem.dtype)
         like = torch.empty((), dtype=cdtype, device=problem.device)
-        hyper_env = _hyper_env(dict(problem.hypers), cdtype, 3)  # [*B, 1, 1, 1]: both stages
+        hypers = hyper_env(dict(problem.hypers), cdtype, 3)  # [*B, 1, 1, 1]: both stages
         bk = max(1, min(k, 256))
         bn, bm = _tile(n, m, math.prod(batch) * max(bk, o))
         for n0, n1 in _blocks(n, bn):
@@ -103,9 +104,9 @@ class ReferenceBackend(Backend):
                 for k0, k1 in _blocks(k, bk):
                     ds = problem.d[..., n0:n1, m0:m1, None].to(cdtype)
                     bs = problem.b[..., n0:n1, None, k0:k1].to(cdtype)
-                    terms = evaluate(prog.multiply, {"d": ds, "b": bs, **hyper_env}, like=like)
+                    terms = evaluate(prog.multiply, {"d": ds, "b": bs, **hypers}, like=like)
                     terms = terms.expand(batch + (n1 - n0, m1 - m0, k1 - k0))
                     terms = terms * problem.a[..., k0:k1, m0:m1].to(cdtype).transpose(-1, -2)[..., None, :, :]
                     acc += torch.einsum("...ok,...nmk->...onm", problem.c[..., :, k0:k1].to(cdtype), terms)
-                value = evaluate(prog.epilogue, {"acc": acc, **hyper_env}, like=like)
+                value = evaluate(prog.epilogue, {"acc": acc, **hypers}, like=like)
                 problem.out[..., :, n0:n1, m0:m1].copy_(value.expand(acc.shape))

@@ -1,4 +1,5 @@
-"""Autograd through kermac.cdist (backward = cdist_grad) against float64 autograd of the formula."""
+"""Autograd through cdist, run_kernel and run_program (backward = cdist_grad) against float64
+autograd of the explicit formulas."""
 
 from __future__ import annotations
 
@@ -113,11 +114,56 @@ def test_errors_name_what_autograd_cannot_do():
     z = torch.randn(4, 2)
     with pytest.raises(RuntimeError, match="out= is not supported when x or z requires grad"):
         kermac.cdist(x, z, 1.0, out=torch.empty(3, 4))
-    with pytest.raises(NotImplementedError, match="p = inf"):
+    with pytest.raises(NotImplementedError, match=r"covers sums of \|x − z\|\^P and x·z; program .*max"):
         kermac.cdist(x, z, math.inf)
-    with pytest.raises(ValueError, match="p: a tensor p is a constant for autograd"):
+    with pytest.raises(ValueError, match="p: gradients with respect to hyperparameters are not supported"):
         kermac.cdist(x, z, torch.tensor([1.5], requires_grad=True))
+    with pytest.raises(RuntimeError, match="run_kernel: out= is not supported"):
+        kermac.run_kernel("laplace_l1", x, z, bandwidth=1.0, out=torch.empty(3, 4))
     with torch.no_grad():  # no autograd: out= is fine and the result does not require grad
         out = kermac.cdist(x, z, 1.0, out=torch.empty(3, 4))
     assert not out.requires_grad
     assert not kermac.cdist(x.detach(), z, 1.0).requires_grad
+
+
+KERNELS = {  # name -> (run_kernel arguments, float64 formula of x [M, D], z [N, D])
+    "laplace_l1": ({"bandwidth": 1.7}, lambda x, z: torch.exp(-(x[:, None] - z[None]).abs().sum(-1) / 1.7)),
+    "gaussian": ({"bandwidth": 1.3}, lambda x, z: torch.exp(-((x[:, None] - z[None]) ** 2).sum(-1) / (2 * 1.3**2))),
+    "laplace_l2": ({"bandwidth": 2.0}, lambda x, z: torch.exp(-((x[:, None] - z[None]) ** 2).sum(-1).sqrt() / 2.0)),
+    "laplace_lp": (
+        {"bandwidth": 1.1, "p": 1.5},
+        lambda x, z: torch.exp(-(((x[:, None] - z[None]).abs() ** 1.5).sum(-1) ** (1 / 1.5)) / 1.1),
+    ),
+    "dot_product": ({}, lambda x, z: x @ z.mT),
+}
+
+
+@pytest.mark.parametrize(("backend", "device"), BACKEND_DEVICES)
+@pytest.mark.parametrize("name", sorted(KERNELS))
+def test_run_kernel_gradients(backend, device, name):
+    require_backend(backend, device, "grad")
+    m, n, dim = sizes(device)
+    kwargs, formula = KERNELS[name]
+    x = torch.randn(m, dim, device=device, requires_grad=True)
+    z = torch.randn(n, dim, device=device, requires_grad=True)
+    k = kermac.run_kernel(name, x, z, regularization=0.5, offset_n=1, backend=backend, **kwargs)
+    g = torch.randn_like(k)
+    gx, gz = torch.autograd.grad(k, (x, z), g)
+    x64, z64 = x.detach().double().cpu().requires_grad_(), z.detach().double().cpu().requires_grad_()
+    rx, rz = torch.autograd.grad(formula(x64, z64), (x64, z64), g.double().cpu())  # λ·diag: no gradient
+    assert_close(gx, rx, GRAD_TOL)
+    assert_close(gz, rz, GRAD_TOL)
+
+
+def test_run_program_gradient_and_unsupported_programs():
+    from kermac import ir
+
+    t = ir.Var("x") - ir.Var("z")
+    program = kermac.PairwiseProgram(inner=ir.pow(abs(t), 3.0), reduction="sum", epilogue=ir.log(1.0 + ir.Var("acc")))
+    x = torch.randn(5, 3, dtype=torch.float64, requires_grad=True)
+    z = torch.randn(4, 3, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(lambda a, b: kermac.run_program(program, a, b, backend="torch"), (x, z))
+    odd = kermac.PairwiseProgram(inner=ir.exp(t), reduction="sum", epilogue=ir.Var("acc"))
+    with pytest.raises(NotImplementedError, match=r"program .* is not one"):
+        kermac.run_program(odd, x, z)
+    assert not kermac.run_program(odd, x.detach(), z.detach()).requires_grad
