@@ -163,6 +163,14 @@ def test_run_program_gradient_and_unsupported_programs():
     x = torch.randn(5, 3, dtype=torch.float64, requires_grad=True)
     z = torch.randn(4, 3, dtype=torch.float64, requires_grad=True)
     assert torch.autograd.gradcheck(lambda a, b: kermac.run_program(program, a, b, backend="torch"), (x, z))
+    flat = kermac.PairwiseProgram(inner=abs(t), reduction="sum", epilogue=ir.Const(2.0) + 0.0 * ir.Var("diag"))
+    gx, gz = torch.autograd.grad(kermac.run_program(flat, x, z, backend="torch").sum(), (x, z))
+    assert not gx.any() and not gz.any()  # an epilogue that ignores acc has zero gradient
+    dot = kermac.PairwiseProgram(inner=ir.Var("x") * ir.Var("z"), reduction="sum", epilogue=ir.exp(ir.Var("acc")))
+    x1 = torch.tensor([[1.0, 0.0, 0.0]], dtype=torch.float64, requires_grad=True)
+    z1 = torch.tensor([[0.0, 1.0, 0.0]], dtype=torch.float64)
+    (g_dot,) = torch.autograd.grad(kermac.run_program(dot, x1, z1, backend="torch").sum(), (x1,))
+    assert torch.equal(g_dot, z1)  # acc = x·z = 0, yet d/dx exp(x·z) = z
     odd = kermac.PairwiseProgram(inner=ir.exp(t), reduction="sum", epilogue=ir.Var("acc"))
     with pytest.raises(NotImplementedError, match=r"program .* is not one"):
         kermac.run_program(odd, x, z)

@@ -147,7 +147,7 @@ class _Pairwise(torch.autograd.Function):
 
 
 def _outer_factor(s: _Setup, x: torch.Tensor, z: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
-    """``G = g · e'(acc)``, 0 where ``acc = 0``; ``[..., M, N]`` in the inputs' dtype."""
+    """``G = g · e'(acc)`` (0 where ``acc = 0`` for ``|x − z|^P`` terms); ``[..., M, N]`` in the inputs' dtype."""
     program, hypers = s.program, s.hypers
     if program.epilogue == ir.Var("acc"):
         return g
@@ -164,8 +164,14 @@ def _outer_factor(s: _Setup, x: torch.Tensor, z: torch.Tensor, g: torch.Tensor) 
             cols = torch.arange(acc.shape[-1], device=acc.device) + s.offset_n
             env["diag"] = (rows[:, None] == cols[None, :]).to(cdtype)
         value = evaluate(program.epilogue, env, like=a)
-        (G,) = torch.autograd.grad(value, a, g.to(cdtype).expand(value.shape))
-    return torch.where(acc == 0, torch.zeros((), dtype=cdtype, device=G.device), G).to(x.dtype)
+        G = None
+        if value.requires_grad:
+            (G,) = torch.autograd.grad(value, a, g.to(cdtype).expand(value.shape), allow_unused=True)
+    if G is None:  # the epilogue does not depend on acc
+        return torch.zeros_like(acc)
+    if s.power != DOT:  # acc = 0 means every t = 0, where the inner derivative is 0 and e' may be infinite
+        G = torch.where(acc == 0, torch.zeros((), dtype=cdtype, device=G.device), G)
+    return G.to(x.dtype)
 
 
 def _contract(
