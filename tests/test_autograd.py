@@ -8,6 +8,8 @@ import math
 import pytest
 import torch
 from helpers import BACKEND_DEVICES, assert_close, require_backend
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import kermac
 
@@ -175,3 +177,27 @@ def test_run_program_gradient_and_unsupported_programs():
     with pytest.raises(NotImplementedError, match=r"program .* is not one"):
         kermac.run_program(odd, x, z)
     assert not kermac.run_program(odd, x.detach(), z.detach()).requires_grad
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    bx=st.lists(st.integers(1, 3), max_size=2),
+    bz=st.lists(st.integers(1, 3), max_size=2),
+    m=st.integers(1, 4),
+    n=st.integers(1, 4),
+    d=st.integers(1, 3),
+    p=st.sampled_from([1.0, 1.5, 2.0, 3.0]),
+)
+def test_broadcast_batches_sum_gradients_back_like_torch(bx, bz, m, n, d, p):
+    """Any broadcastable batch shapes: the gradients match torch.cdist's (float64, reference backend)."""
+    x = torch.randn(*bx, m, d, dtype=torch.float64, requires_grad=True)
+    z = torch.randn(*bz, n, d, dtype=torch.float64, requires_grad=True)
+    try:
+        expected = torch.cdist(x, z, p=p)
+    except RuntimeError:
+        return  # not broadcastable: tests/test_validation.py covers the error
+    g = torch.randn_like(expected)
+    got = torch.autograd.grad(kermac.cdist(x, z, p, backend="torch"), (x, z), g)
+    want = torch.autograd.grad(expected, (x, z), g)
+    for a, b in zip(got, want, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-9)
