@@ -347,6 +347,37 @@ def _pairwise_params(
     return params + batch_params + hyper_params
 
 
+def _pairwise_names(prog) -> dict[str, str]:
+    """C names of the pairwise IR variables and hyperparameters."""
+    return {"x": "x", "z": "z", "acc": "acc", "diag": "diag"} | {h: f"h_{h}" for h in prog.hypers}
+
+
+def _pairwise_parts(
+    v: PairwiseVariant, tin: str, extra: list[Param], names: dict[str, str]
+) -> tuple[list[Param], dict[str, str]]:
+    """Parameters of a pairwise kernel and the template arguments the SIMT and tensor-core
+    templates share (epilogue, hyperparameters, batch offsets, operand load modes, diagonal)."""
+    prog = v.program
+    operands = ["x", "z", "o"]
+    hyper_params, hyper_loads, formals, actuals = _hyper_parts(prog.hypers, dict(v.tensor_hypers), operands)
+    batch_params, batch_code = _batch_parts(operands, v.batch_dims)
+    params = _pairwise_params(tin, extra, prog.uses_diag, batch_params, hyper_params)
+    shared = {
+        "EPILOGUE": render_expr(prog.epilogue, names, ge1=v.ge1_hypers),
+        "HYPER_FORMALS": formals,
+        "HYPER_ACTUALS": actuals,
+        "HYPER_LOADS": hyper_loads,
+        "PARAMS": ", ".join(p.decl for p in params),
+        "BATCH_OFFSETS": batch_code,
+        "XMODE": v.x.mode,
+        "XE": v.x.e,
+        "ZMODE": v.z.mode,
+        "ZE": v.z.e,
+        "DIAG": "((long long)m + diag_shift == (long long)n ? km_t(1) : km_t(0))" if prog.uses_diag else "km_t(0)",
+    }
+    return params, shared
+
+
 def pairwise_source(v: PairwiseVariant) -> tuple[str, list[Param]]:
     """CUDA source of ``kermac_pairwise`` for variant ``v`` and its parameters in order."""
     if v.tensor_cores:
@@ -354,12 +385,8 @@ def pairwise_source(v: PairwiseVariant) -> tuple[str, list[Param]]:
     prog = v.program
     tin, compute = INPUT_TYPES[v.dtype]
     cfg = pairwise_config(compute)
-    th = dict(v.tensor_hypers)
-    operands = ["x", "z", "o"]
-    hyper_params, hyper_loads, formals, actuals = _hyper_parts(prog.hypers, th, operands)
-    batch_params, batch_code = _batch_parts(operands, v.batch_dims)
-    names = {"x": "x", "z": "z", "acc": "acc", "diag": "diag"} | {h: f"h_{h}" for h in prog.hypers}
-    params = _pairwise_params(tin, [], prog.uses_diag, batch_params, hyper_params)
+    names = _pairwise_names(prog)
+    params, shared = _pairwise_parts(v, tin, [], names)
     reduce = {"sum": "acc + v", "max": "km_max(acc, v)", "min": "km_min(acc, v)"}[prog.reduction]
     split = v.poly_pairs > 0
     exponent = split_exponent(prog, v.ge1_hypers)
@@ -378,20 +405,10 @@ def pairwise_source(v: PairwiseVariant) -> tuple[str, list[Param]]:
         INNER=render_expr(prog.inner, names, ge1=v.ge1_hypers, ftz=v.ftz),
         POLY_EXP=render_expr(exponent, names) if split else "",
         REDUCE=reduce,
-        EPILOGUE=render_expr(prog.epilogue, names, ge1=v.ge1_hypers),
         IDENTITY=_const(prog.identity),
-        HYPER_FORMALS=formals,
-        HYPER_ACTUALS=actuals,
-        HYPER_LOADS=hyper_loads,
-        PARAMS=", ".join(p.decl for p in params),
-        BATCH_OFFSETS=batch_code,
         TIN=tin,
         TOUT=tin,
-        XMODE=v.x.mode,
-        XE=v.x.e,
-        ZMODE=v.z.mode,
-        ZE=v.z.e,
-        DIAG="((long long)m + diag_shift == (long long)n ? km_t(1) : km_t(0))" if prog.uses_diag else "km_t(0)",
+        **shared,
     )
     return _prelude(compute, split, v.ftz) + source, params
 
@@ -402,49 +419,31 @@ def _tc_pairwise_source(v: PairwiseVariant) -> tuple[str, list[Param]]:
     if v.dtype != "float32" or not is_squared_difference_sum(prog):
         raise ValueError(f"tensor-core variant: needs a float32 sum of (x - z)^2; got {v.dtype} {prog.key()}")
     cfg = TC_CONFIG
-    operands = ["x", "z", "o"]
-    hyper_params, hyper_loads, formals, actuals = _hyper_parts(prog.hypers, dict(v.tensor_hypers), operands)
-    batch_params, batch_code = _batch_parts(operands, v.batch_dims)
-    names = {"acc": "acc", "diag": "diag"} | {h: f"h_{h}" for h in prog.hypers}
     extra = [Param("guard", "km_t"), Param("ovec", "int")]
-    params = _pairwise_params("float", extra, prog.uses_diag, batch_params, hyper_params)
+    params, shared = _pairwise_parts(v, "float", extra, _pairwise_names(prog))
     source = kernels.TC_PAIRWISE.substitute(
         BM=cfg.bm,
         BN=cfg.bn,
         BK=cfg.bk,
         SPAD=cfg.spad,
         MIN_BLOCKS=cfg.min_blocks,
-        EPILOGUE=render_expr(prog.epilogue, names, ge1=v.ge1_hypers),
         EPILOGUE_INLINE="__forceinline__" if v.inline_epilogue else "__noinline__",
-        HYPER_FORMALS=formals,
-        HYPER_ACTUALS=actuals,
-        HYPER_LOADS=hyper_loads,
-        PARAMS=", ".join(p.decl for p in params),
-        BATCH_OFFSETS=batch_code,
-        XMODE=v.x.mode,
-        XE=v.x.e,
-        ZMODE=v.z.mode,
-        ZE=v.z.e,
-        DIAG="((long long)m + diag_shift == (long long)n ? km_t(1) : km_t(0))" if prog.uses_diag else "km_t(0)",
+        **shared,
     )
     return _prelude("float", False) + kernels.MMA_TF32 + source, params
 
 
 @dataclass(frozen=True)
 class GradParts:
-    """What the SIMT and tensor-core gradient sources share: parameters and rendered pieces."""
+    """What the SIMT and tensor-core gradient sources share: the parameters in order, and the
+    template arguments (multiply, epilogue, hyperparameters, batch offsets, operand load modes)."""
 
     params: list[Param]
-    hyper_loads: str
-    formals: str
-    actuals: str
-    batch_code: str
-    multiply: str
-    epilogue: str
+    args: dict[str, object]
 
 
 def grad_parts(v: GradVariant, tin: str, tiles: str) -> GradParts:
-    """Parameters (in order) and rendered pieces of a gradient kernel for variant ``v``.
+    """Parameters (in order) and shared template arguments of a gradient kernel for variant ``v``.
 
     Parameters: operands a, b, c, d, out; sizes M, N, O, K; ``tiles`` (the tile count along the
     grid's fastest dimension: ``tiles_m`` or ``tiles_n``); ``ochunks``; ``zbase``; the strides; batch
@@ -459,15 +458,23 @@ def grad_parts(v: GradVariant, tin: str, tiles: str) -> GradParts:
     params += [Param("out", f"{tin}*"), *(Param(n, "int") for n in ("M", "N", "O", "K", tiles, "ochunks"))]
     strides = ("zbase", "sak", "sam", "sbn", "sbk", "sco", "sck", "sdn", "sdm", "soo", "son", "som")
     params += [Param(n, "long long") for n in strides]
-    return GradParts(
-        params=params + batch_params + hyper_params,
-        hyper_loads=hyper_loads,
-        formals=formals,
-        actuals=actuals,
-        batch_code=batch_code,
-        multiply=render_expr(prog.multiply, names, ge1=v.ge1_hypers),
-        epilogue=render_expr(prog.epilogue, names, ge1=v.ge1_hypers),
-    )
+    params += batch_params + hyper_params
+    args = {
+        "MULTIPLY": render_expr(prog.multiply, names, ge1=v.ge1_hypers),
+        "EPILOGUE": render_expr(prog.epilogue, names, ge1=v.ge1_hypers),
+        "HYPER_FORMALS": formals,
+        "HYPER_ACTUALS": actuals,
+        "HYPER_LOADS": hyper_loads,
+        "PARAMS": ", ".join(p.decl for p in params),
+        "BATCH_OFFSETS": batch_code,
+        "AMODE": v.a.mode,
+        "AE": v.a.e,
+        "BMODE": v.b.mode,
+        "BE": v.b.e,
+        "CMODE": v.c.mode,
+        "CE": v.c.e,
+    }
+    return GradParts(params, args)
 
 
 def grad_source(v: GradVariant) -> tuple[str, list[Param]]:
@@ -489,20 +496,8 @@ def grad_source(v: GradVariant) -> tuple[str, list[Param]]:
         OT=v.ot,
         SPAD=cfg.spad,
         MIN_BLOCKS=cfg.min_blocks,
-        MULTIPLY=parts.multiply,
-        EPILOGUE=parts.epilogue,
-        HYPER_FORMALS=parts.formals,
-        HYPER_ACTUALS=parts.actuals,
-        HYPER_LOADS=parts.hyper_loads,
-        PARAMS=", ".join(p.decl for p in parts.params),
-        BATCH_OFFSETS=parts.batch_code,
         TIN=tin,
         TOUT=tin,
-        AMODE=v.a.mode,
-        AE=v.a.e,
-        BMODE=v.b.mode,
-        BE=v.b.e,
-        CMODE=v.c.mode,
-        CE=v.c.e,
+        **parts.args,
     )
     return _prelude(compute, False) + source, parts.params
