@@ -108,36 +108,26 @@ PLUGINS = {
     """,
     # Low priority, but prefers itself for problems with D = 7; its preference hook breaks for D = 9.
     "fake_preferring": """
-        from kermac.backend import Availability, Backend
         from kermac.hookspecs import hookimpl
         from kermac.reference.backend import ReferenceBackend
 
         CALLS = []
 
-        class Specialist(Backend):
+        class Specialist(ReferenceBackend):
             name = "specialist"
             priority = 5
-
-            def availability(self):
-                return Availability.yes()
 
             def preference(self, problem):
                 if problem.d == 9:
                     raise ZeroDivisionError("broken hook")
                 return 60 if problem.d == 7 else self.priority
 
-            def check_pairwise(self, problem):
-                return None
-
             def pairwise(self, problem):
                 CALLS.append(problem.program.key())
-                ReferenceBackend().pairwise(problem)
+                super().pairwise(problem)
 
             def check_grad(self, problem):
                 return "no gradients here"
-
-            def grad(self, problem):
-                raise AssertionError("never selected")
 
         @hookimpl
         def kermac_backends():
