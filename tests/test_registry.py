@@ -109,6 +109,7 @@ PLUGINS = {
     # Low priority, but prefers itself for problems with D = 7; its preference hook breaks for D = 9.
     "fake_preferring": """
         from kermac.hookspecs import hookimpl
+        from kermac.problem import PairwiseProblem
         from kermac.reference.backend import ReferenceBackend
 
         CALLS = []
@@ -118,6 +119,8 @@ PLUGINS = {
             priority = 5
 
             def preference(self, problem):
+                if not isinstance(problem, PairwiseProblem):
+                    return self.priority
                 if problem.d == 9:
                     raise ZeroDivisionError("broken hook")
                 return 60 if problem.d == 7 else self.priority

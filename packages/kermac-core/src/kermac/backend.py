@@ -76,10 +76,12 @@ class Backend(abc.ABC):
     def preference(self, problem: PairwiseProblem | GradProblem) -> int:
         """How strongly ``auto`` should prefer this backend for ``problem`` (default: :attr:`priority`).
 
-        ``auto`` runs the accepting backend of highest preference (ties go to the higher
-        priority). A backend overrides this where it has *measured* itself faster than its
-        priority suggests for a class of problems; it must be cheap and must not raise.
-        Backends of negative priority stay opt-in whatever this returns.
+        ``auto`` asks every available backend first, then checks them from the highest
+        preference down (ties go to the higher priority) and runs the first that accepts; so
+        this is also called for problems the backend will refuse (pairwise or gradient). A
+        backend overrides it where it has *measured* itself faster than its priority suggests
+        for a class of problems; it must be cheap and must not raise. Backends of negative
+        priority stay opt-in whatever this returns.
         """
         return self.priority
 

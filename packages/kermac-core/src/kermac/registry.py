@@ -185,21 +185,21 @@ def select_backend(backend: str, problem: object, check: Callable[[Backend, obje
                 f"backend {name!r} cannot run this {what}: {reason}.{_alternatives(problem, check, what)}"
             )
         return chosen
-    reasons, accepting = [], []
+    reasons, available = [], []
     for b in sorted(registered_backends().values(), key=lambda b: -b.priority):
         if b.priority < 0:
             continue  # opt-in backends run only when named
         av = availability(b)
-        if not av.available:
+        if av.available:
+            available.append(b)
+        else:
             reasons.append(f"{b.name}: {av.reason}")
-            continue
+    # Most preferred first; only as many checks as it takes to find one that accepts.
+    for b in sorted(available, key=lambda b: (_preference(b, problem), b.priority), reverse=True):
         reason = check(b, problem)
         if reason is None:
-            accepting.append(b)
-        else:
-            reasons.append(f"{b.name}: {reason}")
-    if accepting:
-        return max(accepting, key=lambda b: (_preference(b, problem), b.priority))
+            return b
+        reasons.append(f"{b.name}: {reason}")
     raise UnsupportedProblemError(f"no backend can run this {what} ({'; '.join(reasons) or 'no backends registered'})")
 
 
