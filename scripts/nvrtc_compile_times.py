@@ -1,7 +1,8 @@
 """Cold NVRTC compile time of every common variant (``kermac precompile``'s list), one at a time.
 
-No cache and no GPU involved: each variant's source goes through NVRTC to a cubin for ``--arch``,
-timed on this process's one thread (what a first call pays).  Prints one row per variant with
+No GPU involved, and an empty private JIT cache: each variant goes through the backend's own
+``compile_cubin`` to a cubin for ``--arch``, timed on this process's one thread (what a first call
+pays, cache write included).  Prints one row per variant with
 its ptxas resource line, then the median and maximum.
 
     python scripts/nvrtc_compile_times.py [--arch sm_90] [--match substring]
@@ -10,13 +11,16 @@ its ptxas resource line, then the median and maximum.
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
-import time
+import tempfile
+
+os.environ["KERMAC_CACHE_DIR"] = tempfile.mkdtemp(prefix="kermac-compile-times-")  # before kermac reads it
 
 from kermac.problem import GradProblem
 from kermac.variants import common_problems
 from kermac_backend_nvrtc.codegen import grad_source, pairwise_source
-from kermac_backend_nvrtc.compiler import _build
+from kermac_backend_nvrtc.compiler import compile_cubin
 from kermac_backend_nvrtc.plan import plan_grad, plan_pairwise
 
 
@@ -35,11 +39,10 @@ def main() -> None:
         if source in seen or args.match not in label:
             continue
         seen.add(source)
-        meta: dict = {}
-        start = time.perf_counter()
-        _build(source, args.arch, "kermac_grad" if grad else "kermac_pairwise", meta)
-        times.append(time.perf_counter() - start)
-        print(f"{times[-1]:6.2f} s  {label[:90]:90s}  {meta.get('ptxas', '')}", flush=True)
+        compiled = compile_cubin(source, args.arch, name="kermac_grad" if grad else "kermac_pairwise")
+        assert not compiled.hit, "the private cache must start empty"
+        times.append(compiled.seconds)
+        print(f"{times[-1]:6.2f} s  {label[:90]:90s}  {compiled.ptxas}", flush=True)
     if times:
         median, worst = statistics.median(times), max(times)
         print(f"\n{len(times)} variants for {args.arch}: median {median:.2f} s, max {worst:.2f} s")
