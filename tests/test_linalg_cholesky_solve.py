@@ -173,3 +173,47 @@ def test_gpu_overwrite_a_factors_in_place(dtype):
     assert_solves(A0, B, X, TOL[dtype])
     L = torch.linalg.cholesky(A0.double())
     assert torch.allclose(A.tril().double(), L, atol=TOL[dtype] * 40, rtol=0), "A must hold its factor"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("block", [8, 16, 256])
+@pytest.mark.parametrize("storage", ["copy", "in-place-row-major", "in-place-column-major"])
+def test_gpu_blocked_substitution(monkeypatch, dtype, block, storage):
+    """Several diagonal blocks (the last one partial), both stored triangles, broadcast batches."""
+    from kermac_linalg import _trsolve
+
+    monkeypatch.setattr(_trsolve, "BLOCK", block)
+    n = 37 if block < 256 else 549
+    A0 = spd(2, 1, n=n, dtype=dtype, device="cuda")
+    B = rhs(3, n, 5, dtype=dtype, device="cuda")
+    A = A0.clone() if storage == "in-place-row-major" else A0.mT.contiguous().mT
+    X, info = kl.cholesky_solve(A, B, overwrite_a=storage != "copy")
+    assert info.shape == (2, 3) and (info == 0).all()
+    assert_solves(A0, B, X, TOL[dtype])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("block", [8, 256])
+def test_gpu_failure_in_a_later_block_poisons_only_its_entry(monkeypatch, block):
+    from kermac_linalg import _trsolve
+
+    monkeypatch.setattr(_trsolve, "BLOCK", block)
+    n = 40 if block < 256 else 300
+    A = spd(3, n=n, device="cuda", dtype=torch.float32)
+    A[1, n - 3, n - 3] = -1e3  # the leading minor of order n - 2 fails, in the last block
+    B = rhs(3, n, 2, device="cuda", dtype=torch.float32)
+    X, info = kl.cholesky_solve(A, B)
+    assert info.tolist() == [0, n - 2, 0]
+    assert torch.isnan(X[1]).all()
+    assert_solves(A[[0, 2]], B[[0, 2]], X[[0, 2]], TOL[torch.float32])
+
+
+@pytest.mark.gpu
+def test_gpu_many_right_hand_sides_and_one_column():
+    A = spd(n=300, device="cuda", dtype=torch.float32)
+    for k in (1, 300):
+        B = rhs(2, 300, k, device="cuda", dtype=torch.float32)
+        X, info = kl.cholesky_solve(A, B)
+        assert (info == 0).all()
+        assert_solves(A, B, X, TOL[torch.float32])

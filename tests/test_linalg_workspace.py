@@ -20,6 +20,7 @@ def test_bad_arguments_name_the_argument():
         (("eigh", torch.eye(4)), {}, ValueError, "device must be a CUDA device, got cpu"),
         (("eigh", torch.eye(4)), {"dtype": torch.float64}, TypeError, "taken from A"),
         (("solve", (4, 4)), {"top_k": 2}, ValueError, "select eigenpairs for eigh_range"),
+        (("cholesky_solve", (4, 4)), {"k": -1}, ValueError, "k must be a non-negative int"),
     ]
     for args, kwargs, error, message in cases:
         with pytest.raises(error, match=message):
@@ -36,7 +37,9 @@ def test_sizes_add_up(op, dtype):
     assert ws.op == op and ws.entries == 5 and ws.streams == min(5, kl.max_streams())
     assert ws.device_bytes_per_entry > 0 and ws.host_bytes_per_entry >= 0
     pivots = 8 * 300 * 5 if op == "solve" else 0
-    assert ws.device_bytes == ws.streams * ws.device_bytes_per_entry + pivots + 4 * 5
+    # cholesky_solve: two diagonal blocks of 256² per factor, Y [300 x 1] per entry, pointer arrays
+    scratch = itemsize * (5 * 2 * 256 * 256 + 5 * 300) + 8 * (2 * 5 * 2 + 12 * 2 * 5) if op == "cholesky_solve" else 0
+    assert ws.device_bytes == ws.streams * ws.device_bytes_per_entry + pivots + scratch + 4 * 5
     assert ws.host_bytes == ws.streams * ws.host_bytes_per_entry
     assert ws.copy_bytes == 5 * 300 * 300 * itemsize
     same = kl.workspace_size(op, torch.empty(5, 300, 300, dtype=dtype, device="cuda"), **sel)

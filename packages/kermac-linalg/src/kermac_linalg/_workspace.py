@@ -11,6 +11,7 @@ from ._cholesky import potrf_workspace
 from ._dispatch import max_streams
 from ._eigh import syevd_workspace, syevdx_workspace
 from ._lu import getrf_workspace
+from ._trsolve import solve_workspace_bytes
 from ._validate import DTYPES, check_range
 
 __all__ = ["OPERATIONS", "WorkspaceSize", "workspace_size"]
@@ -30,7 +31,9 @@ class WorkspaceSize:
         host_bytes_per_entry: cuSOLVER's host workspace for one matrix.
         device_bytes: everything a call allocates on the device besides its inputs and
             outputs: ``streams * device_bytes_per_entry``, plus the pivots of ``solve``
-            (8 N bytes per entry) and the int32 status per entry.
+            (8 N bytes per entry), the substitution scratch of ``cholesky_solve`` (the
+            inverted ``256 × 256`` diagonal blocks of every factor, an ``N × K`` matrix and
+            the pointer arrays per right-hand-side entry) and the int32 status per entry.
         host_bytes: ``streams * host_bytes_per_entry``.
         copy_bytes: the working copy of A, made unless ``overwrite_a`` lets the call work in
             A's memory (add it to ``device_bytes`` for a call without ``overwrite_a``).
@@ -57,6 +60,7 @@ def workspace_size(
     vl: float | None = None,
     vu: float | None = None,
     top_k: int | None = None,
+    k: int = 1,
 ) -> WorkspaceSize:
     """Workspace of ``op`` for A (a CUDA tensor, or a shape ``[..., N, N]`` with dtype and device).
 
@@ -70,12 +74,16 @@ def workspace_size(
         vl: for ``"eigh_range"``: the lower end of the eigenvalue interval (vl, vu].
         vu: for ``"eigh_range"``: the upper end of the eigenvalue interval.
         top_k: for ``"eigh_range"``: the k largest eigenpairs.
+        k: for ``"cholesky_solve"``: the right-hand sides per entry (columns of B); the batch
+            of B is taken to be A's.
 
     The streams counted are the ones a call uses now (``min(entries, max_streams())``). CPU
     tensors go through torch.linalg, whose LAPACK workspaces torch manages: not reported here.
     """
     if op not in OPERATIONS:
         raise ValueError(f"op must be one of {', '.join(OPERATIONS)}; got {op!r}")
+    if isinstance(k, bool) or not isinstance(k, int) or k < 0:
+        raise ValueError(f"k must be a non-negative int (right-hand sides per entry), got {k!r}")
     if op != "eigh_range" and any(v is not None for v in (il, iu, vl, vu, top_k)):
         raise ValueError(f"il, iu, vl, vu and top_k select eigenpairs for eigh_range, not for {op!r}")
     shape, dtype, device = _problem(A, dtype, device)
@@ -98,6 +106,8 @@ def workspace_size(
         per_device, per_host = syevdx_workspace(device, dtype, n, lda, sel)
     streams = min(entries, max_streams())
     extra = entries * (4 + (8 * n if op == "solve" else 0))
+    if op == "cholesky_solve":
+        extra += solve_workspace_bytes(n, k, entries, entries, itemsize)
     return WorkspaceSize(
         op=op,
         entries=entries,
