@@ -183,7 +183,7 @@ def test_gpu_blocked_substitution(monkeypatch, dtype, block, storage):
     """Several diagonal blocks (the last one partial), both stored triangles, broadcast batches."""
     from kermac_linalg import _trsolve
 
-    monkeypatch.setattr(_trsolve, "BLOCK", block)
+    monkeypatch.setattr(_trsolve, "block_size", lambda n: block)
     n = 37 if block < 256 else 549
     A0 = spd(2, 1, n=n, dtype=dtype, device="cuda")
     B = rhs(3, n, 5, dtype=dtype, device="cuda")
@@ -198,7 +198,7 @@ def test_gpu_blocked_substitution(monkeypatch, dtype, block, storage):
 def test_gpu_failure_in_a_later_block_poisons_only_its_entry(monkeypatch, block):
     from kermac_linalg import _trsolve
 
-    monkeypatch.setattr(_trsolve, "BLOCK", block)
+    monkeypatch.setattr(_trsolve, "block_size", lambda n: block)
     n = 40 if block < 256 else 300
     A = spd(3, n=n, device="cuda", dtype=torch.float32)
     A[1, n - 3, n - 3] = -1e3  # the leading minor of order n - 2 fails, in the last block

@@ -129,7 +129,7 @@ def _cholesky_gpu(A: torch.Tensor, n: int, overwrite_a: bool) -> tuple[torch.Ten
                 info_ptr + 4 * t,
             )
 
-        fork_join(A.device, len(a_ptrs), dbytes, hbytes, issue, threads=use_threads())
+        fork_join(A.device, len(a_ptrs), dbytes, hbytes, issue, threads=use_threads(False))
     buf.tril_()
     poison_failed(info, buf)
     return buf, info
@@ -164,7 +164,7 @@ def _cholesky_solve_gpu(
                 finfo + 4 * t,
             )
 
-        fork_join(A.device, len(a_ptrs), dbytes, hbytes, issue, threads=use_threads())
+        fork_join(A.device, len(a_ptrs), dbytes, hbytes, issue, threads=use_threads(False))
         reads = batch_offsets(batch, broadcast_index_strides(A.shape[:-2], batch))
         solve_factored(Factors(a_ptrs, layout.ld, layout.transposed), n, X, ldb, reads)
     info = factor_info.expand(batch).contiguous()

@@ -7,12 +7,13 @@ gets its device workspace from torch's caching allocator *on its own stream* (so
 reused only in that stream's order); at the end torch's current stream waits on an event of
 every slot.
 
-The calls of a batch are issued from one worker thread per slot (``threads=True``, the default)
-or all from the calling thread. Measured on an H100 (docs/linalg.md): xsyevd/xsyevdx return only
-once their own stream is done, so from one thread the entries of a batch run one after another
-(eigh of 8 x 2048: 210 ms from one thread, 168 ms from threads); xpotrf+xpotrs and
-xgetrf+xgetrs take 0.35 and 0.7 ms of host time per entry at N = 2048 to queue their kernels,
-which worker threads overlap too.
+The calls of a batch are issued from one worker thread per slot (``threads=True``) or all from
+the calling thread; :func:`use_threads` picks per operation. Measured on an H100
+(docs/linalg.md): xsyevd/xsyevdx return only once their own stream is done, so from one thread
+the entries of a batch run one after another (eigh of 8 x 2048: 210 ms from one thread, 168 ms
+from threads); xgetrf+xgetrs take 0.7 ms of host time per entry at N = 2048, which worker
+threads overlap (LU solve of 8 x 2048: 14.9 against 17.0 ms); xpotrf alone is faster issued
+from the calling thread (Cholesky solve of 8 x 2048: 4.37 against 4.77 ms).
 """
 
 from __future__ import annotations
@@ -69,16 +70,18 @@ def set_max_streams(count: int) -> None:
     _max_streams = count
 
 
-def use_threads() -> bool:
-    """Whether batches are issued from worker threads (default), or from the calling thread.
+def use_threads(default: bool) -> bool:
+    """Whether a batch is issued from worker threads (one per stream) or from the calling thread.
 
-    ``KERMAC_LINALG_DISPATCH=streams`` issues every call from the calling thread;
-    ``=threads`` (or ``auto``, unset) from one worker thread per stream.
+    ``KERMAC_LINALG_DISPATCH=threads`` or ``=streams`` decides for every operation; ``auto``
+    (or unset) takes ``default``, the operation's measured better choice (``docs/linalg.md``):
+    threads for ``eigh``/``eigh_range`` (their cuSOLVER calls wait on the host) and ``solve``,
+    the calling thread for ``cholesky``/``cholesky_solve``.
     """
     mode = os.environ.get(ENV_DISPATCH, "").strip().lower()
     if mode not in ("", "auto", "threads", "streams"):
         raise ValueError(f"{ENV_DISPATCH} must be 'auto', 'threads' or 'streams', got {mode!r}")
-    return mode != "streams"
+    return default if mode in ("", "auto") else mode == "threads"
 
 
 def fork_join(

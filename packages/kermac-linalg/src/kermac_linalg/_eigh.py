@@ -202,7 +202,7 @@ def _eigh_gpu(A: torch.Tensor, n: int, overwrite_a: bool) -> tuple[torch.Tensor,
                 info_ptr + 4 * t,
             )
 
-        fork_join(A.device, len(a_ptrs), dbytes, hbytes, issue, threads=use_threads())
+        fork_join(A.device, len(a_ptrs), dbytes, hbytes, issue, threads=use_threads(True))
     V = vectors_view(buf, layout)
     poison_failed(info, W, V)
     return W, V, info
@@ -249,7 +249,7 @@ def _eigh_range_gpu(
                 info_ptr + 4 * t,
             )
 
-        fork_join(A.device, len(a_ptrs), dbytes, hbytes, issue, threads=use_threads())
+        fork_join(A.device, len(a_ptrs), dbytes, hbytes, issue, threads=use_threads(True))
     m = sel.count if sel.by_index else max(counts, default=0)
     W_sel = W[..., :m]
     V_sel = vectors_view(buf, layout)[..., :, :m]

@@ -121,7 +121,7 @@ def _solve_gpu(
                     call.info,
                 )
 
-        fork_join(A.device, len(a_ptrs), dbytes, hbytes, issue, threads=use_threads())
+        fork_join(A.device, len(a_ptrs), dbytes, hbytes, issue, threads=use_threads(True))
     info = combine_info(factor_info, solve_info, batch)
     poison_failed(info, X)
     return X, info
