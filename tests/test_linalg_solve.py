@@ -146,3 +146,33 @@ def test_gpu_overwrite_a_factors_in_place(dtype, layout):
     assert (info == 0).all()
     assert_solves(A0, B, X, TOL[dtype])
     assert not torch.equal(A, A0), "A must hold its LU factors"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("block", [8, 16, 256])
+@pytest.mark.parametrize("storage", ["copy", "in-place-row-major", "in-place-column-major"])
+def test_gpu_blocked_substitution_with_row_interchanges(monkeypatch, dtype, block, storage):
+    """Several diagonal blocks (the last one partial), pivoting rows, broadcast batches."""
+    from kermac_linalg import _trsolve
+
+    monkeypatch.setattr(_trsolve, "block_size", lambda n: block)
+    n = 37 if block < 256 else 549
+    perm = torch.randperm(n, generator=torch.Generator().manual_seed(3))
+    A0 = general(2, 1, n=n, dtype=dtype, device="cuda")[..., perm, :]  # rows out of order: pivots swap
+    B = rhs(3, n, 5, dtype=dtype, device="cuda")
+    A = A0.clone() if storage == "in-place-row-major" else A0.mT.contiguous().mT
+    X, info = kl.solve(A, B, overwrite_a=storage != "copy")
+    assert info.shape == (2, 3) and (info == 0).all()
+    assert_solves(A0, B, X, TOL[dtype])
+
+
+@pytest.mark.gpu
+def test_gpu_singular_entry_poisons_only_its_solutions():
+    A = general(3, n=300, device="cuda", dtype=torch.float32)
+    A[1, :, 290] = 0.0  # a zero column: singular, found in the last diagonal block
+    B = rhs(2, 3, 300, 4, device="cuda", dtype=torch.float32)
+    X, info = kl.solve(A, B)
+    assert info[:, 0].eq(0).all() and info[:, 2].eq(0).all() and info[:, 1].gt(0).all()
+    assert torch.isnan(X[:, 1]).all()
+    assert_solves(A[[0, 2]], B[:, [0, 2]], X[:, [0, 2]], TOL[torch.float32])

@@ -36,9 +36,11 @@ def test_sizes_add_up(op, dtype):
     itemsize = torch.empty((), dtype=dtype).element_size()
     assert ws.op == op and ws.entries == 5 and ws.streams == min(5, kl.max_streams())
     assert ws.device_bytes_per_entry > 0 and ws.host_bytes_per_entry >= 0
-    pivots = 8 * 300 * 5 if op == "solve" else 0
-    # cholesky_solve: two diagonal blocks of 256² per factor, Y [300 x 1] per entry, pointer arrays
-    scratch = itemsize * (5 * 2 * 256 * 256 + 5 * 300) + 8 * (2 * 5 * 2 + 12 * 2 * 5) if op == "cholesky_solve" else 0
+    pivots = 12 * 300 * 5 if op == "solve" else 0
+    # substitution: two diagonal blocks of 256² per triangle of each factor, Y [300 x 1] per entry, pointer arrays
+    triangles = {"cholesky_solve": 1, "solve": 2}.get(op, 0)
+    blocks = triangles * 5 * 2
+    scratch = itemsize * (blocks * 256 * 256 + 5 * 300) + 8 * (2 * blocks + 12 * 2 * 5) if triangles else 0
     assert ws.device_bytes == ws.streams * ws.device_bytes_per_entry + pivots + scratch + 4 * 5
     assert ws.host_bytes == ws.streams * ws.host_bytes_per_entry
     assert ws.copy_bytes == 5 * 300 * 300 * itemsize

@@ -9,7 +9,7 @@ from ._cusolver import api, data_type, lower_uplo, query
 from ._dispatch import fork_join, use_threads
 from ._layout import batch_offsets, broadcast_index_strides, entry_pointers, working_matrix, working_rhs
 from ._status import poison_failed, raise_for_info
-from ._trsolve import Factors, solve_factored
+from ._trsolve import Triangle, substitute
 from ._validate import check_flag, check_matrix, check_rhs
 
 __all__ = ["cholesky", "cholesky_solve", "potrf_workspace"]
@@ -129,7 +129,7 @@ def _cholesky_gpu(A: torch.Tensor, n: int, overwrite_a: bool) -> tuple[torch.Ten
                 info_ptr + 4 * t,
             )
 
-        fork_join(A.device, len(a_ptrs), dbytes, hbytes, issue, threads=use_threads(False))
+        fork_join(A.device, len(a_ptrs), dbytes, hbytes, issue, threads=use_threads(layout.transposed))
     buf.tril_()
     poison_failed(info, buf)
     return buf, info
@@ -164,9 +164,10 @@ def _cholesky_solve_gpu(
                 finfo + 4 * t,
             )
 
-        fork_join(A.device, len(a_ptrs), dbytes, hbytes, issue, threads=use_threads(False))
+        fork_join(A.device, len(a_ptrs), dbytes, hbytes, issue, threads=use_threads(layout.transposed))
         reads = batch_offsets(batch, broadcast_index_strides(A.shape[:-2], batch))
-        solve_factored(Factors(a_ptrs, layout.ld, layout.transposed), n, X, ldb, reads)
+        lower = Triangle(a_ptrs, layout.ld, upper=layout.transposed, transposed=layout.transposed)
+        substitute(lower, lower.T, n, X, ldb, reads)
     info = factor_info.expand(batch).contiguous()
     poison_failed(info, X)
     return X, info

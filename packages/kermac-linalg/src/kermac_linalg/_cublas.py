@@ -45,7 +45,7 @@ def blas(device: torch.device, dtype: torch.dtype) -> SimpleNamespace:
 
     Fields: ``handle``; ``gemm_batched``, ``trsm_batched``, ``geam`` (cuBLAS's s* or d* routine);
     ``one``, ``minus_one``, ``zero`` (host pointers to scalars of ``dtype``); the enum values
-    ``lower``, ``upper``, ``no_trans``, ``trans``, ``left``, ``non_unit``.
+    ``lower``, ``upper``, ``no_trans``, ``trans``, ``left``, ``non_unit``, ``unit``.
     """
     from nvmath.bindings import cublas
 
@@ -73,6 +73,7 @@ def blas(device: torch.device, dtype: torch.dtype) -> SimpleNamespace:
         trans=int(cublas.Operation.T),
         left=int(cublas.SideMode.LEFT),
         non_unit=int(cublas.DiagType.NON_UNIT),
+        unit=int(cublas.DiagType.UNIT),
     )
 
 

@@ -1,9 +1,12 @@
-"""General solves by LU with partial pivoting: cuSOLVER xgetrf / xgetrs, batched over streams.
+"""General solves by LU with partial pivoting: cuSOLVER xgetrf batched over streams, then substitution.
 
-cuSOLVER is column-major: a row-major torch matrix ``A`` is ``Aᵀ`` to it. Its LU is then the
-LU of ``Aᵀ``, and the solve uses the transposed operation, ``(Aᵀ)ᵀ X = A X = B``; a
-column-major A is factored as it is and solved without transposition. Either way the system
-solved is ``A X = B`` for the torch matrix A.
+cuSOLVER is column-major. A column-major working matrix (a copy of A, or A itself with
+``overwrite_a``) is factored as ``A = P L U``; B's rows are interchanged on each entry's stream
+(laswp) and, after the join, ``X = U⁻¹ L⁻¹ Pᵀ B`` is substituted on cuBLAS for the whole batch
+at once (:mod:`._trsolve`, several times faster than xgetrs for few right-hand sides). A
+row-major A factored in place is ``Aᵀ`` to cuSOLVER: its LU is that of ``Aᵀ`` and the solve is
+cuSOLVER's transposed xgetrs, ``(Aᵀ)ᵀ X = A X = B``. Either way the system solved is
+``A X = B`` for the torch matrix A.
 """
 
 from __future__ import annotations
@@ -13,9 +16,10 @@ import torch
 from . import _cpu
 from ._cusolver import api, data_type, query
 from ._dispatch import fork_join, use_threads
-from ._layout import entry_pointers, working_matrix, working_rhs
+from ._layout import batch_offsets, broadcast_index_strides, entry_pointers, working_matrix, working_rhs
 from ._plan import solve_plan
 from ._status import combine_info, poison_failed, raise_for_info
+from ._trsolve import Triangle, substitute
 from ._validate import check_flag, check_matrix, check_rhs
 
 __all__ = ["getrf_workspace", "solve"]
@@ -46,8 +50,8 @@ def solve(
     Returns:
         ``(X, info)``: ``X [*batch, N, K]`` (column-major entries, like ``torch.linalg.solve``);
         ``info [*batch]`` int32 on the device, ``i > 0`` (NaN in X) where A is singular: pivot
-        i of the LU factorisation is exactly zero (on CUDA, of the LU of Aᵀ when A's entries are
-        row-major, as cuSOLVER sees them, so i may differ from LAPACK's).
+        i of the LU factorisation is exactly zero (on CUDA with ``overwrite_a`` and row-major
+        entries, of the LU of Aᵀ that cuSOLVER factors in place, so i may differ from LAPACK's).
     """
     n = check_matrix("A", A)
     batch, _k = check_rhs(A, B)
@@ -72,22 +76,23 @@ def getrf_workspace(device: torch.device, dtype: torch.dtype, n: int, lda: int) 
 def _solve_gpu(
     A: torch.Tensor, B: torch.Tensor, n: int, batch: torch.Size, overwrite_a: bool, overwrite_b: bool
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    buf, layout, _ = working_matrix(A, overwrite_a)
+    buf, layout, _ = working_matrix(A, overwrite_a, column_major=True)
     X, ldb, _ = working_rhs(B, batch, overwrite_b, buf)
     a_batch = A.shape[:-2]
     factor_info = torch.zeros(a_batch, dtype=torch.int32, device=A.device)
     solve_info = torch.zeros(batch, dtype=torch.int32, device=A.device)
     a_ptrs = entry_pointers(buf)
-    if n > 0 and a_ptrs and solve_info.numel() > 0:
+    if n > 0 and a_ptrs and batch.numel() > 0:
         x, dt = api(), data_type(A.dtype)
-        op = x.trans if layout.transposed else x.no_trans
-        pivots = torch.empty((*a_batch, n), dtype=torch.int64, device=A.device)
+        pivots = torch.empty((len(a_ptrs), n), dtype=torch.int64, device=A.device)
+        swaps = None if layout.transposed else torch.empty((len(a_ptrs), n), dtype=torch.int32, device=A.device)
+        laswp = x.dn.slaswp if A.dtype == torch.float32 else x.dn.dlaswp
         dbytes, hbytes = getrf_workspace(A.device, A.dtype, n, layout.ld)
         plan = solve_plan(a_batch, batch, X, ldb, solve_info)
-        finfo, piv = factor_info.data_ptr(), pivots.data_ptr()
+        finfo = factor_info.data_ptr()
 
         def issue(t: int, slot, dws: int, hws: int) -> None:
-            a, ipiv = a_ptrs[t], piv + 8 * n * t
+            a, ipiv = a_ptrs[t], pivots[t].data_ptr()
             x.dn.xgetrf(
                 slot.handle,
                 slot.params,
@@ -104,11 +109,17 @@ def _solve_gpu(
                 hbytes,
                 finfo + 4 * t,
             )
+            if swaps is not None:  # B's rows interchanged as A's were: Pᵀ B (laswp takes int32 pivots)
+                with torch.cuda.stream(slot.stream):
+                    swaps[t].copy_(pivots[t])
+                for call in plan[t]:
+                    laswp(slot.handle, call.columns, call.rhs, ldb, 1, n, swaps[t].data_ptr(), 1)
+                return
             for call in plan[t]:
                 x.dn.xgetrs(
                     slot.handle,
                     slot.params,
-                    op,
+                    x.trans,
                     n,
                     call.columns,
                     dt,
@@ -122,6 +133,10 @@ def _solve_gpu(
                 )
 
         fork_join(A.device, len(a_ptrs), dbytes, hbytes, issue, threads=use_threads(True))
+        if swaps is not None:
+            reads = batch_offsets(batch, broadcast_index_strides(a_batch, batch))
+            L = Triangle(a_ptrs, layout.ld, upper=False, unit=True)
+            substitute(L, Triangle(a_ptrs, layout.ld, upper=True), n, X, ldb, reads)
     info = combine_info(factor_info, solve_info, batch)
     poison_failed(info, X)
     return X, info

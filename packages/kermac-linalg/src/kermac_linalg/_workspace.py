@@ -31,8 +31,9 @@ class WorkspaceSize:
         host_bytes_per_entry: cuSOLVER's host workspace for one matrix.
         device_bytes: everything a call allocates on the device besides its inputs and
             outputs: ``streams * device_bytes_per_entry``, plus the pivots of ``solve``
-            (8 N bytes per entry), the substitution scratch of ``cholesky_solve`` (the
-            inverted ``256 × 256`` diagonal blocks of every factor, an ``N × K`` matrix and
+            (12 N bytes per entry: cuSOLVER's int64 and laswp's int32), the substitution
+            scratch of ``cholesky_solve`` and ``solve`` (the inverted diagonal blocks, 256²
+            or 512² from N = 8192, of each triangle of every factor, an ``N × K`` matrix and
             the pointer arrays per right-hand-side entry) and the int32 status per entry.
         host_bytes: ``streams * host_bytes_per_entry``.
         copy_bytes: the working copy of A, made unless ``overwrite_a`` lets the call work in
@@ -74,8 +75,8 @@ def workspace_size(
         vl: for ``"eigh_range"``: the lower end of the eigenvalue interval (vl, vu].
         vu: for ``"eigh_range"``: the upper end of the eigenvalue interval.
         top_k: for ``"eigh_range"``: the k largest eigenpairs.
-        k: for ``"cholesky_solve"``: the right-hand sides per entry (columns of B); the batch
-            of B is taken to be A's.
+        k: for ``"cholesky_solve"`` and ``"solve"``: the right-hand sides per entry (columns
+            of B); the batch of B is taken to be A's.
 
     The streams counted are the ones a call uses now (``min(entries, max_streams())``). CPU
     tensors go through torch.linalg, whose LAPACK workspaces torch manages: not reported here.
@@ -105,9 +106,9 @@ def workspace_size(
         sel = check_range(n, il=il, iu=iu, vl=vl, vu=vu, top_k=top_k)
         per_device, per_host = syevdx_workspace(device, dtype, n, lda, sel)
     streams = min(entries, max_streams())
-    extra = entries * (4 + (8 * n if op == "solve" else 0))
-    if op == "cholesky_solve":
-        extra += solve_workspace_bytes(n, k, entries, entries, itemsize)
+    extra = entries * (4 + (12 * n if op == "solve" else 0))
+    if op in ("cholesky_solve", "solve"):
+        extra += solve_workspace_bytes(n, k, entries, entries, itemsize, triangles=2 if op == "solve" else 1)
     return WorkspaceSize(
         op=op,
         entries=entries,
