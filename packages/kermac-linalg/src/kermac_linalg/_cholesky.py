@@ -7,7 +7,14 @@ import torch
 from . import _cpu
 from ._cusolver import api, data_type, lower_uplo, query
 from ._dispatch import fork_join, use_threads
-from ._layout import batch_offsets, broadcast_index_strides, entry_pointers, working_matrix, working_rhs
+from ._layout import (
+    Layout,
+    batch_offsets,
+    broadcast_index_strides,
+    entry_pointers,
+    working_matrix,
+    working_rhs,
+)
 from ._status import poison_failed, raise_for_info
 from ._trsolve import Triangle, substitute
 from ._validate import check_flag, check_matrix, check_rhs
@@ -103,33 +110,43 @@ def potrf_workspace(
     return query(device, lambda h, p: x.dn.xpotrf_buffer_size(h, p, fill, n, dt, 0, lda, dt))
 
 
+def _factor(buf: torch.Tensor, layout: Layout, n: int, info: torch.Tensor) -> list[int]:
+    """xpotrf on every entry of ``buf`` (in place, over the stream pool); the entries' addresses.
+
+    ``info`` (shape of ``buf``'s batch, int32) receives each entry's status.
+    """
+    a_ptrs = entry_pointers(buf)
+    if n == 0 or not a_ptrs:
+        return a_ptrs
+    x, dt, uplo = api(), data_type(buf.dtype), lower_uplo(layout.transposed)
+    dbytes, hbytes = potrf_workspace(buf.device, buf.dtype, n, layout.ld, uplo)
+    info_ptr = info.data_ptr()
+
+    def issue(t: int, slot, dws: int, hws: int) -> None:
+        x.dn.xpotrf(
+            slot.handle,
+            slot.params,
+            uplo,
+            n,
+            dt,
+            a_ptrs[t],
+            layout.ld,
+            dt,
+            dws,
+            dbytes,
+            hws,
+            hbytes,
+            info_ptr + 4 * t,
+        )
+
+    fork_join(buf.device, len(a_ptrs), dbytes, hbytes, issue, threads=use_threads(layout.transposed))
+    return a_ptrs
+
+
 def _cholesky_gpu(A: torch.Tensor, n: int, overwrite_a: bool) -> tuple[torch.Tensor, torch.Tensor]:
     buf, layout, _ = working_matrix(A, overwrite_a, column_major=True)
     info = torch.zeros(A.shape[:-2], dtype=torch.int32, device=A.device)
-    a_ptrs = entry_pointers(buf)
-    if n > 0 and a_ptrs:
-        x, dt, uplo = api(), data_type(A.dtype), lower_uplo(layout.transposed)
-        dbytes, hbytes = potrf_workspace(A.device, A.dtype, n, layout.ld, uplo)
-        info_ptr = info.data_ptr()
-
-        def issue(t: int, slot, dws: int, hws: int) -> None:
-            x.dn.xpotrf(
-                slot.handle,
-                slot.params,
-                uplo,
-                n,
-                dt,
-                a_ptrs[t],
-                layout.ld,
-                dt,
-                dws,
-                dbytes,
-                hws,
-                hbytes,
-                info_ptr + 4 * t,
-            )
-
-        fork_join(A.device, len(a_ptrs), dbytes, hbytes, issue, threads=use_threads(layout.transposed))
+    _factor(buf, layout, n, info)
     buf.tril_()
     poison_failed(info, buf)
     return buf, info
@@ -141,30 +158,8 @@ def _cholesky_solve_gpu(
     buf, layout, _ = working_matrix(A, overwrite_a, column_major=True)
     X, ldb, _ = working_rhs(B, batch, overwrite_b, buf)
     factor_info = torch.zeros(A.shape[:-2], dtype=torch.int32, device=A.device)
-    a_ptrs = entry_pointers(buf)
-    if n > 0 and a_ptrs and batch.numel() > 0:
-        x, dt, uplo = api(), data_type(A.dtype), lower_uplo(layout.transposed)
-        dbytes, hbytes = potrf_workspace(A.device, A.dtype, n, layout.ld, uplo)
-        finfo = factor_info.data_ptr()
-
-        def issue(t: int, slot, dws: int, hws: int) -> None:
-            x.dn.xpotrf(
-                slot.handle,
-                slot.params,
-                uplo,
-                n,
-                dt,
-                a_ptrs[t],
-                layout.ld,
-                dt,
-                dws,
-                dbytes,
-                hws,
-                hbytes,
-                finfo + 4 * t,
-            )
-
-        fork_join(A.device, len(a_ptrs), dbytes, hbytes, issue, threads=use_threads(layout.transposed))
+    if batch.numel() > 0:
+        a_ptrs = _factor(buf, layout, n, factor_info)
         reads = batch_offsets(batch, broadcast_index_strides(A.shape[:-2], batch))
         lower = Triangle(a_ptrs, layout.ld, upper=layout.transposed, transposed=layout.transposed)
         substitute(lower, lower.T, n, X, ldb, reads)
