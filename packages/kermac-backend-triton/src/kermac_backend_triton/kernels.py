@@ -472,12 +472,12 @@ def {GRAD_ENTRY}(
             f"sp_e = {render_expr(signed[1], {}, spec.compute)}",
             "if (sp_e < _INF) & (sp_e > 0):",
             "    sp_et = (sp_e + 0.0 * tl.minimum(tl.abs(dk), 1.0))[:, :, None]",
-            *_grad_loop(spec, f"_ksignpow_pos({t}, sp_et)", "", 1),
+            *_grad_loop(spec, f"_ksignpow_pos({t}, sp_et)", 1),
             "else:",
-            *_grad_loop(spec, multiply, "", 1),
+            *_grad_loop(spec, multiply, 1),
         ]
     else:
-        body += _grad_loop(spec, multiply, "", 0)
+        body += _grad_loop(spec, multiply, 0)
     tail = f"""\
     if k_full < K:
         kk = k_full + kr
@@ -497,12 +497,9 @@ def {GRAD_ENTRY}(
     return helpers(spec.compute, spec.interpret) + split + "\n\n" + head + _indent(body) + tail
 
 
-def _grad_loop(spec: GradSpec, multiply: str, setup: str, depth: int) -> list[str]:
-    """Lines of the gradient's unmasked k loop (full ``BK`` steps) with ``multiply`` per term.
-
-    ``setup`` is one more line of each step (after the loads: ``bk`` is the ``[BN, BK]`` tile of
-    b); ``depth`` indents the loop inside a branch.
-    """
+def _grad_loop(spec: GradSpec, multiply: str, depth: int) -> list[str]:
+    """Lines of the gradient's unmasked k loop (full ``BK`` steps) with ``multiply`` per term,
+    indented ``depth`` levels (inside a branch)."""
     cdt = COMPUTE_TYPES[spec.compute]
     step = [
         "kk = k0 + kr",
@@ -510,7 +507,6 @@ def _grad_loop(spec: GradSpec, multiply: str, setup: str, depth: int) -> list[st
         "bv = bk[:, None, :]",
         f"av = tl.load(acol + kk[None, :] * SAK).to({cdt})",
         f"cv = tl.load(crow + kk[:, None] * SCK).to({cdt})",
-        *([setup] if setup else []),
         f"w = tl.reshape(av[None, :, :] * tl.broadcast_to({multiply}, [BN, BM, BK]), [BN * BM, BK])",
         *_grad_contract(spec.compute),
     ]
