@@ -98,3 +98,30 @@ def test_user_grad_program(backend: str, device: str) -> None:
     prog = kermac.GradProgram(ir.Hyper("alpha") * (ir.Var("d") - ir.Var("b")), ir.Var("acc") * ir.Hyper("scale"))
     out = kermac.run_grad_program(prog, a, b, c, d, hypers={"alpha": 0.25, "scale": 2.0}, backend=backend)
     assert_close(out, 0.5 * ref_grad(a, b, c, d, 2.0), GRAD_TOL)
+
+
+SPECIALS = [0.0, -0.0, 1.0, -1.0, 2.0, -2.0, 0.5, -0.5, 3.0, math.inf, -math.inf, math.nan, 1e-3, -1e3]
+
+
+@pytest.mark.parametrize(("backend", "device"), BACKEND_DEVICES)
+@pytest.mark.parametrize("q", [0.5, 1.5, 1.0, 0.0, -0.5, math.inf])
+def test_signed_power_on_special_values(backend: str, device: str, q: float) -> None:
+    """sgn(t)·|t|^q (0 where t = 0) with a hyperparameter q, on IEEE special values of t = d − b.
+
+    Every k sees the same t, so out = K·φ(t): the k loop runs its full steps (with the runtime
+    choice between the select-free form for 0 < q < ∞ and the general one) and the masked tail.
+    Where φ(t) is infinite the output is only required to be non-finite (tensor-core backends
+    split w into hi + lo, and inf − inf is NaN).
+    """
+    require_backend(backend, device, "grad")
+    n, m, k = len(SPECIALS), 3, 70
+    d = torch.tensor(SPECIALS, device=device)[:, None].expand(n, m).contiguous()
+    a, b, c = torch.ones(k, m, device=device), torch.zeros(n, k, device=device), torch.ones(1, k, device=device)
+    t = ir.Var("d") - ir.Var("b")
+    prog = kermac.GradProgram(ir.select(ir.ne(t, 0.0), ir.sign(t) * ir.pow(abs(t), ir.Hyper("q")), 0.0), ir.Var("acc"))
+    out = kermac.run_grad_program(prog, a, b, c, d, hypers={"q": q}, backend=backend)[0].cpu().double()
+    v = d.cpu().double()
+    phi = torch.where(v != 0, torch.where(v.isnan(), v, v.sign()) * v.abs().pow(q), torch.zeros_like(v))
+    finite = phi.isfinite()
+    assert not out[~finite].isfinite().any(), f"q={q}: {out.tolist()}"
+    assert torch.allclose(out[finite], k * phi[finite], rtol=1e-5, atol=0.0), f"q={q}: {out.tolist()}"

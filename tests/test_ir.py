@@ -109,3 +109,17 @@ def test_is_squared_difference_sum_recognises_the_p2_family() -> None:
     assert not is_squared_difference_sum(PairwiseProgram((z - x) * (z - x), "sum", ir.Var("acc")))
     assert not is_squared_difference_sum(presets.l1_distance.lower())
     assert not is_squared_difference_sum(presets.dot_product.lower())
+
+
+def test_signed_power_recognises_the_fractional_gradient() -> None:
+    from kermac.lowering import grad_program
+    from kermac.programs import signed_power
+
+    t = ir.Var("d") - ir.Var("b")
+    assert signed_power(grad_program(None).multiply) == (t, p - 1.0)
+    assert signed_power(ir.select(ir.ne(x, 0.0), ir.sign(x) * ir.pow(abs(x), 0.5), 0.0)) == (x, ir.Const(0.5))
+    assert signed_power(grad_program(1.0).multiply) is None
+    assert signed_power(ir.select(ir.ne(x, 1.0), ir.sign(x) * ir.pow(abs(x), p), 0.0)) is None  # not t != 0
+    assert signed_power(ir.select(ir.ne(x, 0.0), ir.sign(x) * ir.pow(abs(x), p), 1.0)) is None  # not 0 at t = 0
+    assert signed_power(ir.select(ir.ne(x, 0.0), ir.sign(z) * ir.pow(abs(x), p), 0.0)) is None  # another sign
+    assert signed_power(ir.select(ir.ne(x, 0.0), ir.sign(x) * ir.pow(x, p), 0.0)) is None  # base not |t|

@@ -96,7 +96,7 @@ def test_float64_and_interpreter_helpers() -> None:
     gpu = pairwise(presets.lp_distance)
     assert "lg2.approx.ftz.f32 $0" in gpu and "libdevice.exp2(a)" in gpu
     interp = pairwise(presets.lp_distance, interpret=True)
-    assert "lg2.approx.ftz.f32 $0" not in interp and "return tl.log2(a)" in interp
+    assert "lg2.approx.ftz.f32 $0" not in interp and "return tl.log2(tl.abs(a))" in interp
 
 
 @pytest.mark.parametrize("p", [1.0, 1.5])
@@ -104,17 +104,37 @@ def test_grad_source(p: float) -> None:
     spec = kernels.GradSpec(grad_program(p), "float32", 1, frozenset(), False, False)
     body = kernel_body(kernels.grad_source(spec), kernels.GRAD_ENTRY)
     # 3×TF32 by hand into a fresh accumulator per k step, in the full steps and the masked tail.
-    assert body.count('input_precision="tf32", out_dtype=tl.float32)') == 6 and body.count("acc += part") == 2
-    assert body.count("wh = _ktf32(w)") == 2 and "tf32x3" not in body
+    # p = 1.5: the full steps twice (select-free loop for p − 1 in (0, ∞), general loop otherwise).
+    loops = 2 if p == 1.0 else 3
+    assert body.count('input_precision="tf32", out_dtype=tl.float32)') == 3 * loops
+    assert body.count("acc += part") == loops and body.count("wh, wl = _ksplit(w)") == loops and "tf32x3" not in body
+    # The split is one asm block on a GPU (no integer negation of hi), integer operations when interpreted.
+    assert "sub.f32 $1, $2, $0" in kernels.grad_source(spec)
+    interp = kernels.grad_source(kernels.GradSpec(grad_program(p), "float32", 1, frozenset(), False, True))
+    assert "inline_asm" not in interp.split("def _ksplit")[1].split("@triton.jit")[0]
     f64 = kernel_body(
         kernels.grad_source(kernels.GradSpec(grad_program(p), "float64", 1, frozenset(), False, False)),
         kernels.GRAD_ENTRY,
     )
-    assert f64.count('tl.dot(w, cv, acc, input_precision="ieee", out_dtype=tl.float64)') == 2 and "_ktf32" not in f64
+    assert (
+        f64.count('tl.dot(w, cv, acc, input_precision="ieee", out_dtype=tl.float64)') == loops and "_ktf32" not in f64
+    )
     if p == 1.0:
         assert "_ksign((dv - bv))" in body and "pow" not in body
     else:
-        assert "_kpow_nn_fast(tl.abs((dv - bv)), (h_p - 1.0))" in body
+        # sgn(t)·|t|^(p−1): one copysigned power where p − 1 is in (0, ∞), its exponent as a tile.
+        assert "if (sp_e < _INF) & (sp_e > 0):" in body and "sp_e = (h_p - 1.0)" in body
+        assert body.count("_ksignpow_pos((dv - bv), sp_et)") == 1
+        assert body.count("_kpow_nn_fast(tl.abs((dv - bv)), (h_p - 1.0))") == 2  # general loop and tail
+
+
+def test_grad_signed_power_needs_a_scalar_exponent() -> None:
+    t = ir.Var("d") - ir.Var("b")
+    prog = GradProgram(ir.select(ir.ne(t, 0.0), ir.sign(t) * ir.pow(abs(t), ir.Var("d")), 0.0), ir.Var("acc"))
+    body = kernel_body(
+        kernels.grad_source(kernels.GradSpec(prog, "float32", 0, frozenset(), False, False)), "kermac_grad"
+    )
+    assert "_ksignpow_pos" not in body and body.count("acc += part") == 2
 
 
 def test_op_table_covers_the_ir() -> None:

@@ -11,8 +11,8 @@ Expressions go through :func:`kermac.ir.render` with :data:`CUDA_OPS`; two peeph
 replace sub-trees by faster equivalents with the same semantics: ``pow(abs(e), b)`` →
 ``km_powabs`` (``ex2(b·lg2|e|)``, no sign handling needed; ``km_powabs_ftz`` for a known
 ``b >= 1`` when subnormals may be flushed) and
-``select(ne(e, 0), sign(e)·pow(abs(e), b), 0)`` → ``km_signpow`` (a copysign instead of a sign
-times a product).
+``select(ne(e, 0), sign(e)·pow(abs(e), b), 0)`` (:func:`kermac.programs.signed_power`) →
+``km_signpow`` (a copysign instead of a sign times a product).
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from string import Template
 
 from kermac import ir
 from kermac.ir import Call, Const, Expr, Hyper, Var
-from kermac.programs import is_squared_difference_sum
+from kermac.programs import is_squared_difference_sum, signed_power
 from kermac_backend_nvrtc import kernels
 
 __all__ = [
@@ -104,10 +104,6 @@ def _const(v: float) -> str:
     return f"km_t({v!r})"
 
 
-def _is_zero(e: Expr) -> bool:
-    return isinstance(e, Const) and e.value == 0.0
-
-
 def _exponent_ge1(b: Expr, ge1: frozenset[str]) -> bool:
     """Whether exponent ``b`` is known finite and >= 1: a constant, or a hyperparameter in ``ge1``."""
     return (isinstance(b, Hyper) and b.name in ge1) or (isinstance(b, Const) and 1.0 <= b.value < math.inf)
@@ -139,19 +135,9 @@ def render_expr(expr: Expr, names: dict[str, str], *, ge1: frozenset[str] = froz
                 base, b = sub(e.args[0]), sub(e.args[1])
                 fn = ("km_powabs_ftz" if ftz else "km_powabs_nz") if _exponent_ge1(e.args[1], ge1) else "km_powabs"
                 return placeholder(f"{fn}({base}, {b})")
-            if e.op == "select" and _is_zero(e.args[2]) and isinstance(e.args[0], Call) and e.args[0].op == "ne":
-                x, zero = e.args[0].args
-                body = e.args[1]
-                if (
-                    _is_zero(zero)
-                    and isinstance(body, Call)
-                    and body.op == "mul"
-                    and body.args[0] == Call("sign", (x,))
-                    and isinstance(body.args[1], Call)
-                    and body.args[1].op == "pow"
-                    and body.args[1].args[0] == Call("abs", (x,))
-                ):
-                    return placeholder(f"km_signpow({sub(x)}, {sub(body.args[1].args[1])})")
+            signed = signed_power(e)
+            if signed is not None:
+                return placeholder(f"km_signpow({sub(signed[0])}, {sub(signed[1])})")
             return Call(e.op, tuple(rewrite(a) for a in e.args))
         return e
 

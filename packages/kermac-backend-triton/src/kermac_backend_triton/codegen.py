@@ -9,7 +9,9 @@ and the operation table :func:`op_table`; this module adds only what Triton need
   provably never negative (``|t|``, ``t·t``, sums of those — see :func:`nonnegative`), and the
   general ``_kpow`` (negative bases: integer exponents keep the sign, others give NaN);
 * ``sign`` with sign(0) = 0 and NaN → NaN, comparisons as 1.0 / 0.0, ``min``/``max`` that
-  propagate NaN, ``sqrt`` correctly rounded (``sqrt_rn`` in float32).
+  propagate NaN, ``sqrt`` correctly rounded (``sqrt_rn`` in float32);
+* ``_ksignpow_pos``: sgn(t)·|t|^b for 0 < b < ∞ as a copysign of one power (the gradient
+  kernel's fractional-p loop, :mod:`kermac_backend_triton.kernels`).
 
 The helpers (:func:`helpers`) are ``@triton.jit`` functions emitted at the top of every generated
 module.  Inner-loop expressions (``fast``) take ``log2`` from the special-function unit
@@ -20,7 +22,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass
 
 from kermac import ir
 from kermac.ir import Call, Const, Expr, Hyper, Var
@@ -31,9 +32,10 @@ __all__ = ["COMPUTE_TYPES", "helpers", "hyper_arg", "nonnegative", "op_table", "
 COMPUTE_TYPES: Mapping[str, str] = {"float32": "tl.float32", "float64": "tl.float64"}
 
 _PLATFORM_HELPERS = {
-    # float32 on a GPU.  _klog2_fast: lg2.approx.ftz.f32 on the special-function unit (max error
-    # 2^-22 relative; subnormal inputs count as 0, whose powers are below float32 rounding of any
-    # sum they join) -- Triton's own float32 log2 is a long software polynomial.  _kexp/_kexp2:
+    # float32 on a GPU.  _klog2abs_fast: log2|a| as lg2.approx.ftz.f32 on the special-function unit
+    # (max error 2^-22 relative; subnormal inputs count as 0, whose powers are below float32
+    # rounding of any sum they join; the abs inside the asm is folded into the MUFU operand) --
+    # Triton's own float32 log2 is a long software polynomial.  _kexp/_kexp2:
     # libdevice's correctly handled expf/exp2f (Triton's tl.exp flushes subnormal results to 0,
     # which loses kernel values below 1.2e-38 that torch keeps).
     "gpu": """
@@ -41,8 +43,10 @@ from triton.language.extra import libdevice
 
 
 @triton.jit
-def _klog2_fast(a):
-    return tl.inline_asm_elementwise("lg2.approx.ftz.f32 $0, $1;", "=r,r", [a], dtype=tl.float32, is_pure=True, pack=1)
+def _klog2abs_fast(a):
+    return tl.inline_asm_elementwise(
+        "{ .reg .f32 m; abs.f32 m, $1; lg2.approx.ftz.f32 $0, m; }", "=r,r", [a], dtype=tl.float32, is_pure=True, pack=1
+    )
 
 
 @triton.jit
@@ -57,8 +61,8 @@ def _kexp2(a):
     # The interpreter runs no PTX (and no libdevice); float64 math is accurate throughout.
     "portable": """
 @triton.jit
-def _klog2_fast(a):
-    return tl.log2(a)
+def _klog2abs_fast(a):
+    return tl.log2(tl.abs(a))
 
 
 @triton.jit
@@ -77,13 +81,31 @@ def helpers(compute: str, interpret: bool) -> str:
     """Module prologue of every generated kernel module: imports, constants, helper functions.
 
     Only three helpers differ between platforms (:data:`_PLATFORM_HELPERS`): for float32 on a
-    GPU ``_klog2_fast`` is the special-function unit's ``lg2.approx`` and ``_kexp``/``_kexp2``
-    are libdevice's; under the interpreter or in float64 all three are Triton's accurate ones.
+    GPU ``_klog2abs_fast`` is the special-function unit's ``lg2.approx`` of ``|a|`` and
+    ``_kexp``/``_kexp2`` are libdevice's; under the interpreter or in float64 all three are
+    Triton's accurate ones.  ``_kcopysign`` is the compute type's bitwise copysign.
     """
     if compute not in COMPUTE_TYPES:
         raise ValueError(f"compute: expected one of {sorted(COMPUTE_TYPES)}, got {compute!r}")
     platform = _PLATFORM_HELPERS["gpu" if compute == "float32" and not interpret else "portable"]
-    return _HELPERS + platform
+    bits, sign = _SIGN_BIT[compute]
+    return _HELPERS + _COPYSIGN.format(bits=bits, sign=sign, dtype=COMPUTE_TYPES[compute]) + platform
+
+
+#: Compute type → (same-width unsigned type, its sign bit) for :data:`_COPYSIGN`.
+_SIGN_BIT: Mapping[str, tuple[str, str]] = {
+    "float32": ("tl.uint32", "0x80000000"),
+    "float64": ("tl.uint64", "0x8000000000000000"),
+}
+
+_COPYSIGN = """
+
+@triton.jit
+def _kcopysign(r, t):
+    # r (+0 or more, or NaN) with the sign bit of t: one bitwise instruction.
+    bits = r.to({bits}, bitcast=True) | (t.to({bits}, bitcast=True) & {sign})
+    return bits.to({dtype}, bitcast=True)
+"""
 
 
 _HELPERS = """\
@@ -105,8 +127,16 @@ def _kpow_nn(a, b):
 @triton.jit
 def _kpow_nn_fast(a, b):
     # _kpow_nn on the special-function unit (inner loops): lg2.approx and ex2.approx.
-    r = tl.exp2(b * _klog2_fast(a))
+    r = tl.exp2(b * _klog2abs_fast(a))
     return tl.where(b == 0, 1.0, tl.where(a == 1, 1.0, r))
+
+
+@triton.jit
+def _ksignpow_pos(t, b):
+    # sign(t) * |t| ** b where t != 0, 0 where t == 0, for 0 < b < inf (elementwise b): the power
+    # alone is right everywhere (|+-0| ** b = 0, |+-inf| ** b = inf, 1 ** b = 1, NaN) and the sign
+    # is t's sign bit -- no selects.
+    return _kcopysign(tl.exp2(b * _klog2abs_fast(t)), t)
 
 
 @triton.jit
@@ -228,15 +258,8 @@ def hyper_arg(name: str) -> str:
     return f"h_{name}"
 
 
-@dataclass(frozen=True)
-class _Lowered:
-    """An expression whose non-negative ``pow`` nodes were replaced by placeholder variables."""
-
-    expr: Expr
-    pows: Mapping[str, tuple[Expr, Expr]]
-
-
 def _mark_fast_pows(expr: Expr, known: frozenset[str], pows: dict[str, tuple[Expr, Expr]]) -> Expr:
+    """``expr`` with its ``pow`` nodes of provably non-negative base replaced by placeholder variables."""
     if not isinstance(expr, Call):
         return expr
     args = tuple(_mark_fast_pows(a, known, pows) for a in expr.args)

@@ -32,7 +32,13 @@ chunk it forms ``w[n,m,k] = a[k,m]·multiply(d[n,m], b[n,k])`` elementwise and c
 ``c`` on the tensor cores: ``acc[(n,m), o] += w[(n,m), k] @ cᵀ[k, o]`` — in float32 as 3×TF32
 by hand (:func:`_grad_contract`: the pairwise kernel's :data:`_TF32_HELPER` split, three plain
 ``tf32`` products into a fresh accumulator per k step, added to ``acc`` in float32), ``ieee`` in
-float64.  ``w`` stays in registers as the A operand of the products.
+float64.  ``w`` stays in registers as the A operand of the products, provided Triton can form it
+in that register layout: every leaf of the chain that computes ``w`` must be a load or a
+constant (a splatted scalar, such as a hyperparameter, sends ``w`` through shared memory).
+A multiply that is a signed power sgn(t)·|t|^e (:func:`kermac.programs.signed_power`, the
+fractional-p gradient) with a scalar ``e`` gets a second k loop, taken when 0 < e < ∞: one
+copysigned power per term (``_ksignpow_pos``, no selects) with ``e`` entering as a tile derived
+from the loaded ``d`` (exactly ``e``); other ``e``, and the masked tail, use the general form.
 
 Batch entries are decoded from the program id over the coalesced batch dimensions of
 :func:`kermac.layout.batch_layout`; tensor hyperparameters are read once per program from their
@@ -46,7 +52,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from kermac.programs import REDUCTIONS, GradProgram, PairwiseProgram, is_squared_difference_sum
+from kermac.ir import free_vars
+from kermac.programs import REDUCTIONS, GradProgram, PairwiseProgram, is_squared_difference_sum, signed_power
 from kermac_backend_triton.codegen import COMPUTE_TYPES, helpers, hyper_arg, nonnegative, render_expr
 
 __all__ = [
@@ -273,6 +280,33 @@ def _ktf32(a):
     return ((b + 0x1000) & 0xFFFFE000).to(tl.float32, bitcast=True)
 """
 
+#: The gradient's split of ``w`` into hi = :func:`_ktf32` and lo = w − hi (unrounded), per
+#: platform.  On a GPU one inline-asm block: PTX sees a float subtraction, so ptxas folds the
+#: negation into it (Triton's own IR would turn −hi into an integer xor, one more instruction
+#: per term).
+_SPLIT_HELPER = {
+    "gpu": """
+
+@triton.jit
+def _ksplit(a):
+    return tl.inline_asm_elementwise(
+        "{ .reg .b32 t; add.u32 t, $2, 0x1000; and.b32 $0, t, 0xFFFFE000; sub.f32 $1, $2, $0; }",
+        "=r,=r,r",
+        [a],
+        dtype=(tl.float32, tl.float32),
+        is_pure=True,
+        pack=1,
+    )
+""",
+    "portable": """
+
+@triton.jit
+def _ksplit(a):
+    hi = _ktf32(a)
+    return hi, a - hi
+""",
+}
+
 #: The recompute tile of the tensor-core kernel: ``RMT × RNT`` = 128 threads of ``RMI × RNI``
 #: outputs, ``RK`` features per step (register-lean: the branch must not raise the kernel's
 #: register count, which sets how many programs share a multiprocessor).
@@ -360,8 +394,8 @@ def _grad_contract(compute: str) -> list[str]:
     """Lines adding one k step's ``w[(n,m), k] @ cv[k, o]`` to ``acc``.
 
     float64: one ``ieee`` dot.  float32: 3×TF32 by hand (as in the tensor-core pairwise kernel):
-    hi = :func:`_ktf32` rounding, lo = the remainder (``w``'s lo goes in unrounded: the tensor
-    cores truncate it, an error ≤ 2⁻²¹·|w| that saves two instructions per term), the products
+    hi = :func:`_ktf32` rounding, lo = the remainder (``_ksplit``; ``w``'s lo goes in unrounded:
+    the tensor cores truncate it, an error ≤ 2⁻²¹·|w| that saves two instructions per term), the products
     wl·ch + wh·cl + wh·ch summed into a fresh accumulator ``part`` that is added to ``acc`` in
     float32 — the tensor cores truncate their own sums, which over all of K would grow the error
     linearly with K.
@@ -370,8 +404,7 @@ def _grad_contract(compute: str) -> list[str]:
         return ['acc = tl.dot(w, cv, acc, input_precision="ieee", out_dtype=tl.float64)']
     dot = 'tl.dot({}, {}{}, input_precision="tf32", out_dtype=tl.float32)'
     return [
-        "wh = _ktf32(w)",
-        "wl = w - wh",
+        "wh, wl = _ksplit(w)",
         "ch = _ktf32(cv)",
         "cl = _ktf32(cv - ch)",
         "part = " + dot.format("wl", "ch", ""),
@@ -412,27 +445,40 @@ def {GRAD_ENTRY}(
     pm = rest_t // tiles_n
 """
     body = _batch_code(operands, spec.nbatch) + _hyper_loads(hypers, spec.tensor_hypers, cdt)
-    contract = _indent(_grad_contract(spec.compute), 2)
-    main = f"""\
-    rn = pn * BN + tl.arange(0, BN)
-    rm = pm * BM + tl.arange(0, BM)
-    ro = po * BO + tl.arange(0, BO)
-    rnc = rn % N
-    rmc = rm % M
-    dv = tl.load(DD + rnc[:, None] * SDN + rmc[None, :] * SDM).to({cdt})[:, :, None]
-    brow = B + rnc[:, None] * SBN
-    acol = A + rmc[:, None] * SAM
-    crow = C + (ro % O)[None, :] * SCO
-    kr = tl.arange(0, BK){cast}
-    acc = tl.zeros([BN * BM, BO], {cdt})
-    k_full = K - K % BK
-    for k0 in range(0, k_full, BK):
-        kk = k0 + kr
-        bv = tl.load(brow + kk[None, :] * SBK).to({cdt})[:, None, :]
-        av = tl.load(acol + kk[None, :] * SAK).to({cdt})
-        cv = tl.load(crow + kk[:, None] * SCK).to({cdt})
-        w = tl.reshape(av[None, :, :] * tl.broadcast_to({multiply}, [BN, BM, BK]), [BN * BM, BK])
-{contract}
+    body += [
+        "rn = pn * BN + tl.arange(0, BN)",
+        "rm = pm * BM + tl.arange(0, BM)",
+        "ro = po * BO + tl.arange(0, BO)",
+        "rnc = rn % N",
+        "rmc = rm % M",
+        f"dk = tl.load(DD + rnc[:, None] * SDN + rmc[None, :] * SDM).to({cdt})",
+        "dv = dk[:, :, None]",
+        "brow = B + rnc[:, None] * SBN",
+        "acol = A + rmc[:, None] * SAM",
+        "crow = C + (ro % O)[None, :] * SCO",
+        f"kr = tl.arange(0, BK){cast}",
+        f"acc = tl.zeros([BN * BM, BO], {cdt})",
+        "k_full = K - K % BK",
+    ]
+    signed = signed_power(prog.multiply)
+    if signed is not None and not free_vars(signed[1]):
+        # sgn(t)·|t|^e with a scalar e: for 0 < e < ∞ a loop with one copysigned power per term.
+        # Its exponent is a tile, e + 0·min(|d|, 1) (exactly e, also for infinite or NaN d): a
+        # splatted scalar in the chain that forms w would make Triton pass w through shared
+        # memory instead of forming it in the tensor cores' register layout (1.7× slower,
+        # docs/triton-notes.md, Version 5).
+        t = render_expr(signed[0], {"d": "dv", "b": "bv"}, spec.compute, fast=True)
+        body += [
+            f"sp_e = {render_expr(signed[1], {}, spec.compute)}",
+            "if (sp_e < _INF) & (sp_e > 0):",
+            "    sp_et = (sp_e + 0.0 * tl.minimum(tl.abs(dk), 1.0))[:, :, None]",
+            *_grad_loop(spec, f"_ksignpow_pos({t}, sp_et)", 1),
+            "else:",
+            *_grad_loop(spec, multiply, 1),
+        ]
+    else:
+        body += _grad_loop(spec, multiply, 0)
+    tail = f"""\
     if k_full < K:
         kk = k_full + kr
         km = kk < K
@@ -441,11 +487,28 @@ def {GRAD_ENTRY}(
         cv = tl.load(crow + kk[:, None] * SCK, mask=km[:, None], other=0.0).to({cdt})
         w = tl.where(km[None, None, :], av[None, :, :] * tl.broadcast_to({multiply}, [BN, BM, BK]), 0.0)
         w = tl.reshape(w, [BN * BM, BK])
-{contract}
+{_indent(_grad_contract(spec.compute), 2)}\
     val = tl.reshape(tl.broadcast_to({epilogue}, [BN * BM, BO]), [BN, BM, BO])
     optr = OUT + ro[None, None, :] * SOO + rn[:, None, None] * SON + rm[None, :, None] * SOM
     omask = (ro < O)[None, None, :] & (rn < N)[:, None, None] & (rm < M)[None, :, None]
     tl.store(optr, val.to(OUT.dtype.element_ty), mask=omask)
 """
-    split = _TF32_HELPER if spec.compute == "float32" else ""
-    return helpers(spec.compute, spec.interpret) + split + "\n\n" + head + _indent(body) + main
+    split = _TF32_HELPER + _SPLIT_HELPER["portable" if spec.interpret else "gpu"] if spec.compute == "float32" else ""
+    return helpers(spec.compute, spec.interpret) + split + "\n\n" + head + _indent(body) + tail
+
+
+def _grad_loop(spec: GradSpec, multiply: str, depth: int) -> list[str]:
+    """Lines of the gradient's unmasked k loop (full ``BK`` steps) with ``multiply`` per term,
+    indented ``depth`` levels (inside a branch)."""
+    cdt = COMPUTE_TYPES[spec.compute]
+    step = [
+        "kk = k0 + kr",
+        f"bk = tl.load(brow + kk[None, :] * SBK).to({cdt})",
+        "bv = bk[:, None, :]",
+        f"av = tl.load(acol + kk[None, :] * SAK).to({cdt})",
+        f"cv = tl.load(crow + kk[:, None] * SCK).to({cdt})",
+        f"w = tl.reshape(av[None, :, :] * tl.broadcast_to({multiply}, [BN, BM, BK]), [BN * BM, BK])",
+        *_grad_contract(spec.compute),
+    ]
+    pad = "    " * depth
+    return [f"{pad}for k0 in range(0, k_full, BK):", *(f"{pad}    {line}" for line in step)]

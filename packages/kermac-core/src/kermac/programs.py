@@ -24,9 +24,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from kermac.ir import Call, Expr, Var, free_vars, hyper_names, to_sexpr
+from kermac.ir import Call, Const, Expr, Var, free_vars, hyper_names, to_sexpr
 
-__all__ = ["REDUCTIONS", "GradProgram", "PairwiseProgram", "is_squared_difference_sum"]
+__all__ = ["REDUCTIONS", "GradProgram", "PairwiseProgram", "is_squared_difference_sum", "signed_power"]
 
 #: Reduction name → identity element.
 REDUCTIONS: dict[str, float] = {"sum": 0.0, "max": -math.inf, "min": math.inf}
@@ -110,3 +110,25 @@ def is_squared_difference_sum(program: PairwiseProgram) -> bool:
     """
     t = Call("sub", (Var("x"), Var("z")))
     return program.reduction == "sum" and program.inner == Call("mul", (t, t))
+
+
+def signed_power(expr: Expr) -> tuple[Expr, Expr] | None:
+    """``(t, e)`` if ``expr`` is ``select(ne(t, 0), sign(t)·pow(abs(t), e), 0)`` structurally, else ``None``.
+
+    That is sgn(t)·|t|^e with the term 0 where t = 0 (also for e ≤ 0): the multiply of the
+    fractional-p gradient (:func:`kermac.lowering.grad_program`), which a backend may compute as
+    a copysign of one power instead of a product with a sign.
+    """
+    zero = Const(0.0)
+    if not (isinstance(expr, Call) and expr.op == "select" and expr.args[2] == zero):
+        return None
+    cond, body = expr.args[0], expr.args[1]
+    if not (isinstance(cond, Call) and cond.op == "ne" and cond.args[1] == zero):
+        return None
+    t = cond.args[0]
+    if not (isinstance(body, Call) and body.op == "mul" and body.args[0] == Call("sign", (t,))):
+        return None
+    power = body.args[1]
+    if not (isinstance(power, Call) and power.op == "pow" and power.args[0] == Call("abs", (t,))):
+        return None
+    return t, power.args[1]
