@@ -1,19 +1,20 @@
 """cuBLAS through nvmath-python: one handle per thread and device, and the typed calls linalg makes.
 
-A handle is bound to torch's current stream each time :func:`blas` hands it out (as torch does
+A handle is bound to torch's current stream each time :func:`handle` hands it out (as torch does
 with its own cuBLAS handle), so the calls queue behind the cuSOLVER work already joined back to
 that stream. Its math mode is cuBLAS's default: full float32/float64 products, never TF32.
 """
 
 from __future__ import annotations
 
+import functools
 import sys
 import threading
 from types import SimpleNamespace
 
 import torch
 
-__all__ = ["blas", "transpose_copy"]
+__all__ = ["calls", "handle", "transpose_copy"]
 
 _local = threading.local()
 _SCALARS = {dtype: torch.tensor([1.0, -1.0, 0.0], dtype=dtype) for dtype in (torch.float32, torch.float64)}
@@ -40,13 +41,8 @@ class _Handle:
             pass
 
 
-def blas(device: torch.device, dtype: torch.dtype) -> SimpleNamespace:
-    """This thread's cuBLAS handle on ``device`` (bound to torch's current stream) and ``dtype``'s calls.
-
-    Fields: ``handle``; ``gemm_batched``, ``trsm_batched``, ``geam`` (cuBLAS's s* or d* routine);
-    ``one``, ``minus_one``, ``zero`` (host pointers to scalars of ``dtype``); the enum values
-    ``lower``, ``upper``, ``no_trans``, ``trans``, ``left``, ``non_unit``, ``unit``.
-    """
+def handle(device: torch.device) -> int:
+    """This thread's cuBLAS handle on ``device``, bound to torch's current stream there."""
     from nvmath.bindings import cublas
 
     handles = getattr(_local, "handles", None)
@@ -56,11 +52,23 @@ def blas(device: torch.device, dtype: torch.dtype) -> SimpleNamespace:
     if holder is None:
         holder = handles[device.index] = _Handle(device)
     cublas.set_stream(holder.value, torch.cuda.current_stream(device).cuda_stream)
+    return holder.value
+
+
+@functools.cache
+def calls(dtype: torch.dtype) -> SimpleNamespace:
+    """``dtype``'s cuBLAS routines and constants (built once per dtype).
+
+    Fields: ``gemm_batched``, ``trsm_batched``, ``geam`` (cuBLAS's s* or d* routine); ``one``,
+    ``minus_one``, ``zero`` (host pointers to scalars of ``dtype``); the enum values ``lower``,
+    ``upper``, ``no_trans``, ``trans``, ``left``, ``non_unit``, ``unit``.
+    """
+    from nvmath.bindings import cublas
+
     prefix = "s" if dtype == torch.float32 else "d"
     scalars = _SCALARS[dtype]
     size = scalars.element_size()
     return SimpleNamespace(
-        handle=holder.value,
         gemm_batched=getattr(cublas, f"{prefix}gemm_batched"),
         trsm_batched=getattr(cublas, f"{prefix}trsm_batched"),
         geam=getattr(cublas, f"{prefix}geam"),
@@ -86,7 +94,7 @@ def transpose_copy(
     about 2.8× faster than a strided elementwise copy for one 16384² float32 matrix on an H100
     (0.78 ms against 2.23 ms).
     """
-    b = blas(device, dtype)
+    h, b = handle(device), calls(dtype)
     ld = max(1, rows)
     for d, s in zip(dst, src, strict=True):
-        b.geam(b.handle, b.trans, b.no_trans, rows, cols, b.one, s, ld_src, b.zero, d, ld, d, ld)
+        b.geam(h, b.trans, b.no_trans, rows, cols, b.one, s, ld_src, b.zero, d, ld, d, ld)

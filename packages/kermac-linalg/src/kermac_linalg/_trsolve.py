@@ -25,7 +25,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from ._cublas import blas
+from ._cublas import calls, handle
 from ._layout import entry_pointers
 
 __all__ = ["Triangle", "block_size", "solve_workspace_bytes", "substitute"]
@@ -91,7 +91,7 @@ def substitute(lower: Triangle, upper: Triangle, n: int, X: torch.Tensor, ldb: i
     k, solves = X.shape[-1], len(reads)
     if n == 0 or k == 0 or solves == 0:
         return
-    b = blas(X.device, X.dtype)
+    h, b = handle(X.device), calls(X.dtype)
     f = X.element_size()
     nb = min(n, block_size(n))
     starts = list(range(0, n, nb))
@@ -117,31 +117,31 @@ def substitute(lower: Triangle, upper: Triangle, n: int, X: torch.Tensor, ldb: i
         return [tri.at(tri.pointers[a], row, col, f) for a in reads]
 
     # (call, scalar arguments, pointer arrays) in the order the calls run
-    calls: list[tuple[str, tuple, list[list[int]]]] = []
+    plan: list[tuple[str, tuple, list[list[int]]]] = []
     for t, tri in enumerate(triangles):
         for part in ([s for s, m in enumerate(sizes) if m == nb], [s for s, m in enumerate(sizes) if m < nb]):
             if part:
                 diagonal = [tri.at(p, starts[s], starts[s], f) for p in tri.pointers for s in part]
                 slots = [inv(t, a, s) for a in range(entries) for s in part]
-                calls.append(("trsm", (tri, sizes[part[0]], entries * len(part)), [diagonal, slots]))
+                plan.append(("trsm", (tri, sizes[part[0]], entries * len(part)), [diagonal, slots]))
     for s, i in enumerate(starts):
         m = sizes[s]
-        calls.append(("gemm", (False, m, m, False, nb, ldb, n), [[inv(0, a, s) for a in reads], xs(i), ys(i)]))
+        plan.append(("gemm", (False, m, m, False, nb, ldb, n), [[inv(0, a, s) for a in reads], xs(i), ys(i)]))
         if i + m < n:
             update = (lower.transposed, n - i - m, m, True, lower.ld, n, ldb)
-            calls.append(("gemm", update, [blocks(lower, i + m, i), ys(i), xs(i + m)]))
+            plan.append(("gemm", update, [blocks(lower, i + m, i), ys(i), xs(i + m)]))
     for s in reversed(range(len(starts))):
         i, m = starts[s], sizes[s]
         t, transposed = (0, True) if shared else (1, False)
-        calls.append(("gemm", (transposed, m, m, False, nb, n, ldb), [[inv(t, a, s) for a in reads], ys(i), xs(i)]))
+        plan.append(("gemm", (transposed, m, m, False, nb, n, ldb), [[inv(t, a, s) for a in reads], ys(i), xs(i)]))
         if i > 0:
             update = (upper.transposed, i, m, True, upper.ld, ldb, n)
-            calls.append(("gemm", update, [blocks(upper, 0, i), xs(i), ys(0)]))
+            plan.append(("gemm", update, [blocks(upper, 0, i), xs(i), ys(0)]))
 
-    flat = torch.tensor([p for _, _, arrays in calls for array in arrays for p in array], dtype=torch.int64)
+    flat = torch.tensor([p for _, _, arrays in plan for array in arrays for p in array], dtype=torch.int64)
     device_flat = flat.pin_memory().to(X.device, non_blocking=True)
     at = device_flat.data_ptr()
-    for name, args, arrays in calls:
+    for name, args, arrays in plan:
         pointers = []
         for array in arrays:
             pointers.append(at)
@@ -150,10 +150,10 @@ def substitute(lower: Triangle, upper: Triangle, n: int, X: torch.Tensor, ldb: i
             tri, m, count = args
             uplo, op = (b.upper if tri.upper else b.lower), (b.trans if tri.transposed else b.no_trans)
             diag = b.unit if tri.unit else b.non_unit
-            b.trsm_batched(b.handle, b.left, uplo, op, diag, m, m, b.one, pointers[0], tri.ld, pointers[1], nb, count)
+            b.trsm_batched(h, b.left, uplo, op, diag, m, m, b.one, pointers[0], tri.ld, pointers[1], nb, count)
         else:
             transposed, m, depth, update, lda, ldb_, ldc = args
             op = b.trans if transposed else b.no_trans
             alpha, beta = (b.minus_one, b.one) if update else (b.one, b.zero)
             a, bb, c = pointers
-            b.gemm_batched(b.handle, op, b.no_trans, m, k, depth, alpha, a, lda, bb, ldb_, beta, c, ldc, solves)
+            b.gemm_batched(h, op, b.no_trans, m, k, depth, alpha, a, lda, bb, ldb_, beta, c, ldc, solves)
