@@ -9,8 +9,7 @@ from ._cusolver import api, data_type, lower_uplo, query
 from ._dispatch import fork_join, use_threads
 from ._layout import (
     Layout,
-    batch_offsets,
-    broadcast_index_strides,
+    broadcast_reads,
     entry_pointers,
     working_matrix,
     working_rhs,
@@ -160,7 +159,7 @@ def _cholesky_solve_gpu(
     factor_info = torch.zeros(A.shape[:-2], dtype=torch.int32, device=A.device)
     if batch.numel() > 0:
         a_ptrs = _factor(buf, layout, n, factor_info)
-        reads = batch_offsets(batch, broadcast_index_strides(A.shape[:-2], batch))
+        reads = broadcast_reads(A.shape[:-2], batch)
         lower = Triangle(a_ptrs, layout.ld, upper=layout.transposed, transposed=layout.transposed)
         substitute(lower, lower.T, n, X, ldb, reads)
     info = factor_info.expand(batch).contiguous()

@@ -22,6 +22,7 @@ __all__ = [
     "Layout",
     "batch_offsets",
     "broadcast_index_strides",
+    "broadcast_reads",
     "column_major_ld",
     "entries_disjoint",
     "entry_pointers",
@@ -100,6 +101,11 @@ def broadcast_index_strides(shape: torch.Size, batch: torch.Size) -> tuple[int, 
         strides[-axis] = step if size > 1 else 0
         step *= size
     return tuple(strides)
+
+
+def broadcast_reads(a_batch: torch.Size, batch: torch.Size) -> list[int]:
+    """For every entry of the broadcast ``batch`` (row-major order), the flat entry of ``a_batch`` it reads."""
+    return batch_offsets(batch, broadcast_index_strides(a_batch, batch))
 
 
 def working_matrix(

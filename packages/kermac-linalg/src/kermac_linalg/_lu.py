@@ -16,7 +16,7 @@ import torch
 from . import _cpu
 from ._cusolver import api, data_type, query
 from ._dispatch import fork_join, use_threads
-from ._layout import batch_offsets, broadcast_index_strides, entry_pointers, working_matrix, working_rhs
+from ._layout import broadcast_reads, entry_pointers, working_matrix, working_rhs
 from ._plan import solve_plan
 from ._status import combine_info, poison_failed, raise_for_info
 from ._trsolve import Triangle, substitute
@@ -134,7 +134,7 @@ def _solve_gpu(
 
         fork_join(A.device, len(a_ptrs), dbytes, hbytes, issue, threads=use_threads(True))
         if swaps is not None:
-            reads = batch_offsets(batch, broadcast_index_strides(a_batch, batch))
+            reads = broadcast_reads(a_batch, batch)
             L = Triangle(a_ptrs, layout.ld, upper=False, unit=True)
             substitute(L, Triangle(a_ptrs, layout.ld, upper=True), n, X, ldb, reads)
     info = combine_info(factor_info, solve_info, batch)

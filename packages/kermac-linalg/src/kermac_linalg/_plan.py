@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ._layout import batch_offsets, broadcast_index_strides, entry_pointers
+from ._layout import broadcast_reads, entry_pointers
 
 __all__ = ["SolveCall", "solve_plan"]
 
@@ -36,7 +36,7 @@ def solve_plan(
     """
     k = X.shape[-1]
     groups: list[list[int]] = [[] for _ in range(_numel(a_batch))]
-    for j, a in enumerate(batch_offsets(batch, broadcast_index_strides(a_batch, batch))):
+    for j, a in enumerate(broadcast_reads(a_batch, batch)):
         groups[a].append(j)
     if k == 0:
         return [[] for _ in groups]
