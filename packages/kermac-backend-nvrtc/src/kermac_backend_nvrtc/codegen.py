@@ -372,7 +372,7 @@ def pairwise_source(v: PairwiseVariant) -> tuple[str, list[Param]]:
     tin, compute = INPUT_TYPES[v.dtype]
     cfg = pairwise_config(compute)
     names = _pairwise_names(prog)
-    params, shared = _pairwise_parts(v, tin, [], names)
+    params, shared = _pairwise_parts(v, tin, [Param("ovec", "int")], names)
     reduce = {"sum": "acc + v", "max": "km_max(acc, v)", "min": "km_min(acc, v)"}[prog.reduction]
     split = v.poly_pairs > 0
     exponent = split_exponent(prog, v.ge1_hypers)

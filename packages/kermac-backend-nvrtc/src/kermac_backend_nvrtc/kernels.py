@@ -47,6 +47,13 @@ __device__ __forceinline__ void km_store(km_f16* p, float a) {
   unsigned short r; asm("{ .reg .b16 h; cvt.rn.f16.f32 h, %1; mov.b16 %0, h; }" : "=h"(r) : "f"(a)); p->v = r; }
 __device__ __forceinline__ void km_store(km_bf16* p, float a) {
   unsigned short r; asm("{ .reg .b16 h; cvt.rn.bf16.f32 h, %1; mov.b16 %0, h; }" : "=h"(r) : "f"(a)); p->v = r; }
+// V consecutive outputs at p (16-byte aligned) as one streaming 16-byte store (st.global.cs: evict
+// first, the output is not re-read); only called where V values of the type fill 16 bytes.
+__device__ __forceinline__ void km_store16(float* p, const float* v) {
+  asm volatile("st.global.cs.v4.f32 [%0], {%1, %2, %3, %4};" :: "l"(p), "f"(v[0]), "f"(v[1]), "f"(v[2]), "f"(v[3]) : "memory"); }
+__device__ __forceinline__ void km_store16(double* p, const double* v) {
+  asm volatile("st.global.cs.v2.f64 [%0], {%1, %2};" :: "l"(p), "d"(v[0]), "d"(v[1]) : "memory"); }
+template <typename T> __device__ __forceinline__ void km_store16(T*, const km_t*) {}
 
 __device__ __forceinline__ float km_inf(float) { return __int_as_float(0x7f800000); }
 __device__ __forceinline__ double km_inf(double) { return __longlong_as_double(0x7ff0000000000000LL); }
@@ -322,24 +329,38 @@ $HYPER_LOADS
     }
 #undef KM_SYNC
 
+    // Each thread's row holds two groups of VN consecutive columns: one 16-byte store per group
+    // where ovec says the output allows it (unit column stride, 16-byte aligned rows), else scalars.
     $TOUT* ob = out + off_o;
 #pragma unroll
     for (int i = 0; i < 2 * VM; ++i) {
       const int m = m0 + (i < VM ? ty * VM + i : BM / 2 + ty * VM + (i - VM));
       if (m >= M) continue;
+      $TOUT* row = ob + (long long)m * som;
 #pragma unroll
-      for (int j = 0; j < 2 * VN; ++j) {
-        const int n = n0 + (j < VN ? tx * VN + j : BN / 2 + tx * VN + (j - VN));
-        if (n < N) {
+      for (int g = 0; g < 2; ++g) {
+        const int nb = n0 + g * (BN / 2) + tx * VN;
+        km_t v[VN];
+#pragma unroll
+        for (int j = 0; j < VN; ++j) {
+          const int n = nb + j;
           const km_t diag = $DIAG;
 #if POLY_PAIRS > 0
           // Split terms are at least about 2^-126 (lmin, |x − z| = 0 included): a sum below
           // D·2^-125 has only terms below the float32 normal range and is 0, as each is with ftz.
-          const km_t sum = acc[i][j] < km_t(D) * km_t(2.350988701644575e-38) ? km_t(0) : acc[i][j];
+          const km_t a = acc[i][g * VN + j];
+          const km_t sum = a < km_t(D) * km_t(2.350988701644575e-38) ? km_t(0) : a;
 #else
-          const km_t sum = acc[i][j];
+          const km_t sum = acc[i][g * VN + j];
 #endif
-          km_store(ob + (long long)m * som + (long long)n * son, km_epilogue(sum, diag$HYPER_ACTUALS));
+          v[j] = km_epilogue(sum, diag$HYPER_ACTUALS);
+        }
+        if (sizeof($TOUT) * VN == 16 && ovec && nb + VN <= N) {
+          km_store16(row + nb, v);
+        } else {
+#pragma unroll
+          for (int j = 0; j < VN; ++j)
+            if (nb + j < N) km_store(row + (long long)(nb + j) * son, v[j]);
         }
       }
     }

@@ -101,6 +101,16 @@ def _operand(t: torch.Tensor, layout: BatchLayout, name: str, pt: int, kt: int, 
     return Operand(0 if abs(sk) <= abs(sp) else 1, e)
 
 
+def _vector_out(out: torch.Tensor, layout: BatchLayout, e: int) -> int:
+    """1 if every output row of every batch entry starts ``e``-element aligned with unit column stride."""
+    return int(
+        out.stride(-1) == 1
+        and out.stride(-2) % e == 0
+        and out.data_ptr() % (e * out.element_size()) == 0
+        and all(s % e == 0 for s in layout.strides["out"])
+    )
+
+
 def _expensive(expr: Expr) -> bool:
     return any(isinstance(n, Call) and n.op in _EXPENSIVE for n in walk(expr))
 
@@ -178,14 +188,10 @@ def plan_pairwise(problem: PairwiseProblem) -> tuple[PairwiseVariant, Launch]:
         "son": out.stride(-1),
         "diag_shift": problem.offset_m - problem.offset_n,
     }
+    # Vector stores: pairs of float32 columns on the tensor-core path, 16 bytes on the SIMT path.
+    args["ovec"] = _vector_out(out, layout, 2 if tensor_cores else max(1, 16 // out.element_size()))
     if tensor_cores:
         args["guard"] = tc_guard(d)
-        args["ovec"] = int(
-            out.stride(-1) == 1
-            and out.stride(-2) % 2 == 0
-            and out.data_ptr() % 8 == 0
-            and all(s % 2 == 0 for s in layout.strides["out"])
-        )
     args |= _batch_args(layout, _rename(list(ops))) | hyper_args
     return variant, Launch(tiles_m * tiles_n, layout.size, args)
 

@@ -177,6 +177,8 @@ def _tile_order(cast: str) -> str:
 
 
 _STREAM = ', cache_modifier=".cs"'
+#: How many k chunks ahead the SIMT tile loads (see :func:`_simt_tile`).
+_PREFETCH = int(__import__("os").environ.get("KERMAC_TRITON_PREFETCH", "1"))
 
 
 def _simt_tile(
@@ -218,12 +220,26 @@ def _simt_tile(
         f"    {p}acc = {combine}",
     ]
     if split_tail:
+        # Software pipelining by hand: the chunk _PREFETCH steps ahead is loaded while this one
+        # is reduced (Triton's pipeliner leaves loads that feed no dot where they are, and their
+        # latency shows).  Prologue loads are masked; in-loop addresses are clamped to the last
+        # full chunk, kept a multiple of BK so that loads stay vectorised.
+        lines.append(f"{p}d_full = D - D % {bk}")
+        for i in range(_PREFETCH):
+            kk, km = f"({i} * {bk} + {p}kr)", f"{i} * {bk} + {p}kr < {p}d_full"
+            lines += [
+                f"{p}xa{i} = tl.load({p}xrow + {kk} * SXK, mask={km}, other=0.0)",
+                f"{p}za{i} = tl.load({p}zrow + {kk} * SZK, mask={km}, other=0.0)",
+            ]
+        last = _PREFETCH - 1
         lines += [
-            f"{p}d_full = D - D % {bk}",
             f"for k0 in range(0, {p}d_full, {bk}):",
-            f"    {p}kk = k0 + {p}kr",
-            f"    {p}xv = tl.load({p}xrow + {p}kk * SXK).to({cdt}){x5}",
-            f"    {p}zv = tl.load({p}zrow + {p}kk * SZK).to({cdt}){z5}",
+            f"    {p}xv = {p}xa0.to({cdt}){x5}",
+            f"    {p}zv = {p}za0.to({cdt}){z5}",
+            *(f"    {p}xa{i}, {p}za{i} = {p}xa{i + 1}, {p}za{i + 1}" for i in range(last)),
+            f"    {p}kb = (tl.minimum(k0 + {_PREFETCH} * {bk}, {p}d_full - {bk}) // {bk}) * {bk}",
+            f"    {p}xa{last} = tl.load({p}xrow + ({p}kb + {p}kr) * SXK)",
+            f"    {p}za{last} = tl.load({p}zrow + ({p}kb + {p}kr) * SZK)",
             f"    {p}t = tl.broadcast_to({inner}, {full})",
             f"    {p}acc = {combine}",
             f"if {p}d_full < D:",
@@ -252,8 +268,9 @@ def pairwise_source(spec: PairwiseSpec) -> str:
     operands = {"x": "X", "z": "Z", "out": "OUT"} | {f"hyper_{n}": f"H_{n}" for n in sorted(spec.tensor_hypers)}
     cast = ".to(tl.int64)" if spec.int64 else ""
     assert float(REDUCTIONS[prog.reduction]) in (0.0, float("inf"), float("-inf"))
+    # N is specialised (divisibility by 16): the store mask then keeps 16-byte vectors.
     head = f"""\
-@triton.jit(do_not_specialize=["M", "N", "D", "OFF_M", "OFF_N", "KEY"])
+@triton.jit(do_not_specialize=["M", "D", "OFF_M", "OFF_N", "KEY"])
 def {PAIRWISE_ENTRY}(
     X, Z, OUT, {_hyper_params(prog.hypers, spec.tensor_hypers, cdt)}M, N, D, OFF_M, OFF_N,
     SXM, SXK, SZN, SZK, SOM, SON, {_batch_params(tuple(operands), spec.nbatch)}KEY,
@@ -266,7 +283,7 @@ def {PAIRWISE_ENTRY}(
 {_tile_order(cast)}"""
     body = _batch_code(operands, spec.nbatch) + _hyper_loads(prog.hypers, spec.tensor_hypers, cdt)
     tile = {k: k for k in ("BK", "MI", "NI", "MT", "NT")}
-    return helpers(spec.compute, spec.interpret) + "\n\n" + head + _indent(body + _simt_tile(spec, tile))
+    return helpers(spec.compute, spec.interpret) + "\n\n" + head + _indent(body + _simt_tile(spec, tile, streaming=True))
 
 
 #: Round-to-nearest (ties away) float32 → TF32 (low 13 bits cleared) by integer operations: the
