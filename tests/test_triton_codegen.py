@@ -55,7 +55,8 @@ def test_every_preset_generates_valid_source(name: str, regularized: bool) -> No
     # The reduction and its identity.
     combines = {"sum": "tl.sum(t, 0)", "max": "tl.reduce(t, 0, _kmax)", "min": "tl.reduce(t, 0, _kmin)"}
     combine = combines[program.reduction]
-    assert body.count(combine) == 2  # the unmasked steps and the masked tail
+    # the unmasked steps (one loop per prefetch depth) and the masked tail
+    assert body.count(combine) == len(kernels.PREFETCH_DEPTHS) + 1
     # The diagonal is computed exactly when the epilogue reads it.
     assert ("diag = tl.where(om4 + OFF_M == on4 + OFF_N" in body) == regularized
     # Every hyperparameter is a typed scalar argument.
@@ -322,3 +323,37 @@ def test_tensor_core_kernel_with_batches_views_and_tensor_hypers(backend: str, d
     ref = torch.exp(-d2 / (2 * sigma.cpu().double()[..., None, None] ** 2))
     ref += 0.5 * (torch.arange(19)[:, None] + 2 == torch.arange(21)[None, :]).double()
     torch.testing.assert_close(out.cpu().double(), ref, rtol=2e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize(("backend", "device"), TRITON_DEVICES)
+@pytest.mark.parametrize("p", [1.0, 1.3])
+def test_every_simt_configuration_and_prefetch_depth(backend: str, device: str, p: float) -> None:
+    """Each SIMT tile configuration against float64, for D below, at and past whole chunks.
+
+    On a GPU: every entry of the autotuning space (each prefetch depth it uses); under the
+    interpreter: its small tile at every prefetch depth.  N = 45 and 48 take the scalar and the
+    vector store (N is specialised on divisibility by 16).
+    """
+    require_backend(backend, device)
+    configs = pytest.importorskip("kermac_backend_triton.configs")
+    launch = pytest.importorskip("kermac_backend_triton.launch")
+    from kermac.hyperparams import HyperValue
+    from kermac.problem import pairwise_problem
+
+    if launch.interpreting():
+        metas = [dict(configs.INTERPRET_PAIRWISE, PF=pf) for pf in kernels.PREFETCH_DEPTHS]
+    else:
+        metas = [configs.launch_options(entry) for entry in configs.PAIRWISE_SPACE]
+        assert {m["PF"] for m in metas} <= set(kernels.PREFETCH_DEPTHS)
+    desc, hypers = (presets.l1_distance, {}) if p == 1.0 else (presets.lp_distance, {"p": HyperValue("p", p)})
+    g = torch.Generator().manual_seed(17)
+    for d in (3, 8, 24, 41):
+        for n in (45, 48):
+            x, z = torch.randn(37, d, generator=g), torch.randn(n, d, generator=g)
+            ref = torch.cdist(x.double(), z.double(), p=p)
+            out = torch.empty(37, n, device=device)
+            problem = pairwise_problem(desc.lower(), x.to(device), z.to(device), out=out, hypers=hypers)
+            for meta in metas:
+                out.fill_(math.nan)
+                launch.run_pairwise(problem, meta)
+                torch.testing.assert_close(out.cpu().double(), ref, rtol=2e-6, atol=1e-6, msg=f"D={d} N={n} {meta}")

@@ -10,7 +10,8 @@ switches tuning off on a GPU too: every launch then takes the default configurat
 kernel per program instead of one per configuration (the GPU test-suite uses this).
 
 Pairwise meta-parameters (see :mod:`kermac_backend_triton.kernels`): ``BK`` features per step;
-``MI × NI`` outputs per thread; ``MT × NT`` threads (``MT·NT / 32`` warps); ``GROUP_M``.
+``MI × NI`` outputs per thread; ``MT × NT`` threads (``MT·NT / 32`` warps); ``PF`` chunks loaded
+ahead; ``GROUP_M``.
 Tensor-core pairwise kernel (float32 p = 2 family): ``BM × BN`` outputs per program, ``BK`` per
 step, from one of two spaces chosen by D (the autotuner prunes to it, so a program compiles
 two configurations).  ``KERMAC_TRITON_TENSOR_CORES=0`` selects the SIMT kernel for those
@@ -44,11 +45,14 @@ __all__ = [
 ]
 
 #: (meta-parameters, num_warps, num_stages) of the pairwise kernel on a GPU.
+#: ``PF`` is the prefetch depth in k chunks (0: none).  Measured on the H100 (docs/triton-notes.md,
+#: Version 6): BK 8 with PF 1 is best at short D (16384²×32), BK 4 with PF 2 at long D (30000²×1024),
+#: BK 4 with PF 1 for the Laplace kernel, the 4×4 micro-tile without prefetch for fractional p.
 PAIRWISE_SPACE: tuple[tuple[dict[str, int], int, int], ...] = (
-    ({"BK": 8, "MI": 8, "NI": 8, "MT": 8, "NT": 16, "GROUP_M": 8}, 4, 3),
-    ({"BK": 4, "MI": 8, "NI": 8, "MT": 8, "NT": 16, "GROUP_M": 8}, 4, 3),
-    ({"BK": 2, "MI": 8, "NI": 8, "MT": 8, "NT": 16, "GROUP_M": 8}, 4, 4),
-    ({"BK": 8, "MI": 4, "NI": 4, "MT": 8, "NT": 16, "GROUP_M": 8}, 4, 3),
+    ({"BK": 8, "MI": 8, "NI": 8, "MT": 8, "NT": 16, "PF": 1, "GROUP_M": 8}, 4, 3),
+    ({"BK": 4, "MI": 8, "NI": 8, "MT": 8, "NT": 16, "PF": 2, "GROUP_M": 8}, 4, 3),
+    ({"BK": 4, "MI": 8, "NI": 8, "MT": 8, "NT": 16, "PF": 1, "GROUP_M": 8}, 4, 3),
+    ({"BK": 8, "MI": 4, "NI": 4, "MT": 8, "NT": 16, "PF": 0, "GROUP_M": 8}, 4, 3),
 )
 
 #: Smallest reduction length D that takes the tensor-core kernel: measured on the H100
@@ -88,7 +92,7 @@ GRAD_SPACE: tuple[tuple[dict[str, int], int, int, int | None], ...] = (
 DEFAULT_PAIRWISE = dict(PAIRWISE_SPACE[1][0], num_warps=PAIRWISE_SPACE[1][1], num_stages=PAIRWISE_SPACE[1][2])
 
 #: The interpreter's only configurations: small tiles so CPU tests stay fast.
-INTERPRET_PAIRWISE = {"BK": 8, "MI": 2, "NI": 2, "MT": 4, "NT": 4, "GROUP_M": 2}
+INTERPRET_PAIRWISE = {"BK": 8, "MI": 2, "NI": 2, "MT": 4, "NT": 4, "PF": 2, "GROUP_M": 2}
 INTERPRET_PAIRWISE_TC = {"BM": 16, "BN": 16, "BK": 16, "GROUP_M": 2}
 INTERPRET_GRAD = {"BN": 2, "BM": 8, "BK": 16}
 

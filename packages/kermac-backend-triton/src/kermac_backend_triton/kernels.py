@@ -177,8 +177,44 @@ def _tile_order(cast: str) -> str:
 
 
 _STREAM = ', cache_modifier=".cs"'
-#: How many k chunks ahead the SIMT tile loads (see :func:`_simt_tile`).
-_PREFETCH = int(__import__("os").environ.get("KERMAC_TRITON_PREFETCH", "1"))
+#: Values of the SIMT kernel's ``PF`` meta-parameter: how many k chunks ahead it loads.
+PREFETCH_DEPTHS = (0, 1, 2)
+
+
+def _prefetched_loop(p: str, depth: int, bk: str, cdt: str, inner: str, full: str, combine: str) -> list[str]:
+    """The unmasked k loop over full ``BK`` chunks, loading the chunk ``depth`` steps ahead (0: none).
+
+    Software pipelining by hand: Triton's pipeliner leaves loads that feed no ``tl.dot`` where
+    they are, so their latency would show at every step.  Prologue loads are masked; in-loop
+    addresses are clamped to the last full chunk and kept a multiple of ``BK`` (vector loads).
+    """
+    step = [f"    {p}t = tl.broadcast_to({inner}, {full})", f"    {p}acc = {combine}"]
+    if depth == 0:
+        return [
+            f"for k0 in range(0, {p}d_full, {bk}):",
+            f"    {p}xv = tl.load({p}xrow + (k0 + {p}kr) * SXK).to({cdt})[:, :, None, :, None]",
+            f"    {p}zv = tl.load({p}zrow + (k0 + {p}kr) * SZK).to({cdt})[:, None, :, None, :]",
+            *step,
+        ]
+    lines = []
+    for i in range(depth):
+        kk = f"({i} * {bk} + {p}kr)" if i else f"{p}kr"
+        km = f"{kk} < {p}d_full"
+        lines += [
+            f"{p}xa{i} = tl.load({p}xrow + {kk} * SXK, mask={km}, other=0.0)",
+            f"{p}za{i} = tl.load({p}zrow + {kk} * SZK, mask={km}, other=0.0)",
+        ]
+    last = depth - 1
+    return lines + [
+        f"for k0 in range(0, {p}d_full, {bk}):",
+        f"    {p}xv = {p}xa0.to({cdt})[:, :, None, :, None]",
+        f"    {p}zv = {p}za0.to({cdt})[:, None, :, None, :]",
+        *(f"    {p}xa{i}, {p}za{i} = {p}xa{i + 1}, {p}za{i + 1}" for i in range(last)),
+        f"    {p}kb = (tl.minimum(k0 + {depth} * {bk}, {p}d_full - {bk}) // {bk}) * {bk}",
+        f"    {p}xa{last} = tl.load({p}xrow + ({p}kb + {p}kr) * SXK)",
+        f"    {p}za{last} = tl.load({p}zrow + ({p}kb + {p}kr) * SZK)",
+        *step,
+    ]
 
 
 def _simt_tile(
@@ -186,7 +222,8 @@ def _simt_tile(
 ) -> list[str]:
     """The SIMT register-blocked tile: reduction, epilogue and store of one ``BM × BN`` tile.
 
-    ``t`` names the tile's constexprs (keys ``BK MI NI MT NT``, see the module docs); every
+    ``t`` names the tile's constexprs (keys ``BK MI NI MT NT``, and ``PF`` — the prefetch depth,
+    :data:`PREFETCH_DEPTHS` — where ``split_tail``; see the module docs); every
     variable is prefixed with ``p`` (the tensor-core kernel embeds this tile in a branch, where
     names must not collide with its own).  ``split_tail``: unmasked full ``BK`` steps and one
     masked step for ``D mod BK`` (no per-term select in the hot loop); otherwise one masked loop
@@ -220,28 +257,15 @@ def _simt_tile(
         f"    {p}acc = {combine}",
     ]
     if split_tail:
-        # Software pipelining by hand: the chunk _PREFETCH steps ahead is loaded while this one
-        # is reduced (Triton's pipeliner leaves loads that feed no dot where they are, and their
-        # latency shows).  Prologue loads are masked; in-loop addresses are clamped to the last
-        # full chunk, kept a multiple of BK so that loads stay vectorised.
         lines.append(f"{p}d_full = D - D % {bk}")
-        for i in range(_PREFETCH):
-            kk, km = f"({i} * {bk} + {p}kr)", f"{i} * {bk} + {p}kr < {p}d_full"
-            lines += [
-                f"{p}xa{i} = tl.load({p}xrow + {kk} * SXK, mask={km}, other=0.0)",
-                f"{p}za{i} = tl.load({p}zrow + {kk} * SZK, mask={km}, other=0.0)",
-            ]
-        last = _PREFETCH - 1
+        for depth in PREFETCH_DEPTHS:
+            test = "if" if depth == PREFETCH_DEPTHS[0] else "elif"
+            lines.append(f"{test} {t['PF']} == {depth}:")
+            loop = _prefetched_loop(p, depth, bk, cdt, inner, full, combine)
+            lines += [f"    {line}" for line in loop]
         lines += [
-            f"for k0 in range(0, {p}d_full, {bk}):",
-            f"    {p}xv = {p}xa0.to({cdt}){x5}",
-            f"    {p}zv = {p}za0.to({cdt}){z5}",
-            *(f"    {p}xa{i}, {p}za{i} = {p}xa{i + 1}, {p}za{i + 1}" for i in range(last)),
-            f"    {p}kb = (tl.minimum(k0 + {_PREFETCH} * {bk}, {p}d_full - {bk}) // {bk}) * {bk}",
-            f"    {p}xa{last} = tl.load({p}xrow + ({p}kb + {p}kr) * SXK)",
-            f"    {p}za{last} = tl.load({p}zrow + ({p}kb + {p}kr) * SZK)",
-            f"    {p}t = tl.broadcast_to({inner}, {full})",
-            f"    {p}acc = {combine}",
+            "else:",
+            f"    tl.static_assert(False, 'PF: prefetch depth must be one of {PREFETCH_DEPTHS}')",
             f"if {p}d_full < D:",
             f"    {p}kk = {p}d_full + {p}kr",
             *masked,
@@ -275,14 +299,14 @@ def {PAIRWISE_ENTRY}(
     X, Z, OUT, {_hyper_params(prog.hypers, spec.tensor_hypers, cdt)}M, N, D, OFF_M, OFF_N,
     SXM, SXK, SZN, SZK, SOM, SON, {_batch_params(tuple(operands), spec.nbatch)}KEY,
     BK: tl.constexpr, MI: tl.constexpr, NI: tl.constexpr, MT: tl.constexpr, NT: tl.constexpr,
-    GROUP_M: tl.constexpr,
+    PF: tl.constexpr, GROUP_M: tl.constexpr,
 ):
     # program {prog.key()}
     BM: tl.constexpr = MI * MT
     BN: tl.constexpr = NI * NT
 {_tile_order(cast)}"""
     body = _batch_code(operands, spec.nbatch) + _hyper_loads(prog.hypers, spec.tensor_hypers, cdt)
-    tile = {k: k for k in ("BK", "MI", "NI", "MT", "NT")}
+    tile = {k: k for k in ("BK", "MI", "NI", "MT", "NT", "PF")}
     return helpers(spec.compute, spec.interpret) + "\n\n" + head + _indent(body + _simt_tile(spec, tile, streaming=True))
 
 
