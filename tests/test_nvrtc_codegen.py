@@ -368,9 +368,23 @@ def test_cache_hit_is_fast_and_identical() -> None:
     assert second.seconds < 0.05
 
 
+def test_long_k_tiles_for_cheap_programs() -> None:
+    """BK = 16 exactly for float SIMT programs whose inner term and epilogue are both cheap."""
+    pairwise_cases = {name: case for name, case in CASES.items() if isinstance(case.program, kermac.PairwiseProgram)}
+    long_k = {name: plan.plan_pairwise(case)[0].long_k for name, case in pairwise_cases.items()}
+    assert long_k["preset-l1_distance"] and long_k["l1-float16"] and long_k["l1-bfloat16"]
+    assert not long_k["preset-laplace_l1"]  # exp epilogue
+    assert not long_k["preset-lp_distance"]  # pow inner term
+    assert not long_k["l1-float64"]  # double keeps its own tile
+    assert not long_k["preset-l2_distance"]  # tensor cores
+    assert "#define BK 16" in _source(CASES["preset-l1_distance"])
+    assert "#define BK 8" in _source(CASES["preset-laplace_l1"])
+
+
 def test_plan_picks_load_modes() -> None:
-    assert plan.plan_pairwise(CASES["l1-vec-k"])[0].x == codegen.Operand(2, 4)
-    assert plan.plan_pairwise(CASES["l1-vec-p"])[0].x == codegen.Operand(3, 4)
+    assert plan.plan_pairwise(CASES["l1-vec-k"])[0].x == codegen.Operand(2, 8)  # BK = 16: 8 per thread
+    assert plan.plan_pairwise(CASES["l1-vec-p"])[0].x == codegen.Operand(3, 8)
+    assert plan.plan_pairwise(CASES["preset-laplace_l1"])[0].x == codegen.Operand(0, 4)  # BK = 8
     assert plan.plan_pairwise(CASES["l1-scalar-p-fast"])[0].x.mode == 1  # 29 rows: no aligned vectors
     assert plan.plan_pairwise(CASES["l1-sliced"])[0].x.mode == 0
     assert plan.plan_pairwise(CASES["l1-float64"])[0].x.e == 2

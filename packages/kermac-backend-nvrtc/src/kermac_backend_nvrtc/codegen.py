@@ -222,11 +222,16 @@ class GradConfig:
     min_blocks: int
 
 
-def pairwise_config(compute: str) -> PairwiseConfig:
-    """The pairwise tile configuration for ``compute`` ("float" or "double")."""
+def pairwise_config(compute: str, long_k: bool = False) -> PairwiseConfig:
+    """The pairwise tile configuration for ``compute`` ("float" or "double").
+
+    ``long_k`` (float only) stages 16 k-values per barrier instead of 8: faster where the inner
+    term and the epilogue are cheap (cdist p = 1: −4 % at 30000²×1024), slower where either is
+    not (Laplace-L1 +6 %, fractional p +2 %; H100, docs/nvrtc-notes.md).
+    """
     if compute == "double":
         return PairwiseConfig(bm=64, bn=64, bk=8, vm=2, vn=2, spad=2, min_blocks=2)
-    return PairwiseConfig(bm=128, bn=128, bk=8, vm=4, vn=4, spad=4, min_blocks=2)
+    return PairwiseConfig(bm=128, bn=128, bk=16 if long_k else 8, vm=4, vn=4, spad=4, min_blocks=2)
 
 
 def grad_config(compute: str) -> GradConfig:
@@ -260,6 +265,7 @@ class PairwiseVariant:
     tensor_cores: bool = False  # (x − z)² sum on the tensor cores (kernels.TC_PAIRWISE), float32 only
     ftz: bool = False  # |.|^b with b >= 1 flushes subnormals (no denormal fix-ups around lg2/ex2)
     inline_epilogue: bool = True  # False: the tensor-core kernel calls the epilogue (__noinline__)
+    long_k: bool = False  # SIMT float: 16 k-values per staged tile (pairwise_config)
 
 
 @dataclass(frozen=True)
@@ -370,7 +376,7 @@ def pairwise_source(v: PairwiseVariant) -> tuple[str, list[Param]]:
         return _tc_pairwise_source(v)
     prog = v.program
     tin, compute = INPUT_TYPES[v.dtype]
-    cfg = pairwise_config(compute)
+    cfg = pairwise_config(compute, v.long_k)
     names = _pairwise_names(prog)
     params, shared = _pairwise_parts(v, tin, [Param("ovec", "int")], names)
     reduce = {"sum": "acc + v", "max": "km_max(acc, v)", "min": "km_min(acc, v)"}[prog.reduction]

@@ -150,7 +150,8 @@ def plan_pairwise(problem: PairwiseProblem) -> tuple[PairwiseVariant, Launch]:
     compute = INPUT_TYPES[dtype][1]
     prog = problem.program
     tensor_cores = TENSOR_CORES and dtype == "float32" and is_squared_difference_sum(prog)
-    cfg = TC_CONFIG if tensor_cores else pairwise_config(compute)
+    long_k = compute == "float" and not tensor_cores and not _expensive(prog.inner) and not _expensive(prog.epilogue)
+    cfg = TC_CONFIG if tensor_cores else pairwise_config(compute, long_k)
     ops = pairwise_operands(problem)
     layout = batch_layout(problem.batch_shape, ops)
     tensor_hypers, ge1, hyper_args = _hypers(problem, compute)
@@ -168,6 +169,7 @@ def plan_pairwise(problem: PairwiseProblem) -> tuple[PairwiseVariant, Launch]:
         tensor_cores=tensor_cores,
         ftz=FTZ,
         inline_epilogue=not tensor_cores or INLINE_EXPENSIVE_EPILOGUE or not _expensive(prog.epilogue),
+        long_k=long_k,
     )
     m, n, d = problem.m, problem.n, problem.d
     tiles_m, tiles_n = -(-m // cfg.bm), -(-n // cfg.bn)

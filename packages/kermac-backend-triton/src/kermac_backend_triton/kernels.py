@@ -307,7 +307,8 @@ def {PAIRWISE_ENTRY}(
 {_tile_order(cast)}"""
     body = _batch_code(operands, spec.nbatch) + _hyper_loads(prog.hypers, spec.tensor_hypers, cdt)
     tile = {k: k for k in ("BK", "MI", "NI", "MT", "NT", "PF")}
-    return helpers(spec.compute, spec.interpret) + "\n\n" + head + _indent(body + _simt_tile(spec, tile, streaming=True))
+    tile_lines = _simt_tile(spec, tile, streaming=True)
+    return helpers(spec.compute, spec.interpret) + "\n\n" + head + _indent(body + tile_lines)
 
 
 #: Round-to-nearest (ties away) float32 → TF32 (low 13 bits cleared) by integer operations: the
