@@ -285,7 +285,7 @@ def test_plan_selects_tensor_cores_for_squared_differences() -> None:
     )
     assert plan.plan_pairwise(_pw(user))[0].tensor_cores  # structural match, any epilogue
     launch = plan.plan_pairwise(CASES["preset-l2_distance"])[1]
-    assert launch.args["ovec"] == 0  # N = 29 columns: rows of odd stride, no vector stores
+    assert launch.args["ovec"] == 0  # N = 29 columns: rows of odd stride, no paired stores
     assert launch.args["guard"] == codegen.tc_guard(D)
 
 

@@ -529,14 +529,8 @@ __device__ $EPILOGUE_INLINE float km_epilogue(float acc, float diag$HYPER_FORMAL
 
 extern "C" __global__ void __launch_bounds__(NT, $MIN_BLOCKS)
 kermac_pairwise($PARAMS) {
-  // The operand tiles of the k loops; after them the same bytes stage half of the output tile.
-  static_assert(BM == BN && BM * (BN / 2 + 4) <= 4 * BK * (BM + SPAD), "staging buffer");
-  __shared__ __align__(16) union {
-    float ops[2][2][BK][BM + SPAD];
-    float stage[BM][BN / 2 + 4];
-  } km_smem;
-#define Xs km_smem.ops[0]
-#define Zs km_smem.ops[1]
+  __shared__ __align__(16) float Xs[2][BK][BM + SPAD];
+  __shared__ __align__(16) float Zs[2][BK][BN + SPAD];
   __shared__ float xn_s[BM], zn_s[BN];
   const int tid = threadIdx.x;
   const int lane = tid & 31, warp = tid >> 5;
@@ -707,50 +701,33 @@ $HYPER_LOADS
       }
     }
 
-    // ---- epilogue and stores ----------------------------------------------------------------
-    // Two passes, each staging 16 of every warp's 32 columns (128 rows × 64 columns of the tile)
-    // through shared memory; then every thread takes 4 consecutive columns per step, applies the
-    // epilogue and stores them as one 16-byte vector where ovec allows.  Two copies of the
-    // epilogue code instead of 64 (ptxas time), and the accumulators of the first pass are free
-    // before the second.
+    // ---- epilogue and stores (pairs of columns as one 8-byte store where ovec allows) -------
     float* ob = out + off_o;
 #pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      __syncthreads();  // the buffer's previous readers (the k loops, the first pass) are done
+    for (int i = 0; i < 4; ++i)
 #pragma unroll
-      for (int i = 0; i < 4; ++i)
-#pragma unroll
-        for (int jj = 0; jj < 2; ++jj)
-#pragma unroll
-          for (int c = 0; c < 4; c += 2)
-            *reinterpret_cast<float2*>(&km_smem.stage[wm * 64 + i * 16 + (c >> 1) * 8 + g][wn * 16 + jj * 8 + 2 * q]) =
-                make_float2(acc[i][2 * h + jj][c], acc[i][2 * h + jj][c + 1]);
-      __syncthreads();
-#pragma unroll 1
-      for (int e = tid; e < BM * 16; e += NT) {  // BM rows × 16 groups of 4 columns
-        const int r = e / 16, lc = (e % 16) * 4;
-        const int m = m0 + r, nb = n0 + (lc / 16) * 32 + h * 16 + lc % 16;
+      for (int h = 0; h < 2; ++h) {
+        const int m = m0 + wm * 64 + i * 16 + h * 8 + g;
         if (m >= M) continue;
-        const float4 d2 = *reinterpret_cast<const float4*>(&km_smem.stage[r][lc]);
-        float v[4] = {d2.x, d2.y, d2.z, d2.w};
 #pragma unroll
-        for (int c = 0; c < 4; ++c) {
-          const int n = nb + c;
-          const float diag = $DIAG;
-          v[c] = km_epilogue(v[c], diag$HYPER_ACTUALS);
-        }
-        float* o = ob + (long long)m * som + (long long)nb * son;
-        if (ovec && nb + 3 < N) {
-          *reinterpret_cast<float4*>(o) = make_float4(v[0], v[1], v[2], v[3]);
-        } else {
+        for (int j = 0; j < 4; ++j) {
+          const int nb = n0 + wn * 32 + j * 8 + 2 * q;
+          float v[2];
 #pragma unroll
-          for (int c = 0; c < 4; ++c)
-            if (nb + c < N) o[(long long)c * son] = v[c];
+          for (int c = 0; c < 2; ++c) {
+            const int n = nb + c;
+            const float diag = $DIAG;
+            v[c] = km_epilogue(acc[i][j][2 * h + c], diag$HYPER_ACTUALS);
+          }
+          float* o = ob + (long long)m * som + (long long)nb * son;
+          if (ovec && nb + 1 < N) {
+            *reinterpret_cast<float2*>(o) = make_float2(v[0], v[1]);
+          } else {
+            if (nb < N) *o = v[0];
+            if (nb + 1 < N) o[son] = v[1];
+          }
         }
       }
-    }
   }
 }
-#undef Xs
-#undef Zs
 """)
