@@ -7,9 +7,10 @@ computes a ``BM × BN`` output tile, ``BM = MI·MT`` and ``BN = NI·NT``, held a
 registers: the SIMT register blocking of a GEMM.  Each step of the ``k`` loop loads ``x`` and
 ``z`` tiles ``[BK, MI, MT]`` and ``[BK, NI, NT]``, evaluates ``inner`` on their broadcast
 ``[BK, MI, NI, MT, NT]`` and reduces axis 0 — inside each thread, so the reduction costs no
-shuffles.  Full ``BK`` chunks run unmasked; one masked step handles ``D mod BK`` (masked terms
-are replaced by the reduction's identity).  Row indices are clamped (``m mod M``) so loads need no
-masks; the store is masked.  Programs are ordered in groups of ``GROUP_M`` row tiles for L2 reuse.
+shuffles.  Full ``BK`` chunks run unmasked, their loads issued ``PF`` steps ahead (software
+pipelining by hand); one masked step handles ``D mod BK`` (masked terms are replaced by the
+reduction's identity).  Row indices are clamped (``m mod M``) so loads need no masks; the store
+is masked and streaming.  Programs are ordered in groups of ``GROUP_M`` row tiles for L2 reuse.
 
 **Pairwise on tensor cores** (float32 ``Σ_k (x − z)²`` programs, any epilogue:
 :func:`kermac.programs.is_squared_difference_sum`).  One program computes a ``BM × BN`` tile of
@@ -43,8 +44,9 @@ from the loaded ``d`` (exactly ``e``); other ``e``, and the masked tail, use the
 Batch entries are decoded from the program id over the coalesced batch dimensions of
 :func:`kermac.layout.batch_layout`; tensor hyperparameters are read once per program from their
 per-batch offset.  With ``int64`` every index is 64-bit (for operands past 2³¹ elements).
-Sizes are not specialised on (one compilation serves every shape); strides are, so unit strides
-and 16-divisible row strides give vectorised loads.
+M is never specialised on; N is, on divisibility by 16 (16-byte output stores), and so is D in
+the tensor-core kernel (its k mask) — at most two compilations per configuration.  Strides are
+specialised, so unit strides and 16-divisible row strides give vectorised loads.
 """
 
 from __future__ import annotations
@@ -179,6 +181,8 @@ def _tile_order(cast: str) -> str:
 _STREAM = ', cache_modifier=".cs"'
 #: Values of the SIMT kernel's ``PF`` meta-parameter: how many k chunks ahead it loads.
 PREFETCH_DEPTHS = (0, 1, 2)
+#: Indexing that places an x tile ``[BK, MI, MT]`` / a z tile ``[BK, NI, NT]`` in ``[BK, MI, NI, MT, NT]``.
+_X5, _Z5 = "[:, :, None, :, None]", "[:, None, :, None, :]"
 
 
 def _prefetched_loop(p: str, depth: int, bk: str, cdt: str, inner: str, full: str, combine: str) -> list[str]:
@@ -192,8 +196,8 @@ def _prefetched_loop(p: str, depth: int, bk: str, cdt: str, inner: str, full: st
     if depth == 0:
         return [
             f"for k0 in range(0, {p}d_full, {bk}):",
-            f"    {p}xv = tl.load({p}xrow + (k0 + {p}kr) * SXK).to({cdt})[:, :, None, :, None]",
-            f"    {p}zv = tl.load({p}zrow + (k0 + {p}kr) * SZK).to({cdt})[:, None, :, None, :]",
+            f"    {p}xv = tl.load({p}xrow + (k0 + {p}kr) * SXK).to({cdt}){_X5}",
+            f"    {p}zv = tl.load({p}zrow + (k0 + {p}kr) * SZK).to({cdt}){_Z5}",
             *step,
         ]
     lines = []
@@ -207,8 +211,8 @@ def _prefetched_loop(p: str, depth: int, bk: str, cdt: str, inner: str, full: st
     last = depth - 1
     return lines + [
         f"for k0 in range(0, {p}d_full, {bk}):",
-        f"    {p}xv = {p}xa0.to({cdt})[:, :, None, :, None]",
-        f"    {p}zv = {p}za0.to({cdt})[:, None, :, None, :]",
+        f"    {p}xv = {p}xa0.to({cdt}){_X5}",
+        f"    {p}zv = {p}za0.to({cdt}){_Z5}",
         *(f"    {p}xa{i}, {p}za{i} = {p}xa{i + 1}, {p}za{i + 1}" for i in range(last)),
         f"    {p}kb = (tl.minimum(k0 + {depth} * {bk}, {p}d_full - {bk}) // {bk}) * {bk}",
         f"    {p}xa{last} = tl.load({p}xrow + ({p}kb + {p}kr) * SXK)",
@@ -240,7 +244,6 @@ def _simt_tile(
     identity = _IDENTITY[prog.reduction]
     combine = _COMBINE[prog.reduction].format(acc=f"{p}acc", t=f"{p}t")
     full = f"[{bk}, {mi}, {ni}, {mt}, {nt}]"
-    x5, z5 = "[:, :, None, :, None]", "[:, None, :, None, :]"
     lines = [
         f"{p}om = pm * BM + tl.arange(0, {mi})[:, None] * {mt} + tl.arange(0, {mt})[None, :]",
         f"{p}on = pn * BN + tl.arange(0, {ni})[:, None] * {nt} + tl.arange(0, {nt})[None, :]",
@@ -251,8 +254,8 @@ def _simt_tile(
     ]
     masked = [
         f"    {p}km = {p}kk < D",
-        f"    {p}xv = tl.load({p}xrow + {p}kk * SXK, mask={p}km, other=0.0).to({cdt}){x5}",
-        f"    {p}zv = tl.load({p}zrow + {p}kk * SZK, mask={p}km, other=0.0).to({cdt}){z5}",
+        f"    {p}xv = tl.load({p}xrow + {p}kk * SXK, mask={p}km, other=0.0).to({cdt}){_X5}",
+        f"    {p}zv = tl.load({p}zrow + {p}kk * SZK, mask={p}km, other=0.0).to({cdt}){_Z5}",
         f"    {p}t = tl.where({p}km[:, :, :, None, None], tl.broadcast_to({inner}, {full}), {identity})",
         f"    {p}acc = {combine}",
     ]
