@@ -57,17 +57,33 @@ def test_skip_epilogue_returns_inner_sum(backend: str, device: str, p: float) ->
     assert_close(out, ref_distance_sum(x, z, p), tolerance(torch.float32))
 
 
+def make_out(layout: str, m: int, n: int, device: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """A NaN-poisoned ``out`` view [m, n] with the given layout, and the whole buffer behind it.
+
+    "padded": rows 16-byte aligned with a stride past n (vector stores, a ragged last group);
+    "shifted": the same rows one element off alignment (scalar stores); "transposed".
+    """
+    if layout == "transposed":
+        base = torch.full((n, m), math.nan, device=device)
+        return base.T, base
+    width = -(-(n + 1) // 16) * 16
+    base = torch.full((m, width), math.nan, device=device)
+    return (base[:, :n] if layout == "padded" else base[:, 1 : n + 1]), base
+
+
 @pytest.mark.parametrize(("backend", "device"), BACKEND_DEVICES)
+@pytest.mark.parametrize("layout", ["transposed", "padded", "shifted"])
 @pytest.mark.parametrize("p", [1.0, 1.3, 2.0])
-def test_out_is_written_everywhere(backend: str, device: str, p: float) -> None:
-    """A NaN-poisoned, transposed (non-contiguous) ``out`` is overwritten and returned."""
+def test_out_is_written_everywhere(backend: str, device: str, layout: str, p: float) -> None:
+    """A NaN-poisoned ``out`` view is overwritten exactly where it lies, and returned."""
     require_backend(backend, device)
     m, n, d = sizes(device)
     x, z = make_layout("contiguous", m, n, d, torch.float32, device)
-    out = torch.full((n, m), math.nan, device=device).T
+    out, base = make_out(layout, m, n, device)
     result = kermac.cdist(x, z, p=p, out=out, backend=backend)
     assert result.data_ptr() == out.data_ptr()
     assert not torch.isnan(out).any()
+    assert torch.isnan(base).sum() == base.numel() - out.numel()  # nothing written outside the view
     assert_close(out, ref_cdist(x, z, p), tolerance(torch.float32))
 
 

@@ -381,6 +381,24 @@ def test_long_k_tiles_for_cheap_programs() -> None:
     assert "#define BK 8" in _source(CASES["preset-laplace_l1"])
 
 
+def test_plan_vector_stores_need_aligned_unit_stride_rows() -> None:
+    """``ovec``: 16-byte stores only where every output row starts 16-byte aligned with unit column stride."""
+    x, z = _t(M, D), _t(40, D)
+
+    def ovec(out: torch.Tensor, dtype: torch.dtype = torch.float32) -> int:
+        problem = pairwise_problem(presets.l1_distance.lower(), x.to(dtype), z.to(dtype), out=out, hypers={})
+        return plan.plan_pairwise(problem)[1].args["ovec"]
+
+    assert ovec(torch.empty(M, 40)) == 1
+    assert ovec(torch.empty(M, 48)[:, :40]) == 1  # padded rows: the kernel handles the ragged end
+    assert ovec(torch.empty(M, 48)[:, 1:41]) == 0  # one element off alignment
+    assert ovec(torch.empty(M, 42)[:, :40]) == 0  # row stride not a multiple of 4
+    assert ovec(torch.empty(40, M).T) == 0  # column stride ≠ 1
+    assert ovec(torch.empty(M, 40, dtype=torch.float64), torch.float64) == 1  # pairs of doubles
+    assert ovec(torch.empty(M, 42, dtype=torch.float64)[:, :40], torch.float64) == 1
+    assert ovec(torch.empty(M, 41, dtype=torch.float64)[:, :40], torch.float64) == 0
+
+
 def test_plan_picks_load_modes() -> None:
     assert plan.plan_pairwise(CASES["l1-vec-k"])[0].x == codegen.Operand(2, 8)  # BK = 16: 8 per thread
     assert plan.plan_pairwise(CASES["l1-vec-p"])[0].x == codegen.Operand(3, 8)
