@@ -319,6 +319,24 @@ def _batch_parts(operands: list[str], batch_dims: int) -> tuple[list[Param], str
     return params, "\n".join(lines)
 
 
+def _kernel_parts(
+    hypers: tuple[str, ...], tensor_hypers: dict[str, str], operands: list[str], batch_dims: int
+) -> tuple[list[Param], list[Param], dict[str, str]]:
+    """What every kernel takes from its hyperparameters and batch dimensions: the hyperparameter
+    and batch-stride parameters, and the template arguments (formals, actuals, hyperparameter
+    loads, batch offsets).  ``operands`` name the pointers that move per batch entry."""
+    operands = list(operands)
+    hyper_params, hyper_loads, formals, actuals = _hyper_parts(hypers, tensor_hypers, operands)
+    batch_params, batch_code = _batch_parts(operands, batch_dims)
+    args = {
+        "HYPER_FORMALS": formals,
+        "HYPER_ACTUALS": actuals,
+        "HYPER_LOADS": hyper_loads,
+        "BATCH_OFFSETS": batch_code,
+    }
+    return hyper_params, batch_params, args
+
+
 def _pairwise_params(
     tin: str, extra: list[Param], uses_diag: bool, batch_params: list[Param], hyper_params: list[Param]
 ) -> list[Param]:
@@ -350,17 +368,13 @@ def _pairwise_parts(
     """Parameters of a pairwise kernel and the template arguments the SIMT and tensor-core
     templates share (epilogue, hyperparameters, batch offsets, operand load modes, diagonal)."""
     prog = v.program
-    operands = ["x", "z", "o"]
-    hyper_params, hyper_loads, formals, actuals = _hyper_parts(prog.hypers, dict(v.tensor_hypers), operands)
-    batch_params, batch_code = _batch_parts(operands, v.batch_dims)
+    hyper_params, batch_params, common = _kernel_parts(
+        prog.hypers, dict(v.tensor_hypers), ["x", "z", "o"], v.batch_dims
+    )
     params = _pairwise_params(tin, extra, prog.uses_diag, batch_params, hyper_params)
-    shared = {
+    shared = common | {
         "EPILOGUE": render_expr(prog.epilogue, names, ge1=v.ge1_hypers),
-        "HYPER_FORMALS": formals,
-        "HYPER_ACTUALS": actuals,
-        "HYPER_LOADS": hyper_loads,
         "PARAMS": ", ".join(p.decl for p in params),
-        "BATCH_OFFSETS": batch_code,
         "XMODE": v.x.mode,
         "XE": v.x.e,
         "ZMODE": v.z.mode,
@@ -443,22 +457,17 @@ def grad_parts(v: GradVariant, tin: str, tiles: str) -> GradParts:
     """
     prog = v.program
     operands = ["a", "b", "c", "d", "o"]
-    hyper_params, hyper_loads, formals, actuals = _hyper_parts(prog.hypers, dict(v.tensor_hypers), operands)
-    batch_params, batch_code = _batch_parts(operands, v.batch_dims)
+    hyper_params, batch_params, common = _kernel_parts(prog.hypers, dict(v.tensor_hypers), operands, v.batch_dims)
     names = {"d": "d", "b": "b", "acc": "acc"} | {h: f"h_{h}" for h in prog.hypers}
     params = [Param(n, f"const {tin}*") for n in ("a", "b", "c", "d")]
     params += [Param("out", f"{tin}*"), *(Param(n, "int") for n in ("M", "N", "O", "K", tiles, "ochunks"))]
     strides = ("zbase", "sak", "sam", "sbn", "sbk", "sco", "sck", "sdn", "sdm", "soo", "son", "som")
     params += [Param(n, "long long") for n in strides]
     params += batch_params + hyper_params
-    args = {
+    args = common | {
         "MULTIPLY": render_expr(prog.multiply, names, ge1=v.ge1_hypers),
         "EPILOGUE": render_expr(prog.epilogue, names, ge1=v.ge1_hypers),
-        "HYPER_FORMALS": formals,
-        "HYPER_ACTUALS": actuals,
-        "HYPER_LOADS": hyper_loads,
         "PARAMS": ", ".join(p.decl for p in params),
-        "BATCH_OFFSETS": batch_code,
         "AMODE": v.a.mode,
         "AE": v.a.e,
         "BMODE": v.b.mode,

@@ -150,7 +150,8 @@ def plan_pairwise(problem: PairwiseProblem) -> tuple[PairwiseVariant, Launch]:
     compute = INPUT_TYPES[dtype][1]
     prog = problem.program
     tensor_cores = TENSOR_CORES and dtype == "float32" and is_squared_difference_sum(prog)
-    long_k = compute == "float" and not tensor_cores and not _expensive(prog.inner) and not _expensive(prog.epilogue)
+    expensive_inner, expensive_epilogue = _expensive(prog.inner), _expensive(prog.epilogue)
+    long_k = compute == "float" and not tensor_cores and not expensive_inner and not expensive_epilogue
     cfg = TC_CONFIG if tensor_cores else pairwise_config(compute, long_k)
     ops = pairwise_operands(problem)
     layout = batch_layout(problem.batch_shape, ops)
@@ -165,10 +166,10 @@ def plan_pairwise(problem: PairwiseProblem) -> tuple[PairwiseVariant, Launch]:
         x=_operand(problem.x, layout, "x", cfg.bm, cfg.bk, -2, -1),
         z=_operand(problem.z, layout, "z", cfg.bn, cfg.bk, -2, -1),
         poly_pairs=POLY_PAIRS if split else 0,
-        k_unroll=2 if _expensive(prog.inner) else cfg.bk,
+        k_unroll=2 if expensive_inner else cfg.bk,
         tensor_cores=tensor_cores,
         ftz=FTZ,
-        inline_epilogue=not tensor_cores or INLINE_EXPENSIVE_EPILOGUE or not _expensive(prog.epilogue),
+        inline_epilogue=not tensor_cores or INLINE_EXPENSIVE_EPILOGUE or not expensive_epilogue,
         long_k=long_k,
     )
     m, n, d = problem.m, problem.n, problem.d
