@@ -327,14 +327,18 @@ def test_tensor_core_kernel_with_batches_views_and_tensor_hypers(backend: str, d
 
 @pytest.mark.parametrize(("backend", "device"), TRITON_DEVICES)
 @pytest.mark.parametrize("p", [1.0, 1.3])
-def test_every_simt_configuration_and_prefetch_depth(backend: str, device: str, p: float) -> None:
-    """Each SIMT tile configuration against float64, for D below, at and past whole chunks.
+def test_every_simt_configuration_and_prefetch_depth(
+    backend: str, device: str, p: float, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each ``tl`` SIMT tile configuration against float64, for D below, at and past whole chunks.
 
-    On a GPU: every entry of the autotuning space (each prefetch depth it uses); under the
-    interpreter: its small tile at every prefetch depth.  N = 45 and 48 take the scalar and the
-    vector store (N is specialised on divisibility by 16).
+    On a GPU: every entry of the autotuning space (each prefetch depth it uses), with the Gluon
+    kernel switched off (``KERMAC_TRITON_GLUON=0``: the ``tl`` kernel is its fallback); under
+    the interpreter: its small tile at every prefetch depth.  N = 45 and 48 take the scalar and
+    the vector store (N is specialised on divisibility by 16).
     """
     require_backend(backend, device)
+    monkeypatch.setenv("KERMAC_TRITON_GLUON", "0")
     configs = pytest.importorskip("kermac_backend_triton.configs")
     launch = pytest.importorskip("kermac_backend_triton.launch")
     from kermac.hyperparams import HyperValue
@@ -357,3 +361,138 @@ def test_every_simt_configuration_and_prefetch_depth(backend: str, device: str, 
                 out.fill_(math.nan)
                 launch.run_pairwise(problem, meta)
                 torch.testing.assert_close(out.cpu().double(), ref, rtol=2e-6, atol=1e-6, msg=f"D={d} N={n} {meta}")
+
+
+GLUON_CASES = [
+    ("l1", presets.l1_distance, {}, lambda x, z: torch.cdist(x, z, p=1.0)),
+    ("p1.3", presets.lp_distance, {"p": 1.3}, lambda x, z: torch.cdist(x, z, p=1.3)),
+    ("linf", presets.linf_distance, {}, lambda x, z: torch.cdist(x, z, p=math.inf)),
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", GLUON_CASES, ids=[c[0] for c in GLUON_CASES])
+def test_every_gluon_configuration(case: tuple) -> None:
+    """Each Gluon SIMT configuration against float64 on a GPU: D below, at and past whole chunks,
+    ragged M and N (N = 45: scalar stores, 48: vector stores), row-major and transposed operands
+    (the kernel's two load layouts), a max reduction (L∞)."""
+    require_backend("triton", "cuda")
+    configs = pytest.importorskip("kermac_backend_triton.configs")
+    launch = pytest.importorskip("kermac_backend_triton.launch")
+    from kermac.hyperparams import HyperValue
+    from kermac.problem import pairwise_problem
+
+    _, desc, hyper_values, reference = case
+    hypers = {k: HyperValue(k, v) for k, v in hyper_values.items()}
+    g = torch.Generator().manual_seed(23)
+    for d in (3, 8, 24, 41):
+        for n in (45, 48):
+            x, z = torch.randn(37, d, generator=g), torch.randn(n, d, generator=g)
+            ref = reference(x.double(), z.double())
+            out = torch.empty(37, n, device="cuda")
+            for transposed in (False, True):
+                xd, zd = x.cuda(), z.cuda()
+                if transposed:
+                    xd, zd = xd.t().contiguous().t(), zd.t().contiguous().t()
+                problem = pairwise_problem(desc.lower(), xd, zd, out=out, hypers=hypers)
+                assert launch.pairwise_spec(problem)[0].gluon
+                for entry in configs.GLUON_PAIRWISE_SPACE:
+                    meta = configs.launch_options(entry)
+                    out.fill_(math.nan)
+                    launch.run_pairwise(problem, meta)
+                    msg = f"D={d} N={n} transposed={transposed} {meta}"
+                    torch.testing.assert_close(out.cpu().double(), ref, rtol=2e-6, atol=1e-6, msg=msg)
+
+
+def compile_gluon(spec: object, meta: dict[str, int], warps: int, arch: int, strides: dict[str, int]) -> str:
+    """Compile the Gluon pairwise source of ``spec`` to a cubin for ``sm_<arch>`` (no GPU needed):
+    pointers 16-byte aligned, ``strides`` specialised as constants, the others divisible by 16.
+    Returns the ``cuobjdump -res-usage`` report."""
+    import os
+    import subprocess
+    import tempfile
+
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.experimental.gluon._runtime import GluonASTSource
+
+    gluon = pytest.importorskip("kermac_backend_triton.gluon_pairwise")
+    from kermac_backend_triton.modules import load_module
+
+    with pytest.MonkeyPatch.context() as env:  # the helpers must be jit functions, not interpreted ones
+        env.setenv("TRITON_INTERPRET", "0")
+        fn = load_module(gluon.gluon_pairwise_source(spec)).kermac_pairwise
+    index = {n: i for i, n in enumerate(fn.arg_names)}
+    consts = dict(meta) | strides
+    signature = {}
+    for name in fn.arg_names:
+        if name in consts:
+            signature[name] = "constexpr"
+        elif name in ("X", "Z", "OUT") or name.startswith("H_"):
+            signature[name] = "*fp64" if spec.compute == "float64" and name != "OUT" else "*fp32"
+        elif name.startswith("hv_"):
+            signature[name] = "fp64" if spec.compute == "float64" else "fp32"
+        else:
+            signature[name] = "i64" if spec.int64 else "i32"
+    aligned = [n for n in fn.arg_names if n in ("X", "Z", "OUT", "N", "SXM", "SZN", "SOM") and n not in consts]
+    source = GluonASTSource(
+        fn=fn,
+        signature=signature,
+        constexprs={(index[k],): v for k, v in consts.items()},
+        attrs={(index[n],): [["tt.divisibility", 16]] for n in aligned},
+    )
+    kernel = triton.compile(source, target=GPUTarget("cuda", arch, 32), options={"num_warps": warps})
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(kernel.asm["cubin"])
+        f.flush()
+        cuobjdump = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
+        return subprocess.run([cuobjdump, "-res-usage", f.name], capture_output=True, text=True, check=True).stdout
+
+
+def gluon_spec(desc: kermac.KernelDescriptor, regularized: bool = False, **changes: object) -> object:
+    gluon = pytest.importorskip("kermac_backend_triton.gluon_pairwise")
+    if gluon.gluon_available() is not None:
+        pytest.skip(gluon.gluon_available())
+    spec = dict(program=desc.lower(regularized=regularized), compute="float32", nbatch=0, tensor_hypers=frozenset())
+    spec.update(int64=False, interpret=False, gluon=True)
+    spec.update(changes)
+    return kernels.PairwiseSpec(**spec)
+
+
+ROW_MAJOR = {"SXK": 1, "SZK": 1, "SON": 1, "XT": 0, "ZT": 0}
+TRANSPOSED = {"SXM": 1, "SZN": 1, "SON": 1, "XT": 1, "ZT": 1}
+
+
+@pytest.mark.parametrize("name", sorted(presets.ALL))
+def test_gluon_source_compiles_for_every_preset(name: str) -> None:
+    """The Gluon kernel of every preset (regularised: the diagonal path) compiles for sm_90 without
+    spilling in its default configuration."""
+    configs = pytest.importorskip("kermac_backend_triton.configs")
+    spec = gluon_spec(presets.ALL[name], regularized=True)
+    meta, warps, _, _ = configs.GLUON_PAIRWISE_SPACE[0]
+    report = compile_gluon(spec, meta, warps, 90, ROW_MAJOR)
+    assert "STACK:0" in report and "LOCAL:0" in report, report
+
+
+@pytest.mark.parametrize(
+    ("changes", "strides", "arch"),
+    [
+        ({}, TRANSPOSED, 80),
+        ({"compute": "float64"}, ROW_MAJOR, 90),
+        ({"int64": True}, ROW_MAJOR, 80),
+        ({"nbatch": 2, "tensor_hypers": frozenset({"p"})}, ROW_MAJOR, 90),
+    ],
+    ids=["transposed-sm80", "float64", "int64-sm80", "batched-tensor-hyper"],
+)
+def test_gluon_source_compiles_for_each_specialisation(changes: dict, strides: dict, arch: int) -> None:
+    configs = pytest.importorskip("kermac_backend_triton.configs")
+    meta, warps, _, _ = configs.GLUON_PAIRWISE_SPACE[0]
+    report = compile_gluon(gluon_spec(presets.l1_distance, **changes), meta, warps, arch, strides)
+    assert "REG:" in report
+
+
+def test_every_gluon_configuration_compiles() -> None:
+    configs = pytest.importorskip("kermac_backend_triton.configs")
+    for meta, warps, _, _ in configs.GLUON_PAIRWISE_SPACE:
+        report = compile_gluon(gluon_spec(presets.l1_distance), meta, warps, 90, ROW_MAJOR)
+        assert "REG:" in report, meta

@@ -175,6 +175,8 @@ def main(argv: list[str] | None = None) -> int:
                 space = configs.GRAD_SPACE
             elif launch.pairwise_spec(problem)[0].tensor_cores:
                 space = configs.pairwise_tc_space(problem.d)
+            elif launch.pairwise_spec(problem)[0].gluon:
+                space = configs.GLUON_PAIRWISE_SPACE
             else:
                 space = configs.PAIRWISE_SPACE
             sweep = {}

@@ -24,8 +24,10 @@ from __future__ import annotations
 import os
 
 __all__ = [
+    "DEFAULT_GLUON_PAIRWISE",
     "DEFAULT_GRAD",
     "DEFAULT_PAIRWISE",
+    "GLUON_PAIRWISE_SPACE",
     "INTERPRET_GRAD",
     "INTERPRET_PAIRWISE",
     "INTERPRET_PAIRWISE_TC",
@@ -34,6 +36,8 @@ __all__ = [
     "autotune_enabled",
     "bucket",
     "default_pairwise_tc",
+    "gluon_enabled",
+    "gluon_pairwise_configs",
     "grad_block_o",
     "grad_configs",
     "launch_options",
@@ -88,6 +92,21 @@ GRAD_SPACE: tuple[tuple[dict[str, int], int, int, int | None], ...] = (
     ({"BN": 8, "BM": 32, "BK": 16}, 4, 4, None),
 )
 
+#: Gluon SIMT pairwise space (the GPU's kernel for programs off the tensor cores,
+#: :mod:`kermac_backend_triton.gluon_pairwise`), (meta-parameters, num_warps, num_stages,
+#: maxnreg); the first entry is the default.  ``num_stages`` is unused (the kernel pipelines by
+#: hand).
+GLUON_PAIRWISE_SPACE: tuple[tuple[dict[str, int], int, int, int | None], ...] = (
+    ({"BM": 128, "BN": 128, "BK": 8, "TM": 4, "GROUP_M": 8}, 8, 1, None),
+    ({"BM": 128, "BN": 128, "BK": 8, "TM": 2, "GROUP_M": 8}, 8, 1, None),
+    ({"BM": 64, "BN": 128, "BK": 8, "TM": 2, "GROUP_M": 8}, 4, 1, None),
+    ({"BM": 128, "BN": 128, "BK": 8, "TM": 4, "GROUP_M": 8}, 8, 1, 128),
+    ({"BM": 128, "BN": 128, "BK": 16, "TM": 4, "GROUP_M": 8}, 8, 1, None),
+    ({"BM": 64, "BN": 128, "BK": 8, "TM": 4, "GROUP_M": 8}, 4, 1, None),
+    ({"BM": 128, "BN": 64, "BK": 8, "TM": 4, "GROUP_M": 8}, 4, 1, None),
+    ({"BM": 128, "BN": 128, "BK": 4, "TM": 4, "GROUP_M": 8}, 8, 1, None),
+)
+
 #: Configurations used when autotuning is off (launch options included).
 DEFAULT_PAIRWISE = dict(PAIRWISE_SPACE[1][0], num_warps=PAIRWISE_SPACE[1][1], num_stages=PAIRWISE_SPACE[1][2])
 
@@ -100,6 +119,11 @@ INTERPRET_GRAD = {"BN": 2, "BM": 8, "BK": 16}
 def autotune_enabled() -> bool:
     """Whether GPU launches autotune (``KERMAC_TRITON_AUTOTUNE``, default on)."""
     return os.environ.get("KERMAC_TRITON_AUTOTUNE", "1").strip().lower() not in ("0", "false", "no", "off")
+
+
+def gluon_enabled() -> bool:
+    """Whether SIMT pairwise programs on a GPU use the Gluon kernel (``KERMAC_TRITON_GLUON``, default on)."""
+    return os.environ.get("KERMAC_TRITON_GLUON", "1").strip().lower() not in ("0", "false", "no", "off")
 
 
 def tensor_cores_enabled() -> bool:
@@ -117,26 +141,31 @@ def default_pairwise_tc(d: int) -> dict:
     return launch_options(pairwise_tc_space(d)[0])
 
 
-def _tc_config(entry: tuple) -> object:
+def _config(entry: tuple) -> object:
     import triton
 
     meta, warps, stages, maxnreg = entry
     return triton.Config(dict(meta), num_warps=warps, num_stages=stages, maxnreg=maxnreg)
 
 
-def _tc_entry(config: object) -> tuple:
+def _entry(config: object) -> tuple:
     return (config.kwargs, config.num_warps, config.num_stages, config.maxnreg)
 
 
 def pairwise_tc_configs() -> list:
     """Both tensor-core spaces as ``triton.Config`` objects (see :func:`prune_pairwise_tc`)."""
-    return [_tc_config(entry) for entry in PAIRWISE_TC_SPACE]
+    return [_config(entry) for entry in PAIRWISE_TC_SPACE]
 
 
 def prune_pairwise_tc(configs: list, named_args: dict, **kwargs: object) -> list:
     """The autotuner's ``early_config_prune``: keep the space of the launch's D (2 compilations, not 4)."""
     keep = pairwise_tc_space(int(named_args["D"]))
-    return [c for c in configs if _tc_entry(c) in keep]
+    return [c for c in configs if _entry(c) in keep]
+
+
+def gluon_pairwise_configs() -> list:
+    """The Gluon pairwise space as ``triton.Config`` objects."""
+    return [_config(entry) for entry in GLUON_PAIRWISE_SPACE]
 
 
 def pairwise_configs() -> list:
@@ -149,7 +178,7 @@ def pairwise_configs() -> list:
 def grad_configs() -> list:
     """The gradient space as ``triton.Config`` objects."""
 
-    return [_tc_config(entry) for entry in GRAD_SPACE]
+    return [_config(entry) for entry in GRAD_SPACE]
 
 
 def launch_options(entry: tuple) -> dict:
@@ -163,6 +192,8 @@ def launch_options(entry: tuple) -> dict:
 
 #: The gradient configuration used when autotuning is off.
 DEFAULT_GRAD = launch_options(GRAD_SPACE[0])
+#: The Gluon pairwise configuration used when autotuning is off.
+DEFAULT_GLUON_PAIRWISE = launch_options(GLUON_PAIRWISE_SPACE[0])
 
 
 def grad_block_o(o: int) -> int:

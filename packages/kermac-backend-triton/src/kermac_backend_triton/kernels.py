@@ -56,7 +56,18 @@ from dataclasses import dataclass
 
 from kermac.ir import free_vars
 from kermac.programs import REDUCTIONS, GradProgram, PairwiseProgram, is_squared_difference_sum, signed_power
-from kermac_backend_triton.codegen import COMPUTE_TYPES, helpers, hyper_arg, nonnegative, render_expr
+from kermac_backend_triton.codegen import COMPUTE_TYPES, helpers, nonnegative, render_expr
+from kermac_backend_triton.kernel_parts import (
+    IDENTITY,
+    STREAM,
+    batch_code,
+    batch_params,
+    hyper_loads,
+    hyper_params,
+    indent,
+    operand_pointers,
+    tile_order,
+)
 
 __all__ = [
     "GRAD_ENTRY",
@@ -72,7 +83,6 @@ __all__ = [
 PAIRWISE_ENTRY = "kermac_pairwise"
 GRAD_ENTRY = "kermac_grad"
 
-_IDENTITY = {"sum": "0.0", "max": "_NINF", "min": "_INF"}
 _COMBINE = {
     "sum": "{acc} + tl.sum({t}, 0)",
     "max": "_kmax({acc}, tl.reduce({t}, 0, _kmax))",
@@ -91,6 +101,7 @@ class PairwiseSpec:
     int64: bool
     interpret: bool  # generated for Triton's CPU interpreter (portable helpers)
     tensor_cores: bool = False  # the tf32x3 expansion with the guard (tensor_core_eligible programs)
+    gluon: bool = False  # the Gluon SIMT kernel (kermac_backend_triton.gluon_pairwise)
 
 
 @dataclass(frozen=True)
@@ -121,64 +132,6 @@ def guard_threshold(d: int) -> float:
     return min(0.5, (math.sqrt(max(d, 1)) * 2.0**-24 + 3 * 2.0**-23) * 2.0**16)
 
 
-def _hyper_params(names: tuple[str, ...], tensor: frozenset[str], cdt: str) -> str:
-    return "".join(f"H_{n}, " if n in tensor else f"{hyper_arg(n)}: {cdt}, " for n in names)
-
-
-def _batch_params(operands: tuple[str, ...], nbatch: int) -> str:
-    params = [f"BS{i}" for i in range(nbatch)]
-    params += [f"SB_{op}_{i}" for op in operands for i in range(nbatch)]
-    return "".join(p + ", " for p in params)
-
-
-def _batch_code(operands: dict[str, str], nbatch: int) -> list[str]:
-    """Lines that decode batch entry ``bat`` and move each operand's base to it.
-
-    ``operands`` maps an operand's stride-name key to the variable holding its base pointer.
-    """
-    if nbatch == 0:
-        return []
-    lines = ["rest = bat"]
-    for i in reversed(range(1, nbatch)):
-        lines += [f"b{i} = rest % BS{i}", f"rest = rest // BS{i}"]
-    lines.append("b0 = rest")
-    for key, ptr in operands.items():
-        offset = " + ".join(f"b{i} * SB_{key}_{i}" for i in range(nbatch))
-        lines.append(f"{ptr} += {offset}")
-    return lines
-
-
-def _hyper_loads(names: tuple[str, ...], tensor: frozenset[str], cdt: str) -> list[str]:
-    return [f"{hyper_arg(n)} = tl.load(H_{n}).to({cdt})" for n in sorted(tensor) if n in names]
-
-
-def _indent(lines: list[str], depth: int = 1) -> str:
-    pad = "    " * depth
-    return "".join(f"{pad}{line}\n" for line in lines)
-
-
-def _tile_order(cast: str) -> str:
-    """Lines (one indent) mapping the program id to batch entry ``bat`` and tile ``(pm, pn)``.
-
-    Tiles are taken in groups of ``GROUP_M`` row tiles so that consecutive programs share
-    operand rows in L2.
-    """
-    return f"""\
-    pid = tl.program_id(0){cast}
-    tiles_m = tl.cdiv(M, BM)
-    tiles_n = tl.cdiv(N, BN)
-    tiles = tiles_m * tiles_n
-    bat = pid // tiles
-    tile = pid % tiles
-    width = GROUP_M * tiles_n
-    first_m = (tile // width) * GROUP_M
-    group_rows = tl.minimum(tiles_m - first_m, GROUP_M)
-    pm = first_m + (tile % width) % group_rows
-    pn = (tile % width) // group_rows
-"""
-
-
-_STREAM = ', cache_modifier=".cs"'
 #: Values of the SIMT kernel's ``PF`` meta-parameter: how many k chunks ahead it loads.
 PREFETCH_DEPTHS = (0, 1, 2)
 #: Indexing that places an x tile ``[BK, MI, MT]`` / a z tile ``[BK, NI, NT]`` in ``[BK, MI, NI, MT, NT]``.
@@ -241,7 +194,7 @@ def _simt_tile(
     inner = render_expr(prog.inner, {"x": f"{p}xv", "z": f"{p}zv"}, spec.compute, fast=True)
     acc_known = frozenset({"acc"}) if prog.reduction != "max" and nonnegative(prog.inner) else frozenset()
     epilogue = render_expr(prog.epilogue, {"acc": f"{p}acc", "diag": f"{p}diag"}, spec.compute, acc_known)
-    identity = _IDENTITY[prog.reduction]
+    identity = IDENTITY[prog.reduction]
     combine = _COMBINE[prog.reduction].format(acc=f"{p}acc", t=f"{p}t")
     full = f"[{bk}, {mi}, {ni}, {mt}, {nt}]"
     lines = [
@@ -281,7 +234,7 @@ def _simt_tile(
     lines += [
         f"{p}val = tl.broadcast_to({epilogue}, [{mi}, {ni}, {mt}, {nt}])",
         f"tl.store(OUT + {p}om4 * SOM + {p}on4 * SON, {p}val.to(OUT.dtype.element_ty), "
-        f"mask=({p}om4 < M) & ({p}on4 < N){_STREAM if streaming else ''})",
+        f"mask=({p}om4 < M) & ({p}on4 < N){STREAM if streaming else ''})",
     ]
     return lines
 
@@ -292,26 +245,26 @@ def pairwise_source(spec: PairwiseSpec) -> str:
         return _pairwise_tc_source(spec)
     prog = spec.program
     cdt = COMPUTE_TYPES[spec.compute]
-    operands = {"x": "X", "z": "Z", "out": "OUT"} | {f"hyper_{n}": f"H_{n}" for n in sorted(spec.tensor_hypers)}
+    operands = operand_pointers({"x": "X", "z": "Z", "out": "OUT"}, spec.tensor_hypers)
     cast = ".to(tl.int64)" if spec.int64 else ""
     assert float(REDUCTIONS[prog.reduction]) in (0.0, float("inf"), float("-inf"))
     # N is specialised (divisibility by 16): the store mask then keeps 16-byte vectors.
     head = f"""\
 @triton.jit(do_not_specialize=["M", "D", "OFF_M", "OFF_N", "KEY"])
 def {PAIRWISE_ENTRY}(
-    X, Z, OUT, {_hyper_params(prog.hypers, spec.tensor_hypers, cdt)}M, N, D, OFF_M, OFF_N,
-    SXM, SXK, SZN, SZK, SOM, SON, {_batch_params(tuple(operands), spec.nbatch)}KEY,
+    X, Z, OUT, {hyper_params(prog.hypers, spec.tensor_hypers, cdt)}M, N, D, OFF_M, OFF_N,
+    SXM, SXK, SZN, SZK, SOM, SON, {batch_params(tuple(operands), spec.nbatch)}KEY,
     BK: tl.constexpr, MI: tl.constexpr, NI: tl.constexpr, MT: tl.constexpr, NT: tl.constexpr,
     PF: tl.constexpr, GROUP_M: tl.constexpr,
 ):
     # program {prog.key()}
     BM: tl.constexpr = MI * MT
     BN: tl.constexpr = NI * NT
-{_tile_order(cast)}"""
-    body = _batch_code(operands, spec.nbatch) + _hyper_loads(prog.hypers, spec.tensor_hypers, cdt)
+{tile_order(cast)}"""
+    body = batch_code(operands, spec.nbatch) + hyper_loads(prog.hypers, spec.tensor_hypers, cdt)
     tile = {k: k for k in ("BK", "MI", "NI", "MT", "NT", "PF")}
     tile_lines = _simt_tile(spec, tile, streaming=True)
-    return helpers(spec.compute, spec.interpret) + "\n\n" + head + _indent(body + tile_lines)
+    return helpers(spec.compute, spec.interpret) + "\n\n" + head + indent(body + tile_lines)
 
 
 #: Round-to-nearest (ties away) float32 → TF32 (low 13 bits cleared) by integer operations: the
@@ -365,15 +318,15 @@ def _pairwise_tc_source(spec: PairwiseSpec) -> str:
         raise ValueError(f"tensor_cores: needs a float32 sum of (x - z)^2; got {spec.compute} {prog.key()}")
     cdt = COMPUTE_TYPES[spec.compute]
     epilogue = render_expr(prog.epilogue, {"acc": "d2", "diag": "diag"}, spec.compute, frozenset({"acc"}))
-    operands = {"x": "X", "z": "Z", "out": "OUT"} | {f"hyper_{n}": f"H_{n}" for n in sorted(spec.tensor_hypers)}
+    operands = operand_pointers({"x": "X", "z": "Z", "out": "OUT"}, spec.tensor_hypers)
     cast = ".to(tl.int64)" if spec.int64 else ""
     # N and D are specialised (divisibility by 16): the k mask and the store mask then keep
     # 16-byte vectors (at most two compilations per configuration instead of one).
     head = f"""\
 @triton.jit(do_not_specialize=["M", "OFF_M", "OFF_N", "GUARD", "KEY"])
 def {PAIRWISE_ENTRY}(
-    X, Z, OUT, {_hyper_params(prog.hypers, spec.tensor_hypers, cdt)}M, N, D, OFF_M, OFF_N,
-    SXM, SXK, SZN, SZK, SOM, SON, {_batch_params(tuple(operands), spec.nbatch)}GUARD, KEY,
+    X, Z, OUT, {hyper_params(prog.hypers, spec.tensor_hypers, cdt)}M, N, D, OFF_M, OFF_N,
+    SXM, SXK, SZN, SZK, SOM, SON, {batch_params(tuple(operands), spec.nbatch)}GUARD, KEY,
     BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr,
 ):
     # program {prog.key()} (tensor cores)
@@ -382,8 +335,8 @@ def {PAIRWISE_ENTRY}(
     RNT: tl.constexpr = 16
     RMI: tl.constexpr = BM // RMT
     RNI: tl.constexpr = BN // RNT
-{_tile_order(cast)}"""
-    body = _batch_code(operands, spec.nbatch) + _hyper_loads(prog.hypers, spec.tensor_hypers, cdt)
+{tile_order(cast)}"""
+    body = batch_code(operands, spec.nbatch) + hyper_loads(prog.hypers, spec.tensor_hypers, cdt)
     load = [
         "    kk = k0 + kr",
         "    xv = tl.load(xrow + kk * SXK, mask=kk < D, other=0.0).to(tl.float32)",
@@ -430,9 +383,9 @@ def {PAIRWISE_ENTRY}(
         main.append("    diag = tl.where(om2 + OFF_M == on2 + OFF_N, 1.0, 0.0)")
     main += [
         f"    val = tl.broadcast_to({epilogue}, [BM, BN])",
-        f"    tl.store(OUT + om2 * SOM + on2 * SON, val.to(OUT.dtype.element_ty), mask=(om2 < M) & (on2 < N){_STREAM})",
+        f"    tl.store(OUT + om2 * SOM + on2 * SON, val.to(OUT.dtype.element_ty), mask=(om2 < M) & (on2 < N){STREAM})",
     ]
-    return helpers(spec.compute, spec.interpret) + _TF32_HELPER + "\n\n" + head + _indent(body + main)
+    return helpers(spec.compute, spec.interpret) + _TF32_HELPER + "\n\n" + head + indent(body + main)
 
 
 def _grad_contract(compute: str) -> list[str]:
@@ -466,15 +419,13 @@ def grad_source(spec: GradSpec) -> str:
     hypers = prog.hypers
     multiply = render_expr(prog.multiply, {"d": "dv", "b": "bv"}, spec.compute, fast=True)
     epilogue = render_expr(prog.epilogue, {"acc": "acc"}, spec.compute)
-    operands = {"a": "A", "b": "B", "c": "C", "d": "DD", "out": "OUT"} | {
-        f"hyper_{n}": f"H_{n}" for n in sorted(spec.tensor_hypers)
-    }
+    operands = operand_pointers({"a": "A", "b": "B", "c": "C", "d": "DD", "out": "OUT"}, spec.tensor_hypers)
     cast = ".to(tl.int64)" if spec.int64 else ""
     head = f"""\
 @triton.jit(do_not_specialize=["M", "N", "O", "K", "KEY"])
 def {GRAD_ENTRY}(
-    A, B, C, DD, OUT, {_hyper_params(hypers, spec.tensor_hypers, cdt)}M, N, O, K,
-    SAK, SAM, SBN, SBK, SCO, SCK, SDN, SDM, SOO, SON, SOM, {_batch_params(tuple(operands), spec.nbatch)}KEY,
+    A, B, C, DD, OUT, {hyper_params(hypers, spec.tensor_hypers, cdt)}M, N, O, K,
+    SAK, SAM, SBN, SBK, SCO, SCK, SDN, SDM, SOO, SON, SOM, {batch_params(tuple(operands), spec.nbatch)}KEY,
     BN: tl.constexpr, BM: tl.constexpr, BK: tl.constexpr, BO: tl.constexpr,
 ):
     # program {prog.key()}
@@ -489,7 +440,7 @@ def {GRAD_ENTRY}(
     pn = rest_t % tiles_n
     pm = rest_t // tiles_n
 """
-    body = _batch_code(operands, spec.nbatch) + _hyper_loads(hypers, spec.tensor_hypers, cdt)
+    body = batch_code(operands, spec.nbatch) + hyper_loads(hypers, spec.tensor_hypers, cdt)
     body += [
         "rn = pn * BN + tl.arange(0, BN)",
         "rm = pm * BM + tl.arange(0, BM)",
@@ -532,14 +483,14 @@ def {GRAD_ENTRY}(
         cv = tl.load(crow + kk[:, None] * SCK, mask=km[:, None], other=0.0).to({cdt})
         w = tl.where(km[None, None, :], av[None, :, :] * tl.broadcast_to({multiply}, [BN, BM, BK]), 0.0)
         w = tl.reshape(w, [BN * BM, BK])
-{_indent(_grad_contract(spec.compute), 2)}\
+{indent(_grad_contract(spec.compute), 2)}\
     val = tl.reshape(tl.broadcast_to({epilogue}, [BN * BM, BO]), [BN, BM, BO])
     optr = OUT + ro[None, None, :] * SOO + rn[:, None, None] * SON + rm[None, :, None] * SOM
     omask = (ro < O)[None, None, :] & (rn < N)[:, None, None] & (rm < M)[None, :, None]
     tl.store(optr, val.to(OUT.dtype.element_ty), mask=omask)
 """
     split = _TF32_HELPER + _SPLIT_HELPER["portable" if spec.interpret else "gpu"] if spec.compute == "float32" else ""
-    return helpers(spec.compute, spec.interpret) + split + "\n\n" + head + _indent(body) + tail
+    return helpers(spec.compute, spec.interpret) + split + "\n\n" + head + indent(body) + tail
 
 
 def _grad_loop(spec: GradSpec, multiply: str, depth: int) -> list[str]:

@@ -9,6 +9,7 @@ stream of the operands' device.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import math
 import os
 import threading
@@ -20,6 +21,7 @@ import torch
 from kermac.layout import BatchLayout, batch_layout, grad_operands, pairwise_operands
 from kermac.problem import GradProblem, PairwiseProblem
 from kermac_backend_triton import configs
+from kermac_backend_triton.gluon_pairwise import gluon_available, gluon_pairwise_source
 from kermac_backend_triton.kernels import (
     GRAD_ENTRY,
     PAIRWISE_ENTRY,
@@ -84,18 +86,23 @@ def _kernel(spec: PairwiseSpec | GradSpec, debug: bool) -> Callable[..., Any]:
     if kernel is not None:
         return kernel
     prune = None
+    key_args = ["KEY"]
     if isinstance(spec, PairwiseSpec):
-        fn = getattr(load_module(pairwise_source(spec), debug=debug), PAIRWISE_ENTRY)
+        source = gluon_pairwise_source(spec) if spec.gluon else pairwise_source(spec)
+        fn = getattr(load_module(source, debug=debug), PAIRWISE_ENTRY)
         space = configs.pairwise_tc_configs if spec.tensor_cores else configs.pairwise_configs
         if spec.tensor_cores:
             prune = {"early_config_prune": configs.prune_pairwise_tc}
+        elif spec.gluon:
+            space = configs.gluon_pairwise_configs
+            key_args = ["KEY", "XT", "ZT"]  # transposed operands load along other dimensions
     else:
         fn = getattr(load_module(grad_source(spec), debug=debug), GRAD_ENTRY)
         space = configs.grad_configs
     if not spec.interpret and configs.autotune_enabled():
         import triton
 
-        fn = triton.autotune(configs=space(), key=["KEY"], cache_results=True, prune_configs_by=prune)(fn)
+        fn = triton.autotune(configs=space(), key=key_args, cache_results=True, prune_configs_by=prune)(fn)
     with _lock:
         return _kernels.setdefault(key, fn)
 
@@ -111,6 +118,11 @@ def _tensor_hypers(problem: PairwiseProblem | GradProblem) -> frozenset[str]:
 def _hyper_args(problem: PairwiseProblem | GradProblem, names: tuple[str, ...]) -> list[object]:
     values = [problem.hypers[n] for n in names]
     return [h.tensor if h.tensor is not None else h.scalar for h in values]
+
+
+def _rows_contiguous(t: torch.Tensor) -> int:
+    """1 where ``t``'s unit stride is along its rows (a transposed operand), else 0."""
+    return int(t.stride(-1) != 1 and t.stride(-2) == 1)
 
 
 def _cdiv(a: int, b: int) -> int:
@@ -156,6 +168,8 @@ def pairwise_spec(problem: PairwiseProblem) -> tuple[PairwiseSpec, BatchLayout]:
         interpret=interpreting(),
         tensor_cores=uses_tensor_cores(problem),
     )
+    if not (spec.interpret or spec.tensor_cores) and configs.gluon_enabled() and gluon_available() is None:
+        spec = dataclasses.replace(spec, gluon=True)
     return spec, layout
 
 
@@ -193,7 +207,7 @@ def run_pairwise(problem: PairwiseProblem, meta: dict[str, int] | None = None) -
         args.append(guard_threshold(d))
 
     def grid(meta_: dict[str, int]) -> tuple[int]:
-        if tc:
+        if tc or spec.gluon:
             return (batch * _cdiv(m, meta_["BM"]) * _cdiv(n, meta_["BN"]),)
         return (batch * _cdiv(m, meta_["MI"] * meta_["MT"]) * _cdiv(n, meta_["NI"] * meta_["NT"]),)
 
@@ -201,10 +215,15 @@ def run_pairwise(problem: PairwiseProblem, meta: dict[str, int] | None = None) -
     if interpreting():
         extra = dict(configs.INTERPRET_PAIRWISE_TC if tc else configs.INTERPRET_PAIRWISE)
     elif not configs.autotune_enabled():
-        extra = configs.default_pairwise_tc(d) if tc else dict(configs.DEFAULT_PAIRWISE)
+        if tc:
+            extra = configs.default_pairwise_tc(d)
+        else:
+            extra = dict(configs.DEFAULT_GLUON_PAIRWISE if spec.gluon else configs.DEFAULT_PAIRWISE)
     if meta is not None:
         kernel = kernel.fn if hasattr(kernel, "configs") else kernel  # unwrap the autotuner
         extra = dict(meta)
+    if spec.gluon:  # load along the rows where that is an operand's unit stride
+        extra |= {"XT": _rows_contiguous(x), "ZT": _rows_contiguous(z)}
     with _device_guard(out):
         kernel[grid](*args, KEY=configs.bucket(batch, m, n, d), **extra)
 
