@@ -95,16 +95,14 @@ GRAD_SPACE: tuple[tuple[dict[str, int], int, int, int | None], ...] = (
 #: Gluon SIMT pairwise space (the GPU's kernel for programs off the tensor cores,
 #: :mod:`kermac_backend_triton.gluon_pairwise`), (meta-parameters, num_warps, num_stages,
 #: maxnreg); the first entry is the default.  ``num_stages`` is unused (the kernel pipelines by
-#: hand).
+#: hand).  Kept from an 8-configuration sweep on the H100 (docs/triton-notes.md, Version 7):
+#: 128×128 with 4 × 16 outputs per thread won at D ≥ 256, capped at 128 registers (two programs
+#: per multiprocessor) for Laplace-L1, 64×128 at D = 32 and for fractional p; BK 4 and BK 16
+#: were never best.
 GLUON_PAIRWISE_SPACE: tuple[tuple[dict[str, int], int, int, int | None], ...] = (
     ({"BM": 128, "BN": 128, "BK": 8, "TM": 4, "GROUP_M": 8}, 8, 1, None),
-    ({"BM": 128, "BN": 128, "BK": 8, "TM": 2, "GROUP_M": 8}, 8, 1, None),
     ({"BM": 64, "BN": 128, "BK": 8, "TM": 2, "GROUP_M": 8}, 4, 1, None),
     ({"BM": 128, "BN": 128, "BK": 8, "TM": 4, "GROUP_M": 8}, 8, 1, 128),
-    ({"BM": 128, "BN": 128, "BK": 16, "TM": 4, "GROUP_M": 8}, 8, 1, None),
-    ({"BM": 64, "BN": 128, "BK": 8, "TM": 4, "GROUP_M": 8}, 4, 1, None),
-    ({"BM": 128, "BN": 64, "BK": 8, "TM": 4, "GROUP_M": 8}, 4, 1, None),
-    ({"BM": 128, "BN": 128, "BK": 4, "TM": 4, "GROUP_M": 8}, 8, 1, None),
 )
 
 #: Configurations used when autotuning is off (launch options included).
