@@ -429,9 +429,9 @@ def compile_gluon(spec: object, meta: dict[str, int], warps: int, arch: int, str
         if name in consts:
             signature[name] = "constexpr"
         elif name in ("X", "Z", "OUT") or name.startswith("H_"):
-            signature[name] = "*fp64" if spec.compute == "float64" and name != "OUT" else "*fp32"
+            signature[name] = "*fp32"
         elif name.startswith("hv_"):
-            signature[name] = "fp64" if spec.compute == "float64" else "fp32"
+            signature[name] = "fp32"
         else:
             signature[name] = "i64" if spec.int64 else "i32"
     aligned = [n for n in fn.arg_names if n in ("X", "Z", "OUT", "N", "SXM", "SZN", "SOM") and n not in consts]
@@ -478,16 +478,18 @@ def test_gluon_source_compiles_for_every_preset(name: str) -> None:
     ("changes", "strides", "arch"),
     [
         ({}, TRANSPOSED, 80),
-        ({"compute": "float64"}, ROW_MAJOR, 90),
         ({"int64": True}, ROW_MAJOR, 80),
         ({"nbatch": 2, "tensor_hypers": frozenset({"p"})}, ROW_MAJOR, 90),
     ],
-    ids=["transposed-sm80", "float64", "int64-sm80", "batched-tensor-hyper"],
+    ids=["transposed-sm80", "int64-sm80", "batched-tensor-hyper"],
 )
 def test_gluon_source_compiles_for_each_specialisation(changes: dict, strides: dict, arch: int) -> None:
+    """Transposed operands (the row-wise load layouts), 64-bit indices, batches with a per-batch
+    tensor hyperparameter; sm_80 as well as sm_90."""
     configs = pytest.importorskip("kermac_backend_triton.configs")
     meta, warps, _, _ = configs.GLUON_PAIRWISE_SPACE[0]
-    report = compile_gluon(gluon_spec(presets.l1_distance, **changes), meta, warps, arch, strides)
+    desc = presets.lp_distance if changes.get("tensor_hypers") else presets.l1_distance
+    report = compile_gluon(gluon_spec(desc, **changes), meta, warps, arch, strides)
     assert "REG:" in report
 
 
@@ -496,3 +498,17 @@ def test_every_gluon_configuration_compiles() -> None:
     for meta, warps, _, _ in configs.GLUON_PAIRWISE_SPACE:
         report = compile_gluon(gluon_spec(presets.l1_distance), meta, warps, 90, ROW_MAJOR)
         assert "REG:" in report, meta
+
+
+def test_gluon_kernel_is_float32_gpu_simt_only() -> None:
+    gluon = pytest.importorskip("kermac_backend_triton.gluon_pairwise")
+    for changes in ({"compute": "float64"}, {"interpret": True}):
+        spec = kernels.PairwiseSpec(
+            **(
+                dict(program=presets.l1_distance.lower(), compute="float32", nbatch=0, tensor_hypers=frozenset())
+                | dict(int64=False, interpret=False, gluon=True)
+                | changes
+            )
+        )
+        with pytest.raises(ValueError, match="Gluon kernel is the GPU SIMT kernel in float32"):
+            gluon.gluon_pairwise_source(spec)

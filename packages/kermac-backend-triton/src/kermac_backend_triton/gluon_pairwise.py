@@ -6,7 +6,8 @@ kernel (:mod:`kermac_backend_triton.kernels`) must move every operand chunk thro
 shared-memory layout conversion of the compiler's choosing (a store, a barrier and a load per
 operand, four barriers per chunk); here the staging is explicit, as in the NVRTC kernel:
 
-* One program computes a ``BM × BN`` tile with ``W`` warps.  The accumulator layout ``ACC`` gives
+* float32 programs only (float16/bfloat16 inputs computed in float32); one program computes a
+  ``BM × BN`` tile with ``W`` warps.  The accumulator layout ``ACC`` gives
   each thread blocks of 4 × 4 outputs (``TM × TN`` = 32 threads per warp, warps stacked along m,
   blocks repeated to cover the tile), so every operand fragment is one 16-byte shared load.
 * Each ``BK`` chunk of x and z is loaded from global memory with 4 consecutive elements per
@@ -95,16 +96,19 @@ def _load_layout(name: str, block: str, transposed: str) -> list[str]:
 def gluon_pairwise_source(spec: PairwiseSpec) -> str:
     """Complete Python module source (helpers + ``kermac_pairwise`` in Gluon) for a SIMT ``spec``.
 
-    ``spec`` must be neither for the interpreter nor a tensor-core one.  Meta-parameters (see
+    ``spec`` must compute in float32 (float64 programs keep the ``tl`` kernel: with the
+    accurate ``pow`` inlined per output, the Gluon tile compiles for over a minute) and be
+    neither for the interpreter nor a tensor-core one.  Meta-parameters (see
     :data:`kermac_backend_triton.configs.GLUON_PAIRWISE_SPACE`): ``BM``, ``BN``, ``BK`` (a
     multiple of 4), ``TM`` (threads of a warp along m, ``32 / TM`` along n: ``BM`` must be a
     multiple of 4·``TM``·warps, ``BN`` of 128 / ``TM``), ``GROUP_M``; the launcher sets ``XT`` /
     ``ZT`` (the operand's unit stride is along its rows).
     """
-    if spec.interpret or spec.tensor_cores:
+    if spec.interpret or spec.tensor_cores or spec.compute != "float32":
         raise ValueError(
-            "spec: the Gluon kernel is the GPU SIMT kernel (interpret=False, tensor_cores=False); "
-            f"got interpret={spec.interpret}, tensor_cores={spec.tensor_cores}"
+            "spec: the Gluon kernel is the GPU SIMT kernel in float32 (interpret=False, "
+            f"tensor_cores=False, compute='float32'); got interpret={spec.interpret}, "
+            f"tensor_cores={spec.tensor_cores}, compute={spec.compute!r}"
         )
     prog = spec.program
     cdt = COMPUTE_TYPES[spec.compute]

@@ -1,6 +1,8 @@
 """Triton source of the two kernels, generated per program and layout specialisation.
 
-**Pairwise** ``out[b,m,n] = epilogue(REDUCE_k inner(x[b,m,k], z[b,n,k]), diag)``.  One program
+**Pairwise** ``out[b,m,n] = epilogue(REDUCE_k inner(x[b,m,k], z[b,n,k]), diag)`` in ``tl``: the
+kernel of the CPU interpreter, of float64 and of ``KERMAC_TRITON_GLUON=0`` (float32 programs on a
+GPU run :mod:`kermac_backend_triton.gluon_pairwise`, which stages operands explicitly).  One program
 computes a ``BM × BN`` output tile, ``BM = MI·MT`` and ``BN = NI·NT``, held as a 4-d accumulator
 ``[MI, NI, MT, NT]``.  Triton's default layouts give threads to the fastest dimensions, so the
 ``MT × NT`` dimensions are spread over threads and each thread keeps an ``MI × NI`` micro-tile in

@@ -168,7 +168,8 @@ def pairwise_spec(problem: PairwiseProblem) -> tuple[PairwiseSpec, BatchLayout]:
         interpret=interpreting(),
         tensor_cores=uses_tensor_cores(problem),
     )
-    if not (spec.interpret or spec.tensor_cores) and configs.gluon_enabled() and gluon_available() is None:
+    gluon_ok = compute == "float32" and not (spec.interpret or spec.tensor_cores)
+    if gluon_ok and configs.gluon_enabled() and gluon_available() is None:
         spec = dataclasses.replace(spec, gluon=True)
     return spec, layout
 
