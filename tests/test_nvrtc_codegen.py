@@ -379,6 +379,19 @@ def test_long_k_tiles_for_cheap_programs() -> None:
     assert not long_k["preset-l2_distance"]  # tensor cores
     assert "#define BK 16" in _source(CASES["preset-l1_distance"])
     assert "#define BK 8" in _source(CASES["preset-laplace_l1"])
+    # The others give each thread 4 × 16 outputs (one group of rows, four of columns), long_k 8 × 8.
+    assert "#define TN 8\n#define GM 1\n#define GN 4" in _source(CASES["preset-laplace_l1"])
+    assert "#define TN 16\n#define GM 2\n#define GN 2" in _source(CASES["preset-l1_distance"])
+
+
+@pytest.mark.parametrize("compute", ["float", "double"])
+@pytest.mark.parametrize("long_k", [False, True])
+def test_simt_thread_layout_covers_the_tile(compute: str, long_k: bool) -> None:
+    """256 threads: TN along n, 256 / TN along m; GM·VM rows and GN·VN columns each cover the tile."""
+    cfg = codegen.pairwise_config(compute, long_k)
+    assert 256 % cfg.tn == 0
+    assert cfg.gm * cfg.vm * (256 // cfg.tn) == cfg.bm
+    assert cfg.gn * cfg.vn * cfg.tn == cfg.bn
 
 
 def test_plan_vector_stores_need_aligned_unit_stride_rows() -> None:

@@ -178,7 +178,9 @@ def _prelude(compute: str, split: bool = False, ftz: bool = False) -> str:
 
 @dataclass(frozen=True)
 class PairwiseConfig:
-    """Tile shape of the pairwise kernel for a compute type (block BM×BN, thread 2VM×2VN)."""
+    """Tile shape of the pairwise kernel for a compute type: block BM×BN, ``tn`` threads along n
+    (256 / ``tn`` along m), each thread ``gm`` groups of ``vm`` rows × ``gn`` groups of ``vn``
+    columns (BM = gm·vm·256/tn, BN = gn·vn·tn)."""
 
     bm: int
     bn: int
@@ -187,6 +189,9 @@ class PairwiseConfig:
     vn: int
     spad: int
     min_blocks: int
+    tn: int = 16
+    gm: int = 2
+    gn: int = 2
 
 
 #: Tile of the tensor-core kernel (``kernels.TC_PAIRWISE``): 8 warps of 64×32 outputs; the k-major
@@ -227,11 +232,15 @@ def pairwise_config(compute: str, long_k: bool = False) -> PairwiseConfig:
 
     ``long_k`` (float only) stages 16 k-values per barrier instead of 8: faster where the inner
     term and the epilogue are cheap (cdist p = 1: −4 % at 30000²×1024), slower where either is
-    not (Laplace-L1 +6 %, fractional p +2 %; H100, docs/nvrtc-notes.md).
+    not (Laplace-L1 +6 %, fractional p +2 %; H100, docs/nvrtc-notes.md).  Those others give each
+    thread 4 × 16 outputs (one group of rows, four of columns) instead of 8 × 8: Laplace-L1 −4 %,
+    fractional p equal; the cheap programs lose 2–3 % with it (Version 6 of the notes).
     """
     if compute == "double":
         return PairwiseConfig(bm=64, bn=64, bk=8, vm=2, vn=2, spad=2, min_blocks=2)
-    return PairwiseConfig(bm=128, bn=128, bk=16 if long_k else 8, vm=4, vn=4, spad=4, min_blocks=2)
+    if long_k:
+        return PairwiseConfig(bm=128, bn=128, bk=16, vm=4, vn=4, spad=4, min_blocks=2)
+    return PairwiseConfig(bm=128, bn=128, bk=8, vm=4, vn=4, spad=4, min_blocks=2, tn=8, gm=1, gn=4)
 
 
 def grad_config(compute: str) -> GradConfig:
@@ -404,6 +413,9 @@ def pairwise_source(v: PairwiseVariant) -> tuple[str, list[Param]]:
         BK=cfg.bk,
         VM=cfg.vm,
         VN=cfg.vn,
+        TN=cfg.tn,
+        GM=cfg.gm,
+        GN=cfg.gn,
         SPAD=cfg.spad,
         MIN_BLOCKS=cfg.min_blocks,
         POLY_PAIRS=v.poly_pairs,

@@ -227,15 +227,20 @@ PAIRWISE = Template(r"""
 #define BK $BK
 #define VM $VM
 #define VN $VN
+#define TN $TN
+#define GM $GM
+#define GN $GN
 #define SPAD $SPAD
 #define GROUP_M 8
+// Thread layout: TN threads along n, NT / TN along m; a thread owns GM groups of VM rows (BM / GM
+// apart) and GN groups of VN columns (BN / GN apart), each group one 16-byte shared load per k.
 
 // Split kernels (POLY_PAIRS > 0, only for a float32 sum of |x − z|^b with b >= 1): POLY_PAIRS of a
 // thread's pairs take ex2 on the FMA pipe (km_powabs_split), the others on the MUFU.
 #define POLY_PAIRS $POLY_PAIRS
 __device__ __forceinline__ km_t km_inner(km_t x, km_t z$HYPER_FORMALS) { return $INNER; }
-// Pair q of the thread's 4·VM·VN is split iff floor((q + 1)·n / P) > floor(q·n / P): n of them, spread evenly.
-#define KM_IS_SPLIT(q, n) (((q) + 1) * (n) / (4 * VM * VN) > (q) * (n) / (4 * VM * VN))
+// Pair q of the thread's P = GM·VM·GN·VN is split iff floor((q + 1)·n / P) > floor(q·n / P): n of them, spread evenly.
+#define KM_IS_SPLIT(q, n) (((q) + 1) * (n) / (GM * VM * GN * VN) > (q) * (n) / (GM * VM * GN * VN))
 #if POLY_PAIRS > 0
 #define KM_SPLIT_TERM(x, z) km_powabs_split(km_abs((x) - (z)), km_pb, km_plmin)
 #else
@@ -249,7 +254,7 @@ kermac_pairwise($PARAMS) {
   __shared__ __align__(16) km_t Xs[2][BK][BM + SPAD];
   __shared__ __align__(16) km_t Zs[2][BK][BN + SPAD];
   const int tid = threadIdx.x;
-  const int tx = tid % 16, ty = tid / 16;
+  const int tx = tid % TN, ty = tid / TN;
   // Grouped tile order: GROUP_M row tiles sweep the column tiles together (L2 reuse of z).
   const int tiles_m = (M + BM - 1) / BM;
   const int tile = blockIdx.x;
@@ -279,11 +284,11 @@ $HYPER_LOADS
     const $TIN* zb = z + off_z + (long long)n0 * szn;
     KmTile<$TIN, NT, BM, BK, BM + SPAD, $XMODE, $XE> xt;
     KmTile<$TIN, NT, BN, BK, BN + SPAD, $ZMODE, $ZE> zt;
-    km_t acc[2 * VM][2 * VN];
+    km_t acc[GM * VM][GN * VN];
 #pragma unroll
-    for (int i = 0; i < 2 * VM; ++i)
+    for (int i = 0; i < GM * VM; ++i)
 #pragma unroll
-      for (int j = 0; j < 2 * VN; ++j) acc[i][j] = $IDENTITY;
+      for (int j = 0; j < GN * VN; ++j) acc[i][j] = $IDENTITY;
 
     if (ntiles > 0) {
       xt.load(xb, sxm, sxk, M - m0, 0, D);
@@ -301,14 +306,14 @@ $HYPER_LOADS
       const int kcount = min(BK, D - t * BK);
 #define KM_STEP(kk, SPLIT)                                                        \
       {                                                                           \
-        km_t xr[2 * VM], zr[2 * VN];                                              \
-        km_lds<VM>(&Xs[cur][kk][ty * VM], xr);                                    \
-        km_lds<VM>(&Xs[cur][kk][BM / 2 + ty * VM], xr + VM);                      \
-        km_lds<VN>(&Zs[cur][kk][tx * VN], zr);                                    \
-        km_lds<VN>(&Zs[cur][kk][BN / 2 + tx * VN], zr + VN);                      \
-        _Pragma("unroll") for (int i = 0; i < 2 * VM; ++i)                        \
-        _Pragma("unroll") for (int j = 0; j < 2 * VN; ++j)                        \
-          acc[i][j] = km_reduce(acc[i][j], KM_IS_SPLIT(i * 2 * VN + j, SPLIT)     \
+        km_t xr[GM * VM], zr[GN * VN];                                            \
+        _Pragma("unroll") for (int g = 0; g < GM; ++g)                            \
+          km_lds<VM>(&Xs[cur][kk][g * (BM / GM) + ty * VM], xr + g * VM);         \
+        _Pragma("unroll") for (int g = 0; g < GN; ++g)                            \
+          km_lds<VN>(&Zs[cur][kk][g * (BN / GN) + tx * VN], zr + g * VN);         \
+        _Pragma("unroll") for (int i = 0; i < GM * VM; ++i)                       \
+        _Pragma("unroll") for (int j = 0; j < GN * VN; ++j)                       \
+          acc[i][j] = km_reduce(acc[i][j], KM_IS_SPLIT(i * GN * VN + j, SPLIT)    \
             ? KM_SPLIT_TERM(xr[i], zr[j]) : km_inner(xr[i], zr[j]$HYPER_ACTUALS)); \
       }
       if (kcount == BK && !km_fallback) {
@@ -329,17 +334,17 @@ $HYPER_LOADS
     }
 #undef KM_SYNC
 
-    // Each thread's row holds two groups of VN consecutive columns: one 16-byte store per group
+    // Each thread's row holds GN groups of VN consecutive columns: one 16-byte store per group
     // where ovec says the output allows it (unit column stride, 16-byte aligned rows), else scalars.
     $TOUT* ob = out + off_o;
 #pragma unroll
-    for (int i = 0; i < 2 * VM; ++i) {
-      const int m = m0 + (i < VM ? ty * VM + i : BM / 2 + ty * VM + (i - VM));
+    for (int i = 0; i < GM * VM; ++i) {
+      const int m = m0 + (i / VM) * (BM / GM) + ty * VM + i % VM;
       if (m >= M) continue;
       $TOUT* row = ob + (long long)m * som;
 #pragma unroll
-      for (int g = 0; g < 2; ++g) {
-        const int nb = n0 + g * (BN / 2) + tx * VN;
+      for (int g = 0; g < GN; ++g) {
+        const int nb = n0 + g * (BN / GN) + tx * VN;
         km_t v[VN];
 #pragma unroll
         for (int j = 0; j < VN; ++j) {
