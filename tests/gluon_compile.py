@@ -1,0 +1,80 @@
+"""Compile generated Gluon pairwise kernels to cubins without a GPU, in a clean process.
+
+Run as ``python tests/gluon_compile.py`` with a JSON list of jobs on stdin; prints a JSON object
+mapping each job's ``id`` to its ``cuobjdump -res-usage`` report (or ``"error: ..."``).  A
+separate process because Triton's CPU interpreter, once it has run a kernel, patches
+``triton.language`` for the whole process, and compiling for a GPU then fails; and the
+generated helpers must be ``@triton.jit`` functions, not interpreted ones (``TRITON_INTERPRET``
+unset).
+
+A job: ``{"id", "preset", "regularized", "spec": {PairwiseSpec field changes}, "meta",
+"warps", "arch", "constants": {argument: value}}``; pointers are 16-byte aligned and ``N``,
+``SXM``, ``SZN``, ``SOM`` divisible by 16 unless given as constants.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+
+def compile_job(job: dict) -> str:
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.experimental.gluon._runtime import GluonASTSource
+
+    from kermac import presets
+    from kermac_backend_triton.gluon_pairwise import gluon_pairwise_source
+    from kermac_backend_triton.kernels import PairwiseSpec
+    from kermac_backend_triton.modules import load_module
+
+    spec = dict(program=presets.ALL[job["preset"]].lower(regularized=job["regularized"]), compute="float32")
+    spec.update(nbatch=0, tensor_hypers=frozenset(), int64=False, interpret=False, gluon=True)
+    changes = dict(job["spec"])
+    if "tensor_hypers" in changes:
+        changes["tensor_hypers"] = frozenset(changes["tensor_hypers"])
+    spec = PairwiseSpec(**(spec | changes))
+    fn = load_module(gluon_pairwise_source(spec)).kermac_pairwise
+    index = {n: i for i, n in enumerate(fn.arg_names)}
+    consts = dict(job["meta"]) | job["constants"]
+    signature = {}
+    for name in fn.arg_names:
+        if name in consts:
+            signature[name] = "constexpr"
+        elif name in ("X", "Z", "OUT") or name.startswith("H_"):
+            signature[name] = "*fp32"
+        elif name.startswith("h_"):
+            signature[name] = "fp32"
+        else:
+            signature[name] = "i64" if spec.int64 else "i32"
+    aligned = [n for n in ("X", "Z", "OUT", "N", "SXM", "SZN", "SOM") if n not in consts]
+    source = GluonASTSource(
+        fn=fn,
+        signature=signature,
+        constexprs={(index[k],): v for k, v in consts.items()},
+        attrs={(index[n],): [["tt.divisibility", 16]] for n in aligned},
+    )
+    target = GPUTarget("cuda", job["arch"], 32)
+    kernel = triton.compile(source, target=target, options={"num_warps": job["warps"]})
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(kernel.asm["cubin"])
+        f.flush()
+        cuobjdump = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
+        return subprocess.run([cuobjdump, "-res-usage", f.name], capture_output=True, text=True, check=True).stdout
+
+
+def main() -> None:
+    reports = {}
+    for job in json.load(sys.stdin):
+        try:
+            reports[job["id"]] = compile_job(job)
+        except Exception as exc:  # reported per job: one failure must not hide the others
+            reports[job["id"]] = f"error: {type(exc).__name__}: {exc}"
+    json.dump(reports, sys.stdout)
+
+
+if __name__ == "__main__":
+    main()
