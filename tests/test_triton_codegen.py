@@ -466,3 +466,30 @@ def test_gluon_kernel_is_float32_gpu_simt_only() -> None:
         )
         with pytest.raises(ValueError, match="Gluon kernel is the GPU SIMT kernel in float32"):
             gluon.gluon_pairwise_source(spec)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("gluon", [True, False], ids=["gluon", "tl"])
+def test_outputs_past_two_to_the_31_elements(gluon: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An output of more than 2³¹ elements takes 64-bit indexing: its last rows and columns are
+    right (the Gluon kernel and the ``tl`` one; 8.6 GB of output)."""
+    require_backend("triton", "cuda")
+    monkeypatch.setenv("KERMAC_TRITON_GLUON", "1" if gluon else "0")
+    launch = pytest.importorskip("kermac_backend_triton.launch")
+    from kermac.problem import pairwise_problem
+
+    m = n = 46400  # m·n > 2**31
+    if torch.cuda.mem_get_info()[0] < 10 * 2**30:
+        pytest.skip("needs 10 GiB of free GPU memory")
+    g = torch.Generator().manual_seed(5)
+    x, z = torch.randn(m, 5, generator=g), torch.randn(n, 5, generator=g)
+    out = torch.full((m, n), math.nan, device="cuda")
+    problem = pairwise_problem(presets.l1_distance.lower(), x.cuda(), z.cuda(), out=out, hypers={})
+    spec = launch.pairwise_spec(problem)[0]
+    assert spec.int64 and spec.gluon == gluon
+    kermac.cdist(x.cuda(), z.cuda(), p=1.0, out=out, backend="triton")
+    for rows, cols in ((slice(m - 3, m), slice(None)), (slice(None), slice(n - 2, n))):
+        ref = torch.cdist(x[rows].double(), z[cols].double(), p=1.0)
+        torch.testing.assert_close(out[rows, cols].cpu().double(), ref, rtol=2e-6, atol=1e-6)
+    del out
+    torch.cuda.empty_cache()
