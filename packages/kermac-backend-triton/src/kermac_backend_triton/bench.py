@@ -173,9 +173,9 @@ def main(argv: list[str] | None = None) -> int:
         if args.sweep:
             if grad:
                 space = configs.GRAD_SPACE
-            elif launch.pairwise_spec(problem)[0].tensor_cores:
+            elif (spec := launch.pairwise_spec(problem)[0]).tensor_cores:
                 space = configs.pairwise_tc_space(problem.d)
-            elif launch.pairwise_spec(problem)[0].gluon:
+            elif spec.gluon:
                 space = configs.GLUON_PAIRWISE_SPACE
             else:
                 space = configs.PAIRWISE_SPACE

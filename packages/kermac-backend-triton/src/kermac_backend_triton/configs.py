@@ -114,19 +114,24 @@ INTERPRET_PAIRWISE_TC = {"BM": 16, "BN": 16, "BK": 16, "GROUP_M": 2}
 INTERPRET_GRAD = {"BN": 2, "BM": 8, "BK": 16}
 
 
+def _switch(variable: str) -> bool:
+    """An on/off environment variable, on unless set to 0, false, no or off."""
+    return os.environ.get(variable, "1").strip().lower() not in ("0", "false", "no", "off")
+
+
 def autotune_enabled() -> bool:
     """Whether GPU launches autotune (``KERMAC_TRITON_AUTOTUNE``, default on)."""
-    return os.environ.get("KERMAC_TRITON_AUTOTUNE", "1").strip().lower() not in ("0", "false", "no", "off")
+    return _switch("KERMAC_TRITON_AUTOTUNE")
 
 
 def gluon_enabled() -> bool:
     """Whether SIMT pairwise programs on a GPU use the Gluon kernel (``KERMAC_TRITON_GLUON``, default on)."""
-    return os.environ.get("KERMAC_TRITON_GLUON", "1").strip().lower() not in ("0", "false", "no", "off")
+    return _switch("KERMAC_TRITON_GLUON")
 
 
 def tensor_cores_enabled() -> bool:
     """Whether float32 (x − z)²-sum programs use the tensor-core kernel (``KERMAC_TRITON_TENSOR_CORES``, default on)."""
-    return os.environ.get("KERMAC_TRITON_TENSOR_CORES", "1").strip().lower() not in ("0", "false", "no", "off")
+    return _switch("KERMAC_TRITON_TENSOR_CORES")
 
 
 def pairwise_tc_space(d: int) -> tuple[tuple[dict[str, int], int, int, int | None], ...]:

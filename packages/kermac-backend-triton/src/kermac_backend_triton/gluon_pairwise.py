@@ -33,7 +33,7 @@ import functools
 
 from kermac.ir import free_vars
 from kermac.programs import REDUCTIONS
-from kermac_backend_triton.codegen import COMPUTE_TYPES, helpers, nonnegative, render_expr
+from kermac_backend_triton.codegen import COMPUTE_TYPES, helpers, render_expr
 from kermac_backend_triton.kernel_parts import (
     IDENTITY,
     STREAM,
@@ -43,6 +43,7 @@ from kermac_backend_triton.kernel_parts import (
     hyper_params,
     indent,
     operand_pointers,
+    simt_epilogue,
     tile_order,
 )
 from kermac_backend_triton.kernels import PAIRWISE_ENTRY, PairwiseSpec
@@ -115,8 +116,7 @@ def gluon_pairwise_source(spec: PairwiseSpec) -> str:
     cast = ".to(tl.int64)" if spec.int64 else ""
     assert float(REDUCTIONS[prog.reduction]) in (0.0, float("inf"), float("-inf"))
     inner = render_expr(prog.inner, {"x": "xk", "z": "zk"}, spec.compute, fast=True)
-    acc_known = frozenset({"acc"}) if prog.reduction != "max" and nonnegative(prog.inner) else frozenset()
-    epilogue = render_expr(prog.epilogue, {"acc": "acc", "diag": "diag"}, spec.compute, acc_known)
+    epilogue = simt_epilogue(prog, spec.compute, "acc", "diag")
     identity = IDENTITY[prog.reduction]
     fold = _FOLD[prog.reduction]
     operands = operand_pointers({"x": "X", "z": "Z", "out": "OUT"}, spec.tensor_hypers)
@@ -198,5 +198,4 @@ def {PAIRWISE_ENTRY}(
         f"val = {epilogue}",
         f"gl.store(OUT + om * SOM + on * SON, val.to(OUT.dtype.element_ty), mask=(om < M) & (on < N){STREAM})",
     ]
-    source = helpers(spec.compute, interpret=False) + _GLUON_IMPORTS + "\n\n" + head + indent(body)
-    return source
+    return helpers(spec.compute, interpret=False) + _GLUON_IMPORTS + "\n\n" + head + indent(body)

@@ -7,7 +7,8 @@ kernels, so the lines are the same for both.
 
 from __future__ import annotations
 
-from kermac_backend_triton.codegen import hyper_arg
+from kermac.programs import PairwiseProgram
+from kermac_backend_triton.codegen import hyper_arg, nonnegative, render_expr
 
 __all__ = [
     "IDENTITY",
@@ -18,6 +19,7 @@ __all__ = [
     "hyper_params",
     "indent",
     "operand_pointers",
+    "simt_epilogue",
     "tile_order",
 ]
 
@@ -25,6 +27,16 @@ __all__ = [
 IDENTITY = {"sum": "0.0", "max": "_NINF", "min": "_INF"}
 #: Store keyword of streaming (evict-first) output stores: the output is not re-read.
 STREAM = ', cache_modifier=".cs"'
+
+
+def simt_epilogue(prog: PairwiseProgram, compute: str, acc: str, diag: str) -> str:
+    """The epilogue of a SIMT pairwise kernel as source, reading ``acc`` and ``diag``.
+
+    The accumulator is known to be non-negative (simpler ``pow``) when the reduction is a sum or
+    a min of non-negative inner terms: every term, and the identity (0 or +inf), is then ≥ 0.
+    """
+    known = frozenset({"acc"}) if prog.reduction != "max" and nonnegative(prog.inner) else frozenset()
+    return render_expr(prog.epilogue, {"acc": acc, "diag": diag}, compute, known)
 
 
 def operand_pointers(tensors: dict[str, str], tensor_hypers: frozenset[str]) -> dict[str, str]:

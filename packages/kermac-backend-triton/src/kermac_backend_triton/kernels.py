@@ -58,7 +58,7 @@ from dataclasses import dataclass
 
 from kermac.ir import free_vars
 from kermac.programs import REDUCTIONS, GradProgram, PairwiseProgram, is_squared_difference_sum, signed_power
-from kermac_backend_triton.codegen import COMPUTE_TYPES, helpers, nonnegative, render_expr
+from kermac_backend_triton.codegen import COMPUTE_TYPES, helpers, render_expr
 from kermac_backend_triton.kernel_parts import (
     IDENTITY,
     STREAM,
@@ -68,6 +68,7 @@ from kermac_backend_triton.kernel_parts import (
     hyper_params,
     indent,
     operand_pointers,
+    simt_epilogue,
     tile_order,
 )
 
@@ -194,8 +195,7 @@ def _simt_tile(
     cast = ".to(tl.int64)" if spec.int64 else ""
     bk, mi, ni, mt, nt = (t[k] for k in ("BK", "MI", "NI", "MT", "NT"))
     inner = render_expr(prog.inner, {"x": f"{p}xv", "z": f"{p}zv"}, spec.compute, fast=True)
-    acc_known = frozenset({"acc"}) if prog.reduction != "max" and nonnegative(prog.inner) else frozenset()
-    epilogue = render_expr(prog.epilogue, {"acc": f"{p}acc", "diag": f"{p}diag"}, spec.compute, acc_known)
+    epilogue = simt_epilogue(prog, spec.compute, f"{p}acc", f"{p}diag")
     identity = IDENTITY[prog.reduction]
     combine = _COMBINE[prog.reduction].format(acc=f"{p}acc", t=f"{p}t")
     full = f"[{bk}, {mi}, {ni}, {mt}, {nt}]"

@@ -9,7 +9,6 @@ stream of the operands' device.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import math
 import os
 import threading
@@ -159,18 +158,19 @@ def pairwise_spec(problem: PairwiseProblem) -> tuple[PairwiseSpec, BatchLayout]:
     programs = layout.size * _cdiv(problem.m, 16) * _cdiv(problem.n, 16)
     tensors = [problem.x, problem.z, problem.out] + [h.tensor for h in problem.hypers.values() if h.tensor is not None]
     compute = compute_type(problem.dtype)
+    interpret = interpreting()
+    tensor_cores = uses_tensor_cores(problem)
+    simt_gpu_float = compute == "float32" and not (interpret or tensor_cores)
     spec = PairwiseSpec(
         program=problem.program,
         compute=compute,
         nbatch=len(layout.shape),
         tensor_hypers=_tensor_hypers(problem),
         int64=_needs_int64(tensors, programs),
-        interpret=interpreting(),
-        tensor_cores=uses_tensor_cores(problem),
+        interpret=interpret,
+        tensor_cores=tensor_cores,
+        gluon=simt_gpu_float and configs.gluon_enabled() and gluon_available() is None,
     )
-    gluon_ok = compute == "float32" and not (spec.interpret or spec.tensor_cores)
-    if gluon_ok and configs.gluon_enabled() and gluon_available() is None:
-        spec = dataclasses.replace(spec, gluon=True)
     return spec, layout
 
 
