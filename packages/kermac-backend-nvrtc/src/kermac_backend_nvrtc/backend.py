@@ -97,7 +97,14 @@ class NvrtcBackend(Backend):
                     "nvrtc: %s of this variant already loaded on cuda:%d (%s)", found.name, device, found.resources
                 )
             return found
-        from kermac_backend_nvrtc.codegen import INPUT_TYPES, GradVariant, grad_source, pairwise_source
+        from kermac_backend_nvrtc.codegen import (
+            INPUT_TYPES,
+            GradVariant,
+            dynamic_smem,
+            grad_source,
+            pairwise_source,
+            target_arch,
+        )
         from kermac_backend_nvrtc.compiler import compile_cubin
         from kermac_backend_nvrtc.launcher import load_kernel
 
@@ -106,8 +113,10 @@ class NvrtcBackend(Backend):
         source, params = grad_source(variant) if is_grad else pairwise_source(variant)
         name = "kermac_grad" if is_grad else "kermac_pairwise"
         cap = torch.cuda.get_device_capability(device)
-        compiled = compile_cubin(source, f"sm_{cap[0]}{cap[1]}", name=name)
-        loaded = load_kernel(device, compiled.key, compiled.cubin, name, params, INPUT_TYPES[variant.dtype][1])
+        compiled = compile_cubin(source, target_arch(variant, 10 * cap[0] + cap[1]), name=name)
+        loaded = load_kernel(
+            device, compiled.key, compiled.cubin, name, params, INPUT_TYPES[variant.dtype][1], dynamic_smem(variant)
+        )
         if debug:
             logger.debug(
                 "nvrtc: %s variant %s: %s, loaded in %.1f ms; %s%s",
@@ -168,7 +177,7 @@ class NvrtcBackend(Backend):
         import multiprocessing
         from concurrent.futures import ProcessPoolExecutor
 
-        from kermac_backend_nvrtc.codegen import grad_source, pairwise_source
+        from kermac_backend_nvrtc.codegen import grad_source, pairwise_source, target_arch
         from kermac_backend_nvrtc.compiler import compile_cubin
         from kermac_backend_nvrtc.plan import plan_grad, plan_pairwise
 
@@ -183,12 +192,16 @@ class NvrtcBackend(Backend):
                 raise ValueError(
                     f"archs: needed for problems on {pr.device} (no CUDA device to read the architecture from)"
                 )
-            if isinstance(pr, GradProblem):
-                source, name = grad_source(plan_grad(pr)[0])[0], "kermac_grad"
-            else:
-                source, name = pairwise_source(plan_pairwise(pr)[0])[0], "kermac_pairwise"
             for arch in targets:
-                jobs[(source, arch, name)] = f"{name} {arch} {pr.program.key()}"
+                capability = int(arch.removeprefix("sm_").rstrip("a"))
+                if isinstance(pr, GradProblem):
+                    variant, name = plan_grad(pr)[0], "kermac_grad"
+                    source = grad_source(variant)[0]
+                else:
+                    variant, name = plan_pairwise(pr, capability)[0], "kermac_pairwise"
+                    source = pairwise_source(variant)[0]
+                target = target_arch(variant, capability)
+                jobs[(source, target, name)] = f"{name} {target} {pr.program.key()}"
         if len(jobs) <= 1:
             for source, arch, name in jobs:
                 compile_cubin(source, arch, name=name)

@@ -45,6 +45,8 @@ __all__ = [
     "render_expr",
     "split_exponent",
     "tc_guard",
+    "target_arch",
+    "dynamic_smem",
 ]
 
 #: IR operation → CUDA C++ format (overloads in ``kernels.PRELUDE`` cover float and double).
@@ -275,6 +277,7 @@ class PairwiseVariant:
     ftz: bool = False  # |.|^b with b >= 1 flushes subnormals (no denormal fix-ups around lg2/ex2)
     inline_epilogue: bool = True  # False: the tensor-core kernel calls the epilogue (__noinline__)
     long_k: bool = False  # SIMT float: 16 k-values per staged tile (pairwise_config)
+    wgmma: bool = False  # tensor cores through wgmma (wgmma_pairwise, sm_90a) instead of mma.sync
 
 
 @dataclass(frozen=True)
@@ -393,8 +396,26 @@ def _pairwise_parts(
     return params, shared
 
 
+def target_arch(variant: PairwiseVariant | GradVariant, capability: int) -> str:
+    """NVRTC target of ``variant`` on a device of ``capability`` (90 → ``sm_90``; ``sm_90a`` for wgmma)."""
+    return "sm_90a" if getattr(variant, "wgmma", False) else f"sm_{capability}"
+
+
+def dynamic_smem(variant: PairwiseVariant | GradVariant) -> int:
+    """Bytes of dynamic shared memory a block of ``variant``'s kernel takes (0: static only)."""
+    if getattr(variant, "wgmma", False):
+        from kermac_backend_nvrtc.wgmma_pairwise import DYNAMIC_SMEM  # imports this module
+
+        return DYNAMIC_SMEM
+    return 0
+
+
 def pairwise_source(v: PairwiseVariant) -> tuple[str, list[Param]]:
     """CUDA source of ``kermac_pairwise`` for variant ``v`` and its parameters in order."""
+    if v.tensor_cores and v.wgmma:
+        from kermac_backend_nvrtc.wgmma_pairwise import wgmma_pairwise_source  # imports this module
+
+        return wgmma_pairwise_source(v)
     if v.tensor_cores:
         return _tc_pairwise_source(v)
     prog = v.program

@@ -178,9 +178,10 @@ struct KmTile {
       }
     }
   }
-  // f(k, p, value) for every element this thread staged (value converted to km_t).
+  static constexpr int mode = MODE, e = E, pt = PT, kt = KT;
+  // f(i, k, p) for every element slot this thread stages: element i of r.v sits at (p, k).
   template <typename F>
-  __device__ __forceinline__ void each(F f) const {
+  __device__ __forceinline__ void each_pos(F f) const {
     const int tid = threadIdx.x;
     if (MODE == 0 || MODE == 1) {
 #pragma unroll
@@ -188,17 +189,22 @@ struct KmTile {
         int e = tid + NT * i;
         int k = MODE == 0 ? e % KT : e / PT;
         int p = MODE == 0 ? e / KT : e % PT;
-        if (PT * KT % NT == 0 || e < PT * KT) f(k, p, km_cvt(r.v[i], km_t(0)));
+        if (PT * KT % NT == 0 || e < PT * KT) f(i, k, p);
       }
     } else if (MODE == 2) {
       int p = tid / (KT / E), k = (tid % (KT / E)) * E;
 #pragma unroll
-      for (int i = 0; i < E; ++i) f(k + i, p, km_cvt(r.v[i], km_t(0)));
+      for (int i = 0; i < E; ++i) f(i, k + i, p);
     } else {
       int p = (tid % (PT / E)) * E, k = tid / (PT / E);
 #pragma unroll
-      for (int i = 0; i < E; ++i) f(k, p + i, km_cvt(r.v[i], km_t(0)));
+      for (int i = 0; i < E; ++i) f(i, k, p + i);
     }
+  }
+  // f(k, p, value) for every element this thread staged (value converted to km_t).
+  template <typename F>
+  __device__ __forceinline__ void each(F f) const {
+    each_pos([&](int i, int k, int p) { f(k, p, km_cvt(r.v[i], km_t(0))); });
   }
   __device__ __forceinline__ void store(km_t (*S)[SP]) const {
     each([&](int k, int p, km_t v) { S[k][p] = v; });

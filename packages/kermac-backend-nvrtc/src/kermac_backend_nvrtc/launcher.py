@@ -34,10 +34,28 @@ class LoadedKernel:
     device: int
     name: str
     resources: str  # registers, local (spill) memory and static shared memory per the driver
+    shmem: int = 0  # dynamic shared memory per block, bytes
 
 
-def load_kernel(device: int, key: str, cubin: bytes, name: str, params: Sequence[Param], compute: str) -> LoadedKernel:
-    """The kernel ``name`` of ``cubin`` on CUDA device ``device`` (loaded on first use)."""
+def _allow_dynamic_smem(kernel: object, device: int, nbytes: int) -> None:
+    """Raise ``kernel``'s dynamic shared-memory limit to ``nbytes`` (above the default 48 KB)."""
+    from cuda.bindings import driver
+
+    attr = driver.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
+    handle = kernel.handle
+    if isinstance(handle, driver.CUkernel):
+        (err,) = driver.cuKernelSetAttribute(attr, nbytes, handle, device)
+    else:
+        (err,) = driver.cuFuncSetAttribute(handle, attr, nbytes)
+    if err != driver.CUresult.CUDA_SUCCESS:
+        raise RuntimeError(f"could not allow {nbytes} bytes of dynamic shared memory on cuda:{device}: {err}")
+
+
+def load_kernel(
+    device: int, key: str, cubin: bytes, name: str, params: Sequence[Param], compute: str, shmem: int = 0
+) -> LoadedKernel:
+    """The kernel ``name`` of ``cubin`` on CUDA device ``device`` (loaded on first use), allowed
+    ``shmem`` bytes of dynamic shared memory per block."""
     cache_id = (device, key, name)
     with _lock:
         found = _kernels.get(cache_id)
@@ -48,6 +66,8 @@ def load_kernel(device: int, key: str, cubin: bytes, name: str, params: Sequence
     with torch.cuda.device(device):
         Device(device).set_current()
         kernel = ObjectCode.from_cubin(cubin).get_kernel(name)
+        if shmem > 48 * 1024:
+            _allow_dynamic_smem(kernel, device, shmem)
     try:
         attrs = kernel.attributes
         resources = (
@@ -56,7 +76,7 @@ def load_kernel(device: int, key: str, cubin: bytes, name: str, params: Sequence
         )
     except Exception as exc:  # attributes are diagnostics only
         resources = f"attributes unavailable: {exc}"
-    loaded = LoadedKernel(kernel, tuple(params), compute, device, name, resources)
+    loaded = LoadedKernel(kernel, tuple(params), compute, device, name, resources, shmem)
     logger.debug("nvrtc: loaded %s on cuda:%d: %s", name, device, resources)
     with _lock:
         _kernels[cache_id] = loaded
@@ -99,4 +119,4 @@ def launch(k: LoadedKernel, grid: tuple[int, int, int], block: int, values: dict
 
     args = _pack(k.params, values, k.compute)
     with torch.cuda.device(k.device):
-        cuda_launch(_stream(k.device), LaunchConfig(grid=grid, block=block), k.kernel, *args)
+        cuda_launch(_stream(k.device), LaunchConfig(grid=grid, block=block, shmem_size=k.shmem), k.kernel, *args)

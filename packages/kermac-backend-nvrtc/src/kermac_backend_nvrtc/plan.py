@@ -31,7 +31,18 @@ from kermac_backend_nvrtc.codegen import (
     tc_guard,
 )
 
-__all__ = ["MAX_GRID_Z", "NT", "TC_GRAD_MIN_O", "TENSOR_CORES", "Launch", "plan_grad", "plan_pairwise", "size_problem"]
+__all__ = [
+    "MAX_GRID_Z",
+    "NT",
+    "TC_GRAD_MIN_O",
+    "TENSOR_CORES",
+    "WGMMA",
+    "Launch",
+    "device_capability",
+    "plan_grad",
+    "plan_pairwise",
+    "size_problem",
+]
 
 NT = 256
 MAX_GRID_Z = 65535
@@ -51,6 +62,9 @@ FTZ = os.environ.get("KERMAC_NVRTC_FTZ", "1") != "0"
 #: (tc_grad.TC_GRAD).  ``KERMAC_NVRTC_TENSOR_CORES=0`` in the environment (read at import) or
 #: setting this to False selects the SIMT kernels instead.
 TENSOR_CORES = os.environ.get("KERMAC_NVRTC_TENSOR_CORES", "1") != "0"
+#: On sm_90 the pairwise tensor-core programs use the wgmma kernel (wgmma_pairwise, compiled for
+#: sm_90a) instead of the mma.sync one.  ``KERMAC_NVRTC_WGMMA=0`` (read at import) keeps mma.sync.
+WGMMA = os.environ.get("KERMAC_NVRTC_WGMMA", "1") != "0"
 #: Smallest O for which a float32 gradient runs on the tensor cores.  The SIMT kernel keeps a power
 #: of two ≥ O outputs per pair (at most 16); the tensor-core kernel costs the same for every O ≤ 8 and
 #: beat it at O = 8 for p = 1 and 2 and at O = 5 for p = 1.5, lost at O = 4 (H100,
@@ -144,8 +158,19 @@ def _rename(names: list[str]) -> dict[str, str]:
     return {n: ("o" if n == "out" else f"h_{n[6:]}" if n.startswith("hyper_") else n) for n in names}
 
 
-def plan_pairwise(problem: PairwiseProblem) -> tuple[PairwiseVariant, Launch]:
-    """Variant and launch of ``problem`` (which :func:`size_problem` accepted)."""
+def device_capability(problem: PairwiseProblem | GradProblem) -> int | None:
+    """Compute capability of the problem's CUDA device as one number (90 for sm_90); None off CUDA."""
+    if problem.device.type != "cuda":
+        return None
+    major, minor = torch.cuda.get_device_capability(problem.device)
+    return 10 * major + minor
+
+
+def plan_pairwise(problem: PairwiseProblem, capability: int | None = None) -> tuple[PairwiseVariant, Launch]:
+    """Variant and launch of ``problem`` (which :func:`size_problem` accepted) for a device of
+    ``capability`` (e.g. 90; by default the problem's device — CPU problems plan for no particular
+    architecture, which only decides whether the tensor-core programs use wgmma)."""
+    capability = device_capability(problem) if capability is None else capability
     dtype = str(problem.dtype).removeprefix("torch.")
     compute = INPUT_TYPES[dtype][1]
     prog = problem.program
@@ -171,6 +196,7 @@ def plan_pairwise(problem: PairwiseProblem) -> tuple[PairwiseVariant, Launch]:
         ftz=FTZ,
         inline_epilogue=not tensor_cores or INLINE_EXPENSIVE_EPILOGUE or not expensive_epilogue,
         long_k=long_k,
+        wgmma=tensor_cores and WGMMA and capability == 90,
     )
     m, n, d = problem.m, problem.n, problem.d
     tiles_m, tiles_n = -(-m // cfg.bm), -(-n // cfg.bn)
