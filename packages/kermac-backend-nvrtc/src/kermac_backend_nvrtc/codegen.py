@@ -36,6 +36,7 @@ __all__ = [
     "PairwiseConfig",
     "PairwiseVariant",
     "Param",
+    "dynamic_smem",
     "grad_config",
     "grad_parts",
     "grad_source",
@@ -44,9 +45,8 @@ __all__ = [
     "pairwise_source",
     "render_expr",
     "split_exponent",
-    "tc_guard",
     "target_arch",
-    "dynamic_smem",
+    "tc_guard",
 ]
 
 #: IR operation → CUDA C++ format (overloads in ``kernels.PRELUDE`` cover float and double).

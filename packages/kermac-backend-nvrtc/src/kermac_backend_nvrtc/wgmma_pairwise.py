@@ -46,7 +46,7 @@ def _wgmma_asm() -> str:
         "__device__ __forceinline__ void km_wgmma(float* d, unsigned long long a, unsigned long long b) {\n"
         '  asm volatile("{\\n.reg .pred p;\\nsetp.ne.b32 p, %66, 0;\\n"\n'
         f'      "wgmma.mma_async.sync.aligned.m64n128k8.f32.tf32.tf32 {{{regs}}}, %64, %65, p, 1, 1;\\n}}\\n"\n'
-        f'      : {outs}\n'
+        f"      : {outs}\n"
         '      : "l"(a), "l"(b), "r"(1));\n'
         "}\n"
     )
@@ -63,9 +63,9 @@ __device__ __forceinline__ unsigned km_sw64(int p, int k) {
   return (unsigned)(p * KM_ROW + ((((k >> 2) ^ (p >> 1)) & 3) << 4) + ((k & 3) << 2));
 }
 // Descriptor of a K-major wgmma operand at shared address a: 64-byte swizzle (mode 2), 8-row
-// groups 512 bytes apart (stride offset), leading offset unused for swizzled K-major tiles.
+// groups 512 bytes apart (stride offset 512 >> 4), leading offset unused for swizzled K-major tiles.
 __device__ __forceinline__ unsigned long long km_desc(unsigned a) {
-  return (unsigned long long)((a & 0x3FFFFu) >> 4) | (1ull << 16) | ((unsigned long long)(512 >> 4) << 32) | (2ull << 62);
+  return (unsigned long long)((a & 0x3FFFFu) >> 4) | (1ull << 16) | (32ull << 32) | (2ull << 62);
 }
 __device__ __forceinline__ void km_wg_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void km_wg_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
