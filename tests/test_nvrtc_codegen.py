@@ -21,7 +21,7 @@ from kermac.problem import grad_problem, pairwise_problem
 
 nvrtc_codegen = pytest.importorskip("kermac_backend_nvrtc.codegen")
 pytest.importorskip("cuda.core")
-from kermac_backend_nvrtc import codegen, compiler, plan, tc_grad  # noqa: E402
+from kermac_backend_nvrtc import codegen, compiler, plan, tc_grad, wgmma_pairwise  # noqa: E402
 
 try:
     compiler.nvrtc_version()
@@ -309,6 +309,67 @@ def test_source_tensor_cores() -> None:
     assert "hp_bandwidth[off_h_bandwidth]" in src and "diag_shift == (long long)n" in src
 
 
+def _tc_cases() -> list[str]:
+    return sorted(
+        c for c, pr in CASES.items() if not c.startswith(("grad", "tc-grad")) and plan.plan_pairwise(pr)[0].tensor_cores
+    )
+
+
+@pytest.mark.parametrize("case", _tc_cases())
+def test_wgmma_variant_compiles_to_cubin(case: str) -> None:
+    """Planned for sm_90, every tensor-core pairwise case takes the wgmma kernel, built for sm_90a."""
+    variant = plan.plan_pairwise(CASES[case], 90)[0]
+    assert variant.wgmma and codegen.target_arch(variant, 90) == "sm_90a"
+    built = compiler.compile_cubin(codegen.pairwise_source(variant)[0], "sm_90a", name="kermac_pairwise")
+    assert built.cubin[:4] == b"\x7fELF" and "registers" in built.ptxas
+
+
+def test_plan_selects_wgmma_on_sm90_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    l2 = CASES["preset-l2_distance"]
+    for capability, wgmma in ((90, True), (80, False), (89, False), (100, False), (None, False)):
+        variant = plan.plan_pairwise(l2, capability)[0]
+        assert variant.tensor_cores and variant.wgmma is wgmma, capability
+        assert codegen.dynamic_smem(variant) == (wgmma_pairwise.DYNAMIC_SMEM if wgmma else 0)
+        assert codegen.target_arch(variant, capability or 80) == ("sm_90a" if wgmma else f"sm_{capability or 80}")
+    assert not plan.plan_pairwise(CASES["preset-l1_distance"], 90)[0].wgmma  # SIMT programs
+    assert 48 * 1024 < wgmma_pairwise.DYNAMIC_SMEM <= 227 * 1024 // 2  # two blocks per SM
+    x, z = _t(M, 64), _t(64, 64)  # rows of 64 floats: 16-byte stores on the wgmma path, pairs on mma.sync
+    problem = _pw(presets.l2_distance.lower(), x, z)
+    assert plan.plan_pairwise(problem, 90)[1].args["ovec"] == 1
+    assert plan.plan_pairwise(_pw(presets.l2_distance.lower(), x, _t(66, 64)), 90)[1].args["ovec"] == 0
+    assert plan.plan_pairwise(_pw(presets.l2_distance.lower(), x, _t(66, 64)), 80)[1].args["ovec"] == 1
+    monkeypatch.setattr(plan, "WGMMA", False)
+    assert not plan.plan_pairwise(l2, 90)[0].wgmma
+    with pytest.raises(ValueError, match="wgmma variant"):
+        wgmma_pairwise.wgmma_pairwise_source(plan.plan_pairwise(l2, 90)[0])
+
+
+def test_source_wgmma() -> None:
+    src = codegen.pairwise_source(plan.plan_pairwise(CASES["tc-laplace_l2-tensor-bandwidth"], 90)[0])[0]
+    assert src.count("wgmma.mma_async.sync.aligned.m64n128k8.f32.tf32.tf32") == 1  # one helper
+    assert "fence.proxy.async.shared::cta" in src and "wgmma.wait_group.sync.aligned 0" in src
+    assert "__syncthreads_or(flagged)" in src and "hp_bandwidth[off_h_bandwidth]" in src
+    assert "mma.sync" not in src.split("kermac_pairwise(")[1]  # the kernel body uses wgmma only
+
+
+def test_wgmma_swizzle_is_a_conflict_free_bijection() -> None:
+    """km_sw64 (mirrored here) maps the 128 × 16 tile onto 8 KB one to one, and the 16-byte stores of
+    a staging phase (8 threads: MODE 2, 8 values of one row per thread, two stores) hit 8 distinct
+    16-byte bank groups."""
+
+    def sw64(p: int, k: int) -> int:
+        return p * 64 + ((((k >> 2) ^ (p >> 1)) & 3) << 4) + ((k & 3) << 2)
+
+    src = wgmma_pairwise.WGMMA_HELPERS
+    assert "p * KM_ROW + ((((k >> 2) ^ (p >> 1)) & 3) << 4) + ((k & 3) << 2)" in src
+    offsets = {sw64(p, k) for p in range(128) for k in range(16)}
+    assert offsets == set(range(0, 128 * 64, 4))
+    for phase in range(0, 256, 8):
+        for c in (0, 4):
+            groups = {(sw64(t // 2, (t % 2) * 8 + c) % 128) // 16 for t in range(phase, phase + 8)}
+            assert len(groups) == 8, (phase, c)
+
+
 def _tf32(a: np.ndarray) -> np.ndarray:
     """kernels.TC_PAIRWISE's km_tf32: round to nearest (ties away) to 10 mantissa bits."""
     return ((a.astype(np.float32).view(np.uint32) + np.uint32(0x1000)) & np.uint32(0xFFFFE000)).view(np.float32)
@@ -576,5 +637,7 @@ def test_precompile_in_worker_processes() -> None:
 
     built = NvrtcBackend().precompile([CASES["preset-l1_distance"], CASES["grad-p2"]], archs=["sm_90"])
     assert len(built) == 2 and all(" sm_90 " in b for b in built)
+    built = NvrtcBackend().precompile([CASES["preset-l2_distance"]], archs=["sm_80", "sm_90"])
+    assert sorted(b.split()[1] for b in built) == ["sm_80", "sm_90a"]  # wgmma on sm_90
     compiler._memo.clear()
     assert compiler.compile_cubin(_source(CASES["grad-p2"]), "sm_90", name="kermac_grad").hit

@@ -18,7 +18,7 @@ import torch
 from helpers import assert_close, randn, ref_cdist, ref_grad, require_backend, tolerance
 
 import kermac
-from kermac import ir
+from kermac import ir, presets
 
 pytestmark = pytest.mark.gpu
 
@@ -83,19 +83,44 @@ def test_cdist_p2_near_duplicates() -> None:
     assert_close(out, ref, tolerance(torch.float32))
 
 
-@pytest.fixture(params=[True, False], ids=["tensor-cores", "simt"])
-def p2_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> bool:
-    """Runs a test on the tensor-core (3×TF32 + guard) and on the SIMT difference path for p = 2."""
+#: The three float32 paths of p = 2 and the (x − z)² kernels: (TENSOR_CORES, WGMMA) of plan.
+P2_PATHS = {"wgmma": (True, True), "mma-sync": (True, False), "simt": (False, False)}
+
+
+def _set_p2_path(monkeypatch: pytest.MonkeyPatch, path: str) -> None:
     from kermac_backend_nvrtc import plan
 
-    monkeypatch.setattr(plan, "TENSOR_CORES", request.param)
+    if path == "wgmma" and torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("the wgmma kernel runs on sm_90 only")
+    tensor_cores, wgmma = P2_PATHS[path]
+    monkeypatch.setattr(plan, "TENSOR_CORES", tensor_cores)
+    monkeypatch.setattr(plan, "WGMMA", wgmma)
+
+
+@pytest.fixture(params=list(P2_PATHS))
+def p2_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Runs a test on the wgmma (sm_90) and the mma.sync tensor-core kernels (3×TF32 + guard) and on
+    the SIMT difference path for p = 2."""
+    _set_p2_path(monkeypatch, request.param)
     return request.param
 
 
+def test_p2_path_selection(p2_path: str) -> None:
+    """Each path of the fixture runs the kernel it names (sm_90 plans wgmma by default)."""
+    from kermac.problem import pairwise_problem
+    from kermac_backend_nvrtc import plan
+
+    x = randn(40, 24, device="cuda")
+    problem = pairwise_problem(presets.l2_distance.lower(), x, x, out=None, hypers={})
+    variant = plan.plan_pairwise(problem)[0]
+    assert (variant.tensor_cores, variant.wgmma) == P2_PATHS[p2_path]
+
+
 @pytest.mark.parametrize(
-    ("m", "n", "d"), [(1, 1, 1), (129, 257, 9), (128, 128, 16), (3, 300, 1031), (257, 5, 0), (200, 190, 300)]
+    ("m", "n", "d"),
+    [(1, 1, 1), (129, 257, 9), (128, 128, 16), (3, 300, 1031), (257, 5, 0), (200, 190, 300), (65, 130, 8195)],
 )
-def test_p2_paths_tails(p2_path: bool, m: int, n: int, d: int) -> None:
+def test_p2_paths_tails(p2_path: str, m: int, n: int, d: int) -> None:
     x, z = randn(m, d, device="cuda"), randn(n, d, device="cuda")
     out = torch.full((m, n), math.nan, device="cuda")
     kermac.cdist(x, z, p=2.0, out=out, backend="nvrtc")
@@ -105,7 +130,7 @@ def test_p2_paths_tails(p2_path: bool, m: int, n: int, d: int) -> None:
 @pytest.mark.parametrize(
     "layout", ["k-vec", "p-vec", "p-scalar", "sliced", "misaligned", "broadcast-batch", "out-transposed"]
 )
-def test_p2_paths_layouts(p2_path: bool, layout: str) -> None:
+def test_p2_paths_layouts(p2_path: str, layout: str) -> None:
     m, n, d = 150, 133, 72
     out = None
     if layout in ("k-vec", "out-transposed"):
@@ -127,7 +152,7 @@ def test_p2_paths_layouts(p2_path: bool, layout: str) -> None:
 
 
 @pytest.mark.parametrize("data", ["near-duplicates", "self", "offset", "zeros-and-nan"])
-def test_p2_guard_keeps_entries_exact(p2_path: bool, data: str) -> None:
+def test_p2_guard_keeps_entries_exact(p2_path: str, data: str) -> None:
     """Entries where the expansion cancels are recomputed from differences: per-entry 1e-5 relative."""
     m, d = 300, 256
     x = randn(m, d, device="cuda") * 10
@@ -195,20 +220,19 @@ def test_fractional_p_split(split_pairs: int, data: str, p: float) -> None:
         assert (out.diagonal() == 0).all()  # x = z: every term 0, the sum exactly 0 on every path
 
 
-def test_p2_tensor_cores_match_simt_on_kernels(monkeypatch: pytest.MonkeyPatch) -> None:
-    from kermac_backend_nvrtc import plan
-
+@pytest.mark.parametrize("path", ["wgmma", "mma-sync"])
+def test_p2_tensor_cores_match_simt_on_kernels(monkeypatch: pytest.MonkeyPatch, path: str) -> None:
     x, z = randn(2, 260, 96, device="cuda"), randn(2, 270, 96, device="cuda")
     bw = torch.tensor([3.0, 5.0], device="cuda")
     got = {}
-    for tc in (True, False):
-        monkeypatch.setattr(plan, "TENSOR_CORES", tc)
-        got[tc] = {
+    for run in (path, "simt"):
+        _set_p2_path(monkeypatch, run)
+        got[run] = {
             name: kermac.run_kernel(name, x, z, bandwidth=bw, regularization=0.5, offset_n=3, backend="nvrtc")
             for name in ("gaussian", "laplace_l2", "matern52", "cauchy")
         }
-    for name in got[True]:
-        assert_close(got[True][name], got[False][name].double(), 2e-6)
+    for name in got[path]:
+        assert_close(got[path][name], got["simt"][name].double(), 2e-6)
 
 
 def test_batched_p_and_bandwidth_tensors() -> None:

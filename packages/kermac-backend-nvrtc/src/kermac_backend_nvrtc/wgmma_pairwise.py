@@ -33,9 +33,10 @@ __all__ = ["ARCH", "DYNAMIC_SMEM", "WGMMA_PAIRWISE", "wgmma_pairwise_source"]
 
 #: Compile target of the wgmma kernel (architecture-specific features of sm_90).
 ARCH = "sm_90a"
-#: Dynamic shared memory of one block: two stages of 4 × 128 × 64 bytes, the 2 × 128 row norms,
-#: and 1 KB to align the stages to the 1024-byte boundary the swizzle pattern repeats on.
-DYNAMIC_SMEM = 2 * 4 * 128 * 64 + 2 * 128 * 4 + 1024
+#: Dynamic shared memory of one block: two stages of 4 × 128 × 64 bytes, reused for the 128 × 136
+#: float output tile of the epilogue (the larger of the two), the 2 × 128 row norms, and 1 KB to
+#: align the stages to the 1024-byte boundary the swizzle pattern repeats on.
+DYNAMIC_SMEM = max(2 * 4 * 128 * 64, 128 * 136 * 4) + 2 * 128 * 4 + 1024
 
 
 def _wgmma_asm() -> str:
@@ -56,6 +57,8 @@ WGMMA_HELPERS = r"""
 #define KM_ROW 64                 // bytes of one staged row: 16 fp32 values of k
 #define KM_PART (128 * KM_ROW)    // one operand part (hi or lo) of one stage
 #define KM_STAGE (4 * KM_PART)    // x hi, x lo, z hi, z lo
+#define KM_TROW 136               // floats per row of the staged output tile (8 of padding)
+#define KM_NORMS (128 * KM_TROW * 4)  // byte offset of the row norms, past the stages and the tile
 
 // Byte offset of (p, k) in a k-major tile of 64-byte rows with the wgmma 64-byte swizzle: 16-byte
 // chunk k/4 of row p is stored at chunk (k/4) ^ ((p/2) mod 4); the tile starts 1024-byte aligned.
@@ -142,7 +145,7 @@ kermac_pairwise($PARAMS) {
   const unsigned raw = (unsigned)__cvta_generic_to_shared(km_dyn);
   const unsigned sbase = (raw + 1023u) & ~1023u;            // shared address of stage 0
   unsigned char* const smem = km_dyn + (sbase - raw);
-  float* const xn_s = reinterpret_cast<float*>(smem + 2 * KM_STAGE);
+  float* const xn_s = reinterpret_cast<float*>(smem + KM_NORMS);
   float* const zn_s = xn_s + BM;
   const int tid = threadIdx.x;
   const int lane = tid & 31, warp = tid >> 5;
@@ -287,30 +290,37 @@ $HYPER_LOADS
       }
     }
 
-    // ---- epilogue and stores (pairs of columns as one 8-byte store where ovec allows) -------
+    // ---- epilogue: the d² tile through shared memory, then row-contiguous 16-byte stores -----
+    // (the stages are free: the last shared reads above were followed by a barrier)
+    float* const tile_s = reinterpret_cast<float*>(smem);   // [BM][KM_TROW]
+#pragma unroll
+    for (int i = 0; i < 64; i += 2)
+      *reinterpret_cast<float2*>(tile_s + (r0 + ((i >> 1) & 1) * 8) * KM_TROW + (i >> 2) * 8 + 2 * q) =
+          make_float2(acc[i], acc[i + 1]);
+    __syncthreads();
     float* ob = out + off_o;
+#pragma unroll 1
+    for (int e = tid; e < BM * BN / 4; e += NT) {
+      const int r = e / (BN / 4), c = (e % (BN / 4)) * 4;
+      const int m = m0 + r, nb = n0 + c;
+      if (m >= M) break;   // rows only grow with e
+      const float4 a = *reinterpret_cast<const float4*>(tile_s + r * KM_TROW + c);
+      float v[4] = {a.x, a.y, a.z, a.w};
 #pragma unroll
-    for (int j = 0; j < 16; ++j)
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const int m = m0 + r0 + h * 8;
-        const int nb = n0 + j * 8 + 2 * q;
-        if (m >= M) continue;
-        float v[2];
-#pragma unroll
-        for (int c = 0; c < 2; ++c) {
-          const int n = nb + c;
-          const float diag = $DIAG;
-          v[c] = km_epilogue(acc[4 * j + 2 * h + c], diag$HYPER_ACTUALS);
-        }
-        float* o = ob + (long long)m * som + (long long)nb * son;
-        if (ovec && nb + 1 < N) {
-          *reinterpret_cast<float2*>(o) = make_float2(v[0], v[1]);
-        } else {
-          if (nb < N) *o = v[0];
-          if (nb + 1 < N) o[son] = v[1];
-        }
+      for (int j = 0; j < 4; ++j) {
+        const int n = nb + j;
+        const float diag = $DIAG;
+        v[j] = km_epilogue(v[j], diag$HYPER_ACTUALS);
       }
+      float* o = ob + (long long)m * som + (long long)nb * son;
+      if (ovec && nb + 3 < N) {
+        km_store16(o, v);
+      } else {
+#pragma unroll
+        for (int j = 0; j < 4; ++j)
+          if (nb + j < N) o[(long long)j * son] = v[j];
+      }
+    }
   }
 }
 """)
