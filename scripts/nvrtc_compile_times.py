@@ -1,7 +1,8 @@
 """Cold NVRTC compile time of every common variant (``kermac precompile``'s list), one at a time.
 
 No GPU involved, and an empty private JIT cache: each variant goes through the backend's own
-``compile_cubin`` to a cubin for ``--arch``, timed on this process's one thread (what a first call
+``compile_cubin`` to a cubin for ``--arch`` (planned for that architecture: sm_90 variants of
+the p = 2 family are wgmma kernels for sm_90a), timed on this process's one thread (what a first call
 pays, cache write included).  Prints one row per variant with
 its ptxas resource line, then the median and maximum.
 
@@ -19,7 +20,7 @@ os.environ["KERMAC_CACHE_DIR"] = tempfile.mkdtemp(prefix="kermac-compile-times-"
 
 from kermac.problem import GradProblem
 from kermac.variants import common_problems
-from kermac_backend_nvrtc.codegen import grad_source, pairwise_source
+from kermac_backend_nvrtc.codegen import grad_source, pairwise_source, target_arch
 from kermac_backend_nvrtc.compiler import compile_cubin
 from kermac_backend_nvrtc.plan import plan_grad, plan_pairwise
 
@@ -33,16 +34,18 @@ def main() -> None:
     times: list[float] = []
     for problem in common_problems():
         grad = isinstance(problem, GradProblem)
-        variant = plan_grad(problem)[0] if grad else plan_pairwise(problem)[0]
+        capability = int(args.arch.removeprefix("sm_").rstrip("a"))
+        variant = plan_grad(problem)[0] if grad else plan_pairwise(problem, capability)[0]
         source = (grad_source if grad else pairwise_source)(variant)[0]
         label = f"{'grad' if grad else 'pairwise'} {problem.program.key()}"
         if source in seen or args.match not in label:
             continue
         seen.add(source)
-        compiled = compile_cubin(source, args.arch, name="kermac_grad" if grad else "kermac_pairwise")
+        arch = target_arch(variant, capability)  # sm_90a for the wgmma kernel
+        compiled = compile_cubin(source, arch, name="kermac_grad" if grad else "kermac_pairwise")
         assert not compiled.hit, "the private cache must start empty"
         times.append(compiled.seconds)
-        print(f"{times[-1]:6.2f} s  {label[:90]:90s}  {compiled.ptxas}", flush=True)
+        print(f"{times[-1]:6.2f} s  {arch:7s} {label[:90]:90s}  {compiled.ptxas}", flush=True)
     if times:
         median, worst = statistics.median(times), max(times)
         print(f"\n{len(times)} variants for {args.arch}: median {median:.2f} s, max {worst:.2f} s")
