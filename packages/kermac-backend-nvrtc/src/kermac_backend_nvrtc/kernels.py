@@ -211,6 +211,17 @@ struct KmTile {
   }
 };
 
+// Grouped tile order of a pairwise grid: groups of 8 row tiles sweep the column tiles together
+// (L2 reuse of z).  Block ``tile`` → first row m0 and first column n0 of its bm × bn output tile.
+__device__ __forceinline__ void km_tile_origin(int tile, int M, int tiles_n, int bm, int bn, int& m0, int& n0) {
+  const int group_m = 8, tiles_m = (M + bm - 1) / bm;
+  const int first_m = tile / (group_m * tiles_n) * group_m;
+  const int gsize = min(tiles_m - first_m, group_m);
+  const int in_group = tile % (group_m * tiles_n);
+  m0 = (first_m + in_group % gsize) * bm;
+  n0 = (in_group / gsize) * bn;
+}
+
 // V consecutive values of shared memory as one vector load where 16 bytes allow it.
 template <int V>
 __device__ __forceinline__ void km_lds(const km_t* p, km_t* r) {
@@ -237,7 +248,6 @@ PAIRWISE = Template(r"""
 #define GM $GM
 #define GN $GN
 #define SPAD $SPAD
-#define GROUP_M 8
 // Thread layout: TN threads along n, NT / TN along m; a thread owns GM groups of VM rows (BM / GM
 // apart) and GN groups of VN columns (BN / GN apart), each group one 16-byte shared load per k.
 
@@ -261,15 +271,8 @@ kermac_pairwise($PARAMS) {
   __shared__ __align__(16) km_t Zs[2][BK][BN + SPAD];
   const int tid = threadIdx.x;
   const int tx = tid % TN, ty = tid / TN;
-  // Grouped tile order: GROUP_M row tiles sweep the column tiles together (L2 reuse of z).
-  const int tiles_m = (M + BM - 1) / BM;
-  const int tile = blockIdx.x;
-  const int group = tile / (GROUP_M * tiles_n);
-  const int first_m = group * GROUP_M;
-  const int gsize = min(tiles_m - first_m, GROUP_M);
-  const int in_group = tile % (GROUP_M * tiles_n);
-  const int m0 = (first_m + in_group % gsize) * BM;
-  const int n0 = (in_group / gsize) * BN;
+  int m0, n0;
+  km_tile_origin(blockIdx.x, M, tiles_n, BM, BN, m0, n0);
   const int ntiles = (D + BK - 1) / BK;
 
   {
@@ -534,7 +537,6 @@ TC_PAIRWISE = Template(r"""
 #define BN $BN
 #define BK $BK
 #define SPAD $SPAD
-#define GROUP_M 8
 
 __device__ $EPILOGUE_INLINE float km_epilogue(float acc, float diag$HYPER_FORMALS) { return $EPILOGUE; }
 
@@ -547,14 +549,8 @@ kermac_pairwise($PARAMS) {
   const int lane = tid & 31, warp = tid >> 5;
   const int wm = warp >> 2, wn = warp & 3;   // warp tile: rows wm·64.., columns wn·32..
   const int g = lane >> 2, q = lane & 3;     // mma fragment coordinates
-  const int tiles_m = (M + BM - 1) / BM;
-  const int tile = blockIdx.x;
-  const int group = tile / (GROUP_M * tiles_n);
-  const int first_m = group * GROUP_M;
-  const int gsize = min(tiles_m - first_m, GROUP_M);
-  const int in_group = tile % (GROUP_M * tiles_n);
-  const int m0 = (first_m + in_group % gsize) * BM;
-  const int n0 = (in_group / gsize) * BN;
+  int m0, n0;
+  km_tile_origin(blockIdx.x, M, tiles_n, BM, BN, m0, n0);
   const int ntiles = (D + BK - 1) / BK;
 
   {

@@ -134,7 +134,6 @@ WGMMA_PAIRWISE = Template(r"""
 #define BM 128
 #define BN 128
 #define BK 16
-#define GROUP_M 8
 #define KM_NSQ(MODE, E) ((MODE) == 2 && (E) % 4 == 0 ? 1 : (E))
 
 __device__ $EPILOGUE_INLINE float km_epilogue(float acc, float diag$HYPER_FORMALS) { return $EPILOGUE; }
@@ -151,14 +150,8 @@ kermac_pairwise($PARAMS) {
   const int lane = tid & 31, warp = tid >> 5;
   const int wg = warp >> 2, wr = warp & 3;   // warpgroup (64 rows each), warp within it (16 rows)
   const int g = lane >> 2, q = lane & 3;     // accumulator fragment coordinates
-  const int tiles_m = (M + BM - 1) / BM;
-  const int tile = blockIdx.x;
-  const int group = tile / (GROUP_M * tiles_n);
-  const int first_m = group * GROUP_M;
-  const int gsize = min(tiles_m - first_m, GROUP_M);
-  const int in_group = tile % (GROUP_M * tiles_n);
-  const int m0 = (first_m + in_group % gsize) * BM;
-  const int n0 = (in_group / gsize) * BN;
+  int m0, n0;
+  km_tile_origin(blockIdx.x, M, tiles_n, BM, BN, m0, n0);
   const int ntiles = (D + BK - 1) / BK;
 
   {
@@ -177,22 +170,33 @@ $HYPER_LOADS
     for (int i = 0; i < KM_NSQ($XMODE, $XE); ++i) xsq[i] = 0.0f;
 #pragma unroll
     for (int i = 0; i < KM_NSQ($ZMODE, $ZE); ++i) zsq[i] = 0.0f;
+    // Chunk t of both operands into registers; the registers into stage buf, split (hi, lo and
+    // the squares) for the products or as they are for the exact recomputation.
+    auto load = [&](int t) {
+      xt.load(xb, sxm, sxk, M - m0, t * BK, D);
+      zt.load(zb, szn, szk, N - n0, t * BK, D);
+    };
+    auto stage_split = [&](int buf) {
+      unsigned char* st = smem + buf * KM_STAGE;
+      km_stage<true>(xt, st, st + KM_PART, xsq);
+      km_stage<true>(zt, st + 2 * KM_PART, st + 3 * KM_PART, zsq);
+      km_async_fence();
+    };
+    auto stage_raw = [&](int buf) {
+      unsigned char* st = smem + buf * KM_STAGE;
+      km_stage<false>(xt, st, nullptr, nullptr);
+      km_stage<false>(zt, st + 2 * KM_PART, nullptr, nullptr);
+    };
 
     // ---- cross term on the tensor cores (3×TF32, wgmma) and the norms in fp32 --------------
     if (ntiles > 0) {
-      xt.load(xb, sxm, sxk, M - m0, 0, D);
-      zt.load(zb, szn, szk, N - n0, 0, D);
-      km_stage<true>(xt, smem, smem + KM_PART, xsq);
-      km_stage<true>(zt, smem + 2 * KM_PART, smem + 3 * KM_PART, zsq);
-      km_async_fence();
+      load(0);
+      stage_split(0);
       __syncthreads();
     }
     for (int t = 0; t < ntiles; ++t) {
       const int cur = t & 1;
-      if (t + 1 < ntiles) {
-        xt.load(xb, sxm, sxk, M - m0, (t + 1) * BK, D);
-        zt.load(zb, szn, szk, N - n0, (t + 1) * BK, D);
-      }
+      if (t + 1 < ntiles) load(t + 1);
       const unsigned st = sbase + cur * KM_STAGE;
       const unsigned xa = st + wg * 64 * KM_ROW;   // this warpgroup's 64 rows of x hi
       km_fence_acc(acc);
@@ -206,12 +210,7 @@ $HYPER_LOADS
         km_wgmma(acc, ah, bh);
       }
       km_wg_commit();
-      if (t + 1 < ntiles) {
-        unsigned char* nx = smem + (cur ^ 1) * KM_STAGE;
-        km_stage<true>(xt, nx, nx + KM_PART, xsq);
-        km_stage<true>(zt, nx + 2 * KM_PART, nx + 3 * KM_PART, zsq);
-        km_async_fence();
-      }
+      if (t + 1 < ntiles) stage_split(cur ^ 1);
       km_wg_wait();
       km_fence_acc(acc);
       __syncthreads();
@@ -246,18 +245,13 @@ $HYPER_LOADS
 #pragma unroll
       for (int i = 0; i < 64; ++i) acc[i] = 0.0f;
       if (ntiles > 0) {
-        xt.load(xb, sxm, sxk, M - m0, 0, D);
-        zt.load(zb, szn, szk, N - n0, 0, D);
-        km_stage<false>(xt, smem, nullptr, nullptr);
-        km_stage<false>(zt, smem + 2 * KM_PART, nullptr, nullptr);
+        load(0);
+        stage_raw(0);
         __syncthreads();
       }
       for (int t = 0; t < ntiles; ++t) {
         const int cur = t & 1;
-        if (t + 1 < ntiles) {
-          xt.load(xb, sxm, sxk, M - m0, (t + 1) * BK, D);
-          zt.load(zb, szn, szk, N - n0, (t + 1) * BK, D);
-        }
+        if (t + 1 < ntiles) load(t + 1);
         const unsigned char* xs = smem + cur * KM_STAGE;
         const unsigned char* zs = xs + 2 * KM_PART;
 #pragma unroll 1
@@ -281,11 +275,7 @@ $HYPER_LOADS
             }
           }
         }
-        if (t + 1 < ntiles) {
-          unsigned char* nx = smem + (cur ^ 1) * KM_STAGE;
-          km_stage<false>(xt, nx, nullptr, nullptr);
-          km_stage<false>(zt, nx + 2 * KM_PART, nullptr, nullptr);
-        }
+        if (t + 1 < ntiles) stage_raw(cur ^ 1);
         __syncthreads();
       }
     }
