@@ -20,7 +20,7 @@ os.environ["KERMAC_CACHE_DIR"] = tempfile.mkdtemp(prefix="kermac-compile-times-"
 
 from kermac.problem import GradProblem
 from kermac.variants import common_problems
-from kermac_backend_nvrtc.codegen import grad_source, pairwise_source, target_arch
+from kermac_backend_nvrtc.codegen import arch_capability, grad_source, pairwise_source, target_arch
 from kermac_backend_nvrtc.compiler import compile_cubin
 from kermac_backend_nvrtc.plan import plan_grad, plan_pairwise
 
@@ -30,11 +30,11 @@ def main() -> None:
     ap.add_argument("--arch", default="sm_90")
     ap.add_argument("--match", default="")
     args = ap.parse_args()
+    capability = arch_capability(args.arch)
     seen: set[str] = set()
     times: list[float] = []
     for problem in common_problems():
         grad = isinstance(problem, GradProblem)
-        capability = int(args.arch.removeprefix("sm_").rstrip("a"))
         variant = plan_grad(problem)[0] if grad else plan_pairwise(problem, capability)[0]
         source = (grad_source if grad else pairwise_source)(variant)[0]
         label = f"{'grad' if grad else 'pairwise'} {problem.program.key()}"

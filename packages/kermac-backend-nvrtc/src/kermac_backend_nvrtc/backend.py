@@ -177,7 +177,7 @@ class NvrtcBackend(Backend):
         import multiprocessing
         from concurrent.futures import ProcessPoolExecutor
 
-        from kermac_backend_nvrtc.codegen import grad_source, pairwise_source, target_arch
+        from kermac_backend_nvrtc.codegen import arch_capability, grad_source, pairwise_source, target_arch
         from kermac_backend_nvrtc.compiler import compile_cubin
         from kermac_backend_nvrtc.plan import plan_grad, plan_pairwise
 
@@ -193,7 +193,7 @@ class NvrtcBackend(Backend):
                     f"archs: needed for problems on {pr.device} (no CUDA device to read the architecture from)"
                 )
             for arch in targets:
-                capability = int(arch.removeprefix("sm_").rstrip("a"))
+                capability = arch_capability(arch)
                 if isinstance(pr, GradProblem):
                     variant, name = plan_grad(pr)[0], "kermac_grad"
                     source = grad_source(variant)[0]

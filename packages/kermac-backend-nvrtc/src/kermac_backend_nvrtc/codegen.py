@@ -36,6 +36,7 @@ __all__ = [
     "PairwiseConfig",
     "PairwiseVariant",
     "Param",
+    "arch_capability",
     "dynamic_smem",
     "grad_config",
     "grad_parts",
@@ -394,6 +395,11 @@ def _pairwise_parts(
         "DIAG": "((long long)m + diag_shift == (long long)n ? km_t(1) : km_t(0))" if prog.uses_diag else "km_t(0)",
     }
     return params, shared
+
+
+def arch_capability(arch: str) -> int:
+    """Compute capability named by an NVRTC target as one number (``sm_90`` and ``sm_90a`` → 90)."""
+    return int(arch.removeprefix("sm_").rstrip("a"))
 
 
 def target_arch(variant: PairwiseVariant | GradVariant, capability: int) -> str:
