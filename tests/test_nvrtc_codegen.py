@@ -21,7 +21,7 @@ from kermac.problem import grad_problem, pairwise_problem
 
 nvrtc_codegen = pytest.importorskip("kermac_backend_nvrtc.codegen")
 pytest.importorskip("cuda.core")
-from kermac_backend_nvrtc import codegen, compiler, kernels, plan, tc_grad, wgmma_pairwise  # noqa: E402
+from kermac_backend_nvrtc import codegen, compiler, plan, tc_grad, wgmma_pairwise  # noqa: E402
 
 try:
     compiler.nvrtc_version()
@@ -285,7 +285,7 @@ def test_plan_selects_tensor_cores_for_squared_differences() -> None:
     )
     assert plan.plan_pairwise(_pw(user))[0].tensor_cores  # structural match, any epilogue
     launch = plan.plan_pairwise(CASES["preset-l2_distance"])[1]
-    assert launch.args["ovec"] == 0  # N = 29 columns: rows of odd stride, no 16-byte stores
+    assert launch.args["ovec"] == 0  # N = 29 columns: rows of odd stride, no paired stores
     assert launch.args["guard"] == codegen.tc_guard(D)
 
 
@@ -307,8 +307,6 @@ def test_source_tensor_cores() -> None:
     assert "__syncthreads_or(flagged)" in src and "km_t guard" in src
     src = _source(CASES["tc-laplace_l2-tensor-bandwidth"])
     assert "hp_bandwidth[off_h_bandwidth]" in src and "diag_shift == (long long)n" in src
-    assert "for (int e = tid; e < rows * (BN / 4); e += NT)" in kernels.TILE_EPILOGUE
-    assert "for (int e = tid; e < rows * (BN / 4); e += NT)" in src and src.count("km_epilogue(") == 2  # one call
 
 
 def _tc_cases() -> list[str]:
@@ -335,11 +333,11 @@ def test_plan_selects_wgmma_on_sm90_only(monkeypatch: pytest.MonkeyPatch) -> Non
         assert codegen.target_arch(variant, capability or 80) == ("sm_90a" if wgmma else f"sm_{capability or 80}")
     assert not plan.plan_pairwise(CASES["preset-l1_distance"], 90)[0].wgmma  # SIMT programs
     assert 48 * 1024 < wgmma_pairwise.DYNAMIC_SMEM <= 227 * 1024 // 2  # two blocks per SM
-    x, z = _t(M, 64), _t(64, 64)  # rows of 64 floats: 16-byte stores on both tensor-core paths
-    for capability in (90, 80):
-        problem = _pw(presets.l2_distance.lower(), x, z)
-        assert plan.plan_pairwise(problem, capability)[1].args["ovec"] == 1
-        assert plan.plan_pairwise(_pw(presets.l2_distance.lower(), x, _t(66, 64)), capability)[1].args["ovec"] == 0
+    x, z = _t(M, 64), _t(64, 64)  # rows of 64 floats: 16-byte stores on the wgmma path, pairs on mma.sync
+    problem = _pw(presets.l2_distance.lower(), x, z)
+    assert plan.plan_pairwise(problem, 90)[1].args["ovec"] == 1
+    assert plan.plan_pairwise(_pw(presets.l2_distance.lower(), x, _t(66, 64)), 90)[1].args["ovec"] == 0
+    assert plan.plan_pairwise(_pw(presets.l2_distance.lower(), x, _t(66, 64)), 80)[1].args["ovec"] == 1
     monkeypatch.setattr(plan, "WGMMA", False)
     assert not plan.plan_pairwise(l2, 90)[0].wgmma
     with pytest.raises(ValueError, match="wgmma variant"):
@@ -352,7 +350,6 @@ def test_source_wgmma() -> None:
     assert "fence.proxy.async.shared::cta" in src and "wgmma.wait_group.sync.aligned 0" in src
     assert "__syncthreads_or(flagged)" in src and "hp_bandwidth[off_h_bandwidth]" in src
     assert "mma.sync" not in src.split("kermac_pairwise(")[1]  # the kernel body uses wgmma only
-    assert "for (int e = tid; e < rows * (BN / 4); e += NT)" in src and src.count("km_epilogue(") == 2
 
 
 def test_wgmma_swizzle_is_a_conflict_free_bijection() -> None:

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from string import Template
 
-__all__ = ["GRAD", "LOADER", "MMA_TF32", "PAIRWISE", "POW_POLY", "PRELUDE", "TC_PAIRWISE", "TILE_EPILOGUE"]
+__all__ = ["GRAD", "LOADER", "MMA_TF32", "PAIRWISE", "POW_POLY", "PRELUDE", "TC_PAIRWISE"]
 
 PRELUDE = r"""
 typedef $COMPUTE km_t;
@@ -524,36 +524,6 @@ __device__ __forceinline__ void km_mma0(float* d, const unsigned* a, unsigned b0
 }
 """
 
-#: The epilogue of the tensor-core pairwise kernels, spliced into their templates: ``rows`` rows of the
-#: block's d² tile, staged in shared memory at ``tile_s`` (``KM_TROW`` floats per row; tile row r is
-#: output row m0 + row0 + r), each thread 4 columns per step in a loop that is not unrolled (one
-#: inlined copy of the epilogue instead of one per accumulator: ptxas time), stored as one 16-byte
-#: streaming store where ``ovec`` allows it.
-TILE_EPILOGUE = r"""
-#pragma unroll 1
-    for (int e = tid; e < rows * (BN / 4); e += NT) {
-      const int r = e / (BN / 4), c = (e % (BN / 4)) * 4;
-      const int m = m0 + row0 + r, nb = n0 + c;
-      if (m >= M) break;   // rows only grow with e
-      const float4 a = *reinterpret_cast<const float4*>(tile_s + r * KM_TROW + c);
-      float v[4] = {a.x, a.y, a.z, a.w};
-#pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        const int n = nb + j;
-        const float diag = $DIAG;
-        v[j] = km_epilogue(v[j], diag$HYPER_ACTUALS);
-      }
-      float* o = out + off_o + (long long)m * som + (long long)nb * son;
-      if (ovec && nb + 3 < N) {
-        km_store16(o, v);
-      } else {
-#pragma unroll
-        for (int j = 0; j < 4; ++j)
-          if (nb + j < N) o[(long long)j * son] = v[j];
-      }
-    }
-"""
-
 #: Pairwise programs whose term is (x − z)² with a sum (l2, squared l2, gaussian, laplace_l2, matern,
 #: cauchy), float32 only: d² = ‖x‖² + ‖z‖² − 2·x·z with the cross term on the tensor cores
 #: (``mma.sync`` m16n8k8 TF32) in 3×TF32 — each operand split into a TF32 high part and a TF32
@@ -561,27 +531,20 @@ TILE_EPILOGUE = r"""
 #: A block computes 128×128 outputs with 8 warps of 64×32 (4×4 mma tiles).  Guard: where
 #: d² ≤ guard·(‖x‖² + ‖z‖²) (cancellation; ``guard`` from the error bound, a kernel argument), or
 #: d² is not finite, the whole block tile is recomputed exactly as Σ(x − z)² from differences.
-TC_PAIRWISE = Template(
-    r"""
+TC_PAIRWISE = Template(r"""
 #define NT 256
 #define BM $BM
 #define BN $BN
 #define BK $BK
 #define SPAD $SPAD
-#define KM_TROW (BN + 8)   // floats per row of the staged output tile (8 of padding)
 
 __device__ $EPILOGUE_INLINE float km_epilogue(float acc, float diag$HYPER_FORMALS) { return $EPILOGUE; }
 
 extern "C" __global__ void __launch_bounds__(NT, $MIN_BLOCKS)
 kermac_pairwise($PARAMS) {
-  // The operand stages, and after the k loops half of the output tile (64 rows) at a time.
-  __shared__ __align__(16) union {
-    struct { float x[2][BK][BM + SPAD], z[2][BK][BN + SPAD]; } st;
-    float tile[BM / 2][KM_TROW];
-  } sm;
+  __shared__ __align__(16) float Xs[2][BK][BM + SPAD];
+  __shared__ __align__(16) float Zs[2][BK][BN + SPAD];
   __shared__ float xn_s[BM], zn_s[BN];
-  auto& Xs = sm.st.x;
-  auto& Zs = sm.st.z;
   const int tid = threadIdx.x;
   const int lane = tid & 31, warp = tid >> 5;
   const int wm = warp >> 2, wn = warp & 3;   // warp tile: rows wm·64.., columns wn·32..
@@ -745,28 +708,33 @@ $HYPER_LOADS
       }
     }
 
-    // ---- epilogue: the d² tile through shared memory, 64 rows (the warps of one wm) at a time ----
-    // (the stages are free: the last shared reads above were followed by a barrier)
-    float* const tile_s = &sm.tile[0][0];
-    const int rows = BM / 2;
-#pragma unroll 1
-    for (int row0 = 0; row0 < BM; row0 += rows) {
-      if (wm * 64 == row0) {
+    // ---- epilogue and stores (pairs of columns as one 8-byte store where ovec allows) -------
+    float* ob = out + off_o;
 #pragma unroll
-        for (int i = 0; i < 4; ++i)
+    for (int i = 0; i < 4; ++i)
 #pragma unroll
-          for (int j = 0; j < 4; ++j)
+      for (int h = 0; h < 2; ++h) {
+        const int m = m0 + wm * 64 + i * 16 + h * 8 + g;
+        if (m >= M) continue;
 #pragma unroll
-            for (int h = 0; h < 2; ++h)
-              *reinterpret_cast<float2*>(tile_s + (i * 16 + h * 8 + g) * KM_TROW + wn * 32 + j * 8 + 2 * q) =
-                  make_float2(acc[i][j][2 * h], acc[i][j][2 * h + 1]);
+        for (int j = 0; j < 4; ++j) {
+          const int nb = n0 + wn * 32 + j * 8 + 2 * q;
+          float v[2];
+#pragma unroll
+          for (int c = 0; c < 2; ++c) {
+            const int n = nb + c;
+            const float diag = $DIAG;
+            v[c] = km_epilogue(acc[i][j][2 * h + c], diag$HYPER_ACTUALS);
+          }
+          float* o = ob + (long long)m * som + (long long)nb * son;
+          if (ovec && nb + 1 < N) {
+            *reinterpret_cast<float2*>(o) = make_float2(v[0], v[1]);
+          } else {
+            if (nb < N) *o = v[0];
+            if (nb + 1 < N) o[son] = v[1];
+          }
+        }
       }
-      __syncthreads();
-"""
-    + TILE_EPILOGUE
-    + r"""      __syncthreads();
-    }
   }
 }
-"""
-)
+""")

@@ -217,8 +217,9 @@ def plan_pairwise(problem: PairwiseProblem, capability: int | None = None) -> tu
         "son": out.stride(-1),
         "diag_shift": problem.offset_m - problem.offset_n,
     }
-    # Vector stores: 16 bytes of consecutive columns.
-    args["ovec"] = _vector_out(out, layout, max(1, 16 // out.element_size()))
+    # Vector stores: pairs of float32 columns on the mma.sync path, 16 bytes on the others.
+    pairs = tensor_cores and not variant.wgmma
+    args["ovec"] = _vector_out(out, layout, 2 if pairs else max(1, 16 // out.element_size()))
     if tensor_cores:
         args["guard"] = tc_guard(d)
     args |= _batch_args(layout, _rename(list(ops))) | hyper_args

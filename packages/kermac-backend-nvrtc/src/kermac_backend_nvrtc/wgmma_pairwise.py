@@ -129,8 +129,7 @@ __device__ __forceinline__ void km_norm_parts(const Tile& t, float* part, const 
 }
 """
 
-WGMMA_PAIRWISE = Template(
-    r"""
+WGMMA_PAIRWISE = Template(r"""
 #define NT 256
 #define BM 128
 #define BN 128
@@ -289,13 +288,32 @@ $HYPER_LOADS
       *reinterpret_cast<float2*>(tile_s + (r0 + ((i >> 1) & 1) * 8) * KM_TROW + (i >> 2) * 8 + 2 * q) =
           make_float2(acc[i], acc[i + 1]);
     __syncthreads();
-    const int rows = BM, row0 = 0;
-"""
-    + kernels.TILE_EPILOGUE
-    + r"""  }
+    float* ob = out + off_o;
+#pragma unroll 1
+    for (int e = tid; e < BM * BN / 4; e += NT) {
+      const int r = e / (BN / 4), c = (e % (BN / 4)) * 4;
+      const int m = m0 + r, nb = n0 + c;
+      if (m >= M) break;   // rows only grow with e
+      const float4 a = *reinterpret_cast<const float4*>(tile_s + r * KM_TROW + c);
+      float v[4] = {a.x, a.y, a.z, a.w};
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const int n = nb + j;
+        const float diag = $DIAG;
+        v[j] = km_epilogue(v[j], diag$HYPER_ACTUALS);
+      }
+      float* o = ob + (long long)m * som + (long long)nb * son;
+      if (ovec && nb + 3 < N) {
+        km_store16(o, v);
+      } else {
+#pragma unroll
+        for (int j = 0; j < 4; ++j)
+          if (nb + j < N) o[(long long)j * son] = v[j];
+      }
+    }
+  }
 }
-"""
-)
+""")
 
 
 def wgmma_pairwise_source(v: PairwiseVariant) -> tuple[str, list[Param]]:
