@@ -35,7 +35,7 @@ def main() -> None:
     times: list[float] = []
     for problem in common_problems():
         grad = isinstance(problem, GradProblem)
-        variant = plan_grad(problem)[0] if grad else plan_pairwise(problem, capability)[0]
+        variant = plan_grad(problem, capability)[0] if grad else plan_pairwise(problem, capability)[0]
         source = (grad_source if grad else pairwise_source)(variant)[0]
         label = f"{'grad' if grad else 'pairwise'} {problem.program.key()}"
         if source in seen or args.match not in label:

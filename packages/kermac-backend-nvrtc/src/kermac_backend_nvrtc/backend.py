@@ -195,7 +195,7 @@ class NvrtcBackend(Backend):
             for arch in targets:
                 capability = arch_capability(arch)
                 if isinstance(pr, GradProblem):
-                    variant, name = plan_grad(pr)[0], "kermac_grad"
+                    variant, name = plan_grad(pr, capability)[0], "kermac_grad"
                     source = grad_source(variant)[0]
                 else:
                     variant, name = plan_pairwise(pr, capability)[0], "kermac_pairwise"

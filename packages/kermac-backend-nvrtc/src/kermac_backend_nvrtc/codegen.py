@@ -296,6 +296,7 @@ class GradVariant:
     b: Operand
     c: Operand
     tensor_cores: bool = False  # float32 contraction on the tensor cores (tc_grad.TC_GRAD); ot is 8 or 16
+    wgmma: bool = False  # a sign(d − b) program as a bf16 sign product on wgmma (sign_grad, sm_90a)
 
 
 def _hyper_parts(
@@ -409,6 +410,10 @@ def target_arch(variant: PairwiseVariant | GradVariant, capability: int) -> str:
 
 def dynamic_smem(variant: PairwiseVariant | GradVariant) -> int:
     """Bytes of dynamic shared memory a block of ``variant``'s kernel takes (0: static only)."""
+    if isinstance(variant, GradVariant) and variant.wgmma:
+        from kermac_backend_nvrtc import sign_grad  # imports this module
+
+        return sign_grad.dynamic_smem(variant.ot)
     if getattr(variant, "wgmma", False):
         from kermac_backend_nvrtc.wgmma_pairwise import DYNAMIC_SMEM  # imports this module
 
@@ -519,6 +524,10 @@ def grad_parts(v: GradVariant, tin: str, tiles: str) -> GradParts:
 
 def grad_source(v: GradVariant) -> tuple[str, list[Param]]:
     """CUDA source of ``kermac_grad`` for variant ``v`` and its parameters in order."""
+    if v.wgmma:
+        from kermac_backend_nvrtc.sign_grad import sign_grad_source  # imports this module
+
+        return sign_grad_source(v)
     if v.tensor_cores:
         from kermac_backend_nvrtc.tc_grad import tc_grad_source  # imports this module
 

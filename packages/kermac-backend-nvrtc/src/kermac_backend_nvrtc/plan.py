@@ -17,7 +17,7 @@ import torch
 from kermac.ir import Call, Expr, walk
 from kermac.layout import BatchLayout, batch_layout, grad_operands, pairwise_operands
 from kermac.problem import GradProblem, PairwiseProblem
-from kermac_backend_nvrtc import tc_grad
+from kermac_backend_nvrtc import sign_grad, tc_grad
 from kermac_backend_nvrtc.codegen import (
     INPUT_TYPES,
     TC_CONFIG,
@@ -226,13 +226,17 @@ def plan_pairwise(problem: PairwiseProblem, capability: int | None = None) -> tu
     return variant, Launch(tiles_m * tiles_n, layout.size, args)
 
 
-def plan_grad(problem: GradProblem) -> tuple[GradVariant, Launch]:
-    """Variant and launch of ``problem`` (which :func:`size_problem` accepted)."""
+def plan_grad(problem: GradProblem, capability: int | None = None) -> tuple[GradVariant, Launch]:
+    """Variant and launch of ``problem`` (which :func:`size_problem` accepted) for a device of
+    ``capability`` (by default the problem's; it decides whether a sign program runs on wgmma)."""
+    capability = device_capability(problem) if capability is None else capability
     dtype = str(problem.dtype).removeprefix("torch.")
     compute = INPUT_TYPES[dtype][1]
     m, n, o, k = problem.sizes
     prog = problem.program
     tensor_cores = TENSOR_CORES and dtype == "float32" and o >= TC_GRAD_MIN_O
+    if tensor_cores and WGMMA and capability == 90 and sign_grad.is_sign_product(prog):
+        return _plan_sign_grad(problem)
     cfg = tc_grad.TC_GRAD_CONFIG if tensor_cores else grad_config(compute)
     ot = min(cfg.max_ot, 1 << max(0, (o - 1).bit_length()))
     if tensor_cores:
@@ -255,8 +259,64 @@ def plan_grad(problem: GradProblem) -> tuple[GradVariant, Launch]:
         tensor_cores=tensor_cores,
     )
     tiles_m, tiles_n = -(-m // cfg.bmm), -(-n // cfg.bnn)
+    args = _grad_args(problem, ochunks)
+    if tensor_cores:
+        args["tiles_n"] = tiles_n
+    else:
+        args["tiles_m"] = tiles_m
+    args |= _batch_args(layout, _rename(list(ops))) | hyper_args
+    return variant, Launch(tiles_m * tiles_n, layout.size * ochunks, args)
+
+
+def _plan_sign_grad(problem: GradProblem) -> tuple[GradVariant, Launch]:
+    """A float32 sign(d − b) program on sm_90: the bf16 sign product (sign_grad.SIGN_GRAD)."""
+    m, n, o, k = problem.sizes
+    ot = 8 if o <= 8 else 16
+    ochunks = -(-o // ot)
+    ops = grad_operands(problem)
+    layout = batch_layout(problem.batch_shape, ops)
+    tensor_hypers, ge1, hyper_args = _hypers(problem, "float")
+    any_mode = Operand(0, 1)  # the kernel copies its tiles itself (bvec below)
+    variant = GradVariant(
+        program=problem.program,
+        dtype="float32",
+        tensor_hypers=tensor_hypers,
+        ge1_hypers=ge1,
+        batch_dims=len(layout.shape),
+        ot=ot,
+        k_unroll=1,
+        a=any_mode,
+        b=any_mode,
+        c=any_mode,
+        tensor_cores=True,
+        wgmma=True,
+    )
+    b, out = problem.b, problem.out
+    tiles_m, tiles_n = -(-m // sign_grad.MB), -(-n // sign_grad.BNN)
+    args = _grad_args(problem, ochunks) | {"tiles_n": tiles_n}
+    args["bvec"] = int(
+        b.stride(-1) == 1
+        and k % 4 == 0
+        and b.stride(-2) % 4 == 0
+        and b.data_ptr() % 16 == 0
+        and all(s % 4 == 0 for s in layout.strides["b"])
+    )
+    args["ovec"] = int(
+        out.stride(-1) == 1
+        and out.stride(-2) % 4 == 0
+        and out.stride(-3) % 4 == 0
+        and out.data_ptr() % 16 == 0
+        and all(s % 4 == 0 for s in layout.strides["out"])
+    )
+    args |= _batch_args(layout, _rename(list(ops))) | hyper_args
+    return variant, Launch(tiles_m * tiles_n, layout.size * ochunks, args)
+
+
+def _grad_args(problem: GradProblem, ochunks: int) -> dict[str, int | float]:
+    """Pointers, sizes and strides of a gradient launch (the parameters every gradient kernel has)."""
+    m, n, o, k = problem.sizes
     a, b, c, d, out = problem.a, problem.b, problem.c, problem.d, problem.out
-    args: dict[str, int | float] = {
+    return {
         "a": a.data_ptr(),
         "b": b.data_ptr(),
         "c": c.data_ptr(),
@@ -279,9 +339,3 @@ def plan_grad(problem: GradProblem) -> tuple[GradVariant, Launch]:
         "son": out.stride(-2),
         "som": out.stride(-1),
     }
-    if tensor_cores:
-        args["tiles_n"] = tiles_n
-    else:
-        args["tiles_m"] = tiles_m
-    args |= _batch_args(layout, _rename(list(ops))) | hyper_args
-    return variant, Launch(tiles_m * tiles_n, layout.size * ochunks, args)
