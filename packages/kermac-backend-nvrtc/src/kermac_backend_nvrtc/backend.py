@@ -133,7 +133,6 @@ class NvrtcBackend(Backend):
 
     def _run(self, device: torch.device, variant: object, launch: object, debug: bool) -> None:
         from kermac_backend_nvrtc.launcher import launch as launch_kernel
-        from kermac_backend_nvrtc.plan import NT
 
         index = device.index if device.index is not None else torch.cuda.current_device()
         kernel = self._kernel(index, variant, debug)
@@ -144,11 +143,11 @@ class NvrtcBackend(Backend):
                 launch.grid_x,
                 launch.grid_z_total,
                 len(chunks),
-                NT,
+                launch.block,
                 index,
             )
         for zbase, gz in chunks:
-            launch_kernel(kernel, (launch.grid_x, 1, gz), NT, {**launch.args, "zbase": zbase})
+            launch_kernel(kernel, (launch.grid_x, 1, gz), launch.block, {**launch.args, "zbase": zbase})
 
     def pairwise(self, problem: PairwiseProblem) -> None:
         from kermac_backend_nvrtc.plan import plan_pairwise

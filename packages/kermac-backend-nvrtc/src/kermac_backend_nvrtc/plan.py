@@ -34,6 +34,7 @@ from kermac_backend_nvrtc.codegen import (
 __all__ = [
     "MAX_GRID_Z",
     "NT",
+    "SIGN_GRAD_MIN_O",
     "TC_GRAD_MIN_O",
     "TENSOR_CORES",
     "WGMMA",
@@ -70,6 +71,10 @@ WGMMA = os.environ.get("KERMAC_NVRTC_WGMMA", "1") != "0"
 #: beat it at O = 8 for p = 1 and 2 and at O = 5 for p = 1.5, lost at O = 4 (H100,
 #: docs/nvrtc-notes.md).
 TC_GRAD_MIN_O = 5
+#: Smallest O for which a float32 sign(d − b) gradient (p = 1) runs as the bf16 sign product on sm_90
+#: (sign_grad.SIGN_GRAD).  Its cost is the same for every O ≤ 8; on an H100 it beat the SIMT kernel
+#: at O = 4 (1.84 against 2.43 ms for 4096, 256, O, 4096) and lost at O = 1 (1.81 against 1.27).
+SIGN_GRAD_MIN_O = 3
 #: Whether the tensor-core kernel inlines an expensive epilogue (div, exp, sqrt, pow, log: IEEE code
 #: with slow paths; 64 copies per thread).  ``KERMAC_NVRTC_INLINE_EPILOGUE=0`` (read at import)
 #: calls it as a function instead: ptxas time drops by about a third (TC cold compile on the
@@ -82,11 +87,13 @@ _TENSOR_TYPES = {torch.float32: "float", torch.float64: "double", torch.float16:
 
 @dataclass(frozen=True)
 class Launch:
-    """One launch: grid (x, z), and the kernel arguments by parameter name (zbase set per chunk)."""
+    """One launch: grid (x, z), threads per block, and the kernel arguments by parameter name
+    (zbase set per chunk)."""
 
     grid_x: int
     grid_z_total: int
     args: dict[str, int | float]
+    block: int = NT
 
     def chunks(self) -> list[tuple[int, int]]:
         """(zbase, grid_z) of each launch covering ``grid_z_total`` z-blocks."""
@@ -232,11 +239,12 @@ def plan_grad(problem: GradProblem, capability: int | None = None) -> tuple[Grad
     capability = device_capability(problem) if capability is None else capability
     dtype = str(problem.dtype).removeprefix("torch.")
     compute = INPUT_TYPES[dtype][1]
-    m, n, o, k = problem.sizes
+    m, n, o, _ = problem.sizes
     prog = problem.program
-    tensor_cores = TENSOR_CORES and dtype == "float32" and o >= TC_GRAD_MIN_O
-    if tensor_cores and WGMMA and capability == 90 and sign_grad.is_sign_product(prog):
+    wgmma = TENSOR_CORES and WGMMA and capability == 90 and dtype == "float32"
+    if wgmma and o >= SIGN_GRAD_MIN_O and sign_grad.is_sign_product(prog):
         return _plan_sign_grad(problem)
+    tensor_cores = TENSOR_CORES and dtype == "float32" and o >= TC_GRAD_MIN_O
     cfg = tc_grad.TC_GRAD_CONFIG if tensor_cores else grad_config(compute)
     ot = min(cfg.max_ot, 1 << max(0, (o - 1).bit_length()))
     if tensor_cores:
@@ -301,15 +309,9 @@ def _plan_sign_grad(problem: GradProblem) -> tuple[GradVariant, Launch]:
         and b.data_ptr() % 16 == 0
         and all(s % 4 == 0 for s in layout.strides["b"])
     )
-    args["ovec"] = int(
-        out.stride(-1) == 1
-        and out.stride(-2) % 4 == 0
-        and out.stride(-3) % 4 == 0
-        and out.data_ptr() % 16 == 0
-        and all(s % 4 == 0 for s in layout.strides["out"])
-    )
+    args["ovec"] = int(_vector_out(out, layout, 2) == 1 and out.stride(-3) % 2 == 0)
     args |= _batch_args(layout, _rename(list(ops))) | hyper_args
-    return variant, Launch(tiles_m * tiles_n, layout.size * ochunks, args)
+    return variant, Launch(tiles_m * tiles_n, layout.size * ochunks, args, sign_grad.THREADS)
 
 
 def _grad_args(problem: GradProblem, ochunks: int) -> dict[str, int | float]:

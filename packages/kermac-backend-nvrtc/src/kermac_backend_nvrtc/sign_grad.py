@@ -12,27 +12,29 @@ most 8 significant bits).  The pieces sit side by side as the B operand (3·OT c
 ``wgmma.mma_async`` m64n{3·OT}k16 bf16 per (m, 16 k) computes the exact products of all three;
 fp32 registers add the pieces.  The bf16 rate is twice the TF32 one and S needs no split.
 
-Block: 2 warpgroups of 64 n each (128 n), the same ``MB`` = 4 m for both.  Per 16-wide k step
-and m a thread forms its 8 S values (the wgmma A fragment of its warp's 16 n, from registers:
-two compares and a subtraction per value, a pack per pair) and issues one wgmma on W_m's k step
-in shared memory; before it overwrites the S registers of m it waits for the group that read
-them (``MB`` − 1 groups stay in flight).  The tensor cores truncate their fp32 sums (a bias that
-grows with the number of additions), so the accumulators run over one k tile of 64 only and fp32
-registers add the tiles with round-to-nearest.
+Block: 4 warpgroups, 2 along n (64 n each: 128 n) × 2 along m (2 m each: 4 m), 128 registers.
+Per 16-wide k step and m a thread forms its 8 S values — the wgmma A fragment of its warp's 16 n,
+in registers: t = d − b, u = sat(t·2¹²⁶ + ½) ∈ {0, ½, 1}, a pack per pair, 2u − 1 in bf16x2 —
+and issues one wgmma on W_m's k step in shared memory; before it overwrites the S registers of
+m it waits for the group that read them (one group stays in flight).  The tensor cores truncate
+their fp32 sums (a bias that grows with the number of additions), so the accumulators run over one
+k tile of 64 only and fp32 registers add the tiles with round-to-nearest.
 
 Pipeline (one barrier per k tile): b's tile t + 1 and a, c's tile t + 2 are copied into shared
 memory with ``cp.async`` while tile t is computed, and between the wgmma of tile t the threads
-form W of tile t + 1 (one (m, o, 4 k) item per thread and k step) into the other W buffer.
-Shared memory (dynamic): W in two buffers of MB × 4 steps × 3·OT rows × 32 bytes (the wgmma
-32-byte swizzle: 16-byte chunk c of row r at chunk c ^ ((r / 4) mod 2)), b n-major in two
-buffers (rows of 72 floats: conflict-free 8-byte fragment loads), a m-major and c o-major.
+form W of tile t + 1 ((m, o, 4 k) items) into the other W buffer.  Shared memory (dynamic): W in
+two buffers of 4 m × 4 steps × 3·OT rows × 32 bytes (the wgmma 32-byte swizzle: 16-byte chunk c
+of row r at chunk c ^ ((r / 4) mod 2)), b n-major in two buffers (rows of 72 floats:
+conflict-free 8-byte fragment loads), a m-major and c o-major.
 
-Special values: compares give sgn(0) = 0 for ties.  Where d − b is NaN (a NaN in d or b, or
-equal infinities) the product is NaN; the compares give 0 there, so each thread sums |b| over the
-values it reads, and a warp with a non-finite sum or d re-reads those rows of b after the loop
-and sets the outputs whose d − b is NaN for some k to NaN (a slow path for non-finite inputs
-only).  A non-finite a or c makes w non-finite and its split NaN (inf − inf), so such outputs
-are NaN where fp32 arithmetic could give ±inf, as on the other tensor-core paths.
+Special values: ties give u = ½, S = 0, as sgn(0) = 0 requires.  Differences below 2⁻¹²⁶ in
+magnitude (subnormal: both d and b below about 1e-38) are flushed to 0 and count as ties.  Where
+d − b is NaN (a NaN in d or b, or equal infinities) the product is NaN, but u is 0 there; so each
+thread sums |b| over the values it reads, and a warp with a non-finite sum or d re-reads its rows
+of b after the loop and sets the outputs whose d − b is NaN for some k to NaN (a slow path taken
+for non-finite inputs only).  A non-finite a or c makes w non-finite and its split NaN
+(inf − inf), so such outputs are NaN where fp32 arithmetic could give ±inf, as on the other
+tensor-core paths.
 """
 
 from __future__ import annotations
@@ -42,11 +44,13 @@ from string import Template
 from kermac import ir
 from kermac_backend_nvrtc.codegen import GradVariant, Param, _prelude, grad_parts
 
-__all__ = ["ARCH", "SIGN_GRAD", "dynamic_smem", "is_sign_product", "sign_grad_source"]
+__all__ = ["ARCH", "SIGN_GRAD", "THREADS", "dynamic_smem", "is_sign_product", "sign_grad_source"]
 
 #: Compile target (wgmma exists on sm_90 only).
 ARCH = "sm_90a"
-MB = 4  # m per block and thread
+MB = 4  # m per block
+MW = 2  # m per thread
+THREADS = 512  # 4 warpgroups: 2 along n × 2 along m
 BNN = 128  # n per block
 BK = 64  # k per tile
 BS = 72  # floats per staged b row
@@ -66,32 +70,37 @@ def dynamic_smem(ot: int) -> int:
 
 
 def _wgmma_bf16(n: int) -> str:
-    """``km_wgmma``: d[0..n/2) (+)= A·B, one m64{n}k16 bf16 wgmma, A from registers, B a descriptor."""
+    """``km_wgmma``: d[0..n/2) (+)= A·B, one m64{n}k16 bf16 wgmma, A from registers, B the shared-memory
+    descriptor whose low word is ``b`` (the high word is :data:`HELPERS`' ``KM_DESC_HI``)."""
     nacc = n // 2
     acc = ", ".join(f"%{i}" for i in range(nacc))
     outs = ", ".join(f'"+f"(d[{i}])' for i in range(nacc))
     a_op = ", ".join(f"%{nacc + i}" for i in range(4))
     return (
-        "__device__ __forceinline__ void km_wgmma(float* d, const unsigned* a, unsigned long long b, int accumulate) {\n"
-        f'  asm volatile("{{\\n.reg .pred p;\\nsetp.ne.b32 p, %{nacc + 5}, 0;\\n"\n'
-        f'      "wgmma.mma_async.sync.aligned.m64n{n}k16.f32.bf16.bf16 {{{acc}}}, {{{a_op}}}, %{nacc + 4}, p, 1, 1, 0;\\n}}\\n"\n'
+        "__device__ __forceinline__ void km_wgmma(float* d, const unsigned* a, unsigned b, int accumulate) {\n"
+        '  asm volatile("{\\n.reg .pred p;\\n.reg .b64 bd;\\n"\n'
+        f'      "mov.b64 bd, {{%{nacc + 4}, %{nacc + 5}}};\\nsetp.ne.b32 p, %{nacc + 6}, 0;\\n"\n'
+        f'      "wgmma.mma_async.sync.aligned.m64n{n}k16.f32.bf16.bf16 "\n'
+        f'      "{{{acc}}}, {{{a_op}}}, bd, p, 1, 1, 0;\\n}}\\n"\n'
         f"      : {outs}\n"
-        '      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(accumulate));\n'
+        '      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b), "r"(KM_DESC_HI), "r"(accumulate));\n'
         "}\n"
     )
 
 
 HELPERS = r"""
-// Descriptor of a K-major bf16 wgmma B operand at shared address a: 32-byte swizzle (mode 3),
-// 8-row groups 256 bytes apart (stride offset 256 >> 4), leading offset unused (one swizzle row
-// holds the instruction's 16 k).
-__device__ __forceinline__ unsigned long long km_desc32(unsigned a) {
-  return (unsigned long long)((a & 0x3FFFFu) >> 4) | (1ull << 16) | (16ull << 32) | (3ull << 62);
-}
+// Descriptor of a K-major bf16 wgmma B operand at shared address a: 32-byte swizzle (mode 3 in
+// bits 62-63), 8-row groups 256 bytes apart (stride offset 256 >> 4 in bits 32-45), leading offset
+// unused (1; one swizzle row holds the instruction's 16 k), start address >> 4 in bits 0-13.  The
+// low word is linear in a (shared addresses stay below 2^18), the high word fixed.
+#define KM_DESC_HI 0xC0000010u
+__device__ __forceinline__ unsigned km_desc_lo(unsigned a) { return ((a & 0x3FFFFu) >> 4) | (1u << 16); }
 __device__ __forceinline__ void km_wg_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void km_wg_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
 template <int N>
-__device__ __forceinline__ void km_wg_wait() { asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory"); }
+__device__ __forceinline__ void km_wg_wait() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
+}
 __device__ __forceinline__ void km_async_fence() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
 template <int N>
 __device__ __forceinline__ void km_fence_acc(float* d) {
@@ -107,31 +116,34 @@ __device__ __forceinline__ void km_cp16(unsigned dst, const float* src, bool val
 }
 __device__ __forceinline__ void km_cp_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
 __device__ __forceinline__ void km_cp_wait() { asm volatile("cp.async.wait_group 0;\n" ::: "memory"); }
-// 1.0f where x > y, else 0.0f (also for NaN).
-__device__ __forceinline__ float km_above(float x, float y) {
-  float r;
-  asm("set.gt.f32.f32 %0, %1, %2;" : "=f"(r) : "f"(x), "f"(y));
-  return r;
+// (sgn(t) + 1) / 2 for |t| ≥ 2^-126 or t = 0: sat(t·2^126 + 1/2) ∈ {0, 1/2, 1}; t below 2^-126 is
+// flushed to 0 (ftz), NaN gives 0.
+__device__ __forceinline__ float km_half_sign(float t) {
+  float u;
+  asm("fma.rn.ftz.sat.f32 %0, %1, 0f7E800000, 0f3F000000;" : "=f"(u) : "f"(t));
+  return u;
 }
-// bf16x2 of (sgn(d0 − b0), sgn(d1 − b1)), the first in the low half: ±1, and 0 for ties and NaN.
 __device__ __forceinline__ unsigned km_sgn2(float d0, float b0, float d1, float b1) {
-  const float s0 = km_above(d0, b0) - km_above(b0, d0), s1 = km_above(d1, b1) - km_above(b1, d1);
-  unsigned r;
-  asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(s1), "f"(s0));
+  unsigned u, r;
+  asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(u) : "f"(km_half_sign(d1 - b1)), "f"(km_half_sign(d0 - b0)));
+  asm("fma.rn.bf16x2 %0, %1, %2, %3;" : "=r"(r) : "r"(u), "r"(0x40004000u), "r"(0xBF80BF80u));
   return r;
 }
 // The top 16 bits of x (low half) and y (high half): their bf16 truncations.
-__device__ __forceinline__ unsigned km_top2(float x, float y) { return __byte_perm(__float_as_uint(x), __float_as_uint(y), 0x7632); }
+__device__ __forceinline__ unsigned km_top2(float x, float y) {
+  return __byte_perm(__float_as_uint(x), __float_as_uint(y), 0x7632);
+}
 __device__ __forceinline__ float km_rest(float x) { return x - __uint_as_float(__float_as_uint(x) & 0xFFFF0000u); }
 """
 
 SIGN_GRAD = Template(r"""
-#define NT 256
+#define NT $THREADS                    // 4 warpgroups: 2 along n × 2 along m
 #define OT $OT                        // outputs per block: o0 .. o0 + OT
 #define NW (3 * OT)                   // wgmma N: W's hi, mid and lo pieces side by side
 #define NACC (NW / 2)                 // accumulators per m and thread
 #define NSUM (OT / 2)                 // sums per m and thread
-#define MB $MB
+#define MB $MB                        // m per block
+#define MW $MW                        // m per thread
 #define BNN $BNN
 #define BK $BK
 #define BS $BS
@@ -161,9 +173,10 @@ kermac_grad($PARAMS, int bvec, int ovec) {
 
   const int tid = threadIdx.x;
   const int lane = tid & 31, warp = tid >> 5;
-  const int wg = warp >> 2, wr = warp & 3;     // warpgroup (its own 64 n), warp within it (16 n)
+  const int wg = warp >> 2, wr = warp & 3;     // warpgroup, warp within it (16 n)
   const int g = lane >> 2, q = lane & 3;       // fragment coordinates
-  const int nl = 64 * wg + 16 * wr + g;        // this thread's rows: nl and nl + 8 of the block
+  const int nl = 64 * (wg & 1) + 16 * wr + g;  // this thread's rows: nl and nl + 8 of the block
+  const int ml = (wg >> 1) * MW;               // and its m: ml .. ml + MW of the block
   const int n0 = (blockIdx.x % tiles_n) * BNN; // n tiles fastest: neighbours share a's columns in L2
   const int m0 = (blockIdx.x / tiles_n) * MB;
   const int ntiles = (K + BK - 1) / BK;
@@ -177,14 +190,14 @@ $HYPER_LOADS
     const float* const ab = a + off_a;
     const float* const bb = b + off_b;
     const float* const cb = c + off_c;
-    // d of this thread's pairs (rows nl, nl + 8; the block's MB m); a non-finite d marks the warp.
-    float dv[2][MB];
+    // d of this thread's pairs (rows nl, nl + 8; m ml .. ml + MW); a non-finite d marks the warp.
+    float dv[2][MW];
     bool special = false;
 #pragma unroll
     for (int r = 0; r < 2; ++r)
 #pragma unroll
-      for (int j = 0; j < MB; ++j) {
-        const int n = n0 + nl + 8 * r, m = m0 + j;
+      for (int j = 0; j < MW; ++j) {
+        const int n = n0 + nl + 8 * r, m = m0 + ml + j;
         dv[r][j] = (n < N && m < M) ? d[off_d + (long long)n * sdn + (long long)m * sdm] : 0.0f;
         special |= !isfinite(dv[r][j]);
       }
@@ -252,10 +265,10 @@ $HYPER_LOADS
       }
     };
 
-    float acc[MB][NACC], sum[MB][NSUM];
-    unsigned sa[MB][4];
+    float acc[MW][NACC], sum[MW][NSUM];
+    unsigned sa[MW][4];
 #pragma unroll
-    for (int j = 0; j < MB; ++j) {
+    for (int j = 0; j < MW; ++j) {
 #pragma unroll
       for (int e = 0; e < NACC; ++e) acc[j][e] = 0.0f;
 #pragma unroll
@@ -264,6 +277,7 @@ $HYPER_LOADS
       for (int e = 0; e < 4; ++e) sa[j][e] = 0u;
     }
     float babs = 0.0f;  // Σ|b| over the b values this thread reads: non-finite if any is
+    const unsigned wdesc = km_desc_lo(wsm);
 
     if (ntiles > 0) {
       copy_b(0);
@@ -282,7 +296,8 @@ $HYPER_LOADS
       if (t + 2 < ntiles) copy_ac(t + 2);
       km_cp_commit();
       const float* const bt = Bs + (t & 1) * (KM_BBUF / 4);
-      const unsigned wt = wsm + (t & 1) * KM_WBUF;
+      // W of m ml + j, k step s: the descriptor of buffer t & 1 plus the offset in 16-byte units.
+      const unsigned wt = wdesc + (unsigned)((t & 1) * (KM_WBUF >> 4) + ml * (BK / 16) * (KM_WSTEP >> 4));
 #pragma unroll
       for (int s = 0; s < BK / 16; ++s) {
         // A fragment: value (row nl + 8r, k 16s + 2q + 8h + e) is element e of register r + 2h.
@@ -295,22 +310,22 @@ $HYPER_LOADS
             babs += fabsf(bv[r][h].x) + fabsf(bv[r][h].y);
           }
 #pragma unroll
-        for (int j = 0; j < MB; ++j) {
-          km_wg_wait<MB - 1>();  // the group that read sa[j] (MB groups ago) is done
+        for (int j = 0; j < MW; ++j) {
+          km_wg_wait<MW - 1>();  // the group that read sa[j] (MW groups ago) is done
 #pragma unroll
           for (int h = 0; h < 2; ++h)
 #pragma unroll
             for (int r = 0; r < 2; ++r)
               sa[j][r + 2 * h] = km_sgn2(dv[r][j], bv[r][h].x, dv[r][j], bv[r][h].y);
           km_wg_fence();
-          km_wgmma(acc[j], sa[j], km_desc32(wt + (j * (BK / 16) + s) * KM_WSTEP), s != 0);
+          km_wgmma(acc[j], sa[j], wt + (unsigned)((j * (BK / 16) + s) * (KM_WSTEP >> 4)), s != 0);
           km_wg_commit();
         }
         if (t + 1 < ntiles && s < KM_ITEMS) form_w(t + 1, s);
       }
-      km_wg_wait<0>();
+      km_wg_wait<0>();  // also frees this W buffer for tile t + 2
 #pragma unroll
-      for (int j = 0; j < MB; ++j) {
+      for (int j = 0; j < MW; ++j) {
         km_fence_acc<NACC>(acc[j]);
         // Accumulator 4u + 2r + e: row nl + 8r, column 8u + 2q + e (piece u / (OT / 8)).
 #pragma unroll
@@ -331,16 +346,16 @@ $HYPER_LOADS
       for (int r = 0; r < 2; ++r) {
         const int n = n0 + nl + 8 * r;
         if (n >= N) continue;
-        bool nan[MB];
+        bool nan[MW];
 #pragma unroll
-        for (int j = 0; j < MB; ++j) nan[j] = isnan(dv[r][j]);
+        for (int j = 0; j < MW; ++j) nan[j] = isnan(dv[r][j]);
         for (int k = 0; k < K; ++k) {
           const float bk = bb[(long long)n * sbn + (long long)k * sbk];
 #pragma unroll
-          for (int j = 0; j < MB; ++j) nan[j] |= isnan(dv[r][j] - bk);
+          for (int j = 0; j < MW; ++j) nan[j] |= isnan(dv[r][j] - bk);
         }
 #pragma unroll
-        for (int j = 0; j < MB; ++j)
+        for (int j = 0; j < MW; ++j)
           if (nan[j])
 #pragma unroll
             for (int e = 0; e < NSUM; ++e)
@@ -348,22 +363,23 @@ $HYPER_LOADS
       }
     }
 
-    // Sum e of m j: o = o0 + 8·(e >> 2) + 2q + (e & 1), n = n0 + nl + 8·((e >> 1) & 1), m = m0 + j.
+    // Sum e of m j: o = o0 + 8·(e >> 2) + 2q + (e & 1), n = n0 + nl + 8·((e >> 1) & 1), m = m0 + ml + j.
     float* const ob = out + off_o;
+    const int mt = m0 + ml;
 #pragma unroll
     for (int e = 0; e < NSUM; ++e) {
       const int o = o0 + 8 * (e >> 2) + 2 * q + (e & 1), n = n0 + nl + 8 * ((e >> 1) & 1);
       if (o >= O || n >= N) continue;
-      float v[MB];
+      float v[MW];
 #pragma unroll
-      for (int j = 0; j < MB; ++j) v[j] = km_epilogue(sum[j][e]$HYPER_ACTUALS);
-      float* const p = ob + (long long)o * soo + (long long)n * son + (long long)m0 * som;
-      if (ovec && m0 + MB <= M) {
-        *reinterpret_cast<float4*>(p) = make_float4(v[0], v[1], v[2], v[3]);
+      for (int j = 0; j < MW; ++j) v[j] = km_epilogue(sum[j][e]$HYPER_ACTUALS);
+      float* const p = ob + (long long)o * soo + (long long)n * son + (long long)mt * som;
+      if (ovec && mt + MW <= M) {
+        *reinterpret_cast<float2*>(p) = make_float2(v[0], v[1]);
       } else {
 #pragma unroll
-        for (int j = 0; j < MB; ++j)
-          if (m0 + j < M) p[(long long)j * som] = v[j];
+        for (int j = 0; j < MW; ++j)
+          if (mt + j < M) p[(long long)j * som] = v[j];
       }
     }
   }
@@ -374,14 +390,14 @@ $HYPER_LOADS
 def sign_grad_source(v: GradVariant) -> tuple[str, list[Param]]:
     """CUDA source of ``kermac_grad`` as a bf16 sign product for variant ``v`` (a float32 sign
     program planned for sm_90, ``v.ot`` 8 or 16) and its parameters: :func:`.codegen.grad_parts`'s,
-    then ``bvec`` (b's tile rows can be copied 16 bytes at a time) and ``ovec`` (float4 stores
-    of 4 consecutive m)."""
+    then ``bvec`` (b's tile rows can be copied 16 bytes at a time) and ``ovec`` (8-byte stores
+    of 2 consecutive m)."""
     if not v.wgmma or v.dtype != "float32" or v.ot not in (8, 16) or not is_sign_product(v.program):
         raise ValueError(
             "sign-product gradient: needs a float32 sign(d − b) program planned for sm_90 with 8 or 16 outputs "
             f"per block; got {v.dtype}, wgmma={v.wgmma}, ot={v.ot}, multiply {v.program.multiply}"
         )
     parts = grad_parts(v, "float", "tiles_n")
-    source = SIGN_GRAD.substitute(OT=v.ot, MB=MB, BNN=BNN, BK=BK, BS=BS, ACS=ACS, **parts.args)
+    source = SIGN_GRAD.substitute(OT=v.ot, THREADS=THREADS, MB=MB, MW=MW, BNN=BNN, BK=BK, BS=BS, ACS=ACS, **parts.args)
     params = [*parts.params, Param("bvec", "int"), Param("ovec", "int")]
     return _prelude("float", False) + HELPERS + _wgmma_bf16(3 * v.ot) + source, params
