@@ -21,7 +21,7 @@ from kermac.problem import grad_problem, pairwise_problem
 
 nvrtc_codegen = pytest.importorskip("kermac_backend_nvrtc.codegen")
 pytest.importorskip("cuda.core")
-from kermac_backend_nvrtc import codegen, compiler, plan, tc_grad, wgmma_pairwise  # noqa: E402
+from kermac_backend_nvrtc import codegen, compiler, plan, sign_grad, tc_grad, wgmma_pairwise  # noqa: E402
 
 try:
     compiler.nvrtc_version()
@@ -139,6 +139,18 @@ def _cases() -> dict[str, object]:
     )
     cases["tc-grad-views"] = grad_problem(
         grad_program(1.0), _t(m, k).T, _t(k, n).T, _t(k, 9).T, _t(m, n).T, out=None, hypers={}
+    )
+    cases["tc-grad-sign-batch-broadcast"] = grad_problem(
+        grad_program(1.0), _t(2, 1, k, m), _t(n, k), _t(3, 12, k), _t(1, n, m), out=None, hypers={}
+    )
+    cases["tc-grad-sign-user-epilogue"] = grad_problem(
+        kermac.GradProgram(ir.sign(ir.Var("d") - ir.Var("b")), ir.Var("acc") * ir.Hyper("s")),
+        _t(2, k, m),
+        _t(n, k),
+        _t(6, k),
+        _t(n, m),
+        out=None,
+        hypers=_hypers(s=torch.tensor([[0.5], [2.0]])),
     )
     cases["tc-grad-user-program"] = grad_problem(
         kermac.GradProgram(ir.Hyper("alpha") * ir.exp(-abs(ir.Var("d") - ir.Var("b"))), ir.Var("acc") * ir.Hyper("s")),
@@ -641,3 +653,91 @@ def test_precompile_in_worker_processes() -> None:
     assert sorted(b.split()[1] for b in built) == ["sm_80", "sm_90a"]  # wgmma on sm_90
     compiler._memo.clear()
     assert compiler.compile_cubin(_source(CASES["grad-p2"]), "sm_90", name="kermac_grad").hit
+
+
+def _sign_cases() -> list[str]:
+    grads = {c: pr for c, pr in CASES.items() if isinstance(pr, kermac.problem.GradProblem)}
+    return sorted(c for c, pr in grads.items() if plan.plan_grad(pr, 90)[0].wgmma)
+
+
+def test_sign_cases_cover_the_layouts() -> None:
+    assert {"grad-p1", "grad-p1-o3", "grad-p1-o33", "tc-grad-views", "tc-grad-sign-user-epilogue"} <= set(_sign_cases())
+
+
+@pytest.mark.parametrize("case", _sign_cases())
+def test_sign_grad_variant_compiles_to_cubin(case: str) -> None:
+    """Planned for sm_90, every float32 sign(d − b) gradient with O ≥ 3 is the bf16 sign product (sm_90a)."""
+    variant, launch = plan.plan_grad(CASES[case], 90)
+    assert codegen.target_arch(variant, 90) == "sm_90a" and launch.block == sign_grad.THREADS
+    source = codegen.grad_source(variant)[0]
+    assert "wgmma.mma_async.sync.aligned.m64n" in source and "mma.sync" not in source.split("kermac_grad(")[1]
+    built = compiler.compile_cubin(source, "sm_90a", name="kermac_grad")
+    assert built.cubin[:4] == b"\x7fELF" and "registers" in built.ptxas
+
+
+def test_plan_selects_sign_product_on_sm90_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    for capability, wgmma in ((90, True), (80, False), (89, False), (100, False), (None, False)):
+        variant, launch = plan.plan_grad(CASES["grad-p1"], capability)
+        assert variant.tensor_cores and variant.wgmma is wgmma, capability
+        assert launch.block == (sign_grad.THREADS if wgmma else plan.NT)
+        assert codegen.dynamic_smem(variant) == (sign_grad.dynamic_smem(16) if wgmma else 0)
+    assert 48 * 1024 < sign_grad.dynamic_smem(16) <= 227 * 1024
+    for case in ("grad-p1.5", "grad-p2", "tc-grad-user-program", "grad-p1-o2", "grad-p1.5-float64"):
+        assert not plan.plan_grad(CASES[case], 90)[0].wgmma, case  # other programs, O < 3, other dtypes
+    assert plan.plan_grad(CASES["grad-p1-o3"], 90)[0].ot == 8
+    assert plan.plan_grad(CASES["grad-p1-o33"], 90)[1].args["ochunks"] == 3
+    assert sign_grad.is_sign_product(grad_program(1.0))
+    flipped = kermac.GradProgram(ir.sign(ir.Var("b") - ir.Var("d")), ir.Var("acc"))
+    assert not sign_grad.is_sign_product(flipped) and not sign_grad.is_sign_product(grad_program(2.0))
+    monkeypatch.setattr(plan, "WGMMA", False)
+    assert not plan.plan_grad(CASES["grad-p1"], 90)[0].wgmma
+    with pytest.raises(ValueError, match="sign-product gradient"):
+        sign_grad.sign_grad_source(plan.plan_grad(CASES["grad-p1"], 90)[0])
+
+
+def test_sign_grad_copy_and_store_modes() -> None:
+    """b's tiles go 16 bytes at a time only with unit k stride and K % 4 == 0; outputs in pairs of m
+    only with unit m stride and even strides."""
+    k, m, n = 24, 10, 7
+
+    def launch(a, b, c, d, out=None):
+        return plan.plan_grad(grad_problem(grad_program(1.0), a, b, c, d, out=out, hypers={}), 90)[1].args
+
+    args = launch(_t(k, m), _t(n, k), _t(5, k), _t(n, m))
+    assert args["bvec"] == 1 and args["ovec"] == 1
+    assert launch(_t(k + 1, m), _t(n, k + 1), _t(5, k + 1), _t(n, m))["bvec"] == 0  # K % 4
+    assert launch(_t(k, m), _t(k, n).T, _t(5, k), _t(n, m))["bvec"] == 0  # b column-major
+    assert launch(_t(k, m), _t(n, k), _t(5, k), _t(n, m), out=_t(m, n, 5).permute(2, 1, 0))["ovec"] == 0
+    assert launch(_t(k, m + 1), _t(n, k), _t(5, k), _t(n, m + 1))["ovec"] == 0  # odd row stride
+
+
+def _bf16_top(x: np.ndarray) -> np.ndarray:
+    """The top 16 bits of float32 values (km_top2's halves) as float32."""
+    return (x.astype(np.float32).view(np.uint32) & np.uint32(0xFFFF0000)).view(np.float32)
+
+
+def test_sign_split_is_exact() -> None:
+    """W = a·c splits into hi + mid + lo (km_top2, km_rest) exactly, each piece a bf16 value, for
+    values across the float32 exponent range."""
+    rng = np.random.default_rng(5)
+    w = (rng.standard_normal(200_000) * np.exp2(rng.integers(-100, 100, 200_000))).astype(np.float32)
+    w = np.concatenate([w, np.float32([0.0, -0.0, 1.0, -3.0, 3.4e38, 1.1754944e-38])])
+    hi = _bf16_top(w)
+    r = (w - hi).astype(np.float32)
+    mid = _bf16_top(r)
+    lo = (r - mid).astype(np.float32)
+    assert np.array_equal(_bf16_top(lo), lo)  # lo has at most 8 significant bits: exact in bf16
+    assert np.array_equal(hi.astype(np.float64) + mid + lo, w.astype(np.float64))
+    assert "0x7632" in sign_grad.HELPERS and "0xFFFF0000u" in sign_grad.HELPERS
+
+
+def test_sign_formula() -> None:
+    """km_sgn2's sat(t·2^126 + 1/2) → 2u − 1 (emulated in float32): ±1 for |t| ≥ 2^-126 and ±inf,
+    0 for ±0 and for subnormal t (flushed), −1 for NaN (the kernel's slow path restores NaN)."""
+    t = np.float32([1.0, -1.0, 2.0**-126, -(2.0**-126), 3e38, -np.inf, np.inf, 0.0, -0.0, 1e-39, -1e-45, np.nan])
+    ftz = np.where(np.abs(t) < np.float32(2.0**-126), np.float32(0.0), t)
+    with np.errstate(over="ignore", invalid="ignore"):
+        u = np.clip(np.nan_to_num(ftz * np.float32(2.0**126) + np.float32(0.5), nan=0.0), 0.0, 1.0)
+    s = 2.0 * u - 1.0
+    assert s.tolist() == [1, -1, 1, -1, 1, -1, 1, 0, 0, 0, 0, -1]
+    assert "fma.rn.ftz.sat.f32 %0, %1, 0f7E800000, 0f3F000000" in sign_grad.HELPERS

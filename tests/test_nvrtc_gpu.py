@@ -293,22 +293,38 @@ def test_linf_nan_propagates() -> None:
     assert torch.isnan(out[:, 7]).all() and not torch.isnan(out[:, :7]).any()
 
 
-@pytest.fixture(params=[True, False], ids=["tensor-cores", "simt"])
-def grad_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> bool:
-    """Runs a float32 gradient test on the tensor-core kernel (every O, also O = 1) and on the SIMT one."""
+@pytest.fixture(params=["wgmma", "mma.sync", "simt"])
+def grad_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Runs a float32 gradient test on each kernel, for every O (also O = 1): ``wgmma`` (on sm_90 the
+    bf16 sign product for p = 1, the mma.sync kernel for other programs), ``mma.sync`` (the 3×TF32
+    kernel for every program) and ``simt``."""
     from kermac_backend_nvrtc import plan
 
-    monkeypatch.setattr(plan, "TENSOR_CORES", request.param)
+    monkeypatch.setattr(plan, "TENSOR_CORES", request.param != "simt")
+    monkeypatch.setattr(plan, "WGMMA", request.param == "wgmma")
     monkeypatch.setattr(plan, "TC_GRAD_MIN_O", 1)
+    monkeypatch.setattr(plan, "SIGN_GRAD_MIN_O", 1)
     return request.param
+
+
+def _sign_product_device() -> bool:
+    return torch.cuda.get_device_capability() == (9, 0)
 
 
 @pytest.mark.parametrize("p", [0.5, 1.0, 1.5, 2.0, 3.0])
 @pytest.mark.parametrize(
     ("k", "m", "n", "o"),
-    [(70, 67, 45, 1), (70, 67, 45, 3), (301, 203, 37, 16), (70, 67, 45, 33), (1, 1, 1, 8), (4133, 65, 9, 12)],
+    [
+        (70, 67, 45, 1),
+        (70, 67, 45, 3),
+        (301, 203, 37, 16),
+        (70, 67, 45, 33),
+        (1, 1, 1, 8),
+        (4133, 65, 9, 12),
+        (260, 131, 129, 16),  # K % 4 == 0: b's tiles copied 16 bytes at a time on the sign product
+    ],
 )
-def test_grad(grad_path: bool, p: float, k: int, m: int, n: int, o: int) -> None:
+def test_grad(grad_path: str, p: float, k: int, m: int, n: int, o: int) -> None:
     a, b, c, d = (randn(*s, device="cuda") for s in ((k, m), (n, k), (o, k), (n, m)))
     b[0, :5] = d[0, :5]  # exact ties: the sgn(0) = 0 convention
     out = torch.full((o, n, m), math.nan, device="cuda")
@@ -317,7 +333,7 @@ def test_grad(grad_path: bool, p: float, k: int, m: int, n: int, o: int) -> None
 
 
 @pytest.mark.parametrize("layout", ["views", "sliced", "misaligned", "broadcast-batch", "out-transposed"])
-def test_grad_paths_layouts(grad_path: bool, layout: str) -> None:
+def test_grad_paths_layouts(grad_path: str, layout: str) -> None:
     k, m, n, o = 77, 70, 19, 9
     out = None
     if layout == "views":
@@ -339,7 +355,7 @@ def test_grad_paths_layouts(grad_path: bool, layout: str) -> None:
 
 
 @pytest.mark.parametrize("p", [1.0, 2.0, 1.5])
-def test_grad_cancelling_terms(grad_path: bool, p: float) -> None:
+def test_grad_cancelling_terms(grad_path: str, p: float) -> None:
     """Mixed-sign c whose terms cancel in pairs to 1 % of their size (3×TF32 drops lo·lo products)."""
     k, m, n, o = 512, 130, 20, 16
     a, b, c, d = (randn(*s, device="cuda") for s in ((k, m), (n, k), (o, k), (n, m)))
@@ -349,7 +365,7 @@ def test_grad_cancelling_terms(grad_path: bool, p: float) -> None:
 
 
 @pytest.mark.parametrize("p", [1.0, 2.0])
-def test_grad_long_k_accuracy(grad_path: bool, p: float) -> None:
+def test_grad_long_k_accuracy(grad_path: str, p: float) -> None:
     """K = 8192: the tensor cores truncate their fp32 sums, a bias that grows with K (5.8e-5 here when
     the accumulators ran over all of k); the kernels add short partial sums with round-to-nearest."""
     k, m, n, o = 8192, 64, 8, 16
@@ -358,7 +374,7 @@ def test_grad_long_k_accuracy(grad_path: bool, p: float) -> None:
 
 
 @pytest.mark.parametrize("p", [1.0, 2.0, 1.5])
-def test_grad_nan_propagates(grad_path: bool, p: float) -> None:
+def test_grad_nan_propagates(grad_path: str, p: float) -> None:
     k, m, n, o = 40, 37, 21, 10
     a, b, c, d = (randn(*s, device="cuda") for s in ((k, m), (n, k), (o, k), (n, m)))
     d[3, 5] = math.nan  # out[:, 3, 5]
@@ -370,6 +386,43 @@ def test_grad_nan_propagates(grad_path: bool, p: float) -> None:
     nan[:, :, 11] = True
     assert torch.equal(torch.isnan(out), nan)
     assert_close(out[~nan], ref_grad(a, b, c, d, p)[~nan.cpu()], 1e-4)
+
+
+def test_grad_sign_special_values(grad_path: str) -> None:
+    """p = 1 with non-finite b and d: a NaN in b[n, k] makes out[:, n, :] NaN, equal infinities in
+    d[n, m] and b[n, k] make out[:, n, m] NaN (inf − inf), other infinities give finite signs."""
+    k, m, n, o = 96, 37, 21, 10
+    a, b, c, d = (randn(*s, device="cuda") for s in ((k, m), (n, k), (o, k), (n, m)))
+    b[9, 4] = math.nan
+    b[12, 6], d[12, 8] = math.inf, math.inf
+    d[13, 2], b[14, 50] = -math.inf, math.inf
+    b[17, 2] = d[17, 30]  # a tie beside them
+    out = kermac.cdist_grad(a, b, c, d, p=1.0, backend="nvrtc")
+    nan = torch.zeros(o, n, m, dtype=torch.bool, device="cuda")
+    nan[:, 9, :] = True
+    nan[:, 12, 8] = True
+    assert torch.equal(torch.isnan(out), nan)
+    assert_close(out[~nan], ref_grad(a, b, c, d, 1.0)[~nan.cpu()], 1e-4)
+
+
+def test_sign_product_flushes_subnormal_differences(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The bf16 sign product (sm_90) counts |d − b| < 2^-126 as a tie (0); the other kernels do not."""
+    if not _sign_product_device():
+        pytest.skip("the sign product runs on sm_90 only")
+    from kermac.lowering import grad_program
+    from kermac.problem import grad_problem
+    from kermac_backend_nvrtc import plan
+
+    monkeypatch.setattr(plan, "SIGN_GRAD_MIN_O", 1)
+    k, m, n, o = 40, 6, 3, 4
+    a, c = randn(k, m, device="cuda"), randn(o, k, device="cuda")
+    b = torch.zeros(n, k, device="cuda")
+    d = torch.tensor([[1e-39, -1e-39, 1e-30, 0.0, 2.0**-126, 1.0]] * n, device="cuda")
+    got = kermac.cdist_grad(a, b, c, d, p=1.0, backend="nvrtc")
+    expected = ref_grad(a, b, c, d, 1.0)
+    expected[:, :, :2] = 0.0  # subnormal differences: ties
+    assert_close(got, expected, 1e-6)
+    assert plan.plan_grad(grad_problem(grad_program(1.0), a, b, c, d, out=None, hypers={}))[0].wgmma
 
 
 def test_grad_paths_agree_on_user_program(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -402,7 +455,7 @@ def test_grad_dtypes_and_views(dtype: torch.dtype) -> None:
     )
 
 
-def test_grad_batched_p(grad_path: bool) -> None:
+def test_grad_batched_p(grad_path: str) -> None:
     k, m, n, o = 50, 40, 20, 4
     a, b, c, d = (randn(*s, device="cuda") for s in ((k, m), (n, k), (o, k), (n, m)))
     ps = [0.8, 1.5, 2.0]
