@@ -538,9 +538,13 @@ def test_source_grad(monkeypatch: pytest.MonkeyPatch) -> None:
     src = _source(CASES["grad-p1"])
     assert "return km_sign((d - b));" in src and "#define OT8 2" in src
     assert "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32" in src
-    assert "return km_signpow((d - b), (h_p - km_t(1.0)));" in _source(CASES["grad-p1.5"])
+    assert "return km_signpow_ftz((d - b), (h_p - km_t(1.0)));" in _source(CASES["grad-p1.5"])  # p >= 1 known
     src = _source(CASES["tc-grad-batch-broadcast-tensor-p"])
     assert "hp_p[off_h_p]" in src and "off_a += q * ba0" in src and "#define OT8 1" in src
+    assert "return km_signpow((d - b), (h_p - km_t(1.0)));" in src  # a tensor p: not known >= 1
+    assert "km_signpow((d - b)" in _source(CASES["grad-p1.5-float64"])  # double: no flushing form
+    monkeypatch.setattr(plan, "FTZ", False)
+    assert "return km_signpow((d - b), (h_p - km_t(1.0)));" in _source(CASES["grad-p1.5"])
     monkeypatch.setattr(plan, "TENSOR_CORES", False)
     assert "return km_sign((d - b));" in _source(CASES["grad-p1"])
     assert "#define OT 1" in _source(CASES["grad-p1-o1"])

@@ -405,6 +405,19 @@ def test_grad_sign_special_values(grad_path: str) -> None:
     assert_close(out[~nan], ref_grad(a, b, c, d, 1.0)[~nan.cpu()], 1e-4)
 
 
+def test_grad_fractional_flushes_subnormal_differences(grad_path: str) -> None:
+    """For a known p > 1, sgn(t)·|t|^(p−1) with |t| < 2^-126 is 0 in float32, as a tie (lg2/ex2 .ftz);
+    larger differences are exact."""
+    k, m, n, o = 40, 6, 3, 4
+    a, c = randn(k, m, device="cuda"), randn(o, k, device="cuda")
+    b = torch.zeros(n, k, device="cuda")
+    d = torch.tensor([[1e-39, -1e-39, 1e-30, 0.0, 2.0**-126, 1.0]] * n, device="cuda")
+    got = kermac.cdist_grad(a, b, c, d, p=1.01, backend="nvrtc")
+    expected = ref_grad(a, b, c, d, 1.01)
+    expected[:, :, :2] = 0.0
+    assert_close(got, expected, 1e-5)
+
+
 def test_sign_product_flushes_subnormal_differences(monkeypatch: pytest.MonkeyPatch) -> None:
     """The bf16 sign product (sm_90) counts |d − b| < 2^-126 as a tie (0); the other kernels do not."""
     if not _sign_product_device():

@@ -112,6 +112,16 @@ def _exponent_ge1(b: Expr, ge1: frozenset[str]) -> bool:
     return (isinstance(b, Hyper) and b.name in ge1) or (isinstance(b, Const) and 1.0 <= b.value < math.inf)
 
 
+def _exponent_ge0(b: Expr, ge1: frozenset[str]) -> bool:
+    """Whether exponent ``b`` is known finite and >= 0: ``h − c`` with ``h`` known >= 1 and c <= 1
+    (the gradient's p − 1), a constant, or a hyperparameter known >= 1."""
+    if isinstance(b, Const):
+        return 0.0 <= b.value < math.inf
+    if isinstance(b, Call) and b.op == "sub" and isinstance(b.args[1], Const) and b.args[1].value <= 1.0:
+        return _exponent_ge1(b.args[0], ge1)
+    return _exponent_ge1(b, ge1)
+
+
 def split_exponent(program: object, ge1: frozenset[str]) -> Expr | None:
     """The exponent ``b`` if ``program`` is ``Σ_k |x − z|^b`` with ``b`` known finite and >= 1 (any
     epilogue), else ``None``: the programs whose pairwise kernel may split ex2 onto the FMA pipe."""
@@ -128,7 +138,8 @@ def render_expr(expr: Expr, names: dict[str, str], *, ge1: frozenset[str] = froz
     """CUDA C++ for ``expr``; ``names`` maps Var and Hyper names to C identifiers.
 
     ``ge1``: hyperparameters known to be finite and >= 1 (``|a|^h`` then needs no ``h = 0`` case,
-    and with ``ftz`` uses ``km_powabs_ftz``, which flushes terms below 2^-126 to 0).
+    and with ``ftz`` uses ``km_powabs_ftz``, which flushes terms below 2^-126 to 0; a signed power
+    with an exponent known >= 0 uses ``km_signpow_ftz``, which gives ±0 for |x| < 2^-126).
     """
     peeps: dict[str, str] = {}
 
@@ -140,7 +151,8 @@ def render_expr(expr: Expr, names: dict[str, str], *, ge1: frozenset[str] = froz
                 return placeholder(f"{fn}({base}, {b})")
             signed = signed_power(e)
             if signed is not None:
-                return placeholder(f"km_signpow({sub(signed[0])}, {sub(signed[1])})")
+                fn = "km_signpow_ftz" if ftz and _exponent_ge0(signed[1], ge1) else "km_signpow"
+                return placeholder(f"{fn}({sub(signed[0])}, {sub(signed[1])})")
             return Call(e.op, tuple(rewrite(a) for a in e.args))
         return e
 
@@ -297,6 +309,7 @@ class GradVariant:
     c: Operand
     tensor_cores: bool = False  # float32 contraction on the tensor cores (tc_grad.TC_GRAD); ot is 8 or 16
     wgmma: bool = False  # a sign(d − b) program as a bf16 sign product on wgmma (sign_grad, sm_90a)
+    ftz: bool = False  # signed powers with exponents known >= 0 flush subnormals (km_signpow_ftz)
 
 
 def _hyper_parts(
@@ -509,8 +522,8 @@ def grad_parts(v: GradVariant, tin: str, tiles: str) -> GradParts:
     params += [Param(n, "long long") for n in strides]
     params += batch_params + hyper_params
     args = common | {
-        "MULTIPLY": render_expr(prog.multiply, names, ge1=v.ge1_hypers),
-        "EPILOGUE": render_expr(prog.epilogue, names, ge1=v.ge1_hypers),
+        "MULTIPLY": render_expr(prog.multiply, names, ge1=v.ge1_hypers, ftz=v.ftz),
+        "EPILOGUE": render_expr(prog.epilogue, names, ge1=v.ge1_hypers, ftz=v.ftz),
         "PARAMS": ", ".join(p.decl for p in params),
         "AMODE": v.a.mode,
         "AE": v.a.e,

@@ -108,6 +108,14 @@ __device__ __forceinline__ float km_signpow(float x, float b) {
   return x == 0.0f ? 0.0f : s;
 }
 __device__ __forceinline__ double km_signpow(double x, double b) { return x == 0.0 ? 0.0 : x != x ? x : copysign(pow(fabs(x), b), x); }
+// km_signpow for b known finite and >= 0, flushing (no denormal fix-ups around lg2/ex2): for b > 0,
+// |x| < 2^-126 gives ±0 (as a tie would) and results below 2^-126 are ±0; NaN, ±inf, 0 and b = 0
+// as km_signpow.
+__device__ __forceinline__ float km_signpow_ftz(float x, float b) {
+  const float s = copysignf(b == 0.0f && x == x ? 1.0f : km_ex2_ftz(b * km_lg2_ftz(fabsf(x))), x);
+  return x == 0.0f ? 0.0f : s;
+}
+__device__ __forceinline__ double km_signpow_ftz(double x, double b) { return km_signpow(x, b); }
 #define KM_CMP(name, op) \
   __device__ __forceinline__ float name(float a, float b) { return (a op b) ? 1.0f : 0.0f; } \
   __device__ __forceinline__ double name(double a, double b) { return (a op b) ? 1.0 : 0.0; }

@@ -56,7 +56,8 @@ INT32_MAX = 2**31 - 1
 #: import) switches the split off.
 POLY_PAIRS = int(os.environ.get("KERMAC_NVRTC_POLY_PAIRS", "36"))
 #: ``|t|^p`` with a known p >= 1 flushes subnormals (lg2/ex2 ``.ftz``: no denormal fix-ups; terms
-#: below 2^-126 become 0).  False (or ``KERMAC_NVRTC_FTZ=0``) keeps the denormal-exact lg2/ex2.
+#: below 2^-126 become 0), and so does the gradient's ``sgn(t)·|t|^(p−1)`` (p > 1: |t| < 2^-126
+#: gives 0, as a tie does).  False (or ``KERMAC_NVRTC_FTZ=0``) keeps the denormal-exact lg2/ex2.
 FTZ = os.environ.get("KERMAC_NVRTC_FTZ", "1") != "0"
 #: Float32 sums of (x − z)² run on the tensor cores (3×TF32 expansion with the cancellation guard,
 #: kernels.TC_PAIRWISE), and so do float32 gradients with at least TC_GRAD_MIN_O outputs
@@ -265,6 +266,7 @@ def plan_grad(problem: GradProblem, capability: int | None = None) -> tuple[Grad
         b=_operand(problem.b, layout, "b", cfg.bnn, cfg.bk, -2, -1),
         c=_operand(problem.c, layout, "c", ot, cfg.bk, -2, -1),
         tensor_cores=tensor_cores,
+        ftz=FTZ and compute == "float",
     )
     tiles_m, tiles_n = -(-m // cfg.bmm), -(-n // cfg.bnn)
     args = _grad_args(problem, ochunks)
