@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from string import Template
 
-__all__ = ["GRAD", "LOADER", "MMA_TF32", "PAIRWISE", "POW_POLY", "PRELUDE", "TC_PAIRWISE"]
+__all__ = ["GRAD", "LOADER", "MMA_TF32", "PAIRWISE", "POW_POLY", "PRELUDE", "TC_PAIRWISE", "TILE_PROLOGUE"]
 
 PRELUDE = r"""
 typedef $COMPUTE km_t;
@@ -245,7 +245,21 @@ __device__ __forceinline__ void km_lds(const km_t* p, km_t* r) {
 }
 """
 
-PAIRWISE = Template(r"""
+#: The start of every pairwise kernel's body, after its thread coordinates: the block's tile origin
+#: (grouped order), the number of k tiles, and the batch entry's operand offsets and hyperparameters
+#: (its closing brace is the kernel's).
+TILE_PROLOGUE = r"""  int m0, n0;
+  km_tile_origin(blockIdx.x, M, tiles_n, BM, BN, m0, n0);
+  const int ntiles = (D + BK - 1) / BK;
+
+  {
+    const long long bidx = zbase + blockIdx.z;  // batch entry (the host splits batches over 65535)
+$BATCH_OFFSETS
+$HYPER_LOADS
+"""
+
+PAIRWISE = Template(
+    r"""
 #define NT 256
 #define BM $BM
 #define BN $BN
@@ -279,15 +293,9 @@ kermac_pairwise($PARAMS) {
   __shared__ __align__(16) km_t Zs[2][BK][BN + SPAD];
   const int tid = threadIdx.x;
   const int tx = tid % TN, ty = tid / TN;
-  int m0, n0;
-  km_tile_origin(blockIdx.x, M, tiles_n, BM, BN, m0, n0);
-  const int ntiles = (D + BK - 1) / BK;
-
-  {
-    const long long bidx = zbase + blockIdx.z;  // batch entry (the host splits batches over 65535)
-$BATCH_OFFSETS
-$HYPER_LOADS
-#if POLY_PAIRS > 0
+"""
+    + TILE_PROLOGUE
+    + r"""#if POLY_PAIRS > 0
     const km_t km_pb = $POLY_EXP;                              // the exponent b of |x − z|^b
     const km_t km_plmin = km_t(-126) / km_pb;                  // lg2 clamp: b·lmin = −126
     const km_t km_plim = km_ex2(km_t(125) / km_pb - km_t(1));  // |x|, |z| <= lim: b·log2|x − z| <= 125
@@ -388,7 +396,8 @@ $HYPER_LOADS
     }
   }
 }
-""")
+"""
+)
 
 GRAD = Template(r"""
 #define NT 256
@@ -539,7 +548,8 @@ __device__ __forceinline__ void km_mma0(float* d, const unsigned* a, unsigned b0
 #: A block computes 128×128 outputs with 8 warps of 64×32 (4×4 mma tiles).  Guard: where
 #: d² ≤ guard·(‖x‖² + ‖z‖²) (cancellation; ``guard`` from the error bound, a kernel argument), or
 #: d² is not finite, the whole block tile is recomputed exactly as Σ(x − z)² from differences.
-TC_PAIRWISE = Template(r"""
+TC_PAIRWISE = Template(
+    r"""
 #define NT 256
 #define BM $BM
 #define BN $BN
@@ -557,15 +567,9 @@ kermac_pairwise($PARAMS) {
   const int lane = tid & 31, warp = tid >> 5;
   const int wm = warp >> 2, wn = warp & 3;   // warp tile: rows wm·64.., columns wn·32..
   const int g = lane >> 2, q = lane & 3;     // mma fragment coordinates
-  int m0, n0;
-  km_tile_origin(blockIdx.x, M, tiles_n, BM, BN, m0, n0);
-  const int ntiles = (D + BK - 1) / BK;
-
-  {
-    const long long bidx = zbase + blockIdx.z;
-$BATCH_OFFSETS
-$HYPER_LOADS
-    const float* xb = x + off_x + (long long)m0 * sxm;
+"""
+    + TILE_PROLOGUE
+    + r"""    const float* xb = x + off_x + (long long)m0 * sxm;
     const float* zb = z + off_z + (long long)n0 * szn;
     KmTile<float, NT, BM, BK, BM + SPAD, $XMODE, $XE> xt;
     KmTile<float, NT, BN, BK, BN + SPAD, $ZMODE, $ZE> zt;
@@ -745,4 +749,5 @@ $HYPER_LOADS
       }
   }
 }
-""")
+"""
+)

@@ -129,7 +129,8 @@ __device__ __forceinline__ void km_norm_parts(const Tile& t, float* part, const 
 }
 """
 
-WGMMA_PAIRWISE = Template(r"""
+WGMMA_PAIRWISE = Template(
+    r"""
 #define NT 256
 #define BM 128
 #define BN 128
@@ -150,15 +151,9 @@ kermac_pairwise($PARAMS) {
   const int lane = tid & 31, warp = tid >> 5;
   const int wg = warp >> 2, wr = warp & 3;   // warpgroup (64 rows each), warp within it (16 rows)
   const int g = lane >> 2, q = lane & 3;     // accumulator fragment coordinates
-  int m0, n0;
-  km_tile_origin(blockIdx.x, M, tiles_n, BM, BN, m0, n0);
-  const int ntiles = (D + BK - 1) / BK;
-
-  {
-    const long long bidx = zbase + blockIdx.z;
-$BATCH_OFFSETS
-$HYPER_LOADS
-    const float* xb = x + off_x + (long long)m0 * sxm;
+"""
+    + kernels.TILE_PROLOGUE
+    + r"""    const float* xb = x + off_x + (long long)m0 * sxm;
     const float* zb = z + off_z + (long long)n0 * szn;
     KmTile<float, NT, BM, BK, BM, $XMODE, $XE> xt;
     KmTile<float, NT, BN, BK, BN, $ZMODE, $ZE> zt;
@@ -313,7 +308,8 @@ $HYPER_LOADS
     }
   }
 }
-""")
+"""
+)
 
 
 def wgmma_pairwise_source(v: PairwiseVariant) -> tuple[str, list[Param]]:
