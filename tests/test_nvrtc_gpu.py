@@ -405,13 +405,18 @@ def test_grad_sign_special_values(grad_path: str) -> None:
     assert_close(out[~nan], ref_grad(a, b, c, d, 1.0)[~nan.cpu()], 1e-4)
 
 
+def _subnormal_differences() -> tuple[torch.Tensor, ...]:
+    """(a, b, c, d) with b = 0 and d's columns 1e-39, -1e-39 (subnormal), 1e-30, 0, 2^-126, 1."""
+    k, m, n, o = 40, 6, 3, 4
+    a, c = randn(k, m, device="cuda"), randn(o, k, device="cuda")
+    d = torch.tensor([[1e-39, -1e-39, 1e-30, 0.0, 2.0**-126, 1.0]] * n, device="cuda")
+    return a, torch.zeros(n, k, device="cuda"), c, d
+
+
 def test_grad_fractional_flushes_subnormal_differences(grad_path: str) -> None:
     """For a known p > 1, sgn(t)·|t|^(p−1) with |t| < 2^-126 is 0 in float32, as a tie (lg2/ex2 .ftz);
     larger differences are exact."""
-    k, m, n, o = 40, 6, 3, 4
-    a, c = randn(k, m, device="cuda"), randn(o, k, device="cuda")
-    b = torch.zeros(n, k, device="cuda")
-    d = torch.tensor([[1e-39, -1e-39, 1e-30, 0.0, 2.0**-126, 1.0]] * n, device="cuda")
+    a, b, c, d = _subnormal_differences()
     got = kermac.cdist_grad(a, b, c, d, p=1.01, backend="nvrtc")
     expected = ref_grad(a, b, c, d, 1.01)
     expected[:, :, :2] = 0.0
@@ -427,10 +432,7 @@ def test_sign_product_flushes_subnormal_differences(monkeypatch: pytest.MonkeyPa
     from kermac_backend_nvrtc import plan
 
     monkeypatch.setattr(plan, "SIGN_GRAD_MIN_O", 1)
-    k, m, n, o = 40, 6, 3, 4
-    a, c = randn(k, m, device="cuda"), randn(o, k, device="cuda")
-    b = torch.zeros(n, k, device="cuda")
-    d = torch.tensor([[1e-39, -1e-39, 1e-30, 0.0, 2.0**-126, 1.0]] * n, device="cuda")
+    a, b, c, d = _subnormal_differences()
     got = kermac.cdist_grad(a, b, c, d, p=1.0, backend="nvrtc")
     expected = ref_grad(a, b, c, d, 1.0)
     expected[:, :, :2] = 0.0  # subnormal differences: ties

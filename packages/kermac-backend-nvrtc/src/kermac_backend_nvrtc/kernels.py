@@ -23,7 +23,18 @@ from __future__ import annotations
 
 from string import Template
 
-__all__ = ["GRAD", "LOADER", "MMA_TF32", "PAIRWISE", "POW_POLY", "PRELUDE", "TC_PAIRWISE", "TILE_PROLOGUE"]
+__all__ = [
+    "GRAD",
+    "GRAD_PROLOGUE",
+    "LOADER",
+    "MMA_TF32",
+    "PAIRWISE",
+    "POW_POLY",
+    "PRELUDE",
+    "TC_PAIRWISE",
+    "TILE_PROLOGUE",
+    "WGMMA_SYNC",
+]
 
 PRELUDE = r"""
 typedef $COMPUTE km_t;
@@ -245,6 +256,38 @@ __device__ __forceinline__ void km_lds(const km_t* p, km_t* r) {
 }
 """
 
+#: PTX of the asynchronous warpgroup MMA pipeline (sm_90a), shared by the wgmma kernels: fence
+#: before a wgmma that reads registers written by other instructions, commit, wait until at most N
+#: groups run, make shared-memory stores visible to the async proxy, and keep the compiler from
+#: moving accumulator accesses across a wait.
+WGMMA_SYNC = r"""
+__device__ __forceinline__ void km_wg_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void km_wg_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void km_wg_wait() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
+}
+__device__ __forceinline__ void km_async_fence() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void km_fence_acc(float* d) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) asm volatile("" : "+f"(d[i])::"memory");
+}
+"""
+
+#: The start of every gradient kernel's body after its thread coordinates and tile origin: the
+#: number of k tiles, the block's batch entry and output chunk (o0 .. o0 + OT), and the entry's
+#: operand offsets and hyperparameters (its closing brace is the kernel's).
+GRAD_PROLOGUE = r"""  const int ntiles = (K + BK - 1) / BK;
+
+  {
+    const long long zi = zbase + blockIdx.z;  // batch entry × output chunk (the host splits over 65535)
+    const long long bidx = zi / ochunks;
+    const int o0 = (int)(zi % ochunks) * OT;
+$BATCH_OFFSETS
+$HYPER_LOADS
+"""
+
 #: The start of every pairwise kernel's body, after its thread coordinates: the block's tile origin
 #: (grouped order), the number of k tiles, and the batch entry's operand offsets and hyperparameters
 #: (its closing brace is the kernel's).
@@ -399,7 +442,8 @@ kermac_pairwise($PARAMS) {
 """
 )
 
-GRAD = Template(r"""
+GRAD = Template(
+    r"""
 #define NT 256
 #define BMM $BMM
 #define BNN $BNN
@@ -421,15 +465,9 @@ kermac_grad($PARAMS) {
   const int tx = tid % 16, ty = tid / 16;
   const int m0 = (blockIdx.x % tiles_m) * BMM;
   const int n0 = (blockIdx.x / tiles_m) * BNN;
-  const int ntiles = (K + BK - 1) / BK;
-
-  {
-    const long long zi = zbase + blockIdx.z;  // batch entry × output chunk (the host splits over 65535)
-    const long long bidx = zi / ochunks;
-    const int o0 = (int)(zi % ochunks) * OT;
-$BATCH_OFFSETS
-$HYPER_LOADS
-    km_t dv[TPN][TPM];
+"""
+    + GRAD_PROLOGUE
+    + r"""    km_t dv[TPN][TPM];
 #pragma unroll
     for (int i = 0; i < TPN; ++i)
 #pragma unroll
@@ -516,7 +554,8 @@ $HYPER_LOADS
     }
   }
 }
-""")
+"""
+)
 
 #: TF32 tensor-core helpers of the 3×TF32 kernels (float32 only): rounding to TF32, the hi/lo split
 #: a ≈ hi + lo, and one ``mma.sync`` m16n8k8 step (fragment layouts in the PTX ISA).

@@ -42,6 +42,7 @@ from __future__ import annotations
 from string import Template
 
 from kermac import ir
+from kermac_backend_nvrtc import kernels
 from kermac_backend_nvrtc.codegen import GradVariant, Param, _prelude, grad_parts
 
 __all__ = ["ARCH", "SIGN_GRAD", "THREADS", "dynamic_smem", "is_sign_product", "sign_grad_source"]
@@ -95,18 +96,6 @@ HELPERS = r"""
 // low word is linear in a (shared addresses stay below 2^18), the high word fixed.
 #define KM_DESC_HI 0xC0000010u
 __device__ __forceinline__ unsigned km_desc_lo(unsigned a) { return ((a & 0x3FFFFu) >> 4) | (1u << 16); }
-__device__ __forceinline__ void km_wg_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
-__device__ __forceinline__ void km_wg_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
-template <int N>
-__device__ __forceinline__ void km_wg_wait() {
-  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
-}
-__device__ __forceinline__ void km_async_fence() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
-template <int N>
-__device__ __forceinline__ void km_fence_acc(float* d) {
-#pragma unroll
-  for (int i = 0; i < N; ++i) asm volatile("" : "+f"(d[i])::"memory");
-}
 // cp.async of 4 or 16 bytes; an invalid source copies nothing and zero-fills the destination.
 __device__ __forceinline__ void km_cp4(unsigned dst, const float* src, bool valid) {
   asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst), "l"(src), "r"(valid ? 4 : 0) : "memory");
@@ -136,7 +125,8 @@ __device__ __forceinline__ unsigned km_top2(float x, float y) {
 __device__ __forceinline__ float km_rest(float x) { return x - __uint_as_float(__float_as_uint(x) & 0xFFFF0000u); }
 """
 
-SIGN_GRAD = Template(r"""
+SIGN_GRAD = Template(
+    r"""
 #define NT $THREADS                    // 4 warpgroups: 2 along n × 2 along m
 #define OT $OT                        // outputs per block: o0 .. o0 + OT
 #define NW (3 * OT)                   // wgmma N: W's hi, mid and lo pieces side by side
@@ -179,15 +169,9 @@ kermac_grad($PARAMS, int bvec, int ovec) {
   const int ml = (wg >> 1) * MW;               // and its m: ml .. ml + MW of the block
   const int n0 = (blockIdx.x % tiles_n) * BNN; // n tiles fastest: neighbours share a's columns in L2
   const int m0 = (blockIdx.x / tiles_n) * MB;
-  const int ntiles = (K + BK - 1) / BK;
-
-  {
-    const long long zi = zbase + blockIdx.z;  // batch entry × output chunk (the host splits over 65535)
-    const long long bidx = zi / ochunks;
-    const int o0 = (int)(zi % ochunks) * OT;
-$BATCH_OFFSETS
-$HYPER_LOADS
-    const float* const ab = a + off_a;
+"""
+    + kernels.GRAD_PROLOGUE
+    + r"""    const float* const ab = a + off_a;
     const float* const bb = b + off_b;
     const float* const cb = c + off_c;
     // d of this thread's pairs (rows nl, nl + 8; m ml .. ml + MW); a non-finite d marks the warp.
@@ -384,7 +368,8 @@ $HYPER_LOADS
     }
   }
 }
-""")
+"""
+)
 
 
 def sign_grad_source(v: GradVariant) -> tuple[str, list[Param]]:
@@ -400,4 +385,4 @@ def sign_grad_source(v: GradVariant) -> tuple[str, list[Param]]:
     parts = grad_parts(v, "float", "tiles_n")
     source = SIGN_GRAD.substitute(OT=v.ot, THREADS=THREADS, MB=MB, MW=MW, BNN=BNN, BK=BK, BS=BS, ACS=ACS, **parts.args)
     params = [*parts.params, Param("bvec", "int"), Param("ovec", "int")]
-    return _prelude("float", False) + HELPERS + _wgmma_bf16(3 * v.ot) + source, params
+    return _prelude("float", False) + kernels.WGMMA_SYNC + HELPERS + _wgmma_bf16(3 * v.ot) + source, params

@@ -75,12 +75,14 @@ def smem_stride(p: int) -> int:
     return s
 
 
-TC_GRAD = Template(r"""
+TC_GRAD = Template(
+    r"""
 #define NT 256
 #define WARPS_M $WARPS_M
 #define WN $WN
 #define WM $WM
 #define OT8 $OT8
+#define OT (OT8 * 8)
 #define BNN $BNN
 #define BMM $BMM
 #define BK $BK
@@ -102,15 +104,9 @@ kermac_grad($PARAMS) {
   const int wn = warp / WARPS_M, wm = warp % WARPS_M;
   const int n0 = (blockIdx.x % tiles_n) * BNN;   // n tiles fastest: neighbours share a's slice in L2
   const int m0 = (blockIdx.x / tiles_n) * BMM;
-  const int ntiles = (K + BK - 1) / BK;
-
-  {
-    const long long zi = zbase + blockIdx.z;  // batch entry × output chunk (the host splits over 65535)
-    const long long bidx = zi / ochunks;
-    const int o0 = (int)(zi % ochunks) * (OT8 * 8);
-$BATCH_OFFSETS
-$HYPER_LOADS
-    // d of the warp's pairs: n = n0 + wn·WN + i, m = m0 + (wm·WM + j)·16 + g + 8h (A fragment rows).
+"""
+    + kernels.GRAD_PROLOGUE
+    + r"""    // d of the warp's pairs: n = n0 + wn·WN + i, m = m0 + (wm·WM + j)·16 + g + 8h (A fragment rows).
     float dv[WN][WM][2];
 #pragma unroll
     for (int i = 0; i < WN; ++i)
@@ -234,7 +230,8 @@ $HYPER_LOADS
     }
   }
 }
-""")
+"""
+)
 
 
 def tc_grad_source(v: GradVariant) -> tuple[str, list[Param]]:

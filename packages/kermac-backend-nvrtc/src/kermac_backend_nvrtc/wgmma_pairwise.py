@@ -70,16 +70,6 @@ __device__ __forceinline__ unsigned km_sw64(int p, int k) {
 __device__ __forceinline__ unsigned long long km_desc(unsigned a) {
   return (unsigned long long)((a & 0x3FFFFu) >> 4) | (1ull << 16) | (32ull << 32) | (2ull << 62);
 }
-__device__ __forceinline__ void km_wg_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
-__device__ __forceinline__ void km_wg_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
-__device__ __forceinline__ void km_wg_wait() { asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory"); }
-// Shared-memory stores by threads become visible to the wgmma (async proxy) reads after this.
-__device__ __forceinline__ void km_async_fence() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
-// Keeps the compiler from moving accumulator reads or writes across a wgmma wait or fence.
-__device__ __forceinline__ void km_fence_acc(float* d) {
-#pragma unroll
-  for (int i = 0; i < 64; ++i) asm volatile("" : "+f"(d[i])::"memory");
-}
 
 // Stage a KmTile (PT rows × 16 k) into the swizzled buffers: TF32 hi and lo parts (SPLIT) or the
 // values themselves into hi (the exact recomputation), adding squares to sq (SPLIT only): one sum
@@ -194,7 +184,7 @@ kermac_pairwise($PARAMS) {
       if (t + 1 < ntiles) load(t + 1);
       const unsigned st = sbase + cur * KM_STAGE;
       const unsigned xa = st + wg * 64 * KM_ROW;   // this warpgroup's 64 rows of x hi
-      km_fence_acc(acc);
+      km_fence_acc<64>(acc);
       km_wg_fence();
 #pragma unroll
       for (int s = 0; s < 2; ++s) {              // k8 steps: 32 bytes into the 64-byte rows
@@ -206,8 +196,8 @@ kermac_pairwise($PARAMS) {
       }
       km_wg_commit();
       if (t + 1 < ntiles) stage_split(cur ^ 1);
-      km_wg_wait();
-      km_fence_acc(acc);
+      km_wg_wait<0>();
+      km_fence_acc<64>(acc);
       __syncthreads();
     }
     {
@@ -323,4 +313,6 @@ def wgmma_pairwise_source(v: PairwiseVariant) -> tuple[str, list[Param]]:
     source = WGMMA_PAIRWISE.substitute(
         EPILOGUE_INLINE="__forceinline__" if v.inline_epilogue else "__noinline__", **shared
     )
-    return _prelude("float", False) + kernels.MMA_TF32 + WGMMA_HELPERS + _wgmma_asm() + source, params
+    return _prelude(
+        "float", False
+    ) + kernels.MMA_TF32 + kernels.WGMMA_SYNC + WGMMA_HELPERS + _wgmma_asm() + source, params
