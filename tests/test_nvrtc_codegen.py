@@ -21,7 +21,7 @@ from kermac.problem import grad_problem, pairwise_problem
 
 nvrtc_codegen = pytest.importorskip("kermac_backend_nvrtc.codegen")
 pytest.importorskip("cuda.core")
-from kermac_backend_nvrtc import codegen, compiler, plan, sign_grad, tc_grad, wgmma_pairwise  # noqa: E402
+from kermac_backend_nvrtc import codegen, compiler, kernels, plan, sign_grad, tc_grad, wgmma_pairwise  # noqa: E402
 
 try:
     compiler.nvrtc_version()
@@ -359,7 +359,7 @@ def test_plan_selects_wgmma_on_sm90_only(monkeypatch: pytest.MonkeyPatch) -> Non
 def test_source_wgmma() -> None:
     src = codegen.pairwise_source(plan.plan_pairwise(CASES["tc-laplace_l2-tensor-bandwidth"], 90)[0])[0]
     assert src.count("wgmma.mma_async.sync.aligned.m64n128k8.f32.tf32.tf32") == 1  # one helper
-    assert "fence.proxy.async.shared::cta" in src and "wgmma.wait_group.sync.aligned 0" in src
+    assert "fence.proxy.async.shared::cta" in src and "km_wg_wait<0>();" in src and kernels.WGMMA_SYNC in src
     assert "__syncthreads_or(flagged)" in src and "hp_bandwidth[off_h_bandwidth]" in src
     assert "mma.sync" not in src.split("kermac_pairwise(")[1]  # the kernel body uses wgmma only
 
