@@ -538,7 +538,10 @@ def test_source_grad(monkeypatch: pytest.MonkeyPatch) -> None:
     src = _source(CASES["grad-p1"])
     assert "return km_sign((d - b));" in src and "#define OT8 2" in src
     assert "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32" in src
-    assert "return km_signpow_ftz((d - b), (h_p - km_t(1.0)));" in _source(CASES["grad-p1.5"])  # p >= 1 known
+    assert "return km_signpow_pos((d - b), (h_p - km_t(1.0)));" in _source(CASES["grad-p1.5"])  # p > 1 known
+    problem = _gr(None, p=1.0)  # the general program with p = 1: p − 1 known >= 0, not > 0
+    assert "return km_signpow_ftz((d - b), (h_p - km_t(1.0)));" in _source(problem)
+    assert "return km_signpow_ftz((d - b), (h_p - km_t(1.0)));" in _source(_gr(None, o=3, p=1.5))  # SIMT (O < 5)
     src = _source(CASES["tc-grad-batch-broadcast-tensor-p"])
     assert "hp_p[off_h_p]" in src and "off_a += q * ba0" in src and "#define OT8 1" in src
     assert "return km_signpow((d - b), (h_p - km_t(1.0)));" in src  # a tensor p: not known >= 1

@@ -112,14 +112,18 @@ def _exponent_ge1(b: Expr, ge1: frozenset[str]) -> bool:
     return (isinstance(b, Hyper) and b.name in ge1) or (isinstance(b, Const) and 1.0 <= b.value < math.inf)
 
 
-def _exponent_ge0(b: Expr, ge1: frozenset[str]) -> bool:
-    """Whether exponent ``b`` is known finite and >= 0: ``h − c`` with ``h`` known >= 1 and c <= 1
-    (the gradient's p − 1), a constant, or a hyperparameter known >= 1."""
+def _exponent_sign(b: Expr, ge1: frozenset[str], gt1: frozenset[str]) -> int | None:
+    """1 if exponent ``b`` is known finite and > 0, 0 if known finite and >= 0, else None: a constant,
+    a hyperparameter known >= 1, or ``h − c`` with c <= 1 and ``h`` known > 1 (``gt1``) or >= 1
+    (the gradient's p − 1)."""
     if isinstance(b, Const):
-        return 0.0 <= b.value < math.inf
+        return None if not 0.0 <= b.value < math.inf else int(b.value > 0.0)
     if isinstance(b, Call) and b.op == "sub" and isinstance(b.args[1], Const) and b.args[1].value <= 1.0:
-        return _exponent_ge1(b.args[0], ge1)
-    return _exponent_ge1(b, ge1)
+        h = b.args[0]
+        if isinstance(h, Hyper) and h.name in gt1:
+            return 1
+        return 0 if _exponent_ge1(h, ge1) else None
+    return 1 if _exponent_ge1(b, ge1) else None
 
 
 def split_exponent(program: object, ge1: frozenset[str]) -> Expr | None:
@@ -134,12 +138,20 @@ def split_exponent(program: object, ge1: frozenset[str]) -> Expr | None:
     return b
 
 
-def render_expr(expr: Expr, names: dict[str, str], *, ge1: frozenset[str] = frozenset(), ftz: bool = False) -> str:
+def render_expr(
+    expr: Expr,
+    names: dict[str, str],
+    *,
+    ge1: frozenset[str] = frozenset(),
+    gt1: frozenset[str] = frozenset(),
+    ftz: bool = False,
+) -> str:
     """CUDA C++ for ``expr``; ``names`` maps Var and Hyper names to C identifiers.
 
     ``ge1``: hyperparameters known to be finite and >= 1 (``|a|^h`` then needs no ``h = 0`` case,
     and with ``ftz`` uses ``km_powabs_ftz``, which flushes terms below 2^-126 to 0; a signed power
-    with an exponent known >= 0 uses ``km_signpow_ftz``, which gives ±0 for |x| < 2^-126).
+    with an exponent known >= 0 uses ``km_signpow_ftz``, which gives ±0 for |x| < 2^-126, and
+    ``km_signpow_pos`` where ``gt1`` — hyperparameters known > 1 — makes it known > 0).
     """
     peeps: dict[str, str] = {}
 
@@ -151,13 +163,14 @@ def render_expr(expr: Expr, names: dict[str, str], *, ge1: frozenset[str] = froz
                 return placeholder(f"{fn}({base}, {b})")
             signed = signed_power(e)
             if signed is not None:
-                fn = "km_signpow_ftz" if ftz and _exponent_ge0(signed[1], ge1) else "km_signpow"
+                sign = _exponent_sign(signed[1], ge1, gt1) if ftz else None
+                fn = "km_signpow" if sign is None else ("km_signpow_pos" if sign else "km_signpow_ftz")
                 return placeholder(f"{fn}({sub(signed[0])}, {sub(signed[1])})")
             return Call(e.op, tuple(rewrite(a) for a in e.args))
         return e
 
     def sub(e: Expr) -> str:
-        return render_expr(e, names, ge1=ge1, ftz=ftz)
+        return render_expr(e, names, ge1=ge1, gt1=gt1, ftz=ftz)
 
     def placeholder(text: str) -> Expr:
         key = f"kmpeep{len(peeps)}"
@@ -310,6 +323,7 @@ class GradVariant:
     tensor_cores: bool = False  # float32 contraction on the tensor cores (tc_grad.TC_GRAD); ot is 8 or 16
     wgmma: bool = False  # a sign(d − b) program as a bf16 sign product on wgmma (sign_grad, sm_90a)
     ftz: bool = False  # signed powers with exponents known >= 0 flush subnormals (km_signpow_ftz)
+    gt1_hypers: frozenset[str] = frozenset()  # scalar hyperparameters known finite and > 1
 
 
 def _hyper_parts(
@@ -522,8 +536,8 @@ def grad_parts(v: GradVariant, tin: str, tiles: str) -> GradParts:
     params += [Param(n, "long long") for n in strides]
     params += batch_params + hyper_params
     args = common | {
-        "MULTIPLY": render_expr(prog.multiply, names, ge1=v.ge1_hypers, ftz=v.ftz),
-        "EPILOGUE": render_expr(prog.epilogue, names, ge1=v.ge1_hypers, ftz=v.ftz),
+        "MULTIPLY": render_expr(prog.multiply, names, ge1=v.ge1_hypers, gt1=v.gt1_hypers, ftz=v.ftz),
+        "EPILOGUE": render_expr(prog.epilogue, names, ge1=v.ge1_hypers, gt1=v.gt1_hypers, ftz=v.ftz),
         "PARAMS": ", ".join(p.decl for p in params),
         "AMODE": v.a.mode,
         "AE": v.a.e,

@@ -127,6 +127,10 @@ __device__ __forceinline__ float km_signpow_ftz(float x, float b) {
   return x == 0.0f ? 0.0f : s;
 }
 __device__ __forceinline__ double km_signpow_ftz(double x, double b) { return km_signpow(x, b); }
+// km_signpow_ftz for b known finite and > 0: x = 0 gives ex2(−inf) = ±0 and NaN stays NaN without
+// selects.
+__device__ __forceinline__ float km_signpow_pos(float x, float b) { return copysignf(km_ex2_ftz(b * km_lg2_ftz(fabsf(x))), x); }
+__device__ __forceinline__ double km_signpow_pos(double x, double b) { return km_signpow(x, b); }
 #define KM_CMP(name, op) \
   __device__ __forceinline__ float name(float a, float b) { return (a op b) ? 1.0f : 0.0f; } \
   __device__ __forceinline__ double name(double a, double b) { return (a op b) ? 1.0 : 0.0; }

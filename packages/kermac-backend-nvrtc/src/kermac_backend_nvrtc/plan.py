@@ -267,6 +267,9 @@ def plan_grad(problem: GradProblem, capability: int | None = None) -> tuple[Grad
         c=_operand(problem.c, layout, "c", ot, cfg.bk, -2, -1),
         tensor_cores=tensor_cores,
         ftz=FTZ and compute == "float",
+        # km_signpow_pos (p known > 1) measured 3–4 % faster on the tensor-core kernel and 8 % slower
+        # on the SIMT one than km_signpow_ftz (H100, p = 1.5; docs/nvrtc-notes.md, Version 9).
+        gt1_hypers=frozenset(h for h in ge1 if problem.hypers[h].scalar > 1.0 and tensor_cores),
     )
     tiles_m, tiles_n = -(-m // cfg.bmm), -(-n // cfg.bnn)
     args = _grad_args(problem, ochunks)
