@@ -45,10 +45,8 @@ from kermac import ir
 from kermac_backend_nvrtc import kernels
 from kermac_backend_nvrtc.codegen import GradVariant, Param, _prelude, grad_parts
 
-__all__ = ["ARCH", "SIGN_GRAD", "THREADS", "dynamic_smem", "is_sign_product", "sign_grad_source"]
+__all__ = ["SIGN_GRAD", "THREADS", "dynamic_smem", "is_sign_product", "sign_grad_source"]
 
-#: Compile target (wgmma exists on sm_90 only).
-ARCH = "sm_90a"
 MB = 4  # m per block
 MW = 2  # m per thread
 THREADS = 512  # 4 warpgroups: 2 along n × 2 along m
@@ -112,6 +110,7 @@ __device__ __forceinline__ float km_half_sign(float t) {
   asm("fma.rn.ftz.sat.f32 %0, %1, 0f7E800000, 0f3F000000;" : "=f"(u) : "f"(t));
   return u;
 }
+// bf16x2 of (sgn(d0 − b0), sgn(d1 − b1)), the first in the low half: 2u − 1 of the packed halves.
 __device__ __forceinline__ unsigned km_sgn2(float d0, float b0, float d1, float b1) {
   unsigned u, r;
   asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(u) : "f"(km_half_sign(d1 - b1)), "f"(km_half_sign(d0 - b0)));
