@@ -123,13 +123,14 @@ def _operand(t: torch.Tensor, layout: BatchLayout, name: str, pt: int, kt: int, 
     return Operand(0 if abs(sk) <= abs(sp) else 1, e)
 
 
-def _vector_out(out: torch.Tensor, layout: BatchLayout, e: int) -> int:
-    """1 if every output row of every batch entry starts ``e``-element aligned with unit column stride."""
+def _rows_aligned(t: torch.Tensor, layout: BatchLayout, name: str, e: int) -> int:
+    """1 if every row (last dimension) of operand ``name`` = ``t`` in every batch entry starts
+    ``e``-element aligned and has unit stride along it."""
     return int(
-        out.stride(-1) == 1
-        and out.stride(-2) % e == 0
-        and out.data_ptr() % (e * out.element_size()) == 0
-        and all(s % e == 0 for s in layout.strides["out"])
+        t.stride(-1) == 1
+        and t.stride(-2) % e == 0
+        and t.data_ptr() % (e * t.element_size()) == 0
+        and all(s % e == 0 for s in layout.strides[name])
     )
 
 
@@ -227,7 +228,7 @@ def plan_pairwise(problem: PairwiseProblem, capability: int | None = None) -> tu
     }
     # Vector stores: pairs of float32 columns on the mma.sync path, 16 bytes on the others.
     pairs = tensor_cores and not variant.wgmma
-    args["ovec"] = _vector_out(out, layout, 2 if pairs else max(1, 16 // out.element_size()))
+    args["ovec"] = _rows_aligned(out, layout, "out", 2 if pairs else max(1, 16 // out.element_size()))
     if tensor_cores:
         args["guard"] = tc_guard(d)
     args |= _batch_args(layout, _rename(list(ops))) | hyper_args
@@ -307,14 +308,8 @@ def _plan_sign_grad(problem: GradProblem) -> tuple[GradVariant, Launch]:
     b, out = problem.b, problem.out
     tiles_m, tiles_n = -(-m // sign_grad.MB), -(-n // sign_grad.BNN)
     args = _grad_args(problem, ochunks) | {"tiles_n": tiles_n}
-    args["bvec"] = int(
-        b.stride(-1) == 1
-        and k % 4 == 0
-        and b.stride(-2) % 4 == 0
-        and b.data_ptr() % 16 == 0
-        and all(s % 4 == 0 for s in layout.strides["b"])
-    )
-    args["ovec"] = int(_vector_out(out, layout, 2) == 1 and out.stride(-3) % 2 == 0)
+    args["bvec"] = int(_rows_aligned(b, layout, "b", 4) == 1 and k % 4 == 0)
+    args["ovec"] = int(_rows_aligned(out, layout, "out", 2) == 1 and out.stride(-3) % 2 == 0)
     args |= _batch_args(layout, _rename(list(ops))) | hyper_args
     return variant, Launch(tiles_m * tiles_n, layout.size * ochunks, args, sign_grad.THREADS)
 

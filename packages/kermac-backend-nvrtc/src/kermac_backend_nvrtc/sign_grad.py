@@ -249,15 +249,13 @@ kermac_grad($PARAMS, int bvec, int ovec) {
     };
 
     float acc[MW][NACC], sum[MW][NSUM];
-    unsigned sa[MW][4];
+    unsigned sa[MW][4];  // S of m ml + j: the wgmma A fragment, written before each wgmma reads it
 #pragma unroll
     for (int j = 0; j < MW; ++j) {
 #pragma unroll
       for (int e = 0; e < NACC; ++e) acc[j][e] = 0.0f;
 #pragma unroll
       for (int e = 0; e < NSUM; ++e) sum[j][e] = 0.0f;
-#pragma unroll
-      for (int e = 0; e < 4; ++e) sa[j][e] = 0u;
     }
     float babs = 0.0f;  // Σ|b| over the b values this thread reads: non-finite if any is
     const unsigned wdesc = km_desc_lo(wsm);
@@ -323,7 +321,7 @@ kermac_grad($PARAMS, int bvec, int ovec) {
     }
     km_wg_wait<0>();
 
-    // Non-finite inputs: outputs whose d − b is NaN for some k are NaN (compares gave 0 there).
+    // Non-finite inputs: outputs whose d − b is NaN for some k are NaN (S was −1 there).
     if (__any_sync(0xffffffffu, special || !isfinite(babs))) {
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
