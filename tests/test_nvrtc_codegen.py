@@ -508,7 +508,7 @@ def test_source_fractional_p_uses_fast_pow(monkeypatch: pytest.MonkeyPatch) -> N
     assert "km_powabs_ftz(km_abs((x - z)), h_p)" in src and "lg2.approx.ftz.f32" in src
     assert "#define POLY_PAIRS 44" in src and "const km_t km_pb = h_p;" in src
     assert "fmaxf(km_lg2_ftz(a), lmin)" in src and "float km_powabs_split(" in src
-    assert "km_pow(acc, (km_t(1.0) / h_p))" in src  # the root stays IEEE pow
+    assert "km_pow(acc, km_div_inv(km_t(1.0), h_p))" in src  # the root stays IEEE pow
     monkeypatch.setattr(plan, "POLY_PAIRS", 0)
     monkeypatch.setattr(plan, "FTZ", False)
     src = _source(CASES["preset-lp_distance"])
@@ -618,6 +618,50 @@ def test_render_semantics_table() -> None:
 def _fma32(a: np.ndarray, b: np.ndarray | float, c: np.ndarray | float) -> np.ndarray:
     """fmaf in float32: the float32 product is exact in float64, so one float64 add then rounding."""
     return (a.astype(np.float64) * np.float64(b) + np.asarray(c, np.float64)).astype(np.float32)
+
+
+def _div_inv(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """float32 emulation of kernels.PRELUDE's km_div_inv: b scaled into [2^-126, 2^126], its
+    reciprocal, q = a·r, one Markstein step with exact remainders (both fma emulated exactly)."""
+    f32 = np.float32
+    m = np.abs(b)
+    s = np.where(m < f32(2.0**-126), f32(2.0**64), np.where(m > f32(2.0**126), f32(2.0**-64), f32(1.0)))
+    bs = b * s
+    with np.errstate(all="ignore"):
+        r = f32(1.0) / bs
+        q = a * r
+        e = _fma32(-q, bs, a)
+        q2 = _fma32(e, r, q)
+        return np.where(q2 == q2, q2, q) * s
+
+
+def test_division_by_an_invariant_is_correctly_rounded() -> None:
+    """km_div_inv (a divisor of hyperparameters and constants: reciprocal once per thread, then a
+    product and a correction step per value) equals IEEE a / b bit for bit, special values and
+    subnormal or huge divisors included, except for |a| < 2^-102 or a subnormal quotient (within
+    one ulp there)."""
+    rng = np.random.default_rng(7)
+    n = 400_000
+
+    def wide() -> np.ndarray:  # values across the whole float32 exponent range, both signs
+        return rng.uniform(1, 2, n) * np.exp2(rng.integers(-149, 128, n)) * rng.choice([-1, 1], n)
+
+    special = np.float32([0.0, -0.0, np.inf, -np.inf, np.nan, 1e-45, -1e-40, 1.1754942e-38, 3.4028235e38, 1.0])
+    a = np.concatenate([wide(), rng.standard_normal(n), np.repeat(special, len(special))]).astype(np.float32)
+    b = np.concatenate([wide(), rng.uniform(0.1, 10, n), np.tile(special, len(special))]).astype(np.float32)
+    with np.errstate(all="ignore"):
+        want = a / b
+    got = _div_inv(a, b)
+    same = (got.view(np.uint32) == want.view(np.uint32)) | (np.isnan(got) & np.isnan(want))
+    # Below |a| = 2^-102 the remainder a − q·b (about 2^-24·|a|) underflows, and a subnormal
+    # quotient is rounded twice: within one ulp there.
+    subnormal = (np.abs(want) < np.float32(2.0**-126)) | (np.abs(a) < np.float32(2.0**-102))
+    assert same[~subnormal].all(), (a[~same & ~subnormal][:5], b[~same & ~subnormal][:5])
+    off = ~same
+    assert (np.abs(got[off].astype(np.float64) - want[off]) <= np.spacing(np.abs(want[off]))).all()
+    assert "km_div_inv(acc, h_bandwidth)" in _source(CASES["preset-laplace_l1"])
+    varying = ir.Var("acc") / (1.0 + ir.Var("acc"))  # a divisor that varies per output stays IEEE
+    assert codegen.render_expr(varying, {"acc": "acc"}) == "(acc / (km_t(1.0) + acc))"
 
 
 def _split_powabs(a: np.ndarray, b: float) -> np.ndarray:

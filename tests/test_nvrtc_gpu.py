@@ -286,6 +286,31 @@ def test_every_op_user_program_and_nan_propagation() -> None:
         assert_close(out[mask], ref[mask].float(), 3e-5)
 
 
+@pytest.mark.parametrize("h", [1.7, -2.5, 3e38, 3e-39, 1e-45, 0.0, -0.0, math.inf, -math.inf, math.nan])
+def test_division_by_a_hyperparameter_is_ieee(h: float) -> None:
+    """acc / h (km_div_inv: h's reciprocal once per thread, then a product and a correction step)
+    equals float32 IEEE division bit for bit, for special and extreme h and acc, except where the
+    remainder underflows (|acc| < 2^-102) or the quotient is subnormal: within one ulp there."""
+    x, z, acc = ir.Var("x"), ir.Var("z"), ir.Var("acc")
+    prog = kermac.PairwiseProgram(inner=x - z, reduction="sum", epilogue=acc / ir.Hyper("h"))
+    gen = torch.Generator().manual_seed(3)
+    scale = torch.exp2(torch.randint(-149, 128, (300,), generator=gen).double())
+    wide = (torch.rand(300, generator=gen) + 1) * scale * (torch.rand(300, generator=gen) - 0.5)
+    special = torch.tensor([0.0, -0.0, 1.0, math.inf, -math.inf, math.nan, 1e-45, 3.4e38, -1e-40])
+    xs = torch.cat([wide.float(), special]).cuda()[:, None]
+    zs = torch.cat([special, torch.randn(40, generator=gen)]).cuda()[:, None]
+    hs = torch.tensor(h, dtype=torch.float32)
+    out = kermac.run_program(prog, xs, zs, hypers={"h": float(hs)}, backend="nvrtc").cpu()
+    acc_ref = 0.0 + (xs.cpu() - zs.cpu().T)  # the kernel's sum: identity 0 plus the one term
+    want = acc_ref / hs.expand_as(acc_ref)  # elementwise IEEE division on the CPU
+    same = (out.view(torch.int32) == want.view(torch.int32)) | (out.isnan() & want.isnan())
+    edge = (acc_ref.abs() < 2.0**-102) | (want.abs() < 2.0**-126)
+    assert same[~edge].all(), (acc_ref[~same & ~edge][:4], out[~same & ~edge][:4])
+    off = ~same
+    ulp = torch.nextafter(want[off].abs(), torch.tensor(math.inf)) - want[off].abs()
+    assert ((out[off].double() - want[off].double()).abs() <= ulp.double()).all()
+
+
 def test_linf_nan_propagates() -> None:
     x, z = randn(40, 50, device="cuda"), randn(30, 50, device="cuda")
     z[7, 49] = math.nan

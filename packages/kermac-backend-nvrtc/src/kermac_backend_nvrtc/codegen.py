@@ -151,7 +151,9 @@ def render_expr(
     ``ge1``: hyperparameters known to be finite and >= 1 (``|a|^h`` then needs no ``h = 0`` case,
     and with ``ftz`` uses ``km_powabs_ftz``, which flushes terms below 2^-126 to 0; a signed power
     with an exponent known >= 0 uses ``km_signpow_ftz``, which gives ±0 for |x| < 2^-126, and
-    ``km_signpow_pos`` where ``gt1`` — hyperparameters known > 1 — makes it known > 0).
+    ``km_signpow_pos`` where ``gt1`` — hyperparameters known > 1 — makes it known > 0).  A division
+    by an expression of hyperparameters and constants only is ``km_div_inv`` (one reciprocal per
+    thread, then a product and a correction step per value, correctly rounded).
     """
     peeps: dict[str, str] = {}
 
@@ -161,6 +163,8 @@ def render_expr(
                 base, b = sub(e.args[0]), sub(e.args[1])
                 fn = ("km_powabs_ftz" if ftz else "km_powabs_nz") if _exponent_ge1(e.args[1], ge1) else "km_powabs"
                 return placeholder(f"{fn}({base}, {b})")
+            if e.op == "div" and not any(isinstance(n, Var) for n in ir.walk(e.args[1])):
+                return placeholder(f"km_div_inv({sub(e.args[0])}, {sub(e.args[1])})")
             signed = signed_power(e)
             if signed is not None:
                 sign = _exponent_sign(signed[1], ge1, gt1) if ftz else None

@@ -84,6 +84,28 @@ __device__ __forceinline__ double km_log(double a) { return log(a); }
 // IEEE pow is long code: one out-of-line copy keeps unrolled epilogues small (and compiles fast).
 __device__ __noinline__ float km_pow(float a, float b) { return powf(a, b); }
 __device__ __noinline__ double km_pow(double a, double b) { return pow(a, b); }
+// a / b for a divisor b that is the same for every output (built from hyperparameters and
+// constants), correctly rounded like a / b but without its per-output reciprocal and slow-path
+// branch: km_recip(b) depends on b only, so the inlined copies share one evaluation.  b is scaled by
+// s (a power of two) into [2^-126, 2^126], where 1/b is normal; q = a·r, and one Markstein step
+// q + r·(a − q·b) (the remainder is exact with fma) gives RN(a/b), which s scales back exactly.
+// Within one ulp instead where the remainder underflows (|a| < 2^-102), for subnormal quotients and
+// within an ulp of overflow.  A NaN step means a or b is 0, ±inf or NaN, where q = a·(1/b) is
+// already the IEEE quotient.
+struct km_recip_t { float b, r, s; };
+__device__ __forceinline__ km_recip_t km_recip(float b) {
+  const float m = fabsf(b);
+  const float s = m < 1.17549435e-38f ? 18446744073709551616.0f : m > 8.50705917e37f ? 5.42101086e-20f : 1.0f;
+  const float bs = b * s;
+  return {bs, 1.0f / bs, s};
+}
+__device__ __forceinline__ float km_div_inv(float a, float b) {
+  const km_recip_t d = km_recip(b);
+  const float q = a * d.r;
+  const float q2 = fmaf(fmaf(-q, d.b, a), d.r, q);
+  return (q2 == q2 ? q2 : q) * d.s;
+}
+__device__ __forceinline__ double km_div_inv(double a, double b) { return a / b; }
 // min / max with NaN propagation (torch.minimum / torch.maximum).
 __device__ __forceinline__ float km_max(float a, float b) { float r; asm("max.NaN.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b)); return r; }
 __device__ __forceinline__ float km_min(float a, float b) { float r; asm("min.NaN.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b)); return r; }
@@ -388,12 +410,10 @@ kermac_pairwise($PARAMS) {
           acc[i][j] = km_reduce(acc[i][j], KM_IS_SPLIT(i * GN * VN + j, SPLIT)    \
             ? KM_SPLIT_TERM(xr[i], zr[j]) : km_inner(xr[i], zr[j]$HYPER_ACTUALS)); \
       }
+      // A split kernel's fallback tiles (rare: inputs beyond lim, inf or NaN) share the tail's loop.
       if (kcount == BK && !km_fallback) {
 #pragma unroll $KUNROLL
         for (int kk = 0; kk < BK; ++kk) KM_STEP(kk, POLY_PAIRS)
-      } else if (kcount == BK) {
-#pragma unroll $KUNROLL
-        for (int kk = 0; kk < BK; ++kk) KM_STEP(kk, 0)
       } else {
         for (int kk = 0; kk < kcount; ++kk) KM_STEP(kk, 0)
       }
