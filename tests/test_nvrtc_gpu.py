@@ -286,7 +286,7 @@ def test_every_op_user_program_and_nan_propagation() -> None:
         assert_close(out[mask], ref[mask].float(), 3e-5)
 
 
-@pytest.mark.parametrize("h", [1.7, -2.5, 3e38, 3e-39, 1e-45, 0.0, -0.0, math.inf, -math.inf, math.nan])
+@pytest.mark.parametrize("h", [1.7, -2.5, 3e38, 3e-39, 1e-45, 0.0, -0.0, math.inf, -math.inf])  # NaN is refused
 def test_division_by_a_hyperparameter_is_ieee(h: float) -> None:
     """acc / h (km_div_inv: h's reciprocal once per thread, then a product and a correction step)
     equals float32 IEEE division bit for bit, for special and extreme h and acc, except where the
