@@ -3,7 +3,8 @@
 No GPU involved, and an empty private JIT cache: each variant goes through the backend's own
 ``compile_cubin`` to a cubin for ``--arch`` (planned for that architecture: sm_90 variants of
 the p = 2 family are wgmma kernels for sm_90a), timed on this process's one thread (what a first call
-pays, cache write included).  Prints one row per variant with
+pays, cache write included); each source gets a unique comment, so no compile cache below
+kermac's (cuda.core's program cache, where enabled) can answer.  Prints one row per variant with
 its ptxas resource line, then the median and maximum.
 
     python scripts/nvrtc_compile_times.py [--arch sm_90] [--match substring]
@@ -15,6 +16,7 @@ import argparse
 import os
 import statistics
 import tempfile
+import uuid
 
 os.environ["KERMAC_CACHE_DIR"] = tempfile.mkdtemp(prefix="kermac-compile-times-")  # before kermac reads it
 
@@ -42,7 +44,8 @@ def main() -> None:
             continue
         seen.add(source)
         arch = target_arch(variant, capability)  # sm_90a for the wgmma kernel
-        compiled = compile_cubin(source, arch, name="kermac_grad" if grad else "kermac_pairwise")
+        nonce = f"\n// cold compile {uuid.uuid4()}\n"
+        compiled = compile_cubin(source + nonce, arch, name="kermac_grad" if grad else "kermac_pairwise")
         assert not compiled.hit, "the private cache must start empty"
         times.append(compiled.seconds)
         print(f"{times[-1]:6.2f} s  {arch:7s} {label[:90]:90s}  {compiled.ptxas}", flush=True)
