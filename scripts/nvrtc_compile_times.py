@@ -2,10 +2,10 @@
 
 No GPU involved, and an empty private JIT cache: each variant goes through the backend's own
 ``compile_cubin`` to a cubin for ``--arch`` (planned for that architecture: sm_90 variants of
-the p = 2 family are wgmma kernels for sm_90a), timed on this process's one thread (what a first call
-pays, cache write included); each source gets a unique comment, so no compile cache below
-kermac's (cuda.core's program cache, where enabled) can answer.  Prints one row per variant with
-its ptxas resource line, then the median and maximum.
+the p = 2 family are wgmma kernels for sm_90a), timed on this process's one thread (what a first
+call pays, cache write included).  Each source gets a unique comment, so that a compile cache
+below kermac's keyed on the source (cuda.core's program cache, where enabled) cannot answer.
+Prints one row per variant with its ptxas resource line, then the median and maximum.
 
     python scripts/nvrtc_compile_times.py [--arch sm_90] [--match substring]
 """

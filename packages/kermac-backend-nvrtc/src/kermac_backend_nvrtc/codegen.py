@@ -163,7 +163,7 @@ def render_expr(
                 base, b = sub(e.args[0]), sub(e.args[1])
                 fn = ("km_powabs_ftz" if ftz else "km_powabs_nz") if _exponent_ge1(e.args[1], ge1) else "km_powabs"
                 return placeholder(f"{fn}({base}, {b})")
-            if e.op == "div" and not any(isinstance(n, Var) for n in ir.walk(e.args[1])):
+            if e.op == "div" and not ir.free_vars(e.args[1]):
                 return placeholder(f"km_div_inv({sub(e.args[0])}, {sub(e.args[1])})")
             signed = signed_power(e)
             if signed is not None:
