@@ -659,9 +659,60 @@ def test_division_by_an_invariant_is_correctly_rounded() -> None:
     assert same[~edge].all(), (a[~same & ~edge][:5], b[~same & ~edge][:5])
     off = ~same
     assert (np.abs(got[off].astype(np.float64) - want[off]) <= np.spacing(np.abs(want[off]))).all()
-    assert "km_div_inv(acc, h_bandwidth)" in _source(CASES["preset-laplace_l1"])
+    assert "km_div_inv(acc, (h_bandwidth * h_bandwidth))" in _source(CASES["preset-cauchy"])
     varying = ir.Var("acc") / (1.0 + ir.Var("acc"))  # a divisor that varies per output stays IEEE
     assert codegen.render_expr(varying, {"acc": "acc"}) == "(acc / (km_t(1.0) + acc))"
+
+
+def _exp_div(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """float32 emulation of kernels.PRELUDE's km_exp_div up to its ex2: the exponent a·f·s with
+    f = log2(e)/b (b scaled by s as in km_div_inv) from a Markstein step on log2(e) in two floats,
+    then ex2 exactly (float64 exp2, rounded)."""
+    f32 = np.float32
+    hi, lo = f32(1.44269502), f32(1.92596303e-08)
+    m = np.abs(b)
+    s = np.where(m < f32(2.0**-126), f32(2.0**64), np.where(m > f32(2.0**126), f32(2.0**-64), f32(1.0)))
+    bs = b * s
+    with np.errstate(all="ignore"):
+        r = f32(1.0) / bs
+        q = hi * r
+        f = _fma32((_fma32(-q, bs, hi) + lo).astype(f32), r, q)
+        t = a * np.where(f == f, f, q) * s
+        return np.exp2(t.astype(np.float64)).astype(f32)
+
+
+def test_exp_of_an_invariant_quotient() -> None:
+    """exp(±a / b) with b free of variables renders as km_exp_div (ex2 of a·(log2(e)/b), the factor
+    once per thread): within 1 + 2·|a/b| ulp of exp(a/b) before ex2's own error (measured on the GPU
+    by test_exp_of_a_hyperparameter_quotient), and the IEEE result for zero, infinite, subnormal and
+    huge divisors."""
+    rng = np.random.default_rng(11)
+    n = 400_000
+    b = (np.exp2(rng.uniform(-149, 127, n)) * rng.choice([-1, 1], n)).astype(np.float32)
+    q = rng.uniform(-100, 88, n) * rng.choice([1, 1e-3, 1e-9], n)  # the intended quotient a/b
+    with np.errstate(over="ignore"):  # a beyond float32 is ±inf: covered like the special values
+        a = (q * b.astype(np.float64)).astype(np.float32)
+    special = np.float32([0.0, -0.0, np.inf, -np.inf, 1e-45, -1e-40, 3.4028235e38, 1.0, -2.5])
+    a = np.concatenate([a, np.repeat(special, len(special))])
+    b = np.concatenate([b, np.tile(special, len(special))])
+    with np.errstate(all="ignore"):
+        quotient = a.astype(np.float64) / b.astype(np.float64)
+        want = np.exp(quotient).astype(np.float32)
+    got = _exp_div(a, b)
+    ulp = np.spacing(np.abs(want)).astype(np.float64)
+    finite = np.isfinite(want) & np.isfinite(quotient)
+    with np.errstate(all="ignore"):
+        err = np.abs(got.astype(np.float64) - np.exp(quotient)) / ulp
+    assert (err[finite] <= 1 + 2 * np.abs(quotient[finite])).all(), err[finite].max()
+    same = (got == want) | (np.isnan(got) & np.isnan(want))
+    assert same[~finite].all(), (a[~finite & ~same][:5], b[~finite & ~same][:5])
+    src = _source(CASES["preset-laplace_l1"])
+    assert "km_exp_div(acc, (-h_bandwidth))" in src and "km_div_inv" not in src.split("km_epilogue")[-1]
+    assert "km_exp_div((km_t(1.7320508075688772) * km_sqrt(acc)), (-h_bandwidth))" in _source(
+        CASES["preset-matern32"]
+    )
+    varying = ir.exp(ir.Var("acc") / (1.0 + ir.Var("acc")))  # a divisor that varies stays exp of a quotient
+    assert codegen.render_expr(varying, {"acc": "acc"}) == "km_exp((acc / (km_t(1.0) + acc)))"
 
 
 def _split_powabs(a: np.ndarray, b: float) -> np.ndarray:

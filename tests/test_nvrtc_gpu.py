@@ -311,6 +311,33 @@ def test_division_by_a_hyperparameter_is_ieee(h: float) -> None:
     assert ((out[off].double() - want[off].double()).abs() <= ulp.double()).all()
 
 
+@pytest.mark.parametrize("negate", [True, False])
+@pytest.mark.parametrize("h", [1.7, -2.5, 3e38, 3e-39, 1e-45, 0.0, -0.0, math.inf, -math.inf])
+def test_exp_of_a_hyperparameter_quotient(h: float, negate: bool) -> None:
+    """exp(±acc / h) (km_exp_div: ex2 of acc·log2(e)/h, the factor once per thread) is within
+    3 + 2·|acc/h| ulp of exp(acc/h) (subnormal results included), and exactly IEEE where the
+    quotient or the result is 0, infinite or NaN."""
+    x, z, acc = ir.Var("x"), ir.Var("z"), ir.Var("acc")
+    quotient = acc / ir.Hyper("h")
+    prog = kermac.PairwiseProgram(inner=x - z, reduction="sum", epilogue=ir.exp(-quotient if negate else quotient))
+    gen = torch.Generator().manual_seed(5)
+    target = torch.rand(400, generator=gen, dtype=torch.float64) * 185 - 100  # the results span float32
+    scale = (h if math.isfinite(h) and h != 0 else 1.0) * (-1 if negate else 1)
+    special = torch.tensor([0.0, -0.0, 1.0, -1.0, math.inf, -math.inf, math.nan, 1e-45, 3.4e38])
+    xs = torch.cat([(target * scale).float(), special]).cuda()[:, None]
+    zs = torch.zeros(3, 1, device="cuda")
+    out = kermac.run_program(prog, xs, zs, hypers={"h": h}, backend="nvrtc").cpu().double()
+    q = xs.cpu().double().expand(-1, 3) / float(torch.tensor(h, dtype=torch.float32))  # acc = x − 0 = x
+    want = torch.exp(-q if negate else q)
+    want32 = want.float().double()
+    exact = ~torch.isfinite(q) | ~torch.isfinite(want32)  # results 0, 1, inf or NaN from the special values
+    same = (out == want32) | (out.isnan() & want32.isnan())
+    assert same[exact].all(), (q[exact & ~same][:4], out[exact & ~same][:4])
+    ulp = torch.nextafter(want32.abs().float(), torch.tensor(math.inf)).double() - want32.abs()
+    err = (out - want).abs() / ulp  # subnormal results: ulp = 2^-149
+    assert (err[~exact] <= 3 + 2 * q[~exact].abs()).all(), err[~exact].max()
+
+
 def test_linf_nan_propagates() -> None:
     x, z = randn(40, 50, device="cuda"), randn(30, 50, device="cuda")
     z[7, 49] = math.nan

@@ -153,7 +153,8 @@ def render_expr(
     with an exponent known >= 0 uses ``km_signpow_ftz``, which gives ±0 for |x| < 2^-126, and
     ``km_signpow_pos`` where ``gt1`` — hyperparameters known > 1 — makes it known > 0).  A division
     by an expression of hyperparameters and constants only is ``km_div_inv`` (one reciprocal per
-    thread, then a product and a correction step per value, correctly rounded).
+    thread, then a product and a correction step per value, correctly rounded); the exponential of
+    such a quotient (also negated) is ``km_exp_div`` (one ex2 of a·log2(e)/b, the factor per thread).
     """
     peeps: dict[str, str] = {}
 
@@ -163,6 +164,9 @@ def render_expr(
                 base, b = sub(e.args[0]), sub(e.args[1])
                 fn = ("km_powabs_ftz" if ftz else "km_powabs_nz") if _exponent_ge1(e.args[1], ge1) else "km_powabs"
                 return placeholder(f"{fn}({base}, {b})")
+            quotient = _exp_of_quotient(e)
+            if quotient is not None:
+                return placeholder(f"km_exp_div({sub(quotient[0])}, {sub(quotient[1])})")
             if e.op == "div" and not ir.free_vars(e.args[1]):
                 return placeholder(f"km_div_inv({sub(e.args[0])}, {sub(e.args[1])})")
             signed = signed_power(e)
@@ -187,6 +191,19 @@ def render_expr(
         return names[name]
 
     return ir.render(rewrite(expr), const=_const, var=var, hyper=lambda n: names[n], ops=CUDA_OPS)
+
+
+def _exp_of_quotient(e: Call) -> tuple[Expr, Expr] | None:
+    """``(a, b)`` where ``e`` is ``exp(a / b)`` or ``exp(−(a / b))`` (then ``b`` is ``−b``) with ``b``
+    free of variables (built from hyperparameters and constants), else ``None``."""
+    if e.op != "exp" or not isinstance(e.args[0], Call):
+        return None
+    arg, negate = e.args[0], False
+    if arg.op == "neg" and isinstance(arg.args[0], Call):
+        arg, negate = arg.args[0], True
+    if arg.op != "div" or ir.free_vars(arg.args[1]):
+        return None
+    return arg.args[0], Call("neg", (arg.args[1],)) if negate else arg.args[1]
 
 
 def _horner(coeffs: tuple[float, ...], x: str) -> str:

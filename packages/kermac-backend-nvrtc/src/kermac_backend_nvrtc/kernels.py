@@ -106,6 +106,19 @@ __device__ __forceinline__ float km_div_inv(float a, float b) {
   return (q2 == q2 ? q2 : q) * d.s;
 }
 __device__ __forceinline__ double km_div_inv(double a, double b) { return a / b; }
+// exp(a / b) for a divisor b that is the same for every output (a kernel's bandwidth term):
+// ex2(a·f·s), f = log2(e)/b (for b scaled by s as in km_recip) rounded once per thread (a Markstein
+// step on log2(e) split in two floats), so a value costs two products and one ex2 instead of a
+// correctly rounded quotient and expf's range reduction.  Accuracy: the exponent carries two
+// roundings, so the result is within about 2 + 2·|a/b| ulp of exp(a/b) (__expf: 2 + 1.2·|a/b|).
+// A NaN step means b is 0 or ±inf, where f = log2(e)·(1/b) is already exact (±inf or ±0).
+__device__ __forceinline__ float km_exp_div(float a, float b) {
+  const km_recip_t d = km_recip(b);
+  const float q = 1.44269502f * d.r;
+  const float f = fmaf(fmaf(-q, d.b, 1.44269502f) + 1.92596303e-08f, d.r, q);
+  float r; asm("ex2.approx.f32 %0, %1;" : "=f"(r) : "f"(a * (f == f ? f : q) * d.s)); return r;
+}
+__device__ __forceinline__ double km_exp_div(double a, double b) { return exp(a / b); }
 // min / max with NaN propagation (torch.minimum / torch.maximum).
 __device__ __forceinline__ float km_max(float a, float b) { float r; asm("max.NaN.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b)); return r; }
 __device__ __forceinline__ float km_min(float a, float b) { float r; asm("min.NaN.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b)); return r; }
