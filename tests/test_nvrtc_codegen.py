@@ -708,9 +708,7 @@ def test_exp_of_an_invariant_quotient() -> None:
     assert same[~finite].all(), (a[~finite & ~same][:5], b[~finite & ~same][:5])
     src = _source(CASES["preset-laplace_l1"])
     assert "km_exp_div(acc, (-h_bandwidth))" in src and "km_div_inv" not in src.split("km_epilogue")[-1]
-    assert "km_exp_div((km_t(1.7320508075688772) * km_sqrt(acc)), (-h_bandwidth))" in _source(
-        CASES["preset-matern32"]
-    )
+    assert "km_exp_div((km_t(1.7320508075688772) * km_sqrt(acc)), (-h_bandwidth))" in _source(CASES["preset-matern32"])
     varying = ir.exp(ir.Var("acc") / (1.0 + ir.Var("acc")))  # a divisor that varies stays exp of a quotient
     assert codegen.render_expr(varying, {"acc": "acc"}) == "km_exp((acc / (km_t(1.0) + acc)))"
 
