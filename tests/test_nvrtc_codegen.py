@@ -204,14 +204,39 @@ def test_variant_compiles_to_cubin(case: str, arch: str) -> None:
 
 
 @pytest.mark.parametrize("arch", ARCHS)
-@pytest.mark.parametrize(("pairs", "ftz"), [(0, False), (44, True), (44, False), (64, True)])
-def test_split_variants_compile(arch: str, pairs: int, ftz: bool) -> None:
+@pytest.mark.parametrize(
+    ("pairs", "ftz", "table"),
+    [(0, False, False), (44, True, False), (44, False, False), (64, True, False), (28, True, True), (64, True, True)],
+)
+def test_split_variants_compile(arch: str, pairs: int, ftz: bool, table: bool) -> None:
     import dataclasses
 
     for case in ("preset-lp_distance", "preset-laplace_lp", "lp-float16"):
-        variant = dataclasses.replace(plan.plan_pairwise(CASES[case])[0], poly_pairs=pairs, ftz=ftz)
-        built = compiler.compile_cubin(codegen.pairwise_source(variant)[0], arch, name="kermac_pairwise")
+        variant = dataclasses.replace(plan.plan_pairwise(CASES[case])[0], poly_pairs=pairs, ftz=ftz, pow_table=table)
+        source, params = codegen.pairwise_source(variant)
+        assert f"#define KM_POW_TABLE {int(table)}" in source
+        assert [p.name for p in params if p.name.startswith("pc")] == ([f"pc{j}" for j in range(7)] if table else [])
+        built = compiler.compile_cubin(source, arch, name="kermac_pairwise")
         assert built.cubin[:4] == b"\x7fELF"
+
+
+def test_pow_table_is_planned_for_p_in_its_range() -> None:
+    """A split program takes the power table for a number p in [1, 5] (coefficients as arguments:
+    another p in the range reuses the kernel), the ex2 polynomial beyond; no table without ftz."""
+    import dataclasses
+
+    lp = presets.lp_distance.lower()
+    x, z = torch.empty(64, 16, device="meta"), torch.empty(64, 16, device="meta")
+
+    def planned(p: float):
+        return plan.plan_pairwise(pairwise_problem(lp, x, z, out=None, hypers={"p": HyperValue("p", p)}))
+
+    (v13, l13), (v27, l27), (v7, l7) = planned(1.3), planned(2.7), planned(7.0)
+    assert v13.pow_table and v13 == v27 and v13.poly_pairs == plan.TABLE_PAIRS
+    assert l13.args["pc0"] == pytest.approx(1.0, abs=1e-6) and l13.args["pc1"] != l27.args["pc1"]
+    assert not v7.pow_table and v7.poly_pairs == plan.POLY_PAIRS and "pc0" not in l7.args
+    with pytest.raises(ValueError, match="pow_table"):
+        codegen.pairwise_source(dataclasses.replace(v13, ftz=False))
 
 
 def test_split_needs_a_float_sum_of_powered_differences() -> None:
@@ -504,6 +529,9 @@ def test_source_l1_is_a_plain_abs_difference() -> None:
 def test_source_fractional_p_uses_fast_pow(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(plan, "POLY_PAIRS", 44)
     monkeypatch.setattr(plan, "FTZ", True)
+    src = _source(CASES["preset-lp_distance"])  # p = 1.5 in [1, 5]: split pairs from the power table
+    assert f"#define POLY_PAIRS {plan.TABLE_PAIRS}" in src and "#define KM_POW_TABLE 1" in src and "float pc6" in src
+    monkeypatch.setattr(plan, "POW_TABLE", False)
     src = _source(CASES["preset-lp_distance"])  # p = 1.5: scalar >= 1, ex2(p·lg2|t|) without the p = 0 case
     assert "km_powabs_ftz(km_abs((x - z)), h_p)" in src and "lg2.approx.ftz.f32" in src
     assert "#define POLY_PAIRS 44" in src and "const km_t km_pb = h_p;" in src

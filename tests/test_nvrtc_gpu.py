@@ -174,19 +174,31 @@ def test_p2_guard_keeps_entries_exact(p2_path: str, data: str) -> None:
     assert (err <= 1e-5 * ref).all(), f"worst relative entry {(err / ref.clamp_min(1e-300)).max():.2e}"
 
 
-@pytest.fixture(params=[(0, False), (0, True), (44, True), (64, False)], ids=["mufu", "mufu-ftz", "split44", "split64"])
+@pytest.fixture(
+    params=[
+        (0, False, False),
+        (0, True, False),
+        (44, True, False),
+        (64, False, False),
+        (28, True, True),
+        (64, True, True),
+    ],
+    ids=["mufu", "mufu-ftz", "split44", "split64", "table28", "table64"],
+)
 def split_pairs(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> int:
-    """Fractional p on the MUFU only (denormal-exact or ftz) and with ex2 split onto the FMA pipe."""
+    """Fractional p on the MUFU only (denormal-exact or ftz), with ex2 split onto the FMA pipe, and
+    with pairs from the power table (p <= 5; p = 7 takes the ex2 polynomial then)."""
     from kermac_backend_nvrtc import plan
 
-    pairs, ftz = request.param
-    monkeypatch.setattr(plan, "POLY_PAIRS", pairs)
+    pairs, ftz, table = request.param
+    monkeypatch.setattr(plan, "POW_TABLE", table)
+    monkeypatch.setattr(plan, "TABLE_PAIRS" if table else "POLY_PAIRS", pairs)
     monkeypatch.setattr(plan, "FTZ", ftz)
     return pairs
 
 
 @pytest.mark.parametrize("data", ["randn", "self", "subnormal", "large", "nan-inf"])
-@pytest.mark.parametrize("p", [1.3, 7.0])
+@pytest.mark.parametrize("p", [1.3, 4.6, 7.0])
 def test_fractional_p_split(split_pairs: int, data: str, p: float) -> None:
     """|x − z|^p split between MUFU and FMA-pipe ex2: float64 accuracy, exact zeros, and the
     tiles with inputs the polynomial cannot take (beyond 2^(125/p − 1), inf, NaN) on the MUFU."""

@@ -24,7 +24,7 @@ from string import Template
 from kermac import ir
 from kermac.ir import Call, Const, Expr, Hyper, Var
 from kermac.programs import is_squared_difference_sum, signed_power
-from kermac_backend_nvrtc import kernels
+from kermac_backend_nvrtc import kernels, pow_table
 
 __all__ = [
     "CUDA_OPS",
@@ -322,6 +322,7 @@ class PairwiseVariant:
     k_unroll: int  # unroll factor of the k loop over one shared-memory tile
     tensor_cores: bool = False  # (x − z)² sum on the tensor cores (kernels.TC_PAIRWISE), float32 only
     ftz: bool = False  # |.|^b with b >= 1 flushes subnormals (no denormal fix-ups around lg2/ex2)
+    pow_table: bool = False  # split pairs use pow_table (table × polynomial, no MUFU) instead of POW_POLY
     inline_epilogue: bool = True  # False: the tensor-core kernel calls the epilogue (__noinline__)
     long_k: bool = False  # SIMT float: 16 k-values per staged tile (pairwise_config)
     wgmma: bool = False  # tensor cores through wgmma (wgmma_pairwise, sm_90a) instead of mma.sync
@@ -481,12 +482,15 @@ def pairwise_source(v: PairwiseVariant) -> tuple[str, list[Param]]:
     tin, compute = INPUT_TYPES[v.dtype]
     cfg = pairwise_config(compute, v.long_k)
     names = _pairwise_names(prog)
-    params, shared = _pairwise_parts(v, tin, [Param("ovec", "int")], names)
+    table = [Param(f"pc{j}", "float") for j in range(pow_table.DEGREE + 1)] if v.pow_table else []
+    params, shared = _pairwise_parts(v, tin, [Param("ovec", "int"), *table], names)
     reduce = {"sum": "acc + v", "max": "km_max(acc, v)", "min": "km_min(acc, v)"}[prog.reduction]
     split = v.poly_pairs > 0
     exponent = split_exponent(prog, v.ge1_hypers)
     if split and (compute != "float" or exponent is None):
         raise ValueError(f"split variant: needs a float sum of |x - z|^b with b >= 1; got {compute} {prog.key()}")
+    if v.pow_table and not (split and v.ftz):
+        raise ValueError("pow_table variant: needs a split variant (poly_pairs > 0) that flushes subnormals (ftz)")
     source = kernels.PAIRWISE.substitute(
         BM=cfg.bm,
         BN=cfg.bn,
@@ -499,6 +503,7 @@ def pairwise_source(v: PairwiseVariant) -> tuple[str, list[Param]]:
         SPAD=cfg.spad,
         MIN_BLOCKS=cfg.min_blocks,
         POLY_PAIRS=v.poly_pairs,
+        POW_TABLE=int(v.pow_table),
         KUNROLL=v.k_unroll,
         INNER=render_expr(prog.inner, names, ge1=v.ge1_hypers, ftz=v.ftz),
         POLY_EXP=render_expr(exponent, names) if split else "",

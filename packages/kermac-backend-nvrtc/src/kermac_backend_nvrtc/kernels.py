@@ -187,6 +187,17 @@ __device__ __forceinline__ float km_powabs_split(float a, float b, float lmin) {
   const float q = $EXP2_COEFFS;
   return __int_as_float((__float_as_int(t) << 23) + __float_as_int(q));  // q·2^j (j >= −126: no wrap)
 }
+// |t|^b from a table and a polynomial (pow_table.py): T[e] = 2^((e − 127)·b) for t's biased exponent
+// e (0 for zero, subnormal t and values below 2^-126), times (1 + u)^b, u = mantissa − 1 in [0, 1),
+// by the degree-6 interpolant with coefficients c0..c6 (kernel arguments).  No MUFU; about 13
+// issue slots.  Valid while |t|^b stays finite: the kernel's km_beyond check guarantees it.
+__device__ __forceinline__ float km_powabs_table(float t, const float* tab, float c0, float c1, float c2,
+                                                 float c3, float c4, float c5, float c6) {
+  const unsigned bits = __float_as_uint(t);
+  const float s = *(const float*)((const char*)tab + ((bits >> 21) & 0x3fcu));
+  const float u = __uint_as_float((bits & 0x007fffffu) | 0x3f800000u) - 1.0f;
+  return s * fmaf(fmaf(fmaf(fmaf(fmaf(fmaf(c6, u, c5), u, c4), u, c3), u, c2), u, c1), u, c0);
+}
 // Whether a staged operand tile (KmTile registers) holds a value with !(|v| <= lim): large, inf or NaN.
 template <typename Tile>
 __device__ __forceinline__ bool km_beyond(const Tile& tile, float lim) {
@@ -361,7 +372,10 @@ PAIRWISE = Template(
 __device__ __forceinline__ km_t km_inner(km_t x, km_t z$HYPER_FORMALS) { return $INNER; }
 // Pair q of the thread's P = GM·VM·GN·VN is split iff floor((q + 1)·n / P) > floor(q·n / P): n of them, spread evenly.
 #define KM_IS_SPLIT(q, n) (((q) + 1) * (n) / (GM * VM * GN * VN) > (q) * (n) / (GM * VM * GN * VN))
-#if POLY_PAIRS > 0
+#define KM_POW_TABLE $POW_TABLE
+#if POLY_PAIRS > 0 && KM_POW_TABLE
+#define KM_SPLIT_TERM(x, z) km_powabs_table((x) - (z), km_ptab, pc0, pc1, pc2, pc3, pc4, pc5, pc6)
+#elif POLY_PAIRS > 0
 #define KM_SPLIT_TERM(x, z) km_powabs_split(km_abs((x) - (z)), km_pb, km_plmin)
 #else
 #define KM_SPLIT_TERM(x, z) km_t(0)
@@ -382,6 +396,14 @@ kermac_pairwise($PARAMS) {
     const km_t km_plmin = km_t(-126) / km_pb;                  // lg2 clamp: b·lmin = −126
     const km_t km_plim = km_ex2(km_t(125) / km_pb - km_t(1));  // |x|, |z| <= lim: b·log2|x − z| <= 125
     // A tile holding an input beyond lim (or inf, NaN) runs all pairs on the MUFU: km_fallback.
+#if KM_POW_TABLE
+    // Table pairs: T[e] = 2^((e − 127)·b), thread tid fills entry tid (NT = 256); 0 below 2^-126.
+    __shared__ float km_ptab[256];
+    {
+      const double eb = (double)(tid - 127) * (double)km_pb;
+      km_ptab[tid] = (tid == 0 || eb < -126.0) ? 0.0f : (float)exp2(eb);
+    }
+#endif
 #define KM_SYNC(next) km_fallback = __syncthreads_or((next) && (km_beyond(xt, km_plim) || km_beyond(zt, km_plim)))
 #else
 #define KM_SYNC(next) __syncthreads()

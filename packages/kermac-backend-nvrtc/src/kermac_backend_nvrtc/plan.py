@@ -14,10 +14,10 @@ from dataclasses import dataclass
 
 import torch
 
-from kermac.ir import Call, Expr, walk
+from kermac.ir import Call, Const, Expr, walk
 from kermac.layout import BatchLayout, batch_layout, grad_operands, pairwise_operands
 from kermac.problem import GradProblem, PairwiseProblem
-from kermac_backend_nvrtc import sign_grad, tc_grad
+from kermac_backend_nvrtc import pow_table, sign_grad, tc_grad
 from kermac_backend_nvrtc.codegen import (
     INPUT_TYPES,
     TC_CONFIG,
@@ -55,6 +55,11 @@ INT32_MAX = 2**31 - 1
 #: (docs/nvrtc-notes.md).  0 (or ``KERMAC_NVRTC_POLY_PAIRS=0`` in the environment, read at
 #: import) switches the split off.
 POLY_PAIRS = int(os.environ.get("KERMAC_NVRTC_POLY_PAIRS", "36"))
+#: Split kernels whose exponent p is a number in [1, 5] (``pow_table``) take |x − z|^p on these pairs
+#: of 64 from a table of 2^(e·p) times a polynomial in the mantissa, without the MUFU, instead of
+#: POLY_PAIRS with the ex2 polynomial.  ``KERMAC_NVRTC_POW_TABLE=0`` keeps the ex2 polynomial.
+POW_TABLE = os.environ.get("KERMAC_NVRTC_POW_TABLE", "1") != "0"
+TABLE_PAIRS = int(os.environ.get("KERMAC_NVRTC_TABLE_PAIRS", "28"))
 #: ``|t|^p`` with a known p >= 1 flushes subnormals (lg2/ex2 ``.ftz``: no denormal fix-ups; terms
 #: below 2^-126 become 0), and so does the gradient's ``sgn(t)·|t|^(p−1)`` (p > 1: |t| < 2^-126
 #: gives 0, as a tie does).  False (or ``KERMAC_NVRTC_FTZ=0``) keeps the denormal-exact lg2/ex2.
@@ -138,6 +143,11 @@ def _expensive(expr: Expr) -> bool:
     return any(isinstance(n, Call) and n.op in _EXPENSIVE for n in walk(expr))
 
 
+def _exponent_value(b: Expr, problem: PairwiseProblem) -> float:
+    """The value of a split exponent (a constant or a scalar hyperparameter, see ``split_exponent``)."""
+    return b.value if isinstance(b, Const) else problem.hypers[b.name].scalar
+
+
 def _hypers(
     problem: PairwiseProblem | GradProblem, compute: str
 ) -> tuple[tuple[tuple[str, str], ...], frozenset[str], dict]:
@@ -190,7 +200,10 @@ def plan_pairwise(problem: PairwiseProblem, capability: int | None = None) -> tu
     ops = pairwise_operands(problem)
     layout = batch_layout(problem.batch_shape, ops)
     tensor_hypers, ge1, hyper_args = _hypers(problem, compute)
-    split = compute == "float" and split_exponent(prog, ge1) is not None
+    exponent = split_exponent(prog, ge1) if compute == "float" else None
+    split = exponent is not None
+    p_value = _exponent_value(exponent, problem) if split else None
+    table = split and FTZ and POW_TABLE and TABLE_PAIRS > 0 and pow_table.exponent_in_range(p_value)
     variant = PairwiseVariant(
         program=prog,
         dtype=dtype,
@@ -199,7 +212,8 @@ def plan_pairwise(problem: PairwiseProblem, capability: int | None = None) -> tu
         batch_dims=len(layout.shape),
         x=_operand(problem.x, layout, "x", cfg.bm, cfg.bk, -2, -1),
         z=_operand(problem.z, layout, "z", cfg.bn, cfg.bk, -2, -1),
-        poly_pairs=POLY_PAIRS if split else 0,
+        poly_pairs=(TABLE_PAIRS if table else POLY_PAIRS) if split else 0,
+        pow_table=table,
         k_unroll=2 if expensive_inner else cfg.bk,
         tensor_cores=tensor_cores,
         ftz=FTZ,
@@ -231,6 +245,8 @@ def plan_pairwise(problem: PairwiseProblem, capability: int | None = None) -> tu
     args["ovec"] = _rows_aligned(out, layout, "out", 2 if pairs else max(1, 16 // out.element_size()))
     if tensor_cores:
         args["guard"] = tc_guard(d)
+    if table:
+        args |= {f"pc{j}": c for j, c in enumerate(pow_table.coefficients(p_value))}
     args |= _batch_args(layout, _rename(list(ops))) | hyper_args
     return variant, Launch(tiles_m * tiles_n, layout.size, args)
 
