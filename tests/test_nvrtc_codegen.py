@@ -21,7 +21,7 @@ from kermac.problem import grad_problem, pairwise_problem
 
 nvrtc_codegen = pytest.importorskip("kermac_backend_nvrtc.codegen")
 pytest.importorskip("cuda.core")
-from kermac_backend_nvrtc import codegen, compiler, kernels, plan, sign_grad, tc_grad, wgmma_pairwise  # noqa: E402
+from kermac_backend_nvrtc import codegen, compiler, kernels, launcher, plan, sign_grad, tc_grad, wgmma_pairwise  # noqa: E402
 
 try:
     compiler.nvrtc_version()
@@ -216,6 +216,7 @@ def test_split_variants_compile(arch: str, pairs: int, ftz: bool, table: bool) -
         source, params = codegen.pairwise_source(variant)
         assert f"#define KM_POW_TABLE {int(table)}" in source
         assert [p.name for p in params if p.name.startswith("pc")] == ([f"pc{j}" for j in range(7)] if table else [])
+        assert len(launcher._pack(params, dict.fromkeys((p.name for p in params), 0), "float")) == len(params)
         built = compiler.compile_cubin(source, arch, name="kermac_pairwise")
         assert built.cubin[:4] == b"\x7fELF"
 
@@ -530,7 +531,7 @@ def test_source_fractional_p_uses_fast_pow(monkeypatch: pytest.MonkeyPatch) -> N
     monkeypatch.setattr(plan, "POLY_PAIRS", 44)
     monkeypatch.setattr(plan, "FTZ", True)
     src = _source(CASES["preset-lp_distance"])  # p = 1.5 in [1, 5]: split pairs from the power table
-    assert f"#define POLY_PAIRS {plan.TABLE_PAIRS}" in src and "#define KM_POW_TABLE 1" in src and "float pc6" in src
+    assert f"#define POLY_PAIRS {plan.TABLE_PAIRS}" in src and "#define KM_POW_TABLE 1" in src and "km_t pc6" in src
     monkeypatch.setattr(plan, "POW_TABLE", False)
     src = _source(CASES["preset-lp_distance"])  # p = 1.5: scalar >= 1, ex2(p·lg2|t|) without the p = 0 case
     assert "km_powabs_ftz(km_abs((x - z)), h_p)" in src and "lg2.approx.ftz.f32" in src

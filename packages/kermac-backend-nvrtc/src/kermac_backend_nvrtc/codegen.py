@@ -482,7 +482,7 @@ def pairwise_source(v: PairwiseVariant) -> tuple[str, list[Param]]:
     tin, compute = INPUT_TYPES[v.dtype]
     cfg = pairwise_config(compute, v.long_k)
     names = _pairwise_names(prog)
-    table = [Param(f"pc{j}", "float") for j in range(pow_table.DEGREE + 1)] if v.pow_table else []
+    table = [Param(f"pc{j}", "km_t") for j in range(pow_table.DEGREE + 1)] if v.pow_table else []
     params, shared = _pairwise_parts(v, tin, [Param("ovec", "int"), *table], names)
     reduce = {"sum": "acc + v", "max": "km_max(acc, v)", "min": "km_min(acc, v)"}[prog.reduction]
     split = v.poly_pairs > 0
