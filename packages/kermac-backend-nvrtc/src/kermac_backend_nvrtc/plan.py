@@ -55,11 +55,13 @@ INT32_MAX = 2**31 - 1
 #: (docs/nvrtc-notes.md).  0 (or ``KERMAC_NVRTC_POLY_PAIRS=0`` in the environment, read at
 #: import) switches the split off.
 POLY_PAIRS = int(os.environ.get("KERMAC_NVRTC_POLY_PAIRS", "36"))
-#: Split kernels whose exponent p is a number in [1, 5] (``pow_table``) take |x − z|^p on these pairs
-#: of 64 from a table of 2^(e·p) times a polynomial in the mantissa, without the MUFU, instead of
-#: POLY_PAIRS with the ex2 polynomial.  ``KERMAC_NVRTC_POW_TABLE=0`` keeps the ex2 polynomial.
+#: Split kernels whose exponent p is a number in [1, 5] (``pow_table``) take |x − z|^p on TABLE_PAIRS
+#: pairs of 64 from a table of 2^(e·p) times a polynomial in the mantissa (about 13 issue slots, no
+#: MUFU; the others take lg2 and ex2 on the MUFU) instead of POLY_PAIRS with the ex2 polynomial.
+#: 32 measured fastest on an H100 (28 and 36 were 4–12 % slower; docs/nvrtc-notes.md, Version 11).
+#: ``KERMAC_NVRTC_POW_TABLE=0`` keeps the ex2 polynomial.
 POW_TABLE = os.environ.get("KERMAC_NVRTC_POW_TABLE", "1") != "0"
-TABLE_PAIRS = int(os.environ.get("KERMAC_NVRTC_TABLE_PAIRS", "28"))
+TABLE_PAIRS = int(os.environ.get("KERMAC_NVRTC_TABLE_PAIRS", "32"))
 #: ``|t|^p`` with a known p >= 1 flushes subnormals (lg2/ex2 ``.ftz``: no denormal fix-ups; terms
 #: below 2^-126 become 0), and so does the gradient's ``sgn(t)·|t|^(p−1)`` (p > 1: |t| < 2^-126
 #: gives 0, as a tie does).  False (or ``KERMAC_NVRTC_FTZ=0``) keeps the denormal-exact lg2/ex2.
