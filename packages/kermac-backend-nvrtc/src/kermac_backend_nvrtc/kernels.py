@@ -188,14 +188,14 @@ __device__ __forceinline__ float km_powabs_split(float a, float b, float lmin) {
   return __int_as_float((__float_as_int(t) << 23) + __float_as_int(q));  // q·2^j (j >= −126: no wrap)
 }
 // |t|^b from a table and a polynomial (pow_table.py): T[e] = 2^((e − 127)·b) for t's biased exponent
-// e (0 for zero, subnormal t and values below 2^-126), times (1 + u)^b, u = mantissa − 1 in [0, 1)
-// (the mantissa bits read as a subnormal, scaled by 2^126: one AND with an immediate and one FMUL),
-// by the degree-6 interpolant with coefficients c0..c6 (kernel arguments).  No MUFU; 13 issue slots.  Valid while |t|^b stays finite: the kernel's km_beyond check guarantees it.
+// e (0 for zero, subnormal t and values below 2^-126), times (1 + u)^b, u = mantissa − 1 in [0, 1),
+// by the degree-6 interpolant with coefficients c0..c6 (kernel arguments).  No MUFU; about 13
+// issue slots.  Valid while |t|^b stays finite: the kernel's km_beyond check guarantees it.
 __device__ __forceinline__ float km_powabs_table(float t, const float* tab, float c0, float c1, float c2,
                                                  float c3, float c4, float c5, float c6) {
   const unsigned bits = __float_as_uint(t);
   const float s = *(const float*)((const char*)tab + ((bits >> 21) & 0x3fcu));
-  const float u = __uint_as_float(bits & 0x007fffffu) * 8.50705917e37f;  // mantissa bits·2^-149·2^126: exact
+  const float u = __uint_as_float((bits & 0x007fffffu) | 0x3f800000u) - 1.0f;
   return s * fmaf(fmaf(fmaf(fmaf(fmaf(fmaf(c6, u, c5), u, c4), u, c3), u, c2), u, c1), u, c0);
 }
 // Whether a staged operand tile (KmTile registers) holds a value with !(|v| <= lim): large, inf or NaN.
