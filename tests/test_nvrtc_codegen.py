@@ -595,7 +595,8 @@ def test_smem_stride_is_conflict_free() -> None:
 def _tc_grad_emulated(a, b, c, d, p: float) -> np.ndarray:
     """float32 emulation of tc_grad.TC_GRAD: B' = a·φ in fp32, c split by rounding, B' into
     rna_tf32 + an fp32 residual that the tensor core reads as TF32 (truncated here; rounding it gives
-    the same errors to 1 %), three products per 8-wide k step added to fp32 accumulators."""
+    the same errors to 1 %), the three products of each group of ``k_group`` 8-wide k steps summed
+    (in float64 here; the tensor cores truncate) and added to fp32 accumulators."""
     f32 = np.float32
     t = (d[:, :, None] - b[:, None, :]).astype(f32)  # [N, M, K]
     phi = np.sign(t) if p == 1.0 else (np.sign(t) * np.abs(t) ** f32(p - 1)).astype(f32)
@@ -605,10 +606,14 @@ def _tc_grad_emulated(a, b, c, d, p: float) -> np.ndarray:
     ch = _tf32(c)
     cl = _tf32((c - ch).astype(f32))
     acc = np.zeros((c.shape[0],) + v.shape[:2], f32)
-    for k0 in range(0, c.shape[1], 8):
-        s = slice(k0, k0 + 8)
-        for x, y in ((vl, ch), (vh, cl), (vh, ch)):
-            acc = (acc + np.einsum("nmk,ok->onm", x[..., s].astype(np.float64), y[:, s].astype(np.float64))).astype(f32)
+    group = 8 * tc_grad.TC_GRAD_CONFIG.k_group
+    for k0 in range(0, c.shape[1], group):
+        s = slice(k0, k0 + group)
+        part = sum(
+            np.einsum("nmk,ok->onm", x[..., s].astype(np.float64), y[:, s].astype(np.float64))
+            for x, y in ((vl, ch), (vh, cl), (vh, ch))
+        )
+        acc = (acc + part).astype(f32)
     return acc
 
 

@@ -15,8 +15,9 @@ v_lo = v − v_hi (three instructions; the tensor core reads v_lo's top 19 bits)
 c·v ≈ v_lo·c_hi + v_hi·c_lo + v_hi·c_hi.  Each term misses at most about 2⁻²¹·|c·v| (the dropped
 v_lo·c_lo and the TF32 reading of v_lo), against 2⁻²⁴ for fp32 FMAs.  The tensor cores truncate
 their fp32 sums, a bias that grew to 2.9e-5 relative at K = 4096 and 5.8e-5 at K = 8192 when the
-mma accumulators ran over all of k; they therefore hold the three products of one 8-wide k step
-only, and fp32 registers add those partial sums with round-to-nearest (4.7e-7 at K = 16384).  A B'
+mma accumulators ran over all of k; they therefore hold the three products of two 8-wide k steps
+only (``k_group``), and fp32 registers add those partial sums with round-to-nearest (3e-7 to 4e-7
+at K = 4096 to 8192; with one k step per partial sum, 4e-7 to 6e-7 and 1.5 % slower).  A B'
 value of ±inf gives NaN (inf − inf in the split) where fp32 arithmetic would give ±inf.
 
 Block: 8 warps of ``wn`` n × ``wm``·16 m pairs (``warps_n`` × ``warps_m`` warps); d of the warp's
@@ -49,6 +50,7 @@ class TcGradConfig:
     k_unroll: int
     min_blocks: int
     max_ot: int = 16
+    k_group: int = 1  # 8-wide k steps per fresh mma accumulator (the products' partial sums)
 
     @property
     def bnn(self) -> int:
@@ -61,9 +63,10 @@ class TcGradConfig:
         return self.warps_m * self.wm * 16
 
 
-#: 8 n × 64 m pairs per block (warps of 4 n × 16 m), k tiles of 32, two blocks per SM: 128 registers
-#: with 64–80 bytes of spills (NVRTC 13.0, sm_90), the fastest of the tiles measured (docs/nvrtc-notes.md).
-TC_GRAD_CONFIG = TcGradConfig(warps_n=2, warps_m=4, wn=4, wm=1, bk=32, k_unroll=1, min_blocks=2)
+#: 8 n × 64 m pairs per block (warps of 4 n × 16 m), k tiles of 32, two blocks per SM, two k steps
+#: per partial sum: 128 registers with about 40 bytes of spills (NVRTC 13.5, sm_90), the fastest of
+#: the tiles measured (docs/nvrtc-notes.md).
+TC_GRAD_CONFIG = TcGradConfig(warps_n=2, warps_m=4, wn=4, wm=1, bk=32, k_unroll=1, min_blocks=2, k_group=2)
 
 
 def smem_stride(p: int) -> int:
@@ -89,6 +92,8 @@ TC_GRAD = Template(
 #define AS $ASTRIDE
 #define BS $BSTRIDE
 #define CS $CSTRIDE
+#define KG $KGROUP  // 8-wide k steps whose three products share one mma accumulator
+static_assert(BK % (8 * KG) == 0, "k tiles hold whole groups of 8-wide k steps");
 
 __device__ __forceinline__ float km_multiply(float d, float b$HYPER_FORMALS) { return $MULTIPLY; }
 __device__ __forceinline__ float km_epilogue(float acc$HYPER_FORMALS) { return $EPILOGUE; }
@@ -124,7 +129,7 @@ kermac_grad($PARAMS) {
     KmTile<float, NT, BNN, BK, BS, $BMODE, $BE> bt;
     KmTile<float, NT, OT8 * 8, BK, CS, $CMODE, $CE> ct;
     // The tensor cores truncate their fp32 sums (a bias that grows with the number of additions), so
-    // the mma accumulators hold one 8-wide k step only; acc adds those with round-to-nearest.
+    // the mma accumulators hold KG 8-wide k steps only; acc adds those with round-to-nearest.
     float acc[WN][WM][OT8][4];
 #pragma unroll
     for (int i = 0; i < WN; ++i)
@@ -163,42 +168,58 @@ kermac_grad($PARAMS) {
       }
       // k tails are zero-filled (a = c = 0 there), so every tile runs whole.
 #pragma unroll $KUNROLL
-      for (int kk = 0; kk < BK; kk += 8) {
-        unsigned ch[OT8][2], cl[OT8][2];
+      for (int kk = 0; kk < BK; kk += 8 * KG) {
+        unsigned ch[KG][OT8][2], cl[KG][OT8][2];
+        float bv[KG][2][WN];
 #pragma unroll
-        for (int u = 0; u < OT8; ++u)
+        for (int s = 0; s < KG; ++s) {
 #pragma unroll
-          for (int h = 0; h < 2; ++h) {
-            ch[u][h] = Ch[cur][kk + q + 4 * h][u * 8 + g];
-            cl[u][h] = Cl[cur][kk + q + 4 * h][u * 8 + g];
-          }
-        float bv[2][WN];
-        km_lds<WN>(&Bs[cur][kk + q][wn * WN], bv[0]);
-        km_lds<WN>(&Bs[cur][kk + q + 4][wn * WN], bv[1]);
+          for (int u = 0; u < OT8; ++u)
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+              ch[s][u][h] = Ch[cur][kk + 8 * s + q + 4 * h][u * 8 + g];
+              cl[s][u][h] = Cl[cur][kk + 8 * s + q + 4 * h][u * 8 + g];
+            }
+          km_lds<WN>(&Bs[cur][kk + 8 * s + q][wn * WN], bv[s][0]);
+          km_lds<WN>(&Bs[cur][kk + 8 * s + q + 4][wn * WN], bv[s][1]);
+        }
 #pragma unroll
         for (int j = 0; j < WM; ++j) {
           const int r = (wm * WM + j) * 16 + g;
           // A fragment element e: row (m) g + 8·(e & 1), column (k) q + 4·(e >> 1).
-          const float* a0 = &As[cur][kk + q][r];
-          const float av[4] = {a0[0], a0[8], a0[4 * AS], a0[4 * AS + 8]};
+          float av[KG][4];
+#pragma unroll
+          for (int s = 0; s < KG; ++s) {
+            const float* a0 = &As[cur][kk + 8 * s + q][r];
+            av[s][0] = a0[0];
+            av[s][1] = a0[8];
+            av[s][2] = a0[4 * AS];
+            av[s][3] = a0[4 * AS + 8];
+          }
 #pragma unroll
           for (int i = 0; i < WN; ++i) {
-            unsigned hi[4], lo[4];
+            float s8[OT8][4];
 #pragma unroll
-            for (int e = 0; e < 4; ++e) {
-              const float v = av[e] * km_multiply(dv[i][j][e & 1], bv[e >> 1][i]$HYPER_ACTUALS);
-              hi[e] = km_tf32(v);
-              lo[e] = __float_as_uint(v - __uint_as_float(hi[e]));
+            for (int s = 0; s < KG; ++s) {
+              unsigned hi[4], lo[4];
+#pragma unroll
+              for (int e = 0; e < 4; ++e) {
+                const float v = av[s][e] * km_multiply(dv[i][j][e & 1], bv[s][e >> 1][i]$HYPER_ACTUALS);
+                hi[e] = km_tf32(v);
+                lo[e] = __float_as_uint(v - __uint_as_float(hi[e]));
+              }
+#pragma unroll
+              for (int u = 0; u < OT8; ++u) {
+                if (s == 0) km_mma0(s8[u], lo, ch[s][u][0], ch[s][u][1]);
+                else km_mma(s8[u], lo, ch[s][u][0], ch[s][u][1]);
+                km_mma(s8[u], hi, cl[s][u][0], cl[s][u][1]);
+                km_mma(s8[u], hi, ch[s][u][0], ch[s][u][1]);
+              }
             }
 #pragma unroll
-            for (int u = 0; u < OT8; ++u) {
-              float s8[4];
-              km_mma0(s8, lo, ch[u][0], ch[u][1]);
-              km_mma(s8, hi, cl[u][0], cl[u][1]);
-              km_mma(s8, hi, ch[u][0], ch[u][1]);
+            for (int u = 0; u < OT8; ++u)
 #pragma unroll
-              for (int e = 0; e < 4; ++e) acc[i][j][u][e] += s8[e];
-            }
+              for (int e = 0; e < 4; ++e) acc[i][j][u][e] += s8[u][e];
           }
         }
       }
@@ -253,6 +274,7 @@ def tc_grad_source(v: GradVariant) -> tuple[str, list[Param]]:
         BSTRIDE=smem_stride(cfg.bnn),
         CSTRIDE=smem_stride(v.ot),
         KUNROLL=cfg.k_unroll,
+        KGROUP=cfg.k_group,
         MIN_BLOCKS=cfg.min_blocks,
         **parts.args,
     )
