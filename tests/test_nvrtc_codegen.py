@@ -654,15 +654,22 @@ def _fma32(a: np.ndarray, b: np.ndarray | float, c: np.ndarray | float) -> np.nd
     return (a.astype(np.float64) * np.float64(b) + np.asarray(c, np.float64)).astype(np.float32)
 
 
-def _div_inv(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """float32 emulation of kernels.PRELUDE's km_div_inv: b scaled into [2^-126, 2^126], its
-    reciprocal, q = a·r, one Markstein step with exact remainders (both fma emulated exactly)."""
+def _recip(b: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """float32 emulation of kernels.PRELUDE's km_recip: (b·s, 1/(b·s), s) with s a power of two
+    that scales b into [2^-126, 2^126]."""
     f32 = np.float32
     m = np.abs(b)
     s = np.where(m < f32(2.0**-126), f32(2.0**64), np.where(m > f32(2.0**126), f32(2.0**-64), f32(1.0)))
     bs = b * s
     with np.errstate(all="ignore"):
-        r = f32(1.0) / bs
+        return bs, f32(1.0) / bs, s
+
+
+def _div_inv(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """float32 emulation of kernels.PRELUDE's km_div_inv: b scaled into [2^-126, 2^126], its
+    reciprocal, q = a·r, one Markstein step with exact remainders (both fma emulated exactly)."""
+    bs, r, s = _recip(b)
+    with np.errstate(all="ignore"):
         q = a * r
         e = _fma32(-q, bs, a)
         q2 = _fma32(e, r, q)
@@ -704,11 +711,8 @@ def _exp_div(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     then ex2 exactly (float64 exp2, rounded)."""
     f32 = np.float32
     hi, lo = f32(1.44269502), f32(1.92596303e-08)
-    m = np.abs(b)
-    s = np.where(m < f32(2.0**-126), f32(2.0**64), np.where(m > f32(2.0**126), f32(2.0**-64), f32(1.0)))
-    bs = b * s
+    bs, r, s = _recip(b)
     with np.errstate(all="ignore"):
-        r = f32(1.0) / bs
         q = hi * r
         f = _fma32((_fma32(-q, bs, hi) + lo).astype(f32), r, q)
         t = a * np.where(f == f, f, q) * s
