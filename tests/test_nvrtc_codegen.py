@@ -221,6 +221,27 @@ def test_split_variants_compile(arch: str, pairs: int, ftz: bool, table: bool) -
         assert built.cubin[:4] == b"\x7fELF"
 
 
+@pytest.mark.parametrize("p", [1.0, 1.05, 1.3, 1.5, 2.0, 2.7, 3.5, 4.6, 5.0])
+def test_pow_table_polynomial_accuracy(p: float) -> None:
+    """The power table's mantissa polynomial, evaluated like the kernel (float32 Horner), is within
+    3e-7 of m^p over [1, 2) (2.96e-7 at worst, near p = 4.6); the table entry 2^(e·p), rounded to
+    float32, adds 2^-24, and the accumulating FFMA rounds only the sum.  Exponents outside [1, 5]
+    are refused."""
+    from kermac_backend_nvrtc import pow_table
+
+    coeffs = pow_table.coefficients(p)
+    assert len(coeffs) == pow_table.DEGREE + 1
+    m = np.linspace(1, 2, 300_001)[:-1]
+    u = (m - 1).astype(np.float32)
+    acc = np.full_like(u, np.float32(coeffs[-1]))
+    for c in coeffs[-2::-1]:
+        acc = _fma32(acc, u, np.float32(c))
+    assert np.abs(acc / m**p - 1).max() < 3e-7
+    for bad in (0.5, 5.5, math.inf):
+        with pytest.raises(ValueError, match="power table"):
+            pow_table.coefficients(bad)
+
+
 def test_pow_table_is_planned_for_p_in_its_range() -> None:
     """A split program takes the power table for a number p in [1, 5] (coefficients as arguments:
     another p in the range reuses the kernel), the ex2 polynomial beyond; no table without ftz."""

@@ -5,8 +5,9 @@ For t = ±2^e·m with m in [1, 2), |t|^p = 2^(e·p)·m^p.  The kernel keeps T[e]
 biased exponents in shared memory (0 for zero and subnormal |t| and below 2^-126: flushed) and
 evaluates m^p = (1 + u)^p, u = m − 1 in [0, 1), with the degree-6 polynomial that interpolates it at
 the Chebyshev nodes of [0, 1].  For 1 <= p <= :data:`MAX_EXPONENT` its relative error, float32
-Horner evaluation included, stays below 2.3e-7 (about two ulp; ``lg2``/``ex2.approx`` have 2^-22 each);
-beyond, the interpolation error grows with p (2e-5 at p = 6.5), so larger p keep the MUFU path.
+Horner evaluation included, stays below 3e-7 (2.5 ulp; ``lg2``/``ex2.approx`` have 2^-22 each);
+beyond, the interpolation error grows with p (2e-5 at p = 6.5), so larger p keep the ex2 polynomial
+(``kernels.POW_POLY``).
 :func:`coefficients` runs on the host, once per value of p, in float64; the kernel receives them as
 arguments, so a new p reuses the compiled kernel.
 """
