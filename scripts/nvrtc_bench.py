@@ -5,6 +5,11 @@ then CUDA-event timings (warm-up first, median of repeats) of nvrtc and, where a
 torch.  Prints a table last; writes the same table and the full log under $OUT if set.
 
     python scripts/nvrtc_bench.py [--rows substr,...] [--reps N]
+    python scripts/nvrtc_bench.py --rows "p=1.3" --knob TABLE_PAIRS=28,32,36 [--knob POW_TABLE=0,1]
+
+``--knob NAME=V1,V2`` runs an A/B in one process instead: the selected base rows under every
+combination of the listed ``kermac_backend_nvrtc.plan`` settings, alternating ``--alternations``
+times (compiled kernels are forgotten between settings), each row labelled with its setting.
 """
 
 from __future__ import annotations
@@ -129,15 +134,34 @@ def _fmt(v: float | None) -> str:
     return "—" if v is None else f"{v:.3g}"
 
 
+def _knob_settings(knobs: list[str], module) -> list[tuple[str, dict]]:
+    """``--knob NAME=V1,V2`` arguments → (label, {NAME: value}) for every combination; values take
+    the type of the module attribute they replace (0/1 for booleans)."""
+    import itertools
+
+    axes = []
+    for knob in knobs:
+        name, sep, values = knob.partition("=")
+        if not sep or not values or not hasattr(module, name):
+            raise SystemExit(f"--knob: expected NAME=V1,V2 with NAME an attribute of {module.__name__}, got {knob!r}")
+        kind = type(getattr(module, name))
+        convert = (lambda v: bool(int(v))) if kind is bool else kind
+        axes.append([(name, convert(v)) for v in values.split(",")])
+    combos = [dict(c) for c in itertools.product(*axes)]
+    return [(" ".join(f"{k}={v}" for k, v in c.items()), c) for c in combos]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--rows", default="")
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument(
         "--split",
-        default="0:0,0:1,28:1,36:1,44:1,52:1",
-        help="fractional-p variants to sweep, PAIRS:FTZ,... (plan.POLY_PAIRS, plan.FTZ)",
+        default="",
+        help="fractional-p ex2-polynomial variants to add, PAIRS:FTZ,... (plan.POLY_PAIRS, plan.FTZ; power table off)",
     )
+    ap.add_argument("--knob", action="append", default=[], metavar="NAME=V1,V2", help="A/B of plan.NAME (repeatable)")
+    ap.add_argument("--alternations", type=int, default=2, help="rounds of the --knob A/B")
     args = ap.parse_args()
     want = [w for w in args.rows.split(",") if w]
     print(torch.cuda.get_device_name(), "torch", torch.__version__, time.strftime("%Y-%m-%d %H:%M"), flush=True)
@@ -160,16 +184,28 @@ def main() -> None:
     ]
     from kermac_backend_nvrtc import plan as nvplan
 
-    def with_split(pairs: int, ftz: bool, fn):
+    def with_plan(settings: dict, fn):  # fn under plan settings, compiled kernels forgotten around it
         def run() -> dict:
-            saved = nvplan.POLY_PAIRS, nvplan.FTZ
-            nvplan.POLY_PAIRS, nvplan.FTZ = pairs, ftz
+            from kermac.registry import get_backend
+
+            memo = get_backend("nvrtc")._kernels
+            saved = {name: getattr(nvplan, name) for name in settings}
+            for name, value in settings.items():
+                setattr(nvplan, name, value)
+            memo.clear()
             try:
                 return fn()
             finally:
-                nvplan.POLY_PAIRS, nvplan.FTZ = saved
+                for name, value in saved.items():
+                    setattr(nvplan, name, value)
+                memo.clear()
 
         return run
+
+    def with_split(pairs: int, ftz: bool, fn):
+        return with_plan({"POLY_PAIRS": pairs, "FTZ": ftz, "POW_TABLE": False}, fn)
+
+    base_rows = list(plan)
 
     for item in filter(None, args.split.split(",")):  # ex2 of `pairs` of 64 pairs on the FMA pipe
         pairs, ftz = (int(v) for v in item.split(":"))
@@ -232,6 +268,13 @@ def main() -> None:
         ("grad 8192,768,16,8192 p=1 simt", simt(lambda: grad_row(8192, 768, 16, 8192, 1.0, 5))),
         ("grad 8192,768,16,8192 p=1.5 simt", simt(lambda: grad_row(8192, 768, 16, 8192, 1.5, 5))),
     ]
+    if args.knob:
+        plan = [
+            (f"{name} [{label}] #{round_ + 1}", with_plan(settings, fn))
+            for round_ in range(args.alternations)
+            for name, fn in base_rows
+            for label, settings in _knob_settings(args.knob, nvplan)
+        ]
     results = {}
     for name, fn in plan:
         if want and not any(w in name for w in want):
