@@ -900,3 +900,16 @@ def test_sign_formula() -> None:
     s = 2.0 * u - 1.0
     assert s.tolist() == [1, -1, 1, -1, 1, -1, 1, 0, 0, 0, 0, -1]
     assert "fma.rn.ftz.sat.f32 %0, %1, 0f7E800000, 0f3F000000" in sign_grad.HELPERS
+
+
+@pytest.mark.parametrize(
+    ("value", "ok"), [("0", True), ("32", True), ("64", True), ("65", False), ("-1", False), ("abc", False)]
+)
+def test_pair_counts_from_the_environment(monkeypatch: pytest.MonkeyPatch, value: str, ok: bool) -> None:
+    """KERMAC_NVRTC_TABLE_PAIRS / KERMAC_NVRTC_POLY_PAIRS: 0 to 64, anything else an error naming the variable."""
+    monkeypatch.setenv("KERMAC_NVRTC_TABLE_PAIRS", value)
+    if ok:
+        assert plan._env_pairs("KERMAC_NVRTC_TABLE_PAIRS", 32) == int(value)
+    else:
+        with pytest.raises(ValueError, match="KERMAC_NVRTC_TABLE_PAIRS: expected a whole number of pairs from 0 to 64"):
+            plan._env_pairs("KERMAC_NVRTC_TABLE_PAIRS", 32)

@@ -48,20 +48,30 @@ __all__ = [
 NT = 256
 MAX_GRID_Z = 65535
 INT32_MAX = 2**31 - 1
+
+
+def _env_pairs(name: str, default: int) -> int:
+    """A count of a thread's 64 pairs from environment variable ``name`` (read at import)."""
+    text = os.environ.get(name, str(default)).strip()
+    if not text.isdigit() or int(text) > 64:
+        raise ValueError(f"{name}: expected a whole number of pairs from 0 to 64, got {text!r}")
+    return int(text)
+
+
 #: Pairs of a thread's 8×8 tile whose ex2 of |x − z|^p runs on the FMA pipe (kernels.POW_POLY)
 #: instead of the MUFU, in programs ``Σ |x − z|^p`` with a scalar p >= 1 (cdist, Laplace-Lp) in
 #: float32.  Per warp and pair the MUFU pairs cost 16 MUFU cycles and 5 issue slots, the split
 #: ones 8 and 12; they balance at ~46 of 64, but 36–40 measured fastest on an H100
 #: (docs/nvrtc-notes.md).  0 (or ``KERMAC_NVRTC_POLY_PAIRS=0`` in the environment, read at
 #: import) switches the split off.
-POLY_PAIRS = int(os.environ.get("KERMAC_NVRTC_POLY_PAIRS", "36"))
+POLY_PAIRS = _env_pairs("KERMAC_NVRTC_POLY_PAIRS", 36)
 #: Split kernels whose exponent p is a number in [1, 5] (``pow_table``) take |x − z|^p on TABLE_PAIRS
 #: pairs of 64 from a table of 2^(e·p) times a polynomial in the mantissa (about 13 issue slots, no
 #: MUFU; the others take lg2 and ex2 on the MUFU) instead of POLY_PAIRS with the ex2 polynomial.
 #: 32 measured fastest on an H100 (28 and 36 were 4–12 % slower; docs/nvrtc-notes.md, Version 11).
-#: ``KERMAC_NVRTC_POW_TABLE=0`` keeps the ex2 polynomial.
+#: ``KERMAC_NVRTC_POW_TABLE=0`` keeps the ex2 polynomial; ``KERMAC_NVRTC_TABLE_PAIRS`` sets the count.
 POW_TABLE = os.environ.get("KERMAC_NVRTC_POW_TABLE", "1") != "0"
-TABLE_PAIRS = int(os.environ.get("KERMAC_NVRTC_TABLE_PAIRS", "32"))
+TABLE_PAIRS = _env_pairs("KERMAC_NVRTC_TABLE_PAIRS", 32)
 #: ``|t|^p`` with a known p >= 1 flushes subnormals (lg2/ex2 ``.ftz``: no denormal fix-ups; terms
 #: below 2^-126 become 0), and so does the gradient's ``sgn(t)·|t|^(p−1)`` (p > 1: |t| < 2^-126
 #: gives 0, as a tie does).  False (or ``KERMAC_NVRTC_FTZ=0``) keeps the denormal-exact lg2/ex2.
