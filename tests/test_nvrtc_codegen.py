@@ -247,6 +247,8 @@ def test_pow_table_is_planned_for_p_in_its_range() -> None:
     another p in the range reuses the kernel), the ex2 polynomial beyond; no table without ftz."""
     import dataclasses
 
+    from kermac_backend_nvrtc.pow_table import coefficients as pow_table_coefficients
+
     lp = presets.lp_distance.lower()
     x, z = torch.empty(64, 16, device="meta"), torch.empty(64, 16, device="meta")
 
@@ -259,6 +261,9 @@ def test_pow_table_is_planned_for_p_in_its_range() -> None:
     assert not v7.pow_table and v7.poly_pairs == plan.POLY_PAIRS and "pc0" not in l7.args
     with pytest.raises(ValueError, match="pow_table"):
         codegen.pairwise_source(dataclasses.replace(v13, ftz=False))
+    const = kermac.PairwiseProgram(ir.pow(abs(ir.Var("x") - ir.Var("z")), 2.5), "sum", ir.Var("acc"))
+    vc, lc = plan.plan_pairwise(pairwise_problem(const, x, z, out=None, hypers={}))  # a constant exponent
+    assert vc.pow_table and lc.args["pc1"] == pytest.approx(pow_table_coefficients(2.5)[1])
 
 
 def test_split_needs_a_float_sum_of_powered_differences() -> None:
