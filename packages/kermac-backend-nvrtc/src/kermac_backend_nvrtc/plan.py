@@ -63,7 +63,7 @@ def _env_pairs(name: str, default: int) -> int:
 #: float32.  Per warp and pair the MUFU pairs cost 16 MUFU cycles and 5 issue slots, the split
 #: ones 8 and 12; they balance at ~46 of 64, but 36–40 measured fastest on an H100
 #: (docs/nvrtc-notes.md).  0 (or ``KERMAC_NVRTC_POLY_PAIRS=0`` in the environment, read at
-#: import) switches the split off.
+#: import) switches this split off; it applies where the power table below does not.
 POLY_PAIRS = _env_pairs("KERMAC_NVRTC_POLY_PAIRS", 36)
 #: Split kernels whose exponent p is a number in [1, 5] (``pow_table``) take |x − z|^p on TABLE_PAIRS
 #: pairs of 64 from a table of 2^(e·p) times a polynomial in the mantissa (about 13 issue slots, no
