@@ -224,14 +224,7 @@ def main() -> None:
         )
 
     def simt(fn):  # the same row on the SIMT kernels (p = 2 family of cdist, float32 gradients)
-        def run() -> dict:
-            saved, nvplan.TENSOR_CORES = nvplan.TENSOR_CORES, False
-            try:
-                return fn()
-            finally:
-                nvplan.TENSOR_CORES = saved
-
-        return run
+        return with_plan({"TENSOR_CORES": False}, fn)
 
     def one_block(fn):  # the tensor-core kernel at 1 block/SM (no register cap: ~200 registers, no spills)
         def run() -> dict:
@@ -269,11 +262,12 @@ def main() -> None:
         ("grad 8192,768,16,8192 p=1.5 simt", simt(lambda: grad_row(8192, 768, 16, 8192, 1.5, 5))),
     ]
     if args.knob:
+        modes = _knob_settings(args.knob, nvplan)
         plan = [
             (f"{name} [{label}] #{round_ + 1}", with_plan(settings, fn))
             for round_ in range(args.alternations)
             for name, fn in base_rows
-            for label, settings in _knob_settings(args.knob, nvplan)
+            for label, settings in modes
         ]
     results = {}
     for name, fn in plan:
