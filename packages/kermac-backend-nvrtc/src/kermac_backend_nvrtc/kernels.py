@@ -187,23 +187,21 @@ __device__ __forceinline__ float km_powabs_split(float a, float b, float lmin) {
   const float q = $EXP2_COEFFS;
   return __int_as_float((__float_as_int(t) << 23) + __float_as_int(q));  // q·2^j (j >= −126: no wrap)
 }
-// |t|^b from the power table (pow_table.py): T and R, two float tables of 256 << KM_PTAB_BITS entries
-// one after the other, at the entry for |t|'s biased exponent and top KM_PTAB_BITS mantissa bits (one
-// shift and one mask of t's bits, the sign dropped); r = |t|·R − 1 within ±HALF_WIDTH, and T·P(r) with
-// P(r) ≈ (1 + r)^b of degree DEG, coefficients c[0..DEG] (kernel arguments).  No MUFU; 10 (DEG = 3) or
-// 11 issue slots with the difference and the accumulating FFMA, two 4-byte shared loads (separate
-// tables, not 8-byte pairs: exponents two apart would share banks).  Valid while |t|^b stays finite:
-// the kernel's km_beyond check guarantees it.
+// |t|^b from the power table (pow_table.py): the 8-byte entry {T, R} for |t|'s biased exponent and top
+// KM_PTAB_BITS mantissa bits (one shift and one mask of t's bits, the sign dropped), r = |t|·R − 1 within
+// ±HALF_WIDTH, and T·P(r) with P(r) ≈ (1 + r)^b of degree DEG, coefficients c[0..DEG] (kernel arguments).
+// No MUFU; 9 (DEG = 3) or 10 issue slots with the difference and the accumulating FFMA.  Valid while
+// |t|^b stays finite: the kernel's km_beyond check guarantees it.
 #define KM_PTAB_BITS $PTAB_BITS
 template <int DEG>
-__device__ __forceinline__ float km_powabs_table(float t, const float* tab, const float* c) {
-  const unsigned off = (__float_as_uint(t) >> (21 - KM_PTAB_BITS)) & (((1u << (8 + KM_PTAB_BITS)) - 1u) << 2);
-  const float* e = (const float*)((const char*)tab + off);
-  const float r = fmaf(fabsf(t), e[256 << KM_PTAB_BITS], -1.0f);
+__device__ __forceinline__ float km_powabs_table(float t, const float2* tab, const float* c) {
+  const unsigned off = (__float_as_uint(t) >> (20 - KM_PTAB_BITS)) & (((1u << (8 + KM_PTAB_BITS)) - 1u) << 3);
+  const float2 e = *(const float2*)((const char*)tab + off);
+  const float r = fmaf(fabsf(t), e.y, -1.0f);
   float q = c[DEG];
 #pragma unroll
   for (int k = DEG - 1; k >= 0; --k) q = fmaf(q, r, c[k]);
-  return e[0] * q;
+  return e.x * q;
 }
 // Whether a staged operand tile (KmTile registers) holds a value with !(|v| <= lim): large, inf or NaN.
 template <typename Tile>
@@ -409,7 +407,7 @@ kermac_pairwise($PARAMS) {
     // 2^((e − 127)·b)·ρ_j^-b, lane j of each warp computing ρ_j^-b; T = R = 0 for e = 0 (zero,
     // subnormal), where T < 2^-126 (flushed), and where R would be subnormal (e > 252: only inputs
     // beyond lim reach those, and their tiles take the MUFU path).
-    __shared__ float km_ptab[2 * (256 << KM_PTAB_BITS)];  // T, then R
+    __shared__ __align__(8) float2 km_ptab[256 << KM_PTAB_BITS];
     const float km_pc[] = {$PTAB_COEFFS};
     {
       const int lane = tid & 31, nb = 1 << KM_PTAB_BITS;
@@ -421,9 +419,8 @@ kermac_pairwise($PARAMS) {
         const double t = te * __shfl_sync(0xffffffffu, arho, j);
         const float rj = __shfl_sync(0xffffffffu, rho, j);
         const bool live = tid > 0 && tid <= 252 && t >= 0x1p-126;
-        km_ptab[(tid << KM_PTAB_BITS) + j] = live ? (float)t : 0.0f;
-        km_ptab[(256 << KM_PTAB_BITS) + (tid << KM_PTAB_BITS) + j] =
-            live ? __int_as_float(__float_as_int(rj) + ((127 - tid) << 23)) : 0.0f;
+        km_ptab[(tid << KM_PTAB_BITS) + j] =
+            live ? make_float2((float)t, __int_as_float(__float_as_int(rj) + ((127 - tid) << 23))) : make_float2(0.0f, 0.0f);
       }
     }
 #endif
