@@ -215,8 +215,7 @@ def test_split_variants_compile(arch: str, pairs: int, ftz: bool, table: int) ->
         variant = dataclasses.replace(plan.plan_pairwise(CASES[case])[0], poly_pairs=pairs, ftz=ftz, pow_table=table)
         source, params = codegen.pairwise_source(variant)
         assert f"#define KM_POW_TABLE {table}" in source
-        coeffs = [p.name for p in params if p.name.startswith("pc")]
-        assert coeffs == [f"pc{j}" for j in range(table + 1 if table else 0)]
+        assert [p.name for p in params if p.name.startswith("pc")] == [f"pc{j}" for j in range(table + 1 if table else 0)]
         assert len(launcher._pack(params, dict.fromkeys((p.name for p in params), 0), "float")) == len(params)
         built = compiler.compile_cubin(source, arch, name="kermac_pairwise")
         assert built.cubin[:4] == b"\x7fELF"
