@@ -217,9 +217,7 @@ def _prelude(compute: str, split: bool = False, ftz: bool = False) -> str:
     text = kernels.PRELUDE.replace("$COMPUTE", compute)
     if split:
         text += Template(kernels.POW_POLY).substitute(
-            LG2="km_lg2_ftz" if ftz else "km_lg2",
-            EXP2_COEFFS=_horner(_EXP2_COEFFS, "r"),
-            PTAB_BITS=pow_table.BUCKET_BITS,
+            LG2="km_lg2_ftz" if ftz else "km_lg2", EXP2_COEFFS=_horner(_EXP2_COEFFS, "r")
         )
     return text + kernels.LOADER
 
@@ -324,7 +322,7 @@ class PairwiseVariant:
     k_unroll: int  # unroll factor of the k loop over one shared-memory tile
     tensor_cores: bool = False  # (x − z)² sum on the tensor cores (kernels.TC_PAIRWISE), float32 only
     ftz: bool = False  # |.|^b with b >= 1 flushes subnormals (no denormal fix-ups around lg2/ex2)
-    pow_table: int = 0  # > 0: split pairs use pow_table (table × polynomial of this degree, no MUFU), not POW_POLY
+    pow_table: bool = False  # split pairs use pow_table (table × polynomial, no MUFU) instead of POW_POLY
     inline_epilogue: bool = True  # False: the tensor-core kernel calls the epilogue (__noinline__)
     long_k: bool = False  # SIMT float: 16 k-values per staged tile (pairwise_config)
     wgmma: bool = False  # tensor cores through wgmma (wgmma_pairwise, sm_90a) instead of mma.sync
@@ -484,7 +482,7 @@ def pairwise_source(v: PairwiseVariant) -> tuple[str, list[Param]]:
     tin, compute = INPUT_TYPES[v.dtype]
     cfg = pairwise_config(compute, v.long_k)
     names = _pairwise_names(prog)
-    table = [Param(f"pc{j}", "km_t") for j in range(v.pow_table + 1)] if v.pow_table else []
+    table = [Param(f"pc{j}", "km_t") for j in range(pow_table.DEGREE + 1)] if v.pow_table else []
     params, shared = _pairwise_parts(v, tin, [Param("ovec", "int"), *table], names)
     reduce = {"sum": "acc + v", "max": "km_max(acc, v)", "min": "km_min(acc, v)"}[prog.reduction]
     split = v.poly_pairs > 0
@@ -505,8 +503,7 @@ def pairwise_source(v: PairwiseVariant) -> tuple[str, list[Param]]:
         SPAD=cfg.spad,
         MIN_BLOCKS=cfg.min_blocks,
         POLY_PAIRS=v.poly_pairs,
-        POW_TABLE=v.pow_table,
-        PTAB_COEFFS=", ".join(p.name for p in table),
+        POW_TABLE=int(v.pow_table),
         KUNROLL=v.k_unroll,
         INNER=render_expr(prog.inner, names, ge1=v.ge1_hypers, ftz=v.ftz),
         POLY_EXP=render_expr(exponent, names) if split else "",

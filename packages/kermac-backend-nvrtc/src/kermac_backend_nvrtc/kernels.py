@@ -187,21 +187,16 @@ __device__ __forceinline__ float km_powabs_split(float a, float b, float lmin) {
   const float q = $EXP2_COEFFS;
   return __int_as_float((__float_as_int(t) << 23) + __float_as_int(q));  // q·2^j (j >= −126: no wrap)
 }
-// |t|^b from the power table (pow_table.py): the 8-byte entry {T, R} for |t|'s biased exponent and top
-// KM_PTAB_BITS mantissa bits (one shift and one mask of t's bits, the sign dropped), r = |t|·R − 1 within
-// ±HALF_WIDTH, and T·P(r) with P(r) ≈ (1 + r)^b of degree DEG, coefficients c[0..DEG] (kernel arguments).
-// No MUFU; 9 (DEG = 3) or 10 issue slots with the difference and the accumulating FFMA.  Valid while
-// |t|^b stays finite: the kernel's km_beyond check guarantees it.
-#define KM_PTAB_BITS $PTAB_BITS
-template <int DEG>
-__device__ __forceinline__ float km_powabs_table(float t, const float2* tab, const float* c) {
-  const unsigned off = (__float_as_uint(t) >> (20 - KM_PTAB_BITS)) & (((1u << (8 + KM_PTAB_BITS)) - 1u) << 3);
-  const float2 e = *(const float2*)((const char*)tab + off);
-  const float r = fmaf(fabsf(t), e.y, -1.0f);
-  float q = c[DEG];
-#pragma unroll
-  for (int k = DEG - 1; k >= 0; --k) q = fmaf(q, r, c[k]);
-  return e.x * q;
+// |t|^b from a table and a polynomial (pow_table.py): T[e] = 2^((e − 127)·b) for t's biased exponent
+// e (0 for zero, subnormal t and values below 2^-126), times (1 + u)^b, u = mantissa − 1 in [0, 1),
+// by the degree-6 interpolant with coefficients c0..c6 (kernel arguments).  No MUFU; about 13
+// issue slots.  Valid while |t|^b stays finite: the kernel's km_beyond check guarantees it.
+__device__ __forceinline__ float km_powabs_table(float t, const float* tab, float c0, float c1, float c2,
+                                                 float c3, float c4, float c5, float c6) {
+  const unsigned bits = __float_as_uint(t);
+  const float s = *(const float*)((const char*)tab + ((bits >> 21) & 0x3fcu));
+  const float u = __uint_as_float((bits & 0x007fffffu) | 0x3f800000u) - 1.0f;
+  return s * fmaf(fmaf(fmaf(fmaf(fmaf(fmaf(c6, u, c5), u, c4), u, c3), u, c2), u, c1), u, c0);
 }
 // Whether a staged operand tile (KmTile registers) holds a value with !(|v| <= lim): large, inf or NaN.
 template <typename Tile>
@@ -377,9 +372,9 @@ PAIRWISE = Template(
 __device__ __forceinline__ km_t km_inner(km_t x, km_t z$HYPER_FORMALS) { return $INNER; }
 // Pair q of the thread's P = GM·VM·GN·VN is split iff floor((q + 1)·n / P) > floor(q·n / P): n of them, spread evenly.
 #define KM_IS_SPLIT(q, n) (((q) + 1) * (n) / (GM * VM * GN * VN) > (q) * (n) / (GM * VM * GN * VN))
-#define KM_POW_TABLE $POW_TABLE  // the power table's polynomial degree; 0: no table
+#define KM_POW_TABLE $POW_TABLE
 #if POLY_PAIRS > 0 && KM_POW_TABLE
-#define KM_SPLIT_TERM(x, z) km_powabs_table<KM_POW_TABLE>((x) - (z), km_ptab, km_pc)
+#define KM_SPLIT_TERM(x, z) km_powabs_table((x) - (z), km_ptab, pc0, pc1, pc2, pc3, pc4, pc5, pc6)
 #elif POLY_PAIRS > 0
 #define KM_SPLIT_TERM(x, z) km_powabs_split(km_abs((x) - (z)), km_pb, km_plmin)
 #else
@@ -402,26 +397,11 @@ kermac_pairwise($PARAMS) {
     const km_t km_plim = km_ex2(km_t(125) / km_pb - km_t(1));  // |x|, |z| <= lim: b·log2|x − z| <= 125
     // A tile holding an input beyond lim (or inf, NaN) runs all pairs on the MUFU: km_fallback.
 #if KM_POW_TABLE
-    // Table pairs (pow_table.py): thread tid fills the entries of biased exponent e = tid (NT = 256),
-    // bucket j: R = 2^(127 − e)·ρ_j, ρ_j = float(16 / (17 + 2j)), and T = R^-b in float64 as
-    // 2^((e − 127)·b)·ρ_j^-b, lane j of each warp computing ρ_j^-b; T = R = 0 for e = 0 (zero,
-    // subnormal), where T < 2^-126 (flushed), and where R would be subnormal (e > 252: only inputs
-    // beyond lim reach those, and their tiles take the MUFU path).
-    __shared__ __align__(8) float2 km_ptab[256 << KM_PTAB_BITS];
-    const float km_pc[] = {$PTAB_COEFFS};
+    // Table pairs: T[e] = 2^((e − 127)·b), thread tid fills entry tid (NT = 256); 0 below 2^-126.
+    __shared__ float km_ptab[256];
     {
-      const int lane = tid & 31, nb = 1 << KM_PTAB_BITS;
-      const float rho = __fdiv_rn(16.0f, (float)(17 + 2 * (lane & (nb - 1))));
-      const double arho = exp2(-(double)km_pb * log2((double)rho));
-      const double te = exp2((double)(tid - 127) * (double)km_pb);
-#pragma unroll
-      for (int j = 0; j < nb; ++j) {
-        const double t = te * __shfl_sync(0xffffffffu, arho, j);
-        const float rj = __shfl_sync(0xffffffffu, rho, j);
-        const bool live = tid > 0 && tid <= 252 && t >= 0x1p-126;
-        km_ptab[(tid << KM_PTAB_BITS) + j] =
-            live ? make_float2((float)t, __int_as_float(__float_as_int(rj) + ((127 - tid) << 23))) : make_float2(0.0f, 0.0f);
-      }
+      const double eb = (double)(tid - 127) * (double)km_pb;
+      km_ptab[tid] = (tid == 0 || eb < -126.0) ? 0.0f : (float)exp2(eb);
     }
 #endif
 #define KM_SYNC(next) km_fallback = __syncthreads_or((next) && (km_beyond(xt, km_plim) || km_beyond(zt, km_plim)))

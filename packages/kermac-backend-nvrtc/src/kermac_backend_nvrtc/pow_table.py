@@ -1,24 +1,13 @@
-"""|t|^p without the special-function unit: a table indexed by |t|'s exponent and leading mantissa bits,
-times a short polynomial, for the split fractional-p pairwise kernel.
+"""|t|^p without the special-function unit: a table of 2^(e·p) over float32 exponents times a
+polynomial for the mantissa's power, for the split fractional-p pairwise kernel.
 
-Write |t| = 2^E·m with m in [1, 2) and let j be the top :data:`BUCKET_BITS` bits of m's fraction: m
-lies in bucket j, [1 + j/8, 1 + (j + 1)/8), whose midpoint is m_j = 1 + (2j + 1)/16.  The kernel keeps,
-for every biased exponent e = E + 127 and bucket j, a pair in shared memory (:func:`bucket_scales`):
-
-    R[e, j] = 2^-E·ρ_j,  ρ_j = float32(1/m_j)        T[e, j] = R[e, j]^-p  (float64, then rounded)
-
-so that |t|^p = T·y^p exactly, with y = |t|·R within 1 ± :data:`HALF_WIDTH`.  One FFMA forms
-r = |t|·R − 1, and (1 + r)^p is the polynomial of degree :func:`degree` (3 for p <= 3, else 4) that
-interpolates it at the Chebyshev nodes of [−HALF_WIDTH, HALF_WIDTH] (:func:`coefficients`).  Per term:
-the difference, two instructions for the table offset (exponent and bucket come from one shift of the
-bits), one 8-byte shared load, one FFMA for r, three or four for the polynomial, and the accumulating
-FFMA — 9 or 10 issue slots, no MUFU.
-
-For 1 <= p <= :data:`MAX_EXPONENT` the polynomial's relative error is below 1e-7 (the interpolation
-error of degree 3 vanishes at p = 1, 2, 3 and peaks at 7e-8 near p = 2.5; degree 4 reaches 6e-8 at
-p = 5), float32 Horner evaluation adds about 2^-24, T rounded to float32 another 2^-24
-(``lg2``/``ex2.approx`` have 2^-22 each).  The
-kernel flushes like the ftz MUFU path: T = 0 for e = 0 (zero and subnormal |t|) and where T < 2^-126.
+For t = ±2^e·m with m in [1, 2), |t|^p = 2^(e·p)·m^p.  The kernel keeps T[e] = 2^(e·p) for the 256
+biased exponents in shared memory (0 for zero and subnormal |t| and below 2^-126: flushed) and
+evaluates m^p = (1 + u)^p, u = m − 1 in [0, 1), with the degree-6 polynomial that interpolates it at
+the Chebyshev nodes of [0, 1].  For 1 <= p <= :data:`MAX_EXPONENT` its relative error, float32
+Horner evaluation included, stays below 3e-7 (2.5 ulp; ``lg2``/``ex2.approx`` have 2^-22 each);
+beyond, the interpolation error grows with p (2e-5 at p = 6.5), so larger p keep the ex2 polynomial
+(``kernels.POW_POLY``).
 :func:`coefficients` runs on the host, once per value of p, in float64; the kernel receives them as
 arguments, so a new p reuses the compiled kernel.
 """
@@ -26,21 +15,17 @@ arguments, so a new p reuses the compiled kernel.
 from __future__ import annotations
 
 import math
-import struct
 from functools import lru_cache
 
-__all__ = ["BUCKET_BITS", "HALF_WIDTH", "MAX_EXPONENT", "bucket_scales", "coefficients", "degree", "exponent_in_range"]
+__all__ = ["DEGREE", "MAX_EXPONENT", "coefficients", "exponent_in_range"]
 
+DEGREE = 6
 MAX_EXPONENT = 5.0
-#: Mantissa bits that, with the 8 exponent bits, index the table: 2^(8 + 3) pairs of floats, 16 KB.
-BUCKET_BITS = 3
-#: Bound on |r| = ||t|·R − 1|: 1/17 for bucket 0 (the widest relative to its midpoint), plus ρ_0's rounding.
-HALF_WIDTH = 0.0589
 
 
-def bucket_scales() -> list[float]:
-    """ρ_j = float32(16 / (17 + 2j)), j = 0..7, as the kernel computes them (float32 IEEE division)."""
-    return [struct.unpack("f", struct.pack("f", 16.0 / (17 + 2 * j)))[0] for j in range(1 << BUCKET_BITS)]
+def _nodes() -> list[float]:
+    n = DEGREE + 1
+    return [0.5 + 0.5 * math.cos((2 * k + 1) * math.pi / (2 * n)) for k in range(n)]
 
 
 def exponent_in_range(p: float) -> bool:
@@ -48,27 +33,21 @@ def exponent_in_range(p: float) -> bool:
     return 1.0 <= p <= MAX_EXPONENT
 
 
-def degree(p: float) -> int:
-    """Degree of the polynomial for (1 + r)^p: 3 where that is accurate (p <= 3), else 4."""
-    if not exponent_in_range(p):
-        raise ValueError(f"p: expected a number in [1, {MAX_EXPONENT}] for the power table, got {p!r}")
-    return 3 if p <= 3.0 else 4
-
-
 @lru_cache(maxsize=64)
 def coefficients(p: float) -> tuple[float, ...]:
-    """c_0..c_d, d = degree(p), with Σ c_k·r^k = (1 + r)^p at the d + 1 Chebyshev nodes of
-    [−HALF_WIDTH, HALF_WIDTH] (Vandermonde solve, float64)."""
-    n = degree(p) + 1
-    rs = [HALF_WIDTH * math.cos((2 * k + 1) * math.pi / (2 * n)) for k in range(n)]
-    rows = [[r**k for k in range(n)] + [(1.0 + r) ** p] for r in rs]
+    """c_0..c_6 with Σ c_j·u^j = (1 + u)^p at the Chebyshev nodes of [0, 1] (Vandermonde solve, float64)."""
+    if not exponent_in_range(p):
+        raise ValueError(f"p: expected a number in [1, {MAX_EXPONENT}] for the power table, got {p!r}")
+    us = _nodes()
+    rows = [[u**j for j in range(DEGREE + 1)] + [(1.0 + u) ** p] for u in us]
+    n = len(rows)
     for col in range(n):  # Gaussian elimination with partial pivoting
-        pivot = max(range(col, n), key=lambda i: abs(rows[i][col]))
+        pivot = max(range(col, n), key=lambda r: abs(rows[r][col]))
         rows[col], rows[pivot] = rows[pivot], rows[col]
-        for i in range(col + 1, n):
-            f = rows[i][col] / rows[col][col]
-            rows[i] = [a - f * b for a, b in zip(rows[i], rows[col], strict=True)]
+        for r in range(col + 1, n):
+            f = rows[r][col] / rows[col][col]
+            rows[r] = [a - f * b for a, b in zip(rows[r], rows[col], strict=True)]
     c = [0.0] * n
-    for i in reversed(range(n)):
-        c[i] = (rows[i][n] - sum(rows[i][k] * c[k] for k in range(i + 1, n))) / rows[i][i]
+    for r in reversed(range(n)):
+        c[r] = (rows[r][n] - sum(rows[r][j] * c[j] for j in range(r + 1, n))) / rows[r][r]
     return tuple(c)
