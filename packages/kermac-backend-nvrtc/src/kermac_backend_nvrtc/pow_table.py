@@ -17,6 +17,8 @@ from __future__ import annotations
 import math
 from functools import lru_cache
 
+import torch
+
 __all__ = ["DEGREE", "MAX_EXPONENT", "coefficients", "exponent_in_range"]
 
 DEGREE = 6
@@ -38,16 +40,6 @@ def coefficients(p: float) -> tuple[float, ...]:
     """c_0..c_6 with Σ c_j·u^j = (1 + u)^p at the Chebyshev nodes of [0, 1] (Vandermonde solve, float64)."""
     if not exponent_in_range(p):
         raise ValueError(f"p: expected a number in [1, {MAX_EXPONENT}] for the power table, got {p!r}")
-    us = _nodes()
-    rows = [[u**j for j in range(DEGREE + 1)] + [(1.0 + u) ** p] for u in us]
-    n = len(rows)
-    for col in range(n):  # Gaussian elimination with partial pivoting
-        pivot = max(range(col, n), key=lambda r: abs(rows[r][col]))
-        rows[col], rows[pivot] = rows[pivot], rows[col]
-        for r in range(col + 1, n):
-            f = rows[r][col] / rows[col][col]
-            rows[r] = [a - f * b for a, b in zip(rows[r], rows[col], strict=True)]
-    c = [0.0] * n
-    for r in reversed(range(n)):
-        c[r] = (rows[r][n] - sum(rows[r][j] * c[j] for j in range(r + 1, n))) / rows[r][r]
-    return tuple(c)
+    us = torch.tensor(_nodes(), dtype=torch.float64)
+    vandermonde = us[:, None] ** torch.arange(DEGREE + 1, dtype=torch.float64)
+    return tuple(torch.linalg.solve(vandermonde, (1.0 + us) ** p).tolist())
