@@ -126,17 +126,9 @@ def size_problem(what: str, sizes: dict[str, int]) -> str | None:
     return None
 
 
-def _operand(
-    t: torch.Tensor, layout: BatchLayout, name: str, pt: int, kt: int, p_dim: int, k_dim: int, p_fastest: bool = False
-) -> Operand:
-    """Load mode for a tile of ``pt`` positions × ``kt`` k-values of ``t`` (dims ``p_dim``, ``k_dim``).
-
-    ``p_fastest``: scalar loads with consecutive threads on consecutive positions (mode 1) even
-    where k is the contiguous dimension — for a narrow tile (a few positions, many k) whose
-    transposing shared-memory stores would otherwise put a warp's k-values on a handful of banks."""
+def _operand(t: torch.Tensor, layout: BatchLayout, name: str, pt: int, kt: int, p_dim: int, k_dim: int) -> Operand:
+    """Load mode for a tile of ``pt`` positions × ``kt`` k-values of ``t`` (dims ``p_dim``, ``k_dim``)."""
     e = max(1, -(-pt * kt // NT))
-    if p_fastest:
-        return Operand(1, e)
     sp, sk = t.stride(p_dim), t.stride(k_dim)
     p_size, k_size = t.shape[p_dim], t.shape[k_dim]
     if pt * kt == NT * e and e > 1:
@@ -300,10 +292,8 @@ def plan_grad(problem: GradProblem, capability: int | None = None) -> tuple[Grad
         ot=ot,
         k_unroll=cfg.k_unroll if tensor_cores else 4,
         a=_operand(problem.a, layout, "a", cfg.bmm, cfg.bk, -1, -2),
-        # b's 8 × 32 and c's 16 × 32 tiles: position-fastest stores hit 32 banks (b) or 16 (c) where
-        # k-fastest ones hit 4 (docs/nvrtc-notes.md, Version 12).
-        b=_operand(problem.b, layout, "b", cfg.bnn, cfg.bk, -2, -1, p_fastest=tensor_cores),
-        c=_operand(problem.c, layout, "c", ot, cfg.bk, -2, -1, p_fastest=tensor_cores),
+        b=_operand(problem.b, layout, "b", cfg.bnn, cfg.bk, -2, -1),
+        c=_operand(problem.c, layout, "c", ot, cfg.bk, -2, -1),
         tensor_cores=tensor_cores,
         ftz=FTZ and compute == "float",
         # km_signpow_pos (p known > 1) measured 3–4 % faster on the tensor-core kernel and 8 % slower
