@@ -504,7 +504,6 @@ def pairwise_source(v: PairwiseVariant) -> tuple[str, list[Param]]:
         MIN_BLOCKS=cfg.min_blocks,
         POLY_PAIRS=v.poly_pairs,
         POW_TABLE=int(v.pow_table),
-        FULL_LOADS=int(not v.long_k),
         KUNROLL=v.k_unroll,
         INNER=render_expr(prog.inner, names, ge1=v.ge1_hypers, ftz=v.ftz),
         POLY_EXP=render_expr(exponent, names) if split else "",

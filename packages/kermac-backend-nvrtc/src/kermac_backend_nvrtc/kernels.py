@@ -213,18 +213,10 @@ LOADER = r"""
 // One PT x KT operand tile, element (p, k) at base[p*sp + k*sk], staged through registers into
 // S[k][p] (k-major).  MODE 0: scalar loads, k fastest across threads; 1: scalar, p fastest;
 // 2: E-vectors along k (sk == 1, aligned); 3: E-vectors along p (sp == 1, aligned).
-// load() zero-fills rows p >= p_lim and features k >= k_lim.  The vector modes also have a cheaper
-// load for a tile whose KT features all lie below k_lim, in a kernel that never stores the results of
-// rows p >= p_lim: bind() once computes this thread's source address (mode 2 reads row p_lim − 1 in
-// place of rows past it), load_full(k0) then adds k0 (mode 3 skips rows past p_lim, leaving stale
-// registers) — no bounds predicates or zero fill per tile.
 template <typename Tin, int NT, int PT, int KT, int SP, int MODE, int E>
 struct KmTile {
   struct __align__(sizeof(Tin) * E) Vec { Tin v[E]; };
   Vec r;
-  const Tin* src;  // bind(): this thread's element (p, 0)
-  bool live;       // bind(): mode 3's row group lies below p_lim
-  long long ks;    // bind(): the stride between features
   __device__ __forceinline__ void load(const Tin* __restrict__ base, long long sp, long long sk,
                                        int p_lim, int k0, int k_lim) {
     const int tid = threadIdx.x;
@@ -254,21 +246,6 @@ struct KmTile {
         for (int i = 0; i < E; ++i) r.v[i] = Tin{};
       }
     }
-  }
-  __device__ __forceinline__ void bind(const Tin* __restrict__ base, long long sp, long long sk, int p_lim) {
-    const int tid = threadIdx.x;
-    ks = sk;
-    if (MODE == 2) {
-      src = base + (long long)min(tid / (KT / E), p_lim - 1) * sp + (tid % (KT / E)) * E;
-      live = true;
-    } else {
-      const int p = (tid % (PT / E)) * E;
-      src = base + p + (long long)(tid / (PT / E)) * sk;
-      live = p < p_lim;
-    }
-  }
-  __device__ __forceinline__ void load_full(int k0) {
-    if (live) r = *reinterpret_cast<const Vec*>(src + (MODE == 2 ? (long long)k0 : (long long)k0 * ks));
   }
   static constexpr int mode = MODE, e = E, pt = PT, kt = KT;
   // f(i, k, p) for every element slot this thread stages: element i of r.v sits at (p, k).
@@ -396,8 +373,6 @@ __device__ __forceinline__ km_t km_inner(km_t x, km_t z$HYPER_FORMALS) { return 
 // Pair q of the thread's P = GM·VM·GN·VN is split iff floor((q + 1)·n / P) > floor(q·n / P): n of them, spread evenly.
 #define KM_IS_SPLIT(q, n) (((q) + 1) * (n) / (GM * VM * GN * VN) > (q) * (n) / (GM * VM * GN * VN))
 #define KM_POW_TABLE $POW_TABLE
-// Full k tiles staged by KmTile::load_full (vector modes; off for long_k, whose 8 × 8 tile spills with it).
-#define KM_FULL_LOADS ($FULL_LOADS && $XMODE >= 2 && $ZMODE >= 2)
 #if POLY_PAIRS > 0 && KM_POW_TABLE
 #define KM_SPLIT_TERM(x, z) km_powabs_table((x) - (z), km_ptab, pc0, pc1, pc2, pc3, pc4, pc5, pc6)
 #elif POLY_PAIRS > 0
@@ -451,16 +426,9 @@ kermac_pairwise($PARAMS) {
       zt.store(Zs[0]);
       KM_SYNC(true);
     }
-    if (KM_FULL_LOADS) {
-      xt.bind(xb, sxm, sxk, M - m0);
-      zt.bind(zb, szn, szk, N - n0);
-    }
     for (int t = 0; t < ntiles; ++t) {
       const int cur = t & 1;
-      if (KM_FULL_LOADS && (t + 2) * BK <= D) {  // rows past M, N: computed, never stored
-        xt.load_full((t + 1) * BK);
-        zt.load_full((t + 1) * BK);
-      } else if (t + 1 < ntiles) {
+      if (t + 1 < ntiles) {
         xt.load(xb, sxm, sxk, M - m0, (t + 1) * BK, D);
         zt.load(zb, szn, szk, N - n0, (t + 1) * BK, D);
       }
