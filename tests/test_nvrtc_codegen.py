@@ -435,7 +435,7 @@ def test_wgmma_swizzle_is_a_conflict_free_bijection() -> None:
 
 
 def _tf32(a: np.ndarray) -> np.ndarray:
-    """kernels.TC_PAIRWISE's km_tf32: round to nearest (ties away) to 10 mantissa bits."""
+    """kernels.MMA_TF32's km_tf32: round to nearest (ties away) to 10 mantissa bits."""
     return ((a.astype(np.float32).view(np.uint32) + np.uint32(0x1000)) & np.uint32(0xFFFFE000)).view(np.float32)
 
 

@@ -243,7 +243,7 @@ class PairwiseConfig:
     gn: int = 2
 
 
-#: Tile of the tensor-core kernel (``kernels.TC_PAIRWISE``): 8 warps of 64×32 outputs; the k-major
+#: Tile of the tensor-core kernel (``tc_pairwise.TC_PAIRWISE``): 8 warps of 64×32 outputs; the k-major
 #: shared rows are padded by 8 floats so that the mma fragments' loads hit 32 distinct banks
 #: (row stride 136 ≡ 8 mod 32).  ``vm``/``vn`` describe the SIMT thread tile and do not apply.
 TC_CONFIG = PairwiseConfig(bm=128, bn=128, bk=16, vm=0, vn=0, spad=8, min_blocks=2)
@@ -320,7 +320,7 @@ class PairwiseVariant:
     z: Operand
     poly_pairs: int  # pairs per thread whose ex2 of |x − z|^b runs on the FMA pipe (split_exponent programs)
     k_unroll: int  # unroll factor of the k loop over one shared-memory tile
-    tensor_cores: bool = False  # (x − z)² sum on the tensor cores (kernels.TC_PAIRWISE), float32 only
+    tensor_cores: bool = False  # (x − z)² sum on the tensor cores (tc_pairwise.TC_PAIRWISE), float32 only
     ftz: bool = False  # |.|^b with b >= 1 flushes subnormals (no denormal fix-ups around lg2/ex2)
     pow_table: bool = False  # split pairs use pow_table (table × polynomial, no MUFU) instead of POW_POLY
     inline_epilogue: bool = True  # False: the tensor-core kernel calls the epilogue (__noinline__)
@@ -477,7 +477,9 @@ def pairwise_source(v: PairwiseVariant) -> tuple[str, list[Param]]:
 
         return wgmma_pairwise_source(v)
     if v.tensor_cores:
-        return _tc_pairwise_source(v)
+        from kermac_backend_nvrtc.tc_pairwise import tc_pairwise_source  # imports this module
+
+        return tc_pairwise_source(v)
     prog = v.program
     tin, compute = INPUT_TYPES[v.dtype]
     cfg = pairwise_config(compute, v.long_k)
@@ -514,26 +516,6 @@ def pairwise_source(v: PairwiseVariant) -> tuple[str, list[Param]]:
         **shared,
     )
     return _prelude(compute, split, v.ftz) + source, params
-
-
-def _tc_pairwise_source(v: PairwiseVariant) -> tuple[str, list[Param]]:
-    """``kernels.TC_PAIRWISE`` for a float32 (x − z)²-sum program: its epilogue, hyperparameters, batch."""
-    prog = v.program
-    if v.dtype != "float32" or not is_squared_difference_sum(prog):
-        raise ValueError(f"tensor-core variant: needs a float32 sum of (x - z)^2; got {v.dtype} {prog.key()}")
-    cfg = TC_CONFIG
-    extra = [Param("guard", "km_t"), Param("ovec", "int")]
-    params, shared = _pairwise_parts(v, "float", extra, _pairwise_names(prog))
-    source = kernels.TC_PAIRWISE.substitute(
-        BM=cfg.bm,
-        BN=cfg.bn,
-        BK=cfg.bk,
-        SPAD=cfg.spad,
-        MIN_BLOCKS=cfg.min_blocks,
-        EPILOGUE_INLINE="__forceinline__" if v.inline_epilogue else "__noinline__",
-        **shared,
-    )
-    return _prelude("float", False) + kernels.MMA_TF32 + source, params
 
 
 @dataclass(frozen=True)

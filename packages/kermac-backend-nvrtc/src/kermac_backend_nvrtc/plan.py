@@ -77,7 +77,7 @@ TABLE_PAIRS = _env_pairs("KERMAC_NVRTC_TABLE_PAIRS", 32)
 #: gives 0, as a tie does).  False (or ``KERMAC_NVRTC_FTZ=0``) keeps the denormal-exact lg2/ex2.
 FTZ = os.environ.get("KERMAC_NVRTC_FTZ", "1") != "0"
 #: Float32 sums of (x − z)² run on the tensor cores (3×TF32 expansion with the cancellation guard,
-#: kernels.TC_PAIRWISE), and so do float32 gradients with at least TC_GRAD_MIN_O outputs
+#: tc_pairwise.TC_PAIRWISE), and so do float32 gradients with at least TC_GRAD_MIN_O outputs
 #: (tc_grad.TC_GRAD).  ``KERMAC_NVRTC_TENSOR_CORES=0`` in the environment (read at import) or
 #: setting this to False selects the SIMT kernels instead.
 TENSOR_CORES = os.environ.get("KERMAC_NVRTC_TENSOR_CORES", "1") != "0"

@@ -1,6 +1,6 @@
 """The (x − z)² sums on Hopper's warpgroup tensor cores (``wgmma``, sm_90a): template and builder.
 
-Same math as :data:`kernels.TC_PAIRWISE` — d² = ‖x‖² + ‖z‖² − 2·x·z, the cross term in 3×TF32
+Same math as :data:`.tc_pairwise.TC_PAIRWISE` — d² = ‖x‖² + ‖z‖² − 2·x·z, the cross term in 3×TF32
 (x·z ≈ xl·zh + xh·zl + xh·zh with hi = tf32(a), lo = tf32(a − hi)), the norms in fp32, the same
 cancellation guard and exact recomputation — but the products run as asynchronous
 ``wgmma.mma_async`` m64n128k8 instructions that read both operands from shared memory, where
