@@ -8,13 +8,18 @@ torch.  Prints a table last; writes the same table and the full log under $OUT i
     python scripts/nvrtc_bench.py --rows "p=1.3" --knob TABLE_PAIRS=28,32,36 [--knob POW_TABLE=0,1]
 
 ``--knob NAME=V1,V2`` runs an A/B in one process instead: the selected base rows under every
-combination of the listed ``kermac_backend_nvrtc.plan`` settings, alternating ``--alternations``
-times (compiled kernels are forgotten between settings), each row labelled with its setting.
+combination of the listed settings, alternating ``--alternations`` times (compiled kernels are
+forgotten between settings), each row labelled with its setting.  NAME is an attribute of
+``kermac_backend_nvrtc.plan`` (``TABLE_PAIRS``), of another module of the backend
+(``codegen.INLINE_EXPENSIVE_EPILOGUE``), or a field of a dataclass held there
+(``tc_grad.TC_GRAD_CONFIG.k_group=1,2``, ``codegen.TC_CONFIG.min_blocks=1,2``); values take the
+type of what they replace (0/1 for booleans).
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import os
@@ -134,21 +139,67 @@ def _fmt(v: float | None) -> str:
     return "—" if v is None else f"{v:.3g}"
 
 
-def _knob_settings(knobs: list[str], module) -> list[tuple[str, dict]]:
-    """``--knob NAME=V1,V2`` arguments → (label, {NAME: value}) for every combination; values take
-    the type of the module attribute they replace (0/1 for booleans)."""
+def _knob_target(name: str) -> tuple[object, str, str | None]:
+    """``NAME``, ``module.NAME`` or ``module.NAME.field`` → (backend module, attribute, dataclass field)."""
+    import importlib
+
+    parts = name.split(".")
+    module_name, rest = ("plan", parts) if len(parts) == 1 else (parts[0], parts[1:])
+    try:
+        module = importlib.import_module(f"kermac_backend_nvrtc.{module_name}")
+    except ImportError:
+        module = None
+    attr, field = rest[0], (rest[1] if len(rest) == 2 else None)
+    value = getattr(module, attr, None) if module is not None and len(rest) <= 2 else None
+    if value is None or (field is not None and not (dataclasses.is_dataclass(value) and hasattr(value, field))):
+        raise SystemExit(
+            "--knob: expected NAME (a kermac_backend_nvrtc.plan setting), module.NAME or module.NAME.field "
+            f"(a dataclass field), got {name!r}"
+        )
+    return module, attr, field
+
+
+def _knob_settings(knobs: list[str]) -> list[tuple[str, dict]]:
+    """``--knob NAME=V1,V2`` arguments → (label, {NAME: value}) for every combination."""
     import itertools
 
     axes = []
     for knob in knobs:
         name, sep, values = knob.partition("=")
-        if not sep or not values or not hasattr(module, name):
-            raise SystemExit(f"--knob: expected NAME=V1,V2 with NAME an attribute of {module.__name__}, got {knob!r}")
-        kind = type(getattr(module, name))
+        if not sep or not values:
+            raise SystemExit(f"--knob: expected NAME=V1,V2, got {knob!r}")
+        module, attr, field = _knob_target(name)
+        current = getattr(module, attr) if field is None else getattr(getattr(module, attr), field)
+        kind = type(current)
         convert = (lambda v: bool(int(v))) if kind is bool else kind
         axes.append([(name, convert(v)) for v in values.split(",")])
     combos = [dict(c) for c in itertools.product(*axes)]
     return [(" ".join(f"{k}={v}" for k, v in c.items()), c) for c in combos]
+
+
+def with_settings(settings: dict, fn):
+    """``fn`` under backend settings ({NAME: value}, NAME as for ``--knob``), restored afterwards;
+    compiled kernels are forgotten before and after."""
+
+    def run() -> dict:
+        from kermac.registry import get_backend
+
+        memo = get_backend("nvrtc")._kernels
+        saved = []
+        for name, value in settings.items():
+            module, attr, field = _knob_target(name)
+            old = getattr(module, attr)
+            saved.append((module, attr, old))
+            setattr(module, attr, value if field is None else dataclasses.replace(old, **{field: value}))
+        memo.clear()
+        try:
+            return fn()
+        finally:
+            for module, attr, old in reversed(saved):
+                setattr(module, attr, old)
+            memo.clear()
+
+    return run
 
 
 def main() -> None:
@@ -182,28 +233,9 @@ def main() -> None:
         ("cdist 30000x30000x1024 p=2", lambda: cdist_row(30000, 1024, 2.0, 5, True)),
         ("cdist 30000x30000x1024 p=1.3", lambda: cdist_row(30000, 1024, 1.3, 3, False)),
     ]
-    from kermac_backend_nvrtc import plan as nvplan
-
-    def with_plan(settings: dict, fn):  # fn under plan settings, compiled kernels forgotten around it
-        def run() -> dict:
-            from kermac.registry import get_backend
-
-            memo = get_backend("nvrtc")._kernels
-            saved = {name: getattr(nvplan, name) for name in settings}
-            for name, value in settings.items():
-                setattr(nvplan, name, value)
-            memo.clear()
-            try:
-                return fn()
-            finally:
-                for name, value in saved.items():
-                    setattr(nvplan, name, value)
-                memo.clear()
-
-        return run
 
     def with_split(pairs: int, ftz: bool, fn):
-        return with_plan({"POLY_PAIRS": pairs, "FTZ": ftz, "POW_TABLE": False}, fn)
+        return with_settings({"POLY_PAIRS": pairs, "FTZ": ftz, "POW_TABLE": False}, fn)
 
     base_rows = list(plan)
 
@@ -224,26 +256,10 @@ def main() -> None:
         )
 
     def simt(fn):  # the same row on the SIMT kernels (p = 2 family of cdist, float32 gradients)
-        return with_plan({"TENSOR_CORES": False}, fn)
+        return with_settings({"TENSOR_CORES": False}, fn)
 
     def one_block(fn):  # the tensor-core kernel at 1 block/SM (no register cap: ~200 registers, no spills)
-        def run() -> dict:
-            import dataclasses
-
-            from kermac.registry import get_backend
-            from kermac_backend_nvrtc import codegen as nvcodegen
-
-            memo = get_backend("nvrtc")._kernels
-            saved = nvcodegen.TC_CONFIG
-            nvcodegen.TC_CONFIG = dataclasses.replace(saved, min_blocks=1)
-            memo.clear()
-            try:
-                return fn()
-            finally:
-                nvcodegen.TC_CONFIG = saved
-                memo.clear()
-
-        return run
+        return with_settings({"codegen.TC_CONFIG.min_blocks": 1}, fn)
 
     plan += [
         ("cdist 30000x30000x1024 p=2 tc-1block", one_block(lambda: cdist_row(30000, 1024, 2.0, 5, False))),
@@ -262,9 +278,9 @@ def main() -> None:
         ("grad 8192,768,16,8192 p=1.5 simt", simt(lambda: grad_row(8192, 768, 16, 8192, 1.5, 5))),
     ]
     if args.knob:
-        modes = _knob_settings(args.knob, nvplan)
+        modes = _knob_settings(args.knob)
         plan = [
-            (f"{name} [{label}] #{round_ + 1}", with_plan(settings, fn))
+            (f"{name} [{label}] #{round_ + 1}", with_settings(settings, fn))
             for round_ in range(args.alternations)
             for name, fn in base_rows
             for label, settings in modes

@@ -1,0 +1,63 @@
+"""scripts/nvrtc_bench.py: its ``--knob`` settings — parsing, and applying them around a run (no GPU)."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+from kermac_backend_nvrtc import plan, tc_grad
+
+
+@pytest.fixture(scope="module")
+def bench_script():
+    path = Path(__file__).resolve().parents[1] / "scripts" / "nvrtc_bench.py"
+    spec = importlib.util.spec_from_file_location("nvrtc_bench", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_knob_settings_cover_every_combination(bench_script) -> None:
+    """Plan settings by bare name, dataclass fields by module.NAME.field; values converted to the
+    type they replace (0/1 for booleans); one setting per combination, labelled."""
+    modes = bench_script._knob_settings(["TABLE_PAIRS=28,32", "tc_grad.TC_GRAD_CONFIG.k_group=1,2", "POW_TABLE=0"])
+    assert [label for label, _ in modes] == [
+        "TABLE_PAIRS=28 tc_grad.TC_GRAD_CONFIG.k_group=1 POW_TABLE=False",
+        "TABLE_PAIRS=28 tc_grad.TC_GRAD_CONFIG.k_group=2 POW_TABLE=False",
+        "TABLE_PAIRS=32 tc_grad.TC_GRAD_CONFIG.k_group=1 POW_TABLE=False",
+        "TABLE_PAIRS=32 tc_grad.TC_GRAD_CONFIG.k_group=2 POW_TABLE=False",
+    ]
+    assert modes[1][1] == {"TABLE_PAIRS": 28, "tc_grad.TC_GRAD_CONFIG.k_group": 2, "POW_TABLE": False}
+
+
+@pytest.mark.parametrize(
+    "knob", ["NO_SUCH_SETTING=1", "TABLE_PAIRS", "nosuchmodule.X=1", "tc_grad.TC_GRAD_CONFIG.nosuchfield=1"]
+)
+def test_knob_errors_name_the_argument(bench_script, knob: str) -> None:
+    with pytest.raises(SystemExit, match="--knob: expected NAME"):
+        bench_script._knob_settings([knob])
+
+
+def test_settings_apply_around_a_run_and_are_restored(bench_script) -> None:
+    """Inside the run the module attribute and the dataclass field hold the new values (other
+    fields kept); afterwards, also when the run raises, the original objects are back."""
+    config, pairs = tc_grad.TC_GRAD_CONFIG, plan.TABLE_PAIRS
+    seen = {}
+
+    def probe() -> dict:
+        seen.update(k_group=tc_grad.TC_GRAD_CONFIG.k_group, bk=tc_grad.TC_GRAD_CONFIG.bk, pairs=plan.TABLE_PAIRS)
+        return {}
+
+    settings = {"tc_grad.TC_GRAD_CONFIG.k_group": 1, "TABLE_PAIRS": 7}
+    bench_script.with_settings(settings, probe)()
+    assert seen == {"k_group": 1, "bk": config.bk, "pairs": 7}
+    assert tc_grad.TC_GRAD_CONFIG is config and plan.TABLE_PAIRS == pairs
+
+    def fail() -> dict:
+        raise RuntimeError("boom")
+
+    with pytest.raises(RuntimeError, match="boom"):
+        bench_script.with_settings(settings, fail)()
+    assert tc_grad.TC_GRAD_CONFIG is config and plan.TABLE_PAIRS == pairs
