@@ -61,3 +61,24 @@ def test_settings_apply_around_a_run_and_are_restored(bench_script) -> None:
     with pytest.raises(RuntimeError, match="boom"):
         bench_script.with_settings(settings, fail)()
     assert tc_grad.TC_GRAD_CONFIG is config and plan.TABLE_PAIRS == pairs
+
+
+def test_tile_config_settings_reach_the_generated_source(bench_script) -> None:
+    """``codegen.TC_CONFIG.min_blocks`` (the script's tc-1block rows) changes the mma.sync kernel's
+    launch bounds: its source builder reads the tile config at each call."""
+    import torch
+
+    from kermac import presets
+    from kermac.problem import pairwise_problem
+    from kermac_backend_nvrtc import codegen
+
+    x = torch.empty(64, 16, device="meta")
+    variant = plan.plan_pairwise(pairwise_problem(presets.l2_distance.lower(), x, x, out=None, hypers={}), 80)[0]
+    assert variant.tensor_cores and not variant.wgmma
+
+    def bounds() -> dict:
+        source = codegen.pairwise_source(variant)[0]
+        return {"one": "__launch_bounds__(NT, 1)" in source, "two": "__launch_bounds__(NT, 2)" in source}
+
+    assert bench_script.with_settings({"codegen.TC_CONFIG.min_blocks": 1}, bounds)() == {"one": True, "two": False}
+    assert bounds() == {"one": False, "two": True}

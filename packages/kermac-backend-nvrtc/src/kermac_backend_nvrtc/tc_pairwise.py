@@ -17,8 +17,8 @@ from __future__ import annotations
 from string import Template
 
 from kermac.programs import is_squared_difference_sum
-from kermac_backend_nvrtc import kernels
-from kermac_backend_nvrtc.codegen import TC_CONFIG, PairwiseVariant, Param, _pairwise_names, _pairwise_parts, _prelude
+from kermac_backend_nvrtc import codegen, kernels
+from kermac_backend_nvrtc.codegen import PairwiseVariant, Param, _pairwise_names, _pairwise_parts, _prelude
 
 __all__ = ["TC_PAIRWISE", "tc_pairwise_source"]
 
@@ -228,11 +228,12 @@ kermac_pairwise($PARAMS) {
 
 
 def tc_pairwise_source(v: PairwiseVariant) -> tuple[str, list[Param]]:
-    """CUDA source of :data:`TC_PAIRWISE` for a float32 (x − z)²-sum program: its epilogue, hyperparameters, batch."""
+    """CUDA source of :data:`TC_PAIRWISE` for a float32 (x − z)²-sum program: its epilogue, hyperparameters,
+    batch; the tile is ``codegen.TC_CONFIG``, read at each call (so a benchmark can vary it)."""
     prog = v.program
     if v.dtype != "float32" or not is_squared_difference_sum(prog):
         raise ValueError(f"tensor-core variant: needs a float32 sum of (x - z)^2; got {v.dtype} {prog.key()}")
-    cfg = TC_CONFIG
+    cfg = codegen.TC_CONFIG
     extra = [Param("guard", "km_t"), Param("ovec", "int")]
     params, shared = _pairwise_parts(v, "float", extra, _pairwise_names(prog))
     source = TC_PAIRWISE.substitute(
