@@ -211,7 +211,13 @@ def main() -> None:
         default="",
         help="fractional-p ex2-polynomial variants to add, PAIRS:FTZ,... (plan.POLY_PAIRS, plan.FTZ; power table off)",
     )
-    ap.add_argument("--knob", action="append", default=[], metavar="NAME=V1,V2", help="A/B of plan.NAME (repeatable)")
+    ap.add_argument(
+        "--knob",
+        action="append",
+        default=[],
+        metavar="NAME=V1,V2",
+        help="A/B of a setting: a plan NAME, module.NAME or module.NAME.field (repeatable)",
+    )
     ap.add_argument("--alternations", type=int, default=2, help="rounds of the --knob A/B")
     args = ap.parse_args()
     want = [w for w in args.rows.split(",") if w]

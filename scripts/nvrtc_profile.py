@@ -111,7 +111,7 @@ def main() -> None:
     if args.child:
         run_operation(args.operation)
         return
-    ncu = shutil.which("ncu") or next((p for p in ("/usr/local/cuda/bin/ncu",) if os.path.exists(p)), None)
+    ncu = shutil.which("ncu") or shutil.which("ncu", path="/usr/local/cuda/bin")
     if ncu is None:
         raise SystemExit("ncu (Nsight Compute) not found on PATH or in /usr/local/cuda/bin")
     command = [ncu, "-k", "regex:kermac_", "--launch-skip", "1", "--launch-count", "1", "--print-details", "all"]

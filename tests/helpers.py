@@ -6,8 +6,11 @@ broadcasting in float64 on the CPU; they share no code with kermac.
 
 from __future__ import annotations
 
+import importlib.util
 import math
 import os
+from pathlib import Path
+from types import ModuleType
 
 import pytest
 import torch
@@ -105,3 +108,12 @@ def ref_grad(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, d: torch.Tensor,
 
 def randn(*shape: int, dtype: torch.dtype = torch.float32, device: str = "cpu") -> torch.Tensor:
     return torch.randn(*shape, dtype=torch.float64).to(dtype=dtype, device=device)
+
+
+def load_script(name: str) -> ModuleType:
+    """The module ``scripts/<name>.py`` of this repository (scripts are not an installed package)."""
+    path = Path(__file__).resolve().parents[1] / "scripts" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module

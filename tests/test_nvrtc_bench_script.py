@@ -2,21 +2,15 @@
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
 import pytest
+from helpers import load_script
 
 from kermac_backend_nvrtc import plan, tc_grad
 
 
 @pytest.fixture(scope="module")
 def bench_script():
-    path = Path(__file__).resolve().parents[1] / "scripts" / "nvrtc_bench.py"
-    spec = importlib.util.spec_from_file_location("nvrtc_bench", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("nvrtc_bench")
 
 
 def test_knob_settings_cover_every_combination(bench_script) -> None:

@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
 import pytest
+from helpers import load_script
 
 REPORT = """\
 ==PROF== Profiling "kermac_grad": 0%....50%....100% - 23 passes
@@ -31,11 +29,7 @@ REPORT = """\
 
 @pytest.fixture(scope="module")
 def profile_script():
-    path = Path(__file__).resolve().parents[1] / "scripts" / "nvrtc_profile.py"
-    spec = importlib.util.spec_from_file_location("nvrtc_profile", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("nvrtc_profile")
 
 
 def test_summary_of_an_ncu_report(profile_script) -> None:
