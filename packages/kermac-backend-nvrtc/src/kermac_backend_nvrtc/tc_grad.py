@@ -10,10 +10,13 @@ is the mma's M dimension and o its N dimension, so O ≤ 8 costs one mma per fra
 9 ≤ O ≤ 16 two; larger O is split into chunks of 16 over the grid (as the SIMT kernel does).
 
 Accuracy (3×TF32): c is split once, when its tile is stored to shared memory, into
-c_hi = rna_tf32(c) and c_lo = rna_tf32(c − c_hi); every B' value into v_hi = rna_tf32(v) and
-v_lo = v − v_hi (three instructions; the tensor core reads v_lo's top 19 bits), and
-c·v ≈ v_lo·c_hi + v_hi·c_lo + v_hi·c_hi.  Each term misses at most about 2⁻²¹·|c·v| (the dropped
-v_lo·c_lo and the TF32 reading of v_lo), against 2⁻²⁴ for fp32 FMAs.  The tensor cores truncate
+c_hi = rna_tf32(c) and c_lo = rna_tf32(c − c_hi); every B' value into v_hi = v with its low 13
+bits cleared (TF32 by truncation, one instruction) and v_lo = v − v_hi (exact, |v_lo| < 2⁻¹⁰·|v|;
+the tensor core reads its top 19 bits), and c·v ≈ v_lo·c_hi + v_hi·c_lo + v_hi·c_hi.  Each term
+misses at most about 2⁻²⁰·|c·v| (the TF32 reading of v_lo) plus 2⁻²¹·|c·v| (the dropped v_lo·c_lo),
+against 2⁻²⁴ for fp32 FMAs; rounding v_hi instead halves both bounds but costs an instruction per
+value, 7.6 % of the loop (measured 5–6 % slower at p = 2, 1–2 % at p = 1.5, errors 3.2–4.3e-7 against
+3.6–4.7e-7 truncated).  The tensor cores truncate
 their fp32 sums, a bias that grew to 2.9e-5 relative at K = 4096 and 5.8e-5 at K = 8192 when the
 mma accumulators ran over all of k; they therefore hold the three products of two 8-wide k steps
 only (``k_group``), and fp32 registers add those partial sums with round-to-nearest (3e-7 to 4e-7
@@ -205,7 +208,7 @@ kermac_grad($PARAMS) {
 #pragma unroll
               for (int e = 0; e < 4; ++e) {
                 const float v = av[s][e] * km_multiply(dv[i][j][e & 1], bv[s][e >> 1][i]$HYPER_ACTUALS);
-                hi[e] = km_tf32(v);
+                hi[e] = __float_as_uint(v) & 0xffffe000u;  // TF32 by truncation: v − hi is exact
                 lo[e] = __float_as_uint(v - __uint_as_float(hi[e]));
               }
 #pragma unroll
