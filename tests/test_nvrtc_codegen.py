@@ -621,8 +621,9 @@ def test_smem_stride_is_conflict_free() -> None:
 def _tc_grad_emulated(a, b, c, d, p: float) -> np.ndarray:
     """float32 emulation of tc_grad.TC_GRAD: B' = a·φ in fp32, c split by rounding, B' into its
     truncation to TF32 + the exact fp32 residual, which the tensor core reads as TF32 (truncated
-    here; rounding it gives the same errors to 1 %), the three products of each group of ``k_group`` 8-wide k steps summed
-    (in float64 here; the tensor cores truncate) and added to fp32 accumulators."""
+    here; rounding it gives the same errors to 1 %), the three products of each group of
+    ``k_group`` 8-wide k steps summed (in float64 here; the tensor cores truncate) and added to fp32
+    accumulators."""
     f32 = np.float32
     t = (d[:, :, None] - b[:, None, :]).astype(f32)  # [N, M, K]
     phi = np.sign(t) if p == 1.0 else (np.sign(t) * np.abs(t) ** f32(p - 1)).astype(f32)

@@ -213,9 +213,21 @@ __device__ __forceinline__ bool km_beyond(const Tile& tile, float lim) {
 """
 
 LOADER = r"""
+// cp.async (sm_80+) of 4, 8 or 16 bytes from global to shared memory (shared address dst); an invalid
+// source copies nothing and zero-fills the destination.  km_cp_commit closes a group of copies,
+// km_cp_wait waits for all of the thread's groups (then a barrier makes them visible to the block).
+template <int N>
+__device__ __forceinline__ void km_cp(unsigned dst, const void* src, bool valid) {
+  if (N == 16) asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(valid ? 16 : 0) : "memory");
+  else asm volatile("cp.async.ca.shared.global [%0], [%1], %2, %3;\n" ::"r"(dst), "l"(src), "n"(N), "r"(valid ? N : 0) : "memory");
+}
+__device__ __forceinline__ void km_cp_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+__device__ __forceinline__ void km_cp_wait() { asm volatile("cp.async.wait_group 0;\n" ::: "memory"); }
+
 // One PT x KT operand tile, element (p, k) at base[p*sp + k*sk], staged through registers into
 // S[k][p] (k-major).  MODE 0: scalar loads, k fastest across threads; 1: scalar, p fastest;
 // 2: E-vectors along k (sk == 1, aligned); 3: E-vectors along p (sp == 1, aligned).
+// fetch/land move the same elements with cp.async where they land whole (no staging registers).
 template <typename Tin, int NT, int PT, int KT, int SP, int MODE, int E>
 struct KmTile {
   struct __align__(sizeof(Tin) * E) Vec { Tin v[E]; };
@@ -280,6 +292,35 @@ struct KmTile {
   }
   __device__ __forceinline__ void store(km_t (*S)[SP]) const {
     each([&](int k, int p, km_t v) { S[k][p] = v; });
+  }
+  // load + store without staging registers where the copies land whole: cp.async of the thread's
+  // elements into S (zero outside the operand, as load gives; MODE 0, 1 and 3).  MODE 2 vectors land
+  // transposed (E 4-byte copies each, measured slower than one vector load): staged as before.
+  // fetch starts the tile, land finishes it (after km_cp_commit ... km_cp_wait, before a barrier).
+  __device__ __forceinline__ void fetch(km_t (*S)[SP], const Tin* __restrict__ base, long long sp, long long sk,
+                                        int p_lim, int k0, int k_lim) {
+    static_assert(MODE == 2 || sizeof(Tin) == sizeof(km_t), "cp.async copies without conversion");
+    const int tid = threadIdx.x;
+    if (MODE == 0 || MODE == 1) {
+      each_pos([&](int i, int k, int p) {
+        const bool ok = p < p_lim && k0 + k < k_lim;
+        const Tin* src = ok ? base + (long long)p * sp + (long long)(k0 + k) * sk : base;
+        km_cp<sizeof(Tin)>((unsigned)__cvta_generic_to_shared(&S[k][p]), src, ok);
+      });
+    } else if (MODE == 2) {
+      load(base, sp, sk, p_lim, k0, k_lim);
+    } else {  // E-vector along p, contiguous in S[k] too: 16 bytes per copy where E allows
+      constexpr int V = sizeof(Tin) * E % 16 == 0 ? 16 / sizeof(Tin) : 1;
+      const int p = (tid % (PT / E)) * E, k = tid / (PT / E);
+      const bool ok = p < p_lim && k0 + k < k_lim;
+      const Tin* src = ok ? base + p + (long long)(k0 + k) * sk : base;  // base + j·V: in bounds (P % E == 0)
+      const unsigned dst = (unsigned)__cvta_generic_to_shared(&S[k][p]);
+#pragma unroll
+      for (int j = 0; j < E / V; ++j) km_cp<sizeof(Tin) * V>(dst + j * V * sizeof(Tin), src + j * V, ok);
+    }
+  }
+  __device__ __forceinline__ void land(km_t (*S)[SP]) const {
+    if (MODE == 2) store(S);
   }
 };
 

@@ -94,15 +94,6 @@ HELPERS = r"""
 // low word is linear in a (shared addresses stay below 2^18), the high word fixed.
 #define KM_DESC_HI 0xC0000010u
 __device__ __forceinline__ unsigned km_desc_lo(unsigned a) { return ((a & 0x3FFFFu) >> 4) | (1u << 16); }
-// cp.async of 4 or 16 bytes; an invalid source copies nothing and zero-fills the destination.
-__device__ __forceinline__ void km_cp4(unsigned dst, const float* src, bool valid) {
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst), "l"(src), "r"(valid ? 4 : 0) : "memory");
-}
-__device__ __forceinline__ void km_cp16(unsigned dst, const float* src, bool valid) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(valid ? 16 : 0) : "memory");
-}
-__device__ __forceinline__ void km_cp_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
-__device__ __forceinline__ void km_cp_wait() { asm volatile("cp.async.wait_group 0;\n" ::: "memory"); }
 // (sgn(t) + 1) / 2 for |t| ≥ 2^-126 or t = 0: sat(t·2^126 + 1/2) ∈ {0, 1/2, 1}; t below 2^-126 is
 // flushed to 0 (ftz), NaN gives 0.
 __device__ __forceinline__ float km_half_sign(float t) {
@@ -194,7 +185,7 @@ kermac_grad($PARAMS, int bvec, int ovec) {
         for (int j = 0; j < BNN * BK / 4 / NT; ++j) {
           const int i = tid + j * NT, n = i / (BK / 4), k = 4 * (i % (BK / 4));
           const bool ok = n0 + n < N && k0 + k < K;
-          km_cp16(dst + 4 * (n * BS + k), ok ? bb + (long long)(n0 + n) * sbn + (k0 + k) : bb, ok);
+          km_cp<16>(dst + 4 * (n * BS + k), ok ? bb + (long long)(n0 + n) * sbn + (k0 + k) : bb, ok);
         }
       } else {
         const bool nfast = sbn == 1 && sbk != 1;
@@ -203,7 +194,7 @@ kermac_grad($PARAMS, int bvec, int ovec) {
           const int i = tid + j * NT;
           const int n = nfast ? i % BNN : i / BK, k = nfast ? i / BNN : i % BK;
           const bool ok = n0 + n < N && k0 + k < K;
-          km_cp4(dst + 4 * (n * BS + k), ok ? bb + (long long)(n0 + n) * sbn + (long long)(k0 + k) * sbk : bb, ok);
+          km_cp<4>(dst + 4 * (n * BS + k), ok ? bb + (long long)(n0 + n) * sbn + (long long)(k0 + k) * sbk : bb, ok);
         }
       }
     };
@@ -214,7 +205,7 @@ kermac_grad($PARAMS, int bvec, int ovec) {
         const int i = tid + j * NT, m = i / BK, k = i % BK;
         if (m < MB) {
           const bool ok = m0 + m < M && k0 + k < K;
-          km_cp4(asm_ + (t & 1) * KM_ABUF + 4 * (m * ACS + k),
+          km_cp<4>(asm_ + (t & 1) * KM_ABUF + 4 * (m * ACS + k),
                  ok ? ab + (long long)(k0 + k) * sak + (long long)(m0 + m) * sam : ab, ok);
         }
       }
@@ -222,7 +213,7 @@ kermac_grad($PARAMS, int bvec, int ovec) {
       for (int j = 0; j < OT * BK / NT; ++j) {
         const int i = tid + j * NT, o = i / BK, k = i % BK;
         const bool ok = o0 + o < O && k0 + k < K;
-        km_cp4(csm + (t & 1) * KM_CBUF + 4 * (o * ACS + k),
+        km_cp<4>(csm + (t & 1) * KM_CBUF + 4 * (o * ACS + k),
                ok ? cb + (long long)(o0 + o) * sco + (long long)(k0 + k) * sck : cb, ok);
       }
     };
