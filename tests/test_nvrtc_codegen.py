@@ -846,8 +846,11 @@ def test_plan_selects_sign_product_on_sm90_only(monkeypatch: pytest.MonkeyPatch)
         variant, launch = plan.plan_grad(CASES["grad-p1"], capability)
         assert variant.tensor_cores and variant.wgmma is wgmma, capability
         assert launch.block == (sign_grad.THREADS if wgmma else plan.NT)
-        assert codegen.dynamic_smem(variant) == (sign_grad.dynamic_smem(16) if wgmma else 0)
+        assert codegen.dynamic_smem(variant) == (sign_grad.dynamic_smem(16) if wgmma else tc_grad.dynamic_smem(16))
     assert 48 * 1024 < sign_grad.dynamic_smem(16) <= 227 * 1024
+    # mma.sync gradient: two k tiles of a (64 m), b (8 n), c_hi and c_lo (16 o), rows padded to 72, 8, 24.
+    assert tc_grad.dynamic_smem(16) == 4 * 2 * tc_grad.TC_GRAD_CONFIG.bk * (72 + 8 + 2 * 24)
+    assert tc_grad.TC_GRAD_CONFIG.min_blocks * tc_grad.dynamic_smem(16) <= 163 * 1024  # sm_80's limit per SM
     for case in ("grad-p1.5", "grad-p2", "tc-grad-user-program", "grad-p1-o2", "grad-p1.5-float64"):
         assert not plan.plan_grad(CASES[case], 90)[0].wgmma, case  # other programs, O < 3, other dtypes
     assert plan.plan_grad(CASES["grad-p1-o3"], 90)[0].ot == 8

@@ -463,6 +463,10 @@ def dynamic_smem(variant: PairwiseVariant | GradVariant) -> int:
         from kermac_backend_nvrtc import sign_grad  # imports this module
 
         return sign_grad.dynamic_smem(variant.ot)
+    if isinstance(variant, GradVariant) and variant.tensor_cores:
+        from kermac_backend_nvrtc import tc_grad  # imports this module
+
+        return tc_grad.dynamic_smem(variant.ot)
     if getattr(variant, "wgmma", False):
         from kermac_backend_nvrtc.wgmma_pairwise import DYNAMIC_SMEM  # imports this module
 

@@ -40,7 +40,7 @@ from string import Template
 from kermac_backend_nvrtc import kernels
 from kermac_backend_nvrtc.codegen import GradVariant, Param, _prelude, grad_parts
 
-__all__ = ["TC_GRAD", "TC_GRAD_CONFIG", "TcGradConfig", "smem_stride", "tc_grad_source"]
+__all__ = ["TC_GRAD", "TC_GRAD_CONFIG", "TcGradConfig", "dynamic_smem", "smem_stride", "tc_grad_source"]
 
 
 @dataclass(frozen=True)
@@ -105,9 +105,12 @@ __device__ __forceinline__ float km_epilogue(float acc$HYPER_FORMALS) { return $
 
 extern "C" __global__ void __launch_bounds__(NT, $MIN_BLOCKS)
 kermac_grad($PARAMS) {
-  __shared__ __align__(16) float As[2][BK][AS];
-  __shared__ __align__(16) float Bs[2][BK][BS];
-  __shared__ __align__(16) unsigned Ch[2][BK][CS], Cl[2][BK][CS];
+  // Dynamic shared memory (dynamic_smem bytes; tiles of 32 k or more take over 48 KB): a, b, c_hi, c_lo.
+  extern __shared__ __align__(16) float km_dyn[];
+  float(*As)[BK][AS] = reinterpret_cast<float(*)[BK][AS]>(km_dyn);
+  float(*Bs)[BK][BS] = reinterpret_cast<float(*)[BK][BS]>(km_dyn + 2 * BK * AS);
+  unsigned(*Ch)[BK][CS] = reinterpret_cast<unsigned(*)[BK][CS]>(km_dyn + 2 * BK * (AS + BS));
+  unsigned(*Cl)[BK][CS] = reinterpret_cast<unsigned(*)[BK][CS]>(km_dyn + 2 * BK * (AS + BS + CS));
   const int tid = threadIdx.x;
   const int lane = tid & 31, warp = tid >> 5;
   const int g = lane >> 2, q = lane & 3;          // mma fragment coordinates
@@ -262,6 +265,13 @@ kermac_grad($PARAMS) {
 }
 """
 )
+
+
+def dynamic_smem(ot: int) -> int:
+    """Bytes of dynamic shared memory of a :data:`TC_GRAD` block with ``ot`` outputs: two k tiles each
+    of a, b, c_hi and c_lo, rows padded by :func:`smem_stride` (tile :data:`TC_GRAD_CONFIG`)."""
+    cfg = TC_GRAD_CONFIG
+    return 4 * 2 * cfg.bk * (smem_stride(cfg.bmm) + smem_stride(cfg.bnn) + 2 * smem_stride(ot))
 
 
 def tc_grad_source(v: GradVariant) -> tuple[str, list[Param]]:
