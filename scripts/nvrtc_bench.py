@@ -5,6 +5,7 @@ then CUDA-event timings (warm-up first, median of repeats) of nvrtc and, where a
 torch.  Prints a table last; writes the same table and the full log under $OUT if set.
 
     python scripts/nvrtc_bench.py [--rows substr,...] [--reps N]
+    python scripts/nvrtc_bench.py --rows "grad 4096,256,16,4096 p=2;grad 8192"   (; where names hold commas)
     python scripts/nvrtc_bench.py --rows "p=1.3" --knob TABLE_PAIRS=28,32,36 [--knob POW_TABLE=0,1]
 
 ``--knob NAME=V1,V2`` runs an A/B in one process instead: the selected base rows under every
@@ -135,6 +136,12 @@ def grad_row(m: int, n: int, o: int, k: int, p: float, reps: int) -> dict:
     return {"ms": ms, "torch_ms": tms, "err": err}
 
 
+def row_filters(rows: str) -> list[str]:
+    """``--rows`` → the substrings a row name must contain one of: separated by ';' where the
+    argument has one (gradient rows are named ``grad M,N,O,K p=..``), else by ','."""
+    return [w for w in rows.split(";" if ";" in rows else ",") if w]
+
+
 def _fmt(v: float | None) -> str:
     return "—" if v is None else f"{v:.3g}"
 
@@ -204,7 +211,9 @@ def with_settings(settings: dict, fn):
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--rows", default="")
+    ap.add_argument(
+        "--rows", default="", help="substrings of the rows to run, separated by , (or ; where names hold commas)"
+    )
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument(
         "--split",
@@ -220,7 +229,7 @@ def main() -> None:
     )
     ap.add_argument("--alternations", type=int, default=2, help="rounds of the --knob A/B")
     args = ap.parse_args()
-    want = [w for w in args.rows.split(",") if w]
+    want = row_filters(args.rows)
     print(torch.cuda.get_device_name(), "torch", torch.__version__, time.strftime("%Y-%m-%d %H:%M"), flush=True)
     plan = [
         ("cdist 16384x16384x32 p=1", lambda: cdist_row(16384, 32, 1.0, args.reps, False)),

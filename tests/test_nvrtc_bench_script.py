@@ -1,4 +1,4 @@
-"""scripts/nvrtc_bench.py: its ``--knob`` settings — parsing, and applying them around a run (no GPU)."""
+"""scripts/nvrtc_bench.py: its ``--knob`` settings (parsing, applying them around a run), its row filter (no GPU)."""
 
 from __future__ import annotations
 
@@ -76,3 +76,9 @@ def test_tile_config_settings_reach_the_generated_source(bench_script) -> None:
 
     assert bench_script.with_settings({"codegen.TC_CONFIG.min_blocks": 1}, bounds)() == {"one": True, "two": False}
     assert bounds() == {"one": False, "two": True}
+
+
+def test_row_filters_split_on_semicolons_where_given(bench_script) -> None:
+    assert bench_script.row_filters("p=1.3,laplace") == ["p=1.3", "laplace"]
+    assert bench_script.row_filters("grad 4096,256,16,4096 p=2;grad 8192") == ["grad 4096,256,16,4096 p=2", "grad 8192"]
+    assert bench_script.row_filters("") == []
