@@ -375,7 +375,7 @@ def _sign_product_device() -> bool:
     return torch.cuda.get_device_capability() == (9, 0)
 
 
-@pytest.mark.parametrize("p", [0.5, 1.0, 1.5, 2.0, 3.0])
+@pytest.mark.parametrize("p", [0.5, 1.0, 1.5, 1.7, 2.0, 3.0])
 @pytest.mark.parametrize(
     ("k", "m", "n", "o"),
     [

@@ -18,6 +18,7 @@ replace sub-trees by faster equivalents with the same semantics: ``pow(abs(e), b
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from string import Template
 
@@ -126,6 +127,51 @@ def _exponent_sign(b: Expr, ge1: frozenset[str], gt1: frozenset[str]) -> int | N
     return 1 if _exponent_ge1(b, ge1) else None
 
 
+_ARITHMETIC = {"add": lambda a, b: a + b, "sub": lambda a, b: a - b, "mul": lambda a, b: a * b, "neg": lambda a: -a}
+
+
+def _constant_value(e: Expr, known: Mapping[str, float]) -> float | None:
+    """The value of ``e`` if it is built from constants and ``known`` hyperparameters with + − ×,
+    else ``None``."""
+    if isinstance(e, Const):
+        return e.value
+    if isinstance(e, Hyper):
+        return known.get(e.name)
+    if isinstance(e, Call) and e.op in _ARITHMETIC:
+        args = [_constant_value(a, known) for a in e.args]
+        return None if None in args else _ARITHMETIC[e.op](*args)
+    return None
+
+
+def half_steps(b: Expr, known: Mapping[str, float]) -> int | None:
+    """N if exponent ``b`` is known (constants and ``known`` hyperparameters) to be N/2 with
+    1 <= N <= 8 — a power the kernels take as products and at most one square root
+    (``km_powhalf``) — else ``None``."""
+    v = _constant_value(b, known)
+    if v is None or not math.isfinite(v) or 2 * v != round(2 * v) or not 1 <= 2 * v <= 8:
+        return None
+    return round(2 * v)
+
+
+def _exponents(expr: Expr) -> Iterator[Expr]:
+    """The exponents of ``expr``'s powers of an absolute value (signed powers included)."""
+    for node in ir.walk(expr):
+        if isinstance(node, Call) and node.op == "pow" and isinstance(node.args[0], Call) and node.args[0].op == "abs":
+            yield node.args[1]
+
+
+def half_power_hypers(exprs: Iterable[Expr], scalars: Mapping[str, float]) -> tuple[tuple[str, float], ...]:
+    """The scalar hyperparameters (name, value) that make an exponent of ``exprs`` a known multiple of
+    1/2 (:func:`half_steps`): their values go into the generated source, the other hyperparameters'
+    stay kernel arguments (one kernel for every value)."""
+    found = {}
+    for b in (b for e in exprs for b in _exponents(e)):
+        names = ir.hyper_names(b)
+        if names and names <= scalars.keys() and half_steps(b, scalars) is not None:
+            found.update((n, scalars[n]) for n in names)
+    return tuple(sorted(found.items()))
+
+
 def split_exponent(program: object, ge1: frozenset[str]) -> Expr | None:
     """The exponent ``b`` if ``program`` is ``Σ_k |x − z|^b`` with ``b`` known finite and >= 1 (any
     epilogue), else ``None``: the programs whose pairwise kernel may split ex2 onto the FMA pipe."""
@@ -145,8 +191,14 @@ def render_expr(
     ge1: frozenset[str] = frozenset(),
     gt1: frozenset[str] = frozenset(),
     ftz: bool = False,
+    half_powers: bool = False,
+    known: Mapping[str, float] = {},
 ) -> str:
     """CUDA C++ for ``expr``; ``names`` maps Var and Hyper names to C identifiers.
+
+    ``half_powers``: a power of an absolute value (signed or not) whose exponent constants and
+    ``known`` (hyperparameter values fixed in the source) make a multiple of 1/2 in [1/2, 4]
+    (:func:`half_steps`) is ``km_powhalf``/``km_signpowhalf`` (products and at most one square root).
 
     ``ge1``: hyperparameters known to be finite and >= 1 (``|a|^h`` then needs no ``h = 0`` case,
     and with ``ftz`` uses ``km_powabs_ftz``, which flushes terms below 2^-126 to 0; a signed power
@@ -161,6 +213,9 @@ def render_expr(
     def rewrite(e: Expr) -> Expr:
         if isinstance(e, Call):
             if e.op == "pow" and isinstance(e.args[0], Call) and e.args[0].op == "abs":
+                n = half_steps(e.args[1], known) if half_powers else None
+                if n is not None:  # a >= 2^-126 kept unless |a|^b >= |a| (b >= 1), as km_powabs_ftz
+                    return placeholder(f"km_powhalf<{n}, {str(ftz and n >= 2).lower()}>({sub(e.args[0])})")
                 base, b = sub(e.args[0]), sub(e.args[1])
                 fn = ("km_powabs_ftz" if ftz else "km_powabs_nz") if _exponent_ge1(e.args[1], ge1) else "km_powabs"
                 return placeholder(f"{fn}({base}, {b})")
@@ -170,6 +225,9 @@ def render_expr(
             if e.op == "div" and not ir.free_vars(e.args[1]):
                 return placeholder(f"km_div_inv({sub(e.args[0])}, {sub(e.args[1])})")
             signed = signed_power(e)
+            if signed is not None and half_powers and half_steps(signed[1], known) is not None:
+                n = half_steps(signed[1], known)
+                return placeholder(f"km_signpowhalf<{n}, {str(ftz).lower()}>({sub(signed[0])})")
             if signed is not None:
                 sign = _exponent_sign(signed[1], ge1, gt1) if ftz else None
                 fn = "km_signpow" if sign is None else ("km_signpow_pos" if sign else "km_signpow_ftz")
@@ -178,7 +236,7 @@ def render_expr(
         return e
 
     def sub(e: Expr) -> str:
-        return render_expr(e, names, ge1=ge1, gt1=gt1, ftz=ftz)
+        return render_expr(e, names, ge1=ge1, gt1=gt1, ftz=ftz, half_powers=half_powers, known=known)
 
     def placeholder(text: str) -> Expr:
         key = f"kmpeep{len(peeps)}"
@@ -326,6 +384,8 @@ class PairwiseVariant:
     inline_epilogue: bool = True  # False: the tensor-core kernel calls the epilogue (__noinline__)
     long_k: bool = False  # SIMT float: 16 k-values per staged tile (pairwise_config)
     wgmma: bool = False  # tensor cores through wgmma (wgmma_pairwise, sm_90a) instead of mma.sync
+    half_powers: bool = False  # powers of |·| with exponents N/2 known here as products and a square root
+    known_hypers: tuple[tuple[str, float], ...] = ()  # values fixed in the source (half_power_hypers)
 
 
 @dataclass(frozen=True)
@@ -346,6 +406,8 @@ class GradVariant:
     wgmma: bool = False  # a sign(d − b) program as a bf16 sign product on wgmma (sign_grad, sm_90a)
     ftz: bool = False  # signed powers with exponents known >= 0 flush subnormals (km_signpow_ftz)
     gt1_hypers: frozenset[str] = frozenset()  # scalar hyperparameters known finite and > 1
+    half_powers: bool = False  # powers of |·| with exponents N/2 known here as products and a square root
+    known_hypers: tuple[tuple[str, float], ...] = ()  # values fixed in the source (half_power_hypers)
 
 
 def _hyper_parts(
@@ -420,6 +482,11 @@ def _pairwise_params(
     return params + batch_params + hyper_params
 
 
+def _half_options(v: PairwiseVariant | GradVariant) -> dict:
+    """render_expr's half-power arguments for variant ``v``."""
+    return {"half_powers": v.half_powers, "known": dict(v.known_hypers)}
+
+
 def _pairwise_names(prog) -> dict[str, str]:
     """C names of the pairwise IR variables and hyperparameters."""
     return {"x": "x", "z": "z", "acc": "acc", "diag": "diag"} | {h: f"h_{h}" for h in prog.hypers}
@@ -436,7 +503,7 @@ def _pairwise_parts(
     )
     params = _pairwise_params(tin, extra, prog.uses_diag, batch_params, hyper_params)
     shared = common | {
-        "EPILOGUE": render_expr(prog.epilogue, names, ge1=v.ge1_hypers),
+        "EPILOGUE": render_expr(prog.epilogue, names, ge1=v.ge1_hypers, **_half_options(v)),
         "PARAMS": ", ".join(p.decl for p in params),
         "XMODE": v.x.mode,
         "XE": v.x.e,
@@ -511,7 +578,7 @@ def pairwise_source(v: PairwiseVariant) -> tuple[str, list[Param]]:
         POLY_PAIRS=v.poly_pairs,
         POW_TABLE=int(v.pow_table),
         KUNROLL=v.k_unroll,
-        INNER=render_expr(prog.inner, names, ge1=v.ge1_hypers, ftz=v.ftz),
+        INNER=render_expr(prog.inner, names, ge1=v.ge1_hypers, ftz=v.ftz, **_half_options(v)),
         POLY_EXP=render_expr(exponent, names) if split else "",
         REDUCE=reduce,
         IDENTITY=_const(prog.identity),
@@ -547,9 +614,10 @@ def grad_parts(v: GradVariant, tin: str, tiles: str) -> GradParts:
     strides = ("zbase", "sak", "sam", "sbn", "sbk", "sco", "sck", "sdn", "sdm", "soo", "son", "som")
     params += [Param(n, "long long") for n in strides]
     params += batch_params + hyper_params
+    options = {"ge1": v.ge1_hypers, "gt1": v.gt1_hypers, "ftz": v.ftz, **_half_options(v)}
     args = common | {
-        "MULTIPLY": render_expr(prog.multiply, names, ge1=v.ge1_hypers, gt1=v.gt1_hypers, ftz=v.ftz),
-        "EPILOGUE": render_expr(prog.epilogue, names, ge1=v.ge1_hypers, gt1=v.gt1_hypers, ftz=v.ftz),
+        "MULTIPLY": render_expr(prog.multiply, names, **options),
+        "EPILOGUE": render_expr(prog.epilogue, names, **options),
         "PARAMS": ", ".join(p.decl for p in params),
         "AMODE": v.a.mode,
         "AE": v.a.e,

@@ -169,6 +169,33 @@ __device__ __forceinline__ double km_signpow_ftz(double x, double b) { return km
 // selects.
 __device__ __forceinline__ float km_signpow_pos(float x, float b) { return copysignf(km_ex2_ftz(b * km_lg2_ftz(fabsf(x))), x); }
 __device__ __forceinline__ double km_signpow_pos(double x, double b) { return km_signpow(x, b); }
+// |a|^(N/2) for a >= 0 and 1 <= N <= 8, an exponent that is a multiple of 1/2 known when the kernel
+// is generated: a product of a's and, for odd N, one approximate square root (sqrt.approx, within
+// about an ulp; FTZ flushes a < 2^-126 to 0) — at most one special-function op where the general
+// power takes lg2 and ex2.  0, inf and NaN as pow.
+template <int N, bool FTZ>
+__device__ __forceinline__ float km_powhalf(float a) {
+  static_assert(1 <= N && N <= 8, "exponent N/2 in [1/2, 4]");
+  const float a2 = a * a;
+  const float ak = N / 2 == 4 ? a2 * a2 : N / 2 == 3 ? a2 * a : N / 2 == 2 ? a2 : a;  // a^(N/2), rounded down
+  if (N % 2 == 0) return ak;
+  float s;
+  if (FTZ) asm("sqrt.approx.ftz.f32 %0, %1;" : "=f"(s) : "f"(a));
+  else asm("sqrt.approx.f32 %0, %1;" : "=f"(s) : "f"(a));
+  return N == 1 ? s : ak * s;
+}
+template <int N, bool FTZ>
+__device__ __forceinline__ double km_powhalf(double a) {
+  static_assert(1 <= N && N <= 8, "exponent N/2 in [1/2, 4]");
+  const double a2 = a * a;
+  const double ak = N / 2 == 4 ? a2 * a2 : N / 2 == 3 ? a2 * a : N / 2 == 2 ? a2 : a;
+  return N % 2 == 0 ? ak : N == 1 ? sqrt(a) : ak * sqrt(a);
+}
+// km_signpow with the exponent N/2 > 0 known: sign(x)·|x|^(N/2); x = ±0 gives ±0, NaN stays NaN.
+template <int N, bool FTZ>
+__device__ __forceinline__ float km_signpowhalf(float x) { return copysignf(km_powhalf<N, FTZ>(fabsf(x)), x); }
+template <int N, bool FTZ>
+__device__ __forceinline__ double km_signpowhalf(double x) { return copysign(km_powhalf<N, FTZ>(fabs(x)), x); }
 #define KM_CMP(name, op) \
   __device__ __forceinline__ float name(float a, float b) { return (a op b) ? 1.0f : 0.0f; } \
   __device__ __forceinline__ double name(double a, double b) { return (a op b) ? 1.0 : 0.0; }

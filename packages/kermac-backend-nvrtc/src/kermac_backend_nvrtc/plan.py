@@ -25,6 +25,8 @@ from kermac_backend_nvrtc.codegen import (
     Operand,
     PairwiseVariant,
     grad_config,
+    half_power_hypers,
+    half_steps,
     is_squared_difference_sum,
     pairwise_config,
     split_exponent,
@@ -84,6 +86,12 @@ TENSOR_CORES = os.environ.get("KERMAC_NVRTC_TENSOR_CORES", "1") != "0"
 #: On sm_90 the pairwise tensor-core programs use the wgmma kernel (wgmma_pairwise, compiled for
 #: sm_90a) instead of the mma.sync one.  ``KERMAC_NVRTC_WGMMA=0`` (read at import) keeps mma.sync.
 WGMMA = os.environ.get("KERMAC_NVRTC_WGMMA", "1") != "0"
+#: Powers of absolute values (signed too) whose exponent a constant or a scalar hyperparameter makes a
+#: multiple of 1/2 in [1/2, 4] — cdist with p = 0.5, 1.5, 2.5, 3; the gradient with p = 1.5, 2.5, 3 —
+#: are products and at most one square root instead of lg2 and ex2 (a hyperparameter's value goes
+#: into the source, one kernel per value; codegen.half_power_hypers).  ``KERMAC_NVRTC_HALF_POWERS=0``
+#: (read at import) or False keeps them on the general power.
+HALF_POWERS = os.environ.get("KERMAC_NVRTC_HALF_POWERS", "1") != "0"
 #: Smallest O for which a float32 gradient runs on the tensor cores.  The SIMT kernel keeps a power
 #: of two ≥ O outputs per pair (at most 16); the tensor-core kernel costs the same for every O ≤ 8 and
 #: beat it at O = 8 for p = 1 and 2 and at O = 5 for p = 1.5, lost at O = 4 (H100,
@@ -176,6 +184,14 @@ def _hypers(
     return tuple(tensor), frozenset(ge1), args
 
 
+def _known_hypers(problem: PairwiseProblem | GradProblem, exprs: list[Expr]) -> tuple[tuple[str, float], ...]:
+    """The scalar hyperparameters whose values go into the source (HALF_POWERS)."""
+    if not HALF_POWERS:
+        return ()
+    scalars = {n: problem.hypers[n].scalar for n in problem.program.hypers if problem.hypers[n].tensor is None}
+    return half_power_hypers(exprs, scalars)
+
+
 def _batch_args(layout: BatchLayout, rename: dict[str, str]) -> dict[str, int]:
     args = {}
     for i, size in enumerate(layout.shape):
@@ -212,8 +228,9 @@ def plan_pairwise(problem: PairwiseProblem, capability: int | None = None) -> tu
     ops = pairwise_operands(problem)
     layout = batch_layout(problem.batch_shape, ops)
     tensor_hypers, ge1, hyper_args = _hypers(problem, compute)
+    known = _known_hypers(problem, [prog.inner, prog.epilogue])
     exponent = split_exponent(prog, ge1) if compute == "float" else None
-    split = exponent is not None
+    split = exponent is not None and not (HALF_POWERS and half_steps(exponent, dict(known)) is not None)
     p_value = _exponent_value(exponent, problem) if split else None
     table = split and FTZ and POW_TABLE and TABLE_PAIRS > 0 and pow_table.exponent_in_range(p_value)
     variant = PairwiseVariant(
@@ -232,6 +249,8 @@ def plan_pairwise(problem: PairwiseProblem, capability: int | None = None) -> tu
         inline_epilogue=not tensor_cores or INLINE_EXPENSIVE_EPILOGUE or not expensive_epilogue,
         long_k=long_k,
         wgmma=tensor_cores and WGMMA and capability == 90,
+        half_powers=HALF_POWERS,
+        known_hypers=known,
     )
     m, n, d = problem.m, problem.n, problem.d
     tiles_m, tiles_n = -(-m // cfg.bm), -(-n // cfg.bn)
@@ -299,6 +318,8 @@ def plan_grad(problem: GradProblem, capability: int | None = None) -> tuple[Grad
         # km_signpow_pos (p known > 1) measured 3–4 % faster on the tensor-core kernel and 8 % slower
         # on the SIMT one than km_signpow_ftz (H100, p = 1.5; docs/nvrtc-notes.md, Version 9).
         gt1_hypers=frozenset(h for h in ge1 if problem.hypers[h].scalar > 1.0 and tensor_cores),
+        half_powers=HALF_POWERS,
+        known_hypers=_known_hypers(problem, [prog.multiply, prog.epilogue]),
     )
     tiles_m, tiles_n = -(-m // cfg.bmm), -(-n // cfg.bnn)
     args = _grad_args(problem, ochunks)
