@@ -247,6 +247,12 @@ def main() -> None:
         ("cdist 30000x30000x1024 p=1", lambda: cdist_row(30000, 1024, 1.0, 5, False)),
         ("cdist 30000x30000x1024 p=2", lambda: cdist_row(30000, 1024, 2.0, 5, True)),
         ("cdist 30000x30000x1024 p=1.3", lambda: cdist_row(30000, 1024, 1.3, 3, False)),
+        # Exponents that are multiples of 1/2 (plan.HALF_POWERS) beside the general power's p = 1.6.
+        ("cdist 8192x8192x256 p=0.5", lambda: cdist_row(8192, 256, 0.5, args.reps, False)),
+        ("cdist 8192x8192x256 p=1.5", lambda: cdist_row(8192, 256, 1.5, args.reps, False)),
+        ("cdist 8192x8192x256 p=3", lambda: cdist_row(8192, 256, 3.0, args.reps, False)),
+        ("grad 4096,256,16,4096 p=1.6", lambda: grad_row(4096, 256, 16, 4096, 1.6, args.reps)),
+        ("grad 8192,768,16,8192 p=1.6", lambda: grad_row(8192, 768, 16, 8192, 1.6, 5)),
     ]
 
     def with_split(pairs: int, ftz: bool, fn):
