@@ -242,16 +242,14 @@ __device__ __forceinline__ bool km_beyond(const Tile& tile, float lim) {
 LOADER = r"""
 // cp.async (sm_80+) of 4, 8 or 16 bytes from global to shared memory (shared address dst); an invalid
 // source copies nothing and zero-fills the destination.  km_cp_commit closes a group of copies,
-// km_cp_wait<N> waits until at most N of the thread's groups are in flight (then a barrier makes
-// the finished ones visible to the block).
+// km_cp_wait waits for all of the thread's groups (then a barrier makes them visible to the block).
 template <int N>
 __device__ __forceinline__ void km_cp(unsigned dst, const void* src, bool valid) {
   if (N == 16) asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(valid ? 16 : 0) : "memory");
   else asm volatile("cp.async.ca.shared.global [%0], [%1], %2, %3;\n" ::"r"(dst), "l"(src), "n"(N), "r"(valid ? N : 0) : "memory");
 }
 __device__ __forceinline__ void km_cp_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
-template <int N = 0>  // groups that may stay in flight
-__device__ __forceinline__ void km_cp_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory"); }
+__device__ __forceinline__ void km_cp_wait() { asm volatile("cp.async.wait_group 0;\n" ::: "memory"); }
 
 // One PT x KT operand tile, element (p, k) at base[p*sp + k*sk], staged through registers into
 // S[k][p] (k-major).  MODE 0: scalar loads, k fastest across threads; 1: scalar, p fastest;

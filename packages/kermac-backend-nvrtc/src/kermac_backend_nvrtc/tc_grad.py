@@ -56,7 +56,6 @@ class TcGradConfig:
     min_blocks: int
     max_ot: int = 16
     k_group: int = 1  # 8-wide k steps per fresh mma accumulator (the products' partial sums)
-    stages: int = 2  # shared-memory stages of a and b: tile t + stages − 1 is fetched while t is computed
 
     @property
     def bnn(self) -> int:
@@ -72,7 +71,7 @@ class TcGradConfig:
 #: 8 n × 64 m pairs per block (warps of 4 n × 16 m), k tiles of 32, two blocks per SM, two k steps
 #: per partial sum: 128 registers with about 40 bytes of spills (NVRTC 13.5, sm_90), the fastest of
 #: the tiles measured (docs/nvrtc-notes.md).
-TC_GRAD_CONFIG = TcGradConfig(warps_n=2, warps_m=4, wn=4, wm=1, bk=32, k_unroll=1, min_blocks=2, k_group=2, stages=3)
+TC_GRAD_CONFIG = TcGradConfig(warps_n=2, warps_m=4, wn=4, wm=1, bk=32, k_unroll=1, min_blocks=2, k_group=2)
 
 
 def smem_stride(p: int) -> int:
@@ -99,8 +98,6 @@ TC_GRAD = Template(
 #define BS $BSTRIDE
 #define CS $CSTRIDE
 #define KG $KGROUP  // 8-wide k steps whose three products share one mma accumulator
-#define NS $STAGES  // shared-memory stages of a and b (the pipeline's depth)
-static_assert(NS >= 2, "at least a double buffer");
 static_assert(BK % (8 * KG) == 0, "k tiles hold whole groups of 8-wide k steps");
 
 __device__ __forceinline__ float km_multiply(float d, float b$HYPER_FORMALS) { return $MULTIPLY; }
@@ -108,12 +105,12 @@ __device__ __forceinline__ float km_epilogue(float acc$HYPER_FORMALS) { return $
 
 extern "C" __global__ void __launch_bounds__(NT, $MIN_BLOCKS)
 kermac_grad($PARAMS) {
-  // Dynamic shared memory (dynamic_smem bytes): NS stages of a and b, two of c_hi and c_lo.
+  // Dynamic shared memory (dynamic_smem bytes; tiles of 32 k or more take over 48 KB): a, b, c_hi, c_lo.
   extern __shared__ __align__(16) float km_dyn[];
   float(*As)[BK][AS] = reinterpret_cast<float(*)[BK][AS]>(km_dyn);
-  float(*Bs)[BK][BS] = reinterpret_cast<float(*)[BK][BS]>(km_dyn + NS * BK * AS);
-  unsigned(*Ch)[BK][CS] = reinterpret_cast<unsigned(*)[BK][CS]>(km_dyn + NS * BK * (AS + BS));
-  unsigned(*Cl)[BK][CS] = reinterpret_cast<unsigned(*)[BK][CS]>(km_dyn + NS * BK * (AS + BS) + 2 * BK * CS);
+  float(*Bs)[BK][BS] = reinterpret_cast<float(*)[BK][BS]>(km_dyn + 2 * BK * AS);
+  unsigned(*Ch)[BK][CS] = reinterpret_cast<unsigned(*)[BK][CS]>(km_dyn + 2 * BK * (AS + BS));
+  unsigned(*Cl)[BK][CS] = reinterpret_cast<unsigned(*)[BK][CS]>(km_dyn + 2 * BK * (AS + BS + CS));
   const int tid = threadIdx.x;
   const int lane = tid & 31, warp = tid >> 5;
   const int g = lane >> 2, q = lane & 3;          // mma fragment coordinates
@@ -151,46 +148,36 @@ kermac_grad($PARAMS) {
 #pragma unroll
           for (int e = 0; e < 4; ++e) acc[i][j][t][e] = 0.0f;
 
-    // a and b: an NS-stage pipeline — tile t + NS − 1 is fetched (cp.async where KmTile can) while
-    // tile t is computed, and landed (register path) at the end of the step; c: loaded a tile ahead
-    // through registers and split into TF32 hi and lo parts on the way to shared memory.
-#define KM_FETCH(tile, stage)                                                         \
+    // a and b go to shared memory with cp.async where they can (KM_STORE lands them), c through
+    // registers, split into TF32 hi and lo parts on the way.
+#define KM_STORE(buf)                                                                 \
     {                                                                                 \
-      if ((tile) < ntiles) {                                                          \
-        at.fetch(As[stage], ab, sam, sak, M - m0, (tile) * BK, K);                    \
-        bt.fetch(Bs[stage], bb, sbn, sbk, N - n0, (tile) * BK, K);                    \
-      }                                                                               \
-      km_cp_commit();                                                                 \
+      km_cp_wait();                                                                   \
+      at.land(As[buf]);                                                               \
+      bt.land(Bs[buf]);                                                               \
+      ct.each([&](int k, int p, float v) {                                            \
+        unsigned hi, lo;                                                              \
+        km_split(v, hi, lo);                                                          \
+        Ch[buf][k][p] = hi;                                                           \
+        Cl[buf][k][p] = lo;                                                           \
+      });                                                                             \
     }
-#define KM_LAND(tile, stage)                                                          \
-    if ((tile) < ntiles) {                                                            \
-      at.land(As[stage]);                                                             \
-      bt.land(Bs[stage]);                                                             \
-    }
-#define KM_STORE_C(buf)                                                               \
-    ct.each([&](int k, int p, float v) {                                              \
-      unsigned hi, lo;                                                                \
-      km_split(v, hi, lo);                                                            \
-      Ch[buf][k][p] = hi;                                                             \
-      Cl[buf][k][p] = lo;                                                             \
-    });
     if (ntiles > 0) {
-#pragma unroll
-      for (int s = 0; s < NS - 1; ++s) {
-        KM_FETCH(s, s)
-        KM_LAND(s, s)
-      }
+      at.fetch(As[0], ab, sam, sak, M - m0, 0, K);
+      bt.fetch(Bs[0], bb, sbn, sbk, N - n0, 0, K);
+      km_cp_commit();
       ct.load(cb, sco, sck, O - o0, 0, K);
-      KM_STORE_C(0)
-      km_cp_wait<NS - 2>();  // tile 0 is in
+      KM_STORE(0)
       __syncthreads();
     }
-    int st = 0;  // a's and b's stage of tile t
     for (int t = 0; t < ntiles; ++t) {
-      const int cur = t & 1;                      // c's buffer of tile t
-      const int sf = st == 0 ? NS - 1 : st - 1;  // stage of tile t + NS − 1 (tile t − 1's, read)
-      KM_FETCH(t + NS - 1, sf)
-      if (t + 1 < ntiles) ct.load(cb, sco, sck, O - o0, (t + 1) * BK, K);
+      const int cur = t & 1;
+      if (t + 1 < ntiles) {
+        at.fetch(As[cur ^ 1], ab, sam, sak, M - m0, (t + 1) * BK, K);
+        bt.fetch(Bs[cur ^ 1], bb, sbn, sbk, N - n0, (t + 1) * BK, K);
+        km_cp_commit();
+        ct.load(cb, sco, sck, O - o0, (t + 1) * BK, K);
+      }
       // k tails are zero-filled (a = c = 0 there), so every tile runs whole.
 #pragma unroll $KUNROLL
       for (int kk = 0; kk < BK; kk += 8 * KG) {
@@ -205,8 +192,8 @@ kermac_grad($PARAMS) {
               ch[s][u][h] = Ch[cur][kk + 8 * s + q + 4 * h][u * 8 + g];
               cl[s][u][h] = Cl[cur][kk + 8 * s + q + 4 * h][u * 8 + g];
             }
-          km_lds<WN>(&Bs[st][kk + 8 * s + q][wn * WN], bv[s][0]);
-          km_lds<WN>(&Bs[st][kk + 8 * s + q + 4][wn * WN], bv[s][1]);
+          km_lds<WN>(&Bs[cur][kk + 8 * s + q][wn * WN], bv[s][0]);
+          km_lds<WN>(&Bs[cur][kk + 8 * s + q + 4][wn * WN], bv[s][1]);
         }
 #pragma unroll
         for (int j = 0; j < WM; ++j) {
@@ -215,7 +202,7 @@ kermac_grad($PARAMS) {
           float av[KG][4];
 #pragma unroll
           for (int s = 0; s < KG; ++s) {
-            const float* a0 = &As[st][kk + 8 * s + q][r];
+            const float* a0 = &As[cur][kk + 8 * s + q][r];
             av[s][0] = a0[0];
             av[s][1] = a0[8];
             av[s][2] = a0[4 * AS];
@@ -248,15 +235,10 @@ kermac_grad($PARAMS) {
           }
         }
       }
-      KM_LAND(t + NS - 1, sf)
-      if (t + 1 < ntiles) KM_STORE_C(cur ^ 1)
-      km_cp_wait<NS - 2>();  // tiles up to t + 1 are in
+      if (t + 1 < ntiles) KM_STORE(cur ^ 1)
       __syncthreads();
-      st = st == NS - 1 ? 0 : st + 1;
     }
-#undef KM_FETCH
-#undef KM_LAND
-#undef KM_STORE_C
+#undef KM_STORE
 
     // Accumulator e of tile (i, j, u): m row g + 8·(e >> 1), o column u·8 + 2q + (e & 1).
     float* ob = out + off_o;
@@ -286,11 +268,10 @@ kermac_grad($PARAMS) {
 
 
 def dynamic_smem(ot: int) -> int:
-    """Bytes of dynamic shared memory of a :data:`TC_GRAD` block with ``ot`` outputs: ``stages`` k
-    tiles of a and b, two of c_hi and c_lo, rows padded by :func:`smem_stride` (tile
-    :data:`TC_GRAD_CONFIG`)."""
+    """Bytes of dynamic shared memory of a :data:`TC_GRAD` block with ``ot`` outputs: two k tiles each
+    of a, b, c_hi and c_lo, rows padded by :func:`smem_stride` (tile :data:`TC_GRAD_CONFIG`)."""
     cfg = TC_GRAD_CONFIG
-    return 4 * cfg.bk * (cfg.stages * (smem_stride(cfg.bmm) + smem_stride(cfg.bnn)) + 2 * 2 * smem_stride(ot))
+    return 4 * 2 * cfg.bk * (smem_stride(cfg.bmm) + smem_stride(cfg.bnn) + 2 * smem_stride(ot))
 
 
 def tc_grad_source(v: GradVariant) -> tuple[str, list[Param]]:
@@ -313,7 +294,6 @@ def tc_grad_source(v: GradVariant) -> tuple[str, list[Param]]:
         CSTRIDE=smem_stride(v.ot),
         KUNROLL=cfg.k_unroll,
         KGROUP=cfg.k_group,
-        STAGES=cfg.stages,
         MIN_BLOCKS=cfg.min_blocks,
         **parts.args,
     )
