@@ -162,21 +162,25 @@ kermac_grad($PARAMS) {
         Cl[buf][k][p] = lo;                                                           \
       });                                                                             \
     }
+    // ab, bb and cb advance by one k tile per fetch (the tile's k run from 0, K − k0 left).
     if (ntiles > 0) {
       at.fetch(As[0], ab, sam, sak, M - m0, 0, K);
       bt.fetch(Bs[0], bb, sbn, sbk, N - n0, 0, K);
       km_cp_commit();
       ct.load(cb, sco, sck, O - o0, 0, K);
+      ab += BK * sak, bb += BK * sbk, cb += BK * sck;
       KM_STORE(0)
       __syncthreads();
     }
     for (int t = 0; t < ntiles; ++t) {
       const int cur = t & 1;
       if (t + 1 < ntiles) {
-        at.fetch(As[cur ^ 1], ab, sam, sak, M - m0, (t + 1) * BK, K);
-        bt.fetch(Bs[cur ^ 1], bb, sbn, sbk, N - n0, (t + 1) * BK, K);
+        const int k_left = K - (t + 1) * BK;
+        at.fetch(As[cur ^ 1], ab, sam, sak, M - m0, 0, k_left);
+        bt.fetch(Bs[cur ^ 1], bb, sbn, sbk, N - n0, 0, k_left);
         km_cp_commit();
-        ct.load(cb, sco, sck, O - o0, (t + 1) * BK, K);
+        ct.load(cb, sco, sck, O - o0, 0, k_left);
+        ab += BK * sak, bb += BK * sbk, cb += BK * sck;
       }
       // k tails are zero-filled (a = c = 0 there), so every tile runs whole.
 #pragma unroll $KUNROLL
