@@ -225,8 +225,8 @@ def render_expr(
             if e.op == "div" and not ir.free_vars(e.args[1]):
                 return placeholder(f"km_div_inv({sub(e.args[0])}, {sub(e.args[1])})")
             signed = signed_power(e)
-            if signed is not None and half_powers and half_steps(signed[1], known) is not None:
-                n = half_steps(signed[1], known)
+            n = half_steps(signed[1], known) if signed is not None and half_powers else None
+            if n is not None:
                 return placeholder(f"km_signpowhalf<{n}, {str(ftz).lower()}>({sub(signed[0])})")
             if signed is not None:
                 sign = _exponent_sign(signed[1], ge1, gt1) if ftz else None

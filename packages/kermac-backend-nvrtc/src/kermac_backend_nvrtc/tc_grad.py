@@ -105,7 +105,7 @@ __device__ __forceinline__ float km_epilogue(float acc$HYPER_FORMALS) { return $
 
 extern "C" __global__ void __launch_bounds__(NT, $MIN_BLOCKS)
 kermac_grad($PARAMS) {
-  // Dynamic shared memory (dynamic_smem bytes; tiles of 32 k or more take over 48 KB): a, b, c_hi, c_lo.
+  // Dynamic shared memory (dynamic_smem bytes; k tiles of 64 would take over 48 KB): a, b, c_hi, c_lo.
   extern __shared__ __align__(16) float km_dyn[];
   float(*As)[BK][AS] = reinterpret_cast<float(*)[BK][AS]>(km_dyn);
   float(*Bs)[BK][BS] = reinterpret_cast<float(*)[BK][BS]>(km_dyn + 2 * BK * AS);

@@ -58,20 +58,27 @@ kermac_pairwise($PARAMS) {
         for (int c = 0; c < 4; ++c) acc[i][j][c] = 0.0f;
     }
 
+    // x and z tiles through KmTile's register double buffer, for the main loop and the guard's
+    // recomputation: KM_LOAD(tile) starts loading k tile number tile, KM_STORE(buf) stores it in buffer buf.
+#define KM_LOAD(tile)                                                                 \
+    {                                                                                 \
+      xt.load(xb, sxm, sxk, M - m0, (tile) * BK, D);                                  \
+      zt.load(zb, szn, szk, N - n0, (tile) * BK, D);                                  \
+    }
+#define KM_STORE(buf)                                                                 \
+    {                                                                                 \
+      xt.store(Xs[buf]);                                                              \
+      zt.store(Zs[buf]);                                                              \
+    }
     // ---- cross term on the tensor cores (3×TF32) and the norms in fp32 -------------------
     if (ntiles > 0) {
-      xt.load(xb, sxm, sxk, M - m0, 0, D);
-      zt.load(zb, szn, szk, N - n0, 0, D);
-      xt.store(Xs[0]);
-      zt.store(Zs[0]);
+      KM_LOAD(0)
+      KM_STORE(0)
       __syncthreads();
     }
     for (int t = 0; t < ntiles; ++t) {
       const int cur = t & 1;
-      if (t + 1 < ntiles) {
-        xt.load(xb, sxm, sxk, M - m0, (t + 1) * BK, D);
-        zt.load(zb, szn, szk, N - n0, (t + 1) * BK, D);
-      }
+      if (t + 1 < ntiles) KM_LOAD(t + 1)
 #pragma unroll 1
       for (int kk = 0; kk < BK; kk += 8) {   // tails are zero-filled; unroll 1 keeps 2 blocks/SM (128 registers)
         unsigned bh[4][2], bl[4][2];
@@ -102,10 +109,7 @@ kermac_pairwise($PARAMS) {
           for (int j = 0; j < 4; ++j) km_mma(acc[i][j], ah, bh[j][0], bh[j][1]);
         }
       }
-      if (t + 1 < ntiles) {
-        xt.store(Xs[cur ^ 1]);
-        zt.store(Zs[cur ^ 1]);
-      }
+      if (t + 1 < ntiles) KM_STORE(cur ^ 1)
       __syncthreads();
     }
     if (wn == 0) {
@@ -153,18 +157,13 @@ kermac_pairwise($PARAMS) {
 #pragma unroll
           for (int c = 0; c < 4; ++c) acc[i][j][c] = 0.0f;
       if (ntiles > 0) {
-        xt.load(xb, sxm, sxk, M - m0, 0, D);
-        zt.load(zb, szn, szk, N - n0, 0, D);
-        xt.store(Xs[0]);
-        zt.store(Zs[0]);
+        KM_LOAD(0)
+        KM_STORE(0)
         __syncthreads();
       }
       for (int t = 0; t < ntiles; ++t) {
         const int cur = t & 1;
-        if (t + 1 < ntiles) {
-          xt.load(xb, sxm, sxk, M - m0, (t + 1) * BK, D);
-          zt.load(zb, szn, szk, N - n0, (t + 1) * BK, D);
-        }
+        if (t + 1 < ntiles) KM_LOAD(t + 1)
 #pragma unroll 4
         for (int kk = 0; kk < BK; ++kk) {
           float xv[4][2], zv[4][2];
@@ -186,13 +185,12 @@ kermac_pairwise($PARAMS) {
                 acc[i][j][c] = fmaf(d, d, acc[i][j][c]);
               }
         }
-        if (t + 1 < ntiles) {
-          xt.store(Xs[cur ^ 1]);
-          zt.store(Zs[cur ^ 1]);
-        }
+        if (t + 1 < ntiles) KM_STORE(cur ^ 1)
         __syncthreads();
       }
     }
+#undef KM_LOAD
+#undef KM_STORE
 
     // ---- epilogue and stores (pairs of columns as one 8-byte store where ovec allows) -------
     float* ob = out + off_o;
