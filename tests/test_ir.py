@@ -78,6 +78,28 @@ def test_programs_validate_variables_and_reductions() -> None:
     assert not presets.laplace_lp.lower().uses_diag
 
 
+def test_programs_are_built_once_and_pickle_without_derived_values() -> None:
+    """Lowering is memoised (the per-call path reuses one program and its cached hash and
+    hyperparameter names); a pickled program carries only its fields, so a process with another
+    hash seed recomputes the hash, and copies compare and hash equal to fresh programs."""
+    import dataclasses
+    import pickle
+
+    from kermac.lowering import cdist_program, grad_program
+
+    assert presets.laplace_lp.lower(regularized=True) is presets.laplace_lp.lower(regularized=True)
+    assert cdist_program(1.3) is cdist_program(2.5) is cdist_program(None)
+    assert grad_program(1.3) is grad_program(0.5) and grad_program(1.0) is not grad_program(2.0)
+    fresh = PairwiseProgram(abs(x - ir.Var("z")), "sum", ir.Var("acc") * ir.Hyper("s"))
+    assert fresh.hypers == ("s",) and hash(fresh) == hash(PairwiseProgram(fresh.inner, "sum", fresh.epilogue))
+    for prog in (fresh, presets.laplace_lp.lower(regularized=True), grad_program(1.3)):
+        derived = (prog.hypers, hash(prog))
+        assert prog.__dict__["_hash"] == derived[1] and prog.__dict__["_hypers"] == derived[0]
+        assert set(prog.__getstate__()) == {f.name for f in dataclasses.fields(prog)}
+        copy = pickle.loads(pickle.dumps(prog))
+        assert copy == prog and hash(copy) == hash(prog) and copy.hypers == prog.hypers
+
+
 def test_descriptor_validation_and_keys() -> None:
     with pytest.raises(
         ValueError, match="power: expected one of 'abs', 'square', 'pow', 'nonzero', 'identity'; got 'cube'"

@@ -12,6 +12,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Sequence
+from functools import cache
 
 import torch
 
@@ -23,6 +24,20 @@ __all__ = ["MIN_CAPABILITY", "NvrtcBackend"]
 
 MIN_CAPABILITY = (8, 0)
 _INSTALL_HINT = "pip install 'kermac-backend-nvrtc[cu13]' (or [cu12] for a CUDA 12 driver)"
+
+
+@cache
+def _cuda_device_reason(index: int) -> str | None:
+    """Why CUDA device ``index`` cannot run these kernels, or None (decided once per device)."""
+    from kermac_backend_nvrtc.compiler import supported_archs
+    from kermac_backend_nvrtc.plan import cuda_capability
+
+    cap = cuda_capability(index)
+    if cap < 10 * MIN_CAPABILITY[0] + MIN_CAPABILITY[1]:
+        return f"needs compute capability >= 8.0; cuda:{index} is sm_{cap}"
+    if cap not in supported_archs():
+        return f"this NVRTC cannot generate code for sm_{cap} (cuda:{index}); install a newer NVRTC"
+    return None
 
 
 class NvrtcBackend(Backend):
@@ -64,14 +79,7 @@ class NvrtcBackend(Backend):
     def _device_reason(self, t: torch.Tensor) -> str | None:
         if t.device.type != "cuda":
             return f"runs CUDA tensors only; got tensors on {t.device}"
-        cap = torch.cuda.get_device_capability(t.device)
-        if cap < MIN_CAPABILITY:
-            return f"needs compute capability >= 8.0; {t.device} is sm_{cap[0]}{cap[1]}"
-        from kermac_backend_nvrtc.compiler import supported_archs
-
-        if cap[0] * 10 + cap[1] not in supported_archs():
-            return f"this NVRTC cannot generate code for sm_{cap[0]}{cap[1]} ({t.device}); install a newer NVRTC"
-        return None
+        return _cuda_device_reason(t.device.index)
 
     def check_pairwise(self, problem: PairwiseProblem) -> str | None:
         from kermac_backend_nvrtc.plan import size_problem

@@ -13,6 +13,7 @@ import re
 import threading
 import time
 from dataclasses import dataclass
+from functools import cache
 
 from kermac.jit_cache import cache_key, default_cache
 from kermac.logs import logger
@@ -37,8 +38,9 @@ class Compiled:
     ptxas: str
 
 
+@cache
 def nvrtc_version() -> tuple[int, int]:
-    """(major, minor) of the NVRTC library that ``cuda.bindings`` loads."""
+    """(major, minor) of the NVRTC library that ``cuda.bindings`` loads (asked once per process)."""
     from cuda.bindings import nvrtc
 
     err, major, minor = nvrtc.nvrtcVersion()
@@ -47,8 +49,9 @@ def nvrtc_version() -> tuple[int, int]:
     return major, minor
 
 
-def supported_archs() -> list[int]:
-    """Compute capabilities (e.g. 80, 90) NVRTC can emit cubins for."""
+@cache
+def supported_archs() -> tuple[int, ...]:
+    """Compute capabilities (e.g. 80, 90) NVRTC can emit cubins for (asked once per process)."""
     from cuda.bindings import nvrtc
 
     err, _count = nvrtc.nvrtcGetNumSupportedArchs()
@@ -57,7 +60,7 @@ def supported_archs() -> list[int]:
     err, archs = nvrtc.nvrtcGetSupportedArchs()
     if err != nvrtc.nvrtcResult.NVRTC_SUCCESS:
         raise RuntimeError(f"nvrtcGetSupportedArchs failed: {err}")
-    return list(archs)
+    return tuple(archs)
 
 
 def _ptxas_summary(log: str) -> str:

@@ -35,6 +35,7 @@ class LoadedKernel:
     name: str
     resources: str  # registers, local (spill) memory and static shared memory per the driver
     shmem: int = 0  # dynamic shared memory per block, bytes
+    converters: tuple[tuple[str, type], ...] = ()  # (parameter name, its C type's constructor), in order
 
 
 def _allow_dynamic_smem(kernel: object, device: int, nbytes: int) -> None:
@@ -76,7 +77,7 @@ def load_kernel(
         )
     except Exception as exc:  # attributes are diagnostics only
         resources = f"attributes unavailable: {exc}"
-    loaded = LoadedKernel(kernel, tuple(params), compute, device, name, resources, shmem)
+    loaded = LoadedKernel(kernel, tuple(params), compute, device, name, resources, shmem, _converters(params, compute))
     logger.debug("nvrtc: loaded %s on cuda:%d: %s", name, device, resources)
     with _lock:
         _kernels[cache_id] = loaded
@@ -94,22 +95,22 @@ def _stream(device: int) -> object:
     return stream
 
 
-def _pack(params: Sequence[Param], values: dict[str, int | float], compute: str) -> list:
-    ftype = np.float32 if compute == "float" else np.float64
+def _converters(params: Sequence[Param], compute: str) -> tuple[tuple[str, type], ...]:
+    """(name, constructor of its C type) of each parameter: pointers and ``long long`` as 64-bit
+    integers, ``int`` as 32-bit, ``km_t`` as the compute type."""
+    by_type = {"long long": np.int64, "int": np.int32, "km_t": np.float32 if compute == "float" else np.float64}
     out = []
     for p in params:
-        v = values[p.name]
-        if p.ctype.endswith("*"):
-            out.append(np.uint64(v))
-        elif p.ctype == "long long":
-            out.append(np.int64(v))
-        elif p.ctype == "int":
-            out.append(np.int32(v))
-        elif p.ctype == "km_t":
-            out.append(ftype(v))
-        else:
+        kind = np.uint64 if p.ctype.endswith("*") else by_type.get(p.ctype)
+        if kind is None:
             raise AssertionError(f"unknown parameter type {p.ctype!r} of {p.name}")
-    return out
+        out.append((p.name, kind))
+    return tuple(out)
+
+
+def _pack(params: Sequence[Param], values: dict[str, int | float], compute: str) -> list:
+    """The kernel arguments of ``params`` from ``values`` by name (see :func:`_converters`)."""
+    return [kind(values[name]) for name, kind in _converters(params, compute)]
 
 
 def launch(k: LoadedKernel, grid: tuple[int, int, int], block: int, values: dict[str, int | float]) -> None:
@@ -117,6 +118,6 @@ def launch(k: LoadedKernel, grid: tuple[int, int, int], block: int, values: dict
     from cuda.core import LaunchConfig
     from cuda.core import launch as cuda_launch
 
-    args = _pack(k.params, values, k.compute)
+    args = [kind(values[name]) for name, kind in k.converters]
     with torch.cuda.device(k.device):
         cuda_launch(_stream(k.device), LaunchConfig(grid=grid, block=block, shmem_size=k.shmem), k.kernel, *args)

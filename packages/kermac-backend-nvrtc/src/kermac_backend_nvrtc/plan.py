@@ -11,12 +11,14 @@ from __future__ import annotations
 import math
 import os
 from dataclasses import dataclass
+from functools import cache, lru_cache
 
 import torch
 
 from kermac.ir import Call, Const, Expr, walk
 from kermac.layout import BatchLayout, batch_layout, grad_operands, pairwise_operands
 from kermac.problem import GradProblem, PairwiseProblem
+from kermac.programs import GradProgram, PairwiseProgram
 from kermac_backend_nvrtc import pow_table, sign_grad, tc_grad
 from kermac_backend_nvrtc.codegen import (
     INPUT_TYPES,
@@ -41,6 +43,7 @@ __all__ = [
     "TENSOR_CORES",
     "WGMMA",
     "Launch",
+    "cuda_capability",
     "device_capability",
     "plan_grad",
     "plan_pairwise",
@@ -163,6 +166,28 @@ def _expensive(expr: Expr) -> bool:
     return any(isinstance(n, Call) and n.op in _EXPENSIVE for n in walk(expr))
 
 
+# What planning reads off a program's expressions depends on the program (and the hyperparameter
+# facts passed) only: computed once per program, so a repeated call does not walk its trees again
+# (a program's hash is cached on it).
+@lru_cache(maxsize=256)
+def _pairwise_traits(prog: PairwiseProgram) -> tuple[bool, bool, bool]:
+    """(Σ (x − z)², inner has an expensive operation, epilogue has one)."""
+    return is_squared_difference_sum(prog), _expensive(prog.inner), _expensive(prog.epilogue)
+
+
+@lru_cache(maxsize=256)
+def _split_exponent(prog: PairwiseProgram, ge1: frozenset[str]) -> Expr | None:
+    return split_exponent(prog, ge1)
+
+
+@lru_cache(maxsize=1024)
+def _half_power_hypers(
+    prog: PairwiseProgram | GradProgram, scalars: tuple[tuple[str, float], ...]
+) -> tuple[tuple[str, float], ...]:
+    exprs = [prog.inner, prog.epilogue] if isinstance(prog, PairwiseProgram) else [prog.multiply, prog.epilogue]
+    return half_power_hypers(exprs, dict(scalars))
+
+
 def _exponent_value(b: Expr, problem: PairwiseProblem) -> float:
     """The value of a split exponent (a constant or a scalar hyperparameter, see ``split_exponent``)."""
     return b.value if isinstance(b, Const) else problem.hypers[b.name].scalar
@@ -184,12 +209,13 @@ def _hypers(
     return tuple(tensor), frozenset(ge1), args
 
 
-def _known_hypers(problem: PairwiseProblem | GradProblem, exprs: list[Expr]) -> tuple[tuple[str, float], ...]:
+def _known_hypers(problem: PairwiseProblem | GradProblem) -> tuple[tuple[str, float], ...]:
     """The scalar hyperparameters whose values go into the source (HALF_POWERS)."""
     if not HALF_POWERS:
         return ()
-    scalars = {n: problem.hypers[n].scalar for n in problem.program.hypers if problem.hypers[n].tensor is None}
-    return half_power_hypers(exprs, scalars)
+    hypers = problem.hypers
+    scalars = tuple((n, hypers[n].scalar) for n in problem.program.hypers if hypers[n].tensor is None)
+    return _half_power_hypers(problem.program, scalars)
 
 
 def _batch_args(layout: BatchLayout, rename: dict[str, str]) -> dict[str, int]:
@@ -209,7 +235,13 @@ def device_capability(problem: PairwiseProblem | GradProblem) -> int | None:
     """Compute capability of the problem's CUDA device as one number (90 for sm_90); None off CUDA."""
     if problem.device.type != "cuda":
         return None
-    major, minor = torch.cuda.get_device_capability(problem.device)
+    return cuda_capability(problem.device.index)
+
+
+@cache
+def cuda_capability(index: int) -> int:
+    """Compute capability of CUDA device ``index`` as one number (asked once per device and process)."""
+    major, minor = torch.cuda.get_device_capability(index)
     return 10 * major + minor
 
 
@@ -221,15 +253,15 @@ def plan_pairwise(problem: PairwiseProblem, capability: int | None = None) -> tu
     dtype = str(problem.dtype).removeprefix("torch.")
     compute = INPUT_TYPES[dtype][1]
     prog = problem.program
-    tensor_cores = TENSOR_CORES and dtype == "float32" and is_squared_difference_sum(prog)
-    expensive_inner, expensive_epilogue = _expensive(prog.inner), _expensive(prog.epilogue)
+    squared_differences, expensive_inner, expensive_epilogue = _pairwise_traits(prog)
+    tensor_cores = TENSOR_CORES and dtype == "float32" and squared_differences
     long_k = compute == "float" and not tensor_cores and not expensive_inner and not expensive_epilogue
     cfg = TC_CONFIG if tensor_cores else pairwise_config(compute, long_k)
     ops = pairwise_operands(problem)
     layout = batch_layout(problem.batch_shape, ops)
     tensor_hypers, ge1, hyper_args = _hypers(problem, compute)
-    known = _known_hypers(problem, [prog.inner, prog.epilogue])
-    exponent = split_exponent(prog, ge1) if compute == "float" else None
+    known = _known_hypers(problem)
+    exponent = _split_exponent(prog, ge1) if compute == "float" else None
     split = exponent is not None and not (HALF_POWERS and half_steps(exponent, dict(known)) is not None)
     p_value = _exponent_value(exponent, problem) if split else None
     table = split and FTZ and POW_TABLE and TABLE_PAIRS > 0 and pow_table.exponent_in_range(p_value)
@@ -319,7 +351,7 @@ def plan_grad(problem: GradProblem, capability: int | None = None) -> tuple[Grad
         # on the SIMT one than km_signpow_ftz (H100, p = 1.5; docs/nvrtc-notes.md, Version 9).
         gt1_hypers=frozenset(h for h in ge1 if problem.hypers[h].scalar > 1.0 and tensor_cores),
         half_powers=HALF_POWERS,
-        known_hypers=_known_hypers(problem, [prog.multiply, prog.epilogue]),
+        known_hypers=_known_hypers(problem),
     )
     tiles_m, tiles_n = -(-m // cfg.bmm), -(-n // cfg.bnn)
     args = _grad_args(problem, ochunks)

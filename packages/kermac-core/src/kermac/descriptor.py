@@ -22,6 +22,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, fields, replace
+from functools import lru_cache
 
 from kermac import ir
 from kermac.ir import Expr, Hyper, Var
@@ -126,7 +127,12 @@ class KernelDescriptor:
         return ";".join(f"{f.name}={getattr(self, f.name)}" for f in fields(self))
 
     def lower(self, *, regularized: bool = False) -> PairwiseProgram:
-        """The pairwise program of this descriptor (plus ``+ λ·[on diagonal]`` if ``regularized``)."""
+        """The pairwise program of this descriptor (plus ``+ λ·[on diagonal]`` if ``regularized``).
+
+        Built once per descriptor and flag (both immutable): repeated calls return the same program."""
+        return _lowered(self, regularized)
+
+    def _program(self, regularized: bool) -> PairwiseProgram:
         x, z, acc = Var("x"), Var("z"), Var("acc")
         t = x - z if self.inner == "difference" else x * z
         inner = {
@@ -150,3 +156,8 @@ class KernelDescriptor:
         if regularized:
             epilogue = epilogue + ir.select(Var("diag"), REGULARIZATION, 0.0)
         return PairwiseProgram(inner=inner, reduction=self.reduction, epilogue=epilogue)
+
+
+@lru_cache(maxsize=256)
+def _lowered(descriptor: KernelDescriptor, regularized: bool) -> PairwiseProgram:
+    return descriptor._program(regularized)

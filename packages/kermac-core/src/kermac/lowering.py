@@ -10,6 +10,7 @@ which kernels exist.
 from __future__ import annotations
 
 import math
+from functools import cache
 
 from kermac import ir, presets
 from kermac.programs import GradProgram, PairwiseProgram
@@ -33,7 +34,14 @@ def cdist_program(p: float | None, *, skip_epilogue: bool = False) -> PairwisePr
 
 
 def grad_program(p: float | None) -> GradProgram:
-    """Program of ``cdist_grad(..., p)``: Σ_k c·a·φ(d − b) with φ(t) = sgn(t)|t|^(p−1), φ(0) = 0."""
+    """Program of ``cdist_grad(..., p)``: Σ_k c·a·φ(d − b) with φ(t) = sgn(t)|t|^(p−1), φ(0) = 0.
+
+    One program per kind (p = 1, p = 2, any other p), built once."""
+    return _grad_program(p if p in (1.0, 2.0) else None)
+
+
+@cache
+def _grad_program(p: float | None) -> GradProgram:
     t = ir.Var("d") - ir.Var("b")
     if p == 1.0:
         multiply = ir.sign(t)

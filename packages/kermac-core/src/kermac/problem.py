@@ -119,6 +119,9 @@ def _no_autograd(names: tuple[str, ...], tensors: tuple[torch.Tensor, ...]) -> N
 
 
 def _batch_shape(named: Mapping[str, tuple[int, ...]]) -> tuple[int, ...]:
+    shapes = set(named.values())
+    if len(shapes) == 1:  # the common case (no batch, or the same batch everywhere): nothing to broadcast
+        return shapes.pop()
     try:
         return tuple(torch.broadcast_shapes(*named.values()))
     except RuntimeError:
@@ -142,6 +145,11 @@ def _prepare_out(out: torch.Tensor | None, shape: tuple[int, ...], like: torch.T
     if out.requires_grad and torch.is_grad_enabled():
         raise ValueError("out: must not require grad")
     return out
+
+
+def _expand(t: torch.Tensor, shape: tuple[int, ...]) -> torch.Tensor:
+    """``t`` broadcast to ``shape`` as a view (``t`` itself where it has that shape already)."""
+    return t if t.shape == shape else t.expand(shape)
 
 
 def _hyper_shapes(hypers: Mapping[str, HyperValue]) -> dict[str, tuple[int, ...]]:
@@ -176,8 +184,8 @@ def pairwise_problem(
     m, n, d = x.shape[-2], z.shape[-2], x.shape[-1]
     return PairwiseProblem(
         program=program,
-        x=x.expand(batch + (m, d)),
-        z=z.expand(batch + (n, d)),
+        x=_expand(x, batch + (m, d)),
+        z=_expand(z, batch + (n, d)),
         out=_prepare_out(out, batch + (m, n), x),
         hypers={k: h.expanded(batch) for k, h in hypers.items()},
         offset_m=offset_m,
@@ -221,10 +229,10 @@ def grad_problem(
     batch = _batch_shape({nm: tuple(t.shape[:-2]) for nm, t in zip(names, ts, strict=True)} | _hyper_shapes(hypers))
     return GradProblem(
         program=program,
-        a=a.expand(batch + (k, m)),
-        b=b.expand(batch + (n, k)),
-        c=c.expand(batch + (o, k)),
-        d=d.expand(batch + (n, m)),
+        a=_expand(a, batch + (k, m)),
+        b=_expand(b, batch + (n, k)),
+        c=_expand(c, batch + (o, k)),
+        d=_expand(d, batch + (n, m)),
         out=_prepare_out(out, batch + (o, n, m), a),
         hypers={nm: h.expanded(batch) for nm, h in hypers.items()},
         batch_shape=batch,

@@ -16,13 +16,16 @@ A *gradient program* computes, for every batch entry ``b`` and every ``(o, n, m)
 The product structure ``c · a · multiply(d, b)`` is fixed (it is what lets a backend turn the
 contraction over ``k`` into matrix products); ``multiply`` and ``epilogue`` are free.
 
-Both are frozen and hashable; :meth:`key` is their canonical text, used in JIT cache keys.
+Both are frozen and hashable; :meth:`key` is their canonical text, used in JIT cache keys.  What a
+program derives from its expressions (hash, hyperparameter names) is computed on first use and kept
+on the instance, so the per-call path of an operation does not walk the expression trees again.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, fields
 
 from kermac.ir import Call, Const, Expr, Var, free_vars, hyper_names, to_sexpr
 
@@ -30,6 +33,20 @@ __all__ = ["REDUCTIONS", "GradProgram", "PairwiseProgram", "is_squared_differenc
 
 #: Reduction name → identity element.
 REDUCTIONS: dict[str, float] = {"sum": 0.0, "max": -math.inf, "min": math.inf}
+
+
+def _derived(program: object, name: str, compute: Callable[[], object]) -> object:
+    """``program``'s derived value ``name``, computed once.  Kept in the instance ``__dict__`` (the
+    dataclass is frozen) and left out of its pickled state, where a hash would not survive."""
+    value = program.__dict__.get(name)
+    if value is None:
+        value = compute()
+        program.__dict__[name] = value
+    return value
+
+
+def _fields_state(program: object) -> dict[str, object]:
+    return {f.name: program.__dict__[f.name] for f in fields(program)}
 
 
 def _check_vars(what: str, expr: Expr, allowed: frozenset[str]) -> None:
@@ -62,15 +79,21 @@ class PairwiseProgram:
         """The reduction's identity (the value of an empty reduction)."""
         return REDUCTIONS[self.reduction]
 
+    def __hash__(self) -> int:
+        return _derived(self, "_hash", lambda: hash((self.inner, self.reduction, self.epilogue)))
+
+    def __getstate__(self) -> dict[str, object]:
+        return _fields_state(self)
+
     @property
     def hypers(self) -> tuple[str, ...]:
         """Sorted names of the hyperparameters the program reads."""
-        return tuple(sorted(hyper_names(self.inner) | hyper_names(self.epilogue)))
+        return _derived(self, "_hypers", lambda: tuple(sorted(hyper_names(self.inner) | hyper_names(self.epilogue))))
 
     @property
     def uses_diag(self) -> bool:
         """Whether the epilogue reads ``diag`` (the backend must then compute it)."""
-        return "diag" in free_vars(self.epilogue)
+        return _derived(self, "_uses_diag", lambda: "diag" in free_vars(self.epilogue))
 
     def key(self) -> str:
         """Canonical text of the program."""
@@ -91,10 +114,16 @@ class GradProgram:
         _check_vars("multiply", self.multiply, self.MULTIPLY_VARS)
         _check_vars("epilogue", self.epilogue, self.EPILOGUE_VARS)
 
+    def __hash__(self) -> int:
+        return _derived(self, "_hash", lambda: hash((self.multiply, self.epilogue)))
+
+    def __getstate__(self) -> dict[str, object]:
+        return _fields_state(self)
+
     @property
     def hypers(self) -> tuple[str, ...]:
         """Sorted names of the hyperparameters the program reads."""
-        return tuple(sorted(hyper_names(self.multiply) | hyper_names(self.epilogue)))
+        return _derived(self, "_hypers", lambda: tuple(sorted(hyper_names(self.multiply) | hyper_names(self.epilogue))))
 
     def key(self) -> str:
         """Canonical text of the program."""
