@@ -56,9 +56,12 @@ BS = 72  # floats per staged b row
 ACS = 68  # floats per staged a or c row
 
 
+_SIGN = ir.sign(ir.Var("d") - ir.Var("b"))
+
+
 def is_sign_product(program: object) -> bool:
     """Whether a gradient program's multiply is exactly ``sign(d − b)`` (p = 1)."""
-    return program.multiply == ir.sign(ir.Var("d") - ir.Var("b"))
+    return program.multiply == _SIGN
 
 
 def dynamic_smem(ot: int) -> int:

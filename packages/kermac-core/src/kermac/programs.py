@@ -130,6 +130,9 @@ class GradProgram:
         return f"grad;{to_sexpr(self.multiply)};{to_sexpr(self.epilogue)}"
 
 
+_SQUARED = Call("mul", (Call("sub", (Var("x"), Var("z"))), Call("sub", (Var("x"), Var("z")))))
+
+
 def is_squared_difference_sum(program: PairwiseProgram) -> bool:
     """Whether ``program`` is ``Σ_k (x − z)·(x − z)`` structurally, with any epilogue.
 
@@ -137,8 +140,7 @@ def is_squared_difference_sum(program: PairwiseProgram) -> bool:
     shape) reduce d² = Σ_k (x_k − z_k)², which a backend may expand into
     ‖x‖² + ‖z‖² − 2·x·z and compute on tensor cores.
     """
-    t = Call("sub", (Var("x"), Var("z")))
-    return program.reduction == "sum" and program.inner == Call("mul", (t, t))
+    return _derived(program, "_sq_diff_sum", lambda: program.reduction == "sum" and program.inner == _SQUARED)
 
 
 def signed_power(expr: Expr) -> tuple[Expr, Expr] | None:
