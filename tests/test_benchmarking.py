@@ -126,6 +126,10 @@ def test_case_lists_are_consistent():
     assert [c.label for c in bm.cases_for("cuda:0", full=True)] == [c.label for c in bm.PEERS_CASES]
     assert all(c.device == "cuda:0" for c in bm.cases_for("cuda:0"))
     assert len(bm.cases_for("cuda")) == len(bm.GPU_CASES)
+    small = bm.cases_for("cuda:0", small=True)
+    assert [c.label for c in small] == [c.label for c in bm.SMALL_CASES] and {c.device for c in small} == {"cuda:0"}
+    assert {c.op for c in small} == {"cdist", "kernel", "grad"} and all(c.sizes[0] == 256 for c in small)
+    assert [c.label for c in bm.cases_for("cpu", small=True)] == [c.label for c in bm.SMALL_CASES]
 
 
 def _peers_rows() -> dict[str, list[list[str]]]:

@@ -244,6 +244,14 @@ def test_bench_quick_table(capsys):
     assert len(steps) == 3 * len(bm.CPU_QUICK_CASES) and steps[-1].startswith(f"[{len(steps)}/{len(steps)}]")
 
 
+def test_bench_small_runs_the_small_cases(capsys):
+    code, out, _ = run_cli(capsys, "bench", "--small", "--warmup", "0", "--repeat", "1", "--device", "cpu", "--json")
+    assert code == 0
+    assert [c["label"] for c in json.loads(out)["cases"]] == [c.label for c in bm.SMALL_CASES]
+    code, _, err = run_cli(capsys, "bench", "--small", "--quick", "--device", "cpu")
+    assert code == 2 and "not allowed with" in err
+
+
 def test_bench_json(capsys):
     code, out, _ = run_cli(capsys, "bench", *FAST, "--json")
     assert code == 0

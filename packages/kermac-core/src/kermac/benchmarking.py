@@ -17,7 +17,8 @@ Operations and shapes (all float32 ``torch.randn`` inputs):
 The case lists: :data:`CPU_CASES` (small, for machines without a GPU), :data:`CPU_QUICK_CASES`,
 :data:`PEERS_CASES` (every row of ``shared/PEERS.md`` with the peers' H100 timings and the
 project's targets), :data:`GPU_CASES` (the subset ``kermac bench`` runs by default, < 1 minute on
-an H100) and :data:`GPU_QUICK_CASES`.
+an H100), :data:`GPU_QUICK_CASES` and :data:`SMALL_CASES` (problems so small that on a GPU a
+call's time is mostly the host's per-call work: checks, planning, the launch).
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ __all__ = [
     "GPU_QUICK_CASES",
     "PEERS_CASES",
     "REFERENCE_BACKEND",
+    "SMALL_CASES",
     "BenchCase",
     "cases_for",
     "input_sets",
@@ -260,10 +262,20 @@ CPU_CASES: tuple[BenchCase, ...] = _small((1024, 1024, 64), (1024, 64, 8, 512))
 CPU_QUICK_CASES: tuple[BenchCase, ...] = _small((256, 256, 32), (256, 32, 4, 128))
 
 
-def cases_for(device: str | torch.device, *, full: bool = False, quick: bool = False) -> list[BenchCase]:
-    """The cases ``kermac bench`` runs on ``device``: CPU or GPU lists, ``full`` = all PEERS rows."""
+#: ``kermac bench --small``: 256² distances and Laplace kernels of 32 features and a 256, 32, 4, 128
+#: gradient on any device; a GPU finishes each kernel in a few microseconds, so these time the host.
+SMALL_CASES: tuple[BenchCase, ...] = CPU_QUICK_CASES
+
+
+def cases_for(
+    device: str | torch.device, *, full: bool = False, quick: bool = False, small: bool = False
+) -> list[BenchCase]:
+    """The cases ``kermac bench`` runs on ``device``: CPU or GPU lists, ``full`` = all PEERS rows,
+    ``small`` = :data:`SMALL_CASES` on either."""
     device = torch.device(device)
-    if device.type == "cpu":
+    if small:
+        chosen = SMALL_CASES
+    elif device.type == "cpu":
         chosen = CPU_QUICK_CASES if quick else CPU_CASES
     else:
         chosen = PEERS_CASES if full else GPU_QUICK_CASES if quick else GPU_CASES

@@ -68,6 +68,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     sizes = p.add_mutually_exclusive_group()
     sizes.add_argument("--full", action="store_true", help="on a GPU: every case of shared/PEERS.md (several minutes)")
     sizes.add_argument("--quick", action="store_true", help="fewer, smaller cases and fewer repeats")
+    sizes.add_argument(
+        "--small",
+        action="store_true",
+        help="256x256x32 problems: on a GPU their time is mostly each call's host work (checks, planning, launch)",
+    )
     p.add_argument("--json", action="store_true", help="print the results as JSON instead of a table")
     p.add_argument("-v", "--verbose", action="store_true", help="explain every n/a cell")
     p.set_defaults(run=run)
@@ -184,7 +189,7 @@ def run(args: argparse.Namespace) -> int:
     gpu = device.type == "cuda"
     warmup = args.warmup if args.warmup is not None else 1 if args.quick or not gpu else 2
     repeat = args.repeat if args.repeat is not None else 3 if args.quick else 10 if gpu else 5
-    cases = bm.cases_for(device, full=args.full, quick=args.quick)
+    cases = bm.cases_for(device, full=args.full, quick=args.quick, small=args.small)
     settings = _Settings(device, warmup, repeat, args.max_seconds or None, not args.no_rotate)
 
     progress = Progress(len(cases) * (len(backends) + 2), sys.stderr)
@@ -193,7 +198,7 @@ def run(args: argparse.Namespace) -> int:
     finally:
         progress.close()
 
-    header = _header(device, warmup, repeat)
+    header = _header(device, warmup, repeat, args.small)
     if args.json:
         print(json.dumps(_to_json(header, backends, skipped, results), indent=2))
     else:
@@ -321,10 +326,10 @@ def _measure(
 # -- output -------------------------------------------------------------------------------------
 
 
-def _header(device: torch.device, warmup: int, repeat: int) -> dict[str, object]:
+def _header(device: torch.device, warmup: int, repeat: int, small: bool = False) -> dict[str, object]:
     if device.type == "cuda":
         name = torch.cuda.get_device_name(device)
-        note = None
+        note = "--small: kernels of a few microseconds; the times are mostly each call's host work" if small else None
     else:
         name = platform.processor() or platform.machine() or "CPU"
         why = "no CUDA GPU visible" if not torch.cuda.is_available() else "--device cpu"
