@@ -31,6 +31,7 @@ import time
 import torch
 
 import kermac
+from kermac.benchmarking import time_ms
 
 PEERS = {  # row -> (kermac, mm-kermac, target) from PEERS.md (ms)
     "cdist 30000x30000x1024 p=1": (73.5, 77.8, 64),
@@ -52,22 +53,10 @@ PEERS = {  # row -> (kermac, mm-kermac, target) from PEERS.md (ms)
 
 
 def timeit(fn, reps: int, budget_s: float = 2.0) -> float:
-    fn()
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    fn()
-    end.record()
-    torch.cuda.synchronize()
-    first = start.elapsed_time(end)
-    reps = max(3, min(reps, int(budget_s * 1e3 / max(first, 1e-3))))
-    times = []
-    for _ in range(reps):
-        start.record()
-        fn()
-        end.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(end))
+    """Median ms of ``fn`` over up to ``reps`` calls (fewer where they would take over ``budget_s``),
+    each bracketed by CUDA events without a host synchronisation in between (as ``kermac bench``
+    times), so a call's host work overlaps the previous call's kernel instead of being counted."""
+    times = time_ms(fn, device="cuda", warmup=1, repeat=reps, max_seconds=budget_s)
     return statistics.median(times)
 
 
