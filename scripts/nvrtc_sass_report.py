@@ -5,9 +5,11 @@ For one of ``kermac precompile``'s common variants (``--match``: a substring of 
 (``--preset laplace_l1``; bandwidth 1, p 1.5 where it takes one), the kernel is generated,
 compiled for ``--arch`` and disassembled with ``cuobjdump`` (Triton's bundled copy, else the one on
 ``PATH``).  The main loop is the backward branch's body with the most arithmetic (FADD, FFMA, FMUL,
-MUFU, HMMA, HGMMA).  Printed: ptxas's resource line, the loop's length and instruction mix, where in
-the loop (0 = top, 1 = bottom) the global loads, shared stores and barriers sit, and how many
-instructions separate each shared load from the first use of its registers.
+MUFU; an HMMA or HGMMA counts 16) — for the p = 2 family on ``mma.sync`` that can be the unrolled
+exact recomputation of the guard rather than the tensor-core loop.  Printed: ptxas's resource
+line, the loop's length and instruction mix, where in the loop (0 = top, 1 = bottom) the global
+loads, shared stores and barriers sit, and how many instructions separate each shared load from
+the first use of its registers.
 
 Why: the k loops are sensitive to where ptxas places the next tile's global loads.  A loop whose
 loads were sunk to their shared stores after the math no longer overlaps them with it (Version 14
@@ -95,7 +97,7 @@ def parse_sass(sass: str) -> list[tuple[int, str]]:
 
 
 def main_loop(instructions: list[tuple[int, str]]) -> LoopReport:
-    """The body of the backward branch whose body has the most arithmetic instructions."""
+    """The body of the backward branch with the most arithmetic (tensor-core instructions count 16)."""
     best: tuple[int, list[tuple[int, str]]] | None = None
     for address, text in instructions:
         m = re.search(r"BRA\s+(?:`\(\.L_x_\d+\)\s*)?0x([0-9a-f]+)", text)
@@ -103,7 +105,10 @@ def main_loop(instructions: list[tuple[int, str]]) -> LoopReport:
             continue
         start = int(m.group(1), 16)
         body = [(a, t) for a, t in instructions if start <= a <= address]
-        score = sum(_op(t).split(".")[0] in _ARITH for _, t in body)
+        # A tensor-core instruction stands for many FMAs: the mma loop outranks the guard's SIMT recompute.
+        score = sum(
+            (16 if op in ("HMMA", "HGMMA") else 1) * (op in _ARITH) for op in (_op(t).split(".")[0] for _, t in body)
+        )
         if best is None or score > best[0]:
             best = (score, body)
     if best is None:
