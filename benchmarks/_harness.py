@@ -3,7 +3,8 @@
 Each suite is parameterised by implementation -- a kermac backend (``torch``, ``nvrtc``,
 ``triton``) or PyTorch's own way of computing the same result (its own row, named after it) --
 and by case: with a CUDA GPU, every row of ``shared/PEERS.md`` for the operation
-(:data:`kermac.benchmarking.PEERS_CASES`); without one, the small CPU cases
+(:data:`kermac.benchmarking.PEERS_CASES`) and the small problems whose time is each call's host work
+(:data:`kermac.benchmarking.SMALL_CASES`); without one, the small CPU cases
 (:data:`kermac.benchmarking.CPU_CASES`).  An implementation that cannot run a case here (backend
 unavailable or unsupported problem, no PyTorch equivalent) raises ``NotImplementedError`` in
 ``setup``, which asv reports as n/a.
@@ -27,7 +28,7 @@ KERMAC_BACKENDS = ("torch", "nvrtc", "triton")
 
 def cases(op: str) -> dict[str, bm.BenchCase]:
     """The cases of ``op`` for this machine, by label (asv parameters must be plain values)."""
-    chosen = bm.PEERS_CASES if DEVICE == "cuda" else bm.CPU_CASES
+    chosen = (*bm.PEERS_CASES, *bm.SMALL_CASES) if DEVICE == "cuda" else bm.CPU_CASES
     return {c.label: c.on(DEVICE) for c in chosen if c.op == op}
 
 

@@ -1,6 +1,7 @@
 """``kermac.cdist`` (float32, preallocated ``out``) per backend, beside ``torch.cdist``.
 
-Cases: the cdist rows of ``shared/PEERS.md`` on a GPU, small CPU cases otherwise.
+Cases: the cdist rows of ``shared/PEERS.md`` and the host-bound small
+problems on a GPU, small CPU cases otherwise.
 """
 
 from __future__ import annotations

@@ -1,6 +1,7 @@
 """The gradient contraction ``kermac.cdist_grad`` per backend, beside PyTorch's matrix products (p = 2 only).
 
-Cases: the cdist_grad rows of ``shared/PEERS.md`` on a GPU, small CPU cases otherwise.
+Cases: the cdist_grad rows of ``shared/PEERS.md`` and the host-bound small
+problems on a GPU, small CPU cases otherwise.
 """
 
 from __future__ import annotations

@@ -1,6 +1,7 @@
 """Fused kernel matrices ``kermac.run_kernel`` (Laplace on L1/L2) per backend, beside ``torch.cdist`` then ``exp``.
 
-Cases: the fused-kernel rows of ``shared/PEERS.md`` on a GPU, small CPU cases otherwise.
+Cases: the fused-kernel rows of ``shared/PEERS.md`` and the host-bound small
+problems on a GPU, small CPU cases otherwise.
 """
 
 from __future__ import annotations
