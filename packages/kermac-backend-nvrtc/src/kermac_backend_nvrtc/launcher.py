@@ -108,11 +108,6 @@ def _converters(params: Sequence[Param], compute: str) -> tuple[tuple[str, type]
     return tuple(out)
 
 
-def _pack(params: Sequence[Param], values: dict[str, int | float], compute: str) -> list:
-    """The kernel arguments of ``params`` from ``values`` by name (see :func:`_converters`)."""
-    return [kind(values[name]) for name, kind in _converters(params, compute)]
-
-
 def launch(k: LoadedKernel, grid: tuple[int, int, int], block: int, values: dict[str, int | float]) -> None:
     """Launch ``k`` on the current stream of its device with parameter ``values`` by name."""
     from cuda.core import LaunchConfig
