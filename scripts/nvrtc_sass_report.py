@@ -136,7 +136,7 @@ def cuobjdump() -> str:
     return found
 
 
-def kernel_sass(variant: object, source: str, arch: str, name: str) -> tuple[str, str]:
+def kernel_sass(source: str, arch: str, name: str) -> tuple[str, str]:
     """(ptxas resource line, SASS listing) of ``source`` compiled for ``arch``."""
     from kermac_backend_nvrtc.compiler import compile_cubin
 
@@ -150,8 +150,8 @@ def kernel_sass(variant: object, source: str, arch: str, name: str) -> tuple[str
 
 def planned(
     arch: str, *, match: str | None = None, cdist_p: float | None = None, preset: str | None = None, d: int = 1024
-) -> tuple[object, str, str, str]:
-    """(variant, source, kernel name, label) of the chosen problem (one of ``match``, ``cdist_p``,
+) -> tuple[str, str, str]:
+    """(source, kernel name, label) of the chosen problem (one of ``match``, ``cdist_p``,
     ``preset``), planned for ``arch``."""
     import torch
 
@@ -175,14 +175,14 @@ def planned(
         x = torch.empty(64, d, device="meta")
         hypers = {n: HyperValue(n, values[n]) for n in program.hypers}
         variant = plan_pairwise(pairwise_problem(program, x, x, out=None, hypers=hypers), cap)[0]
-        return variant, pairwise_source(variant)[0], "kermac_pairwise", label
+        return pairwise_source(variant)[0], "kermac_pairwise", label
     for problem in common_problems():
         grad = isinstance(problem, GradProblem)
         label = f"{'grad' if grad else 'pairwise'} {problem.program.key()}"
         if match in label:
             variant = (plan_grad if grad else plan_pairwise)(problem, cap)[0]
             source = (grad_source if grad else pairwise_source)(variant)[0]
-            return variant, source, "kermac_grad" if grad else "kermac_pairwise", label
+            return source, "kermac_grad" if grad else "kermac_pairwise", label
     raise SystemExit(f"--match: no common variant's label contains {match!r}")
 
 
@@ -209,10 +209,8 @@ def main() -> None:
     ap.add_argument("--d", type=int, default=1024, help="features of a --cdist-p or --preset problem (default 1024)")
     ap.add_argument("--arch", default="sm_90")
     args = ap.parse_args()
-    variant, source, name, label = planned(
-        args.arch, match=args.match, cdist_p=args.cdist_p, preset=args.preset, d=args.d
-    )
-    ptxas, sass = kernel_sass(variant, source, args.arch, name)
+    source, name, label = planned(args.arch, match=args.match, cdist_p=args.cdist_p, preset=args.preset, d=args.d)
+    ptxas, sass = kernel_sass(source, args.arch, name)
     print(f"{label} ({args.arch})\nptxas: {ptxas}")
     print(report(main_loop(parse_sass(sass))))
 

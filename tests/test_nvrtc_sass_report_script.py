@@ -63,8 +63,8 @@ def test_simt_loops_issue_the_next_tiles_loads_before_the_math(sass_script, kind
     except FileNotFoundError as exc:
         pytest.skip(str(exc))
     field, value, d = kind
-    variant, source, name, _ = sass_script.planned(arch, **{field: value}, d=d)
-    _, sass = sass_script.kernel_sass(variant, source, arch, name)
+    source, name, _ = sass_script.planned(arch, **{field: value}, d=d)
+    _, sass = sass_script.kernel_sass(source, arch, name)
     loop = sass_script.main_loop(sass_script.parse_sass(sass))
     loads = [pos for pos, text in loop.positions(("LDG",))]
     stores = [pos for pos, text in loop.positions(("STS",))]
