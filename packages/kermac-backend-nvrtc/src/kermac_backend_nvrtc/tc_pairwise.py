@@ -70,12 +70,15 @@ kermac_pairwise($PARAMS) {
       xt.store(Xs[buf]);                                                              \
       zt.store(Zs[buf]);                                                              \
     }
-    // ---- cross term on the tensor cores (3×TF32) and the norms in fp32 -------------------
-    if (ntiles > 0) {
-      KM_LOAD(0)
-      KM_STORE(0)
-      __syncthreads();
+    // The first k tile staged in buffer 0 and visible to the block, before either pass's loop.
+#define KM_FIRST_TILE                                                                 \
+    if (ntiles > 0) {                                                                 \
+      KM_LOAD(0)                                                                      \
+      KM_STORE(0)                                                                     \
+      __syncthreads();                                                                \
     }
+    // ---- cross term on the tensor cores (3×TF32) and the norms in fp32 -------------------
+    KM_FIRST_TILE
     for (int t = 0; t < ntiles; ++t) {
       const int cur = t & 1;
       if (t + 1 < ntiles) KM_LOAD(t + 1)
@@ -156,11 +159,7 @@ kermac_pairwise($PARAMS) {
         for (int j = 0; j < 4; ++j)
 #pragma unroll
           for (int c = 0; c < 4; ++c) acc[i][j][c] = 0.0f;
-      if (ntiles > 0) {
-        KM_LOAD(0)
-        KM_STORE(0)
-        __syncthreads();
-      }
+      KM_FIRST_TILE
       for (int t = 0; t < ntiles; ++t) {
         const int cur = t & 1;
         if (t + 1 < ntiles) KM_LOAD(t + 1)
@@ -191,6 +190,7 @@ kermac_pairwise($PARAMS) {
     }
 #undef KM_LOAD
 #undef KM_STORE
+#undef KM_FIRST_TILE
 
     // ---- epilogue and stores (pairs of columns as one 8-byte store where ovec allows) -------
     float* ob = out + off_o;
