@@ -175,25 +175,25 @@ def _knob_settings(knobs: list[str]) -> list[tuple[str, dict]]:
 
 def with_settings(settings: dict, fn):
     """``fn`` under backend settings ({NAME: value}, NAME as for ``--knob``), restored afterwards;
-    compiled kernels are forgotten before and after."""
+    the backend's loaded kernels and plans are forgotten before and after."""
 
     def run() -> dict:
         from kermac.registry import get_backend
 
-        memo = get_backend("nvrtc")._kernels
+        backend = get_backend("nvrtc")
         saved = []
         for name, value in settings.items():
             module, attr, field = _knob_target(name)
             old = getattr(module, attr)
             saved.append((module, attr, old))
             setattr(module, attr, value if field is None else dataclasses.replace(old, **{field: value}))
-        memo.clear()
+        backend.forget()
         try:
             return fn()
         finally:
             for module, attr, old in reversed(saved):
                 setattr(module, attr, old)
-            memo.clear()
+            backend.forget()
 
     return run
 

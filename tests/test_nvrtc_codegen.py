@@ -219,7 +219,8 @@ def test_split_variants_compile(arch: str, pairs: int, ftz: bool, table: bool) -
         source, params = codegen.pairwise_source(variant)
         assert f"#define KM_POW_TABLE {int(table)}" in source
         assert [p.name for p in params if p.name.startswith("pc")] == ([f"pc{j}" for j in range(7)] if table else [])
-        assert len([kind(0) for _, kind in launcher._converters(params, "float")]) == len(params)
+        layout = launcher.argument_layout(params, "float")
+        assert len(layout.unpack(bytes(layout.size))) == len(params)
         built = compiler.compile_cubin(source, arch, name="kermac_pairwise")
         assert built.cubin[:4] == b"\x7fELF"
 

@@ -2,16 +2,17 @@
 
 Flow of a call: :mod:`.plan` picks the variant and arguments; the variant's source
 (:mod:`.codegen`) is compiled once per architecture (:mod:`.compiler`, cached on disk) and loaded
-once per device (:mod:`.launcher`); the kernel is launched on torch's current stream.  A
-process-level memo maps (device, variant) straight to the loaded kernel, so a repeated call costs
-one dictionary lookup plus the launch.
+once per device (:mod:`.launcher`); the kernel is launched on torch's current stream.  Two
+process-level memos make a repeated call cheap: (device, variant) → the loaded kernel, and
+``plan.plan_key`` (everything planning reads of a problem) → that kernel and its launch, so a call
+like an earlier one skips planning and only refreshes the operands' addresses.
 """
 
 from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from functools import cache
 
 import torch
@@ -23,6 +24,8 @@ from kermac.problem import GradProblem, PairwiseProblem
 __all__ = ["MIN_CAPABILITY", "NvrtcBackend"]
 
 MIN_CAPABILITY = (8, 0)
+#: Plans remembered per process (keyed by ``plan.plan_key``); the memo starts over when full.
+MAX_PLANS = 1024
 _INSTALL_HINT = "pip install 'kermac-backend-nvrtc[cu13]' (or [cu12] for a CUDA 12 driver)"
 
 
@@ -48,7 +51,8 @@ class NvrtcBackend(Backend):
     description = "CUDA C++ generated from the IR, compiled at run time by NVRTC (sm_80+)"
 
     def __init__(self) -> None:
-        self._kernels: dict[tuple[int, object], object] = {}
+        self._kernels: dict[tuple[int, object], object] = {}  # (device, variant) -> loaded kernel
+        self._plans: dict[tuple, tuple[object, object]] = {}  # plan.plan_key -> (loaded kernel, Launch)
         self._lock = threading.Lock()
 
     # ---- availability and checks ---------------------------------------------------------
@@ -96,6 +100,12 @@ class NvrtcBackend(Backend):
 
     # ---- running -------------------------------------------------------------------------
 
+    def forget(self) -> None:
+        """Drop the memos of loaded kernels and plans (after a tile configuration changed at run time)."""
+        with self._lock:
+            self._kernels.clear()
+            self._plans.clear()
+
     def _kernel(self, device: int, variant: object, debug: bool) -> object:
         memo = (device, variant)
         found = self._kernels.get(memo)
@@ -139,11 +149,24 @@ class NvrtcBackend(Backend):
             self._kernels[memo] = loaded
         return loaded
 
-    def _run(self, device: torch.device, variant: object, launch: object, debug: bool) -> None:
+    def _run(self, problem: PairwiseProblem | GradProblem, planner: Callable) -> None:
+        """Plan ``problem`` (or find its plan in the memo), load the kernel and launch it."""
         from kermac_backend_nvrtc.launcher import launch as launch_kernel
+        from kermac_backend_nvrtc.plan import plan_key, pointer_args
 
+        device, debug = problem.device, problem.debug
         index = device.index if device.index is not None else torch.cuda.current_device()
-        kernel = self._kernel(index, variant, debug)
+        key = None if debug else plan_key(problem, index)  # debug plans (and logs) every call
+        planned = self._plans.get(key)
+        if planned is None:
+            variant, launch = planner(problem)
+            planned = (self._kernel(index, variant, debug), launch)
+            if key is not None:
+                if len(self._plans) >= MAX_PLANS:
+                    self._plans.clear()
+                self._plans[key] = planned
+        kernel, launch = planned
+        args = launch.args | pointer_args(problem)
         chunks = launch.chunks()
         if debug:
             logger.debug(
@@ -155,19 +178,17 @@ class NvrtcBackend(Backend):
                 index,
             )
         for zbase, gz in chunks:
-            launch_kernel(kernel, (launch.grid_x, 1, gz), launch.block, {**launch.args, "zbase": zbase})
+            launch_kernel(kernel, (launch.grid_x, 1, gz), launch.block, args | {"zbase": zbase})
 
     def pairwise(self, problem: PairwiseProblem) -> None:
         from kermac_backend_nvrtc.plan import plan_pairwise
 
-        variant, launch = plan_pairwise(problem)
-        self._run(problem.device, variant, launch, problem.debug)
+        self._run(problem, plan_pairwise)
 
     def grad(self, problem: GradProblem) -> None:
         from kermac_backend_nvrtc.plan import plan_grad
 
-        variant, launch = plan_grad(problem)
-        self._run(problem.device, variant, launch, problem.debug)
+        self._run(problem, plan_grad)
 
     def precompile(
         self, problems: list[PairwiseProblem | GradProblem], *, archs: Sequence[str] | None = None

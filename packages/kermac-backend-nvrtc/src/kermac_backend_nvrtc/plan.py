@@ -46,7 +46,9 @@ __all__ = [
     "cuda_capability",
     "device_capability",
     "plan_grad",
+    "plan_key",
     "plan_pairwise",
+    "pointer_args",
     "size_problem",
 ]
 
@@ -205,7 +207,6 @@ def _hypers(
             args[f"hv_{name}"] = hv.scalar
         else:
             tensor.append((name, _TENSOR_TYPES[hv.tensor.dtype]))
-            args[f"hp_{name}"] = hv.tensor.data_ptr()
     return tuple(tensor), frozenset(ge1), args
 
 
@@ -288,9 +289,7 @@ def plan_pairwise(problem: PairwiseProblem, capability: int | None = None) -> tu
     tiles_m, tiles_n = -(-m // cfg.bm), -(-n // cfg.bn)
     x, z, out = problem.x, problem.z, problem.out
     args: dict[str, int | float] = {
-        "x": x.data_ptr(),
-        "z": z.data_ptr(),
-        "out": out.data_ptr(),
+        **pointer_args(problem),
         "M": m,
         "N": n,
         "D": d,
@@ -400,11 +399,7 @@ def _grad_args(problem: GradProblem, ochunks: int) -> dict[str, int | float]:
     m, n, o, k = problem.sizes
     a, b, c, d, out = problem.a, problem.b, problem.c, problem.d, problem.out
     return {
-        "a": a.data_ptr(),
-        "b": b.data_ptr(),
-        "c": c.data_ptr(),
-        "d": d.data_ptr(),
-        "out": out.data_ptr(),
+        **pointer_args(problem),
         "M": m,
         "N": n,
         "O": o,
@@ -422,3 +417,52 @@ def _grad_args(problem: GradProblem, ochunks: int) -> dict[str, int | float]:
         "son": out.stride(-2),
         "som": out.stride(-1),
     }
+
+
+def pointer_args(problem: PairwiseProblem | GradProblem) -> dict[str, int]:
+    """The arguments that are device addresses: the operands, ``out`` and tensor hyperparameters
+    (``hp_<name>``) — the only ones that differ between calls with equal :func:`plan_key`."""
+    if isinstance(problem, PairwiseProblem):
+        named = {"x": problem.x, "z": problem.z, "out": problem.out}
+    else:
+        named = {"a": problem.a, "b": problem.b, "c": problem.c, "d": problem.d, "out": problem.out}
+    args = {name: t.data_ptr() for name, t in named.items()}
+    args |= {f"hp_{name}": h.tensor.data_ptr() for name, h in problem.hypers.items() if h.tensor is not None}
+    return args
+
+
+#: Every alignment the planner tests (a vector of e elements per thread: e · element size bytes,
+#: 64 at most in today's tile configurations) divides this many bytes, so addresses equal modulo it
+#: plan alike.
+_ALIGNMENT = 256
+
+
+def _tensor_key(t: torch.Tensor) -> tuple:
+    return t.shape, t.stride(), t.data_ptr() % _ALIGNMENT
+
+
+def plan_key(problem: PairwiseProblem | GradProblem, device: int) -> tuple:
+    """A key equal for two problems exactly when :func:`plan_pairwise` / :func:`plan_grad` give them
+    the same variant and the same arguments but for :func:`pointer_args`.
+
+    It holds what planning reads: the program, dtype and device (its capability), every tensor's
+    shape, strides and address modulo :data:`_ALIGNMENT`, the hyperparameters (scalars by their
+    exact bits, tensors like operands), the diagonal offsets, and this module's settings (tests and
+    benchmarks change those at run time).  The tile configurations of ``codegen``/``tc_grad`` are
+    not in it: whoever replaces one clears the memo (``scripts/nvrtc_bench.py``'s knobs do).
+    """
+    if isinstance(problem, PairwiseProblem):
+        tensors = (problem.x, problem.z, problem.out)
+        offsets = (problem.offset_m, problem.offset_n)
+    else:
+        tensors = (problem.a, problem.b, problem.c, problem.d, problem.out)
+        offsets = ()
+    hypers = tuple(
+        (name, h.scalar.hex() if h.tensor is None else (h.tensor.dtype, *_tensor_key(h.tensor)))
+        for name, h in problem.hypers.items()
+    )
+    settings = (
+        TENSOR_CORES, WGMMA, HALF_POWERS, FTZ, POW_TABLE, TABLE_PAIRS, POLY_PAIRS, INLINE_EXPENSIVE_EPILOGUE,
+        TC_GRAD_MIN_O, SIGN_GRAD_MIN_O,
+    )  # fmt: skip
+    return (problem.program, problem.dtype, device, *map(_tensor_key, tensors), hypers, offsets, settings)
