@@ -550,6 +550,84 @@ def test_debug_logs_compile_and_launch(caplog: pytest.LogCaptureFixture) -> None
     assert "launch grid" in text and "registers" in text
 
 
+def test_repeated_calls_read_each_calls_tensors() -> None:
+    """A call like an earlier one reuses its plan (the backend's memo) with the new call's addresses:
+    fresh tensors, an in-place change, and a view one element off (another alignment, another plan)."""
+    base = randn(2, 65, 40, device="cuda")
+    z = randn(70, 40, device="cuda")
+    for x in (base[0], base[1], base[0, 1:], base[1, :64]):
+        for p in (1.0, 1.3, 2.0):
+            out = torch.full((x.shape[0], 70), math.nan, device="cuda")
+            kermac.cdist(x, z, p=p, out=out, backend="nvrtc")
+            assert_close(out, ref_cdist(x, z, p), tolerance(torch.float32))
+    x = base[0].clone()
+    first = kermac.cdist(x, z, p=1.0, backend="nvrtc")
+    x.mul_(2.0)
+    second = kermac.cdist(x, z, p=1.0, backend="nvrtc")
+    assert_close(first, ref_cdist(x / 2, z, 1.0), tolerance(torch.float32))
+    assert_close(second, ref_cdist(x, z, 1.0), tolerance(torch.float32))
+
+
+def test_launch_goes_to_the_current_stream_and_into_graphs() -> None:
+    """Kernels go to torch's current stream: a side stream's CUDA graph captures them, and a replay
+    reads the captured tensors' new contents."""
+    x, z = randn(90, 33, device="cuda"), randn(70, 33, device="cuda")
+    a, b, c, d = (randn(*s, device="cuda") for s in ((40, 30), (20, 40), (6, 40), (20, 30)))  # K=40 M=30 N=20 O=6
+    out, gout = torch.empty(90, 70, device="cuda"), torch.empty(6, 20, 30, device="cuda")
+
+    def calls() -> None:
+        kermac.cdist(x, z, p=1.3, out=out, backend="nvrtc")
+        kermac.cdist_grad(a, b, c, d, p=1.5, out=gout, backend="nvrtc")
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        calls()  # compiles and loads outside the capture
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        calls()
+    x.copy_(randn(90, 33, device="cuda"))
+    d.copy_(randn(20, 30, device="cuda"))
+    out.fill_(math.nan)
+    gout.fill_(math.nan)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert_close(out, ref_cdist(x, z, 1.3), tolerance(torch.float32))
+    assert_close(gout, ref_grad(a, b, c, d, 1.5), 1e-4)
+
+
+def test_launch_from_a_thread_without_a_current_context() -> None:
+    """A thread that never touched CUDA has no current context: the launch makes the device's
+    primary context current for itself and leaves the thread as it found it."""
+    import threading
+
+    from kermac_backend_nvrtc import launcher
+
+    x, z = randn(50, 20, device="cuda"), randn(60, 20, device="cuda")
+    out = torch.full((50, 60), math.nan, device="cuda")  # no allocation on the thread (it would bind a context)
+    kermac.cdist(x, z, p=1.0, backend="nvrtc")  # compiled and loaded on this thread
+    torch.cuda.synchronize()
+    seen: dict[str, object] = {}
+
+    def work() -> None:
+        try:
+            seen["before"] = launcher._current_context()
+            kermac.cdist(x, z, p=1.0, out=out, backend="nvrtc")
+            seen["after"] = launcher._current_context()
+        except Exception as exc:  # reported below, on the test's thread
+            seen["error"] = exc
+
+    worker = threading.Thread(target=work)
+    worker.start()
+    worker.join()
+    assert "error" not in seen, seen.get("error")
+    assert seen["before"] == 0, "the new thread already had a current context: the test shows nothing"
+    assert seen["after"] == 0
+    torch.cuda.synchronize()
+    assert_close(out, ref_cdist(x, z, 1.0), tolerance(torch.float32))
+
+
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two CUDA devices")
 def test_two_devices() -> None:
     for dev in ("cuda:0", "cuda:1"):
