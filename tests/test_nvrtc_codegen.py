@@ -412,6 +412,34 @@ def test_plan_selects_wgmma_on_sm90_only(monkeypatch: pytest.MonkeyPatch) -> Non
         wgmma_pairwise.wgmma_pairwise_source(plan.plan_pairwise(l2, 90)[0])
 
 
+def test_auto_prefers_nvrtc_where_its_wgmma_kernel_runs(monkeypatch: pytest.MonkeyPatch) -> None:
+    """NVRTC's preference rises above Triton's tensor-core preference (25) exactly for the pairwise
+    problems that run the wgmma kernel: float32 (x − z)² sums on sm_90."""
+    import dataclasses
+    import types
+
+    from kermac_backend_nvrtc.backend import WGMMA_PREFERENCE, NvrtcBackend
+
+    backend = NvrtcBackend()
+
+    def on_cuda(problem):  # the same problem as if its tensors sat on cuda:0 (planning reads no data)
+        x = problem.x
+        return dataclasses.replace(problem, x=types.SimpleNamespace(device=torch.device("cuda", 0), dtype=x.dtype))
+
+    assert WGMMA_PREFERENCE > 25 > backend.priority
+    for capability, preferred in ((90, WGMMA_PREFERENCE), (80, backend.priority), (100, backend.priority)):
+        monkeypatch.setattr(plan, "cuda_capability", lambda index, c=capability: c)
+        assert backend.preference(on_cuda(CASES["preset-l2_distance"])) == preferred
+        assert backend.preference(on_cuda(CASES["tc-laplace_l2-tensor-bandwidth"])) == preferred
+        assert backend.preference(on_cuda(CASES["preset-l1_distance"])) == backend.priority
+        assert backend.preference(on_cuda(CASES["gaussian-regularized-float64"])) == backend.priority
+    assert backend.preference(CASES["grad-p2"]) == backend.priority
+    assert backend.preference(CASES["preset-l2_distance"]) == backend.priority  # CPU tensors
+    monkeypatch.setattr(plan, "cuda_capability", lambda index: 90)
+    monkeypatch.setattr(plan, "WGMMA", False)
+    assert backend.preference(on_cuda(CASES["preset-l2_distance"])) == backend.priority
+
+
 def test_source_wgmma() -> None:
     src = codegen.pairwise_source(plan.plan_pairwise(CASES["tc-laplace_l2-tensor-bandwidth"], 90)[0])[0]
     assert src.count("wgmma.mma_async.sync.aligned.m64n128k8.f32.tf32.tf32") == 1  # one helper

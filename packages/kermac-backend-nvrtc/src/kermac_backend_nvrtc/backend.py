@@ -21,11 +21,18 @@ from kermac.backend import Availability, Backend
 from kermac.logs import logger
 from kermac.problem import GradProblem, PairwiseProblem
 
-__all__ = ["MIN_CAPABILITY", "NvrtcBackend"]
+__all__ = ["MAX_PLANS", "MIN_CAPABILITY", "WGMMA_PREFERENCE", "NvrtcBackend"]
 
 MIN_CAPABILITY = (8, 0)
 #: Plans remembered per process (keyed by ``plan.plan_key``); the memo starts over when full.
 MAX_PLANS = 1024
+#: ``auto``'s preference for the float32 (x − z)² programs (cdist p = 2, Gaussian, Laplace-L2, ...)
+#: on sm_90, where they run the wgmma kernel: above Triton's tensor-core preference (25), which
+#: beat NVRTC's ``mma.sync`` kernel but not this one — H100, ms, NVRTC / Triton: 30000²×1024 22.7–23.1
+#: / 23.1–23.9, 8192²×256 0.53 / 0.56, 16384²×32 0.65–0.66 / 0.72, Laplace-L2 16384²×128 1.32–1.41 /
+#: 1.39–1.42, and 256²×32 (host-bound) 0.085 / 0.22 (docs/benchmarks.md, sessions 6–14).  Other
+#: devices run ``mma.sync`` and keep the priority.
+WGMMA_PREFERENCE = 30
 _INSTALL_HINT = "pip install 'kermac-backend-nvrtc[cu13]' (or [cu12] for a CUDA 12 driver)"
 
 
@@ -91,6 +98,16 @@ class NvrtcBackend(Backend):
         return self._device_reason(problem.x) or size_problem(
             "pairwise", {"M": problem.m, "N": problem.n, "D": problem.d}
         )
+
+    def preference(self, problem: PairwiseProblem | GradProblem) -> int:
+        """:data:`WGMMA_PREFERENCE` for pairwise problems that run the wgmma kernel, else the priority."""
+        if isinstance(problem, PairwiseProblem) and problem.device.type == "cuda":
+            from kermac_backend_nvrtc.plan import cuda_capability, uses_wgmma
+
+            dtype = str(problem.dtype).removeprefix("torch.")
+            if uses_wgmma(problem.program, dtype, cuda_capability(problem.device.index)):
+                return WGMMA_PREFERENCE
+        return self.priority
 
     def check_grad(self, problem: GradProblem) -> str | None:
         from kermac_backend_nvrtc.plan import size_problem

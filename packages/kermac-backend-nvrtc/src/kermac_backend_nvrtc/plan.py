@@ -50,6 +50,8 @@ __all__ = [
     "plan_pairwise",
     "pointer_args",
     "size_problem",
+    "uses_tensor_cores",
+    "uses_wgmma",
 ]
 
 NT = 256
@@ -246,6 +248,17 @@ def cuda_capability(index: int) -> int:
     return 10 * major + minor
 
 
+def uses_tensor_cores(program: PairwiseProgram, dtype: str) -> bool:
+    """Whether a pairwise program in ``dtype`` (e.g. ``"float32"``) runs on a tensor-core kernel:
+    float32 sums of (x − z)² (:data:`TENSOR_CORES`)."""
+    return TENSOR_CORES and dtype == "float32" and _pairwise_traits(program)[0]
+
+
+def uses_wgmma(program: PairwiseProgram, dtype: str, capability: int | None) -> bool:
+    """Whether that tensor-core kernel is the wgmma one (sm_90, :data:`WGMMA`) on a device of ``capability``."""
+    return WGMMA and capability == 90 and uses_tensor_cores(program, dtype)
+
+
 def plan_pairwise(problem: PairwiseProblem, capability: int | None = None) -> tuple[PairwiseVariant, Launch]:
     """Variant and launch of ``problem`` (which :func:`size_problem` accepted) for a device of
     ``capability`` (e.g. 90; by default the problem's device — CPU problems plan for no particular
@@ -254,8 +267,8 @@ def plan_pairwise(problem: PairwiseProblem, capability: int | None = None) -> tu
     dtype = str(problem.dtype).removeprefix("torch.")
     compute = INPUT_TYPES[dtype][1]
     prog = problem.program
-    squared_differences, expensive_inner, expensive_epilogue = _pairwise_traits(prog)
-    tensor_cores = TENSOR_CORES and dtype == "float32" and squared_differences
+    _, expensive_inner, expensive_epilogue = _pairwise_traits(prog)
+    tensor_cores = uses_tensor_cores(prog, dtype)
     long_k = compute == "float" and not tensor_cores and not expensive_inner and not expensive_epilogue
     cfg = TC_CONFIG if tensor_cores else pairwise_config(compute, long_k)
     ops = pairwise_operands(problem)
@@ -281,7 +294,7 @@ def plan_pairwise(problem: PairwiseProblem, capability: int | None = None) -> tu
         ftz=FTZ,
         inline_epilogue=not tensor_cores or INLINE_EXPENSIVE_EPILOGUE or not expensive_epilogue,
         long_k=long_k,
-        wgmma=tensor_cores and WGMMA and capability == 90,
+        wgmma=uses_wgmma(prog, dtype, capability),
         half_powers=HALF_POWERS,
         known_hypers=known,
     )
