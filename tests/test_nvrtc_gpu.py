@@ -628,6 +628,18 @@ def test_launch_from_a_thread_without_a_current_context() -> None:
     assert_close(out, ref_cdist(x, z, 1.0), tolerance(torch.float32))
 
 
+def test_auto_picks_nvrtc_for_the_p2_family_on_sm90(caplog: pytest.LogCaptureFixture) -> None:
+    """Where the wgmma kernel runs, auto prefers NVRTC over Triton's tensor-core kernel."""
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("the wgmma kernel runs on sm_90 only")
+    x, z = randn(64, 32, device="cuda"), randn(48, 32, device="cuda")
+    with caplog.at_level(logging.DEBUG, logger="kermac"):
+        out = kermac.cdist(x, z, p=2.0, debug=True)
+        kermac.run_kernel("gaussian", x, z, bandwidth=1.5, debug=True)
+    assert caplog.text.count("backend nvrtc") == 2, caplog.text
+    assert_close(out, ref_cdist(x, z, 2.0), tolerance(torch.float32))
+
+
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two CUDA devices")
 def test_two_devices() -> None:
     for dev in ("cuda:0", "cuda:1"):
