@@ -77,7 +77,7 @@ class TritonBackend(Backend):
 
     def preference(self, problem: PairwiseProblem | GradProblem) -> int:
         """:data:`TENSOR_CORE_PREFERENCE` where the tensor-core kernel runs on a GPU, else the priority."""
-        if isinstance(problem, PairwiseProblem) and not interpreting() and uses_tensor_cores(problem):
+        if isinstance(problem, PairwiseProblem) and uses_tensor_cores(problem) and not interpreting():
             return TENSOR_CORE_PREFERENCE
         return self.priority
 

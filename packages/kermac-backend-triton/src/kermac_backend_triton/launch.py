@@ -146,9 +146,9 @@ def grid_size_problem(problem: PairwiseProblem | GradProblem) -> str | None:
 def uses_tensor_cores(problem: PairwiseProblem) -> bool:
     """Whether ``problem`` runs on the tensor-core kernel (float32 p = 2 family, D ≥ ``TC_MIN_D``)."""
     return (
-        configs.tensor_cores_enabled()
-        and problem.d >= configs.TC_MIN_D
+        problem.d >= configs.TC_MIN_D
         and tensor_core_eligible(problem.program, compute_type(problem.dtype))
+        and configs.tensor_cores_enabled()
     )
 
 

@@ -185,17 +185,20 @@ def select_backend(backend: str, problem: object, check: Callable[[Backend, obje
                 f"backend {name!r} cannot run this {what}: {reason}.{_alternatives(problem, check, what)}"
             )
         return chosen
-    reasons, available = [], []
-    for b in sorted(registered_backends().values(), key=lambda b: -b.priority):
-        if b.priority < 0:
+    reasons, ranked = [], []
+    # Each backend's priority is read once per call (a property may compute it).
+    by_priority = sorted(((b.priority, b) for b in _get_registry().backends.values()), key=lambda pb: -pb[0])
+    for priority, b in by_priority:
+        if priority < 0:
             continue  # opt-in backends run only when named
         av = availability(b)
         if av.available:
-            available.append(b)
+            ranked.append((_preference(b, problem, priority), priority, b))
         else:
             reasons.append(f"{b.name}: {av.reason}")
     # Most preferred first; only as many checks as it takes to find one that accepts.
-    for b in sorted(available, key=lambda b: (_preference(b, problem), b.priority), reverse=True):
+    ranked.sort(key=lambda r: r[:2], reverse=True)
+    for _, _, b in ranked:
         reason = check(b, problem)
         if reason is None:
             return b
@@ -203,8 +206,8 @@ def select_backend(backend: str, problem: object, check: Callable[[Backend, obje
     raise UnsupportedProblemError(f"no backend can run this {what} ({'; '.join(reasons) or 'no backends registered'})")
 
 
-def _preference(b: Backend, problem: object) -> int:
-    """``b.preference(problem)``; a plugin whose hook raises is warned about and ranked by priority."""
+def _preference(b: Backend, problem: object, priority: int) -> int:
+    """``b.preference(problem)``; a plugin whose hook raises is warned about and ranked by ``priority``."""
     try:
         return int(b.preference(problem))
     except Exception as exc:
@@ -213,7 +216,7 @@ def _preference(b: Backend, problem: object) -> int:
             RuntimeWarning,
             stacklevel=4,
         )
-        return b.priority
+        return priority
 
 
 def _alternatives(problem: object, check: Callable[[Backend, object], str | None], what: str) -> str:
