@@ -628,6 +628,22 @@ def test_launch_from_a_thread_without_a_current_context() -> None:
     assert_close(out, ref_cdist(x, z, 1.0), tolerance(torch.float32))
 
 
+def test_a_failing_launch_names_the_kernel_and_the_driver_error() -> None:
+    from kermac.problem import pairwise_problem
+    from kermac.registry import get_backend
+    from kermac_backend_nvrtc import launcher
+    from kermac_backend_nvrtc.plan import plan_pairwise
+
+    x = randn(20, 8, device="cuda")
+    problem = pairwise_problem(presets.l1_distance.lower(), x, x, out=None, hypers={})
+    variant, launch = plan_pairwise(problem)
+    kernel = get_backend("nvrtc")._kernel(0, variant, False)
+    with pytest.raises(RuntimeError, match=r"launching kermac_pairwise on cuda:0 failed: CUDA_ERROR_INVALID_VALUE"):
+        launcher.launch(kernel, (0, 1, 1), launch.block, launch.args | {"zbase": 0})  # an empty grid
+    launcher.launch(kernel, (launch.grid_x, 1, 1), launch.block, launch.args | {"zbase": 0})
+    assert_close(problem.out, ref_cdist(x, x, 1.0), tolerance(torch.float32))
+
+
 def test_auto_picks_nvrtc_for_the_p2_family_on_sm90(caplog: pytest.LogCaptureFixture) -> None:
     """Where the wgmma kernel runs, auto prefers NVRTC over Triton's tensor-core kernel."""
     if torch.cuda.get_device_capability() != (9, 0):
