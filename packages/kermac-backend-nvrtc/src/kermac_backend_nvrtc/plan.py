@@ -455,8 +455,9 @@ def _tensor_key(t: torch.Tensor) -> tuple:
 
 
 def plan_key(problem: PairwiseProblem | GradProblem, device: int) -> tuple:
-    """A key equal for two problems exactly when :func:`plan_pairwise` / :func:`plan_grad` give them
-    the same variant and the same arguments but for :func:`pointer_args`.
+    """A key under which a plan can be remembered: two problems with equal keys get the same variant
+    and the same arguments from :func:`plan_pairwise` / :func:`plan_grad` but for :func:`pointer_args`
+    (problems that plan alike may still differ in key, e.g. addresses of different alignment).
 
     It holds what planning reads: the program, dtype and device (its capability), every tensor's
     shape, strides and address modulo :data:`_ALIGNMENT`, the hyperparameters (scalars by their
