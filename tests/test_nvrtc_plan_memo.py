@@ -199,7 +199,8 @@ def test_argument_buffer_of_every_generated_kernel() -> None:
         layout = launcher.argument_layout(params, compute)
         values = {**launch.args, "zbase": 0}
         assert set(values) >= {p.name for p in params}
-        assert layout.size == _natural_offsets(params, compute)[-1][0] + _natural_offsets(params, compute)[-1][1]
+        last_offset, last_size = _natural_offsets(params, compute)[-1]
+        assert layout.size == last_offset + last_size
         layout.pack(*[values[p.name] for p in params])  # every value fits its C type
 
 

@@ -101,11 +101,11 @@ class NvrtcBackend(Backend):
 
     def preference(self, problem: PairwiseProblem | GradProblem) -> int:
         """:data:`WGMMA_PREFERENCE` for pairwise problems that run the wgmma kernel, else the priority."""
-        if isinstance(problem, PairwiseProblem) and problem.device.type == "cuda":
-            from kermac_backend_nvrtc.plan import cuda_capability, uses_wgmma
+        if isinstance(problem, PairwiseProblem):
+            from kermac_backend_nvrtc.plan import device_capability, uses_wgmma
 
             dtype = str(problem.dtype).removeprefix("torch.")
-            if uses_wgmma(problem.program, dtype, cuda_capability(problem.device.index)):
+            if uses_wgmma(problem.program, dtype, device_capability(problem)):
                 return WGMMA_PREFERENCE
         return self.priority
 

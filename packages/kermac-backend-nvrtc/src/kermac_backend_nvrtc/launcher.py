@@ -176,21 +176,20 @@ def launch(k: LoadedKernel, grid: tuple[int, int, int], block: int, values: dict
     """Launch ``k`` on the current stream of its device with parameter ``values`` by name.
 
     The kernel runs in its device's primary context: where another context is current on this
-    thread (another device's, or none yet), that one is pushed for the launch and popped after."""
+    thread (another device's, or none yet), the kernel's is pushed for the launch and popped after."""
     data = k.packer.pack(*[values[p.name] for p in k.params])
     extra = (ctypes.c_void_p * 5)(
         _PARAM_BUFFER_POINTER, ctypes.cast(data, ctypes.c_void_p), _PARAM_BUFFER_SIZE,
         ctypes.addressof(k.buffer_size), _PARAM_END,
     )  # fmt: skip
     driver = _driver()
-    args = (k.function, *grid, block, 1, 1, k.shmem, _current_stream(k.device), None, extra)
-    current = ctypes.c_void_p()
-    driver["cuCtxGetCurrent"](ctypes.byref(current))
-    if current.value == k.context:
-        _check(driver["cuLaunchKernel"](*args), f"launching {k.name} on cuda:{k.device}")
-        return
-    _check(driver["cuCtxPushCurrent"](k.context), f"making cuda:{k.device}'s context current")
+    pushed = _current_context() != k.context
+    if pushed:
+        _check(driver["cuCtxPushCurrent"](k.context), f"making cuda:{k.device}'s context current")
     try:
-        _check(driver["cuLaunchKernel"](*args), f"launching {k.name} on cuda:{k.device}")
+        stream = _current_stream(k.device)
+        result = driver["cuLaunchKernel"](k.function, *grid, block, 1, 1, k.shmem, stream, None, extra)
+        _check(result, f"launching {k.name} on cuda:{k.device}")
     finally:
-        driver["cuCtxPopCurrent"](ctypes.byref(current))
+        if pushed:
+            driver["cuCtxPopCurrent"](ctypes.byref(ctypes.c_void_p()))
