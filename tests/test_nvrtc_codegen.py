@@ -7,6 +7,7 @@ compiles without a GPU.  Nothing here loads a module (that needs a device).
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import numpy as np
@@ -212,7 +213,6 @@ def test_variant_compiles_to_cubin(case: str, arch: str) -> None:
     [(0, False, False), (44, True, False), (44, False, False), (64, True, False), (28, True, True), (64, True, True)],
 )
 def test_split_variants_compile(arch: str, pairs: int, ftz: bool, table: bool) -> None:
-    import dataclasses
 
     for case in ("preset-lp_distance", "preset-laplace_lp", "lp-float16"):
         variant = dataclasses.replace(plan.plan_pairwise(CASES[case])[0], poly_pairs=pairs, ftz=ftz, pow_table=table)
@@ -249,7 +249,6 @@ def test_pow_table_polynomial_accuracy(p: float) -> None:
 def test_pow_table_is_planned_for_p_in_its_range() -> None:
     """A split program takes the power table for a number p in [1, 5] (coefficients as arguments:
     another p in the range reuses the kernel), the ex2 polynomial beyond; no table without ftz."""
-    import dataclasses
 
     from kermac_backend_nvrtc.pow_table import coefficients as pow_table_coefficients
 
@@ -271,7 +270,6 @@ def test_pow_table_is_planned_for_p_in_its_range() -> None:
 
 
 def test_split_needs_a_float_sum_of_powered_differences() -> None:
-    import dataclasses
 
     ge1 = frozenset({"p"})
     lp = presets.lp_distance.lower()
@@ -415,7 +413,6 @@ def test_plan_selects_wgmma_on_sm90_only(monkeypatch: pytest.MonkeyPatch) -> Non
 def test_auto_prefers_nvrtc_where_its_wgmma_kernel_runs(monkeypatch: pytest.MonkeyPatch) -> None:
     """NVRTC's preference rises above Triton's tensor-core preference (25) exactly for the pairwise
     problems that run the wgmma kernel: float32 (x − z)² sums on sm_90."""
-    import dataclasses
     import types
 
     from kermac_backend_nvrtc.backend import WGMMA_PREFERENCE, NvrtcBackend
@@ -539,6 +536,37 @@ def test_long_k_tiles_for_cheap_programs() -> None:
     # The others give each thread 4 × 16 outputs (one group of rows, four of columns), long_k 8 × 8.
     assert "#define TN 8\n#define GM 1\n#define GN 4" in _source(CASES["preset-laplace_l1"])
     assert "#define TN 16\n#define GM 2\n#define GN 2" in _source(CASES["preset-l1_distance"])
+
+
+def test_one_path_for_unsplit_programs_with_8_deep_tiles(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Full k tiles on one path exactly for float SIMT programs with 8-deep tiles, a cheap inner term and
+    no split; the others keep the branch between the unrolled tile and the tail loop."""
+
+    def one_path(name: str) -> bool:
+        return plan.plan_pairwise(CASES[name])[0].one_path
+
+    assert one_path("preset-laplace_l1")  # exp epilogue over |x − z|
+    assert "#define KM_ONE_PATH 1" in _source(CASES["preset-laplace_l1"])
+    assert not one_path("preset-l1_distance")  # long_k (16-deep tiles spill with it)
+    assert "#define KM_ONE_PATH 0" in _source(CASES["preset-l1_distance"])
+    assert not one_path("preset-lp_distance")  # split (power table)
+    assert not one_path("l1-float64")  # double
+    assert not one_path("preset-l2_distance")  # tensor cores
+    monkeypatch.setattr(plan, "TENSOR_CORES", False)
+    assert one_path("preset-l2_distance")  # the SIMT p = 2 kernel: cheap (x − z)², sqrt epilogue
+    monkeypatch.setattr(plan, "POLY_PAIRS", 0)
+    monkeypatch.setattr(plan, "POW_TABLE", False)
+    assert not one_path("preset-lp_distance")  # not split, but pow in the inner term (2-step unroll)
+    monkeypatch.setattr(plan, "ONE_PATH", False)
+    assert not one_path("preset-laplace_l1")
+    assert "#define KM_ONE_PATH 0" in _source(CASES["preset-laplace_l1"])
+
+
+def test_one_path_refuses_split_variants() -> None:
+    variant = plan.plan_pairwise(CASES["preset-lp_distance"])[0]
+    assert variant.poly_pairs > 0
+    with pytest.raises(ValueError, match="one_path variant: needs a variant that is not split"):
+        codegen.pairwise_source(dataclasses.replace(variant, one_path=True))
 
 
 @pytest.mark.parametrize("compute", ["float", "double"])

@@ -247,6 +247,26 @@ def test_p2_tensor_cores_match_simt_on_kernels(monkeypatch: pytest.MonkeyPatch, 
         assert_close(got[path][name], got["simt"][name].double(), 2e-6)
 
 
+@pytest.mark.parametrize("d", [1, 7, 8, 9, 130])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_one_path_loop_matches_the_branching_one(monkeypatch: pytest.MonkeyPatch, d: int, dtype: torch.dtype) -> None:
+    """Laplace-L1 with its full k tiles on one path and the partial tile after the loop gives the
+    bits of the branching loop, and the float64 values, at every k tail (z transposed: scalar loads)."""
+    from kermac.hyperparams import HyperValue
+    from kermac.problem import pairwise_problem
+    from kermac_backend_nvrtc import plan
+
+    x, z = randn(131, d, dtype=dtype, device="cuda"), randn(d, 67, dtype=dtype, device="cuda").T
+    bw = 0.5 * d
+    hypers = {"bandwidth": HyperValue("bandwidth", bw)}
+    assert plan.plan_pairwise(pairwise_problem(presets.laplace_l1.lower(), x, z, out=None, hypers=hypers))[0].one_path
+    one = kermac.run_kernel("laplace_l1", x, z, bandwidth=bw, backend="nvrtc")
+    monkeypatch.setattr(plan, "ONE_PATH", False)
+    branching = kermac.run_kernel("laplace_l1", x, z, bandwidth=bw, backend="nvrtc")
+    assert torch.equal(one, branching)
+    assert_close(one, torch.exp(-ref_cdist(x, z, 1.0) / bw), tolerance(dtype))
+
+
 def test_batched_p_and_bandwidth_tensors() -> None:
     x, z = randn(70, 33, device="cuda"), randn(90, 33, device="cuda")
     p = torch.tensor([0.6, 1.0, 1.5, 2.5], device="cuda")

@@ -145,7 +145,7 @@ def test_pointer_args_are_every_pointer_parameter() -> None:
     [
         ("TENSOR_CORES", False), ("WGMMA", False), ("HALF_POWERS", False), ("FTZ", False), ("POW_TABLE", False),
         ("TABLE_PAIRS", 28), ("POLY_PAIRS", 20), ("INLINE_EXPENSIVE_EPILOGUE", False), ("TC_GRAD_MIN_O", 1),
-        ("SIGN_GRAD_MIN_O", 1),
+        ("SIGN_GRAD_MIN_O", 1), ("ONE_PATH", False),
     ],
 )  # fmt: skip
 def test_key_holds_the_planner_settings(monkeypatch: pytest.MonkeyPatch, setting: str, value: object) -> None:

@@ -383,6 +383,7 @@ class PairwiseVariant:
     pow_table: bool = False  # split pairs use pow_table (table × polynomial, no MUFU) instead of POW_POLY
     inline_epilogue: bool = True  # False: the tensor-core kernel calls the epilogue (__noinline__)
     long_k: bool = False  # SIMT float: 16 k-values per staged tile (pairwise_config)
+    one_path: bool = False  # SIMT, not split: full k tiles without the tail branch (kernels.PAIRWISE)
     wgmma: bool = False  # tensor cores through wgmma (wgmma_pairwise, sm_90a) instead of mma.sync
     half_powers: bool = False  # powers of |·| with exponents N/2 known here as products and a square root
     known_hypers: tuple[tuple[str, float], ...] = ()  # values fixed in the source (half_power_hypers)
@@ -564,6 +565,8 @@ def pairwise_source(v: PairwiseVariant) -> tuple[str, list[Param]]:
         raise ValueError(f"split variant: needs a float sum of |x - z|^b with b >= 1; got {compute} {prog.key()}")
     if v.pow_table and not (split and v.ftz):
         raise ValueError("pow_table variant: needs a split variant (poly_pairs > 0) that flushes subnormals (ftz)")
+    if v.one_path and split:
+        raise ValueError(f"one_path variant: needs a variant that is not split (poly_pairs = 0); got {v.poly_pairs}")
     source = kernels.PAIRWISE.substitute(
         BM=cfg.bm,
         BN=cfg.bn,
@@ -577,6 +580,7 @@ def pairwise_source(v: PairwiseVariant) -> tuple[str, list[Param]]:
         MIN_BLOCKS=cfg.min_blocks,
         POLY_PAIRS=v.poly_pairs,
         POW_TABLE=int(v.pow_table),
+        ONE_PATH=int(v.one_path),
         KUNROLL=v.k_unroll,
         INNER=render_expr(prog.inner, names, ge1=v.ge1_hypers, ftz=v.ftz, **_half_options(v)),
         POLY_EXP=render_expr(exponent, names) if split else "",
