@@ -133,6 +133,22 @@ def test_is_squared_difference_sum_recognises_the_p2_family() -> None:
     assert not is_squared_difference_sum(presets.dot_product.lower())
 
 
+def test_zero_padding_is_neutral_where_the_term_of_zeros_is_the_identity() -> None:
+    from kermac.programs import zero_padding_is_neutral
+
+    x, z, acc = ir.Var("x"), ir.Var("z"), ir.Var("acc")
+    for desc in (presets.l1_distance, presets.laplace_l1, presets.l2_distance, presets.gaussian, presets.dot_product):
+        assert zero_padding_is_neutral(desc.lower())
+    assert zero_padding_is_neutral(PairwiseProgram(ir.ne(x, z), "sum", acc))  # [0 ≠ 0] = 0
+    assert zero_padding_is_neutral(PairwiseProgram(-ir.abs_(x - z), "sum", acc))  # −0 sums as 0
+    assert not zero_padding_is_neutral(presets.linf_distance.lower())  # max: identity −∞
+    assert not zero_padding_is_neutral(PairwiseProgram(ir.abs_(x - z), "min", acc))
+    assert not zero_padding_is_neutral(PairwiseProgram(ir.exp(x - z), "sum", acc))  # e⁰ = 1
+    assert not zero_padding_is_neutral(PairwiseProgram(x / z, "sum", acc))  # 0/0 = NaN
+    assert not zero_padding_is_neutral(presets.lp_distance.lower())  # |x − z|^p reads p (1 at p = 0)
+    assert not zero_padding_is_neutral(PairwiseProgram(ir.Hyper("h") * (x - z), "sum", acc))
+
+
 def test_signed_power_recognises_the_fractional_gradient() -> None:
     from kermac.lowering import grad_program
     from kermac.programs import signed_power

@@ -539,8 +539,9 @@ def test_long_k_tiles_for_cheap_programs() -> None:
 
 
 def test_one_path_for_unsplit_programs_with_8_deep_tiles(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Full k tiles on one path exactly for float SIMT programs with 8-deep tiles, a cheap inner term and
-    no split; the others keep the branch between the unrolled tile and the tail loop."""
+    """Every k tile on the unrolled path exactly for float SIMT programs with 8-deep tiles, a cheap inner
+    term, no split and inner(0, 0) the reduction's identity; the others keep the branch between the
+    unrolled tile and the tail loop."""
 
     def one_path(name: str) -> bool:
         return plan.plan_pairwise(CASES[name])[0].one_path
@@ -557,16 +558,25 @@ def test_one_path_for_unsplit_programs_with_8_deep_tiles(monkeypatch: pytest.Mon
     monkeypatch.setattr(plan, "POLY_PAIRS", 0)
     monkeypatch.setattr(plan, "POW_TABLE", False)
     assert not one_path("preset-lp_distance")  # not split, but pow in the inner term (2-step unroll)
+    x, z, root = ir.Var("x"), ir.Var("z"), ir.sqrt(ir.Var("acc"))
+    for inner, reduction in ((ir.abs_(x - z), "min"), (ir.abs_(x - z) + 1.0, "sum")):  # inner(0, 0) ≠ identity
+        program = kermac.PairwiseProgram(inner=inner, reduction=reduction, epilogue=root)
+        assert not plan.plan_pairwise(pairwise_problem(program, _t(M, D), _t(40, D), out=None, hypers={}))[0].one_path
+    program = kermac.PairwiseProgram(inner=ir.abs_(x - z), reduction="sum", epilogue=root)
+    assert plan.plan_pairwise(pairwise_problem(program, _t(M, D), _t(40, D), out=None, hypers={}))[0].one_path
     monkeypatch.setattr(plan, "ONE_PATH", False)
     assert not one_path("preset-laplace_l1")
     assert "#define KM_ONE_PATH 0" in _source(CASES["preset-laplace_l1"])
 
 
-def test_one_path_refuses_split_variants() -> None:
+def test_one_path_refuses_split_variants_and_non_neutral_padding() -> None:
     variant = plan.plan_pairwise(CASES["preset-lp_distance"])[0]
     assert variant.poly_pairs > 0
     with pytest.raises(ValueError, match="one_path variant: needs a variant that is not split"):
         codegen.pairwise_source(dataclasses.replace(variant, one_path=True))
+    linf = plan.plan_pairwise(pairwise_problem(presets.linf_distance.lower(), _t(M, D), _t(40, D), out=None, hypers={}))
+    with pytest.raises(ValueError, match="inner term whose value at x = z = 0 is the reduction's identity"):
+        codegen.pairwise_source(dataclasses.replace(linf[0], one_path=True))  # max of |x − z|: 0 is not −inf
 
 
 @pytest.mark.parametrize("compute", ["float", "double"])

@@ -24,7 +24,7 @@ from string import Template
 
 from kermac import ir
 from kermac.ir import Call, Const, Expr, Hyper, Var
-from kermac.programs import is_squared_difference_sum, signed_power
+from kermac.programs import is_squared_difference_sum, signed_power, zero_padding_is_neutral
 from kermac_backend_nvrtc import kernels, pow_table
 
 __all__ = [
@@ -383,7 +383,7 @@ class PairwiseVariant:
     pow_table: bool = False  # split pairs use pow_table (table × polynomial, no MUFU) instead of POW_POLY
     inline_epilogue: bool = True  # False: the tensor-core kernel calls the epilogue (__noinline__)
     long_k: bool = False  # SIMT float: 16 k-values per staged tile (pairwise_config)
-    one_path: bool = False  # SIMT, not split: full k tiles without the tail branch (kernels.PAIRWISE)
+    one_path: bool = False  # SIMT, not split, zero padding neutral: every k tile unrolled (kernels.PAIRWISE)
     wgmma: bool = False  # tensor cores through wgmma (wgmma_pairwise, sm_90a) instead of mma.sync
     half_powers: bool = False  # powers of |·| with exponents N/2 known here as products and a square root
     known_hypers: tuple[tuple[str, float], ...] = ()  # values fixed in the source (half_power_hypers)
@@ -565,8 +565,11 @@ def pairwise_source(v: PairwiseVariant) -> tuple[str, list[Param]]:
         raise ValueError(f"split variant: needs a float sum of |x - z|^b with b >= 1; got {compute} {prog.key()}")
     if v.pow_table and not (split and v.ftz):
         raise ValueError("pow_table variant: needs a split variant (poly_pairs > 0) that flushes subnormals (ftz)")
-    if v.one_path and split:
-        raise ValueError(f"one_path variant: needs a variant that is not split (poly_pairs = 0); got {v.poly_pairs}")
+    if v.one_path and (split or not zero_padding_is_neutral(prog)):
+        raise ValueError(
+            "one_path variant: needs a variant that is not split (poly_pairs = 0) and an inner term whose value "
+            f"at x = z = 0 is the reduction's identity; got poly_pairs={v.poly_pairs}, {prog.key()}"
+        )
     source = kernels.PAIRWISE.substitute(
         BM=cfg.bm,
         BN=cfg.bn,

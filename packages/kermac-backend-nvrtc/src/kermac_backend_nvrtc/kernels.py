@@ -440,8 +440,9 @@ PAIRWISE = Template(
 // Split kernels (POLY_PAIRS > 0, only for a float32 sum of |x − z|^b with b >= 1): POLY_PAIRS of a
 // thread's pairs take ex2 on the FMA pipe (km_powabs_split), the others on the MUFU.
 #define POLY_PAIRS $POLY_PAIRS
-// One-path kernels (KM_ONE_PATH, not split): the k loop runs the full tiles with no branch between
-// the unrolled tile and the tail loop, and the partial tile (D mod BK) after it.
+// One-path kernels (KM_ONE_PATH: not split, inner(0, 0) the reduction's identity): every k tile,
+// the partial one too, runs the unrolled loop; its features past D are staged as zeros in both
+// operands, so their terms are the identity.
 #define KM_ONE_PATH $ONE_PATH
 __device__ __forceinline__ km_t km_inner(km_t x, km_t z$HYPER_FORMALS) { return $INNER; }
 // Pair q of the thread's P = GM·VM·GN·VN is split iff floor((q + 1)·n / P) > floor(q·n / P): n of them, spread evenly.
@@ -512,8 +513,7 @@ kermac_pairwise($PARAMS) {
           acc[i][j] = km_reduce(acc[i][j], KM_IS_SPLIT(i * GN * VN + j, SPLIT)    \
             ? KM_SPLIT_TERM(xr[i], zr[j]) : km_inner(xr[i], zr[j]$HYPER_ACTUALS)); \
       }
-    const int tloop = KM_ONE_PATH ? D / BK : ntiles;  // tiles of the main loop
-    for (int t = 0; t < tloop; ++t) {
+    for (int t = 0; t < ntiles; ++t) {
       const int cur = t & 1;
       if (t + 1 < ntiles) {
         xt.load(xb, sxm, sxk, M - m0, (t + 1) * BK, D);
@@ -521,8 +521,8 @@ kermac_pairwise($PARAMS) {
       }
       const int kcount = min(BK, D - t * BK);
 #if KM_ONE_PATH
-      // Never taken (kcount = BK here), but ptxas cannot tell: the branch ends the basic block, so
-      // the loads above stay ahead of the math instead of sinking to their shared stores.
+      // Never taken (kcount > 0), but ptxas cannot tell: the branch ends the basic block, so the
+      // loads above stay ahead of the math instead of sinking to their shared stores.
       if (kcount <= 0) __trap();
 #pragma unroll
       for (int kk = 0; kk < BK; ++kk) KM_STEP(kk, 0)
@@ -541,13 +541,6 @@ kermac_pairwise($PARAMS) {
       }
       KM_SYNC(t + 1 < ntiles);
     }
-#if KM_ONE_PATH
-    if (tloop < ntiles) {  // the partial tile, staged by the last full one (or the prologue)
-      const int cur = tloop & 1;
-      const int kcount = D - tloop * BK;
-      for (int kk = 0; kk < kcount; ++kk) KM_STEP(kk, 0)
-    }
-#endif
 #undef KM_STEP
 #undef KM_SYNC
 

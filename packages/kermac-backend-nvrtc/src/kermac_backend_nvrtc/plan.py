@@ -18,7 +18,7 @@ import torch
 from kermac.ir import Call, Const, Expr, walk
 from kermac.layout import BatchLayout, batch_layout, grad_operands, pairwise_operands
 from kermac.problem import GradProblem, PairwiseProblem
-from kermac.programs import GradProgram, PairwiseProgram
+from kermac.programs import GradProgram, PairwiseProgram, zero_padding_is_neutral
 from kermac_backend_nvrtc import pow_table, sign_grad, tc_grad
 from kermac_backend_nvrtc.codegen import (
     INPUT_TYPES,
@@ -114,11 +114,12 @@ SIGN_GRAD_MIN_O = 3
 #: development machine 1.0–1.6 s → ≤ 0.95 s) but the call costs 3–15 % of run time on an H100
 #: (docs/nvrtc-notes.md), so inlining is the default.
 INLINE_EXPENSIVE_EPILOGUE = os.environ.get("KERMAC_NVRTC_INLINE_EPILOGUE", "1") != "0"
-#: SIMT float programs with 8-deep k tiles, a cheap inner term and no split (Laplace-L1 and the other
-#: expensive epilogues over cheap terms) run their full k tiles on one path, the partial tile after
-#: the loop (``PairwiseVariant.one_path``): 2 % faster on an H100 (Laplace-L1 16384²×128 2.62
-#: against 2.68 ms; docs/nvrtc-notes.md, Version 16).  The 16-deep ``long_k`` kernels spill with it
-#: and lose 8 %, so they keep the branch.  False (or ``KERMAC_NVRTC_ONE_PATH=0``) keeps it everywhere.
+#: SIMT float programs with 8-deep k tiles, a cheap inner term, no split and inner(0, 0) equal to the
+#: reduction's identity (``kermac.programs.zero_padding_is_neutral``: Laplace-L1, the SIMT p = 2
+#: family) run every k tile, the partial one zero-padded, on one unrolled path with no branch to a
+#: tail loop (``PairwiseVariant.one_path``): 2 % faster on an H100 (docs/nvrtc-notes.md, Version
+#: 16).  The 16-deep ``long_k`` kernels spill with it and lose 8 %, so they keep the branch.  False
+#: (or ``KERMAC_NVRTC_ONE_PATH=0``) keeps the branch everywhere.
 ONE_PATH = os.environ.get("KERMAC_NVRTC_ONE_PATH", "1") != "0"
 _EXPENSIVE = frozenset({"pow", "exp", "log", "sqrt", "div"})
 _TENSOR_TYPES = {torch.float32: "float", torch.float64: "double", torch.float16: "km_f16", torch.bfloat16: "km_bf16"}
@@ -296,7 +297,10 @@ def plan_pairwise(problem: PairwiseProblem, capability: int | None = None) -> tu
         poly_pairs=(TABLE_PAIRS if table else POLY_PAIRS) if split else 0,
         pow_table=table,
         k_unroll=2 if expensive_inner else cfg.bk,
-        one_path=ONE_PATH and compute == "float" and not tensor_cores and not long_k and not split and not expensive_inner,
+        one_path=ONE_PATH
+        and compute == "float"
+        and not (tensor_cores or long_k or split or expensive_inner)
+        and zero_padding_is_neutral(prog),
         tensor_cores=tensor_cores,
         ftz=FTZ,
         inline_epilogue=not tensor_cores or INLINE_EXPENSIVE_EPILOGUE or not expensive_epilogue,

@@ -27,9 +27,19 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass, fields
 
-from kermac.ir import Call, Const, Expr, Var, free_vars, hyper_names, to_sexpr
+import torch
 
-__all__ = ["REDUCTIONS", "GradProgram", "PairwiseProgram", "is_squared_difference_sum", "signed_power"]
+from kermac.ir import Call, Const, Expr, Var, free_vars, hyper_names, to_sexpr
+from kermac.reference.evaluate import evaluate
+
+__all__ = [
+    "REDUCTIONS",
+    "GradProgram",
+    "PairwiseProgram",
+    "is_squared_difference_sum",
+    "signed_power",
+    "zero_padding_is_neutral",
+]
 
 #: Reduction name → identity element.
 REDUCTIONS: dict[str, float] = {"sum": 0.0, "max": -math.inf, "min": math.inf}
@@ -141,6 +151,23 @@ def is_squared_difference_sum(program: PairwiseProgram) -> bool:
     ‖x‖² + ‖z‖² − 2·x·z and compute on tensor cores.
     """
     return _derived(program, "_sq_diff_sum", lambda: program.reduction == "sum" and program.inner == _SQUARED)
+
+
+def zero_padding_is_neutral(program: PairwiseProgram) -> bool:
+    """Whether the term of two zero features, ``inner(0, 0)``, is the reduction's identity.
+
+    Then a backend may pad the feature dimension with zeros in both operands and reduce the padding
+    with the other terms: |0 − 0| = (0 − 0)² = [0 ≠ 0] = 0·0 = 0 for a sum.  Inner terms that read a
+    hyperparameter (|x − z|^p is 1 at p = 0) or give NaN there (0/0) do not qualify.
+    """
+
+    def neutral() -> bool:
+        if hyper_names(program.inner):
+            return False
+        zero = torch.zeros((), dtype=torch.float64)
+        return float(evaluate(program.inner, {"x": zero, "z": zero}, like=zero)) == program.identity
+
+    return _derived(program, "_zero_padding_is_neutral", neutral)
 
 
 def signed_power(expr: Expr) -> tuple[Expr, Expr] | None:
