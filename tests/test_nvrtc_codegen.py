@@ -538,32 +538,29 @@ def test_long_k_tiles_for_cheap_programs() -> None:
     assert "#define TN 16\n#define GM 2\n#define GN 2" in _source(CASES["preset-l1_distance"])
 
 
-def test_one_path_for_unsplit_programs_with_8_deep_tiles(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Every k tile on the unrolled path exactly for float SIMT programs with 8-deep tiles, a cheap inner
-    term, no split and inner(0, 0) the reduction's identity; the others keep the branch between the
-    unrolled tile and the tail loop."""
+def test_one_path_for_float32_l1_sums_with_8_deep_tiles(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every k tile on the unrolled path exactly for float32 sums of |x − z| with an expensive epilogue
+    (measured faster); the others keep the branch between the unrolled tile and the tail loop."""
 
     def one_path(name: str) -> bool:
         return plan.plan_pairwise(CASES[name])[0].one_path
 
-    assert one_path("preset-laplace_l1")  # exp epilogue over |x − z|
+    def program_one_path(inner: ir.Expr, reduction: str, dtype: torch.dtype = torch.float32) -> bool:
+        program = kermac.PairwiseProgram(inner=inner, reduction=reduction, epilogue=ir.sqrt(ir.Var("acc")))
+        x, z = _t(M, D, dtype=dtype), _t(40, D, dtype=dtype)
+        return plan.plan_pairwise(pairwise_problem(program, x, z, out=None, hypers={}))[0].one_path
+
+    assert one_path("preset-laplace_l1")  # exp epilogue over Σ |x − z|
     assert "#define KM_ONE_PATH 1" in _source(CASES["preset-laplace_l1"])
+    t = ir.Var("x") - ir.Var("z")
+    assert program_one_path(ir.abs_(t), "sum")
+    assert not program_one_path(ir.abs_(t), "sum", torch.float16)  # half inputs measured level or slower
+    assert not program_one_path(ir.abs_(t), "max")  # 0 is not max's identity
+    assert not program_one_path(t * t, "sum")  # the SIMT p = 2 kernel measured 1 % slower with it
     assert not one_path("preset-l1_distance")  # long_k (16-deep tiles spill with it)
     assert "#define KM_ONE_PATH 0" in _source(CASES["preset-l1_distance"])
     assert not one_path("preset-lp_distance")  # split (power table)
     assert not one_path("l1-float64")  # double
-    assert not one_path("preset-l2_distance")  # tensor cores
-    monkeypatch.setattr(plan, "TENSOR_CORES", False)
-    assert one_path("preset-l2_distance")  # the SIMT p = 2 kernel: cheap (x − z)², sqrt epilogue
-    monkeypatch.setattr(plan, "POLY_PAIRS", 0)
-    monkeypatch.setattr(plan, "POW_TABLE", False)
-    assert not one_path("preset-lp_distance")  # not split, but pow in the inner term (2-step unroll)
-    x, z, root = ir.Var("x"), ir.Var("z"), ir.sqrt(ir.Var("acc"))
-    for inner, reduction in ((ir.abs_(x - z), "min"), (ir.abs_(x - z) + 1.0, "sum")):  # inner(0, 0) ≠ identity
-        program = kermac.PairwiseProgram(inner=inner, reduction=reduction, epilogue=root)
-        assert not plan.plan_pairwise(pairwise_problem(program, _t(M, D), _t(40, D), out=None, hypers={}))[0].one_path
-    program = kermac.PairwiseProgram(inner=ir.abs_(x - z), reduction="sum", epilogue=root)
-    assert plan.plan_pairwise(pairwise_problem(program, _t(M, D), _t(40, D), out=None, hypers={}))[0].one_path
     monkeypatch.setattr(plan, "ONE_PATH", False)
     assert not one_path("preset-laplace_l1")
     assert "#define KM_ONE_PATH 0" in _source(CASES["preset-laplace_l1"])

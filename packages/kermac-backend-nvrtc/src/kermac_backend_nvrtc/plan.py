@@ -15,10 +15,10 @@ from functools import cache, lru_cache
 
 import torch
 
-from kermac.ir import Call, Const, Expr, walk
+from kermac.ir import Call, Const, Expr, Var, walk
 from kermac.layout import BatchLayout, batch_layout, grad_operands, pairwise_operands
 from kermac.problem import GradProblem, PairwiseProblem
-from kermac.programs import GradProgram, PairwiseProgram, zero_padding_is_neutral
+from kermac.programs import GradProgram, PairwiseProgram
 from kermac_backend_nvrtc import pow_table, sign_grad, tc_grad
 from kermac_backend_nvrtc.codegen import (
     INPUT_TYPES,
@@ -114,12 +114,13 @@ SIGN_GRAD_MIN_O = 3
 #: development machine 1.0–1.6 s → ≤ 0.95 s) but the call costs 3–15 % of run time on an H100
 #: (docs/nvrtc-notes.md), so inlining is the default.
 INLINE_EXPENSIVE_EPILOGUE = os.environ.get("KERMAC_NVRTC_INLINE_EPILOGUE", "1") != "0"
-#: SIMT float programs with 8-deep k tiles, a cheap inner term, no split and inner(0, 0) equal to the
-#: reduction's identity (``kermac.programs.zero_padding_is_neutral``: Laplace-L1, the SIMT p = 2
-#: family) run every k tile, the partial one zero-padded, on one unrolled path with no branch to a
-#: tail loop (``PairwiseVariant.one_path``): 2 % faster on an H100 (docs/nvrtc-notes.md, Version
-#: 16).  The 16-deep ``long_k`` kernels spill with it and lose 8 %, so they keep the branch.  False
-#: (or ``KERMAC_NVRTC_ONE_PATH=0``) keeps the branch everywhere.
+#: float32 sums of |x − z| with an expensive epilogue (8-deep k tiles: Laplace-L1, exp or roots of an
+#: L1 distance) run every k tile, the partial one zero-padded, on one unrolled path with no branch to
+#: a tail loop (``PairwiseVariant.one_path``; the padding's terms |0 − 0| are the sum's identity):
+#: Laplace-L1 16384²×128 and 8192²×256 2 % faster on an H100.  Other programs whose padding is neutral
+#: measured level or slower with it (the SIMT p = 2 kernel +1 %, half inputs −1.3 to +0.6 %), and the
+#: 16-deep ``long_k`` kernels spill with it (+8 %): they keep the branch (docs/nvrtc-notes.md, Version
+#: 16).  False (or ``KERMAC_NVRTC_ONE_PATH=0``) keeps the branch everywhere.
 ONE_PATH = os.environ.get("KERMAC_NVRTC_ONE_PATH", "1") != "0"
 _EXPENSIVE = frozenset({"pow", "exp", "log", "sqrt", "div"})
 _TENSOR_TYPES = {torch.float32: "float", torch.float64: "double", torch.float16: "km_f16", torch.bfloat16: "km_bf16"}
@@ -177,6 +178,9 @@ def _expensive(expr: Expr) -> bool:
     return any(isinstance(n, Call) and n.op in _EXPENSIVE for n in walk(expr))
 
 
+_ABS_DIFFERENCE = Call("abs", (Call("sub", (Var("x"), Var("z"))),))
+
+
 # What planning reads off a program's expressions depends on the program (and the hyperparameter
 # facts passed) only: computed once per program, so a repeated call does not walk its trees again
 # (a program's hash is cached on it).
@@ -184,6 +188,12 @@ def _expensive(expr: Expr) -> bool:
 def _pairwise_traits(prog: PairwiseProgram) -> tuple[bool, bool, bool]:
     """(Σ (x − z)², inner has an expensive operation, epilogue has one)."""
     return is_squared_difference_sum(prog), _expensive(prog.inner), _expensive(prog.epilogue)
+
+
+@lru_cache(maxsize=256)
+def _abs_difference_sum(prog: PairwiseProgram) -> bool:
+    """Σ_k |x − z| with any epilogue (cdist p = 1, Laplace-L1)."""
+    return prog.reduction == "sum" and prog.inner == _ABS_DIFFERENCE
 
 
 @lru_cache(maxsize=256)
@@ -297,10 +307,7 @@ def plan_pairwise(problem: PairwiseProblem, capability: int | None = None) -> tu
         poly_pairs=(TABLE_PAIRS if table else POLY_PAIRS) if split else 0,
         pow_table=table,
         k_unroll=2 if expensive_inner else cfg.bk,
-        one_path=ONE_PATH
-        and compute == "float"
-        and not (tensor_cores or long_k or split or expensive_inner)
-        and zero_padding_is_neutral(prog),
+        one_path=ONE_PATH and dtype == "float32" and not long_k and _abs_difference_sum(prog),
         tensor_cores=tensor_cores,
         ftz=FTZ,
         inline_epilogue=not tensor_cores or INLINE_EXPENSIVE_EPILOGUE or not expensive_epilogue,
