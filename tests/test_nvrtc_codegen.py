@@ -538,32 +538,38 @@ def test_long_k_tiles_for_cheap_programs() -> None:
     assert "#define TN 16\n#define GM 2\n#define GN 2" in _source(CASES["preset-l1_distance"])
 
 
-def test_one_path_for_float32_l1_sums_with_8_deep_tiles(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Every k tile on the unrolled path exactly for float32 sums of |x − z| with an expensive epilogue
-    (measured faster); the others keep the branch between the unrolled tile and the tail loop."""
-
-    def one_path(name: str) -> bool:
-        return plan.plan_pairwise(CASES[name])[0].one_path
-
-    def program_one_path(inner: ir.Expr, reduction: str, dtype: torch.dtype = torch.float32) -> bool:
-        program = kermac.PairwiseProgram(inner=inner, reduction=reduction, epilogue=ir.sqrt(ir.Var("acc")))
-        x, z = _t(M, D, dtype=dtype), _t(40, D, dtype=dtype)
-        return plan.plan_pairwise(pairwise_problem(program, x, z, out=None, hypers={}))[0].one_path
-
-    assert one_path("preset-laplace_l1")  # exp epilogue over Σ |x − z|
-    assert "#define KM_ONE_PATH 1" in _source(CASES["preset-laplace_l1"])
+def test_one_path_for_float32_l1_sums_with_vector_loads(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every k tile on the unrolled path exactly for float32 sums of |x − z| whose operands load as
+    16-byte vectors (measured faster); the others keep the branch between the unrolled tile and the
+    tail loop.  The next tile's loads sit at the top of 8-deep tiles and after 4 of 16 steps."""
     t = ir.Var("x") - ir.Var("z")
-    assert program_one_path(ir.abs_(t), "sum")
-    assert not program_one_path(ir.abs_(t), "sum", torch.float16)  # half inputs measured level or slower
-    assert not program_one_path(ir.abs_(t), "max")  # 0 is not max's identity
-    assert not program_one_path(t * t, "sum")  # the SIMT p = 2 kernel measured 1 % slower with it
-    assert not one_path("preset-l1_distance")  # long_k (16-deep tiles spill with it)
-    assert "#define KM_ONE_PATH 0" in _source(CASES["preset-l1_distance"])
-    assert not one_path("preset-lp_distance")  # split (power table)
-    assert not one_path("l1-float64")  # double
+
+    def planned(program, d: int = 16, dtype: torch.dtype = torch.float32, transposed: bool = False):
+        if transposed:
+            x, z = _t(d, 40, dtype=dtype).T, _t(d, 48, dtype=dtype).T
+        else:
+            x, z = _t(40, d, dtype=dtype), _t(48, d, dtype=dtype)
+        values = {"bandwidth": 2.0, "p": 1.5}
+        hypers = {name: HyperValue(name, values[name]) for name in program.hypers}
+        return plan.plan_pairwise(pairwise_problem(program, x, z, out=None, hypers=hypers))[0]
+
+    laplace, l1 = presets.laplace_l1.lower(), presets.l1_distance.lower()
+    assert planned(laplace).one_path and planned(l1).one_path
+    assert planned(laplace, transposed=True).one_path and planned(l1, transposed=True).one_path
+    assert "#define KM_ONE_PATH 1\n#define KM_LOADS_AT 0" in codegen.pairwise_source(planned(laplace))[0]
+    assert "#define KM_ONE_PATH 1\n#define KM_LOADS_AT 4" in codegen.pairwise_source(planned(l1))[0]
+    assert not planned(laplace, d=13).one_path  # scalar loads: measured slower with it
+    assert not planned(l1, d=12).one_path  # 8-element vectors in 16-deep tiles: 12 is no multiple of 8
+    assert not planned(laplace, dtype=torch.float16).one_path  # half inputs measured level or slower
+    assert not planned(l1, dtype=torch.float64).one_path
+    sqrt = ir.sqrt(ir.Var("acc"))
+    assert planned(kermac.PairwiseProgram(ir.abs_(t), "sum", sqrt)).one_path
+    assert not planned(kermac.PairwiseProgram(ir.abs_(t), "max", sqrt)).one_path  # 0 is not max's identity
+    assert not planned(kermac.PairwiseProgram(t * t, "sum", sqrt)).one_path  # the SIMT p = 2 kernel: 1 % slower
+    assert not planned(presets.lp_distance.lower()).one_path  # split (power table)
     monkeypatch.setattr(plan, "ONE_PATH", False)
-    assert not one_path("preset-laplace_l1")
-    assert "#define KM_ONE_PATH 0" in _source(CASES["preset-laplace_l1"])
+    assert not planned(laplace).one_path
+    assert "#define KM_ONE_PATH 0" in codegen.pairwise_source(planned(laplace))[0]
 
 
 def test_one_path_refuses_split_variants_and_non_neutral_padding() -> None:

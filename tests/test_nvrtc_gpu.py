@@ -247,25 +247,40 @@ def test_p2_tensor_cores_match_simt_on_kernels(monkeypatch: pytest.MonkeyPatch, 
         assert_close(got[path][name], got["simt"][name].double(), 2e-6)
 
 
-@pytest.mark.parametrize("d", [1, 7, 8, 9, 130])
-@pytest.mark.parametrize("z_transposed", [False, True])
-def test_one_path_loop_matches_the_branching_one(monkeypatch: pytest.MonkeyPatch, d: int, z_transposed: bool) -> None:
-    """Laplace-L1 with every k tile on the unrolled path (the partial one zero-padded) gives the bits
-    of the branching loop, and the float64 values, at every k tail and with scalar or vector loads."""
+@pytest.mark.parametrize(
+    ("name", "d"), [("laplace_l1", 4), ("laplace_l1", 12), ("laplace_l1", 132), ("l1", 8), ("l1", 24)]
+)
+@pytest.mark.parametrize("transposed", [False, True])
+def test_one_path_loop_matches_the_branching_one(
+    monkeypatch: pytest.MonkeyPatch, name: str, d: int, transposed: bool
+) -> None:
+    """Laplace-L1 (8-deep tiles) and cdist p = 1 (16-deep) with every k tile on the unrolled path, the
+    partial one zero-padded, give the bits of the branching loop and the float64 values, with vectors
+    along k or (transposed operands) along the rows."""
     from kermac.hyperparams import HyperValue
     from kermac.problem import pairwise_problem
     from kermac_backend_nvrtc import plan
 
-    x = randn(131, d, device="cuda")
-    z = randn(d, 67, device="cuda").T if z_transposed else randn(67, d, device="cuda")
+    if transposed:
+        x, z = randn(d, 136, device="cuda").T, randn(d, 72, device="cuda").T
+    else:
+        x, z = randn(136, d, device="cuda"), randn(72, d, device="cuda")
     bw = 0.5 * d
-    hypers = {"bandwidth": HyperValue("bandwidth", bw)}
-    assert plan.plan_pairwise(pairwise_problem(presets.laplace_l1.lower(), x, z, out=None, hypers=hypers))[0].one_path
-    one = kermac.run_kernel("laplace_l1", x, z, bandwidth=bw, backend="nvrtc")
+    program = presets.laplace_l1.lower() if name == "laplace_l1" else presets.l1_distance.lower()
+    hypers = {"bandwidth": HyperValue("bandwidth", bw)} if name == "laplace_l1" else {}
+    assert plan.plan_pairwise(pairwise_problem(program, x, z, out=None, hypers=hypers))[0].one_path
+
+    def run() -> torch.Tensor:
+        if name == "laplace_l1":
+            return kermac.run_kernel("laplace_l1", x, z, bandwidth=bw, backend="nvrtc")
+        return kermac.cdist(x, z, p=1.0, backend="nvrtc")
+
+    one = run()
     monkeypatch.setattr(plan, "ONE_PATH", False)
-    branching = kermac.run_kernel("laplace_l1", x, z, bandwidth=bw, backend="nvrtc")
+    branching = run()
     assert torch.equal(one, branching)
-    assert_close(one, torch.exp(-ref_cdist(x, z, 1.0) / bw), tolerance(torch.float32))
+    dist = ref_cdist(x, z, 1.0)
+    assert_close(one, torch.exp(-dist / bw) if name == "laplace_l1" else dist, tolerance(torch.float32))
 
 
 def test_batched_p_and_bandwidth_tensors() -> None:

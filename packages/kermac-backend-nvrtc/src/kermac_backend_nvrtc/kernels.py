@@ -442,8 +442,10 @@ PAIRWISE = Template(
 #define POLY_PAIRS $POLY_PAIRS
 // One-path kernels (KM_ONE_PATH: not split, inner(0, 0) the reduction's identity): every k tile,
 // the partial one too, runs the unrolled loop; its features past D are staged as zeros in both
-// operands, so their terms are the identity.
+// operands, so their terms are the identity.  The next tile's loads go after KM_LOADS_AT of its BK
+// steps (in a 16-deep tile, a shorter life for the staging registers).
 #define KM_ONE_PATH $ONE_PATH
+#define KM_LOADS_AT $LOADS_AT
 __device__ __forceinline__ km_t km_inner(km_t x, km_t z$HYPER_FORMALS) { return $INNER; }
 // Pair q of the thread's P = GM·VM·GN·VN is split iff floor((q + 1)·n / P) > floor(q·n / P): n of them, spread evenly.
 #define KM_IS_SPLIT(q, n) (((q) + 1) * (n) / (GM * VM * GN * VN) > (q) * (n) / (GM * VM * GN * VN))
@@ -515,6 +517,10 @@ kermac_pairwise($PARAMS) {
       }
     for (int t = 0; t < ntiles; ++t) {
       const int cur = t & 1;
+#if KM_ONE_PATH
+#pragma unroll
+      for (int kk = 0; kk < KM_LOADS_AT; ++kk) KM_STEP(kk, 0)
+#endif
       if (t + 1 < ntiles) {
         xt.load(xb, sxm, sxk, M - m0, (t + 1) * BK, D);
         zt.load(zb, szn, szk, N - n0, (t + 1) * BK, D);
@@ -522,10 +528,10 @@ kermac_pairwise($PARAMS) {
       const int kcount = min(BK, D - t * BK);
 #if KM_ONE_PATH
       // Never taken (kcount > 0), but ptxas cannot tell: the branch ends the basic block, so the
-      // loads above stay ahead of the math instead of sinking to their shared stores.
+      // loads above stay where they are instead of sinking to their shared stores.
       if (kcount <= 0) __trap();
 #pragma unroll
-      for (int kk = 0; kk < BK; ++kk) KM_STEP(kk, 0)
+      for (int kk = KM_LOADS_AT; kk < BK; ++kk) KM_STEP(kk, 0)
 #else
       // A split kernel's fallback tiles (rare: inputs beyond lim, inf or NaN) share the tail's loop.
       if (kcount == BK && !km_fallback) {

@@ -114,13 +114,15 @@ SIGN_GRAD_MIN_O = 3
 #: development machine 1.0–1.6 s → ≤ 0.95 s) but the call costs 3–15 % of run time on an H100
 #: (docs/nvrtc-notes.md), so inlining is the default.
 INLINE_EXPENSIVE_EPILOGUE = os.environ.get("KERMAC_NVRTC_INLINE_EPILOGUE", "1") != "0"
-#: float32 sums of |x − z| with an expensive epilogue (8-deep k tiles: Laplace-L1, exp or roots of an
-#: L1 distance) run every k tile, the partial one zero-padded, on one unrolled path with no branch to
-#: a tail loop (``PairwiseVariant.one_path``; the padding's terms |0 − 0| are the sum's identity):
-#: Laplace-L1 16384²×128 and 8192²×256 2 % faster on an H100.  Other programs whose padding is neutral
-#: measured level or slower with it (the SIMT p = 2 kernel +1 %, half inputs −1.3 to +0.6 %), and the
-#: 16-deep ``long_k`` kernels spill with it (+8 %): they keep the branch (docs/nvrtc-notes.md, Version
-#: 16).  False (or ``KERMAC_NVRTC_ONE_PATH=0``) keeps the branch everywhere.
+#: float32 sums of |x − z| (cdist p = 1, Laplace-L1) whose operands are loaded as 16-byte vectors
+#: run every k tile, the partial one zero-padded, on one unrolled path with no branch to a tail loop
+#: (``PairwiseVariant.one_path``; the padding's terms |0 − 0| are the sum's identity), the next
+#: tile's loads at the top of 8-deep tiles and after 4 of 16 steps in ``long_k`` ones.  On an H100,
+#: in process: Laplace-L1 16384²×128 and 8192²×256 −2.1 %, cdist p = 1 30000²×1024, 8192²×256 and
+#: 16384²×32 −1.4 to −1.6 %; with scalar loads (D = 250) +0.3 and +1.8 %, and other programs whose
+#: padding is neutral measured level or slower (the SIMT p = 2 kernel +1 %, half inputs −1.3 to
+#: +0.6 %), so those keep the branch (docs/nvrtc-notes.md, Version 16).  False (or
+#: ``KERMAC_NVRTC_ONE_PATH=0``) keeps the branch everywhere.
 ONE_PATH = os.environ.get("KERMAC_NVRTC_ONE_PATH", "1") != "0"
 _EXPENSIVE = frozenset({"pow", "exp", "log", "sqrt", "div"})
 _TENSOR_TYPES = {torch.float32: "float", torch.float64: "double", torch.float16: "km_f16", torch.bfloat16: "km_bf16"}
@@ -296,18 +298,21 @@ def plan_pairwise(problem: PairwiseProblem, capability: int | None = None) -> tu
     split = exponent is not None and not (HALF_POWERS and half_steps(exponent, dict(known)) is not None)
     p_value = _exponent_value(exponent, problem) if split else None
     table = split and FTZ and POW_TABLE and TABLE_PAIRS > 0 and pow_table.exponent_in_range(p_value)
+    x_op = _operand(problem.x, layout, "x", cfg.bm, cfg.bk, -2, -1)
+    z_op = _operand(problem.z, layout, "z", cfg.bn, cfg.bk, -2, -1)
+    vector_loads = x_op.mode >= 2 and z_op.mode >= 2
     variant = PairwiseVariant(
         program=prog,
         dtype=dtype,
         tensor_hypers=tensor_hypers,
         ge1_hypers=ge1,
         batch_dims=len(layout.shape),
-        x=_operand(problem.x, layout, "x", cfg.bm, cfg.bk, -2, -1),
-        z=_operand(problem.z, layout, "z", cfg.bn, cfg.bk, -2, -1),
+        x=x_op,
+        z=z_op,
         poly_pairs=(TABLE_PAIRS if table else POLY_PAIRS) if split else 0,
         pow_table=table,
         k_unroll=2 if expensive_inner else cfg.bk,
-        one_path=ONE_PATH and dtype == "float32" and not long_k and _abs_difference_sum(prog),
+        one_path=ONE_PATH and dtype == "float32" and vector_loads and _abs_difference_sum(prog),
         tensor_cores=tensor_cores,
         ftz=FTZ,
         inline_epilogue=not tensor_cores or INLINE_EXPENSIVE_EPILOGUE or not expensive_epilogue,
