@@ -56,8 +56,9 @@ def test_sass_without_a_loop_is_refused(sass_script) -> None:
 )
 def test_simt_loops_issue_the_next_tiles_loads_before_the_math(sass_script, kind, arch) -> None:
     """The register-staged SIMT kernels (p = 1, the split fractional-p kernel, Laplace-L1) must
-    load the next tile at the top of the k loop and store it at the bottom: with the loads sunk
-    to their stores the loop lost 8 % on the H100 (docs/nvrtc-notes.md, Version 14)."""
+    load the next tile in the first third of the k loop (at the top, or after 4 of 16 steps in
+    p = 1's one-path loop) and store it at the bottom: with the loads sunk to their stores the loop
+    lost 8 % on the H100 (docs/nvrtc-notes.md, Versions 14 and 16)."""
     try:
         sass_script.cuobjdump()
     except FileNotFoundError as exc:
@@ -69,4 +70,4 @@ def test_simt_loops_issue_the_next_tiles_loads_before_the_math(sass_script, kind
     loads = [pos for pos, text in loop.positions(("LDG",))]
     stores = [pos for pos, text in loop.positions(("STS",))]
     assert loads and stores, loop.positions()
-    assert max(loads) < 0.25 < 0.75 < min(stores), sass_script.report(loop)
+    assert max(loads) < 1 / 3 and min(stores) > 0.75, sass_script.report(loop)
