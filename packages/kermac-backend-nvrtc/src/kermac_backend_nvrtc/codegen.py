@@ -584,7 +584,8 @@ def pairwise_source(v: PairwiseVariant) -> tuple[str, list[Param]]:
         POLY_PAIRS=v.poly_pairs,
         POW_TABLE=int(v.pow_table),
         ONE_PATH=int(v.one_path),
-        LOADS_AT=cfg.bk // 4 if v.long_k else 0,  # H100: 16-deep tiles −1.5 % (4 of 16), 8-deep +2 % (2 of 8)
+        # After 4 of 16 steps the 16-deep loop does not spill (on top it does); 8-deep: on top (2 of 8: +2 %).
+        LOADS_AT=cfg.bk // 4 if v.long_k else 0,
         KUNROLL=v.k_unroll,
         INNER=render_expr(prog.inner, names, ge1=v.ge1_hypers, ftz=v.ftz, **_half_options(v)),
         POLY_EXP=render_expr(exponent, names) if split else "",
