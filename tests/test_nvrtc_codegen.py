@@ -572,6 +572,22 @@ def test_one_path_for_float32_l1_sums_with_vector_loads(monkeypatch: pytest.Monk
     assert "#define KM_ONE_PATH 0" in codegen.pairwise_source(planned(laplace))[0]
 
 
+@pytest.mark.parametrize("steps", [0, 2, 15])
+def test_one_path_long_k_loads_anywhere_in_the_tile(monkeypatch: pytest.MonkeyPatch, steps: int) -> None:
+    """``codegen.LONG_K_LOADS_AT`` (a tuning setting) moves the 16-deep loop's loads; every position
+    compiles, one past the tile is refused."""
+    problem = pairwise_problem(presets.l1_distance.lower(), _t(40, 16), _t(48, 16), out=None, hypers={})
+    variant = plan.plan_pairwise(problem)[0]
+    assert variant.one_path and variant.long_k
+    monkeypatch.setattr(codegen, "LONG_K_LOADS_AT", steps)
+    source = codegen.pairwise_source(variant)[0]
+    assert f"#define KM_LOADS_AT {steps}" in source
+    compiler.compile_cubin(source, "sm_90", name="kermac_pairwise")
+    monkeypatch.setattr(codegen, "LONG_K_LOADS_AT", 16)
+    with pytest.raises(ValueError, match=r"LONG_K_LOADS_AT: expected 0 <= steps < 16 \(the k tile's depth\), got 16"):
+        codegen.pairwise_source(variant)
+
+
 def test_one_path_refuses_split_variants_and_non_neutral_padding() -> None:
     variant = plan.plan_pairwise(CASES["preset-lp_distance"])[0]
     assert variant.poly_pairs > 0

@@ -334,6 +334,14 @@ class GradConfig:
     min_blocks: int
 
 
+#: Where a one-path ``long_k`` loop (``PairwiseVariant.one_path``) issues the next tile's loads: after
+#: this many of its 16 k steps.  At 4 (and 2, 5, 6) the loop does not spill at 128 registers; at the
+#: top, 3 or 8 it does (the top measured 8 % slower on an H100).  8-deep one-path loops load at the
+#: top (after 2 of 8 steps Laplace-L1 was 2 % slower).  A module setting so that ``nvrtc_bench.py
+#: --knob codegen.LONG_K_LOADS_AT=2,4,5,6`` can sweep it.
+LONG_K_LOADS_AT = 4
+
+
 def pairwise_config(compute: str, long_k: bool = False) -> PairwiseConfig:
     """The pairwise tile configuration for ``compute`` ("float" or "double").
 
@@ -570,6 +578,9 @@ def pairwise_source(v: PairwiseVariant) -> tuple[str, list[Param]]:
             "one_path variant: needs a variant that is not split (poly_pairs = 0) and an inner term whose value "
             f"at x = z = 0 is the reduction's identity; got poly_pairs={v.poly_pairs}, {prog.key()}"
         )
+    loads_at = LONG_K_LOADS_AT if v.long_k else 0
+    if v.one_path and not 0 <= loads_at < cfg.bk:
+        raise ValueError(f"LONG_K_LOADS_AT: expected 0 <= steps < {cfg.bk} (the k tile's depth), got {loads_at}")
     source = kernels.PAIRWISE.substitute(
         BM=cfg.bm,
         BN=cfg.bn,
@@ -584,8 +595,7 @@ def pairwise_source(v: PairwiseVariant) -> tuple[str, list[Param]]:
         POLY_PAIRS=v.poly_pairs,
         POW_TABLE=int(v.pow_table),
         ONE_PATH=int(v.one_path),
-        # After 4 of 16 steps the 16-deep loop does not spill (on top it does); 8-deep: on top (2 of 8: +2 %).
-        LOADS_AT=cfg.bk // 4 if v.long_k else 0,
+        LOADS_AT=loads_at,
         KUNROLL=v.k_unroll,
         INNER=render_expr(prog.inner, names, ge1=v.ge1_hypers, ftz=v.ftz, **_half_options(v)),
         POLY_EXP=render_expr(exponent, names) if split else "",
