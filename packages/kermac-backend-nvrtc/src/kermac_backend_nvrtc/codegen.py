@@ -338,7 +338,8 @@ class GradConfig:
 #: this many of its 16 k steps.  At 4 (and 2, 5, 6) the loop does not spill at 128 registers; at the
 #: top, 3 or 8 it does (the top measured 8 % slower on an H100).  8-deep one-path loops load at the
 #: top (after 2 of 8 steps Laplace-L1 was 2 % slower).  A module setting so that ``nvrtc_bench.py
-#: --knob codegen.LONG_K_LOADS_AT=2,4,5,6`` can sweep it.
+#: --knob codegen.LONG_K_LOADS_AT=2,4,5,6`` can sweep it; like the tile configurations it is not in
+#: ``plan.plan_key``, so a change needs ``NvrtcBackend.forget()`` (which the knob runs).
 LONG_K_LOADS_AT = 4
 
 
