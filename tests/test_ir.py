@@ -133,6 +133,19 @@ def test_is_squared_difference_sum_recognises_the_p2_family() -> None:
     assert not is_squared_difference_sum(presets.dot_product.lower())
 
 
+def test_is_abs_difference_sum_recognises_the_l1_family() -> None:
+    from kermac.programs import is_abs_difference_sum
+
+    x, z = ir.Var("x"), ir.Var("z")
+    for desc in (presets.l1_distance, presets.laplace_l1):
+        assert is_abs_difference_sum(desc.lower())
+    assert is_abs_difference_sum(PairwiseProgram(ir.abs_(x - z), "sum", ir.sqrt(ir.Var("acc"))))
+    assert not is_abs_difference_sum(PairwiseProgram(ir.abs_(x - z), "max", ir.Var("acc")))
+    assert not is_abs_difference_sum(PairwiseProgram(ir.abs_(z - x), "sum", ir.Var("acc")))
+    assert not is_abs_difference_sum(presets.l2_distance.lower())
+    assert not is_abs_difference_sum(presets.lp_distance.lower())
+
+
 def test_zero_padding_is_neutral_where_the_term_of_zeros_is_the_identity() -> None:
     from kermac.programs import zero_padding_is_neutral
 

@@ -15,10 +15,10 @@ from functools import cache, lru_cache
 
 import torch
 
-from kermac.ir import Call, Const, Expr, Var, walk
+from kermac.ir import Call, Const, Expr, walk
 from kermac.layout import BatchLayout, batch_layout, grad_operands, pairwise_operands
 from kermac.problem import GradProblem, PairwiseProblem
-from kermac.programs import GradProgram, PairwiseProgram
+from kermac.programs import GradProgram, PairwiseProgram, is_abs_difference_sum
 from kermac_backend_nvrtc import pow_table, sign_grad, tc_grad
 from kermac_backend_nvrtc.codegen import (
     INPUT_TYPES,
@@ -180,9 +180,6 @@ def _expensive(expr: Expr) -> bool:
     return any(isinstance(n, Call) and n.op in _EXPENSIVE for n in walk(expr))
 
 
-_ABS_DIFFERENCE = Call("abs", (Call("sub", (Var("x"), Var("z"))),))
-
-
 # What planning reads off a program's expressions depends on the program (and the hyperparameter
 # facts passed) only: computed once per program, so a repeated call does not walk its trees again
 # (a program's hash is cached on it).
@@ -190,12 +187,6 @@ _ABS_DIFFERENCE = Call("abs", (Call("sub", (Var("x"), Var("z"))),))
 def _pairwise_traits(prog: PairwiseProgram) -> tuple[bool, bool, bool]:
     """(Σ (x − z)², inner has an expensive operation, epilogue has one)."""
     return is_squared_difference_sum(prog), _expensive(prog.inner), _expensive(prog.epilogue)
-
-
-@lru_cache(maxsize=256)
-def _abs_difference_sum(prog: PairwiseProgram) -> bool:
-    """Σ_k |x − z| with any epilogue (cdist p = 1, Laplace-L1)."""
-    return prog.reduction == "sum" and prog.inner == _ABS_DIFFERENCE
 
 
 @lru_cache(maxsize=256)
@@ -312,7 +303,7 @@ def plan_pairwise(problem: PairwiseProblem, capability: int | None = None) -> tu
         poly_pairs=(TABLE_PAIRS if table else POLY_PAIRS) if split else 0,
         pow_table=table,
         k_unroll=2 if expensive_inner else cfg.bk,
-        one_path=ONE_PATH and dtype == "float32" and vector_loads and _abs_difference_sum(prog),
+        one_path=ONE_PATH and dtype == "float32" and vector_loads and is_abs_difference_sum(prog),
         tensor_cores=tensor_cores,
         ftz=FTZ,
         inline_epilogue=not tensor_cores or INLINE_EXPENSIVE_EPILOGUE or not expensive_epilogue,

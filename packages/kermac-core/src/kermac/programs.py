@@ -36,6 +36,7 @@ __all__ = [
     "REDUCTIONS",
     "GradProgram",
     "PairwiseProgram",
+    "is_abs_difference_sum",
     "is_squared_difference_sum",
     "signed_power",
     "zero_padding_is_neutral",
@@ -151,6 +152,14 @@ def is_squared_difference_sum(program: PairwiseProgram) -> bool:
     ‖x‖² + ‖z‖² − 2·x·z and compute on tensor cores.
     """
     return _derived(program, "_sq_diff_sum", lambda: program.reduction == "sum" and program.inner == _SQUARED)
+
+
+_ABS_DIFFERENCE = Call("abs", (Call("sub", (Var("x"), Var("z"))),))
+
+
+def is_abs_difference_sum(program: PairwiseProgram) -> bool:
+    """Whether ``program`` is ``Σ_k |x − z|`` structurally, with any epilogue (cdist p = 1, Laplace-L1)."""
+    return _derived(program, "_abs_diff_sum", lambda: program.reduction == "sum" and program.inner == _ABS_DIFFERENCE)
 
 
 def zero_padding_is_neutral(program: PairwiseProgram) -> bool:
