@@ -692,10 +692,36 @@ def test_auto_picks_nvrtc_for_the_p2_family_on_sm90(caplog: pytest.LogCaptureFix
     assert_close(out, ref_cdist(x, z, 2.0), tolerance(torch.float32))
 
 
+def _two_device_calls(dev: str) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """(result, float64 reference) of one call of each kernel family on ``dev``: the SIMT pairwise
+    kernel (p = 1, one-path loop), the split fractional-p kernel, the (x − z)² tensor-core kernel
+    with an epilogue, and the gradient."""
+    x, z = randn(150, 40, device=dev), randn(131, 40, device=dev)
+    a, b, c, d = (randn(*s, device=dev) for s in ((40, 30), (20, 40), (6, 40), (20, 30)))  # K=40 M=30 N=20 O=6
+    gauss = kermac.run_kernel("gaussian", x.double(), z.double(), bandwidth=3.0, backend="torch")
+    return [
+        (kermac.cdist(x, z, p=1.0, backend="nvrtc"), ref_cdist(x, z, 1.0)),
+        (kermac.cdist(x, z, p=1.3, backend="nvrtc"), ref_cdist(x, z, 1.3)),
+        (kermac.run_kernel("gaussian", x, z, bandwidth=3.0, backend="nvrtc"), gauss),
+        (kermac.cdist_grad(a, b, c, d, p=1.5, backend="nvrtc"), ref_grad(a, b, c, d, 1.5)),
+    ]
+
+
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two CUDA devices")
 def test_two_devices() -> None:
-    for dev in ("cuda:0", "cuda:1"):
-        x, z = randn(50, 20, device=dev), randn(60, 20, device=dev)
-        out = kermac.cdist(x, z, p=1.0, backend="nvrtc")
-        assert out.device == torch.device(dev)
-        assert_close(out, ref_cdist(x, z, 1.0), tolerance(torch.float32))
+    """Each device loads its own module of the same variants and runs them on its own current
+    stream, whichever device is current; the plan memo (keyed by device) never sends a call to
+    the other device's kernel."""
+    for current in (0, 1, 0):
+        with torch.cuda.device(current):
+            for dev in ("cuda:0", "cuda:1"):
+                for out, ref in _two_device_calls(dev):
+                    assert out.device == torch.device(dev)
+                    assert_close(out, ref, 1e-4)
+    side = torch.cuda.Stream(device="cuda:1")
+    with torch.cuda.device(0), torch.cuda.stream(side):
+        x, z = randn(64, 24, device="cuda:1"), randn(48, 24, device="cuda:1")
+        out = torch.full((64, 48), math.nan, device="cuda:1")
+        kermac.cdist(x, z, p=1.0, out=out, backend="nvrtc")
+    side.synchronize()  # the kernel ran on cuda:1's side stream, the current one there
+    assert_close(out, ref_cdist(x, z, 1.0), tolerance(torch.float32))
