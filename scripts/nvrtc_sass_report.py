@@ -8,8 +8,10 @@ compiled for ``--arch`` and disassembled with ``cuobjdump`` (Triton's bundled co
 MUFU; an HMMA or HGMMA counts 16) — for the p = 2 family on ``mma.sync`` that can be the unrolled
 exact recomputation of the guard rather than the tensor-core loop.  Printed: ptxas's resource
 line, the loop's length and instruction mix, where in the loop (0 = top, 1 = bottom) the global
-loads, shared stores and barriers sit, and how many instructions separate each shared load from
-the first use of its registers.
+loads, shared stores and barriers sit, how many instructions separate each shared load from
+the first use of its registers, and how many of its fp32 instructions read two operands from one
+register bank (the count that explained why a TMA-fed p = 1 prototype ran slower: Version 17 of
+docs/nvrtc-notes.md).
 
 Why: the k loops are sensitive to where ptxas places the next tile's global loads.  A loop whose
 loads were sunk to their shared stores after the math no longer overlaps them with it (Version 14
@@ -75,6 +77,23 @@ class LoopReport:
                     out.append(j - i)
                     break
         return out
+
+    def bank_conflicts(self) -> tuple[int, int]:
+        """(fp32 arithmetic instructions of the loop (FADD, FFMA, FMUL) that read two or more
+        registers, how many of them read two from the same register bank — equal register numbers
+        modulo 2 — with neither marked ``.reuse``).  Each such read costs the instruction an extra
+        cycle; an operand taken from the reuse cache does not count."""
+        arithmetic = conflicts = 0
+        for op, text in zip(self.ops, self.texts, strict=True):
+            if op.split(".")[0] not in ("FADD", "FFMA", "FMUL"):
+                continue
+            sources = re.sub(r"^@!?U?P\w+\s+", "", text).split(None, 1)[1].split(",")[1:]
+            banks = [int(r) % 2 for o in sources if ".reuse" not in o for r in re.findall(r"\bR(\d+)", o)]
+            if sum(bool(re.search(r"\bR\d+", o)) for o in sources) < 2:
+                continue
+            arithmetic += 1
+            conflicts += len(banks) != len(set(banks))
+        return arithmetic, conflicts
 
 
 def _reads(text: str) -> set[int]:
@@ -196,6 +215,12 @@ def report(loop: LoopReport) -> str:
         lines.append(
             f"shared load → first use: min {min(dist)}, median {statistics.median(dist)}, "
             f"under 16: {sum(x < 16 for x in dist)} of {len(dist)} (instructions)"
+        )
+    arithmetic, conflicts = loop.bank_conflicts()
+    if arithmetic:
+        lines.append(
+            f"register bank conflicts: {conflicts} of {arithmetic} fp32 instructions read two sources of "
+            f"one bank (equal register parity, neither from the reuse cache)"
         )
     return "\n".join(lines)
 

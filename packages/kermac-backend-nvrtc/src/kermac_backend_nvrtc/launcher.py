@@ -52,7 +52,12 @@ class LoadedKernel:
 
 def argument_layout(params: Sequence[Param], compute: str) -> struct.Struct:
     """The layout of a kernel's argument buffer: each parameter at its C type's natural alignment
-    (pointers and ``long long`` as 8-byte integers, ``int`` 4, ``km_t`` as ``compute``)."""
+    (pointers and ``long long`` as 8-byte integers, ``int`` 4, ``km_t`` as ``compute``).
+
+    Offsets count from the start of the buffer, which the driver copies to the start of the
+    kernel's parameter space; that start is only 16-byte aligned (``c[0x0][0x210]`` on sm_90), so
+    a parameter aligned to more — a 64-byte ``CUtensorMap`` — would sit 48 bytes further in than
+    this layout puts it (docs/nvrtc-notes.md, Version 17).  Every type here aligns to 8 at most."""
     by_type = {"long long": "q", "int": "i", "km_t": "f" if compute == "float" else "d"}
     fmt, offset = "<", 0
     for p in params:
