@@ -10,8 +10,8 @@ exact recomputation of the guard rather than the tensor-core loop.  Printed: ptx
 line, the loop's length and instruction mix, where in the loop (0 = top, 1 = bottom) the global
 loads, shared stores and barriers sit, how many instructions separate each shared load from
 the first use of its registers, and how many of its fp32 instructions read two operands from one
-register bank (the count that explained why a TMA-fed p = 1 prototype ran slower: Version 17 of
-docs/nvrtc-notes.md).
+register bank (a TMA-fed p = 1 prototype that ran 12–15 % slower had about twice the production
+loop's count: Version 17 of docs/nvrtc-notes.md).
 
 Why: the k loops are sensitive to where ptxas places the next tile's global loads.  A loop whose
 loads were sunk to their shared stores after the math no longer overlaps them with it (Version 14
