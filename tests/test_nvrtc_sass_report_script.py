@@ -41,23 +41,26 @@ def test_main_loop_positions_and_shared_load_distances(sass_script) -> None:
 
 
 BANKS = """\
-        /*0000*/                   FADD R2, R4.reuse, -R6 ;
+        /*0000*/                   FADD R2, R4.reuse, -R7 ;
         /*0010*/                   FADD R3, R4, -R8 ;
         /*0020*/                   FADD R5, R5, |R3| ;
         /*0030*/                   FADD R7, R6, |R3| ;
         /*0040*/               @!P0 FFMA R9, R2, R4, R7 ;
         /*0050*/                   FADD R9, R9, 1 ;
-        /*0060*/                   LDS.128 R12, [R5] ;
-        /*0070*/                   BRA 0x0 ;
+        /*0060*/                   FADD R10, R6.reuse, R8 ;
+        /*0070*/                   LDS.128 R12, [R5] ;
+        /*0080*/                   BRA 0x0 ;
 """
 
 
 def test_register_bank_conflicts(sass_script) -> None:
-    """Two sources of equal register parity conflict unless one comes from the reuse cache (R4.reuse
-    with R6); FFMA's three sources count once; an immediate operand and non-arithmetic do not count."""
+    """Two register-file sources of equal parity conflict: R5/R3, R2/R4 in the FFMA (R4 sits in
+    another slot than the one the first FADD cached it in), R6/R8 (a ``.reuse`` mark serves the next
+    instruction, not its own).  R4 in the second FADD comes from the reuse cache, so R8 reads alone;
+    an immediate operand and the LDS do not count."""
     loop = sass_script.main_loop(sass_script.parse_sass(BANKS))
-    assert loop.bank_conflicts() == (5, 3)  # R4/R8, R5/R3, R2/R4 conflict; R4.reuse/R6, R6/R3 do not
-    assert "register bank conflicts: 3 of 5" in sass_script.report(loop)
+    assert loop.bank_conflicts() == (6, 3)
+    assert "register bank conflicts: 3 of 6" in sass_script.report(loop)
 
 
 def test_sass_without_a_loop_is_refused(sass_script) -> None:
