@@ -87,7 +87,7 @@ class LoopReport:
         arithmetic = conflicts = 0
         cached: set[tuple[int, int]] = set()  # (operand slot, register) in the reuse cache
         for op, text in zip(self.ops, self.texts, strict=True):
-            operands = re.sub(r"^@!?U?P\w+\s+", "", text).split(None, 1)[1:]
+            operands = _unpredicated(text).split(None, 1)[1:]
             sources = operands[0].split(",")[1:] if operands else []
             regs = [(slot, int(r), ".reuse" in o) for slot, o in enumerate(sources) for r in re.findall(r"\bR(\d+)", o)]
             if op.split(".")[0] in ("FADD", "FFMA", "FMUL") and len(regs) >= 2:
@@ -101,8 +101,7 @@ class LoopReport:
 def _reads(text: str) -> set[int]:
     """Registers an instruction reads: every R operand but the first (its destination), and the
     first too for stores."""
-    body = re.sub(r"^@!?U?P\w+\s+", "", text)
-    parts = body.split(None, 1)
+    parts = _unpredicated(text).split(None, 1)
     if len(parts) < 2:
         return set()
     operands = parts[1].split(",")
@@ -137,8 +136,13 @@ def main_loop(instructions: list[tuple[int, str]]) -> LoopReport:
     return LoopReport(tuple(_op(t) for _, t in best[1]), tuple(t for _, t in best[1]))
 
 
+def _unpredicated(text: str) -> str:
+    """An instruction without its guard predicate (``@!P0 FADD ...`` -> ``FADD ...``)."""
+    return re.sub(r"^@!?U?P\w+\s+", "", text)
+
+
 def _op(text: str) -> str:
-    return re.sub(r"^@!?U?P\w+\s+", "", text).split()[0]
+    return _unpredicated(text).split()[0]
 
 
 def cuobjdump() -> str:
