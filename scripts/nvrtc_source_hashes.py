@@ -50,11 +50,11 @@ def source_hashes() -> dict[str, str]:
             for inline in (False, True):
                 simt = dataclasses.replace(v, tensor_cores=False, wgmma=False, inline_epilogue=inline)
                 hashes[f"{key} simt inline={inline}"] = _hash(lambda s=simt: pairwise_source(s))
-            for pairs, ftz, table in ((44, True, False), (64, False, False), (32, True, True)):
+            for pairs, ftz, degree in ((44, True, 0), (64, False, 0), (38, True, 5), (32, True, 6)):
                 split = dataclasses.replace(
-                    v, tensor_cores=False, wgmma=False, poly_pairs=pairs, ftz=ftz, pow_table=table
+                    v, tensor_cores=False, wgmma=False, poly_pairs=pairs, ftz=ftz, pow_degree=degree
                 )
-                hashes[f"{key} split {pairs} ftz={ftz} table={table}"] = _hash(lambda s=split: pairwise_source(s))
+                hashes[f"{key} split {pairs} ftz={ftz} degree={degree}"] = _hash(lambda s=split: pairwise_source(s))
     return hashes
 
 

@@ -209,38 +209,44 @@ def test_variant_compiles_to_cubin(case: str, arch: str) -> None:
 
 @pytest.mark.parametrize("arch", ARCHS)
 @pytest.mark.parametrize(
-    ("pairs", "ftz", "table"),
-    [(0, False, False), (44, True, False), (44, False, False), (64, True, False), (28, True, True), (64, True, True)],
-)
-def test_split_variants_compile(arch: str, pairs: int, ftz: bool, table: bool) -> None:
+    ("pairs", "ftz", "degree"),
+    [(0, False, 0), (44, True, 0), (44, False, 0), (64, True, 0), (28, True, 5), (38, True, 5), (32, True, 6),
+     (64, True, 6)],
+)  # fmt: skip
+def test_split_variants_compile(arch: str, pairs: int, ftz: bool, degree: int) -> None:
 
     for case in ("preset-lp_distance", "preset-laplace_lp", "lp-float16"):
-        variant = dataclasses.replace(plan.plan_pairwise(CASES[case])[0], poly_pairs=pairs, ftz=ftz, pow_table=table)
+        variant = dataclasses.replace(plan.plan_pairwise(CASES[case])[0], poly_pairs=pairs, ftz=ftz, pow_degree=degree)
         source, params = codegen.pairwise_source(variant)
-        assert f"#define KM_POW_TABLE {int(table)}" in source
-        assert [p.name for p in params if p.name.startswith("pc")] == ([f"pc{j}" for j in range(7)] if table else [])
+        assert f"#define KM_POW_TABLE {int(degree > 0)}" in source and f"#define KM_POW_DEGREE {degree}" in source
+        coefficient_params = [f"pc{j}" for j in range(degree + 1)] if degree else []
+        assert [p.name for p in params if p.name.startswith("pc")] == coefficient_params
         layout = launcher.argument_layout(params, "float")
         assert len(layout.unpack(bytes(layout.size))) == len(params)
         built = compiler.compile_cubin(source, arch, name="kermac_pairwise")
         assert built.cubin[:4] == b"\x7fELF"
 
 
-@pytest.mark.parametrize("p", [1.0, 1.05, 1.3, 1.5, 2.0, 2.7, 3.5, 4.6, 5.0])
-def test_pow_table_polynomial_accuracy(p: float) -> None:
-    """The power table's mantissa polynomial, evaluated like the kernel (float32 Horner), is within
-    3e-7 of m^p over [1, 2) (2.96e-7 at worst, near p = 4.6); the table entry 2^(e·p), rounded to
-    float32, adds 2^-24, and the accumulating FFMA rounds only the sum.  Exponents outside [1, 5]
-    are refused."""
+@pytest.mark.parametrize(
+    ("p", "degree", "bound"),
+    [(1.0, 5, 2e-7), (1.05, 5, 9e-7), (1.3, 5, 9e-7), (1.5, 5, 9e-7), (2.0, 5, 2e-7), (2.7, 5, 9e-7), (3.0, 5, 2e-7),
+     (3.05, 6, 3.2e-7), (3.5, 6, 3.2e-7), (4.0, 6, 3.2e-7), (4.6, 6, 4.5e-7), (5.0, 6, 3.2e-7)],
+)  # fmt: skip
+def test_pow_table_polynomial_accuracy(p: float, degree: int, bound: float) -> None:
+    """The power table's mantissa polynomial, evaluated like the kernel (float32 Horner in m), is
+    within 9e-7 of m^p over the float32 values of [1, 2) with degree 5 (p <= 3; exact in exact
+    arithmetic for p = 1, 2, 3), 3.2e-7 with degree 6 up to p = 4 and 4.5e-7 up to 5 (4.4e-7 near
+    p = 4.6).  The table entry 2^(e·p), rounded to float32, adds 2^-24, and the accumulating FFMA
+    rounds only the sum.  Exponents outside [1, 5] are refused."""
     from kermac_backend_nvrtc import pow_table
 
     coeffs = pow_table.coefficients(p)
-    assert len(coeffs) == pow_table.DEGREE + 1
-    m = np.linspace(1, 2, 300_001)[:-1]
-    u = (m - 1).astype(np.float32)
-    acc = np.full_like(u, np.float32(coeffs[-1]))
+    assert pow_table.degree(p) == degree and len(coeffs) == degree + 1
+    m = np.linspace(1, 2, 300_001)[:-1].astype(np.float32)
+    acc = np.full_like(m, np.float32(coeffs[-1]))
     for c in coeffs[-2::-1]:
-        acc = _fma32(acc, u, np.float32(c))
-    assert np.abs(acc / m**p - 1).max() < 3e-7
+        acc = _fma32(acc, m, np.float32(c))
+    assert np.abs(acc / m.astype(np.float64) ** p - 1).max() < bound
     for bad in (0.5, 5.5, math.inf):
         with pytest.raises(ValueError, match="power table"):
             pow_table.coefficients(bad)
@@ -250,6 +256,7 @@ def test_pow_table_is_planned_for_p_in_its_range() -> None:
     """A split program takes the power table for a number p in [1, 5] (coefficients as arguments:
     another p in the range reuses the kernel), the ex2 polynomial beyond; no table without ftz."""
 
+    from kermac_backend_nvrtc import pow_table
     from kermac_backend_nvrtc.pow_table import coefficients as pow_table_coefficients
 
     lp = presets.lp_distance.lower()
@@ -258,15 +265,18 @@ def test_pow_table_is_planned_for_p_in_its_range() -> None:
     def planned(p: float):
         return plan.plan_pairwise(pairwise_problem(lp, x, z, out=None, hypers={"p": HyperValue("p", p)}))
 
-    (v13, l13), (v27, l27), (v7, l7) = planned(1.3), planned(2.7), planned(7.0)
-    assert v13.pow_table and v13 == v27 and v13.poly_pairs == plan.TABLE_PAIRS
-    assert l13.args["pc0"] == pytest.approx(1.0, abs=1e-6) and l13.args["pc1"] != l27.args["pc1"]
-    assert not v7.pow_table and v7.poly_pairs == plan.POLY_PAIRS and "pc0" not in l7.args
-    with pytest.raises(ValueError, match="pow_table"):
+    (v13, l13), (v27, l27), (v46, l46), (v7, l7) = planned(1.3), planned(2.7), planned(4.6), planned(7.0)
+    assert v13.pow_degree == 5 and v13 == v27 and v13.poly_pairs == plan.TABLE_PAIRS
+    assert v46.pow_degree == 6 and v46.poly_pairs == plan.TABLE_PAIRS_HIGH_P and "pc6" in l46.args
+    coeffs13 = [l13.args[f"pc{j}"] for j in range(6)]
+    assert sum(coeffs13) == pytest.approx(1.0, abs=1e-6) and l13.args["pc1"] != l27.args["pc1"]  # 1^p
+    assert "pc6" not in l13.args and coeffs13 == list(pow_table.coefficients(1.3))
+    assert not v7.pow_degree and v7.poly_pairs == plan.POLY_PAIRS and "pc0" not in l7.args
+    with pytest.raises(ValueError, match="pow_degree"):
         codegen.pairwise_source(dataclasses.replace(v13, ftz=False))
     const = kermac.PairwiseProgram(ir.pow(abs(ir.Var("x") - ir.Var("z")), 2.5), "sum", ir.Var("acc"))
     vc, lc = plan.plan_pairwise(pairwise_problem(const, x, z, out=None, hypers={}))  # a constant exponent
-    assert vc.pow_table and lc.args["pc1"] == pytest.approx(pow_table_coefficients(2.5)[1])
+    assert vc.pow_degree == 5 and lc.args["pc1"] == pytest.approx(pow_table_coefficients(2.5)[1])
 
 
 def test_split_needs_a_float_sum_of_powered_differences() -> None:
@@ -646,7 +656,8 @@ def test_source_fractional_p_uses_fast_pow(monkeypatch: pytest.MonkeyPatch) -> N
     monkeypatch.setattr(plan, "POLY_PAIRS", 44)
     monkeypatch.setattr(plan, "FTZ", True)
     src = _source(CASES["preset-lp_distance"])  # p = 1.5 in [1, 5]: split pairs from the power table
-    assert f"#define POLY_PAIRS {plan.TABLE_PAIRS}" in src and "#define KM_POW_TABLE 1" in src and "km_t pc6" in src
+    assert f"#define POLY_PAIRS {plan.TABLE_PAIRS}" in src and "#define KM_POW_TABLE 1" in src
+    assert "#define KM_POW_DEGREE 5" in src and "km_t pc5" in src and "pc6" not in src
     monkeypatch.setattr(plan, "POW_TABLE", False)
     src = _source(CASES["preset-lp_distance"])  # p = 1.5: scalar >= 1, ex2(p·lg2|t|) without the p = 0 case
     assert "km_powabs_ftz(km_abs((x - z)), h_p)" in src and "lg2.approx.ftz.f32" in src

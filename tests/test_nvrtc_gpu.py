@@ -181,24 +181,27 @@ def test_p2_guard_keeps_entries_exact(p2_path: str, data: str) -> None:
         (44, True, False),
         (64, False, False),
         (28, True, True),
+        (38, True, True),
         (64, True, True),
     ],
-    ids=["mufu", "mufu-ftz", "split44", "split64", "table28", "table64"],
+    ids=["mufu", "mufu-ftz", "split44", "split64", "table28", "table38", "table64"],
 )
 def split_pairs(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> int:
     """Fractional p on the MUFU only (denormal-exact or ftz), with ex2 split onto the FMA pipe, and
-    with pairs from the power table (p <= 5; p = 7 takes the ex2 polynomial then)."""
+    with pairs from the power table (degree 5 for p <= 3, 6 up to 5; p = 7 takes the ex2 polynomial
+    then)."""
     from kermac_backend_nvrtc import plan
 
     pairs, ftz, table = request.param
     monkeypatch.setattr(plan, "POW_TABLE", table)
-    monkeypatch.setattr(plan, "TABLE_PAIRS" if table else "POLY_PAIRS", pairs)
+    for setting in ("TABLE_PAIRS", "TABLE_PAIRS_HIGH_P") if table else ("POLY_PAIRS",):
+        monkeypatch.setattr(plan, setting, pairs)
     monkeypatch.setattr(plan, "FTZ", ftz)
     return pairs
 
 
 @pytest.mark.parametrize("data", ["randn", "self", "subnormal", "large", "nan-inf"])
-@pytest.mark.parametrize("p", [1.3, 4.6, 7.0])
+@pytest.mark.parametrize("p", [1.3, 2.7, 4.6, 7.0])
 def test_fractional_p_split(split_pairs: int, data: str, p: float) -> None:
     """|x − z|^p split between MUFU and FMA-pipe ex2: float64 accuracy, exact zeros, and the
     tiles with inputs the polynomial cannot take (beyond 2^(125/p − 1), inf, NaN) on the MUFU."""

@@ -144,7 +144,8 @@ def test_pointer_args_are_every_pointer_parameter() -> None:
     ("setting", "value"),
     [
         ("TENSOR_CORES", False), ("WGMMA", False), ("HALF_POWERS", False), ("FTZ", False), ("POW_TABLE", False),
-        ("TABLE_PAIRS", 28), ("POLY_PAIRS", 20), ("INLINE_EXPENSIVE_EPILOGUE", False), ("TC_GRAD_MIN_O", 1),
+        ("TABLE_PAIRS", 28), ("TABLE_PAIRS_HIGH_P", 28), ("POLY_PAIRS", 20), ("INLINE_EXPENSIVE_EPILOGUE", False),
+        ("TC_GRAD_MIN_O", 1),
         ("SIGN_GRAD_MIN_O", 1), ("ONE_PATH", False),
     ],
 )  # fmt: skip

@@ -25,7 +25,7 @@ from string import Template
 from kermac import ir
 from kermac.ir import Call, Const, Expr, Hyper, Var
 from kermac.programs import is_squared_difference_sum, signed_power, zero_padding_is_neutral
-from kermac_backend_nvrtc import kernels, pow_table
+from kermac_backend_nvrtc import kernels
 
 __all__ = [
     "CUDA_OPS",
@@ -389,7 +389,7 @@ class PairwiseVariant:
     k_unroll: int  # unroll factor of the k loop over one shared-memory tile
     tensor_cores: bool = False  # (x − z)² sum on the tensor cores (tc_pairwise.TC_PAIRWISE), float32 only
     ftz: bool = False  # |.|^b with b >= 1 flushes subnormals (no denormal fix-ups around lg2/ex2)
-    pow_table: bool = False  # split pairs use pow_table (table × polynomial, no MUFU) instead of POW_POLY
+    pow_degree: int = 0  # > 0: split pairs use pow_table (table × polynomial of this degree) instead of POW_POLY
     inline_epilogue: bool = True  # False: the tensor-core kernel calls the epilogue (__noinline__)
     long_k: bool = False  # SIMT float: 16 k-values per staged tile (pairwise_config)
     one_path: bool = False  # SIMT, not split, zero padding neutral: every k tile unrolled (kernels.PAIRWISE)
@@ -565,15 +565,15 @@ def pairwise_source(v: PairwiseVariant) -> tuple[str, list[Param]]:
     tin, compute = INPUT_TYPES[v.dtype]
     cfg = pairwise_config(compute, v.long_k)
     names = _pairwise_names(prog)
-    table = [Param(f"pc{j}", "km_t") for j in range(pow_table.DEGREE + 1)] if v.pow_table else []
+    table = [Param(f"pc{j}", "km_t") for j in range(v.pow_degree + 1)] if v.pow_degree else []
     params, shared = _pairwise_parts(v, tin, [Param("ovec", "int"), *table], names)
     reduce = {"sum": "acc + v", "max": "km_max(acc, v)", "min": "km_min(acc, v)"}[prog.reduction]
     split = v.poly_pairs > 0
     exponent = split_exponent(prog, v.ge1_hypers)
     if split and (compute != "float" or exponent is None):
         raise ValueError(f"split variant: needs a float sum of |x - z|^b with b >= 1; got {compute} {prog.key()}")
-    if v.pow_table and not (split and v.ftz):
-        raise ValueError("pow_table variant: needs a split variant (poly_pairs > 0) that flushes subnormals (ftz)")
+    if v.pow_degree and not (split and v.ftz):
+        raise ValueError("pow_degree variant: needs a split variant (poly_pairs > 0) that flushes subnormals (ftz)")
     if v.one_path and (split or not zero_padding_is_neutral(prog)):
         raise ValueError(
             "one_path variant: needs a variant that is not split (poly_pairs = 0) and an inner term whose value "
@@ -594,7 +594,9 @@ def pairwise_source(v: PairwiseVariant) -> tuple[str, list[Param]]:
         SPAD=cfg.spad,
         MIN_BLOCKS=cfg.min_blocks,
         POLY_PAIRS=v.poly_pairs,
-        POW_TABLE=int(v.pow_table),
+        POW_TABLE=int(v.pow_degree > 0),
+        POW_DEGREE=v.pow_degree,
+        POW_COEFFS=", ".join(p.name for p in table),
         ONE_PATH=int(v.one_path),
         LOADS_AT=loads_at,
         KUNROLL=v.k_unroll,

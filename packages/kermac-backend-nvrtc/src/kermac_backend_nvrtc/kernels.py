@@ -218,15 +218,23 @@ __device__ __forceinline__ float km_powabs_split(float a, float b, float lmin) {
   return __int_as_float((__float_as_int(t) << 23) + __float_as_int(q));  // q·2^j (j >= −126: no wrap)
 }
 // |t|^b from a table and a polynomial (pow_table.py): T[e] = 2^((e − 127)·b) for t's biased exponent
-// e (0 for zero, subnormal t and values below 2^-126), times (1 + u)^b, u = mantissa − 1 in [0, 1),
-// by the degree-6 interpolant with coefficients c0..c6 (kernel arguments).  No MUFU; about 13
-// issue slots.  Valid while |t|^b stays finite: the kernel's km_beyond check guarantees it.
-__device__ __forceinline__ float km_powabs_table(float t, const float* tab, float c0, float c1, float c2,
-                                                 float c3, float c4, float c5, float c6) {
+// e (0 for zero, subnormal t and values below 2^-126), times m^b for t's mantissa m in [1, 2), by the
+// degree-N interpolant with coefficients c[0..N] (kernel arguments) in m itself.  One LOP3 makes ±m
+// from t's bits (the exponent field XOR-ed with itself and with 1.0's) and the FFMAs read it as
+// |±m|: with the difference, the exponent mask, its shift, the table load and N + 1 FFMA, N + 6 issue
+// slots and no MUFU.  Valid while |t|^b stays finite: the kernel's km_beyond check guarantees it.
+template <int N>
+__device__ __forceinline__ float km_powabs_table(float t, const float* tab, const float (&c)[N + 1]) {
   const unsigned bits = __float_as_uint(t);
-  const float s = *(const float*)((const char*)tab + ((bits >> 21) & 0x3fcu));
-  const float u = __uint_as_float((bits & 0x007fffffu) | 0x3f800000u) - 1.0f;
-  return s * fmaf(fmaf(fmaf(fmaf(fmaf(fmaf(c6, u, c5), u, c4), u, c3), u, c2), u, c1), u, c0);
+  const unsigned e = bits & 0x7f800000u;
+  const float s = *(const float*)((const char*)tab + (e >> 21));
+  unsigned sm;  // bits ^ e ^ 0x3f800000: t's sign and mantissa, the exponent of 1.0
+  asm("lop3.b32 %0, %1, %2, 0x3f800000, 0x96;" : "=r"(sm) : "r"(bits), "r"(e));
+  const float m = fabsf(__uint_as_float(sm));
+  float q = c[N];
+#pragma unroll
+  for (int j = N - 1; j >= 0; --j) q = fmaf(q, m, c[j]);
+  return s * q;
 }
 // Whether a staged operand tile (KmTile registers) holds a value with !(|v| <= lim): large, inf or NaN.
 template <typename Tile>
@@ -450,8 +458,9 @@ __device__ __forceinline__ km_t km_inner(km_t x, km_t z$HYPER_FORMALS) { return 
 // Pair q of the thread's P = GM·VM·GN·VN is split iff floor((q + 1)·n / P) > floor(q·n / P): n of them, spread evenly.
 #define KM_IS_SPLIT(q, n) (((q) + 1) * (n) / (GM * VM * GN * VN) > (q) * (n) / (GM * VM * GN * VN))
 #define KM_POW_TABLE $POW_TABLE
+#define KM_POW_DEGREE $POW_DEGREE
 #if POLY_PAIRS > 0 && KM_POW_TABLE
-#define KM_SPLIT_TERM(x, z) km_powabs_table((x) - (z), km_ptab, pc0, pc1, pc2, pc3, pc4, pc5, pc6)
+#define KM_SPLIT_TERM(x, z) km_powabs_table<KM_POW_DEGREE>((x) - (z), km_ptab, km_pc)
 #elif POLY_PAIRS > 0
 #define KM_SPLIT_TERM(x, z) km_powabs_split(km_abs((x) - (z)), km_pb, km_plmin)
 #else
@@ -480,6 +489,7 @@ kermac_pairwise($PARAMS) {
       const double eb = (double)(tid - 127) * (double)km_pb;
       km_ptab[tid] = (tid == 0 || eb < -126.0) ? 0.0f : (float)exp2(eb);
     }
+    const float km_pc[KM_POW_DEGREE + 1] = {$POW_COEFFS};  // m^b ≈ Σ km_pc[j]·m^j
 #endif
 #define KM_SYNC(next) km_fallback = __syncthreads_or((next) && (km_beyond(xt, km_plim) || km_beyond(zt, km_plim)))
 #else

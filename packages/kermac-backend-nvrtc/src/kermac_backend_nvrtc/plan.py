@@ -74,13 +74,16 @@ def _env_pairs(name: str, default: int) -> int:
 #: (docs/nvrtc-notes.md).  0 (or ``KERMAC_NVRTC_POLY_PAIRS=0`` in the environment, read at
 #: import) switches this split off; it applies where the power table below does not.
 POLY_PAIRS = _env_pairs("KERMAC_NVRTC_POLY_PAIRS", 36)
-#: Split kernels whose exponent p is a number in [1, 5] (``pow_table``) take |x − z|^p on TABLE_PAIRS
-#: pairs of 64 from a table of 2^(e·p) times a polynomial in the mantissa (about 13 issue slots, no
-#: MUFU; the others take lg2 and ex2 on the MUFU) instead of POLY_PAIRS with the ex2 polynomial.
-#: 32 measured fastest on an H100 (28 and 36 were 4–12 % slower; docs/nvrtc-notes.md, Version 11).
-#: ``KERMAC_NVRTC_POW_TABLE=0`` keeps the ex2 polynomial; ``KERMAC_NVRTC_TABLE_PAIRS`` sets the count.
+#: Split kernels whose exponent p is a number in [1, 5] (``pow_degree``) take |x − z|^p on TABLE_PAIRS
+#: pairs of 64 (TABLE_PAIRS_HIGH_P where p > pow_table.DEGREE_5_MAX) from a table of 2^(e·p) times a
+#: polynomial in the mantissa (11 issue slots with degree 5, 12 with 6; no MUFU; the others take lg2
+#: and ex2 on the MUFU) instead of POLY_PAIRS with the ex2 polynomial.  38 (degree 5) and 32 (degree
+#: 6) measured fastest on an H100, neighbours 1–12 % slower (docs/nvrtc-notes.md, Versions 11, 18).
+#: ``KERMAC_NVRTC_POW_TABLE=0`` keeps the ex2 polynomial; ``KERMAC_NVRTC_TABLE_PAIRS`` and
+#: ``KERMAC_NVRTC_TABLE_PAIRS_HIGH_P`` set the counts.
 POW_TABLE = os.environ.get("KERMAC_NVRTC_POW_TABLE", "1") != "0"
-TABLE_PAIRS = _env_pairs("KERMAC_NVRTC_TABLE_PAIRS", 32)
+TABLE_PAIRS = _env_pairs("KERMAC_NVRTC_TABLE_PAIRS", 38)
+TABLE_PAIRS_HIGH_P = _env_pairs("KERMAC_NVRTC_TABLE_PAIRS_HIGH_P", 32)
 #: ``|t|^p`` with a known p >= 1 flushes subnormals (lg2/ex2 ``.ftz``: no denormal fix-ups; terms
 #: below 2^-126 become 0), and so does the gradient's ``sgn(t)·|t|^(p−1)`` (p > 1: |t| < 2^-126
 #: gives 0, as a tie does).  False (or ``KERMAC_NVRTC_FTZ=0``) keeps the denormal-exact lg2/ex2.
@@ -288,7 +291,10 @@ def plan_pairwise(problem: PairwiseProblem, capability: int | None = None) -> tu
     exponent = _split_exponent(prog, ge1) if compute == "float" else None
     split = exponent is not None and not (HALF_POWERS and half_steps(exponent, dict(known)) is not None)
     p_value = _exponent_value(exponent, problem) if split else None
-    table = split and FTZ and POW_TABLE and TABLE_PAIRS > 0 and pow_table.exponent_in_range(p_value)
+    tabled = split and FTZ and POW_TABLE and pow_table.exponent_in_range(p_value)
+    degree = pow_table.degree(p_value) if tabled else 0
+    table_pairs = TABLE_PAIRS if degree == 5 else TABLE_PAIRS_HIGH_P
+    table = degree > 0 and table_pairs > 0
     x_op = _operand(problem.x, layout, "x", cfg.bm, cfg.bk, -2, -1)
     z_op = _operand(problem.z, layout, "z", cfg.bn, cfg.bk, -2, -1)
     vector_loads = x_op.mode >= 2 and z_op.mode >= 2
@@ -300,8 +306,8 @@ def plan_pairwise(problem: PairwiseProblem, capability: int | None = None) -> tu
         batch_dims=len(layout.shape),
         x=x_op,
         z=z_op,
-        poly_pairs=(TABLE_PAIRS if table else POLY_PAIRS) if split else 0,
-        pow_table=table,
+        poly_pairs=(table_pairs if table else POLY_PAIRS) if split else 0,
+        pow_degree=degree if table else 0,
         k_unroll=2 if expensive_inner else cfg.bk,
         one_path=ONE_PATH and dtype == "float32" and vector_loads and is_abs_difference_sum(prog),
         tensor_cores=tensor_cores,
@@ -490,7 +496,8 @@ def plan_key(problem: PairwiseProblem | GradProblem, device: int) -> tuple:
         for name, h in problem.hypers.items()
     )
     settings = (
-        TENSOR_CORES, WGMMA, HALF_POWERS, FTZ, POW_TABLE, TABLE_PAIRS, POLY_PAIRS, INLINE_EXPENSIVE_EPILOGUE,
+        TENSOR_CORES, WGMMA, HALF_POWERS, FTZ, POW_TABLE, TABLE_PAIRS, TABLE_PAIRS_HIGH_P, POLY_PAIRS,
+        INLINE_EXPENSIVE_EPILOGUE,
         TC_GRAD_MIN_O, SIGN_GRAD_MIN_O, ONE_PATH,
     )  # fmt: skip
     return (problem.program, problem.dtype, device, *map(_tensor_key, tensors), hypers, offsets, settings)
