@@ -551,7 +551,9 @@ def test_long_k_tiles_for_cheap_programs() -> None:
 def test_one_path_for_float32_l1_sums_with_vector_loads(monkeypatch: pytest.MonkeyPatch) -> None:
     """Every k tile on the unrolled path exactly for float32 sums of |x − z| whose operands load as
     16-byte vectors (measured faster); the others keep the branch between the unrolled tile and the
-    tail loop.  The next tile's loads sit at the top of 8-deep tiles and after 4 of 16 steps."""
+    tail loop.  The next tile's loads sit at the top of 8-deep tiles and after 4 of 16 steps.  (With
+    k-contiguous tiles off: where they apply they take the place of the one-path loop.)"""
+    monkeypatch.setattr(plan, "K_CONTIGUOUS", False)
     t = ir.Var("x") - ir.Var("z")
 
     def planned(program, d: int = 16, dtype: torch.dtype = torch.float32, transposed: bool = False):
@@ -582,10 +584,71 @@ def test_one_path_for_float32_l1_sums_with_vector_loads(monkeypatch: pytest.Monk
     assert "#define KM_ONE_PATH 0" in codegen.pairwise_source(planned(laplace))[0]
 
 
+def test_k_contiguous_for_float32_l1_sums_with_row_major_aligned_x() -> None:
+    """k-contiguous tiles exactly for float32 sums of |x − z| whose x rows are 16-byte aligned with
+    unit k-stride (D a multiple of 4) and whose z rows have unit k-stride (any alignment: 4-byte
+    copies); the one-path loop (or the branch) takes the other layouts.  The variant's source, for
+    both architectures, has the k-contiguous loop with z's pairs landing swapped."""
+    t = ir.Var("x") - ir.Var("z")
+
+    def planned(
+        program,
+        d: int = 16,
+        dtype: torch.dtype = torch.float32,
+        xt: bool = False,
+        zt: bool = False,
+        x_shift: int = 0,
+        z_shift: int = 0,
+        batch: tuple[int, ...] = (),
+    ):
+        x = _t(*batch, 40 * d + x_shift, dtype=dtype)[..., x_shift:].unflatten(-1, (40, d))
+        x = _t(d, 40, dtype=dtype).T if xt else x
+        z = _t(d, 48, dtype=dtype).T if zt else _t(48 * d + z_shift, dtype=dtype)[z_shift:].view(48, d)
+        values = {"bandwidth": 2.0, "p": 1.5}
+        hypers = {name: HyperValue(name, values[name]) for name in program.hypers}
+        return plan.plan_pairwise(pairwise_problem(program, x, z, out=None, hypers=hypers))[0]
+
+    laplace, l1 = presets.laplace_l1.lower(), presets.l1_distance.lower()
+    for program in (laplace, l1, kermac.PairwiseProgram(ir.abs_(t), "sum", ir.sqrt(ir.Var("acc")))):
+        v = planned(program)
+        assert v.k_contiguous and not v.one_path
+    assert planned(l1, d=4).k_contiguous and planned(l1, d=1028).k_contiguous and planned(l1, batch=(3,)).k_contiguous
+    assert planned(l1, z_shift=1).k_contiguous  # z is copied 4 bytes at a time
+    assert not planned(l1, x_shift=1).k_contiguous and not planned(l1, d=13).k_contiguous  # 16-byte x copies
+    assert not planned(l1, xt=True).k_contiguous and not planned(l1, zt=True).k_contiguous
+    assert not planned(l1, dtype=torch.float16).k_contiguous and not planned(l1, dtype=torch.float64).k_contiguous
+    assert not planned(kermac.PairwiseProgram(t * t, "sum", ir.sqrt(ir.Var("acc")))).k_contiguous
+    assert not planned(presets.lp_distance.lower()).k_contiguous
+    source = codegen.pairwise_source(planned(l1))[0]
+    assert (
+        "#define KM_KCONTIG 1" in source
+        and "(zk ^ 1)" in source
+        and "#define TN 8\n#define GM 4\n#define GN 16" in source
+    )
+    for arch in ARCHS:
+        assert compiler.compile_cubin(source, arch, name="kermac_pairwise").cubin[:4] == b"\x7fELF"
+
+
+def test_k_contiguous_refuses_other_variants(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The k-contiguous loop only takes float32 variants that are neither split nor one-path and
+    whose zero padding is neutral; the setting off plans the one-path loop instead."""
+    variant = plan.plan_pairwise(CASES["preset-lp_distance"])[0]
+    with pytest.raises(ValueError, match="k_contiguous variant: needs a float32 variant that is neither split"):
+        codegen.pairwise_source(dataclasses.replace(variant, k_contiguous=True))
+    l1 = plan.plan_pairwise(pairwise_problem(presets.l1_distance.lower(), _t(40, 16), _t(48, 16), out=None, hypers={}))
+    assert l1[0].k_contiguous
+    with pytest.raises(ValueError, match="one_path=True"):
+        codegen.pairwise_source(dataclasses.replace(l1[0], one_path=True))
+    monkeypatch.setattr(plan, "K_CONTIGUOUS", False)
+    off = plan.plan_pairwise(pairwise_problem(presets.l1_distance.lower(), _t(40, 16), _t(48, 16), out=None, hypers={}))
+    assert not off[0].k_contiguous and off[0].one_path
+
+
 @pytest.mark.parametrize("steps", [0, 2, 15])
 def test_one_path_long_k_loads_anywhere_in_the_tile(monkeypatch: pytest.MonkeyPatch, steps: int) -> None:
     """``codegen.LONG_K_LOADS_AT`` (a tuning setting) moves the 16-deep loop's loads; every position
     compiles, one past the tile is refused."""
+    monkeypatch.setattr(plan, "K_CONTIGUOUS", False)
     problem = pairwise_problem(presets.l1_distance.lower(), _t(40, 16), _t(48, 16), out=None, hypers={})
     variant = plan.plan_pairwise(problem)[0]
     assert variant.one_path and variant.long_k

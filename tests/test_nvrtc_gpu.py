@@ -271,6 +271,7 @@ def test_one_path_loop_matches_the_branching_one(
     bw = 0.5 * d
     program = presets.laplace_l1.lower() if name == "laplace_l1" else presets.l1_distance.lower()
     hypers = {"bandwidth": HyperValue("bandwidth", bw)} if name == "laplace_l1" else {}
+    monkeypatch.setattr(plan, "K_CONTIGUOUS", False)  # it takes the aligned row-major cases otherwise
     assert plan.plan_pairwise(pairwise_problem(program, x, z, out=None, hypers=hypers))[0].one_path
 
     def run() -> torch.Tensor:
@@ -284,6 +285,49 @@ def test_one_path_loop_matches_the_branching_one(
     assert torch.equal(one, branching)
     dist = ref_cdist(x, z, 1.0)
     assert_close(one, torch.exp(-dist / bw) if name == "laplace_l1" else dist, tolerance(torch.float32))
+
+
+@pytest.mark.parametrize(
+    ("m", "n", "d"), [(136, 72, 4), (136, 72, 12), (300, 257, 132), (1, 129, 16), (129, 1, 1028), (257, 300, 8)]
+)
+@pytest.mark.parametrize("layout", ["contiguous", "strided-rows", "unaligned-z", "batch-broadcast"])
+def test_k_contiguous_loop_matches_the_one_path_one(
+    monkeypatch: pytest.MonkeyPatch, m: int, n: int, d: int, layout: str
+) -> None:
+    """The k-contiguous loop (z's pairs swapped in shared memory, rows past M and N clamped, k past D
+    zero-filled) gives the bits of the one-path loop — both sum each output's terms in k order — and
+    the float64 values, for cdist p = 1 and Laplace-L1 with a regularised diagonal, on tails in m, n
+    and k, rows wider than D, z rows at any 4-byte offset and a batch against a broadcast z.  Every
+    output element is written (NaN-poisoned outputs)."""
+    from kermac.problem import pairwise_problem
+    from kermac_backend_nvrtc import plan
+
+    if layout == "strided-rows":  # row stride D + 4 (16-byte aligned rows), x and z views of wider tensors
+        x, z = randn(m, d + 4, device="cuda")[:, :d], randn(n, d + 8, device="cuda")[:, 4 : 4 + d]
+    elif layout == "unaligned-z":
+        x, z = randn(m, d, device="cuda"), randn(n * d + 1, device="cuda")[1:].view(n, d)
+    elif layout == "batch-broadcast":
+        x, z = randn(3, m, d, device="cuda"), randn(1, n, d, device="cuda").expand(3, n, d)
+    else:
+        x, z = randn(m, d, device="cuda"), randn(n, d, device="cuda")
+    assert plan.plan_pairwise(pairwise_problem(presets.l1_distance.lower(), x, z, out=None, hypers={}))[0].k_contiguous
+    bw = 0.25 * d
+
+    def run() -> tuple[torch.Tensor, torch.Tensor]:
+        dist = torch.full((*x.shape[:-1][:-1], m, n), math.nan, device="cuda")
+        kermac.cdist(x, z, p=1.0, out=dist, backend="nvrtc")
+        kern = torch.full_like(dist, math.nan)
+        kermac.run_kernel("laplace_l1", x, z, bandwidth=bw, regularization=0.5, out=kern, backend="nvrtc")
+        return dist, kern
+
+    dist, kern = run()
+    monkeypatch.setattr(plan, "K_CONTIGUOUS", False)
+    one_path = run()
+    assert torch.equal(dist, one_path[0]) and torch.equal(kern, one_path[1])
+    ref = ref_cdist(x, z, 1.0)
+    assert_close(dist, ref, tolerance(torch.float32))
+    eye = torch.eye(m, n, dtype=torch.float64, device=ref.device)
+    assert_close(kern, torch.exp(-ref / bw) + 0.5 * eye, tolerance(torch.float32))
 
 
 def test_batched_p_and_bandwidth_tensors() -> None:

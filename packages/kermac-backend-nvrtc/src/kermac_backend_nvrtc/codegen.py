@@ -343,6 +343,11 @@ class GradConfig:
 LONG_K_LOADS_AT = 4
 
 
+#: The tile of k-contiguous kernels (``PairwiseVariant.k_contiguous``, ``kernels.KCONTIG_LOOP``):
+#: 128 × 128 outputs, 16-deep k tiles, each thread 4 rows (32 apart) × 16 columns (8 apart).
+KCONTIG_CONFIG = PairwiseConfig(bm=128, bn=128, bk=16, vm=1, vn=1, spad=0, min_blocks=2, tn=8, gm=4, gn=16)
+
+
 def pairwise_config(compute: str, long_k: bool = False) -> PairwiseConfig:
     """The pairwise tile configuration for ``compute`` ("float" or "double").
 
@@ -393,6 +398,7 @@ class PairwiseVariant:
     inline_epilogue: bool = True  # False: the tensor-core kernel calls the epilogue (__noinline__)
     long_k: bool = False  # SIMT float: 16 k-values per staged tile (pairwise_config)
     one_path: bool = False  # SIMT, not split, zero padding neutral: every k tile unrolled (kernels.PAIRWISE)
+    k_contiguous: bool = False  # float32 Σ|x − z| on k-contiguous tiles (kernels.KCONTIG_LOOP)
     wgmma: bool = False  # tensor cores through wgmma (wgmma_pairwise, sm_90a) instead of mma.sync
     half_powers: bool = False  # powers of |·| with exponents N/2 known here as products and a square root
     known_hypers: tuple[tuple[str, float], ...] = ()  # values fixed in the source (half_power_hypers)
@@ -563,7 +569,7 @@ def pairwise_source(v: PairwiseVariant) -> tuple[str, list[Param]]:
         return tc_pairwise_source(v)
     prog = v.program
     tin, compute = INPUT_TYPES[v.dtype]
-    cfg = pairwise_config(compute, v.long_k)
+    cfg = KCONTIG_CONFIG if v.k_contiguous else pairwise_config(compute, v.long_k)
     names = _pairwise_names(prog)
     table = [Param(f"pc{j}", "km_t") for j in range(v.pow_degree + 1)] if v.pow_degree else []
     params, shared = _pairwise_parts(v, tin, [Param("ovec", "int"), *table], names)
@@ -578,6 +584,12 @@ def pairwise_source(v: PairwiseVariant) -> tuple[str, list[Param]]:
         raise ValueError(
             "one_path variant: needs a variant that is not split (poly_pairs = 0) and an inner term whose value "
             f"at x = z = 0 is the reduction's identity; got poly_pairs={v.poly_pairs}, {prog.key()}"
+        )
+    if v.k_contiguous and (v.dtype != "float32" or split or v.one_path or not zero_padding_is_neutral(prog)):
+        raise ValueError(
+            "k_contiguous variant: needs a float32 variant that is neither split nor one_path and an inner term "
+            f"whose value at x = z = 0 is the reduction's identity; got {v.dtype}, poly_pairs={v.poly_pairs}, "
+            f"one_path={v.one_path}, {prog.key()}"
         )
     loads_at = LONG_K_LOADS_AT if v.long_k else 0
     if v.one_path and not 0 <= loads_at < cfg.bk:
@@ -598,6 +610,7 @@ def pairwise_source(v: PairwiseVariant) -> tuple[str, list[Param]]:
         POW_DEGREE=v.pow_degree,
         POW_COEFFS=", ".join(p.name for p in table),
         ONE_PATH=int(v.one_path),
+        KCONTIG=int(v.k_contiguous),
         LOADS_AT=loads_at,
         KUNROLL=v.k_unroll,
         INNER=render_expr(prog.inner, names, ge1=v.ge1_hypers, ftz=v.ftz, **_half_options(v)),

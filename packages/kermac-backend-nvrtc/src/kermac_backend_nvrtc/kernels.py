@@ -421,13 +421,80 @@ $HYPER_LOADS
 #: (grouped order), the number of k tiles, and the batch entry's operand offsets and hyperparameters
 #: (its closing brace is the kernel's).
 TILE_PROLOGUE = r"""  int m0, n0;
+#if defined(KM_KCONTIG) && KM_KCONTIG
+  // Row-major tile order: the grouped order's extra live values made ptxas spill this kernel's loop
+  // (compute-bound: z's re-reads from L2/HBM cost little at the D it runs).
+  m0 = (blockIdx.x / tiles_n) * BM;
+  n0 = (blockIdx.x % tiles_n) * BN;
+#else
   km_tile_origin(blockIdx.x, M, tiles_n, BM, BN, m0, n0);
+#endif
   const int ntiles = (D + BK - 1) / BK;
 
   {
     const long long bidx = zbase + blockIdx.z;  // batch entry (the host splits batches over 65535)
 $BATCH_OFFSETS
 $HYPER_LOADS
+"""
+
+# The k loop of k-contiguous pairwise kernels (PairwiseVariant.k_contiguous; float32 Σ |x − z|): shared
+# tiles keep each row's 16 k-values together (row pitch KM_KROW = 20 floats: the rows a quarter-warp
+# reads fall on distinct banks), filled by cp.async without staging registers — x as 16-byte copies,
+# z as 4-byte copies that land at k ^ 1 (pairs swapped).  A thread owns x rows ty + 32i and z rows
+# tx + 8j; per 4 k it reads one 16-byte vector per row, and x[k] sits at an even register offset of
+# its vector exactly when z[k] sits at an odd one, so no difference reads two registers of one bank.
+# Rows past M or N read the last row (their outputs are never stored); k past D (a multiple of 4) is
+# zero-filled in both operands, whose |0 − 0| adds nothing.  The terms of each output are summed in
+# k order, as in the other SIMT kernels.
+KCONTIG_LOOP = r"""    {
+      const int xr = tid >> 1, xk = (tid & 1) * (BK / 2);  // x: 2 × 16 bytes of row xr per tile
+      const float* xp = xb + (long long)min(xr, M - 1 - m0) * sxm + xk;
+      const unsigned xdst = (unsigned)__cvta_generic_to_shared(&Xs[0][xr * KM_KROW + xk]);
+      const int zk = tid & 15, zr = tid >> 4;  // z: k = zk of rows zr + 16c, c < BN / 16
+      const float* zp = zb + zk;
+      const unsigned zdst = (unsigned)__cvta_generic_to_shared(&Zs[0][zr * KM_KROW + (zk ^ 1)]);
+      const int zlast = N - 1 - n0;
+      auto fetch = [&](int t, int buf) {
+        const int k0 = t * BK;
+#pragma unroll
+        for (int h = 0; h < BK / 8; ++h)
+          km_cp<16>(xdst + buf * (BM * KM_KROW * 4) + 16 * h, xp + k0 + 4 * h, k0 + xk + 4 * h < D);
+#pragma unroll
+        for (int c = 0; c < BN / 16; ++c)
+          km_cp<4>(zdst + buf * (BN * KM_KROW * 4) + c * (16 * KM_KROW * 4),
+                   zp + k0 + (unsigned)(min(zr + 16 * c, zlast) * (int)szn), k0 + zk < D);
+        km_cp_commit();
+      };
+      if (ntiles > 0) {
+        fetch(0, 0);
+        km_cp_wait();
+        __syncthreads();
+      }
+      for (int t = 0; t < ntiles; ++t) {
+        const int cur = t & 1;
+        if (t + 1 < ntiles) fetch(t + 1, cur ^ 1);
+#pragma unroll
+        for (int q = 0; q < BK / 4; ++q) {
+          float4 xq[GM];
+#pragma unroll
+          for (int i = 0; i < GM; ++i) xq[i] = *(const float4*)&Xs[cur][(ty + (BM / GM) * i) * KM_KROW + 4 * q];
+#pragma unroll
+          for (int j = 0; j < GN; ++j) {
+            const float4 zq = *(const float4*)&Zs[cur][(tx + (BN / GN) * j) * KM_KROW + 4 * q];  // z[k + 1, k, k + 3, k + 2]
+#pragma unroll
+            for (int i = 0; i < GM; ++i) {
+              km_t a = acc[i][j];
+              a = km_reduce(a, km_inner(xq[i].x, zq.y$HYPER_ACTUALS));
+              a = km_reduce(a, km_inner(xq[i].y, zq.x$HYPER_ACTUALS));
+              a = km_reduce(a, km_inner(xq[i].z, zq.w$HYPER_ACTUALS));
+              acc[i][j] = km_reduce(a, km_inner(xq[i].w, zq.z$HYPER_ACTUALS));
+            }
+          }
+        }
+        km_cp_wait();
+        __syncthreads();
+      }
+    }
 """
 
 PAIRWISE = Template(
@@ -469,10 +536,19 @@ __device__ __forceinline__ km_t km_inner(km_t x, km_t z$HYPER_FORMALS) { return 
 __device__ __forceinline__ km_t km_reduce(km_t acc, km_t v) { return $REDUCE; }
 __device__ __forceinline__ km_t km_epilogue(km_t acc, km_t diag$HYPER_FORMALS) { return $EPILOGUE; }
 
+// k-contiguous kernels (KM_KCONTIG, kernels.KCONTIG_LOOP): tiles keep each row's BK k-values together.
+#define KM_KCONTIG $KCONTIG
+#define KM_KROW (BK + 4)
+
 extern "C" __global__ void __launch_bounds__(NT, $MIN_BLOCKS)
 kermac_pairwise($PARAMS) {
+#if KM_KCONTIG
+  __shared__ __align__(16) km_t Xs[2][BM * KM_KROW];
+  __shared__ __align__(16) km_t Zs[2][BN * KM_KROW];
+#else
   __shared__ __align__(16) km_t Xs[2][BK][BM + SPAD];
   __shared__ __align__(16) km_t Zs[2][BK][BN + SPAD];
+#endif
   const int tid = threadIdx.x;
   const int tx = tid % TN, ty = tid / TN;
 """
@@ -498,14 +574,20 @@ kermac_pairwise($PARAMS) {
     int km_fallback = 0;
     const $TIN* xb = x + off_x + (long long)m0 * sxm;
     const $TIN* zb = z + off_z + (long long)n0 * szn;
+#if !KM_KCONTIG
     KmTile<$TIN, NT, BM, BK, BM + SPAD, $XMODE, $XE> xt;
     KmTile<$TIN, NT, BN, BK, BN + SPAD, $ZMODE, $ZE> zt;
+#endif
     km_t acc[GM * VM][GN * VN];
 #pragma unroll
     for (int i = 0; i < GM * VM; ++i)
 #pragma unroll
       for (int j = 0; j < GN * VN; ++j) acc[i][j] = $IDENTITY;
 
+#if KM_KCONTIG
+"""
+    + KCONTIG_LOOP
+    + r"""#else
     if (ntiles > 0) {
       xt.load(xb, sxm, sxk, M - m0, 0, D);
       zt.load(zb, szn, szk, N - n0, 0, D);
@@ -558,6 +640,7 @@ kermac_pairwise($PARAMS) {
       KM_SYNC(t + 1 < ntiles);
     }
 #undef KM_STEP
+#endif
 #undef KM_SYNC
 
     // Each thread's row holds GN groups of VN consecutive columns: one 16-byte store per group
@@ -588,6 +671,10 @@ kermac_pairwise($PARAMS) {
         }
         if (sizeof($TOUT) * VN == 16 && ovec && nb + VN <= N) {
           km_store16(row + nb, v);
+        } else if (KM_KCONTIG && ovec) {  // unit column stride: no 64-bit product per element
+#pragma unroll
+          for (int j = 0; j < VN; ++j)
+            if (nb + j < N) km_store(row + nb + j, v[j]);
         } else {
 #pragma unroll
           for (int j = 0; j < VN; ++j)

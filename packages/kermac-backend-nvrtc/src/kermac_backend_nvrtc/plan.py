@@ -127,6 +127,14 @@ INLINE_EXPENSIVE_EPILOGUE = os.environ.get("KERMAC_NVRTC_INLINE_EPILOGUE", "1") 
 #: +0.6 %), so those keep the branch (docs/nvrtc-notes.md, Version 16).  False (or
 #: ``KERMAC_NVRTC_ONE_PATH=0``) keeps the branch everywhere.
 ONE_PATH = os.environ.get("KERMAC_NVRTC_ONE_PATH", "1") != "0"
+#: float32 sums of |x − z| whose x rows are 16-byte aligned with unit stride along k (D a multiple
+#: of 4) and whose z rows have unit stride run on k-contiguous tiles filled by cp.async
+#: (``PairwiseVariant.k_contiguous``, ``kernels.KCONTIG_LOOP``): z's pairs land swapped, so that no
+#: difference x − z reads two registers of one bank (306 of the one-path loop's 2048 did).  On an
+#: H100, in process: cdist p = 1 30000²×1024 66.45 → 63.2 ms, 8192²×256 −8 %, 16384²×128 −4 %,
+#: 16384²×32 −1 % (docs/nvrtc-notes.md, Version 18).  False (or ``KERMAC_NVRTC_K_CONTIGUOUS=0``)
+#: keeps the one-path loop.
+K_CONTIGUOUS = os.environ.get("KERMAC_NVRTC_K_CONTIGUOUS", "1") != "0"
 _EXPENSIVE = frozenset({"pow", "exp", "log", "sqrt", "div"})
 _TENSOR_TYPES = {torch.float32: "float", torch.float64: "double", torch.float16: "km_f16", torch.bfloat16: "km_bf16"}
 
@@ -166,6 +174,19 @@ def _operand(t: torch.Tensor, layout: BatchLayout, name: str, pt: int, kt: int, 
         if aligned and (sp == 1 or p_size == 1) and p_size % e == 0 and sk % e == 0:
             return Operand(3, e)
     return Operand(0 if abs(sk) <= abs(sp) else 1, e)
+
+
+def _k_contiguous_operands(problem: PairwiseProblem, layout: BatchLayout) -> bool:
+    """Whether ``kernels.KCONTIG_LOOP`` can read the operands: x rows 16-byte aligned with unit stride
+    along k and D a multiple of 4 (whole 16-byte copies), z rows with unit stride along k and 128 rows
+    within 2^31 elements (32-bit row offsets)."""
+    z = problem.z
+    return (
+        problem.d % 4 == 0
+        and _rows_aligned(problem.x, layout, "x", 4) == 1
+        and (z.stride(-1) == 1 or problem.d == 1)
+        and 128 * abs(z.stride(-2)) < 2**31
+    )
 
 
 def _rows_aligned(t: torch.Tensor, layout: BatchLayout, name: str, e: int) -> int:
@@ -298,6 +319,8 @@ def plan_pairwise(problem: PairwiseProblem, capability: int | None = None) -> tu
     x_op = _operand(problem.x, layout, "x", cfg.bm, cfg.bk, -2, -1)
     z_op = _operand(problem.z, layout, "z", cfg.bn, cfg.bk, -2, -1)
     vector_loads = x_op.mode >= 2 and z_op.mode >= 2
+    abs_sum = dtype == "float32" and not tensor_cores and is_abs_difference_sum(prog)
+    k_contiguous = K_CONTIGUOUS and abs_sum and _k_contiguous_operands(problem, layout)
     variant = PairwiseVariant(
         program=prog,
         dtype=dtype,
@@ -309,7 +332,8 @@ def plan_pairwise(problem: PairwiseProblem, capability: int | None = None) -> tu
         poly_pairs=(table_pairs if table else POLY_PAIRS) if split else 0,
         pow_degree=degree if table else 0,
         k_unroll=2 if expensive_inner else cfg.bk,
-        one_path=ONE_PATH and dtype == "float32" and vector_loads and is_abs_difference_sum(prog),
+        one_path=ONE_PATH and abs_sum and vector_loads and not k_contiguous,
+        k_contiguous=k_contiguous,
         tensor_cores=tensor_cores,
         ftz=FTZ,
         inline_epilogue=not tensor_cores or INLINE_EXPENSIVE_EPILOGUE or not expensive_epilogue,
@@ -497,7 +521,7 @@ def plan_key(problem: PairwiseProblem | GradProblem, device: int) -> tuple:
     )
     settings = (
         TENSOR_CORES, WGMMA, HALF_POWERS, FTZ, POW_TABLE, TABLE_PAIRS, TABLE_PAIRS_HIGH_P, POLY_PAIRS,
-        INLINE_EXPENSIVE_EPILOGUE,
+        INLINE_EXPENSIVE_EPILOGUE, K_CONTIGUOUS,
         TC_GRAD_MIN_O, SIGN_GRAD_MIN_O, ONE_PATH,
     )  # fmt: skip
     return (problem.program, problem.dtype, device, *map(_tensor_key, tensors), hypers, offsets, settings)
