@@ -131,8 +131,8 @@ ONE_PATH = os.environ.get("KERMAC_NVRTC_ONE_PATH", "1") != "0"
 #: of 4) and whose z rows have unit stride run on k-contiguous tiles filled by cp.async
 #: (``PairwiseVariant.k_contiguous``, ``kernels.KCONTIG_LOOP``): z's pairs land swapped, so that no
 #: difference x − z reads two registers of one bank (306 of the one-path loop's 2048 did).  On an
-#: H100, in process: cdist p = 1 30000²×1024 66.45 → 63.2 ms, 8192²×256 −8 %, 16384²×128 −4 %,
-#: 16384²×32 −1 % (docs/nvrtc-notes.md, Version 18).  False (or ``KERMAC_NVRTC_K_CONTIGUOUS=0``)
+#: H100, in process: cdist p = 1 30000²×1024 66.5 → 63.2 ms, 8192²×256 −4 %, 16384²×32 −1 %,
+#: Laplace-L1 16384²×128 −4 % (docs/nvrtc-notes.md, Version 18).  False (or ``KERMAC_NVRTC_K_CONTIGUOUS=0``)
 #: keeps the one-path loop.
 K_CONTIGUOUS = os.environ.get("KERMAC_NVRTC_K_CONTIGUOUS", "1") != "0"
 _EXPENSIVE = frozenset({"pow", "exp", "log", "sqrt", "div"})
