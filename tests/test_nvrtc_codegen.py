@@ -619,6 +619,11 @@ def test_k_contiguous_for_float32_l1_sums_with_row_major_aligned_x() -> None:
     assert not planned(l1, dtype=torch.float16).k_contiguous and not planned(l1, dtype=torch.float64).k_contiguous
     assert not planned(kermac.PairwiseProgram(t * t, "sum", ir.sqrt(ir.Var("acc")))).k_contiguous
     assert not planned(presets.lp_distance.lower()).k_contiguous
+    far = torch.empty_strided((48, 16), (2**24, 1), device="meta")  # 128 rows span 2^31 elements
+    near = torch.empty_strided((48, 16), (2**24 - 4, 1), device="meta")
+    x = torch.empty(40, 16, device="meta")
+    assert not plan.plan_pairwise(pairwise_problem(l1, x, far, out=None, hypers={}))[0].k_contiguous
+    assert plan.plan_pairwise(pairwise_problem(l1, x, near, out=None, hypers={}))[0].k_contiguous
     source = codegen.pairwise_source(planned(l1))[0]
     assert (
         "#define KM_KCONTIG 1" in source
