@@ -184,7 +184,7 @@ def _k_contiguous_operands(problem: PairwiseProblem, layout: BatchLayout) -> boo
     return (
         problem.d % 4 == 0
         and _rows_aligned(problem.x, layout, "x", 4) == 1
-        and (z.stride(-1) == 1 or problem.d == 1)
+        and z.stride(-1) == 1
         and 128 * abs(z.stride(-2)) < 2**31
     )
 
