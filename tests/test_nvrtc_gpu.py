@@ -314,7 +314,7 @@ def test_k_contiguous_loop_matches_the_one_path_one(
     bw = 0.25 * d
 
     def run() -> tuple[torch.Tensor, torch.Tensor]:
-        dist = torch.full((*x.shape[:-1][:-1], m, n), math.nan, device="cuda")
+        dist = torch.full((*x.shape[:-2], m, n), math.nan, device="cuda")
         kermac.cdist(x, z, p=1.0, out=dist, backend="nvrtc")
         kern = torch.full_like(dist, math.nan)
         kermac.run_kernel("laplace_l1", x, z, bandwidth=bw, regularization=0.5, out=kern, backend="nvrtc")
@@ -741,8 +741,8 @@ def test_auto_picks_nvrtc_for_the_p2_family_on_sm90(caplog: pytest.LogCaptureFix
 
 def _two_device_calls(dev: str) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """(result, float64 reference) of one call of each kernel family on ``dev``: the SIMT pairwise
-    kernel (p = 1, one-path loop), the split fractional-p kernel, the (x − z)² tensor-core kernel
-    with an epilogue, and the gradient."""
+    kernel (p = 1: the k-contiguous loop), the split fractional-p kernel, the (x − z)² tensor-core
+    kernel with an epilogue, and the gradient."""
     x, z = randn(150, 40, device=dev), randn(131, 40, device=dev)
     a, b, c, d = (randn(*s, device=dev) for s in ((40, 30), (20, 40), (6, 40), (20, 30)))  # K=40 M=30 N=20 O=6
     gauss = kermac.run_kernel("gaussian", x.double(), z.double(), bandwidth=3.0, backend="torch")
