@@ -209,6 +209,24 @@ def test_iterative_method_falls_back_when_it_cannot_certify(device, caplog):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize(("dtype", "scale"), [(torch.float64, 1e300), (torch.float32, 1e25)])
+def test_iterative_method_falls_back_when_its_steps_overflow(device, dtype, scale, caplog):
+    """Entries past ~1e154 (float64) overflow the Lanczos norms: the direct solver answers."""
+    A = kernel_matrix(300, dtype=dtype, device=device) * scale
+    with caplog.at_level(logging.DEBUG, logger="kermac.linalg"):
+        W, V, info = kl.eigh_range(A, top_k=3, method="iterative")
+    assert not_certified(caplog)
+    W_direct, V_direct, info_direct = kl.eigh_range(A, top_k=3, method="direct")
+    assert torch.equal(info, info_direct)
+    torch.testing.assert_close(W, W_direct, equal_nan=True)
+    torch.testing.assert_close(V.abs(), V_direct.abs(), equal_nan=True)  # up to each vector's sign
+    if device == "cpu":  # LAPACK scales the matrix: the pairs are accurate
+        expected = torch.linalg.eigvalsh(A.double().cpu() / scale)[-3:]
+        assert info.item() == 0
+        assert_pairs(A / scale, W / scale, V, expected, TOL[dtype])
+
+
+@pytest.mark.parametrize("device", DEVICES)
 def test_iterative_method_in_a_batch_with_overwrite(device, caplog):
     K = kernel_matrix(500, device=device)
     A = torch.stack([K, 2 * K + 1e-3 * torch.eye(500, dtype=K.dtype, device=device)])

@@ -19,7 +19,7 @@ block of ``b = 2k + 32`` columns instead, a few dozen times, and certifies its a
    and is positive definite exactly when no other eigenvalue exceeds τ. One Cholesky
    factorisation checks it.
 
-Anything that fails returns None, and the caller uses the direct solver.
+Anything that fails returns None (an overflow too), and the caller uses the direct solver.
 """
 
 from __future__ import annotations
@@ -94,7 +94,8 @@ def _lanczos_bounds(S: torch.Tensor, sign: float, gen: torch.Generator) -> tuple
     """Estimates of the smallest and largest eigenvalue of ``sign·S`` from a few Lanczos steps.
 
     Each estimate is widened by its Ritz residual ``|β_m s_m|``, a bound that holds for the
-    eigenvalue the Ritz value approximates (usually the extreme one).
+    eigenvalue the Ritz value approximates (usually the extreme one). NaN for both when the
+    steps do not stay finite (the norms overflow for a large S; LAPACK would refuse T).
     """
     n = S.shape[-1]
     q = torch.randn(n, 1, dtype=S.dtype, device=S.device, generator=gen)
@@ -112,6 +113,8 @@ def _lanczos_bounds(S: torch.Tensor, sign: float, gen: torch.Generator) -> tuple
         betas.append(beta)
     a = torch.stack(alphas).double().cpu()
     bs = torch.stack(betas).double().cpu()
+    if not (a.isfinite().all() and bs.isfinite().all()):  # torch's 2-norm squares: inf past ~1e154 (float64)
+        return math.nan, math.nan
     T = torch.diag(a) + torch.diag(bs[:-1], 1) + torch.diag(bs[:-1], -1)
     values, vectors = torch.linalg.eigh(T)
     spread = (bs[-1] * vectors[-1]).abs()
