@@ -41,7 +41,11 @@ def test_sizes_add_up(op, dtype):
     triangles = {"cholesky_solve": 1, "solve": 2}.get(op, 0)
     blocks = triangles * 5 * 2
     scratch = itemsize * (blocks * 256 * 256 + 5 * 300) + 8 * (2 * blocks + 12 * 2 * 5) if triangles else 0
-    assert ws.device_bytes == ws.streams * ws.device_bytes_per_entry + pivots + scratch + 4 * 5
+    # The NaN/inf check: a norm and a bool per view of A (10 views cover the lower triangle of a
+    # 300 x 300 matrix, 1 reads all of it for solve) and the result; solves check B (one view) too.
+    views = 1 if op == "solve" else 10
+    finite = 5 * (views * (itemsize + 1) + 1 + (itemsize + 3 if triangles else 0))
+    assert ws.device_bytes == ws.streams * ws.device_bytes_per_entry + pivots + scratch + 4 * 5 + finite
     assert ws.host_bytes == ws.streams * ws.host_bytes_per_entry
     assert ws.copy_bytes == 5 * 300 * 300 * itemsize
     same = kl.workspace_size(op, torch.empty(5, 300, 300, dtype=dtype, device="cuda"), **sel)

@@ -4,9 +4,11 @@ Every operation takes float32/float64 matrices ``A [..., N, N]`` (right-hand sid
 on a CUDA device, where it calls cuSOLVER through nvmath-python (imported on first use), or on
 the CPU, where it calls ``torch.linalg`` with the same semantics. Each returns a per-batch-entry
 int32 status tensor ``info`` on the inputs' device instead of raising: a failed entry is NaN and
-leaves the others valid; ``check=True`` synchronises and raises :class:`LinalgError` listing the
-failed entries. Batches run one cuSOLVER call per entry on a bounded pool of streams
-(:func:`set_max_streams`) joined back to torch's current stream; nothing else waits on the host.
+leaves the others valid; an entry whose input holds a NaN or an infinity where the operation
+reads it fails with ``info == NONFINITE_INPUT``; ``check=True`` synchronises and raises
+:class:`LinalgError` listing the failed entries. Batches run one cuSOLVER call per entry on a
+bounded pool of streams (:func:`set_max_streams`) joined back to torch's current stream;
+nothing else waits on the host.
 
 * :func:`cholesky_solve`, :func:`solve` solve ``A X = B`` (Cholesky for SPD A, LU otherwise);
 * :func:`cholesky` factors ``A = L Lᵀ``;
@@ -23,10 +25,11 @@ from ._dispatch import max_streams, set_max_streams
 from ._eigh import eigh, eigh_range
 from ._eigh_mg import MultiGpuWorkspace, eigh_multi_gpu, eigh_multi_gpu_workspace
 from ._lu import solve
-from ._status import LinalgError
+from ._status import NONFINITE_INPUT, LinalgError
 from ._workspace import WorkspaceSize, workspace_size
 
 __all__ = [
+    "NONFINITE_INPUT",
     "LinalgError",
     "MultiGpuWorkspace",
     "WorkspaceSize",

@@ -7,6 +7,7 @@ import torch
 from . import _cpu
 from ._cusolver import api, data_type, lower_uplo, query
 from ._dispatch import fork_join, use_threads
+from ._finite import nonfinite
 from ._layout import (
     Layout,
     broadcast_reads,
@@ -14,9 +15,9 @@ from ._layout import (
     working_matrix,
     working_rhs,
 )
-from ._status import poison_failed, raise_for_info
+from ._status import finish
 from ._trsolve import Triangle, substitute
-from ._validate import check_flag, check_matrix, check_rhs
+from ._validate import check_flag, check_matrix, check_overwrite, check_rhs
 
 __all__ = ["cholesky", "cholesky_solve", "potrf_workspace"]
 
@@ -33,27 +34,27 @@ def cholesky(
         overwrite_a: factor in A's memory: ``L`` is ``A`` itself (``U`` is ``A.mT``), no copy.
             Possible when each entry of A is row- or column-major with no two entries
             overlapping; otherwise (an expanded batch, a strided view) a copy is factored and
-            A is untouched.
+            A is untouched. Refused (ValueError) for an A that requires grad.
         check: synchronise and raise :class:`~kermac_linalg.LinalgError` listing the entries
             whose factorisation failed.
 
     Returns:
         ``(L, info)``: ``L [..., N, N]`` triangular, the other triangle zero; ``info [...]``
         int32 on A's device, 0 where the entry succeeded, ``i > 0`` where its leading minor of
-        order i is not positive definite (that entry of L is NaN; the others are valid).
+        order i is not positive definite, ``NONFINITE_INPUT`` where A's lower triangle holds a
+        NaN or an infinity (a failed entry of L is NaN; the others are valid).
     """
     n = check_matrix("A", A)
     check_flag("upper", upper)
-    check_flag("overwrite_a", overwrite_a)
+    check_overwrite("overwrite_a", overwrite_a, "A", A)
     check_flag("check", check)
+    bad = nonfinite(A, lower=True)  # queued before the factorisation may overwrite A
     if A.is_cuda:
         L, info = _cholesky_gpu(A, n, overwrite_a)
         L = L.mT if upper else L
     else:
         L, info = _cpu.cholesky(A, upper, overwrite_a)
-    if check:
-        raise_for_info("cholesky", info)
-    return L, info
+    return L, finish("cholesky", info, bad, (L,), check)
 
 
 def cholesky_solve(
@@ -79,25 +80,27 @@ def cholesky_solve(
         overwrite_b: write X over B: ``X`` is ``B``, no copy. Possible when each entry of B is
             column-major (``B.stride(-2) == 1``, e.g. ``B = C.mT`` for a contiguous ``C [..., K, N]``,
             or K = 1), B spans the whole broadcast batch and its entries do not overlap;
-            otherwise X is a new tensor and B is untouched.
+            otherwise X is a new tensor and B is untouched. Both flags are refused
+            (ValueError) for an input that requires grad.
         check: synchronise and raise :class:`~kermac_linalg.LinalgError` on failed entries.
 
     Returns:
         ``(X, info)``: ``X [*batch, N, K]`` (column-major entries, like ``torch.linalg.solve``);
-        ``info [*batch]`` int32 on the device, non-zero (NaN in X) where A is not positive definite.
+        ``info [*batch]`` int32 on the device, non-zero (NaN in X) where A is not positive
+        definite (``i > 0``) or where A's lower triangle or B holds a NaN or an infinity
+        (``NONFINITE_INPUT``).
     """
     n = check_matrix("A", A)
     batch, _k = check_rhs(A, B)
-    check_flag("overwrite_a", overwrite_a)
-    check_flag("overwrite_b", overwrite_b)
+    check_overwrite("overwrite_a", overwrite_a, "A", A)
+    check_overwrite("overwrite_b", overwrite_b, "B", B)
     check_flag("check", check)
+    bad = nonfinite(A, lower=True) | nonfinite(B)  # queued before A or B may be overwritten
     if A.is_cuda:
         X, info = _cholesky_solve_gpu(A, B, n, batch, overwrite_a, overwrite_b)
     else:
         X, info = _cpu.cholesky_solve(A, B, batch, overwrite_b)
-    if check:
-        raise_for_info("cholesky_solve", info)
-    return X, info
+    return X, finish("cholesky_solve", info, bad, (X,), check)
 
 
 def potrf_workspace(
@@ -147,7 +150,6 @@ def _cholesky_gpu(A: torch.Tensor, n: int, overwrite_a: bool) -> tuple[torch.Ten
     info = torch.zeros(A.shape[:-2], dtype=torch.int32, device=A.device)
     _factor(buf, layout, n, info)
     buf.tril_()
-    poison_failed(info, buf)
     return buf, info
 
 
@@ -162,6 +164,4 @@ def _cholesky_solve_gpu(
         reads = broadcast_reads(A.shape[:-2], batch)
         lower = Triangle(a_ptrs, layout.ld, upper=layout.transposed, transposed=layout.transposed)
         substitute(lower, lower.T, n, X, ldb, reads)
-    info = factor_info.expand(batch).contiguous()
-    poison_failed(info, X)
-    return X, info
+    return X, factor_info.expand(batch).contiguous()

@@ -1,9 +1,10 @@
 """The CPU path: the same operations and semantics through ``torch.linalg`` (LAPACK).
 
-Same results, status tensors, NaN in failed entries and aliasing rules as the GPU path: with
-``overwrite_*`` the results are written into the input's memory (and alias it) exactly when the
-GPU path would work there in place. LAPACK's own workspaces stay inside torch, so on the CPU this
-keeps the aliasing contract but saves no memory. Solves leave A untouched.
+Same results, status tensors and aliasing rules as the GPU path: with ``overwrite_*`` the
+results are written into the input's memory (and alias it) exactly when the GPU path would work
+there in place. The public functions then mark non-finite inputs and fill failed entries with
+NaN for both paths (``_status.finish``). LAPACK's own workspaces stay inside torch, so on the
+CPU this keeps the aliasing contract but saves no memory. Solves leave A untouched.
 """
 
 from __future__ import annotations
@@ -13,7 +14,6 @@ import re
 import torch
 
 from ._layout import entries_disjoint, matrix_layout, rhs_alias_ok, vectors_view
-from ._status import poison_failed
 from ._validate import EigenRange
 
 __all__ = ["cholesky", "cholesky_solve", "eigh", "eigh_range", "solve"]
@@ -27,7 +27,6 @@ def _can_alias(A: torch.Tensor) -> bool:
 
 def cholesky(A: torch.Tensor, upper: bool, overwrite_a: bool) -> tuple[torch.Tensor, torch.Tensor]:
     L, info = torch.linalg.cholesky_ex(A)
-    poison_failed(info, L)
     if overwrite_a and _can_alias(A):
         A.copy_(L)
         L = A
@@ -47,7 +46,6 @@ def cholesky_solve(
     L, factor_info = torch.linalg.cholesky_ex(A)
     X = torch.cholesky_solve(B.expand(*batch, *B.shape[-2:]), L)
     info = factor_info.expand(batch).clone(memory_format=torch.contiguous_format)
-    poison_failed(info, X)
     return _into_rhs(B, X, batch, overwrite_b), info
 
 
@@ -55,7 +53,6 @@ def solve(A: torch.Tensor, B: torch.Tensor, batch: torch.Size, overwrite_b: bool
     # B expanded to the full batch so torch.linalg never reads it as a batch of vectors.
     X, factor_info = torch.linalg.solve_ex(A, B.expand(*batch, *B.shape[-2:]))
     info = factor_info.expand(batch).clone(memory_format=torch.contiguous_format)
-    poison_failed(info, X)
     return _into_rhs(B, X, batch, overwrite_b), info
 
 
@@ -85,7 +82,6 @@ def _eigh_entries(A: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Te
 
 def eigh(A: torch.Tensor, overwrite_a: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     W, V, info = _eigh_entries(A)
-    poison_failed(info, W, V)
     layout = matrix_layout(A)
     if overwrite_a and layout is not None and entries_disjoint(A):
         view = vectors_view(A, layout)
@@ -102,7 +98,6 @@ def eigh_range(A: torch.Tensor, sel: EigenRange, overwrite_a: bool) -> tuple[tor
     else:
         W, V = _select_values(W, V, sel.vl, sel.vu)
     W = W.clone(memory_format=torch.contiguous_format)
-    poison_failed(info, W, V)
     layout = matrix_layout(A)
     if overwrite_a and layout is not None and entries_disjoint(A):
         view = vectors_view(A, layout)[..., :, : W.shape[-1]]

@@ -11,10 +11,11 @@ from . import _cpu
 from ._cholesky import cholesky
 from ._cusolver import api, data_type, lower_uplo, query
 from ._dispatch import fork_join, use_threads
+from ._finite import nonfinite
 from ._layout import entries_disjoint, entry_pointers, matrix_layout, vectors_view, working_matrix
-from ._status import poison_failed, raise_for_info
+from ._status import finish
 from ._subspace import extreme_eigenpairs
-from ._validate import EigenRange, check_flag, check_matrix, check_method, check_range
+from ._validate import EigenRange, check_flag, check_matrix, check_method, check_overwrite, check_range
 
 logger = logging.getLogger("kermac.linalg")
 
@@ -32,24 +33,24 @@ def eigh(
         overwrite_a: compute in A's memory: ``V`` is a view of A (``A.mT`` for a row-major A,
             ``A`` itself for a column-major one), no copy. Possible when each entry is row- or
             column-major and no two overlap; otherwise a copy is used and A is untouched.
+            Refused (ValueError) for an A that requires grad.
         check: synchronise and raise :class:`~kermac_linalg.LinalgError` on failed entries.
 
     Returns:
         ``(L, V, info)``: eigenvalues ``L [..., N]`` ascending; orthonormal eigenvectors in the
         columns of ``V [..., N, N]`` (column-major entries, like ``torch.linalg.eigh``);
         ``info [...]`` int32 on the device, non-zero (NaN in L and V) where the solver did not
-        converge.
+        converge (``i > 0``) or A's lower triangle holds a NaN or an infinity (``NONFINITE_INPUT``).
     """
     n = check_matrix("A", A)
-    check_flag("overwrite_a", overwrite_a)
+    check_overwrite("overwrite_a", overwrite_a, "A", A)
     check_flag("check", check)
+    bad = nonfinite(A, lower=True)  # queued before the solver may overwrite A
     if A.is_cuda:
-        W, V, info = _eigh_gpu(A, n, overwrite_a)
+        W, V, info = _eigh_gpu(A, n, overwrite_a, _entries_to_skip(bad))
     else:
         W, V, info = _cpu.eigh(A, overwrite_a)
-    if check:
-        raise_for_info("eigh", info)
-    return W, V, info
+    return W, V, finish("eigh", info, bad, (W, V), check)
 
 
 def eigh_range(
@@ -86,12 +87,14 @@ def eigh_range(
             columns (of ``A.mT`` for a row-major A), no copy, under :func:`eigh`'s conditions.
             Iterative method: V is returned in that same view of A (A's contents are lost), but
             a working copy is made all the same. Without it the result is a compact
-            ``[..., N, M]`` tensor and no ``N x N`` working memory stays referenced.
+            ``[..., N, M]`` tensor and no ``N x N`` working memory stays referenced. Refused
+            (ValueError) for an A that requires grad.
         check: synchronise and raise :class:`~kermac_linalg.LinalgError` on failed entries.
 
     Returns:
         ``(L, V, info)``: ``L [..., M]`` ascending, ``V [..., N, M]`` eigenvectors in columns,
-        ``info [...]`` int32 on the device (non-zero: NaN in that entry). M is known beforehand
+        ``info [...]`` int32 on the device (non-zero: NaN in that entry; ``NONFINITE_INPUT``
+        where A's lower triangle holds a NaN or an infinity). M is known beforehand
         for index ranges. For a value range cuSOLVER reports each entry's count on the host;
         M is the largest count in the batch and entries with fewer eigenvalues are padded with
         NaN (count them with ``(~L.isnan()).sum(-1)``). cuSOLVER's xsyevdx and the iterative
@@ -100,17 +103,16 @@ def eigh_range(
     n = check_matrix("A", A)
     sel = check_range(n, il=il, iu=iu, vl=vl, vu=vu, top_k=top_k)
     iterative = check_method(method, sel, n)
-    check_flag("overwrite_a", overwrite_a)
+    check_overwrite("overwrite_a", overwrite_a, "A", A)
     check_flag("check", check)
+    bad = nonfinite(A, lower=True)  # queued before the solver may overwrite A
     if iterative:
-        W, V, info = _eigh_range_iterative(A, n, sel, overwrite_a)
+        W, V, info = _eigh_range_iterative(A, n, sel, overwrite_a, _entries_to_skip(bad))
     elif A.is_cuda:
-        W, V, info = _eigh_range_gpu(A, n, sel, overwrite_a)
+        W, V, info = _eigh_range_gpu(A, n, sel, overwrite_a, _entries_to_skip(bad))
     else:
         W, V, info = _cpu.eigh_range(A, sel, overwrite_a)
-    if check:
-        raise_for_info("eigh_range", info)
-    return W, V, info
+    return W, V, finish("eigh_range", info, bad, (W, V), check)
 
 
 def syevd_workspace(
@@ -171,7 +173,21 @@ def syevdx_workspace(
     )
 
 
-def _eigh_gpu(A: torch.Tensor, n: int, overwrite_a: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def _entries_to_skip(bad: torch.Tensor) -> list[bool]:
+    """The flat batch entries holding NaN or inf (``bad``), read on the host.
+
+    Only for routes that wait on the host anyway (xsyevd and xsyevdx return when their stream is
+    done; the iteration synchronises at every step), so the read adds no wait of its own. Those
+    entries are never handed to the solver, which may fail on them with an error status
+    (CUSOLVER_STATUS_EXECUTION_FAILED) instead of an ``info``, or iterate on NaN; their outputs
+    stay unwritten, and ``_status.finish`` fills them with NaN.
+    """
+    return bad.reshape(-1).tolist()
+
+
+def _eigh_gpu(
+    A: torch.Tensor, n: int, overwrite_a: bool, skip: list[bool]
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     buf, layout, _ = working_matrix(A, overwrite_a)
     batch = A.shape[:-2]
     W = torch.empty((*batch, n), dtype=A.dtype, device=A.device)
@@ -183,6 +199,8 @@ def _eigh_gpu(A: torch.Tensor, n: int, overwrite_a: bool) -> tuple[torch.Tensor,
         w_ptr, w_step, info_ptr = W.data_ptr(), n * W.element_size(), info.data_ptr()
 
         def issue(t: int, slot, dws: int, hws: int) -> None:
+            if skip[t]:
+                return
             x.dn.xsyevd(
                 slot.handle,
                 slot.params,
@@ -203,13 +221,11 @@ def _eigh_gpu(A: torch.Tensor, n: int, overwrite_a: bool) -> tuple[torch.Tensor,
             )
 
         fork_join(A.device, len(a_ptrs), dbytes, hbytes, issue, threads=use_threads(True))
-    V = vectors_view(buf, layout)
-    poison_failed(info, W, V)
-    return W, V, info
+    return W, vectors_view(buf, layout), info
 
 
 def _eigh_range_gpu(
-    A: torch.Tensor, n: int, sel: EigenRange, overwrite_a: bool
+    A: torch.Tensor, n: int, sel: EigenRange, overwrite_a: bool, skip: list[bool]
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     buf, layout, aliased = working_matrix(A, overwrite_a)
     batch = A.shape[:-2]
@@ -225,6 +241,8 @@ def _eigh_range_gpu(
         w_ptr, w_step, info_ptr = W.data_ptr(), n * W.element_size(), info.data_ptr()
 
         def issue(t: int, slot, dws: int, hws: int) -> None:
+            if skip[t]:
+                return
             counts[t] = x.dn.xsyevdx(
                 slot.handle,
                 slot.params,
@@ -259,7 +277,6 @@ def _eigh_range_gpu(
         V_sel = torch.empty((*batch, m, n), dtype=A.dtype, device=A.device).mT.copy_(V_sel)
     if not sel.by_index:
         _pad_counts(W_sel, V_sel, batch, counts, m)
-    poison_failed(info, W_sel, V_sel)
     return W_sel, V_sel, info
 
 
@@ -281,24 +298,28 @@ def _unravel(flat: int, shape: torch.Size) -> tuple[int, ...]:
 
 
 def _eigh_range_iterative(
-    A: torch.Tensor, n: int, sel: EigenRange, overwrite_a: bool
+    A: torch.Tensor, n: int, sel: EigenRange, overwrite_a: bool, skip: list[bool]
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """``eigh_range`` by certified subspace iteration, entry by entry; direct where it fails."""
+    """``eigh_range`` by certified subspace iteration, entry by entry; direct where it fails.
+
+    Entries marked in ``skip`` (NaN or inf) are left unwritten.
+    """
     batch, k = A.shape[:-2], sel.count
     largest = sel.iu == n - 1
     W = torch.empty((*batch, k), dtype=A.dtype, device=A.device)
     V = torch.empty((*batch, k, n), dtype=A.dtype, device=A.device).mT
     info = torch.zeros(batch, dtype=torch.int32, device=A.device)
-    entries = 1
-    for size in batch:
-        entries *= size
-    for t in range(entries):
+    for t, skipped in enumerate(skip):  # one flag per entry, in row-major order of the batch
+        if skipped:
+            continue
         e = _unravel(t, batch)
         found = extreme_eigenpairs(A[e], k, largest, _factor_in_place)
         if found is None:
             logger.debug("eigh_range: entry %s not certified by subspace iteration; direct solver", e)
-            direct = _eigh_range_gpu if A.is_cuda else (lambda M, _n, s, _o: _cpu.eigh_range(M, s, False))
-            W_e, V_e, info[e] = direct(A[e], n, sel, False)
+            if A.is_cuda:
+                W_e, V_e, info[e] = _eigh_range_gpu(A[e], n, sel, False, [False])
+            else:
+                W_e, V_e, info[e] = _cpu.eigh_range(A[e], sel, False)
         else:
             W_e, V_e = found
         W[e].copy_(W_e)
@@ -312,5 +333,9 @@ def _eigh_range_iterative(
 
 
 def _factor_in_place(C: torch.Tensor) -> torch.Tensor:
-    """Status of the Cholesky factorisation of C, computed in C's memory (the certificate)."""
-    return cholesky(C, overwrite_a=True)[1]
+    """Status of the Cholesky factorisation of C, computed in C's memory (the certificate).
+
+    C is a working matrix, never the caller's; detached, since it derives from an A that may
+    require grad, and ``overwrite_a`` is refused for tensors that autograd tracks.
+    """
+    return cholesky(C.detach(), overwrite_a=True)[1]

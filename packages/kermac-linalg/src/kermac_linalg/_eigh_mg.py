@@ -16,10 +16,11 @@ from dataclasses import dataclass
 import torch
 
 from . import _cusolvermg
+from ._finite import nonfinite
 from ._mg_layout import BlockCyclic
 from ._mg_worker import run_isolated
-from ._status import poison_failed, raise_for_info
-from ._validate import DTYPES, check_flag, check_matrix
+from ._status import finish, poison_failed, raise_for_info
+from ._validate import DTYPES, check_flag, check_matrix, check_overwrite
 
 logger = logging.getLogger("kermac.linalg")
 
@@ -62,25 +63,32 @@ def eigh_multi_gpu(
             the first call of a process only. The child shares the matrix blocks with this
             process through CUDA IPC (no host copy); it costs about a second of start-up.
         overwrite_a: write the eigenvectors into A's memory (``V`` is then ``A.mT``) when A is
-            contiguous, saving an ``N²`` output allocation; otherwise A is untouched.
-        check: raise :class:`~kermac_linalg.LinalgError` if the solver did not converge.
+            contiguous, saving an ``N²`` output allocation; otherwise A is untouched. Refused
+            (ValueError) for an A that requires grad.
+        check: raise :class:`~kermac_linalg.LinalgError` if the solver did not converge or A's
+            lower triangle is not finite.
 
     Returns:
         ``(L, V, info)`` on A's device: eigenvalues ``L [N]`` ascending, orthonormal eigenvectors
         in the columns of ``V [N, N]`` (column-major, like ``torch.linalg.eigh``), and ``info``,
-        a 0-d int32 status (non-zero: not converged, L and V are NaN).
+        a 0-d int32 status (non-zero: L and V are NaN; ``i > 0``: not converged,
+        ``NONFINITE_INPUT``: A's lower triangle holds a NaN or an infinity, found before
+        cusolverMg is called, which then is not).
     """
     n = check_matrix("A", A)
     if A.dim() != 2:
         raise ValueError(f"A must be one matrix [N, N] for eigh_multi_gpu, got shape {tuple(A.shape)}")
     check_flag("isolate", isolate)
-    check_flag("overwrite_a", overwrite_a)
+    check_overwrite("overwrite_a", overwrite_a, "A", A)
     check_flag("check", check)
     ids, layout = _distribution(n, devices, block_size)
     W = torch.empty(n, dtype=A.dtype, device=A.device)
     vt = A if overwrite_a and A.is_contiguous() else torch.empty((n, n), dtype=A.dtype, device=A.device)
     if n == 0:
         return W, vt.mT, torch.zeros((), dtype=torch.int32, device=A.device)
+    bad = nonfinite(A, lower=True)
+    if bad.item():  # this call waits on the host anyway: cusolverMg is never given NaN or inf
+        return W, vt.mT, finish("eigh", torch.zeros((), dtype=torch.int32, device=A.device), bad, (W, vt.mT), check)
     local = _local_arrays(layout, ids, A.dtype)
     layout.scatter(A.mT, local)  # columns of A, so that cuSOLVER reads A's lower triangle
     _synchronize(ids, A.device)

@@ -16,11 +16,12 @@ import torch
 from . import _cpu
 from ._cusolver import api, data_type, query
 from ._dispatch import fork_join, use_threads
+from ._finite import nonfinite
 from ._layout import broadcast_reads, entry_pointers, working_matrix, working_rhs
 from ._plan import solve_plan
-from ._status import combine_info, poison_failed, raise_for_info
+from ._status import combine_info, finish
 from ._trsolve import Triangle, substitute
-from ._validate import check_flag, check_matrix, check_rhs
+from ._validate import check_flag, check_matrix, check_overwrite, check_rhs
 
 __all__ = ["getrf_workspace", "solve"]
 
@@ -44,27 +45,29 @@ def solve(
             otherwise a copy is factored. On the CPU A is left untouched.
         overwrite_b: write X over B (``X`` is ``B``) when each entry of B is column-major
             (``B.stride(-2) == 1`` or K = 1), B spans the whole broadcast batch and its
-            entries do not overlap; otherwise X is a new tensor and B is untouched.
+            entries do not overlap; otherwise X is a new tensor and B is untouched. Both flags
+            are refused (ValueError) for an input that requires grad.
         check: synchronise and raise :class:`~kermac_linalg.LinalgError` on failed entries.
 
     Returns:
         ``(X, info)``: ``X [*batch, N, K]`` (column-major entries, like ``torch.linalg.solve``);
-        ``info [*batch]`` int32 on the device, ``i > 0`` (NaN in X) where A is singular: pivot
-        i of the LU factorisation is exactly zero (on CUDA with ``overwrite_a`` and row-major
-        entries, of the LU of Aᵀ that cuSOLVER factors in place, so i may differ from LAPACK's).
+        ``info [*batch]`` int32 on the device, non-zero where the entry failed (NaN in X):
+        ``i > 0`` where A is singular, pivot i of the LU factorisation being exactly zero (on
+        CUDA with ``overwrite_a`` and row-major entries, of the LU of Aᵀ that cuSOLVER factors
+        in place, so i may differ from LAPACK's); ``NONFINITE_INPUT`` where A or B holds a NaN
+        or an infinity.
     """
     n = check_matrix("A", A)
     batch, _k = check_rhs(A, B)
-    check_flag("overwrite_a", overwrite_a)
-    check_flag("overwrite_b", overwrite_b)
+    check_overwrite("overwrite_a", overwrite_a, "A", A)
+    check_overwrite("overwrite_b", overwrite_b, "B", B)
     check_flag("check", check)
+    bad = nonfinite(A) | nonfinite(B)  # queued before A or B may be overwritten
     if A.is_cuda:
         X, info = _solve_gpu(A, B, n, batch, overwrite_a, overwrite_b)
     else:
         X, info = _cpu.solve(A, B, batch, overwrite_b)
-    if check:
-        raise_for_info("solve", info)
-    return X, info
+    return X, finish("solve", info, bad, (X,), check)
 
 
 def getrf_workspace(device: torch.device, dtype: torch.dtype, n: int, lda: int) -> tuple[int, int]:
@@ -137,6 +140,4 @@ def _solve_gpu(
             reads = broadcast_reads(a_batch, batch)
             L = Triangle(a_ptrs, layout.ld, upper=False, unit=True)
             substitute(L, Triangle(a_ptrs, layout.ld, upper=True), n, X, ldb, reads)
-    info = combine_info(factor_info, solve_info, batch)
-    poison_failed(info, X)
-    return X, info
+    return X, combine_info(factor_info, solve_info, batch)

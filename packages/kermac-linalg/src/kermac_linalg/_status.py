@@ -1,8 +1,10 @@
 """Per-batch-entry status (``info``) tensors: combining, poisoning failed entries, ``check=True``.
 
 ``info`` follows LAPACK/cuSOLVER: 0 is success, ``i > 0`` a numerical failure of the entry
-(see :data:`MEANINGS`), ``-i`` an invalid i-th argument. Everything here stays on the device
-except :func:`raise_for_info`, which is what ``check=True`` asks for and synchronises.
+(see :data:`MEANINGS`), ``-i`` an invalid i-th argument. kermac adds :data:`NONFINITE_INPUT`
+for an entry whose input holds a NaN or an infinity where the operation reads it (see
+:data:`NONFINITE_MEANINGS`). Everything here stays on the device except
+:func:`raise_for_info`, which is what ``check=True`` asks for and synchronises.
 """
 
 from __future__ import annotations
@@ -11,7 +13,21 @@ import math
 
 import torch
 
-__all__ = ["MEANINGS", "LinalgError", "combine_info", "poison_failed", "raise_for_info"]
+__all__ = [
+    "MEANINGS",
+    "NONFINITE_INPUT",
+    "NONFINITE_MEANINGS",
+    "LinalgError",
+    "combine_info",
+    "finish",
+    "poison_failed",
+    "raise_for_info",
+]
+
+NONFINITE_INPUT = -(2**31)
+"""``info`` of an entry whose input holds NaN or ±inf where the operation reads it: -2³¹, the
+smallest int32. LAPACK/cuSOLVER codes are ``i > 0`` (an order, a pivot or a count) or ``-i`` (an
+argument position, at most a few dozen), and -2³¹ is neither: no positive int32 negates to it."""
 
 MEANINGS = {
     "cholesky": "the leading minor of order {i} is not positive definite",
@@ -19,6 +35,14 @@ MEANINGS = {
     "solve": "the matrix is singular: pivot {i} of its LU factorisation is exactly zero",
     "eigh": "the eigensolver did not converge (info = {i})",
     "eigh_range": "the eigensolver did not converge (info = {i})",
+}
+# What NONFINITE_INPUT means for each operation: the part of the input it reads.
+NONFINITE_MEANINGS = {
+    "cholesky": "the lower triangle of A holds a NaN or an infinity",
+    "cholesky_solve": "the lower triangle of A or the right-hand sides B hold a NaN or an infinity",
+    "solve": "A or the right-hand sides B hold a NaN or an infinity",
+    "eigh": "the lower triangle of A holds a NaN or an infinity",
+    "eigh_range": "the lower triangle of A holds a NaN or an infinity",
 }
 _LISTED = 20
 
@@ -51,11 +75,29 @@ def poison_failed(info: torch.Tensor, *outputs: torch.Tensor) -> None:
         out.masked_fill_(mask, math.nan)
 
 
+def finish(
+    op: str, info: torch.Tensor, nonfinite: torch.Tensor, outputs: tuple[torch.Tensor, ...], check: bool
+) -> torch.Tensor:
+    """The call's final status: ``info`` with :data:`NONFINITE_INPUT` where ``nonfinite`` is set.
+
+    ``info [*batch]`` is the solver's status (the call's own tensor, updated in place);
+    ``nonfinite`` (bool, broadcasting to ``batch``) marks entries whose input was not finite;
+    their code replaces the solver's, which is meaningless on such input. Every failed entry
+    of ``outputs`` is then NaN (:func:`poison_failed`); ``check`` raises for them
+    (:func:`raise_for_info`, which synchronises).
+    """
+    info.masked_fill_(nonfinite, NONFINITE_INPUT)
+    poison_failed(info, *outputs)
+    if check:
+        raise_for_info(op, info)
+    return info
+
+
 def raise_for_info(op: str, info: torch.Tensor) -> None:
     """Synchronise, and raise :class:`LinalgError` listing every entry whose info is non-zero."""
     host = info.cpu()
-    bad = torch.nonzero(host, as_tuple=False)
-    if bad.numel() == 0:
+    bad = torch.nonzero(host, as_tuple=False)  # [failures, info.dim()]: [1, 0] for a failed 0-d info
+    if bad.shape[0] == 0:
         return
     failed = [(tuple(int(i) for i in idx), int(host[tuple(idx)])) for idx in bad]
     lines = [f"  entry {idx or '()'}: {_meaning(op, code)}" for idx, code in failed[:_LISTED]]
@@ -67,6 +109,8 @@ def raise_for_info(op: str, info: torch.Tensor) -> None:
 
 
 def _meaning(op: str, code: int) -> str:
+    if code == NONFINITE_INPUT:
+        return f"{NONFINITE_MEANINGS[op]} (info = {code})"
     if code < 0:
         return f"argument {-code} of the solver call was invalid (info = {code})"
     return MEANINGS[op].format(i=code)

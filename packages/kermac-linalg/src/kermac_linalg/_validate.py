@@ -20,6 +20,7 @@ __all__ = [
     "check_flag",
     "check_matrix",
     "check_method",
+    "check_overwrite",
     "check_range",
     "check_rhs",
 ]
@@ -35,6 +36,23 @@ def check_flag(name: str, value: object) -> bool:
     """``value`` must be a Python bool (``overwrite_a``, ``check``, ``upper``, ...)."""
     if not isinstance(value, bool):
         raise TypeError(f"{name} must be a bool, got {type(value).__name__} ({value!r})")
+    return value
+
+
+def check_overwrite(name: str, value: object, target: str, t: torch.Tensor) -> bool:
+    """``value`` of the flag ``name`` (``overwrite_a``, ...) must be a bool, and may be True only
+    if tensor ``target`` (already checked) does not require grad.
+
+    Writing over a tensor that autograd tracks would fail inside torch for a leaf, or silently
+    corrupt the gradients that depend on its values (cuSOLVER writes past autograd's version
+    counter), so the flag is refused before any memory is touched.
+    """
+    check_flag(name, value)
+    if value and t.requires_grad:
+        raise ValueError(
+            f"{name}=True would write over {target}, which requires grad (autograd may need its values); "
+            f"pass {name}=False, or a tensor that does not require grad"
+        )
     return value
 
 

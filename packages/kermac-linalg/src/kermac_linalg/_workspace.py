@@ -10,6 +10,7 @@ import torch
 from ._cholesky import potrf_workspace
 from ._dispatch import max_streams
 from ._eigh import syevd_workspace, syevdx_workspace
+from ._finite import scratch_bytes
 from ._lu import getrf_workspace
 from ._trsolve import solve_workspace_bytes
 from ._validate import DTYPES, check_range
@@ -34,7 +35,10 @@ class WorkspaceSize:
             (12 N bytes per entry: cuSOLVER's int64 and laswp's int32), the substitution
             scratch of ``cholesky_solve`` and ``solve`` (the inverted diagonal blocks, 256²
             or 512² from N = 8192, of each triangle of every factor, an ``N × K`` matrix and
-            the pointer arrays per right-hand-side entry) and the int32 status per entry.
+            the pointer arrays per right-hand-side entry), the int32 status per entry and the
+            check for NaN and infinities in the inputs (``(V (itemsize + 1) + 1)`` bytes per
+            entry and matrix read, V = 1 for a whole matrix and at most ``⌊log₂ N⌋ + 2`` for a
+            lower triangle; one more byte per entry for a solve, which checks A and B).
         host_bytes: ``streams * host_bytes_per_entry``.
         copy_bytes: the working copy of A, made unless ``overwrite_a`` lets the call work in
             A's memory (add it to ``device_bytes`` for a call without ``overwrite_a``).
@@ -107,7 +111,9 @@ def workspace_size(
         per_device, per_host = syevdx_workspace(device, dtype, n, lda, sel)
     streams = min(entries, max_streams())
     extra = entries * (4 + (12 * n if op == "solve" else 0))
+    extra += entries * scratch_bytes(n, n, itemsize, lower=op != "solve")
     if op in ("cholesky_solve", "solve"):
+        extra += entries * (scratch_bytes(n, k, itemsize, lower=False) + 1)
         extra += solve_workspace_bytes(n, k, entries, entries, itemsize, triangles=2 if op == "solve" else 1)
     return WorkspaceSize(
         op=op,
