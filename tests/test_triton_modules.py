@@ -98,7 +98,9 @@ def plant(module_path: Path, source: str, pyc_body: bytes | None, marker: Path) 
 
 
 def run_add_one(module) -> None:
-    x = torch.arange(37, dtype=torch.float32)
+    """Run the module's kernel: on the GPU, or through the interpreter on the CPU."""
+    gpu = torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1"
+    x = torch.arange(37, dtype=torch.float32, device="cuda" if gpu else "cpu")
     out = torch.full_like(x, float("nan"))
     module.add_one[(triton.cdiv(x.numel(), 16),)](x, out, x.numel(), BLOCK=16)
     torch.testing.assert_close(out, x + 1.0, rtol=0, atol=0)
