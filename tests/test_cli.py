@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -219,6 +220,68 @@ def test_cache_info_and_clear(capsys, tmp_path):
 def test_cache_needs_an_action(capsys):
     code, _, err = run_cli(capsys, "cache")
     assert code == 2 and "ACTION" in err
+
+
+def _strict_json(text: str) -> object:
+    """``text`` parsed as strict JSON: NaN and infinities are not JSON."""
+
+    def refuse(constant: str) -> None:
+        raise ValueError(f"not strict JSON: {constant}")
+
+    return json.loads(text, parse_constant=refuse)
+
+
+@pytest.mark.parametrize("created", ["NaN", "Infinity", "-Infinity", "1e20", "1e400", '"noon"'])
+def test_cache_info_survives_a_bad_sidecar_and_prints_strict_json(capsys, created):
+    cache = jit_cache.default_cache()
+    key = jit_cache.cache_key(source="k", compiler="nvrtc", compiler_version="12.8", arch="sm_90")
+    cache.put(key, bytes(100), {"compiler": "nvrtc", "arch": "sm_90", "build_seconds": 0.5})
+    sidecar = cache._meta_path(key)
+    document = sidecar.read_text()
+    sidecar.write_text(document.replace('"build_seconds": 0.5', f'"build_seconds": NaN, "extra": [{created}]'))
+    sidecar.write_text(re.sub(r'"created": [^,\n]+', f'"created": {created}', sidecar.read_text()))
+    code, out, _ = run_cli(capsys, "cache", "info", "-v")
+    assert code == 0
+    (row,) = [line for line in out.splitlines() if line.startswith(key[:16])]
+    assert row.split()[-2:] == ["?", "?"] and "sm_90" in row  # build time and date unknown
+    code, out, _ = run_cli(capsys, "cache", "info", "--json")
+    assert code == 0
+    (entry,) = _strict_json(out)["entries"]
+    assert entry["meta"]["created"] is None and entry["meta"]["build_seconds"] is None
+
+
+def test_cache_info_reports_the_cap_and_problems(capsys, tmp_path, monkeypatch):
+    cache = jit_cache.default_cache()
+    key = "ab" + "0" * 62
+    cache.put(key, bytes(100))
+    shard = cache._payload_path(key).parent
+    elsewhere = tmp_path / "elsewhere"
+    shard.rename(elsewhere)
+    shard.symlink_to(elsewhere, target_is_directory=True)
+    code, out, _ = run_cli(capsys, "cache", "info")
+    assert code == 0 and "0 entries" in out and "limit 2.0 GiB" in out
+    assert f"problem: {shard} is a symbolic link" in out
+    monkeypatch.setenv(jit_cache.ENV_CACHE_MAX_BYTES, "0")
+    code, out, _ = run_cli(capsys, "cache", "info", "--json")
+    data = _strict_json(out)
+    assert data["max_bytes"] is None and data["count"] == 0 and data["entries"] == []
+    assert len(data["problems"]) == 1 and str(shard) in data["problems"][0]
+    code, out, _ = run_cli(capsys, "cache", "clear")
+    assert code == 0 and not shard.exists() and (elsewhere / (key + ".bin")).exists()
+
+
+@pytest.mark.skipif(not hasattr(os, "getuid"), reason="POSIX permissions")
+def test_cache_clear_refuses_a_directory_others_can_write(capsys):
+    cache = jit_cache.default_cache()
+    key = "cd" + "0" * 62
+    cache.put(key, bytes(100))
+    cache.root.chmod(0o777)
+    code, out, err = run_cli(capsys, "cache", "clear")
+    assert code == 1 and out == ""
+    assert str(cache.root) in err and "0o777" in err and "writable by its group or by others" in err
+    assert cache._payload_path(key).exists()
+    code, out, _ = run_cli(capsys, "cache", "info")
+    assert code == 0 and "0 entries" in out and "problem: kermac refuses to use" in out
 
 
 # -- bench ----------------------------------------------------------------------------------

@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import json
 import logging
 import os
 import re
+import stat
 import statistics
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from pathlib import Path
 
@@ -379,3 +383,459 @@ def test_concurrent_writers_and_readers_always_see_a_valid_entry(tmp_path):
     assert cache.info().count == 1
     leftovers = [p.name for p in cache.path.rglob("*.tmp")]
     assert leftovers == []
+
+
+# -- adversaries (issue 24): files and directories kermac did not write ------------------------
+
+
+def _valid_entry_bytes(data: bytes) -> bytes:
+    """A well-formed payload file for ``data``, as an attacker could forge one."""
+    return jc._HEADER.pack(jc._MAGIC, jc.LAYOUT_VERSION, len(data), hashlib.sha256(data).digest()) + data
+
+
+def _call_with_timeout(fn, seconds: float = 20.0):
+    """``fn()`` in a daemon thread; fails the test if it has not returned after ``seconds``."""
+    result: list = []
+    thread = threading.Thread(target=lambda: result.append(fn()), daemon=True)
+    thread.start()
+    thread.join(seconds)
+    assert not thread.is_alive(), f"{fn} blocked for more than {seconds} s"
+    return result[0]
+
+
+def _unblock_fifo(path: Path) -> None:
+    """Let a reader blocked in open() on the FIFO ``path`` go (so a failing test does not hang)."""
+    with contextlib.suppress(OSError):
+        os.close(os.open(path, os.O_WRONLY | os.O_NONBLOCK))
+
+
+def _warnings(caplog) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.name == "kermac" and r.levelno == logging.WARNING]
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="needs FIFOs (POSIX)")
+def test_an_entry_replaced_by_a_fifo_is_a_reported_miss_not_a_hang(cache, caplog):
+    key = _key()
+    cache.put(key, b"payload", {"arch": "sm_90"})
+    payload = cache._payload_path(key)
+    payload.unlink()
+    os.mkfifo(payload)
+    caplog.set_level(logging.WARNING, logger="kermac")
+    try:
+        assert _call_with_timeout(lambda: cache.get(key)) is None
+    finally:
+        _unblock_fifo(payload)
+    assert any("FIFO" in m and key in m for m in _warnings(caplog))
+    assert not payload.exists() and not payload.is_fifo()
+    assert cache.get_or_build(key, lambda: b"rebuilt") == (b"rebuilt", False)
+    assert cache.get(key) == b"rebuilt"
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="needs FIFOs (POSIX)")
+def test_a_fifo_sidecar_blocks_neither_entries_nor_info(cache):
+    key = _key()
+    cache.put(key, b"payload", {"arch": "sm_90"})
+    sidecar = cache._meta_path(key)
+    sidecar.unlink()
+    os.mkfifo(sidecar)
+    try:
+        (entry,) = _call_with_timeout(cache.entries)
+    finally:
+        _unblock_fifo(sidecar)
+    assert entry.key == key and entry.meta is None
+    info = _call_with_timeout(cache.info)
+    assert info.count == 1 and any(str(sidecar) in p and "FIFO" in p for p in info.problems)
+    assert cache.clear() == 1 and not os.path.lexists(sidecar)
+
+
+def test_a_symlinked_shard_is_never_read_nor_emptied_by_clear(cache, tmp_path, caplog):
+    key = _key()
+    cache.put(key, b"genuine")
+    shard = cache._payload_path(key).parent
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / (key + ".bin")).write_bytes(_valid_entry_bytes(b"planted"))  # a valid entry, forged
+    (elsewhere / "precious.txt").write_text("not the cache's")
+    for p in shard.iterdir():
+        p.unlink()
+    shard.rmdir()
+    shard.symlink_to(elsewhere, target_is_directory=True)
+    caplog.set_level(logging.WARNING, logger="kermac")
+    assert cache.get(key) is None  # the forged entry behind the link is not served
+    assert any(str(shard) in m and "symbolic link" in m for m in _warnings(caplog))
+    shard.unlink(missing_ok=True)
+    shard.symlink_to(elsewhere, target_is_directory=True)
+    info = cache.info()
+    assert info.count == 0 and any(str(shard) in p and "symbolic link" in p for p in info.problems)
+    cache.clear()
+    assert sorted(p.name for p in elsewhere.iterdir()) == [key + ".bin", "precious.txt"]
+    assert not os.path.lexists(shard)  # the link itself is gone, not what it pointed to
+
+
+def test_a_symlinked_entry_is_not_followed(cache, tmp_path, caplog):
+    key = _key()
+    cache.put(key, b"genuine")
+    payload = cache._payload_path(key)
+    target = tmp_path / "forged.bin"
+    target.write_bytes(_valid_entry_bytes(b"planted"))
+    payload.unlink()
+    payload.symlink_to(target)
+    caplog.set_level(logging.WARNING, logger="kermac")
+    assert cache.get(key) is None
+    assert any("symbolic link" in m for m in _warnings(caplog))
+    assert target.read_bytes() == _valid_entry_bytes(b"planted") and not os.path.lexists(payload)
+    payload.symlink_to(target)
+    cache.clear()
+    assert target.exists() and not os.path.lexists(payload)
+
+
+def test_an_entry_replaced_by_a_directory_is_reported_and_repaired(cache, caplog):
+    key = _key()
+    cache.put(key, b"payload")
+    payload = cache._payload_path(key)
+    payload.unlink()
+    (payload / "inner").mkdir(parents=True)
+    (payload / "inner" / "file").write_bytes(b"x")
+    caplog.set_level(logging.WARNING, logger="kermac")
+    builds = []
+    assert cache.get_or_build(key, lambda: builds.append(1) or b"rebuilt") == (b"rebuilt", False)
+    assert any("directory" in m and key in m for m in _warnings(caplog))
+    assert cache.get_or_build(key, lambda: builds.append(1) or b"again") == (b"rebuilt", True)
+    assert builds == [1]
+
+
+def test_put_replaces_a_directory_in_the_way(cache, caplog):
+    key = _key()
+    cache._payload_path(key).mkdir(parents=True)
+    caplog.set_level(logging.WARNING, logger="kermac")
+    cache.put(key, b"payload")
+    assert cache.get(key) == b"payload"
+    assert any("directory" in m for m in _warnings(caplog))
+
+
+def _chmod_000_shard(cache: JitCache, key: str) -> Path:
+    cache.put(key, b"payload")
+    shard = cache._payload_path(key).parent
+    shard.chmod(0)
+    return shard
+
+
+@pytest.mark.skipif(not hasattr(os, "geteuid") or os.geteuid() == 0, reason="root ignores permission bits")
+def test_a_shard_of_mode_000_is_repaired(cache, caplog):
+    key = _key()
+    shard = _chmod_000_shard(cache, key)
+    caplog.set_level(logging.WARNING, logger="kermac")
+    assert cache.get(key) == b"payload"
+    assert stat.S_IMODE(shard.stat().st_mode) == 0o700
+    assert any(str(shard) in m and "0o0" in m for m in _warnings(caplog))
+
+
+@pytest.mark.skipif(not hasattr(os, "getuid"), reason="POSIX permissions")
+def test_a_shard_of_mode_000_is_repaired_simulated(cache, caplog, monkeypatch):
+    """The same for root (which ignores permission bits): ``os.open`` refuses, as the kernel would
+    for an ordinary user, a file in a directory whose owner lacks rwx."""
+    key = _key()
+    shard = _chmod_000_shard(cache, key)
+    real_open = os.open
+
+    def open_as_owner(path, flags, mode=0o777, *, dir_fd=None):
+        parent = os.path.dirname(os.fspath(path))
+        if parent and stat.S_IMODE(os.lstat(parent).st_mode) & stat.S_IRWXU != stat.S_IRWXU:
+            raise PermissionError(13, "Permission denied (simulated)", os.fspath(path))
+        return real_open(path, flags, mode, dir_fd=dir_fd)
+
+    monkeypatch.setattr(os, "open", open_as_owner)
+    caplog.set_level(logging.WARNING, logger="kermac")
+    builds = []
+    assert cache.get_or_build(key, lambda: builds.append(1) or b"payload") == (b"payload", True)
+    assert builds == [] and stat.S_IMODE(shard.stat().st_mode) == 0o700
+    assert any(str(shard) in m and "0o0" in m for m in _warnings(caplog))
+
+
+# -- private directories ----------------------------------------------------------------------
+
+
+def _planted_cache(root: Path, key: str) -> JitCache:
+    """A cache at ``root`` holding a valid entry for ``key`` (as someone else could leave it)."""
+    cache = JitCache(root)
+    cache.put(key, b"planted")
+    return cache
+
+
+@pytest.mark.skipif(not hasattr(os, "getuid"), reason="POSIX ownership")
+def test_directories_are_created_private(cache):
+    cache.put(_key(), b"x")
+    for d in (cache.root, cache.path, cache._payload_path(_key()).parent):
+        st = os.lstat(d)
+        assert stat.S_IMODE(st.st_mode) == 0o700 and st.st_uid == os.getuid(), d
+
+
+@pytest.mark.skipif(not hasattr(os, "getuid"), reason="POSIX ownership")
+@pytest.mark.parametrize("where", ["root", "layout"])
+def test_a_cache_directory_owned_by_another_user_is_refused(tmp_path, monkeypatch, caplog, where):
+    key = _key()
+    cache = _planted_cache(tmp_path / "theirs", key)
+    real_uid = os.getuid()
+    other = real_uid + 4242
+    directory = cache.root if where == "root" else cache.path
+    real_lstat = os.lstat
+
+    def lstat_owned_by_other(path, *args, **kwargs):
+        st = real_lstat(path, *args, **kwargs)
+        if os.fspath(path) == os.fspath(directory):
+            fields = list(st)
+            fields[stat.ST_UID] = other
+            return os.stat_result(fields)
+        return st
+
+    monkeypatch.setattr(os, "lstat", lstat_owned_by_other)
+    caplog.set_level(logging.WARNING, logger="kermac")
+    before = sorted(str(p) for p in tmp_path.rglob("*"))
+    assert cache.get_or_build(key, lambda: b"own build") == (b"own build", False)  # not the planted entry
+    assert sorted(str(p) for p in tmp_path.rglob("*")) == before  # nothing written, anywhere
+    (message,) = [m for m in _warnings(caplog) if "refuses" in m]
+    assert str(directory) in message and f"uid {other}" in message and "mode 0o700" in message
+    with pytest.raises(PermissionError, match="refuses"):
+        cache.clear()
+    assert cache.get(key) is None
+
+
+@pytest.mark.skipif(not hasattr(os, "getuid"), reason="POSIX permissions")
+@pytest.mark.parametrize("mode", [0o770, 0o702, 0o777, 0o1777])
+def test_a_cache_directory_writable_by_others_is_refused(tmp_path, caplog, mode):
+    key = _key()
+    cache = _planted_cache(tmp_path / "shared", key)
+    cache.root.chmod(mode)
+    caplog.set_level(logging.WARNING, logger="kermac")
+    assert cache.get(key) is None
+    assert any(str(cache.root) in m and f"{mode:#o}" in m for m in _warnings(caplog))
+    with pytest.raises(PermissionError, match="writable by its group or by others"):
+        cache.put(_key(source="other"), b"x")
+    assert cache.info().count == 0 and "refuses" in cache.info().problems[0]
+
+
+def test_a_symlinked_cache_root_is_refused(tmp_path, caplog):
+    key = _key()
+    real = _planted_cache(tmp_path / "real", key)
+    link = tmp_path / "link"
+    link.symlink_to(real.root, target_is_directory=True)
+    caplog.set_level(logging.WARNING, logger="kermac")
+    assert JitCache(link).get(key) is None
+    assert any(str(link) in m and "symbolic link" in m for m in _warnings(caplog))
+    with pytest.raises(PermissionError, match="symbolic link"):
+        JitCache(link).clear()
+    assert real.get(key) == b"planted"
+
+
+@pytest.mark.skipif(not hasattr(os, "getuid"), reason="POSIX permissions")
+def test_a_shard_writable_by_others_is_removed_not_read(cache, caplog):
+    key = _key()
+    cache.put(key, b"from someone else")
+    shard = cache._payload_path(key).parent
+    shard.chmod(0o777)
+    caplog.set_level(logging.WARNING, logger="kermac")
+    assert cache.get(key) is None
+    assert any(str(shard) in m and "writable" in m for m in _warnings(caplog))
+    cache.put(key, b"own")
+    assert cache.get(key) == b"own" and stat.S_IMODE(shard.stat().st_mode) == 0o700
+
+
+# -- sidecars ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "created",
+    ["NaN", "Infinity", "-Infinity", "1e400", "1e20", "-5", '"yesterday"', "true", "[1]"],
+)
+def test_a_sidecar_with_a_bad_created_time_reads_as_unknown(cache, created):
+    cache.put(_key(), b"x", {"arch": "sm_90"})
+    sidecar = cache._meta_path(_key())
+    text = sidecar.read_text()
+    sidecar.write_text(re.sub(r'"created": [^,\n]+', f'"created": {created}', text))
+    (entry,) = cache.entries()
+    assert entry.meta["created"] is None and entry.meta["arch"] == "sm_90"
+    json.dumps(entry.meta, allow_nan=False)  # strict JSON
+
+
+def test_non_finite_numbers_anywhere_in_a_sidecar_read_as_none(cache):
+    cache.put(_key(), b"x")
+    cache._meta_path(_key()).write_text(
+        '{"key": "k", "build_seconds": NaN, "size": -1, "ptx": {"a": [Infinity, 1.5]}, "x": 1e999}'
+    )
+    (entry,) = cache.entries()
+    assert entry.meta == {"key": "k", "build_seconds": None, "size": None, "ptx": {"a": [None, 1.5]}, "x": None}
+
+
+@pytest.mark.parametrize("text", ["[1, 2]", '"text"', "[" * 100_000, "{" + '"a": 1,' * 200_000 + '"b": 2}'])
+def test_a_sidecar_that_is_not_a_small_object_gives_no_metadata(cache, text):
+    cache.put(_key(), b"x")
+    cache._meta_path(_key()).write_text(text)
+    (entry,) = cache.entries()
+    assert entry.meta is None
+
+
+def test_non_finite_metadata_is_stored_as_null(cache):
+    cache.put(_key(), b"x", {"build_seconds": float("nan"), "nested": [float("inf"), 2.0], 3: "int key"})
+    document = json.loads(cache._meta_path(_key()).read_text(), parse_constant=lambda c: pytest.fail(c))
+    assert document["build_seconds"] is None and document["nested"] == [None, 2.0] and document["3"] == "int key"
+
+
+# -- size cap and LRU eviction ------------------------------------------------------------------
+
+
+def _entry_bytes(cache: JitCache, key: str) -> int:
+    return sum(os.lstat(p).st_size for p in (cache._payload_path(key), cache._meta_path(key)))
+
+
+def _age(cache: JitCache, key: str, seconds_ago: float) -> None:
+    t = time.time() - seconds_ago
+    os.utime(cache._payload_path(key), (t, t))
+
+
+def _disk_bytes(cache: JitCache) -> int:
+    return sum(p.stat().st_size for p in cache.path.rglob("*") if p.is_file())
+
+
+def test_eviction_removes_the_least_recently_used_entries(tmp_path):
+    keys = [_key(source=f"s{i}") for i in range(4)]
+    probe = JitCache(tmp_path / "probe", max_bytes=0)
+    probe.put(keys[0], bytes(1000), {"i": 0})
+    one = _entry_bytes(probe, keys[0])
+    cache = JitCache(tmp_path / "cache", max_bytes=3 * one + one // 2)
+    for i, k in enumerate(keys[:3]):
+        cache.put(k, bytes(1000), {"i": i})
+    assert all(cache.get(k) is not None for k in keys[:3])  # three fit
+    for age, k in zip((300, 200, 100), keys[:3], strict=True):
+        _age(cache, k, age)  # used in the order 0, 1, 2 ...
+    assert cache.get(keys[0]) is not None  # ... and 0 again: 1 is now the least recently used
+    cache.put(keys[3], bytes(1000), {"i": 3})
+    assert cache.get(keys[1]) is None
+    assert all(cache.get(k) is not None for k in (keys[0], keys[2], keys[3]))
+    assert _disk_bytes(cache) <= cache.max_bytes
+    assert not cache._meta_path(keys[1]).exists()  # its sidecar went with it
+
+
+def test_eviction_keeps_fresh_temp_files_and_removes_stale_ones(tmp_path):
+    cache = JitCache(tmp_path / "cache", max_bytes=4000)
+    cache.put(_key(source="a"), bytes(1000))
+    shard = cache._payload_path(_key(source="a")).parent
+    fresh, stale = shard / ".live-writer.tmp", shard / ".crashed-writer.tmp"
+    fresh.write_bytes(bytes(10_000))
+    stale.write_bytes(bytes(10_000))
+    old = time.time() - 2 * jc._STALE_TEMP_SECONDS
+    os.utime(stale, (old, old))
+    cache.put(_key(source="b"), bytes(1000))
+    assert fresh.exists() and not stale.exists()
+    assert cache.get(_key(source="a")) is not None and cache.get(_key(source="b")) is not None
+
+
+def test_an_entry_larger_than_the_cap_is_not_kept(tmp_path):
+    cache = JitCache(tmp_path / "cache", max_bytes=500)
+    assert cache.get_or_build(_key(), lambda: bytes(1000)) == (bytes(1000), False)
+    assert cache.get(_key()) is None and cache.info().count == 0
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [("", "default"), ("1000", 1000), (" 1_000_000 ", 1_000_000), ("0", None)],
+)
+def test_max_bytes_from_the_environment(monkeypatch, value, expected):
+    expected = jc.DEFAULT_MAX_BYTES if expected == "default" else expected
+    monkeypatch.setenv(jc.ENV_CACHE_MAX_BYTES, value)
+    assert jc.cache_max_bytes() == expected and JitCache().max_bytes == expected
+
+
+@pytest.mark.parametrize("value", ["2GB", "-5", "1e9", "lots", "1.5", "١٢٣"])
+def test_a_bad_max_bytes_is_reported_and_the_default_applies(monkeypatch, caplog, value):
+    monkeypatch.setenv(jc.ENV_CACHE_MAX_BYTES, value)
+    caplog.set_level(logging.WARNING, logger="kermac")
+    assert jc.cache_max_bytes() == jc.DEFAULT_MAX_BYTES
+    assert any(jc.ENV_CACHE_MAX_BYTES in m and repr(value) in m for m in _warnings(caplog))
+
+
+def test_the_default_cache_follows_the_environment_cap(monkeypatch):
+    monkeypatch.setenv(jc.ENV_CACHE_MAX_BYTES, "3000")
+    cache = jc.default_cache()
+    for i in range(6):
+        cache.put(_key(source=f"s{i}"), bytes(1000))
+    assert cache.info().count == 2 and _disk_bytes(cache) <= 3000
+
+
+@pytest.mark.parametrize(("value", "error"), [(-1, ValueError), (1.5, TypeError), (True, TypeError)])
+def test_bad_max_bytes_argument(tmp_path, value, error):
+    with pytest.raises(error, match=r"^max_bytes"):
+        JitCache(tmp_path, max_bytes=value)
+
+
+_EVICTING_WORKER = textwrap.dedent(
+    """
+    import hashlib, logging, random, sys
+    from kermac.jit_cache import JitCache
+    from kermac.logs import logger
+
+    root, index, rounds, cap = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+
+    def key(i):
+        return hashlib.sha256(str(i).encode()).hexdigest()
+
+    def payload(i):
+        return hashlib.sha256(b"p" + str(i).encode()).digest() * (30 + i % 7)
+
+    class Fail(logging.Handler):
+        def emit(self, record):
+            print("WARNING LOGGED:", record.getMessage(), flush=True)
+            sys.exit(3)
+
+    logger.addHandler(Fail(logging.WARNING))
+    cache = JitCache(root, max_bytes=cap)
+    rng = random.Random(index)
+    hits = 0
+    for r in range(rounds):
+        i = rng.randrange(40)
+        got = cache.get(key(i))
+        if got is None:
+            cache.put(key(i), payload(i), {"writer": index})
+        elif got != payload(i):
+            print("read a wrong payload for", i, flush=True)
+            sys.exit(1)
+        else:
+            hits += 1
+    print("ok", hits, flush=True)
+    """
+)
+
+
+def test_concurrent_processes_evicting_each_other_always_read_valid_entries(tmp_path):
+    root = tmp_path / "shared"
+    cap = 8 * 1024  # about 12 of the 40 entries fit: every process evicts the others' entries
+    src = str(Path(jc.__file__).parents[1])
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [src, os.environ.get("PYTHONPATH")]))}
+    argv = [sys.executable, "-c", _EVICTING_WORKER, str(root)]
+    procs = [
+        subprocess.Popen(
+            [*argv, str(i), "150", str(cap)], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+        )
+        for i in range(6)
+    ]
+    outs = [p.communicate(timeout=300)[0] for p in procs]
+    for p, out in zip(procs, outs, strict=True):
+        assert p.returncode == 0 and out.startswith("ok"), out
+    assert sum(int(out.split()[1]) for out in outs) > 0  # entries were shared between processes
+    cache = JitCache(root, max_bytes=cap)
+    cache.put(_key(), b"last")  # every store enforces the cap
+    assert _disk_bytes(cache) <= cap
+    assert [p.name for p in cache.path.rglob("*.tmp")] == []
+    assert all(cache.get(e.key) is not None for e in cache.entries())
+
+
+# -- legacy files -----------------------------------------------------------------------------
+
+
+def test_generated_triton_sources_of_older_versions_are_counted_and_cleared(cache):
+    legacy = cache.root / "triton"
+    (legacy / "__pycache__").mkdir(parents=True)
+    (legacy / "kermac_triton_0123.py").write_text("x = 1\n" * 100)
+    (legacy / "__pycache__" / "kermac_triton_0123.cpython-311.pyc").write_bytes(bytes(300))
+    assert cache.info().total_bytes == 900
+    cache.clear()
+    assert not legacy.exists() and cache.info().total_bytes == 0
