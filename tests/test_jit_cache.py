@@ -385,7 +385,7 @@ def test_concurrent_writers_and_readers_always_see_a_valid_entry(tmp_path):
     assert leftovers == []
 
 
-# -- adversaries (issue 24): files and directories kermac did not write ------------------------
+# -- adversaries: files and directories kermac did not write ------------------------
 
 
 def _valid_entry_bytes(data: bytes) -> bytes:

@@ -1,6 +1,6 @@
 """Generated Triton modules execute exactly the text kermac generated, and nothing read from disk.
 
-The attacks of issue 24: a bytecode file (``__pycache__/*.pyc``) planted beside a generated module,
+The attacks: a bytecode file (``__pycache__/*.pyc``) planted beside a generated module,
 or in the shared ``$TMPDIR/kermac-triton`` the backend used to fall back to, ran in the user's
 process while the ``.py`` stayed byte-identical; a corrupted one made every Triton call fail.
 Each test plants such a file where the old loader looked and checks it never runs.  The kernel

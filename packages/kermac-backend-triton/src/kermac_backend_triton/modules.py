@@ -3,8 +3,8 @@
 Generated source never touches the disk: :func:`load_module` compiles exactly the text it is
 given with :func:`compile` and executes it in a fresh module registered in :data:`sys.modules`.
 No file is read and no bytecode cache (``__pycache__/*.pyc``) is consulted, so nothing another
-user could plant in a cache or temporary directory can run in its place (issue 24: the import
-system prefers an unchecked-hash ``.pyc`` to the source it was checked against).
+user could plant in a cache or temporary directory can run in its place (the import system
+prefers an unchecked-hash ``.pyc`` to the source it was checked against).
 
 ``triton.jit`` reads a kernel's source with :func:`inspect.getsourcelines`, when it decorates the
 function and, under ``TRITON_INTERPRET=1``, again when it first runs it; the source is therefore

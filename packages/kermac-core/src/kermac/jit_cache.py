@@ -17,7 +17,7 @@ Each ``.bin`` file starts with a fixed header -- magic string, layout version, p
 the payload's SHA-256 -- that :meth:`JitCache.get` verifies; a truncated or corrupted entry counts
 as a miss, is deleted and reported with ``logger.warning``.
 
-Safety (issue 24): the root, ``v1/`` and every shard directory are private to the user (created
+Safety: the root, ``v1/`` and every shard directory are private to the user (created
 ``0o700``; an existing one must be a real directory owned by the user and not writable by others,
 see :mod:`kermac.private_dir`).  A root or ``v1/`` that is not is refused -- kernels are compiled
 without the cache, with a warning -- and never replaced by a shared location.  Inside the
@@ -89,7 +89,7 @@ _STALE_TEMP_SECONDS = 3600.0
 _MAX_META_BYTES = 1 << 20
 # Latest `created` time accepted (9999-12-30 UTC): datetime can show it in every time zone.
 _MAX_TIMESTAMP = 253402128000.0
-# Where kermac versions before issue 24 wrote generated Triton modules; clear() removes it.
+# Where earlier kermac versions wrote generated Triton modules; clear() removes it.
 _LEGACY_TRITON_DIR = "triton"
 # Regular files only: a symbolic link fails to open, a FIFO opens without waiting for a writer.
 _OPEN_FLAGS = (
@@ -381,7 +381,7 @@ class JitCache:
         to rename them into place.  Anything that is not a regular file where kermac writes (a
         symbolic link, a FIFO, a directory, a shard directory that is not private) is removed
         and reported -- a symbolic link itself, never what it points to.  The generated Triton
-        modules that kermac versions before issue 24 wrote to ``<root>/triton/`` are removed too.
+        modules that earlier kermac versions wrote to ``<root>/triton/`` are removed too.
         Raises :class:`~kermac.private_dir.UnsafeDirectoryError` if the root or :attr:`path` is not
         private to the user: kermac deletes nothing in a directory it does not trust.
         """
