@@ -234,7 +234,7 @@ def test_warnings_turned_into_errors_fail_one_call_not_every_call(install) -> No
     x = torch.randn(3, 2, dtype=torch.float64)
     with warnings.catch_warnings():
         warnings.simplefilter("error", RuntimeWarning)
-        with pytest.raises(RuntimeWarning, match="libbad.so"):
+        with pytest.raises(RuntimeWarning, match=r"libbad\.so"):
             kermac.cdist(x, x)
         torch.testing.assert_close(kermac.cdist(x, x), torch.cdist(x, x))
 
@@ -261,6 +261,7 @@ def test_a_slow_plugin_is_abandoned_after_the_time_limit(install, monkeypatch) -
     assert elapsed < 2.5, f"discovery waited {elapsed:.1f} s"
     for name in ("slow_import", "slow_hook"):
         assert rows[name].broken and f"did not load within 0.5 s ({discovery.ENV_LOAD_TIMEOUT}" in rows[name].reason
+        assert ".py:" in rows[name].reason.split("; it was at ")[1]  # the line the plugin was stuck at
     assert "late1" not in rows and rows["quick"].available and len(warns) == 2
     assert_reference_runs_torch()
 
@@ -284,6 +285,36 @@ def test_no_load_time_limit_with_inf(install, monkeypatch) -> None:
     install("slow-import", {"slow_import": "time.sleep(0.3)\n" + backend_plugin("late1")})
     rows, warns = discover()
     assert rows["late1"].available and warns == []
+
+
+def test_a_package_that_uses_kermac_as_it_is_imported_and_ships_the_plugin(tmp_path, monkeypatch) -> None:
+    """Its plugin imports the package being imported: a loader thread would wait for the package's
+    import lock (held by the caller) past the limit; discovery from a module body loads in the caller."""
+    monkeypatch.setenv(discovery.ENV_LOAD_TIMEOUT, "0.5")
+    package = f"kermac_fake_pkg_{uuid.uuid4().hex[:12]}"
+    root = tmp_path / "site"
+    (root / package).mkdir(parents=True)
+    (root / package / "__init__.py").write_text(
+        "SCALE = 2.0\nimport kermac\nROWS = {r.name: r for r in kermac.backends()}\nfrom . import plugin\n"
+    )
+    (root / package / "plugin.py").write_text(
+        textwrap.dedent(HEADER) + f"from {package} import SCALE\n" + backend_plugin("circular")
+    )
+    info = root / "circular_dist-1.0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: circular-dist\nVersion: 1.0\n")
+    (info / "entry_points.txt").write_text(f"[kermac.backends]\ncircular = {package}.plugin\n")
+    monkeypatch.syspath_prepend(str(root))
+    registry.reset()
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            module = importlib.import_module(package)
+        assert module.ROWS["circular"].available and module.plugin.SCALE == 2.0
+    finally:
+        registry.reset()
+        for name in (package, f"{package}.plugin"):
+            sys.modules.pop(name, None)
 
 
 def test_plugins_load_in_the_caller_where_no_thread_can_start(install, monkeypatch) -> None:

@@ -14,13 +14,13 @@ kermac or another plugin (the rules are listed in :mod:`kermac.hookspecs`):
   takes longer than the load time limit.
 
 The time limit: each plugin is imported, and its hook called, in a daemon thread that discovery
-waits for at most :func:`load_timeout` seconds; a plugin still running then is recorded and
-abandoned (its thread finishes, or not, on its own; its result is never used).  A thread avoids
-running plugin code in the caller where it could stall it forever, at about 0.1 ms per plugin.
-Where the caller is itself importing a module the plugin imports, the plugin waits for that
-import (Python's per-module import locks) and may exceed the limit: first use kermac after
-imports finish.  A plugin that calls kermac while it loads gets a ``RuntimeError`` (discovery is
-in progress; waiting would deadlock).
+waits for at most :func:`load_timeout` seconds; a plugin still running then is recorded (with the
+line it was at) and abandoned (its thread finishes, or not, on its own; its result is never
+used).  The thread costs about 0.1 ms per plugin.  Two cases load in the calling thread, without
+a limit: no thread can be started, and kermac is first used from the body of a module being
+imported (the caller holds that module's import lock; a loader thread needing the same module
+would wait for it, maybe for good).  A plugin that calls kermac while it loads gets a
+``RuntimeError`` (discovery is in progress; waiting for it would deadlock).
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ from __future__ import annotations
 import math
 import os
 import re
+import sys
 import threading
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -165,8 +166,9 @@ def discover(entry_points: Iterable[metadata.EntryPoint], timeout: float | None)
     ``KeyboardInterrupt`` (re-raised from a plugin untouched).
     """
     found = Discovery()
+    threaded = not _importing()
     for plugin, ep in _accepted(entry_points, found.problems):
-        outcome = _load_with_limit(plugin, ep, timeout)
+        outcome = _load_with_limit(plugin, ep, timeout, threaded)
         if isinstance(outcome, str):
             found.problems.append(Problem(plugin, f"{plugin.label} {outcome}"))
             continue
@@ -237,10 +239,26 @@ def _load(plugin: Plugin, ep: metadata.EntryPoint) -> list[tuple[object, Backend
     return found
 
 
+def _importing() -> bool:
+    """Whether this thread is running the body of a module being imported (so it holds that module's lock).
+
+    A loader thread importing that module too would wait for the lock until the caller's import
+    ends: past the time limit, or for good where the caller then imports the plugin's module (a
+    package that uses kermac as it is imported and ships the plugin).  So plugins then load in the
+    caller, as an import there would.
+    """
+    frame = sys._getframe()
+    while frame is not None:
+        if frame.f_code.co_name == "<module>" and frame.f_globals.get("__name__", "__main__") != "__main__":
+            return True
+        frame = frame.f_back
+    return False
+
+
 def _load_with_limit(
-    plugin: Plugin, ep: metadata.EntryPoint, timeout: float | None
+    plugin: Plugin, ep: metadata.EntryPoint, timeout: float | None, threaded: bool
 ) -> list[tuple[object, Backend]] | str:
-    """:func:`_load` in a daemon thread; its result, or what went wrong (``'failed to load: ...'``)."""
+    """:func:`_load`, in a daemon thread if ``threaded``; its result, or what went wrong (``'failed to load: ...'``)."""
     box: dict[str, object] = {}
     done = threading.Event()
 
@@ -254,18 +272,30 @@ def _load_with_limit(
             _loader.plugin = None
             done.set()
 
-    try:
-        threading.Thread(target=run, name=f"kermac-plugin-{plugin.name}", daemon=True).start()
-    except RuntimeError:  # no thread to be had (a limit, interpreter shutdown): load here, without a limit
-        run()
-    if not done.wait(timeout):  # a Ctrl-C here interrupts the wait and propagates
-        return f"did not load within {timeout:g} s ({ENV_LOAD_TIMEOUT} sets the limit)"
+    thread = threading.Thread(target=run, name=f"kermac-plugin-{plugin.name}", daemon=True) if threaded else None
+    if thread is not None:
+        try:
+            thread.start()
+        except RuntimeError:  # no thread to be had (a limit, interpreter shutdown)
+            thread = None
+    if thread is None:
+        run()  # here, without a limit
+    elif not done.wait(timeout):  # a Ctrl-C here interrupts the wait and propagates
+        return f"did not load within {timeout:g} s ({ENV_LOAD_TIMEOUT} sets the limit){_where(thread)}"
     error = box.get("error")
     if isinstance(error, KeyboardInterrupt):
         raise error  # never the plugin's error: let it propagate as raised
     if error is not None:
         return f"failed to load: {describe_exception(error)}"  # type: ignore[arg-type]
     return box["value"]  # type: ignore[return-value]
+
+
+def _where(thread: threading.Thread) -> str:
+    """``'; it was at file:line'``: the plugin code a loader thread is running (outside importlib)."""
+    frame = sys._current_frames().get(thread.ident)  # type: ignore[arg-type]
+    while frame is not None and frame.f_code.co_filename.startswith("<frozen "):
+        frame = frame.f_back
+    return f"; it was at {frame.f_code.co_filename}:{frame.f_lineno}" if frame is not None else ""
 
 
 def _register(found: Discovery, plugin: Plugin, name: object, backend: Backend) -> None:

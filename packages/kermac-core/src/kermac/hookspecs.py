@@ -25,9 +25,10 @@ one is reported (a ``RuntimeWarning`` and a row of ``kermac info``) and skipped,
 * Backend names are letters, digits, ``_``, ``-`` and ``.`` (not ``auto``): users type them as
   ``backend=`` and in comma-separated lists.
 * Importing the plugin and calling :func:`kermac_backends` happen in a helper thread that kermac
-  waits for at most ``KERMAC_PLUGIN_LOAD_TIMEOUT`` seconds (default 5); keep both light, do not
-  call kermac from them (backends are being discovered: such a call raises), and leave what only
-  the main thread may do (signal handlers) out of them.
+  waits for at most ``KERMAC_PLUGIN_LOAD_TIMEOUT`` seconds (default 5; details in
+  :mod:`kermac.discovery`); keep both light, do not call kermac from them (backends are being
+  discovered: such a call raises), and leave what only the main thread may do (signal handlers)
+  out of them.
 """
 
 from __future__ import annotations
