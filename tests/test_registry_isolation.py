@@ -185,6 +185,23 @@ def test_a_backend_name_registered_twice_names_both_distributions(install) -> No
     assert len(warns) == 1 and "maker-a" in warns[0] and "maker-b" in warns[0]
 
 
+@pytest.mark.parametrize(
+    "content",
+    [b"[kermac.backends]\nx = \xff\xfe\n", b"[kermac.backends]\nno equals sign\n"],
+    ids=["not-utf8", "malformed"],
+)
+def test_a_distribution_with_unreadable_entry_points_does_not_stop_discovery(install, content) -> None:
+    info = install("corrupt-dist", {})
+    (info / "entry_points.txt").write_bytes(content)
+    install("quick", {"quick": backend_plugin("quick")})
+    rows, warns = discover()
+    assert rows["quick"].available and rows["quick"].distribution == "quick"
+    row = rows["corrupt-dist"]
+    assert row.broken and row.reason.startswith("distribution corrupt-dist: its entry points cannot be read (")
+    assert warns == [f"kermac: {row.reason}; skipped"]
+    assert_reference_runs_torch()
+
+
 # -- plugins that fail to load ------------------------------------------------------------------
 
 LOAD_FAILURES = {
@@ -213,7 +230,7 @@ LOAD_FAILURES = {
     ),
     "name-auto": (backend_plugin("auto"), "backend name 'auto' is not a name"),
     "name-with-space": (backend_plugin("my backend"), "backend name 'my backend' is not a name"),
-    "name-not-str": (backend_plugin(42), "backend name 42 is not a name"),  # type: ignore[arg-type]
+    "name-not-str": (backend_plugin(42), "a backend's name is a int, expected a str"),  # type: ignore[arg-type]
 }
 
 

@@ -49,6 +49,7 @@ __all__ = [
     "check_not_loading",
     "describe_exception",
     "discover",
+    "discover_installed",
     "load_timeout",
 ]
 
@@ -177,16 +178,45 @@ def discover(entry_points: Iterable[metadata.EntryPoint], timeout: float | None)
     return found
 
 
-def _plugin(ep: metadata.EntryPoint) -> Plugin:
-    dist = getattr(ep, "dist", None)
-    if dist is None:
-        return Plugin(ep.name, ep.value, None)
+def discover_installed(timeout: float | None) -> Discovery:
+    """:func:`discover` over the installed distributions' entry points of ``kermac.backends``.
+
+    A distribution whose entry-point metadata cannot be read (not UTF-8, malformed) is a problem
+    of its own, not the end of discovery: the other distributions' plugins still load.
+    """
+    group = hookspecs.ENTRY_POINT_GROUP
+    problems: list[Problem] = []
+    try:
+        eps = list(metadata.entry_points(group=group))
+    except Exception:  # some distribution's entry_points.txt is unreadable: go through them one by one
+        eps, seen = [], set()
+        for dist in metadata.distributions():
+            name = _distribution_name(dist)
+            if name in seen:
+                continue  # the same distribution again, further down sys.path (as importlib.metadata does)
+            seen.add(name)
+            try:
+                eps.extend(dist.entry_points.select(group=group))
+            except Exception as exc:
+                message = f"distribution {name}: its entry points cannot be read ({describe_exception(exc)})"
+                problems.append(Problem(Plugin(name, "entry_points.txt", name), message))
+    found = discover(eps, timeout)
+    found.problems[:0] = problems
+    return found
+
+
+def _distribution_name(dist: metadata.Distribution) -> str:
+    """The normalised project name of ``dist`` (``"<unnamed distribution>"`` if unreadable)."""
     try:
         name = dist.name
     except Exception:  # unreadable metadata: a distribution, but not one that owns anything
         name = None
-    normalized = re.sub(r"[-_.]+", "-", name).lower() if isinstance(name, str) else "<unnamed distribution>"
-    return Plugin(ep.name, ep.value, normalized)
+    return re.sub(r"[-_.]+", "-", name).lower() if isinstance(name, str) else "<unnamed distribution>"
+
+
+def _plugin(ep: metadata.EntryPoint) -> Plugin:
+    dist = getattr(ep, "dist", None)
+    return Plugin(ep.name, ep.value, None if dist is None else _distribution_name(dist))
 
 
 def _accepted(
@@ -300,7 +330,9 @@ def _where(thread: threading.Thread) -> str:
 
 def _register(found: Discovery, plugin: Plugin, name: object, backend: Backend) -> None:
     """Add one backend, or record why not (bad name, another's reserved name, a name taken)."""
-    if not isinstance(name, str) or name == _AUTO or not _VALID_NAME.fullmatch(name):
+    if not isinstance(name, str):
+        problem = f"{plugin.label}: a backend's name is a {type(name).__name__}, expected a str"
+    elif name == _AUTO or not _VALID_NAME.fullmatch(name):
         problem = f"{plugin.label}: backend name {name!r} is not a name (letters, digits, _ - .; not 'auto')"
     elif not plugin.may_use(name):
         problem = f"{plugin.label}: backend name {name!r} is reserved for {hookspecs.RESERVED[name]}"

@@ -27,9 +27,17 @@ from dataclasses import dataclass, field
 from importlib import metadata
 from typing import TYPE_CHECKING, TypeVar
 
-from kermac import hookspecs
 from kermac.backend import Availability, Backend
-from kermac.discovery import Discovery, Loaded, Plugin, check_not_loading, describe_exception, discover, load_timeout
+from kermac.discovery import (
+    Discovery,
+    Loaded,
+    Plugin,
+    check_not_loading,
+    describe_exception,
+    discover,
+    discover_installed,
+    load_timeout,
+)
 from kermac.errors import BackendUnavailableError, UnsupportedProblemError
 from kermac.problem import GradProblem
 
@@ -99,9 +107,7 @@ def _get_registry() -> _Registry:
         with _lock:
             if _registry is not None:
                 return _registry
-            reg = _registry = _Registry(
-                discover(metadata.entry_points(group=hookspecs.ENTRY_POINT_GROUP), load_timeout())
-            )
+            reg = _registry = _Registry(discover_installed(load_timeout()))
         _warn(reg.found)
     return reg
 
