@@ -18,7 +18,6 @@ once per backend and hook as a ``RuntimeWarning``, after which
 
 from __future__ import annotations
 
-import numbers
 import os
 import threading
 import warnings
@@ -147,7 +146,7 @@ def _method(obj: object, name: str, *args: object) -> object:
 
 
 def _is_int(value: object) -> bool:
-    return type(value) is int or (isinstance(value, numbers.Integral) and not isinstance(value, bool))
+    return type(value) is int or (isinstance(value, int) and not isinstance(value, bool))
 
 
 def _is_reason(value: object) -> bool:
@@ -179,7 +178,7 @@ def _report(reg: _Registry, name: str, entry: Loaded, err: _PluginError, consequ
 
 
 def _priority(entry: Loaded) -> int:
-    return int(_hook("priority", getattr, (entry.backend, "priority"), _is_int, "an int"))
+    return _hook("priority", getattr, (entry.backend, "priority"), _is_int, "an int")
 
 
 def _availability(reg: _Registry, name: str, entry: Loaded) -> tuple[Availability, bool]:
@@ -202,7 +201,7 @@ def _availability(reg: _Registry, name: str, entry: Loaded) -> tuple[Availabilit
 def _preference(reg: _Registry, name: str, entry: Loaded, problem: object, priority: int) -> int:
     """``preference(problem)``; a plugin error is reported and the backend ranked by ``priority``."""
     try:
-        return int(_hook("preference()", _method, (entry.backend, "preference", problem), _is_int, "an int"))
+        return _hook("preference()", _method, (entry.backend, "preference", problem), _is_int, "an int")
     except _PluginError as err:
         _report(reg, name, entry, err, "ranked by its priority instead")
         return priority
