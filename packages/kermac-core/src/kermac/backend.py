@@ -43,10 +43,17 @@ class Availability:
 class Backend(abc.ABC):
     """Base class of kermac backends.
 
-    Subclasses set :attr:`name` (what users pass as ``backend=``) and :attr:`priority` (``auto``
-    tries higher priorities first; a negative priority marks an opt-in backend, e.g. an emulator,
-    that ``auto`` never picks and ``kermac bench`` does not time unless named), and implement the
-    methods below.
+    Subclasses set :attr:`name` (what users pass as ``backend=``: letters, digits, ``_``, ``-``,
+    ``.``; not ``auto`` nor a built-in name of :data:`kermac.hookspecs.RESERVED`) and
+    :attr:`priority` (an int; ``auto`` tries higher priorities first; a negative priority marks an
+    opt-in backend, e.g. an emulator, that ``auto`` never picks and ``kermac bench`` does not time
+    unless named), and implement the methods below.
+
+    The hooks ``priority``, :meth:`availability`, :meth:`preference`, :meth:`check_pairwise` and
+    :meth:`check_grad` must not raise and must return the documented types; one that does not is
+    a plugin error, which :mod:`kermac.registry` reports once and survives (``auto`` skips the
+    backend for that decision).  :func:`kermac.testing.assert_pairwise_conforms` and
+    :func:`~kermac.testing.assert_grad_conforms` check a backend's values against the reference.
     """
 
     name: ClassVar[str]
@@ -55,23 +62,23 @@ class Backend(abc.ABC):
 
     @abc.abstractmethod
     def availability(self) -> Availability:
-        """Whether this backend can run on this machine.  Must not raise; may be cached."""
+        """Whether this backend can run on this machine.  Must not raise; kermac asks once per process."""
 
     @abc.abstractmethod
     def check_pairwise(self, problem: PairwiseProblem) -> str | None:
-        """``None`` if :meth:`pairwise` can run ``problem``, else the reason it cannot."""
+        """``None`` if :meth:`pairwise` can run ``problem``, else the reason it cannot (a str)."""
 
     @abc.abstractmethod
     def pairwise(self, problem: PairwiseProblem) -> None:
-        """Compute the fused pairwise kernel of ``problem`` into ``problem.out``."""
+        """Compute the fused pairwise kernel of ``problem`` into ``problem.out`` (every element of it)."""
 
     @abc.abstractmethod
     def check_grad(self, problem: GradProblem) -> str | None:
-        """``None`` if :meth:`grad` can run ``problem``, else the reason it cannot."""
+        """``None`` if :meth:`grad` can run ``problem``, else the reason it cannot (a str)."""
 
     @abc.abstractmethod
     def grad(self, problem: GradProblem) -> None:
-        """Compute the gradient contraction of ``problem`` into ``problem.out``."""
+        """Compute the gradient contraction of ``problem`` into ``problem.out`` (every element of it)."""
 
     def preference(self, problem: PairwiseProblem | GradProblem) -> int:
         """How strongly ``auto`` should prefer this backend for ``problem`` (default: :attr:`priority`).

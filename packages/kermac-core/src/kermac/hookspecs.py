@@ -14,10 +14,26 @@ A plugin is any importable object (usually a module) named by an entry point in 
     def kermac_backends():
         from my_package.backend import MyBackend  # a kermac.backend.Backend subclass
         return [MyBackend()]
+
+Rules kermac enforces when it discovers plugins (:mod:`kermac.discovery`); a plugin that breaks
+one is reported (a ``RuntimeWarning`` and a row of ``kermac info``) and skipped, never fatal:
+
+* The names in :data:`RESERVED` -- as entry-point names and as backend names -- belong to the
+  distributions that ship kermac's own backends; no other distribution may use them.
+* An entry-point name declared by two distributions is loaded from the first one on ``sys.path``
+  only; a backend name is registered once (the first plugin to provide it keeps it).
+* Backend names are letters, digits, ``_``, ``-`` and ``.`` (not ``auto``): users type them as
+  ``backend=`` and in comma-separated lists.
+* Importing the plugin and calling :func:`kermac_backends` happen in a helper thread that kermac
+  waits for at most ``KERMAC_PLUGIN_LOAD_TIMEOUT`` seconds (default 5; details in
+  :mod:`kermac.discovery`); keep both light, do not call kermac from them (backends are being
+  discovered: such a call raises), and leave what only the main thread may do (signal handlers)
+  out of them.
 """
 
 from __future__ import annotations
 
+from types import MappingProxyType
 from typing import TYPE_CHECKING
 
 import pluggy
@@ -27,6 +43,11 @@ if TYPE_CHECKING:
 
 PROJECT = "kermac"
 ENTRY_POINT_GROUP = "kermac.backends"
+
+#: Built-in names (entry-point names and backend names alike) -> the distribution that owns them.
+RESERVED = MappingProxyType(
+    {"torch": "kermac-core", "nvrtc": "kermac-backend-nvrtc", "triton": "kermac-backend-triton"}
+)
 
 hookspec = pluggy.HookspecMarker(PROJECT)
 hookimpl = pluggy.HookimplMarker(PROJECT)

@@ -1,8 +1,19 @@
-"""Backend discovery (pluggy over the ``kermac.backends`` entry points) and selection.
+"""The backend registry: plugins discovered once, on first use, and the choice of backend for a problem.
 
-Discovery happens once, on first use.  Each entry point is loaded on its own: a plugin that fails
-to import or to return backends is recorded as *broken* and reported by :func:`backend_statuses`
-and ``kermac info`` (and a warning), never fatal to the others.
+Discovery (:mod:`kermac.discovery`) loads each entry point of ``kermac.backends`` on its own,
+within a time limit; every plugin it refuses or that fails is reported once -- a
+``RuntimeWarning`` and a ``broken`` row of :func:`backend_statuses` (``kermac info``) naming the
+plugin, its distribution and why -- and skipped, never fatal to the others.
+
+The backends' hooks are plugin code too: ``priority``, ``availability()``, ``preference()``,
+``check_pairwise()`` and ``check_grad()``.  One that raises (anything but ``KeyboardInterrupt``,
+which propagates untouched) or returns a value of the wrong type is a *plugin error*: reported
+once per backend and hook as a ``RuntimeWarning``, after which
+
+* ``auto`` skips that backend for the decision at hand (a failing ``preference()`` only ranks it
+  by its priority; a failing ``availability()`` counts as unavailable, for the process);
+* a backend named explicitly raises :class:`BackendUnavailableError` (``availability()``) or
+  :class:`UnsupportedProblemError` (its check), naming the plugin and chaining the exception.
 """
 
 from __future__ import annotations
@@ -11,15 +22,23 @@ import os
 import threading
 import warnings
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from importlib import metadata
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
-import pluggy
-
-from kermac import hookspecs
 from kermac.backend import Availability, Backend
+from kermac.discovery import (
+    Discovery,
+    Loaded,
+    Plugin,
+    check_not_loading,
+    describe_exception,
+    discover,
+    discover_installed,
+    load_timeout,
+)
 from kermac.errors import BackendUnavailableError, UnsupportedProblemError
+from kermac.problem import GradProblem
 
 if TYPE_CHECKING:
     from collections.abc import Iterable
@@ -29,10 +48,19 @@ __all__ = ["BackendStatus", "backend_statuses", "get_backend", "registered_backe
 AUTO = "auto"
 ENV_BACKEND = "KERMAC_BACKEND"
 
+T = TypeVar("T")
+
 
 @dataclass(frozen=True)
 class BackendStatus:
-    """One row of :func:`kermac.backends`: a backend (or a broken plugin) and whether it can run."""
+    """One row of :func:`kermac.backends`: a backend (or a plugin with a problem) and whether it can run.
+
+    ``broken`` marks a plugin error: a plugin that was refused or failed to load (``name`` is the
+    entry-point name, qualified by the distribution where a backend has that name too), or a
+    backend whose ``priority`` or ``availability()`` failed.  ``reason`` says why.
+    ``distribution`` is the distribution that declared the plugin (``None`` for a hand-made entry
+    point).
+    """
 
     name: str
     available: bool
@@ -41,115 +69,203 @@ class BackendStatus:
     plugin: str
     version: str | None = None
     broken: bool = False
+    distribution: str | None = None
+
+
+class _PluginError(Exception):
+    """A backend hook raised or returned a value of the wrong type; ``hook`` names it."""
+
+    def __init__(self, hook: str, message: str) -> None:
+        super().__init__(message)
+        self.hook = hook
 
 
 @dataclass
 class _Registry:
-    backends: dict[str, Backend]
-    plugins: dict[str, str]  # backend name -> plugin (entry point) name
-    broken: dict[str, str]  # plugin name -> error
+    found: Discovery
+    availability: dict[str, tuple[Availability, bool]] = field(default_factory=dict)  # (value, a plugin error)
+    reported: set[tuple[str, str]] = field(default_factory=set)  # (backend, hook) plugin errors warned about
 
 
 _lock = threading.Lock()
 _registry: _Registry | None = None
-_availability: dict[str, Availability] = {}
 
 
-def _plugin_manager() -> pluggy.PluginManager:
-    pm = pluggy.PluginManager(hookspecs.PROJECT)
-    pm.add_hookspecs(hookspecs)
-    return pm
-
-
-def _discover(entry_points: Iterable[metadata.EntryPoint]) -> _Registry:
-    reg = _Registry({}, {}, {})
-    for ep in entry_points:
-        try:
-            plugin = ep.load()
-            pm = _plugin_manager()
-            pm.register(plugin, name=ep.name)
-            found = [b for result in pm.hook.kermac_backends() for b in result]
-            for b in found:
-                if not isinstance(b, Backend):
-                    raise TypeError(f"kermac_backends() returned {type(b).__name__}, expected a kermac.backend.Backend")
-        except Exception as exc:  # a broken plugin must not take the others down
-            reg.broken[ep.name] = f"{type(exc).__name__}: {exc}"
-            warnings.warn(
-                f"kermac: backend plugin {ep.name!r} ({ep.value}) is broken and was skipped: {exc}",
-                RuntimeWarning,
-                stacklevel=3,
-            )
-            continue
-        for b in found:
-            if b.name in reg.backends:
-                reg.broken[ep.name] = f"backend name {b.name!r} already registered by plugin {reg.plugins[b.name]!r}"
-                warnings.warn(
-                    f"kermac: {reg.broken[ep.name]}; the one from {ep.name!r} was skipped", RuntimeWarning, stacklevel=3
-                )
-                continue
-            reg.backends[b.name] = b
-            reg.plugins[b.name] = ep.name
-    return reg
+def _warn(found: Discovery) -> None:
+    """One ``RuntimeWarning`` per problem of discovery (after the registry is in place: a warning
+    turned into an error by a filter then fails one call, not every call)."""
+    for problem in found.problems:
+        warnings.warn(f"kermac: {problem.message}; skipped", RuntimeWarning, stacklevel=4)
 
 
 def _get_registry() -> _Registry:
     global _registry
-    if _registry is None:
+    check_not_loading()  # a plugin calling kermac as it loads would wait for itself
+    reg = _registry
+    if reg is None:
         with _lock:
-            if _registry is None:
-                eps = metadata.entry_points(group=hookspecs.ENTRY_POINT_GROUP)
-                # Deduplicate: the same distribution can appear twice on sys.path (editable + site).
-                unique = {ep.name: ep for ep in eps}
-                _registry = _discover(unique.values())
-    return _registry
+            if _registry is not None:
+                return _registry
+            reg = _registry = _Registry(discover_installed(load_timeout()))
+        _warn(reg.found)
+    return reg
 
 
 def reset(entry_points: Iterable[metadata.EntryPoint] | None = None) -> None:
     """Forget discovered backends (tests use this); ``entry_points`` replaces discovery if given."""
     global _registry
     with _lock:
-        _availability.clear()
-        _registry = None if entry_points is None else _discover(entry_points)
+        _registry = None if entry_points is None else _Registry(discover(entry_points, load_timeout()))
+        reg = _registry
+    if reg is not None:
+        _warn(reg.found)
 
 
 def registered_backends() -> dict[str, Backend]:
     """Every successfully loaded backend by name, available or not."""
-    return dict(_get_registry().backends)
+    return {name: entry.backend for name, entry in _get_registry().found.backends.items()}
 
 
-def availability(backend: Backend) -> Availability:
-    """The backend's availability, computed once per process; a raising check counts as 'no'."""
-    cached = _availability.get(backend.name)
+def _hook(hook: str, call: Callable[..., T], args: tuple, valid: Callable[[object], bool], expected: str) -> T:
+    """``call(*args)``, a backend hook; :class:`_PluginError` if it raises or returns what ``valid`` refuses."""
+    try:
+        value = call(*args)
+        ok = valid(value)
+    except KeyboardInterrupt:
+        raise
+    except BaseException as exc:  # SystemExit too: a plugin must not end or unwind the caller
+        raise _PluginError(hook, f"{hook} raised {describe_exception(exc)}") from exc
+    if not ok:
+        raise _PluginError(hook, f"{hook} returned {type(value).__name__}, expected {expected}")
+    return value
+
+
+def _method(obj: object, name: str, *args: object) -> object:
+    """``obj.name(*args)``: through :func:`_hook`, the lookup is guarded too (it may be plugin code)."""
+    return getattr(obj, name)(*args)
+
+
+def _is_int(value: object) -> bool:
+    return type(value) is int or (isinstance(value, int) and not isinstance(value, bool))
+
+
+def _is_reason(value: object) -> bool:
+    return value is None or isinstance(value, str)
+
+
+def _is_availability(value: object) -> bool:
+    return (
+        isinstance(value, Availability)
+        and isinstance(value.available, bool)
+        and all(v is None or isinstance(v, str) for v in (value.reason, value.version))
+    )
+
+
+def _plugin_error(entry: Loaded, err: _PluginError) -> str:
+    return f"plugin error ({entry.plugin.label}): {err}"
+
+
+def _report(reg: _Registry, name: str, entry: Loaded, err: _PluginError, consequence: str) -> None:
+    """Warn about a plugin error, once per backend and hook."""
+    key = (name, err.hook)
+    if key not in reg.reported:
+        reg.reported.add(key)
+        warnings.warn(
+            f"kermac backend {name!r}: {err} ({entry.plugin.label}); {consequence} (reported once)",
+            RuntimeWarning,
+            stacklevel=4,
+        )
+
+
+def _priority(entry: Loaded) -> int:
+    return _hook("priority", getattr, (entry.backend, "priority"), _is_int, "an int")
+
+
+def _availability(reg: _Registry, name: str, entry: Loaded) -> tuple[Availability, bool]:
+    """The backend's availability (computed once per process) and whether it is a plugin error."""
+    cached = reg.availability.get(name)
     if cached is None:
+        expected = "a kermac.backend.Availability (available: bool; reason, version: str or None)"
         try:
-            cached = backend.availability()
-        except Exception as exc:
-            cached = Availability.no(f"availability check raised {type(exc).__name__}: {exc}")
-        _availability[backend.name] = cached
+            cached = (
+                _hook("availability()", _method, (entry.backend, "availability"), _is_availability, expected),
+                False,
+            )
+        except _PluginError as err:
+            _report(reg, name, entry, err, "it counts as unavailable")
+            cached = (Availability.no(_plugin_error(entry, err)), True)
+        reg.availability[name] = cached
     return cached
 
 
+def _preference(reg: _Registry, name: str, entry: Loaded, problem: object, priority: int) -> int:
+    """``preference(problem)``; a plugin error is reported and the backend ranked by ``priority``."""
+    try:
+        return _hook("preference()", _method, (entry.backend, "preference", problem), _is_int, "an int")
+    except _PluginError as err:
+        _report(reg, name, entry, err, "ranked by its priority instead")
+        return priority
+
+
+def _check_hook(problem: object) -> str:
+    """The name of the hook that ``check`` calls for ``problem`` (for messages)."""
+    return "check_grad()" if isinstance(problem, GradProblem) else "check_pairwise()"
+
+
+def _check(entry: Loaded, problem: object, check: Callable[[Backend, object], str | None], hook: str) -> str | None:
+    return _hook(hook, check, (entry.backend, problem), _is_reason, "None or a str")
+
+
 def backend_statuses() -> list[BackendStatus]:
-    """Every backend with availability (and why not), plus one row per broken plugin."""
+    """Every backend with availability (and why not), then one row per plugin with a problem."""
     reg = _get_registry()
     rows = []
-    for name, b in sorted(reg.backends.items(), key=lambda kv: -kv[1].priority):
-        av = availability(b)
-        rows.append(BackendStatus(name, av.available, av.reason, b.priority, reg.plugins[name], av.version))
-    for plugin, err in sorted(reg.broken.items()):
-        rows.append(BackendStatus(plugin, False, f"plugin failed to load: {err}", 0, plugin, None, broken=True))
+    for name, entry in reg.found.backends.items():
+        plugin = entry.plugin
+        try:
+            priority = _priority(entry)
+        except _PluginError as err:
+            _report(reg, name, entry, err, "auto skips it")
+            rows.append(
+                BackendStatus(name, False, _plugin_error(entry, err), 0, plugin.name, None, True, plugin.distribution)
+            )
+            continue
+        av, failed = _availability(reg, name, entry)
+        row = BackendStatus(
+            name, av.available, av.reason, priority, plugin.name, av.version, failed, plugin.distribution
+        )
+        rows.append(row)
+    rows.sort(key=lambda s: -s.priority)  # stable: registration order among equals
+    return rows + _problem_rows(reg)
+
+
+def _problem_rows(reg: _Registry) -> list[BackendStatus]:
+    """One row per plugin with problems, named so that no two rows share a name."""
+    merged: dict[Plugin, list[str]] = {}
+    for problem in reg.found.problems:
+        merged.setdefault(problem.plugin, []).append(problem.message)
+    taken = set(reg.found.backends)
+    rows = []
+    for plugin, messages in merged.items():
+        name = plugin.name if plugin.name not in taken else f"{plugin.name} ({plugin.source})"
+        taken.add(name)
+        rows.append(BackendStatus(name, False, "; ".join(messages), 0, plugin.name, None, True, plugin.distribution))
     return rows
 
 
 def get_backend(name: str) -> Backend:
     """The backend registered as ``name``; ``ValueError`` listing the known names otherwise."""
-    reg = _get_registry()
-    try:
-        return reg.backends[name]
-    except KeyError:
-        known = ", ".join(sorted(reg.backends)) or "none"
-        extra = f" (broken plugins: {', '.join(sorted(reg.broken))})" if reg.broken else ""
-        raise ValueError(f"backend: expected 'auto' or one of {known}{extra}; got {name!r}") from None
+    return _entry(_get_registry(), name).backend
+
+
+def _entry(reg: _Registry, name: str) -> Loaded:
+    entry = reg.found.backends.get(name)
+    if entry is None:
+        known = ", ".join(sorted(reg.found.backends)) or "none"
+        broken = sorted({p.plugin.name for p in reg.found.problems})
+        extra = f" (broken plugins: {', '.join(broken)})" if broken else ""
+        raise ValueError(f"backend: expected 'auto' or one of {known}{extra}; got {name!r}")
+    return entry
 
 
 def requested_backend(backend: str) -> str:
@@ -167,58 +283,76 @@ def select_backend(backend: str, problem: object, check: Callable[[Backend, obje
     ``backend='auto'`` takes, among the backends that are available and whose ``check`` accepts
     the problem (never one of negative priority: those are opt-in), the one of highest
     :meth:`~kermac.backend.Backend.preference` for it (its priority unless it knows better; ties
-    go to the higher priority); a name forces that
-    backend and raises :class:`BackendUnavailableError` or
-    :class:`UnsupportedProblemError` (naming the backends that would work) if it cannot.
+    go to the higher priority); a name forces that backend and raises
+    :class:`BackendUnavailableError` or :class:`UnsupportedProblemError` (naming the backends
+    that would work) if it cannot.  Plugin errors are handled as the module docstring says.
     """
     name = requested_backend(backend)
+    reg = _get_registry()
     if name != AUTO:
-        chosen = get_backend(name)
-        av = availability(chosen)
-        if not av.available:
-            raise BackendUnavailableError(
-                f"backend {name!r} is unavailable: {av.reason}.{_alternatives(problem, check, what)}"
-            )
-        reason = check(chosen, problem)
-        if reason is not None:
-            raise UnsupportedProblemError(
-                f"backend {name!r} cannot run this {what}: {reason}.{_alternatives(problem, check, what)}"
-            )
-        return chosen
-    reasons, ranked = [], []
-    # Each backend's priority is read once per call (a property may compute it).
-    by_priority = sorted(((b.priority, b) for b in _get_registry().backends.values()), key=lambda pb: -pb[0])
-    for priority, b in by_priority:
+        return _forced(reg, name, problem, check, what)
+    reasons, candidates = [], []
+    for bname, entry in reg.found.backends.items():
+        try:
+            candidates.append((_priority(entry), bname, entry))  # read once per call: a property may compute it
+        except _PluginError as err:
+            _report(reg, bname, entry, err, "auto skips it")
+            reasons.append(f"{bname}: {_plugin_error(entry, err)}")
+    candidates.sort(key=lambda c: -c[0])
+    ranked = []
+    for priority, bname, entry in candidates:
         if priority < 0:
             continue  # opt-in backends run only when named
-        av = availability(b)
+        av, _ = _availability(reg, bname, entry)
         if av.available:
-            ranked.append((_preference(b, problem, priority), priority, b))
+            ranked.append((_preference(reg, bname, entry, problem, priority), priority, bname, entry))
         else:
-            reasons.append(f"{b.name}: {av.reason}")
+            reasons.append(f"{bname}: {av.reason}")
     # Most preferred first; only as many checks as it takes to find one that accepts.
     ranked.sort(key=lambda r: r[:2], reverse=True)
-    for _, _, b in ranked:
-        reason = check(b, problem)
+    for _, _, bname, entry in ranked:
+        try:
+            reason = _check(entry, problem, check, _check_hook(problem))
+        except _PluginError as err:
+            _report(reg, bname, entry, err, "auto skips it where it fails")
+            reason = _plugin_error(entry, err)
         if reason is None:
-            return b
-        reasons.append(f"{b.name}: {reason}")
+            return entry.backend
+        reasons.append(f"{bname}: {reason}")
     raise UnsupportedProblemError(f"no backend can run this {what} ({'; '.join(reasons) or 'no backends registered'})")
 
 
-def _preference(b: Backend, problem: object, priority: int) -> int:
-    """``b.preference(problem)``; a plugin whose hook raises is warned about and ranked by ``priority``."""
+def _forced(
+    reg: _Registry, name: str, problem: object, check: Callable[[Backend, object], str | None], what: str
+) -> Backend:
+    entry = _entry(reg, name)
+    av, _ = _availability(reg, name, entry)
+    if not av.available:
+        alternatives = _alternatives(reg, name, problem, check, what)
+        raise BackendUnavailableError(f"backend {name!r} is unavailable: {av.reason}.{alternatives}")
     try:
-        return int(b.preference(problem))
-    except Exception as exc:
-        warnings.warn(
-            f"kermac backend {b.name!r}: preference() raised {type(exc).__name__}: {exc}; using its priority",
-            RuntimeWarning,
-            stacklevel=4,
-        )
-        return priority
+        reason = _check(entry, problem, check, _check_hook(problem))
+    except _PluginError as err:
+        alternatives = _alternatives(reg, name, problem, check, what)
+        message = f"backend {name!r} cannot run this {what}: {_plugin_error(entry, err)}.{alternatives}"
+        raise UnsupportedProblemError(message) from err.__cause__ or err
+    if reason is not None:
+        alternatives = _alternatives(reg, name, problem, check, what)
+        raise UnsupportedProblemError(f"backend {name!r} cannot run this {what}: {reason}.{alternatives}")
+    return entry.backend
 
 
-def _alternatives(problem: object, check: Callable[[Backend, object], str | None], what: str) -> str:
-    ok = [b.name for b in registered_backends().values() if availability(b).available and check(b, problem) is None]
+def _alternatives(
+    reg: _Registry, failed: str, problem: object, check: Callable[[Backend, object], str | None], what: str
+) -> str:
+    """`` Backends that can run this <what>: a, b.`` (every other available backend whose check accepts)."""
+    ok = []
+    for name, entry in reg.found.backends.items():
+        if name == failed or not _availability(reg, name, entry)[0].available:
+            continue
+        try:
+            if _check(entry, problem, check, _check_hook(problem)) is None:
+                ok.append(name)
+        except _PluginError as err:
+            _report(reg, name, entry, err, "auto skips it where it fails")
     return f" Backends that can run this {what}: {', '.join(ok)}." if ok else ""

@@ -1,4 +1,9 @@
-"""``kermac info``: versions, CUDA GPUs, backends with their availability, and the JIT cache."""
+"""``kermac info``: versions, CUDA GPUs, backends with their availability, and the JIT cache.
+
+The backend table has a row per backend and a ``BROKEN`` row per plugin error -- a plugin refused
+(a reserved or duplicate name), failed or too slow to load, or a backend whose ``priority`` or
+``availability()`` failed -- whose reason names the plugin, its distribution and what went wrong.
+"""
 
 from __future__ import annotations
 
