@@ -1,4 +1,4 @@
-"""kermac.overlap against a brute-force enumeration of element addresses, and its speed on large layouts."""
+"""kermac.memory's overlap tests against a brute-force enumeration of addresses, and their speed on large layouts."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kermac.overlap import internal_overlap, overlap
+from kermac.memory import internal_overlap, overlap
 
 DTYPES = [torch.uint8, torch.float16, torch.float32, torch.float64]
 #: One byte buffer every view of a test lies in (so views of different dtypes share memory).

@@ -331,3 +331,25 @@ def test_meta_tensors_return_at_once() -> None:
         out = call()
         assert time.perf_counter() - start < 0.5, name
         assert out.device.type == "meta" and out.shape == shape and out.dtype == (dtype or torch.float32), name
+
+
+@pytest.mark.parametrize("backend", ["torch", "triton"])
+def test_tensors_kernels_cannot_address_are_refused(backend: str) -> None:
+    """Kernels read memory at strides: a negative-bit view (c.conj().imag holds −values in memory) or a
+    sparse tensor is refused by name instead of being read with the wrong sign."""
+    if backend == "triton":
+        pytest.importorskip("triton")
+    neg = lambda *shape: torch.randn(*shape, dtype=torch.complex64).conj().imag  # noqa: E731
+    x, z = torch.randn(3, 4), torch.randn(5, 4)
+    assert neg(3, 4).is_neg()
+    for call, name in [
+        (lambda: kermac.cdist(neg(3, 4), z, backend=backend), "x"),
+        (lambda: kermac.cdist(x, neg(5, 4), backend=backend), "z"),
+        (lambda: kermac.cdist(x, z, out=neg(3, 5), backend=backend), "out"),
+        (lambda: kermac.run_kernel("laplace_l1", x, z, bandwidth=neg(2), backend=backend), "bandwidth"),
+        (lambda: kermac.cdist_grad(x, neg(2, 3), torch.randn(1, 3), torch.randn(2, 4), backend=backend), "b"),
+    ]:
+        with pytest.raises(ValueError, match=msg(f"{name}:", "negative bit", f"{name}.resolve_neg()")):
+            call()
+    with pytest.raises(TypeError, match=msg("x:", "dense (strided)", "sparse")):
+        kermac.cdist(x.to_sparse(), z, backend=backend)

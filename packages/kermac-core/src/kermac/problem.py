@@ -5,7 +5,7 @@ broadcast.  Inputs are expanded to the common batch shape as views (broadcast di
 stride 0); nothing is copied, so backends read the caller's memory with whatever strides it has.
 Backends write into ``problem.out``, which is either the caller's ``out`` (any strides; no two
 of its elements overlap and it shares no memory with anything the operation reads, both tested
-exactly by :mod:`kermac.overlap`) or a fresh contiguous tensor.
+exactly by :mod:`kermac.memory`) or a fresh contiguous tensor.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import torch
 
 from kermac.hyperparams import HyperValue
-from kermac.overlap import internal_overlap, overlap
+from kermac.memory import check_addressable, internal_overlap, overlap
 from kermac.programs import GradProgram, PairwiseProgram
 
 __all__ = [
@@ -107,12 +107,13 @@ class GradProblem:
 
 
 def check_tensor(name: str, t: object, *, min_dim: int = 2) -> torch.Tensor:
-    """``t`` if it is a tensor of a supported floating dtype with at least ``min_dim`` dims."""
+    """``t`` if it is a dense tensor of a supported floating dtype with at least ``min_dim`` dims."""
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
     if t.dtype not in SUPPORTED_DTYPES:
         names = ", ".join(str(d) for d in SUPPORTED_DTYPES)
         raise TypeError(f"{name}: expected dtype {names}; got {t.dtype}")
+    check_addressable(name, t)
     if t.dim() < min_dim:
         raise ValueError(f"{name}: expected at least {min_dim} dimensions [..., rows, cols], got shape {list(t.shape)}")
     return t
@@ -168,6 +169,7 @@ def _prepare_out(
         raise TypeError(f"out: expected dtype {like.dtype}, got {out.dtype}")
     if out.device != like.device:
         raise ValueError(f"out: expected a tensor on {like.device}, got one on {out.device}")
+    check_addressable("out", out)
     if out.requires_grad and torch.is_grad_enabled():
         raise ValueError("out: must not require grad")
     _check_no_overlap(out, operands, hypers)
@@ -179,7 +181,7 @@ def _check_no_overlap(
 ) -> None:
     """Refuse an ``out`` whose elements overlap or that shares memory with a tensor the kernel reads
     (a kernel that writes tiles of ``out`` while other tiles still read the input computes garbage).
-    A layout too intricate for :mod:`kermac.overlap` to decide is refused too, saying so."""
+    A layout too intricate for :mod:`kermac.memory` to decide is refused too, saying so."""
     found = internal_overlap(out)
     if found is not False:
         why = "" if found else " (a layout too intricate to prove its elements distinct)"
@@ -205,7 +207,13 @@ def _expand(t: torch.Tensor, shape: tuple[int, ...]) -> torch.Tensor:
 
 
 def _hyper_shapes(hypers: Mapping[str, HyperValue]) -> dict[str, tuple[int, ...]]:
-    return {name: tuple(h.tensor.shape) for name, h in hypers.items() if h.tensor is not None}
+    """The shapes of the tensor hyperparameters, each checked to be readable by kernels."""
+    shapes = {}
+    for name, h in hypers.items():
+        if h.tensor is not None:
+            check_addressable(name, h.tensor)
+            shapes[name] = tuple(h.tensor.shape)
+    return shapes
 
 
 def _offset(name: str, off: object) -> int:

@@ -1,5 +1,10 @@
-r"""Exact memory-overlap tests for strided tensors, from sizes, strides and addresses only.
+r"""What kernels may assume about the memory behind a tensor: that it is addressable, and where it overlaps.
 
+Kernels read and write a tensor's memory at its strides.  :func:`check_addressable` refuses the
+tensors whose values are not that memory: other layouts than strided, and the negative bit of a
+real view such as ``c.conj().imag`` (whose memory holds the negated values).
+
+Overlap tests are exact, from sizes, strides and addresses only.
 A strided tensor's element at index ``(y_1, …, y_r)`` starts at byte address
 ``base + Σ_i s_i y_i`` (``base = data_ptr()``, ``s_i`` = stride × element size,
 ``0 ≤ y_i < n_i``) and covers ``element_size`` bytes.  Whether two tensors share a byte, or one
@@ -22,11 +27,22 @@ import math
 
 import torch
 
-__all__ = ["WORK_LIMIT", "internal_overlap", "overlap"]
+__all__ = ["WORK_LIMIT", "check_addressable", "internal_overlap", "overlap"]
 
 #: Search steps after which a test gives up and answers ``None`` (never reached by the layouts of
 #: real programs: disjoint ranges, slices, transposes and interleaved columns need a few steps).
 WORK_LIMIT = 100_000
+
+
+def check_addressable(name: str, t: torch.Tensor) -> None:
+    """Raise unless kernels can read (or write) the values of ``t`` as its memory at its strides."""
+    if t.layout != torch.strided:
+        raise TypeError(f"{name}: expected a dense (strided) tensor, got layout {t.layout}")
+    if t.is_neg():
+        raise ValueError(
+            f"{name}: expected a tensor without the negative bit (a view such as c.conj().imag, whose memory "
+            f"holds the negated values); pass {name}.resolve_neg()"
+        )
 
 
 class _Undecided(Exception):
