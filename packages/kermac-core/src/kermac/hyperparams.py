@@ -18,6 +18,8 @@ Tensor values cannot be range-checked without a host sync.  With ``debug=True`` 
 on the device — a range test and one ``torch.where`` per tensor hyperparameter, whose tiny results
 (tensors of the hyperparameter's own shape) are the only allocations — and the programs are built
 so that a NaN hyperparameter makes every entry of its batch entry NaN (:func:`nan_unless_finite`).
+The hyperparameters of user programs (``run_program``, ``run_grad_program``) take any value but
+NaN and are used as given.
 """
 
 from __future__ import annotations
