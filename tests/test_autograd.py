@@ -261,7 +261,8 @@ def test_second_derivatives_match_float64_autograd(backend, device, name):
     gx, gz = torch.autograd.grad(k, (x, z), g, create_graph=True)
     assert gx.grad_fn is not None and gz.grad_fn is not None
     plain = torch.autograd.grad(kermac.run_kernel(name, x, z, backend=backend, **kw), (x, z), g)
-    assert torch.equal(gx, plain[0]) and torch.equal(gz, plain[1])
+    assert_close(gx, plain[0], 1e-12)  # the same fused computation (a GPU backend may sum in another order)
+    assert_close(gz, plain[1], 1e-12)
     ux, uz = torch.randn_like(x), torch.randn_like(z)
     penalty = (gx**2).sum() + (gz * uz).sum() + (gx * ux).sum()
     got = torch.autograd.grad(penalty, (x, z))
