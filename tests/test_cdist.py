@@ -159,3 +159,25 @@ def test_equals_torch_cdist_on_cpu() -> None:
     for p in PS:
         expected = torch.cdist(x, z, p=p, compute_mode="donot_use_mm_for_euclid_dist")
         assert_close(kermac.cdist(x, z, p=p), expected, 1e-6)
+
+
+@pytest.mark.parametrize(("backend", "device"), BACKEND_DEVICES)
+@pytest.mark.parametrize("skip_epilogue", [False, True])
+def test_invalid_tensor_p_gives_nan_batch_entries(backend: str, device: str, skip_epilogue: bool) -> None:
+    """A tensor p outside (0, ∞) makes every distance of its batch entry NaN (no host sync; debug raises),
+    also where pow(|x − z|, NaN) would be 1 (|x − z| = 1, D = 1) and for D = 0."""
+    require_backend(backend, device)
+    p = torch.tensor([2.5, -1.0, 0.0, math.inf, math.nan], device=device)
+    cases = [
+        make_layout("contiguous", *sizes(device), torch.float32, device),
+        (torch.zeros(2, 1, device=device), torch.tensor([[1.0], [-1.0], [1.0]], device=device)),
+        (torch.zeros(2, 3, device=device), torch.ones(3, 3, device=device)),
+        (torch.zeros(2, 0, device=device), torch.zeros(3, 0, device=device)),
+    ]
+    for x, z in cases:
+        out = kermac.cdist(x, z, p=p, skip_epilogue=skip_epilogue, backend=backend).cpu()
+        assert out[1:].isnan().all(), (x.shape, out)
+        ref = ref_distance_sum(x, z, 2.5) if skip_epilogue else ref_cdist(x, z, 2.5)
+        assert_close(out[0], ref, tolerance(torch.float32))
+    with pytest.raises(ValueError, match="p: expected a finite number > 0"):
+        kermac.cdist(x, z, p=p, skip_epilogue=skip_epilogue, backend=backend, debug=True)

@@ -125,3 +125,22 @@ def test_signed_power_on_special_values(backend: str, device: str, q: float) -> 
     finite = phi.isfinite()
     assert not out[~finite].isfinite().any(), f"q={q}: {out.tolist()}"
     assert torch.allclose(out[finite], k * phi[finite], rtol=1e-5, atol=0.0), f"q={q}: {out.tolist()}"
+
+
+@pytest.mark.parametrize(("backend", "device"), BACKEND_DEVICES)
+def test_invalid_tensor_p_gives_nan_batch_entries(backend: str, device: str) -> None:
+    """A tensor p outside (0, ∞) makes its whole batch entry NaN, also where every d − b is 0 or ±1
+    (terms 0 and pow(1, NaN) = 1 would hide it); debug raises."""
+    require_backend(backend, device, "grad")
+    m, n, o, k = grad_sizes(device)
+    p = torch.tensor([1.5, -1.0, 0.0, math.inf, math.nan], device=device)
+    a, b, c, d = operands(m, n, o, k, device=device)
+    b = torch.randint(-1, 2, (n, k), device=device).float()  # d − b in {−1, 0, 1}
+    out = kermac.cdist_grad(a, b, c, torch.zeros(n, m, device=device), p=p, backend=backend).cpu()
+    assert out[1:].isnan().all()
+    assert_close(out[0], ref_grad(a, b, c, torch.zeros(n, m), 1.5), GRAD_TOL)
+    out = kermac.cdist_grad(a, b, c, d, p=p, backend=backend).cpu()
+    assert out[1:].isnan().all()
+    assert_close(out[0], ref_grad(a, b, c, d, 1.5), GRAD_TOL)
+    with pytest.raises(ValueError, match="p: expected a finite number > 0"):
+        kermac.cdist_grad(a, b, c, d, p=p, backend=backend, debug=True)

@@ -145,3 +145,64 @@ def test_user_programs(backend: str, device: str) -> None:
     out = kermac.run_program(clipped, x, z, hypers={"tau": 2.5}, backend=backend)
     eye = (torch.arange(m)[:, None] == torch.arange(n)[None, :]).double()
     assert_close(out, ((x64[:, None, :] - z64[None, :, :]).abs() > 2.5).double().amax(-1) + eye, 1e-6)
+
+
+INVALID = {  # hyperparameter -> (invalid values, a valid one)
+    "bandwidth": ([0.0, -1.0, math.inf, math.nan], 1.5),
+    "regularization": ([math.inf, -math.inf, math.nan], 0.25),
+    "p": ([0.0, -1.0, math.inf, math.nan], 1.5),
+}
+
+
+@pytest.mark.parametrize(("backend", "device"), BACKEND_DEVICES)
+@pytest.mark.parametrize("name", sorted(INVALID))
+def test_invalid_tensor_hyperparameters_give_nan_batch_entries(backend: str, device: str, name: str) -> None:
+    """Without debug (no host sync) an invalid value makes every entry of its batch entry NaN; the valid
+    entries are exact.  Inputs with |x − z| = 1 everywhere (pow(1, NaN) = 1) and D = 1 included."""
+    require_backend(backend, device)
+    bad, good = INVALID[name]
+    values = torch.tensor([good, *bad, good], device=device)
+    hypers = {"p": 1.5, "bandwidth": 1.5, "regularization": 0.25} | {name: values}
+    for x, z in [
+        make_layout("contiguous", *sizes(device), torch.float32, device),
+        (torch.zeros(3, 1, device=device), torch.tensor([[1.0], [-1.0]], device=device)),  # every |x − z| = 1
+    ]:
+        out = kermac.run_kernel("laplace_lp", x, z, backend=backend, **hypers).cpu()
+        assert out.shape == (len(values), x.shape[0], z.shape[0])
+        assert out[1:-1].isnan().all()
+        eye = (torch.arange(x.shape[0])[:, None] == torch.arange(z.shape[0])[None, :]).double()
+        expected = ref_kernel("laplace", ref_cdist(x, z, 1.5), 1.5) + 0.25 * eye
+        assert_close(out[0], expected, tolerance(torch.float32))
+        assert_close(out[-1], expected, tolerance(torch.float32))
+    with pytest.raises(ValueError, match=f"{name}: expected"):
+        kermac.run_kernel("laplace_lp", x, z, backend=backend, debug=True, **hypers)
+
+
+@pytest.mark.parametrize(("backend", "device"), BACKEND_DEVICES)
+def test_regularization_is_bit_identical_to_adding_it_on_the_diagonal(backend: str, device: str) -> None:
+    """Finite λ (number or tensor, ±0 included) gives exactly e + (λ on the diagonal, +0 elsewhere):
+    the NaN guard multiplies by exactly 1.  Epilogue values −0 come from a max of products −0."""
+    require_backend(backend, device)
+    desc = kermac.KernelDescriptor(inner="product", power="identity", reduction="max")
+    x = torch.tensor([[-1.0, -2.0], [0.0, 0.0], [3.0, 0.5]], device=device)
+    z = torch.tensor([[0.0, 0.0], [1.0, -1.0], [-0.5, 2.0], [0.0, 0.25]], device=device)
+    plain = kermac.run_kernel(desc, x, z, backend=backend).cpu()
+    assert (plain == 0).any() and plain[plain == 0].signbit().any()  # some −0 entries
+    eye = torch.arange(3)[:, None] + 1 == torch.arange(4)[None, :]
+    for lam in (0.0, -0.0, 0.25, -1.5, 3e38):
+        expected = plain + torch.where(eye, torch.tensor(lam), torch.tensor(0.0))
+        for given in (lam, torch.tensor([lam], device=device)):
+            out = kermac.run_kernel(desc, x, z, regularization=given, offset_m=1, backend=backend).cpu().reshape(3, 4)
+            assert torch.equal(out.view(torch.int32), expected.view(torch.int32)), (lam, out, expected)
+
+
+@pytest.mark.parametrize(("backend", "device"), BACKEND_DEVICES)
+def test_program_hyperparameters_are_not_range_checked(backend: str, device: str) -> None:
+    """run_program's hyperparameters take any value (user programs): a negative tensor value is used as is."""
+    require_backend(backend, device)
+    x, z = make_layout("contiguous", *sizes(device), torch.float32, device)
+    prog = kermac.PairwiseProgram(ir.Hyper("beta") * abs(ir.Var("x") - ir.Var("z")), "sum", ir.Var("acc"))
+    out = kermac.run_program(prog, x, z, hypers={"beta": torch.tensor([-1.0, 0.0], device=device)}, backend=backend)
+    assert_close(
+        out, torch.stack([-ref_cdist(x, z, 1.0), torch.zeros(x.shape[0], z.shape[0], dtype=torch.float64)]), 1e-6
+    )

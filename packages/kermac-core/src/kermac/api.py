@@ -2,7 +2,8 @@
 
 Each call validates its arguments, lowers them to a semiring program (:mod:`kermac.programs`),
 normalises the problem (:mod:`kermac.problem`), picks a backend (:mod:`kermac.registry`) and lets
-it write the output.  Nothing here synchronises with the host unless ``debug`` is on.
+it write the output.  Nothing here synchronises with the host unless ``debug`` is on.  On the
+``meta`` device the output is returned as soon as it is validated (meta tensors hold no values).
 """
 
 from __future__ import annotations
@@ -13,7 +14,18 @@ import torch
 
 from kermac import presets, registry
 from kermac.descriptor import KernelDescriptor
-from kermac.hyperparams import Check, HyperValue, check_values, finite, nonnegative, normalize_hyper, positive_finite
+from kermac.hyperparams import (
+    ANY_VALUE,
+    Check,
+    HyperValue,
+    check_values,
+    finite,
+    nan_unless_finite,
+    nonnegative,
+    normalize_hyper,
+    poison_invalid,
+    positive_finite,
+)
 from kermac.logs import debug_enabled, logger
 from kermac.lowering import cdist_program, grad_program
 from kermac.problem import GradProblem, PairwiseProblem, check_tensor, grad_problem, pairwise_problem
@@ -46,9 +58,11 @@ def cdist(
         z: ``[..., N, D]``, same dtype and device; batch dimensions broadcast with ``x``'s.
         p: in [0, ∞].  ``p = 0`` counts differing coordinates, ``p = ∞`` takes the maximum;
             1 and 2 have fast paths (2 is computed from differences, exact for near-duplicate
-            rows).  A tensor gives one ``p`` per batch entry (values must be finite and > 0;
-            see :mod:`kermac.hyperparams` for the broadcasting rule).
-        out: optional ``[..., M, N]`` output of the inputs' dtype and device, any strides.
+            rows).  A tensor gives one ``p`` per batch entry (values must be finite and > 0: an
+            invalid one makes its batch entry NaN, or raises with ``debug``; see
+            :mod:`kermac.hyperparams` for the broadcasting rule).
+        out: optional ``[..., M, N]`` output of the inputs' dtype and device, any strides; its
+            elements must not overlap each other nor any input (``ValueError`` naming ``out``).
         skip_epilogue: return the inner reduction ``Σ_k |x − z|^p`` without the ``1/p`` root
             (squared distances for ``p = 2``; no effect for ``p`` in {0, 1, ∞}).
         backend: ``"auto"`` or a backend name (``"torch"``, ``"nvrtc"``, ``"triton"``).
@@ -58,8 +72,8 @@ def cdist(
         ``out``, shape ``[*broadcast(batch), M, N]``.
 
     Differentiable: where ``x`` or ``z`` requires grad (and grad mode is on), the result has a
-    backward that runs :func:`cdist_grad` on the same backend (:mod:`kermac.autograd`; any p but
-    ∞; no ``out``; no gradient for a tensor ``p``).
+    backward that runs :func:`cdist_grad` on the same backend (:mod:`kermac.autograd`; p = ∞ takes
+    a subgradient; second derivatives for p = 2; no ``out``; no gradient for a tensor ``p``).
     """
     debug = debug_enabled(debug)
     x = check_tensor("x", x)
@@ -103,14 +117,17 @@ def run_kernel(
         bandwidth: σ > 0, required exactly when the descriptor has a kernel function.
         regularization: λ added on the shifted diagonal ``m + offset_m == n + offset_n``;
             ``None`` (default) adds nothing.
-        offset_m: row offset of the diagonal, e.g. the row origin of a tile of a larger kernel matrix.
-        offset_n: column offset of the diagonal.
+        offset_m: row offset of the diagonal, e.g. the row origin of a tile of a larger kernel
+            matrix; an integer in the int64 range.
+        offset_n: column offset of the diagonal, likewise.
         out: optional ``[..., M, N]`` output, as in :func:`cdist`.
         backend: as in :func:`cdist`.
         debug: as in :func:`cdist`.
 
     Every hyperparameter may be a number or a tensor broadcasting against the batch dimensions
-    (one value per batch entry computes a batch of kernel matrices in one launch).
+    (one value per batch entry computes a batch of kernel matrices in one launch).  Numbers are
+    range-checked at once; an invalid tensor value makes every entry of its batch entry NaN (it
+    raises under ``debug``).
     """
     debug = debug_enabled(debug)
     descriptor = _descriptor(descriptor)
@@ -180,8 +197,10 @@ def cdist_grad(
         b: ``[..., N, K]`` (e.g. the centres, features × points).
         c: ``[..., O, K]`` (e.g. the coefficients).
         d: ``[..., N, M]`` (e.g. the evaluation points, features × points).
-        p: > 0 and finite; a tensor gives one p per batch entry.  1 and 2 have fast paths.
-        out: optional ``[..., O, N, M]`` output of the inputs' dtype and device, any strides.
+        p: > 0 and finite; a tensor gives one p per batch entry (an invalid value makes its batch
+            entry NaN, or raises with ``debug``).  1 and 2 have fast paths.
+        out: optional ``[..., O, N, M]`` output of the inputs' dtype and device, any strides,
+            sharing no memory with the inputs.
         backend: as in :func:`cdist`.
         debug: as in :func:`cdist`.
     """
@@ -191,6 +210,8 @@ def cdist_grad(
     program = grad_program(hypers["p"].scalar)
     if "p" not in program.hypers:
         hypers = {}
+    elif hypers["p"].tensor is not None:  # an invalid value is NaN now: let it reach every output
+        program = GradProgram(program.multiply, nan_unless_finite(program.epilogue, "p"))
     problem = grad_problem(program, a, b, c, d, out=out, hypers=hypers, debug=debug)
     return _run_grad(problem, backend, "cdist_grad")
 
@@ -244,10 +265,6 @@ def run_grad_program(
     return _run_grad(problem, backend, "run_grad_program")
 
 
-def _any_value(v: float) -> str | None:
-    return None
-
-
 def _program_hypers(
     names: tuple[str, ...], given: Mapping[str, object] | None, device: torch.device, debug: bool
 ) -> dict[str, HyperValue]:
@@ -258,15 +275,21 @@ def _program_hypers(
         raise ValueError(
             f"hypers: expected exactly the program's hyperparameters {list(names)}; missing {missing}, unknown {extra}"
         )
-    return _hypers({n: (v, _any_value) for n, v in given.items()}, device, debug)
+    return _hypers({n: (v, ANY_VALUE) for n, v in given.items()}, device, debug, poison=False)
 
 
-def _hypers(specs: Mapping[str, tuple[object, Check]], device: torch.device, debug: bool) -> dict[str, HyperValue]:
+def _hypers(
+    specs: Mapping[str, tuple[object, Check]], device: torch.device, debug: bool, *, poison: bool = True
+) -> dict[str, HyperValue]:
+    """Normalised hyperparameters.  Tensor values are range-checked in debug mode (a host sync);
+    otherwise, with ``poison``, an invalid value becomes NaN on the device (see :mod:`kermac.hyperparams`)."""
     out = {}
     for name, (value, check) in specs.items():
         hv = normalize_hyper(name, value, device=device, check=check)
         if debug:
             check_values(hv, check)
+        elif poison:
+            hv = poison_invalid(hv, check)
         out[name] = hv
     return out
 
@@ -297,7 +320,7 @@ def _pairwise(
 
 
 def _run_pairwise(problem: PairwiseProblem, backend: str, op: str) -> torch.Tensor:
-    if problem.out.numel() == 0:
+    if problem.out.numel() == 0 or problem.device.type == "meta":
         return problem.out
     chosen = registry.select_backend(backend, problem, lambda b, pr: b.check_pairwise(pr), "pairwise problem")
     if problem.debug:
@@ -318,7 +341,7 @@ def _run_pairwise(problem: PairwiseProblem, backend: str, op: str) -> torch.Tens
 
 
 def _run_grad(problem: GradProblem, backend: str, op: str) -> torch.Tensor:
-    if problem.out.numel() == 0:
+    if problem.out.numel() == 0 or problem.device.type == "meta":
         return problem.out
     chosen = registry.select_backend(backend, problem, lambda b, pr: b.check_grad(pr), "gradient problem")
     if problem.debug:

@@ -14,6 +14,12 @@ Regularisation (``K + λI`` on a shifted diagonal) is not part of the descriptor
 by passing ``regularization=`` to :func:`kermac.run_kernel`, and :meth:`KernelDescriptor.lower`
 adds it to the program.  Hyperparameters are named ``p``, ``bandwidth`` and ``regularization``.
 
+A NaN hyperparameter (what an invalid tensor value becomes, :mod:`kermac.hyperparams`) makes every
+output of its batch entry NaN: the bandwidth divides the distance in every kernel function, and the
+epilogue is multiplied by :func:`~kermac.hyperparams.nan_unless_finite`'s factor for ``p``
+(``pow(1, NaN) = 1`` would let it through) and for ``λ`` (read on the diagonal only), a factor that
+is exactly 1 for finite values.
+
 Descriptors are frozen and hashable; :meth:`KernelDescriptor.key` is a canonical string.
 """
 
@@ -25,6 +31,7 @@ from dataclasses import dataclass, fields, replace
 from functools import lru_cache
 
 from kermac import ir
+from kermac.hyperparams import nan_unless_finite
 from kermac.ir import Expr, Hyper, Var
 from kermac.programs import PairwiseProgram
 
@@ -127,7 +134,8 @@ class KernelDescriptor:
         return ";".join(f"{f.name}={getattr(self, f.name)}" for f in fields(self))
 
     def lower(self, *, regularized: bool = False) -> PairwiseProgram:
-        """The pairwise program of this descriptor (plus ``+ λ·[on diagonal]`` if ``regularized``).
+        """The pairwise program of this descriptor (plus ``+ λ·[on diagonal]`` if ``regularized``),
+        NaN throughout for a NaN ``p`` or ``λ`` (see the module documentation).
 
         Built once per descriptor and flag (both immutable): repeated calls return the same program."""
         return _lowered(self, regularized)
@@ -153,8 +161,10 @@ class KernelDescriptor:
         else:
             d, d2 = ir.pow(acc, 1.0 / P), ir.pow(acc, 2.0 / P)
         epilogue = d if self.kernel is None else KERNEL_FUNCTIONS[self.kernel](d, d2)
+        if self.needs_p:
+            epilogue = nan_unless_finite(epilogue, P.name)
         if regularized:
-            epilogue = epilogue + ir.select(Var("diag"), REGULARIZATION, 0.0)
+            epilogue = nan_unless_finite(epilogue + ir.select(Var("diag"), REGULARIZATION, 0.0), REGULARIZATION.name)
         return PairwiseProgram(inner=inner, reduction=self.reduction, epilogue=epilogue)
 
 

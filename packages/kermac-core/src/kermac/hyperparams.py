@@ -2,57 +2,95 @@
 
 A hyperparameter (``p``, ``bandwidth``, ``regularization``, or a user-named one) is given as
 
-* a Python ``int``/``float`` (``bool`` is refused) — range-checked at once;
+* a real number: a Python ``int``/``float``, a numpy scalar, any :class:`numbers.Real`
+  (``bool``, numpy's ``bool_`` and complex numbers are refused) — range-checked at once;
 * a 0-d tensor on the CPU — read as a number (reading host memory does not sync the GPU);
 * a floating tensor on the inputs' device whose shape broadcasts, by torch's rules, against the
   inputs' batch dimensions — typically 1-d of length 1 or L.  The output's batch shape is the
   broadcast of the inputs' and every hyperparameter's shapes, so ``p=torch.tensor([1., 1.5, 2.])``
   with 2-d inputs computes three distance matrices in one launch.
 
-Tensor values are not range-checked (that would need a host sync) unless ``debug=True``.
+A tensor that requires grad is refused while grad mode is on (gradients with respect to
+hyperparameters are not supported), whichever of the two tensor forms it has.
+
+Tensor values cannot be range-checked without a host sync.  With ``debug=True`` they are checked
+(and an invalid one raises); otherwise :func:`poison_invalid` replaces every invalid value by NaN
+on the device — a range test and one ``torch.where`` per tensor hyperparameter, whose tiny results
+(tensors of the hyperparameter's own shape) are the only allocations — and the programs are built
+so that a NaN hyperparameter makes every entry of its batch entry NaN (:func:`nan_unless_finite`).
+The hyperparameters of user programs (``run_program``, ``run_grad_program``) take any value but
+NaN and are used as given.
 """
 
 from __future__ import annotations
 
 import math
+import numbers
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 
+from kermac import ir
+from kermac.memory import check_addressable
+
 __all__ = [
+    "ANY_VALUE",
     "Check",
     "HyperValue",
     "check_values",
     "finite",
+    "nan_unless_finite",
     "nonnegative",
     "normalize_hyper",
+    "poison_invalid",
     "positive",
     "positive_finite",
 ]
 
-#: A range check: ``None`` if the value is fine, else the expectation in words.
-Check = Callable[[float], "str | None"]
+
+@dataclass(frozen=True)
+class Check:
+    """A range check: the expectation in words, its test on a number and the same test on a tensor.
+
+    ``valid`` is never given NaN (NaN is refused before it is asked); ``valid_tensor`` is False
+    where a value is NaN.
+    """
+
+    expected: str
+    valid: Callable[[float], bool]
+    valid_tensor: Callable[[torch.Tensor], torch.Tensor]
+
+    def problem(self, v: float) -> str | None:
+        """``None`` if ``v`` passes, else what was expected."""
+        if math.isnan(v):
+            return "a number, not NaN"
+        return None if self.valid(v) else self.expected
 
 
-def nonnegative(v: float) -> str | None:
-    """p-style check: 0 ≤ v ≤ ∞."""
-    return None if v >= 0 else "a number >= 0 (inf allowed)"
+#: p-style check: 0 ≤ v ≤ ∞.
+nonnegative = Check("a number >= 0 (inf allowed)", lambda v: v >= 0, lambda t: t >= 0)
+#: 0 < v ≤ ∞.
+positive = Check("a number > 0", lambda v: v > 0, lambda t: t > 0)
+#: 0 < v < ∞.
+positive_finite = Check("a finite number > 0", lambda v: 0 < v < math.inf, lambda t: (t > 0) & (t < math.inf))
+#: −∞ < v < ∞.
+finite = Check("a finite number", math.isfinite, torch.isfinite)
+#: Any value but NaN (the hyperparameters of user programs).
+ANY_VALUE = Check("a number, not NaN", lambda v: True, lambda t: ~torch.isnan(t))
 
 
-def positive(v: float) -> str | None:
-    """0 < v ≤ ∞."""
-    return None if v > 0 else "a number > 0"
+def nan_unless_finite(expr: ir.Expr, name: str) -> ir.Expr:
+    """``expr · ((h − h) + 1)`` for the hyperparameter ``h = Hyper(name)``: ``expr`` bit for bit where
+    ``h`` is finite (the factor is exactly 1), NaN everywhere where ``h`` is NaN or infinite.
 
-
-def positive_finite(v: float) -> str | None:
-    """0 < v < ∞."""
-    return None if 0 < v < math.inf else "a finite number > 0"
-
-
-def finite(v: float) -> str | None:
-    """−∞ < v < ∞."""
-    return None if math.isfinite(v) else "a finite number"
+    Programs apply it to their epilogue for each hyperparameter whose NaN would not reach every
+    output by itself (``pow(1, NaN) = 1``; ``λ`` is read on the diagonal only), so that an invalid
+    tensor value, which :func:`poison_invalid` turns into NaN, shows in every entry of its batch
+    entry.  ``h − h`` cannot be folded to 0 by an IEEE-conforming compiler (it is NaN for NaN).
+    """
+    h = ir.Hyper(name)
+    return expr * ((h - h) + 1.0)
 
 
 @dataclass(frozen=True, eq=False)
@@ -61,12 +99,14 @@ class HyperValue:
 
     ``tensor`` is on the problem's device with a floating dtype; after
     :func:`kermac.problem` normalisation it is expanded (a stride-0 view, no copy) to the
-    problem's batch shape.
+    problem's batch shape.  ``given`` is the caller's tensor where ``tensor`` is a checked copy of
+    it (:func:`poison_invalid`), so that ``out`` is also checked against the caller's memory.
     """
 
     name: str
     scalar: float | None = None
     tensor: torch.Tensor | None = None
+    given: torch.Tensor | None = None
 
     @property
     def is_scalar(self) -> bool:
@@ -76,19 +116,32 @@ class HyperValue:
         """This value with its tensor broadcast (as a view) to ``batch_shape``."""
         if self.tensor is None:
             return self
-        return HyperValue(self.name, None, self.tensor.expand(batch_shape))
+        return HyperValue(self.name, None, self.tensor.expand(batch_shape), self.given)
+
+    def tensors(self) -> tuple[torch.Tensor, ...]:
+        """The tensors behind this value: what kernels read and, if different, what the caller gave."""
+        return tuple(t for t in (self.tensor, self.given) if t is not None)
 
 
 def normalize_hyper(name: str, value: object, *, device: torch.device, check: Check) -> HyperValue:
     """Validate one hyperparameter; see the module documentation for what is accepted."""
-    if isinstance(value, bool):
-        raise TypeError(f"{name}: expected a number or a floating tensor, got bool")
-    if isinstance(value, (int, float)):
-        return HyperValue(name, _checked(name, float(value), check))
-    if not isinstance(value, torch.Tensor):
-        raise TypeError(f"{name}: expected a number or a floating tensor, got {type(value).__name__}")
+    if isinstance(value, torch.Tensor):
+        return _normalize_tensor(name, value, device, check)
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):  # numpy's bool_ is no Real either
+        raise TypeError(f"{name}: expected a real number or a floating tensor, got {type(value).__name__}")
+    try:
+        v = float(value)
+    except OverflowError:  # an int beyond float's range
+        v = math.inf if value > 0 else -math.inf
+    return HyperValue(name, _checked(name, v, check))
+
+
+def _normalize_tensor(name: str, value: torch.Tensor, device: torch.device, check: Check) -> HyperValue:
     if not value.is_floating_point():
         raise TypeError(f"{name}: expected a floating-point tensor, got dtype {value.dtype}")
+    check_addressable(name, value)
+    if value.requires_grad and torch.is_grad_enabled():
+        raise ValueError(f"{name}: gradients with respect to hyperparameters are not supported; pass {name}.detach()")
     if value.dim() == 0 and value.device.type == "cpu":
         return HyperValue(name, _checked(name, float(value.item()), check))
     if value.device != device:
@@ -96,21 +149,33 @@ def normalize_hyper(name: str, value: object, *, device: torch.device, check: Ch
             f"{name}: expected a tensor on {device} (the inputs' device) or a 0-d CPU tensor, "
             f"got a tensor on {value.device}"
         )
-    if value.requires_grad and torch.is_grad_enabled():
-        raise ValueError(f"{name}: gradients with respect to hyperparameters are not supported; pass {name}.detach()")
     return HyperValue(name, None, value)
 
 
 def check_values(hv: HyperValue, check: Check) -> None:
-    """Range-check a tensor hyperparameter's values (synchronises the host; debug mode only)."""
-    if hv.tensor is None:
+    """Range-check a tensor hyperparameter's values (synchronises the host; debug mode only).
+
+    Meta tensors hold no values: nothing to check."""
+    if hv.tensor is None or hv.tensor.device.type == "meta":
         return
     for v in hv.tensor.detach().reshape(-1).tolist():
         _checked(hv.name, v, check)
 
 
+def poison_invalid(hv: HyperValue, check: Check) -> HyperValue:
+    """``hv`` with every tensor value that fails ``check`` replaced by NaN, without a host sync.
+
+    A few element-wise operations on the device (the range test and one ``torch.where``); their
+    results, of the hyperparameter's own shape (not the batch's), are the only allocations.
+    Numbers pass through (they were checked at once)."""
+    t = hv.tensor
+    if t is None:
+        return hv
+    return HyperValue(hv.name, None, torch.where(check.valid_tensor(t), t, math.nan), t)
+
+
 def _checked(name: str, v: float, check: Check) -> float:
-    problem = "a number, not NaN" if math.isnan(v) else check(v)
+    problem = check.problem(v)
     if problem is not None:
         raise ValueError(f"{name}: expected {problem}, got {v!r}")
     return v

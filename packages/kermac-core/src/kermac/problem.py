@@ -3,28 +3,49 @@
 Shapes follow :func:`torch.cdist`: trailing matrix dimensions, leading batch dimensions that
 broadcast.  Inputs are expanded to the common batch shape as views (broadcast dimensions get
 stride 0); nothing is copied, so backends read the caller's memory with whatever strides it has.
-Backends write into ``problem.out``, which is either the caller's ``out`` (any strides, no
-overlapping elements) or a fresh contiguous tensor.
+Backends write into ``problem.out``, which is either the caller's ``out`` (any strides; no two
+of its elements overlap and it shares no memory with anything the operation reads, both tested
+exactly by :mod:`kermac.memory`) or a fresh contiguous tensor.
 """
 
 from __future__ import annotations
 
+import numbers
 from collections.abc import Mapping
 from dataclasses import dataclass
 
 import torch
 
 from kermac.hyperparams import HyperValue
+from kermac.memory import check_addressable, internal_overlap, overlap
 from kermac.programs import GradProgram, PairwiseProgram
 
-__all__ = ["SUPPORTED_DTYPES", "GradProblem", "PairwiseProblem", "check_tensor", "grad_problem", "pairwise_problem"]
+__all__ = [
+    "OFFSET_RANGE",
+    "SUPPORTED_DTYPES",
+    "GradProblem",
+    "PairwiseProblem",
+    "check_tensor",
+    "diagonal_offsets",
+    "grad_problem",
+    "pairwise_problem",
+]
 
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+
+#: The values ``offset_m`` and ``offset_n`` may take: torch's index type, int64.  Backends never see
+#: them: a problem holds the same diagonal in the form of :func:`diagonal_offsets`.
+OFFSET_RANGE = (-(2**63), 2**63 - 1)
 
 
 @dataclass(frozen=True, eq=False)
 class PairwiseProblem:
-    """``out[*B, M, N] = program(x[*B, M, D], z[*B, N, D], hypers)``; see :mod:`kermac.programs`."""
+    """``out[*B, M, N] = program(x[*B, M, D], z[*B, N, D], hypers)``; see :mod:`kermac.programs`.
+
+    ``offset_m``, ``offset_n`` place the diagonal (``m + offset_m == n + offset_n``) in the form of
+    :func:`diagonal_offsets`: at most one is nonzero and both lie in ``[0, max(M, N)]``, so a
+    backend may add them to row and column indices in the indices' own integer type.
+    """
 
     program: PairwiseProgram
     x: torch.Tensor
@@ -86,12 +107,13 @@ class GradProblem:
 
 
 def check_tensor(name: str, t: object, *, min_dim: int = 2) -> torch.Tensor:
-    """``t`` if it is a tensor of a supported floating dtype with at least ``min_dim`` dims."""
+    """``t`` if it is a dense tensor of a supported floating dtype with at least ``min_dim`` dims."""
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
     if t.dtype not in SUPPORTED_DTYPES:
         names = ", ".join(str(d) for d in SUPPORTED_DTYPES)
         raise TypeError(f"{name}: expected dtype {names}; got {t.dtype}")
+    check_addressable(name, t)
     if t.dim() < min_dim:
         raise ValueError(f"{name}: expected at least {min_dim} dimensions [..., rows, cols], got shape {list(t.shape)}")
     return t
@@ -129,7 +151,14 @@ def _batch_shape(named: Mapping[str, tuple[int, ...]]) -> tuple[int, ...]:
         raise ValueError(f"batch dimensions do not broadcast: {desc}") from None
 
 
-def _prepare_out(out: torch.Tensor | None, shape: tuple[int, ...], like: torch.Tensor) -> torch.Tensor:
+def _prepare_out(
+    out: torch.Tensor | None,
+    shape: tuple[int, ...],
+    like: torch.Tensor,
+    operands: Mapping[str, torch.Tensor],
+    hypers: Mapping[str, HyperValue],
+) -> torch.Tensor:
+    """``out`` validated (or a fresh tensor); ``operands`` and ``hypers`` are what the operation reads."""
     if out is None:
         return torch.empty(shape, dtype=like.dtype, device=like.device)
     if not isinstance(out, torch.Tensor):
@@ -140,11 +169,36 @@ def _prepare_out(out: torch.Tensor | None, shape: tuple[int, ...], like: torch.T
         raise TypeError(f"out: expected dtype {like.dtype}, got {out.dtype}")
     if out.device != like.device:
         raise ValueError(f"out: expected a tensor on {like.device}, got one on {out.device}")
-    if any(st == 0 and sz > 1 for st, sz in zip(out.stride(), out.shape, strict=True)):
-        raise ValueError(f"out: expected a tensor without overlapping elements, got strides {list(out.stride())}")
+    check_addressable("out", out)
     if out.requires_grad and torch.is_grad_enabled():
         raise ValueError("out: must not require grad")
+    _check_no_overlap(out, operands, hypers)
     return out
+
+
+def _check_no_overlap(
+    out: torch.Tensor, operands: Mapping[str, torch.Tensor], hypers: Mapping[str, HyperValue]
+) -> None:
+    """Refuse an ``out`` whose elements overlap or that shares memory with a tensor the kernel reads
+    (a kernel that writes tiles of ``out`` while other tiles still read the input computes garbage).
+    A layout too intricate for :mod:`kermac.memory` to decide is refused too, saying so."""
+    found = internal_overlap(out)
+    if found is not False:
+        why = "" if found else " (a layout too intricate to prove its elements distinct)"
+        raise ValueError(
+            f"out: expected a tensor without overlapping elements, "
+            f"got shape {list(out.shape)} with strides {list(out.stride())}{why}"
+        )
+    reads = [(name, t) for name, t in operands.items()]
+    reads += [(name, t) for name, h in hypers.items() for t in h.tensors()]
+    for name, t in reads:
+        found = overlap(out, t)
+        if found is not False:
+            why = "" if found else " possibly (a layout too intricate to prove otherwise)"
+            raise ValueError(
+                f"out: shares memory with {name}{why}; the result would overwrite {name} while it is "
+                f"being read. Pass an out that does not overlap any input (e.g. a fresh tensor)"
+            )
 
 
 def _expand(t: torch.Tensor, shape: tuple[int, ...]) -> torch.Tensor:
@@ -153,7 +207,33 @@ def _expand(t: torch.Tensor, shape: tuple[int, ...]) -> torch.Tensor:
 
 
 def _hyper_shapes(hypers: Mapping[str, HyperValue]) -> dict[str, tuple[int, ...]]:
-    return {name: tuple(h.tensor.shape) for name, h in hypers.items() if h.tensor is not None}
+    """The shapes of the tensor hyperparameters, each checked to be readable by kernels."""
+    shapes = {}
+    for name, h in hypers.items():
+        if h.tensor is not None:
+            check_addressable(name, h.tensor)
+            shapes[name] = tuple(h.tensor.shape)
+    return shapes
+
+
+def _offset(name: str, off: object) -> int:
+    if isinstance(off, bool) or not isinstance(off, numbers.Integral):
+        raise TypeError(f"{name}: expected an int, got {type(off).__name__}")
+    off = int(off)
+    lo, hi = OFFSET_RANGE
+    if not lo <= off <= hi:
+        raise ValueError(f"{name}: expected an integer in [-2**63, 2**63 - 1] (int64), got {off}")
+    return off
+
+
+def diagonal_offsets(offset_m: int, offset_n: int, m: int, n: int) -> tuple[int, int]:
+    """Offsets with the same diagonal on an ``m × n`` matrix: at most one nonzero, both in ``[0, max(m, n)]``.
+
+    Entry ``(i, j)`` is on the diagonal iff ``j − i = offset_m − offset_n``; ``j − i`` lies in
+    ``[1 − m, n − 1]``, so a shift beyond ``[−m, n]`` is clamped to it (no entry either way).
+    """
+    shift = min(max(offset_m - offset_n, -m), n)
+    return (shift, 0) if shift >= 0 else (0, -shift)
 
 
 def pairwise_problem(
@@ -177,16 +257,15 @@ def pairwise_problem(
             f"z: expected {x.shape[-1]} features in the last dimension (as x), "
             f"got shape {list(z.shape)} (x: {list(x.shape)})"
         )
-    for name, off in (("offset_m", offset_m), ("offset_n", offset_n)):
-        if isinstance(off, bool) or not isinstance(off, int):
-            raise TypeError(f"{name}: expected an int, got {type(off).__name__}")
+    offset_m, offset_n = _offset("offset_m", offset_m), _offset("offset_n", offset_n)
     batch = _batch_shape({"x": tuple(x.shape[:-2]), "z": tuple(z.shape[:-2]), **_hyper_shapes(hypers)})
     m, n, d = x.shape[-2], z.shape[-2], x.shape[-1]
+    offset_m, offset_n = diagonal_offsets(offset_m, offset_n, m, n)
     return PairwiseProblem(
         program=program,
         x=_expand(x, batch + (m, d)),
         z=_expand(z, batch + (n, d)),
-        out=_prepare_out(out, batch + (m, n), x),
+        out=_prepare_out(out, batch + (m, n), x, {"x": x, "z": z}, hypers),
         hypers={k: h.expanded(batch) for k, h in hypers.items()},
         offset_m=offset_m,
         offset_n=offset_n,
@@ -233,7 +312,7 @@ def grad_problem(
         b=_expand(b, batch + (n, k)),
         c=_expand(c, batch + (o, k)),
         d=_expand(d, batch + (n, m)),
-        out=_prepare_out(out, batch + (o, n, m), a),
+        out=_prepare_out(out, batch + (o, n, m), a, dict(zip(names, ts, strict=True)), hypers),
         hypers={nm: h.expanded(batch) for nm, h in hypers.items()},
         batch_shape=batch,
         debug=debug,
