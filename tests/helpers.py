@@ -16,6 +16,8 @@ from types import ModuleType
 import pytest
 import torch
 
+from kermac.testing import TOLERANCE
+
 BACKENDS = ("torch", "nvrtc", "triton")
 
 #: (backend, device) pairs; CUDA ones carry the ``gpu`` mark (run with ``pytest -m gpu``).
@@ -65,7 +67,7 @@ def require_backend(name: str, device: str, op: str = "pairwise") -> None:
 
 def tolerance(dtype: torch.dtype) -> float:
     """Relative Frobenius tolerance of an output in ``dtype`` (fp32: the PEERS.md bound)."""
-    return {torch.float64: 1e-11, torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1.6e-2}[dtype]
+    return TOLERANCE[dtype]
 
 
 def rel_error(actual: torch.Tensor, expected: torch.Tensor) -> float:

@@ -158,7 +158,19 @@ def test_info_text(capsys, tmp_path):
         assert "no CUDA GPU" in out
     assert any(line.split()[:2] == ["torch", "yes"] for line in out.splitlines())
     assert str(tmp_path / "cache" / f"v{jit_cache.LAYOUT_VERSION}") in out
-    assert f"1 entry, {jit_cache.default_cache().info().total_bytes / 1024:.1f} KiB" in out
+    assert f"1 entry, {jit_cache.default_cache().info().total_bytes / 1024:.1f} KiB (capped at " in out
+
+
+def test_info_names_what_the_cache_does_not_trust(capsys, tmp_path):
+    cache = jit_cache.default_cache()
+    cache.put("a" * 64, b"x" * 16)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (cache.path / "bb").symlink_to(elsewhere, target_is_directory=True)
+    code, out, _ = run_cli(capsys, "info")
+    assert code == 0
+    problems = [line for line in out.splitlines() if line.strip().startswith("problem:")]
+    assert len(problems) == 1 and str(cache.path / "bb") in problems[0]
 
 
 def test_info_reports_unavailable_and_broken_backends(capsys, fake_plugins):
@@ -186,11 +198,19 @@ def test_info_json(capsys, fake_plugins):
         "reason": "needs the FakeAccelerator 3000",
         "priority": 10,
         "plugin": "fakes",
+        "distribution": None,
         "version": None,
         "broken": False,
     }
     assert backends["shattered"]["broken"] and not backends["shattered"]["available"]
-    assert data["cache"] == {"path": str(jit_cache.default_cache().path), "count": 0, "total_bytes": 0}
+    info = jit_cache.default_cache().info()
+    assert data["cache"] == {
+        "path": str(info.path),
+        "count": 0,
+        "total_bytes": 0,
+        "max_bytes": info.max_bytes,
+        "problems": [],
+    }
 
 
 # -- cache ----------------------------------------------------------------------------------

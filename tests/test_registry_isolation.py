@@ -614,3 +614,32 @@ def test_conformance_compares_nan_and_inf_exactly() -> None:
         spoil(got)
         with pytest.raises(AssertionError, match=f"{what}: 1 of 4 entries differ"):
             testing.assert_matches_reference(got, ref, rtol=1e-6, what=what)
+
+
+@pytest.mark.parametrize("exc", [SystemExit(3), GeneratorExit()])
+def test_a_backend_ending_the_process_while_running_is_a_backend_error(monkeypatch, exc) -> None:
+    from kermac.errors import BackendError
+    from kermac.reference.backend import ReferenceBackend
+
+    def leave(self, problem):
+        raise exc
+
+    monkeypatch.setattr(ReferenceBackend, "pairwise", leave)
+    monkeypatch.setattr(ReferenceBackend, "grad", leave)
+    x = torch.randn(3, 2)
+    with pytest.raises(BackendError, match=f"backend 'torch' raised {type(exc).__name__}") as caught:
+        kermac.cdist(x, x, backend="torch")
+    assert caught.value.__cause__ is exc
+    with pytest.raises(BackendError, match="backend 'torch'"):
+        kermac.cdist_grad(torch.randn(2, 3), torch.randn(4, 2), torch.randn(1, 2), torch.randn(4, 3), backend="torch")
+
+
+def test_keyboard_interrupt_while_running_propagates(monkeypatch) -> None:
+    from kermac.reference.backend import ReferenceBackend
+
+    def interrupted(self, problem):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(ReferenceBackend, "pairwise", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        kermac.cdist(torch.randn(3, 2), torch.randn(2, 2), backend="torch")

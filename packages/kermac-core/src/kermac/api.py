@@ -8,12 +8,14 @@ it write the output.  Nothing here synchronises with the host unless ``debug`` i
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 import torch
 
 from kermac import presets, registry
+from kermac.backend import Backend
 from kermac.descriptor import KernelDescriptor
+from kermac.errors import BackendError
 from kermac.hyperparams import (
     ANY_VALUE,
     Check,
@@ -336,7 +338,7 @@ def _run_pairwise(problem: PairwiseProblem, backend: str, op: str) -> torch.Tens
             problem.device,
             problem.program.key(),
         )
-    chosen.pairwise(problem)
+    _run_backend(chosen, chosen.pairwise, problem)
     return problem.out
 
 
@@ -359,5 +361,20 @@ def _run_grad(problem: GradProblem, backend: str, op: str) -> torch.Tensor:
             problem.device,
             problem.program.key(),
         )
-    chosen.grad(problem)
+    _run_backend(chosen, chosen.grad, problem)
     return problem.out
+
+
+def _run_backend(backend: Backend, method: Callable[[object], None], problem: PairwiseProblem | GradProblem) -> None:
+    """``method(problem)``; a plugin's ``SystemExit`` (or another non-``Exception`` but
+    ``KeyboardInterrupt``) becomes a :class:`~kermac.errors.BackendError` naming the backend, so
+    a backend cannot end the user's process.  Ordinary exceptions propagate as they are."""
+    try:
+        method(problem)
+    except (Exception, KeyboardInterrupt):
+        raise
+    except BaseException as exc:
+        raise BackendError(
+            f"backend {backend.name!r} raised {type(exc).__name__}({exc}) while running; a backend must not "
+            "end the process (report it to the backend's authors, or pass another backend=)"
+        ) from exc

@@ -71,12 +71,19 @@ def collect() -> dict[str, object]:
                 "reason": s.reason,
                 "priority": s.priority,
                 "plugin": s.plugin,
+                "distribution": s.distribution,
                 "version": s.version,
                 "broken": s.broken,
             }
             for s in statuses
         ],
-        "cache": {"path": str(cache_info.path), "count": cache_info.count, "total_bytes": cache_info.total_bytes},
+        "cache": {
+            "path": str(cache_info.path),
+            "count": cache_info.count,
+            "total_bytes": cache_info.total_bytes,
+            "max_bytes": cache_info.max_bytes,
+            "problems": list(cache_info.problems),
+        },
     }
 
 
@@ -111,5 +118,8 @@ def run(args: argparse.Namespace) -> int:
     print()
     c = data["cache"]
     print(f"JIT cache: {c['path']}")
-    print(f"  {c['count']} {'entry' if c['count'] == 1 else 'entries'}, {format_bytes(c['total_bytes'])}")
+    cap = "no size cap" if c["max_bytes"] is None else f"capped at {format_bytes(c['max_bytes'])}"
+    print(f"  {c['count']} {'entry' if c['count'] == 1 else 'entries'}, {format_bytes(c['total_bytes'])} ({cap})")
+    for problem in c["problems"]:
+        print(f"  problem: {problem}")
     return 0
