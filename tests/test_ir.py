@@ -22,6 +22,17 @@ def test_operators_build_trees_that_compare_by_value() -> None:
     assert ir.free_vars(e) == {"x", "z"} and ir.hyper_names(e) == {"p"}
 
 
+def test_constants_compare_by_their_bits() -> None:
+    """0.0 and −0.0 are different constants (1/−0 = −∞: a backend caching kernels by program must not
+    reuse one for the other); every NaN constant equals every other, so a program with a NaN
+    constant equals a rebuilt copy of itself and its kernel is found again."""
+    assert ir.Const(0.0) != ir.Const(-0.0) and ir.pow(x, -0.0) != ir.pow(x, 0.0)
+    assert ir.Const(math.nan) == ir.Const(float("nan")) and hash(ir.Const(math.nan)) == hash(ir.Const(-math.nan))
+    prog = PairwiseProgram(x * math.nan, "sum", ir.Var("acc"))
+    assert prog == PairwiseProgram(x * float("nan"), "sum", ir.Var("acc")) and len({prog, prog}) == 1
+    assert ir.Const(1) == ir.Const(1.0) and ir.Const(math.inf) != ir.Const(-math.inf)
+
+
 def test_constructor_validation() -> None:
     with pytest.raises(ValueError, match="Call op: expected one of"):
         ir.Call("tanh", (x,))

@@ -43,6 +43,7 @@ re-implements the traversal.
 from __future__ import annotations
 
 import math
+import struct
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 
@@ -149,9 +150,14 @@ class Expr:
         return to_sexpr(self)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, eq=False)
 class Const(Expr):
-    """A floating-point literal."""
+    """A floating-point literal.
+
+    Constants compare and hash by their IEEE bits, with one NaN: ``Const(0.0) != Const(-0.0)``
+    (they are different programs: 1/−0 = −∞) and ``Const(nan) == Const(nan)`` (so a program with a
+    NaN constant equals itself and is compiled once).
+    """
 
     value: float
 
@@ -159,6 +165,15 @@ class Const(Expr):
         if isinstance(self.value, bool) or not isinstance(self.value, (int, float)):
             raise TypeError(f"Const value: expected a real number, got {type(self.value).__name__}")
         object.__setattr__(self, "value", float(self.value))
+
+    def _bits(self) -> bytes:
+        return b"nan" if math.isnan(self.value) else struct.pack("<d", self.value)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Const) and self._bits() == other._bits()
+
+    def __hash__(self) -> int:
+        return hash((Const, self._bits()))
 
 
 @dataclass(frozen=True, slots=True)
