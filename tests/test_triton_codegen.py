@@ -175,6 +175,11 @@ def test_helpers_match_torch_on_special_values(backend: str, device: str) -> Non
         "pow_nonneg": (ir.pow(abs(x), z), lambda a, b: torch.pow(a.abs(), b)),
         # kermac.ir documents sign(NaN) = NaN (torch.sign gives 0 there).
         "sign": (ir.sign(x) + 0.0 * ir.eq(z, z), lambda a, b: torch.where(a.isnan(), a, a.sign()) + 0.0 * (b == b)),
+        # 1/sign tells sign(−0) = +0 (torch.sign) from −0: +inf, not −inf.
+        "inv_sign": (
+            1.0 / ir.sign(x) + 0.0 * ir.eq(z, z),
+            lambda a, b: 1.0 / torch.where(a.isnan(), a, a.sign()) + 0.0 * (b == b),
+        ),
         "min": (ir.minimum(x, z), torch.minimum),
         "max": (ir.maximum(x, z), torch.maximum),
     }

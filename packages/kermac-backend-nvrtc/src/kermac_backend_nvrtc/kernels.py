@@ -127,9 +127,10 @@ __device__ __forceinline__ float km_max(float a, float b) { float r; asm("max.Na
 __device__ __forceinline__ float km_min(float a, float b) { float r; asm("min.NaN.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b)); return r; }
 __device__ __forceinline__ double km_max(double a, double b) { return (a > b || a != a) ? a : b; }
 __device__ __forceinline__ double km_min(double a, double b) { return (a < b || a != a) ? a : b; }
-// sign: -1, 0 or 1; NaN stays NaN (|a| > 0 is false for 0 and NaN, which are returned as they are).
-__device__ __forceinline__ float km_sign(float a) { return fabsf(a) > 0.0f ? copysignf(1.0f, a) : a; }
-__device__ __forceinline__ double km_sign(double a) { return fabs(a) > 0.0 ? copysign(1.0, a) : a; }
+// sign: -1, +0 or 1 as torch.sign (sign(-0) = +0); NaN stays NaN (|a| > 0 is false for ±0 and NaN,
+// which give |a|: +0, or NaN; the absolute value is an operand modifier, no instruction).
+__device__ __forceinline__ float km_sign(float a) { return fabsf(a) > 0.0f ? copysignf(1.0f, a) : fabsf(a); }
+__device__ __forceinline__ double km_sign(double a) { return fabs(a) > 0.0 ? copysign(1.0, a) : fabs(a); }
 // |a|^b for a >= 0 (the IR's pow(abs(.), b)): IEEE pow except pow(1, +-inf) (NaN here, 1 in IEEE).
 __device__ __forceinline__ float km_ex2(float a) { float r; asm("ex2.approx.f32 %0, %1;" : "=f"(r) : "f"(a)); return r; }
 __device__ __forceinline__ float km_lg2(float a) { float r; asm("lg2.approx.f32 %0, %1;" : "=f"(r) : "f"(a)); return r; }

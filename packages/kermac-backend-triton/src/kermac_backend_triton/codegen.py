@@ -14,7 +14,7 @@ and the operation table :func:`op_table`; this module adds only what Triton need
   with the IEEE special cases restored, in two forms: ``_kpow_nn`` where ``a`` is
   provably never negative (``|t|``, ``t·t``, sums of those — see :func:`nonnegative`), and the
   general ``_kpow`` (negative bases: integer exponents keep the sign, others give NaN);
-* ``sign`` with sign(0) = 0 and NaN → NaN, comparisons as 1.0 / 0.0, ``min``/``max`` that
+* ``sign`` with sign(±0) = +0 (torch.sign) and NaN → NaN, comparisons as 1.0 / 0.0, ``min``/``max`` that
   propagate NaN, ``sqrt`` correctly rounded (``sqrt_rn`` in float32);
 * ``_ksignpow_pos``: sgn(t)·|t|^b for 0 < b < ∞ as a copysign of one power (the gradient
   kernel's fractional-p loop, :mod:`kermac_backend_triton.kernels`).
@@ -160,8 +160,8 @@ def _kpow(a, b):
 
 @triton.jit
 def _ksign(a):
-    # -1, 0 or 1; sign(+-0) = 0 and NaN stays NaN.
-    return tl.where(a > 0, 1.0, tl.where(a < 0, -1.0, a))
+    # -1, +0 or 1 as torch.sign (sign(-0) = +0); NaN stays NaN.  |a| is free (an operand modifier).
+    return tl.where(a > 0, 1.0, tl.where(a < 0, -1.0, tl.abs(a)))
 
 
 @triton.jit

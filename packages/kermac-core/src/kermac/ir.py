@@ -29,7 +29,7 @@ exp         1      eᵃ
 log         1      ln a
 pow         2      aᵇ  (IEEE ``pow``: 0ᵇ = 0 for b > 0, 0⁰ = 1)
 min, max    2      minimum / maximum (NaN propagates)
-sign        1      −1, 0 or 1 (sign(0) = 0; NaN → NaN)
+sign        1      −1, +0 or 1 (sign(±0) = +0 as torch.sign; NaN → NaN)
 lt le gt    2      a < b, a ≤ b, a > b
 ge eq ne    2      a ≥ b, a = b, a ≠ b
 select      3      b if a ≠ 0 else c
@@ -268,7 +268,7 @@ def maximum(a: Expr | Number, b: Expr | Number) -> Expr:
 
 
 def sign(a: Expr | Number) -> Expr:
-    """sgn(a) ∈ {−1, 0, 1}."""
+    """sgn(a) ∈ {−1, +0, 1} (+0 also for −0, as torch.sign); NaN for NaN."""
     return _call("sign", a)
 
 
