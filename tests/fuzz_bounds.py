@@ -45,19 +45,22 @@ class Precision:
 
     ``u``: unit roundoff; ``max``: largest finite value; ``eta``: absolute error allowed per
     operation for underflow (a subnormal step, or the smallest normal where subnormals flush);
-    ``dtype``: the torch dtype that rounds constants and hyperparameters.
+    ``dtype``: the torch dtype that rounds constants and hyperparameters; ``flush``: operations may
+    also read subnormal operands as zero (GPU code: ``lg2.approx.ftz`` in fast powers,
+    ``div.full.f32``), so an operand near zero may be exactly 0.
     """
 
     dtype: torch.dtype
     u: float
     max: float
     eta: float
+    flush: bool = False
 
     @classmethod
     def of(cls, dtype: torch.dtype, *, flush: bool = False) -> Precision:
         info = torch.finfo(dtype)
         eta = info.tiny if flush else info.smallest_normal * info.eps
-        return cls(dtype, info.eps / 2, info.max, eta)
+        return cls(dtype, info.eps / 2, info.max, eta, flush)
 
 
 @dataclass(frozen=True)
@@ -143,6 +146,15 @@ def _is(iv: Interval, value: float) -> torch.Tensor:
 # ---- operations -------------------------------------------------------------------------------
 
 
+def _flushed(a: Interval, prec: Precision) -> Interval:
+    """``a`` as an operation that may flush subnormal operands reads it: with 0 where it reaches
+    below the smallest normal number in magnitude."""
+    tiny = torch.finfo(prec.dtype).smallest_normal
+    near = (a.lo < tiny) & (a.hi > -tiny)
+    lo = torch.where(near, a.lo.clamp(max=0.0), a.lo)
+    return _make(lo, torch.where(near, a.hi.clamp(min=0.0), a.hi), a.may, a.must)
+
+
 def _add(a: Interval, b: Interval, prec: Precision) -> Interval:
     lo, hi = a.lo + b.lo, a.hi + b.hi
     inf_inf = (_has(a, math.inf) & _has(b, -math.inf)) | (_has(a, -math.inf) & _has(b, math.inf))
@@ -191,8 +203,9 @@ def _sqrt(a: Interval, prec: Precision) -> Interval:
 
 
 def _exp(a: Interval, prec: Precision) -> Interval:
-    # exp as ex2(a·log2 e): the product's rounding is a relative error of about |a|·u in the result.
-    k = 4 + 1.5 * torch.maximum(a.lo.abs(), a.hi.abs()).clamp(max=1e6)
+    # exp as ex2(a·log2 e): the product's rounding is a relative error of about |a|·u in the result
+    # (2·|a| ulp for NVRTC's exp of a quotient with the reciprocal taken once).
+    k = 4 + 2 * torch.maximum(a.lo.abs(), a.hi.abs()).clamp(max=1e6)
     return _widen(_make(torch.exp(a.lo), torch.exp(a.hi), a.may, a.must), prec, k)
 
 
@@ -227,11 +240,14 @@ def _pow(a: Interval, b: Interval, prec: Precision) -> Interval:
     lo, hi = torch.where(one, 1.0, lo), torch.where(one, 1.0, hi)
     no = torch.zeros_like(may)
     may, must = torch.where(one, no, may), torch.where(one, no, must)
-    # exp2(b·log2 a): the rounding of b·log2 a is a relative error of about |b·log2 a|·u.
+    # exp2(b·log2 a): the rounding of b·log2 a is a relative error of about |b·log2 a|·u, and the
+    # absolute error of an approximate log2 (lg2.approx: 2^-22, about 4u) one of 4·|b|·u; table and
+    # polynomial powers (NVRTC) stay within 64u.
     log_a = torch.maximum(torch.log2(a.lo.abs()).abs(), torch.log2(a.hi.abs()).abs())
-    size = torch.maximum(b.lo.abs(), b.hi.abs()) * log_a
+    b_size = torch.maximum(b.lo.abs(), b.hi.abs())
+    size = 2 * b_size * log_a + 8 * b_size
     size = torch.where(size.isfinite(), size, 0.0).clamp(max=1e6)
-    return _widen(_make(lo, hi, may, must), prec, 64 + 2 * size)
+    return _widen(_make(lo, hi, may, must), prec, 64 + size)
 
 
 def _minmax(a: Interval, b: Interval, fn) -> Interval:
@@ -287,6 +303,8 @@ def evaluate(expr: Expr, env: Mapping[str, Interval], prec: Precision) -> Interv
         return env[expr.name]
     assert isinstance(expr, Call)
     args = [evaluate(a, env, prec) for a in expr.args]
+    if prec.flush:
+        args = [_flushed(a, prec) for a in args]
     op = expr.op
     if op == "add":
         return _add(args[0], args[1], prec)

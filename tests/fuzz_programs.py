@@ -287,7 +287,8 @@ def _hyper_values(
             out[name] = (torch.rand((rng.choice((1, 2)),), generator=gen, dtype=torch.float64) * 3.0 + 0.2).to(dtype)
         else:
             r = rng.random()
-            out[name] = rng.choice((0.0, -1.0, 1e-40, 1e30, math.inf)) if r < 0.1 else round(rng.uniform(0.2, 3.0), 3)
+            special = (0.0, -1.0, 1e-40, 1e30, 1e300, math.inf)  # 1e300: past float32's range
+            out[name] = rng.choice(special) if r < 0.1 else round(rng.uniform(0.2, 3.0), 3)
     return out
 
 

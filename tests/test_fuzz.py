@@ -158,6 +158,16 @@ def test_the_oracle_catches_wrong_results() -> None:
     assert all(count > 0 for count in caught.values()), caught
 
 
+def test_gpu_intervals_contain_the_cpu_results() -> None:
+    """The intervals of GPU code (subnormal results and operands may flush, 3×TF32 products) only
+    widen the CPU ones: the reference backend's exact-underflow results lie inside them too."""
+    for case_seed in range(80):
+        case = fp.generate(case_seed)
+        compute = fp._compute_dtype(case.dtype)
+        iv = fp.bounds(case, compute, flush=True, tf32_split=compute == torch.float32)
+        assert not fb.check(case.run("torch"), iv).any(), case.describe()
+
+
 def _text(case: fp.Case) -> str:
     return ir.to_sexpr(case.program.inner) + ir.to_sexpr(case.program.epilogue)
 
