@@ -39,8 +39,10 @@ COMPUTE_TYPES: Mapping[str, str] = {"float32": "tl.float32", "float64": "tl.floa
 
 _PLATFORM_HELPERS = {
     # float32 on a GPU.  _klog2abs_fast: log2|a| as lg2.approx.ftz.f32 on the special-function unit
-    # (max error 2^-22 relative; subnormal inputs count as 0, whose powers are below float32
-    # rounding of any sum they join; the abs inside the asm is folded into the MUFU operand) --
+    # (absolute error about 2^-22; a subnormal |a| counts as 0: for exponents b >= 1 its power is
+    # below the smallest normal number, for b < 1 a term below F^b is lost, F = 2^-126, which only
+    # differences within a few ulp of F can notice; the abs inside the asm is folded into the MUFU
+    # operand) --
     # Triton's own float32 log2 is a long software polynomial.  _kexp/_kexp2:
     # libdevice's correctly handled expf/exp2f (Triton's tl.exp flushes subnormal results to 0,
     # which loses kernel values below 1.2e-38 that torch keeps).

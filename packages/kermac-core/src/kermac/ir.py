@@ -13,6 +13,10 @@ Expressions support Python's arithmetic operators, so ``exp(-abs(x - z) / Hyper(
 builds a tree.  Comparisons are functions (:func:`lt`, :func:`eq`, ...) because ``==`` on
 expressions means structural equality (expressions are hashable and compare by value).
 
+Programs compute in a compute type: float32 for float16, bfloat16 and float32 inputs, float64 for
+float64 inputs.  A constant (and a hyperparameter) is rounded once to the compute type before it is
+used, as the reference evaluator does; every backend renders it that way.
+
 Semantics of every operation (all in floating point; a comparison yields 1.0 or 0.0):
 
 ==========  =====  ==================================================================
