@@ -22,6 +22,17 @@ def test_operators_build_trees_that_compare_by_value() -> None:
     assert ir.free_vars(e) == {"x", "z"} and ir.hyper_names(e) == {"p"}
 
 
+def test_constants_compare_by_their_bits() -> None:
+    """0.0 and −0.0 are different constants (1/−0 = −∞: a backend caching kernels by program must not
+    reuse one for the other); every NaN constant equals every other, so a program with a NaN
+    constant equals a rebuilt copy of itself and its kernel is found again."""
+    assert ir.Const(0.0) != ir.Const(-0.0) and ir.pow(x, -0.0) != ir.pow(x, 0.0)
+    assert ir.Const(math.nan) == ir.Const(float("nan")) and hash(ir.Const(math.nan)) == hash(ir.Const(-math.nan))
+    prog = PairwiseProgram(x * math.nan, "sum", ir.Var("acc"))
+    assert prog == PairwiseProgram(x * float("nan"), "sum", ir.Var("acc")) and len({prog, prog}) == 1
+    assert ir.Const(1) == ir.Const(1.0) and ir.Const(math.inf) != ir.Const(-math.inf)
+
+
 def test_constructor_validation() -> None:
     with pytest.raises(ValueError, match="Call op: expected one of"):
         ir.Call("tanh", (x,))
@@ -88,7 +99,7 @@ def test_programs_are_built_once_and_pickle_without_derived_values() -> None:
     from kermac.lowering import cdist_program, grad_program
 
     assert presets.laplace_lp.lower(regularized=True) is presets.laplace_lp.lower(regularized=True)
-    assert cdist_program(1.3) is cdist_program(2.5) is cdist_program(None)
+    assert cdist_program(1.3) is cdist_program(2.5) and cdist_program(50.0) is cdist_program(None)
     assert grad_program(1.3) is grad_program(0.5) and grad_program(1.0) is not grad_program(2.0)
     fresh = PairwiseProgram(abs(x - ir.Var("z")), "sum", ir.Var("acc") * ir.Hyper("s"))
     assert fresh.hypers == ("s",) and hash(fresh) == hash(PairwiseProgram(fresh.inner, "sum", fresh.epilogue))
@@ -174,3 +185,25 @@ def test_signed_power_recognises_the_fractional_gradient() -> None:
     assert signed_power(ir.select(ir.ne(x, 0.0), ir.sign(x) * ir.pow(abs(x), p), 1.0)) is None  # not 0 at t = 0
     assert signed_power(ir.select(ir.ne(x, 0.0), ir.sign(z) * ir.pow(abs(x), p), 0.0)) is None  # another sign
     assert signed_power(ir.select(ir.ne(x, 0.0), ir.sign(x) * ir.pow(x, p), 0.0)) is None  # base not |t|
+
+
+def test_difference_power_recognises_every_lowered_cdist_term() -> None:
+    """The exponent P of each |x − z|^P form cdist lowers to (what autograd differentiates), for
+    every p and dtype; other terms are not recognised."""
+    import torch
+
+    from kermac.lowering import cdist_program
+    from kermac.programs import L0_TERM, LINF_TERM, difference_power
+
+    cases = {0.0: 0.0, 1.0: 1.0, 2.0: 2.0, 1.5: p, 50.0: p, None: p, math.inf: 1.0, 1e308: 1.0}
+    for dtype in (torch.float32, torch.float64, None):
+        for value, exponent in cases.items():
+            assert difference_power(cdist_program(value, dtype=dtype).inner) == ir.as_expr(exponent), (value, dtype)
+    assert difference_power(L0_TERM) == ir.Const(0.0) and difference_power(LINF_TERM) == ir.Const(1.0)
+    assert difference_power(ir.pow(abs(x - z), 3.0)) == ir.Const(3.0)
+    t = x - z
+    assert difference_power(ir.pow(abs(z - x), p)) is None
+    assert difference_power(ir.maximum(ir.pow(abs(t), p), 2.0)) is None  # a floor that is not c·[t ≠ 0]
+    assert difference_power(ir.maximum(ir.pow(abs(t), p), -1.0 * ir.ne(t, 0.0))) is None  # negative floor
+    assert difference_power(ir.select(ir.eq(t, t), abs(t), 1.0)) is None
+    assert difference_power(x * z) is None

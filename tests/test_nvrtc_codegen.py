@@ -17,7 +17,7 @@ import torch
 import kermac
 from kermac import ir, presets
 from kermac.hyperparams import HyperValue
-from kermac.lowering import grad_program
+from kermac.lowering import cdist_program, grad_program
 from kermac.problem import grad_problem, pairwise_problem
 
 nvrtc_codegen = pytest.importorskip("kermac_backend_nvrtc.codegen")
@@ -111,6 +111,17 @@ def _cases() -> dict[str, object]:
     cases["l1-batch1"] = _pw(presets.l1_distance.lower(), _t(3, M, D), _t(3, N, D))
     cases["l1-batch2-broadcast"] = _pw(presets.l1_distance.lower(), _t(2, 1, M, D), _t(3, N, D))
     cases["every-op-max"] = _pw(_every_op_program(), h=0.5)
+    # Constants a float cannot hold (subnormal, past its range, -0, NaN) in both compute types.
+    x, z = ir.Var("x"), ir.Var("z")
+    extreme = x * 1e-40 + z * 1e39 - 1e-310 + ir.select(x, -0.0, math.nan)
+    extreme_program = kermac.PairwiseProgram(extreme, "min", ir.Var("acc") * 1e300 + 5e-324)
+    cases["extreme-constants-f32"] = _pw(extreme_program)
+    cases["extreme-constants-f64"] = _pw(extreme_program, _t(M, D, dtype=torch.float64), _t(N, D, dtype=torch.float64))
+    # cdist's edge programs: the NaN-aware counts and maximum, the guarded large-p program.
+    for p, dtype in ((0.0, torch.float32), (math.inf, torch.float32), (50.0, torch.float32), (50.0, torch.float64)):
+        tag = f"cdist-p{p:g}-{str(dtype).removeprefix('torch.')}"
+        hyper = {"p": p} if p == 50.0 else {}
+        cases[tag] = _pw(cdist_program(p, dtype=dtype), _t(M, D, dtype=dtype), _t(N, D, dtype=dtype), **hyper)
     cases["every-op-min-f64"] = _pw(
         kermac.PairwiseProgram(_every_op_program().inner, "min", ir.Var("acc")),
         _t(M, D, dtype=torch.float64),
@@ -835,6 +846,29 @@ def test_tc_grad_split_accuracy(p: float, data: str) -> None:
     assert np.linalg.norm(got - ref) / np.linalg.norm(ref) < (1.5e-5 if data == "cancelling" else 1e-6)
 
 
+def test_constants_are_rounded_to_the_compute_type() -> None:
+    """Every constant is rounded to the compute type in Python: the literal is then exactly
+    representable (a double literal past float's range is undefined behaviour when converted), and
+    equal to what the reference backend computes with (float32 subnormals kept)."""
+
+    def r(v: float, compute: str) -> str:
+        return codegen.render_expr(ir.Const(v), {}, compute=compute)
+
+    assert r(1e39, "float") == "km_inf(km_t(0))" and r(-1e39, "float") == "(-km_inf(km_t(0)))"
+    assert r(1e39, "double") == "km_t(1e+39)"
+    assert r(1e-40, "float") == f"km_t({torch.tensor(1e-40, dtype=torch.float32).item()!r})" != "km_t(1e-40)"
+    assert r(1e-50, "float") == "km_t(0.0)" and r(-1e-50, "float") == "km_t(-0.0)"
+    assert r(1e-310, "double") == "km_t(1e-310)" and r(0.1, "double") == "km_t(0.1)"
+    assert r(0.1, "float") == "km_t(0.10000000149011612)" and r(math.nan, "double") == "km_nan(km_t(0))"
+    program = kermac.PairwiseProgram(ir.Var("x") * 1e39, "sum", ir.Var("acc") + 0.1)
+    f32 = codegen.pairwise_source(plan.plan_pairwise(_pw(program))[0])[0]
+    f64 = codegen.pairwise_source(
+        plan.plan_pairwise(_pw(program, _t(M, D, dtype=torch.float64), _t(N, D, dtype=torch.float64)))[0]
+    )[0]
+    assert "(x * km_inf(km_t(0)))" in f32 and "(acc + km_t(0.10000000149011612))" in f32
+    assert "(x * km_t(1e+39))" in f64 and "(acc + km_t(0.1))" in f64
+
+
 def test_render_semantics_table() -> None:
     names = {"x": "x", "z": "z"}
     assert codegen.render_expr(ir.Const(math.inf) - ir.Var("x"), names) == "(km_inf(km_t(0)) - x)"
@@ -942,7 +976,8 @@ def test_exp_of_an_invariant_quotient() -> None:
     assert same[~finite].all(), (a[~finite & ~same][:5], b[~finite & ~same][:5])
     src = _source(CASES["preset-laplace_l1"])
     assert "km_exp_div(acc, (-h_bandwidth))" in src and "km_div_inv" not in src.split("km_epilogue")[-1]
-    assert "km_exp_div((km_t(1.7320508075688772) * km_sqrt(acc)), (-h_bandwidth))" in _source(CASES["preset-matern32"])
+    sqrt3 = torch.tensor(math.sqrt(3.0), dtype=torch.float32).item()  # √3 rounded to the compute type
+    assert f"km_exp_div((km_t({sqrt3!r}) * km_sqrt(acc)), (-h_bandwidth))" in _source(CASES["preset-matern32"])
     varying = ir.exp(ir.Var("acc") / (1.0 + ir.Var("acc")))  # a divisor that varies stays exp of a quotient
     assert codegen.render_expr(varying, {"acc": "acc"}) == "km_exp((acc / (km_t(1.0) + acc)))"
 

@@ -59,14 +59,14 @@ def test_every_preset_generates_valid_source(name: str, regularized: bool) -> No
     assert body.count(combine) == len(kernels.PREFETCH_DEPTHS) + 1
     # The diagonal is computed exactly when the epilogue reads it.
     assert ("diag = tl.where(om4 + OFF_M == on4 + OFF_N" in body) == regularized
-    # Every hyperparameter is a typed scalar argument.
+    # Every hyperparameter is a typed scalar argument, cast to the compute type on entry.
     for h in program.hypers:
-        assert f"h_{h}: tl.float32" in body
+        assert f"h_{h}: tl.float32" in body and f"h_{h} = tl.full([], h_{h}, tl.float32)" in body
     # Inner expressions use the special-function unit's log2; epilogues the accurate one.
     if desc.power == "pow":
         assert "_kpow_nn_fast(tl.abs((xv - zv)), h_p)" in body
     if desc.outer == "root":
-        assert "_kpow_nn(acc, (1.0 / h_p))" in body
+        assert "_kpow_nn(acc, (tl.full([], 1.0, tl.float32) / h_p))" in body
     assert "_kpow(" not in body  # every built-in base is provably non-negative
 
 
@@ -124,9 +124,10 @@ def test_grad_source(p: float) -> None:
         assert "_ksign((dv - bv))" in body and "pow" not in body
     else:
         # sgn(t)·|t|^(p−1): one copysigned power where p − 1 is in (0, ∞), its exponent as a tile.
-        assert "if (sp_e < _INF) & (sp_e > 0):" in body and "sp_e = (h_p - 1.0)" in body
+        assert "if (sp_e < _INF) & (sp_e > 0):" in body and "sp_e = (h_p - tl.full([], 1.0, tl.float32))" in body
         assert body.count("_ksignpow_pos((dv - bv), sp_et)") == 1
-        assert body.count("_kpow_nn_fast(tl.abs((dv - bv)), (h_p - 1.0))") == 2  # general loop and tail
+        general = "_kpow_nn_fast(tl.abs((dv - bv)), (h_p - tl.full([], 1.0, tl.float32)))"
+        assert body.count(general) == 2  # general loop and tail
 
 
 def test_grad_signed_power_needs_a_scalar_exponent() -> None:
@@ -149,7 +150,9 @@ def test_constants_and_nonnegativity() -> None:
     x, z = ir.Var("x"), ir.Var("z")
     e = ir.minimum(x, -1.5) + ir.maximum(z, math.inf) * math.nan - (-0.0)
     text = codegen.render_expr(e, {"x": "X", "z": "Z"}, "float32")
-    assert text == "((_kmin(X, (-1.5)) + (_kmax(Z, _INF) * (_INF - _INF))) - (-0.0))"
+    one = "tl.full([], {}, tl.float32)".format
+    expected = f"((_kmin(X, {one(-1.5)}) + (_kmax(Z, {one('_INF')}) * ({one('_INF')} * 0.0))) - {one(-0.0)})"
+    assert text == expected
     nn = codegen.nonnegative
     assert nn(abs(x - z)) and nn((x - z) * (x - z)) and nn(ir.exp(x)) and nn(ir.Var("acc"), frozenset({"acc"}))
     assert not nn(x - z) and not nn(ir.Hyper("p")) and not nn(ir.Const(-0.0)) and not nn(ir.sqrt(x))
@@ -172,6 +175,11 @@ def test_helpers_match_torch_on_special_values(backend: str, device: str) -> Non
         "pow_nonneg": (ir.pow(abs(x), z), lambda a, b: torch.pow(a.abs(), b)),
         # kermac.ir documents sign(NaN) = NaN (torch.sign gives 0 there).
         "sign": (ir.sign(x) + 0.0 * ir.eq(z, z), lambda a, b: torch.where(a.isnan(), a, a.sign()) + 0.0 * (b == b)),
+        # 1/sign tells sign(−0) = +0 (torch.sign) from −0: +inf, not −inf.
+        "inv_sign": (
+            1.0 / ir.sign(x) + 0.0 * ir.eq(z, z),
+            lambda a, b: 1.0 / torch.where(a.isnan(), a, a.sign()) + 0.0 * (b == b),
+        ),
         "min": (ir.minimum(x, z), torch.minimum),
         "max": (ir.maximum(x, z), torch.maximum),
     }
@@ -183,6 +191,108 @@ def test_helpers_match_torch_on_special_values(backend: str, device: str) -> Non
         finite = ~torch.isnan(expected)
         close = torch.isclose(out[finite], expected[finite], rtol=1e-6, atol=0.0)
         assert close.all(), f"{name}: {out[finite][~close].tolist()} != {expected[finite][~close].tolist()}"
+
+
+#: (base, exponent) pairs covering IEEE pow's special cases: signed zeros and infinities, odd, even
+#: and non-integer exponents, NaN on either side (pow(NaN, 0) = pow(1, NaN) = 1), |base| = 1 with
+#: infinite exponents, subnormal and huge values.
+POW_PAIRS = [
+    (math.inf, 2.0), (math.inf, -2.0), (-math.inf, 3.0), (-math.inf, 2.0), (-math.inf, -3.0), (-math.inf, 0.5),
+    (0.0, -1.0), (-0.0, -1.0), (-0.0, -2.0), (-0.0, 3.0), (0.0, 0.0), (-2.0, 0.5), (-2.0, 3.0), (-2.0, -2.0),
+    (-1.0, math.inf), (-1.0, -math.inf), (0.5, math.inf), (2.0, -math.inf), (0.5, -math.inf), (-0.5, math.inf),
+    (math.nan, 0.0), (1.0, math.nan), (math.nan, 1.0), (2.0, math.nan), (1e-40, 1.0), (1e-310, 0.5), (1e300, 2.0),
+]  # fmt: skip
+
+
+def _dtype_id(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=_dtype_id)
+@pytest.mark.parametrize(("backend", "device"), TRITON_DEVICES)
+def test_pow_with_constant_operands_matches_torch(backend: str, device: str, dtype: torch.dtype) -> None:
+    """pow of two constants (a scalar-only expression, broadcast to the tile) and of a tile and a
+    constant exponent, on IEEE special cases, as torch.pow computes them after rounding the constants
+    to the compute type.  Before constants were typed, a constant exponent of ±inf or NaN made the
+    kernel fail (``tl.floor`` of a Python float) and pow of two constants was computed by Python."""
+    require_backend(backend, device)
+    x, z = ir.Var("x"), ir.Var("z")
+    ones = torch.ones(1, 1, dtype=dtype, device=device)
+    for a, b in POW_PAIRS:
+        ref = torch.pow(torch.tensor(a, dtype=dtype), torch.tensor(b, dtype=dtype)).double()
+        for expr, xv in ((ir.pow(a, b) + 0.0 * abs(x - z), ones), (ir.pow(x, b), ones * a)):
+            got = kermac.run_program(PairwiseProgram(expr, "sum", ir.Var("acc")), xv, ones, backend=backend)
+            got = got.double().cpu()[0, 0]
+            assert (got.isnan() and ref.isnan()) or torch.isclose(got, ref, rtol=1e-6, atol=0.0), (
+                f"pow({a}, {b}) in {dtype}: {got.item()} != torch {ref.item()} ({ir.to_sexpr(expr)})"
+            )
+
+
+def _grad_inputs(dtype: torch.dtype, device: str) -> tuple[torch.Tensor, ...]:
+    k, m, n, o = 5, 4, 3, 2
+    return tuple(torch.randn(*s, dtype=dtype, device=device) for s in ((k, m), (n, k), (o, k), (n, m)))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=_dtype_id)
+@pytest.mark.parametrize(("backend", "device"), TRITON_DEVICES)
+def test_constant_and_hyperparameter_only_expressions(backend: str, device: str, dtype: torch.dtype) -> None:
+    """An inner term, multiply or epilogue built from constants and scalar hyperparameters only is a
+    scalar: it is broadcast to the tile (it used to fail with ``'float' object has no attribute 'type'``)."""
+    require_backend(backend, device)
+    xs, zs, acc, h = ir.Var("x") - ir.Var("z"), ir.Var("d") - ir.Var("b"), ir.Var("acc"), ir.Hyper("h")
+    x, z = torch.randn(3, 4, dtype=dtype, device=device), torch.randn(5, 4, dtype=dtype, device=device)
+    pairwise = [
+        PairwiseProgram(ir.Const(2.0), "sum", acc),
+        PairwiseProgram(h * 3.0, "max", acc),
+        PairwiseProgram(ir.exp(h), "min", acc * h),
+        PairwiseProgram(abs(xs), "sum", ir.Const(1.5)),
+        PairwiseProgram(abs(xs), "sum", ir.sqrt(h) + ir.select(ir.Var("diag"), h, 0.0)),
+    ]
+    for program in pairwise:
+        hypers = {"h": 0.7} if program.hypers else None
+        got = kermac.run_program(program, x, z, hypers=hypers, backend=backend)
+        ref = kermac.run_program(program, x, z, hypers=hypers, backend="torch")
+        torch.testing.assert_close(got, ref, rtol=1e-6, atol=0.0, msg=program.key())
+    grads = [GradProgram(ir.Const(0.5), acc), GradProgram(h - 1.0, acc), GradProgram(zs, ir.Const(-2.0))]
+    grads.append(GradProgram(ir.sign(zs), h * h))
+    operands = _grad_inputs(dtype, device)
+    for program in grads:
+        hypers = {"h": 0.7} if program.hypers else None
+        got = kermac.run_grad_program(program, *operands, hypers=hypers, backend=backend)
+        ref = kermac.run_grad_program(program, *operands, hypers=hypers, backend="torch")
+        torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-6, msg=program.key())
+
+
+@pytest.mark.parametrize(("backend", "device"), TRITON_DEVICES)
+def test_scalar_subexpressions_compute_in_the_compute_type(backend: str, device: str) -> None:
+    """Constants and scalar hyperparameters are values of the compute type.  float64: λ, exp(1.0) and
+    p − 1/3 keep float64 precision (they were computed in float32).  float32: a constant is rounded
+    to float32 before it is used — 1e-40 to the float32 subnormal, 1e39 to inf — as the reference
+    does (Python evaluated scalar-only subexpressions in double precision)."""
+    require_backend(backend, device)
+    t, acc, h, diag = ir.Var("x") - ir.Var("z"), ir.Var("acc"), ir.Hyper("h"), ir.Var("diag")
+    cases = {
+        torch.float64: [
+            PairwiseProgram(abs(t) * ir.exp(ir.Const(1.0)), "sum", acc),
+            PairwiseProgram(abs(t) * ir.exp(h), "sum", acc),
+            PairwiseProgram(abs(t) * (h - 1.0 / 3.0), "sum", acc),
+            PairwiseProgram(abs(t), "sum", acc + ir.select(diag, h / 3.0, 0.0)),
+            PairwiseProgram(abs(t) + 1e-310, "max", acc * 1e300),
+        ],
+        torch.float32: [
+            PairwiseProgram(ir.sqrt(ir.Const(1e-40)) + 0.0 * t, "sum", acc),
+            PairwiseProgram(ir.select(ir.gt(t, -100.0), 1e-40, 0.0), "sum", acc * 1e30),
+            PairwiseProgram(0.0 * t + ir.Const(1.0) / ir.Const(1e39), "sum", acc),
+        ],
+    }
+    for dtype, programs in cases.items():
+        x, z = torch.randn(3, 4, dtype=dtype, device=device), torch.randn(5, 4, dtype=dtype, device=device)
+        for program in programs:
+            hypers = {"h": 0.1} if program.hypers else None
+            got = kermac.run_program(program, x, z, hypers=hypers, backend=backend)
+            ref = kermac.run_program(program, x, z, hypers=hypers, backend="torch")
+            tol = 1e-15 if dtype == torch.float64 else 1e-6
+            torch.testing.assert_close(got, ref, rtol=tol, atol=0.0, msg=f"{dtype} {program.key()}")
 
 
 @pytest.mark.parametrize("name", ["l2_distance", "squared_l2_distance", "gaussian", "laplace_l2", "matern32", "cauchy"])

@@ -22,6 +22,8 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from string import Template
 
+import torch
+
 from kermac import ir
 from kermac.ir import Call, Const, Expr, Hyper, Var
 from kermac.programs import is_squared_difference_sum, signed_power, zero_padding_is_neutral
@@ -100,7 +102,19 @@ class Param:
         return f"{self.ctype}{restrict} {self.name}"
 
 
-def _const(v: float) -> str:
+#: Compute type name → the torch dtype that rounds constants to it.
+_COMPUTE_DTYPES = {"float": torch.float32, "double": torch.float64}
+
+
+def _const(v: float, compute: str) -> str:
+    """The constant ``v`` in compute type ``compute`` ("float" or "double"), exactly.
+
+    The value is rounded to the compute type here (to nearest, float32 subnormals kept, ±inf past
+    the range), so the literal the source holds is exactly representable: converting a double
+    literal outside float's range is undefined in C++, and a rounding left to the compiler could
+    differ from the reference backend's.
+    """
+    v = torch.tensor(v, dtype=torch.float64).to(_COMPUTE_DTYPES[compute]).item()
     if math.isnan(v):
         return "km_nan(km_t(0))"
     if math.isinf(v):
@@ -188,13 +202,15 @@ def render_expr(
     expr: Expr,
     names: dict[str, str],
     *,
+    compute: str = "float",
     ge1: frozenset[str] = frozenset(),
     gt1: frozenset[str] = frozenset(),
     ftz: bool = False,
     half_powers: bool = False,
     known: Mapping[str, float] = {},
 ) -> str:
-    """CUDA C++ for ``expr``; ``names`` maps Var and Hyper names to C identifiers.
+    """CUDA C++ for ``expr`` computed in ``compute`` ("float" or "double"); ``names`` maps Var and
+    Hyper names to C identifiers.  Constants are rounded to ``compute`` (:func:`_const`).
 
     ``half_powers``: a power of an absolute value (signed or not) whose exponent constants and
     ``known`` (hyperparameter values fixed in the source) make a multiple of 1/2 in [1/2, 4]
@@ -236,7 +252,7 @@ def render_expr(
         return e
 
     def sub(e: Expr) -> str:
-        return render_expr(e, names, ge1=ge1, gt1=gt1, ftz=ftz, half_powers=half_powers, known=known)
+        return render_expr(e, names, compute=compute, ge1=ge1, gt1=gt1, ftz=ftz, half_powers=half_powers, known=known)
 
     def placeholder(text: str) -> Expr:
         key = f"kmpeep{len(peeps)}"
@@ -248,7 +264,7 @@ def render_expr(
             return peeps[name]
         return names[name]
 
-    return ir.render(rewrite(expr), const=_const, var=var, hyper=lambda n: names[n], ops=CUDA_OPS)
+    return ir.render(rewrite(expr), const=lambda v: _const(v, compute), var=var, hyper=lambda n: names[n], ops=CUDA_OPS)
 
 
 def _exp_of_quotient(e: Call) -> tuple[Expr, Expr] | None:
@@ -498,9 +514,9 @@ def _pairwise_params(
     return params + batch_params + hyper_params
 
 
-def _half_options(v: PairwiseVariant | GradVariant) -> dict:
-    """render_expr's half-power arguments for variant ``v``."""
-    return {"half_powers": v.half_powers, "known": dict(v.known_hypers)}
+def _render_options(v: PairwiseVariant | GradVariant) -> dict:
+    """render_expr's compute type and half-power arguments for variant ``v``."""
+    return {"compute": INPUT_TYPES[v.dtype][1], "half_powers": v.half_powers, "known": dict(v.known_hypers)}
 
 
 def _pairwise_names(prog) -> dict[str, str]:
@@ -519,7 +535,7 @@ def _pairwise_parts(
     )
     params = _pairwise_params(tin, extra, prog.uses_diag, batch_params, hyper_params)
     shared = common | {
-        "EPILOGUE": render_expr(prog.epilogue, names, ge1=v.ge1_hypers, **_half_options(v)),
+        "EPILOGUE": render_expr(prog.epilogue, names, ge1=v.ge1_hypers, **_render_options(v)),
         "PARAMS": ", ".join(p.decl for p in params),
         "XMODE": v.x.mode,
         "XE": v.x.e,
@@ -613,10 +629,10 @@ def pairwise_source(v: PairwiseVariant) -> tuple[str, list[Param]]:
         KCONTIG=int(v.k_contiguous),
         LOADS_AT=loads_at,
         KUNROLL=v.k_unroll,
-        INNER=render_expr(prog.inner, names, ge1=v.ge1_hypers, ftz=v.ftz, **_half_options(v)),
-        POLY_EXP=render_expr(exponent, names) if split else "",
+        INNER=render_expr(prog.inner, names, ge1=v.ge1_hypers, ftz=v.ftz, **_render_options(v)),
+        POLY_EXP=render_expr(exponent, names, compute=compute) if split else "",
         REDUCE=reduce,
-        IDENTITY=_const(prog.identity),
+        IDENTITY=_const(prog.identity, compute),
         TIN=tin,
         TOUT=tin,
         **shared,
@@ -649,7 +665,7 @@ def grad_parts(v: GradVariant, tin: str, tiles: str) -> GradParts:
     strides = ("zbase", "sak", "sam", "sbn", "sbk", "sco", "sck", "sdn", "sdm", "soo", "son", "som")
     params += [Param(n, "long long") for n in strides]
     params += batch_params + hyper_params
-    options = {"ge1": v.ge1_hypers, "gt1": v.gt1_hypers, "ftz": v.ftz, **_half_options(v)}
+    options = {"ge1": v.ge1_hypers, "gt1": v.gt1_hypers, "ftz": v.ftz, **_render_options(v)}
     args = common | {
         "MULTIPLY": render_expr(prog.multiply, names, **options),
         "EPILOGUE": render_expr(prog.epilogue, names, **options),

@@ -127,17 +127,16 @@ __device__ __forceinline__ float km_max(float a, float b) { float r; asm("max.Na
 __device__ __forceinline__ float km_min(float a, float b) { float r; asm("min.NaN.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b)); return r; }
 __device__ __forceinline__ double km_max(double a, double b) { return (a > b || a != a) ? a : b; }
 __device__ __forceinline__ double km_min(double a, double b) { return (a < b || a != a) ? a : b; }
-// sign: -1, 0 or 1; NaN stays NaN (|a| > 0 is false for 0 and NaN, which are returned as they are).
-__device__ __forceinline__ float km_sign(float a) { return fabsf(a) > 0.0f ? copysignf(1.0f, a) : a; }
-__device__ __forceinline__ double km_sign(double a) { return fabs(a) > 0.0 ? copysign(1.0, a) : a; }
-// |a|^b for a >= 0 (the IR's pow(abs(.), b)): IEEE pow except pow(1, +-inf) (NaN here, 1 in IEEE).
+// sign: -1, +0 or 1 as torch.sign (sign(-0) = +0); NaN stays NaN (|a| > 0 is false for ±0 and NaN,
+// which give |a|: +0, or NaN; the absolute value is an operand modifier, no instruction).
+__device__ __forceinline__ float km_sign(float a) { return fabsf(a) > 0.0f ? copysignf(1.0f, a) : fabsf(a); }
+__device__ __forceinline__ double km_sign(double a) { return fabs(a) > 0.0 ? copysign(1.0, a) : fabs(a); }
+// |a|^b for a >= 0 (the IR's pow(abs(.), b)): IEEE pow, as torch.pow.
 __device__ __forceinline__ float km_ex2(float a) { float r; asm("ex2.approx.f32 %0, %1;" : "=f"(r) : "f"(a)); return r; }
 __device__ __forceinline__ float km_lg2(float a) { float r; asm("lg2.approx.f32 %0, %1;" : "=f"(r) : "f"(a)); return r; }
 // Both sides are computed and then selected: a conditional around the asm would become a branch.
-// b = ±inf is taken as ±FLT_MAX (the same |a|^b for every a, but 1^inf = 1 instead of ex2(inf·0) = NaN);
-// b is loop-invariant, so the compiler hoists this out of the k loop.
-__device__ __forceinline__ float km_finite_exponent(float b) { return fabsf(b) == __int_as_float(0x7f800000) ? copysignf(3.402823466e38f, b) : b; }
-__device__ __forceinline__ float km_powabs(float a, float b) { const float r = km_ex2(km_finite_exponent(b) * km_lg2(a)); return b == 0.0f ? 1.0f : r; }
+// pow(a, 0) = pow(1, b) = 1 also where ex2(b·lg2 a) is NaN: a NaN a, a NaN b, and 1^±inf (inf·0).
+__device__ __forceinline__ float km_powabs(float a, float b) { const float r = km_ex2(b * km_lg2(a)); return b == 0.0f || a == 1.0f ? 1.0f : r; }
 __device__ __forceinline__ double km_powabs(double a, double b) { return pow(a, b); }
 // |a|^b when b is known finite and >= 1 (no b == 0 case).
 __device__ __forceinline__ float km_powabs_nz(float a, float b) { return km_ex2(b * km_lg2(a)); }
@@ -150,10 +149,11 @@ __device__ __forceinline__ float km_lg2_ftz(float a) { float r; asm("lg2.approx.
 __device__ __forceinline__ float km_powabs_ftz(float a, float b) { return km_ex2_ftz(b * km_lg2_ftz(a)); }
 __device__ __forceinline__ double km_powabs_ftz(double a, double b) { return pow(a, b); }
 // sign(x)·|x|^b where x != 0, and 0 where x == 0 (the IR's select(ne(x,0), sign(x)·pow(abs(x),b), 0)).
-// For NaN x the result is NaN, also for b == 0 (where |x|^0 = 1 but sign(NaN) = NaN).
+// For NaN x the result is NaN, also for b == 0 (where |x|^0 = 1 but sign(NaN) = NaN); |x| = 1 gives ±1
+// also for b = ±inf or NaN (pow(1, b) = 1, where ex2(b·lg2|x|) is NaN).
 __device__ __forceinline__ float km_signpow(float x, float b) {
-  const float r = km_ex2(km_finite_exponent(b) * km_lg2(fabsf(x)));
-  const float s = copysignf(b == 0.0f && x == x ? 1.0f : r, x);
+  const float r = km_ex2(b * km_lg2(fabsf(x)));
+  const float s = copysignf((b == 0.0f && x == x) || fabsf(x) == 1.0f ? 1.0f : r, x);
   return x == 0.0f ? 0.0f : s;
 }
 __device__ __forceinline__ double km_signpow(double x, double b) { return x == 0.0 ? 0.0 : x != x ? x : copysign(pow(fabs(x), b), x); }

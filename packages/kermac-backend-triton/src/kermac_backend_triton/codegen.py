@@ -3,12 +3,18 @@
 Every expression of a program (:mod:`kermac.programs`) is rendered with :func:`kermac.ir.render`
 and the operation table :func:`op_table`; this module adds only what Triton needs around it:
 
-* the compute type: ``float32`` (also for float16/bfloat16 inputs) or ``float64``;
+* the compute type: ``float32`` (also for float16/bfloat16 inputs) or ``float64``.  Every leaf
+  of an expression is a value of that type: constants are 0-d tensors ``tl.full([], c, T)`` (the
+  Python float rounded once to T: exact in float64, subnormals kept, ±inf and NaN spelled without a
+  NaN-valued global), scalar hyperparameters are cast to T on entry (:func:`hyper_loads`), and
+  comparisons give T's 1.0 / 0.0.  Nothing is left to Triton's typing of Python scalars, which
+  computes a subexpression of scalars only in float32 (under the interpreter also a float64
+  kernel argument) and cannot broadcast a bare Python float to a tile;
 * ``pow(a, b)`` as ``exp2(b·log2 a)`` (the special-function unit, one ``lg2`` and one ``ex2``)
   with the IEEE special cases restored, in two forms: ``_kpow_nn`` where ``a`` is
   provably never negative (``|t|``, ``t·t``, sums of those — see :func:`nonnegative`), and the
   general ``_kpow`` (negative bases: integer exponents keep the sign, others give NaN);
-* ``sign`` with sign(0) = 0 and NaN → NaN, comparisons as 1.0 / 0.0, ``min``/``max`` that
+* ``sign`` with sign(±0) = +0 (torch.sign) and NaN → NaN, comparisons as 1.0 / 0.0, ``min``/``max`` that
   propagate NaN, ``sqrt`` correctly rounded (``sqrt_rn`` in float32);
 * ``_ksignpow_pos``: sgn(t)·|t|^b for 0 < b < ∞ as a copysign of one power (the gradient
   kernel's fractional-p loop, :mod:`kermac_backend_triton.kernels`).
@@ -26,15 +32,17 @@ from collections.abc import Mapping
 from kermac import ir
 from kermac.ir import Call, Const, Expr, Hyper, Var
 
-__all__ = ["COMPUTE_TYPES", "helpers", "hyper_arg", "nonnegative", "op_table", "render_expr"]
+__all__ = ["COMPUTE_TYPES", "const", "helpers", "hyper_arg", "nonnegative", "op_table", "render_expr"]
 
 #: Compute type name → the Triton dtype expression used in generated source.
 COMPUTE_TYPES: Mapping[str, str] = {"float32": "tl.float32", "float64": "tl.float64"}
 
 _PLATFORM_HELPERS = {
     # float32 on a GPU.  _klog2abs_fast: log2|a| as lg2.approx.ftz.f32 on the special-function unit
-    # (max error 2^-22 relative; subnormal inputs count as 0, whose powers are below float32
-    # rounding of any sum they join; the abs inside the asm is folded into the MUFU operand) --
+    # (absolute error about 2^-22; a subnormal |a| counts as 0: for exponents b >= 1 its power is
+    # below the smallest normal number, for b < 1 a term below F^b is lost, F = 2^-126, which only
+    # differences within a few ulp of F can notice; the abs inside the asm is folded into the MUFU
+    # operand) --
     # Triton's own float32 log2 is a long software polynomial.  _kexp/_kexp2:
     # libdevice's correctly handled expf/exp2f (Triton's tl.exp flushes subnormal results to 0,
     # which loses kernel values below 1.2e-38 that torch keeps).
@@ -154,8 +162,8 @@ def _kpow(a, b):
 
 @triton.jit
 def _ksign(a):
-    # -1, 0 or 1; sign(+-0) = 0 and NaN stays NaN.
-    return tl.where(a > 0, 1.0, tl.where(a < 0, -1.0, a))
+    # -1, +0 or 1 as torch.sign (sign(-0) = +0); NaN stays NaN.  |a| is free (an operand modifier).
+    return tl.where(a > 0, 1.0, tl.where(a < 0, -1.0, tl.abs(a)))
 
 
 @triton.jit
@@ -184,14 +192,11 @@ _COMMON_OPS: Mapping[str, str] = {
     "min": "_kmin({0}, {1})",
     "max": "_kmax({0}, {1})",
     "sign": "_ksign({0})",
-    "lt": "tl.where({0} < {1}, 1.0, 0.0)",
-    "le": "tl.where({0} <= {1}, 1.0, 0.0)",
-    "gt": "tl.where({0} > {1}, 1.0, 0.0)",
-    "ge": "tl.where({0} >= {1}, 1.0, 0.0)",
-    "eq": "tl.where({0} == {1}, 1.0, 0.0)",
-    "ne": "tl.where({0} != {1}, 1.0, 0.0)",
     "select": "tl.where({0} != 0, {1}, {2})",
 }
+
+#: Comparisons as the compute type's 1.0 / 0.0 (``{T}``: the compute type).
+_COMPARISONS: Mapping[str, str] = {"lt": "<", "le": "<=", "gt": ">", "ge": ">=", "eq": "==", "ne": "!="}
 
 
 def op_table(compute: str, *, fast: bool = False) -> dict[str, str]:
@@ -205,6 +210,8 @@ def op_table(compute: str, *, fast: bool = False) -> dict[str, str]:
     if compute not in COMPUTE_TYPES:
         raise ValueError(f"compute: expected one of {sorted(COMPUTE_TYPES)}, got {compute!r}")
     table = dict(_COMMON_OPS)
+    cdt = COMPUTE_TYPES[compute]
+    table.update({op: f"({{0}} {sym} {{1}}).to({cdt})" for op, sym in _COMPARISONS.items()})
     table["exp"] = "tl.exp({0})" if fast else "_kexp({0})"
     if compute == "float32":
         table.update({"sqrt": "tl.sqrt_rn({0})", "div": "({0} / {1})"})
@@ -244,13 +251,21 @@ def nonnegative(expr: Expr, known: frozenset[str] = frozenset()) -> bool:
     return False
 
 
-def _const(value: float) -> str:
+def const(value: float, compute: str, lang: str = "tl") -> str:
+    """Source of the constant ``value`` as a 0-d tensor of compute type ``compute``.
+
+    ``repr`` gives back the exact double, which Triton rounds once to the compute type (float32
+    subnormals included).  NaN is ∞·0: a NaN-valued global is not possible (Triton re-checks the
+    globals a kernel uses with ``!=`` at every launch, and NaN != NaN).  ``lang`` is the kernel's
+    language module: ``tl``, or ``gl`` in Gluon (whose ``full`` takes an optional layout, ``tl.full``
+    none).
+    """
+    cdt = COMPUTE_TYPES[compute]
     if math.isnan(value):
-        return "(_INF - _INF)"
+        return f"({lang}.full([], _INF, {cdt}) * 0.0)"
     if math.isinf(value):
-        return "_INF" if value > 0 else "_NINF"
-    text = repr(float(value))
-    return f"({text})" if value < 0 or text.startswith("-") else text
+        return f"{lang}.full([], {'_INF' if value > 0 else '_NINF'}, {cdt})"
+    return f"{lang}.full([], {float(value)!r}, {cdt})"
 
 
 def hyper_arg(name: str) -> str:
@@ -271,14 +286,21 @@ def _mark_fast_pows(expr: Expr, known: frozenset[str], pows: dict[str, tuple[Exp
 
 
 def render_expr(
-    expr: Expr, variables: Mapping[str, str], compute: str, known: frozenset[str] = frozenset(), *, fast: bool = False
+    expr: Expr,
+    variables: Mapping[str, str],
+    compute: str,
+    known: frozenset[str] = frozenset(),
+    *,
+    fast: bool = False,
+    lang: str = "tl",
 ) -> str:
     """Triton source of ``expr``.
 
     ``variables`` maps each IR variable name to the kernel-local expression holding it;
     hyperparameters render as :func:`hyper_arg` names.  ``pow`` with a provably non-negative base
     (``known`` lists non-negative variables) skips the negative-base cases (``_kpow_nn``); with
-    ``fast`` (inner loops) it also takes its logarithm from the special-function unit.
+    ``fast`` (inner loops) it also takes its logarithm from the special-function unit.  ``lang``:
+    the kernel's language module (:func:`const`).
     """
     pows: dict[str, tuple[Expr, Expr]] = {}
     lowered = _mark_fast_pows(expr, known, pows)
@@ -295,6 +317,6 @@ def render_expr(
             raise KeyError(f"variable {name!r} has no binding in this kernel (bound: {sorted(variables)})") from None
 
     def var_render(e: Expr) -> str:
-        return ir.render(e, const=_const, var=var, hyper=hyper_arg, ops=table)
+        return ir.render(e, const=lambda v: const(v, compute, lang), var=var, hyper=hyper_arg, ops=table)
 
     return var_render(lowered)

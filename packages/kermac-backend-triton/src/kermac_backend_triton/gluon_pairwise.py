@@ -115,8 +115,8 @@ def gluon_pairwise_source(spec: PairwiseSpec) -> str:
     cdt = COMPUTE_TYPES[spec.compute]
     cast = ".to(tl.int64)" if spec.int64 else ""
     assert float(REDUCTIONS[prog.reduction]) in (0.0, float("inf"), float("-inf"))
-    inner = render_expr(prog.inner, {"x": "xk", "z": "zk"}, spec.compute, fast=True)
-    epilogue = simt_epilogue(prog, spec.compute, "acc", "diag")
+    inner = render_expr(prog.inner, {"x": "xk", "z": "zk"}, spec.compute, fast=True, lang="gl")
+    epilogue = simt_epilogue(prog, spec.compute, "acc", "diag", "gl")
     identity = IDENTITY[prog.reduction]
     fold = _FOLD[prog.reduction]
     operands = operand_pointers({"x": "X", "z": "Z", "out": "OUT"}, spec.tensor_hypers)
@@ -134,7 +134,7 @@ def {PAIRWISE_ENTRY}(
     SHARED: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [1, 0])
 {tile_order(cast, "gl")}"""
     layouts = _load_layout("XL", "BM", "XT") + _load_layout("ZL", "BN", "ZT")
-    body = layouts + batch_code(operands, spec.nbatch) + hyper_loads(prog.hypers, spec.tensor_hypers, cdt)
+    body = layouts + batch_code(operands, spec.nbatch) + hyper_loads(prog.hypers, spec.tensor_hypers, cdt, "gl")
 
     def stage(buffer: str, value_x: str, value_z: str) -> list[str]:
         return [

@@ -29,14 +29,14 @@ IDENTITY = {"sum": "0.0", "max": "_NINF", "min": "_INF"}
 STREAM = ', cache_modifier=".cs"'
 
 
-def simt_epilogue(prog: PairwiseProgram, compute: str, acc: str, diag: str) -> str:
+def simt_epilogue(prog: PairwiseProgram, compute: str, acc: str, diag: str, lang: str = "tl") -> str:
     """The epilogue of a SIMT pairwise kernel as source, reading ``acc`` and ``diag``.
 
     The accumulator is known to be non-negative (simpler ``pow``) when the reduction is a sum or
     a min of non-negative inner terms: every term, and the identity (0 or +inf), is then ≥ 0.
     """
     known = frozenset({"acc"}) if prog.reduction != "max" and nonnegative(prog.inner) else frozenset()
-    return render_expr(prog.epilogue, {"acc": acc, "diag": diag}, compute, known)
+    return render_expr(prog.epilogue, {"acc": acc, "diag": diag}, compute, known, lang=lang)
 
 
 def operand_pointers(tensors: dict[str, str], tensor_hypers: frozenset[str]) -> dict[str, str]:
@@ -71,8 +71,19 @@ def batch_code(operands: dict[str, str], nbatch: int) -> list[str]:
     return lines
 
 
-def hyper_loads(names: tuple[str, ...], tensor: frozenset[str], cdt: str) -> list[str]:
-    return [f"{hyper_arg(n)} = tl.load(H_{n}).to({cdt})" for n in sorted(tensor) if n in names]
+def hyper_loads(names: tuple[str, ...], tensor: frozenset[str], cdt: str, lang: str = "tl") -> list[str]:
+    """Lines giving each hyperparameter's kernel-local value in the compute type ``cdt``.
+
+    Tensors are loaded at the batch entry's offset.  Scalar arguments are cast on entry: a no-op
+    on a GPU, where the typed parameter already has the compute type, but the interpreter passes
+    the Python float itself, which Triton would take as float32 wherever no tensor is involved.
+    ``lang``: the kernel's language module (``tl``, or ``gl`` in Gluon, whose ``full`` this is).
+    """
+    h = hyper_arg
+    return [
+        f"{h(n)} = tl.load(H_{n}).to({cdt})" if n in tensor else f"{h(n)} = {lang}.full([], {h(n)}, {cdt})"
+        for n in sorted(names)
+    ]
 
 
 def indent(lines: list[str], depth: int = 1) -> str:

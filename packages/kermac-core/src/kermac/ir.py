@@ -13,6 +13,10 @@ Expressions support Python's arithmetic operators, so ``exp(-abs(x - z) / Hyper(
 builds a tree.  Comparisons are functions (:func:`lt`, :func:`eq`, ...) because ``==`` on
 expressions means structural equality (expressions are hashable and compare by value).
 
+Programs compute in a compute type: float32 for float16, bfloat16 and float32 inputs, float64 for
+float64 inputs.  A constant (and a hyperparameter) is rounded once to the compute type before it is
+used, as the reference evaluator does; every backend renders it that way.
+
 Semantics of every operation (all in floating point; a comparison yields 1.0 or 0.0):
 
 ==========  =====  ==================================================================
@@ -29,7 +33,7 @@ exp         1      eᵃ
 log         1      ln a
 pow         2      aᵇ  (IEEE ``pow``: 0ᵇ = 0 for b > 0, 0⁰ = 1)
 min, max    2      minimum / maximum (NaN propagates)
-sign        1      −1, 0 or 1 (sign(0) = 0; NaN → NaN)
+sign        1      −1, +0 or 1 (sign(±0) = +0 as torch.sign; NaN → NaN)
 lt le gt    2      a < b, a ≤ b, a > b
 ge eq ne    2      a ≥ b, a = b, a ≠ b
 select      3      b if a ≠ 0 else c
@@ -43,6 +47,7 @@ re-implements the traversal.
 from __future__ import annotations
 
 import math
+import struct
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 
@@ -149,9 +154,14 @@ class Expr:
         return to_sexpr(self)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, eq=False)
 class Const(Expr):
-    """A floating-point literal."""
+    """A floating-point literal.
+
+    Constants compare and hash by their IEEE bits, with one NaN: ``Const(0.0) != Const(-0.0)``
+    (they are different programs: 1/−0 = −∞) and ``Const(nan) == Const(nan)`` (so a program with a
+    NaN constant equals itself and is compiled once).
+    """
 
     value: float
 
@@ -159,6 +169,15 @@ class Const(Expr):
         if isinstance(self.value, bool) or not isinstance(self.value, (int, float)):
             raise TypeError(f"Const value: expected a real number, got {type(self.value).__name__}")
         object.__setattr__(self, "value", float(self.value))
+
+    def _bits(self) -> bytes:
+        return b"nan" if math.isnan(self.value) else struct.pack("<d", self.value)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Const) and self._bits() == other._bits()
+
+    def __hash__(self) -> int:
+        return hash((Const, self._bits()))
 
 
 @dataclass(frozen=True, slots=True)
@@ -253,7 +272,7 @@ def maximum(a: Expr | Number, b: Expr | Number) -> Expr:
 
 
 def sign(a: Expr | Number) -> Expr:
-    """sgn(a) ∈ {−1, 0, 1}."""
+    """sgn(a) ∈ {−1, +0, 1} (+0 also for −0, as torch.sign); NaN for NaN."""
     return _call("sign", a)
 
 

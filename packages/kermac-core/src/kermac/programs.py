@@ -33,9 +33,12 @@ from kermac.ir import Call, Const, Expr, Var, free_vars, hyper_names, to_sexpr
 from kermac.reference.evaluate import evaluate
 
 __all__ = [
+    "L0_TERM",
+    "LINF_TERM",
     "REDUCTIONS",
     "GradProgram",
     "PairwiseProgram",
+    "difference_power",
     "is_abs_difference_sum",
     "is_squared_difference_sum",
     "signed_power",
@@ -141,7 +144,18 @@ class GradProgram:
         return f"grad;{to_sexpr(self.multiply)};{to_sexpr(self.epilogue)}"
 
 
-_SQUARED = Call("mul", (Call("sub", (Var("x"), Var("z"))), Call("sub", (Var("x"), Var("z")))))
+#: t = x − z, |t|, [t = t] (0 only for NaN) and [t ≠ 0]: the pieces of the forms recognised below.
+_T = Call("sub", (Var("x"), Var("z")))
+_ABS_T = Call("abs", (_T,))
+_T_IS_NUMBER = Call("eq", (_T, _T))
+_T_NONZERO = Call("ne", (_T, Const(0.0)))
+_SQUARED = Call("mul", (_T, _T))
+#: [t ≠ 0], NaN where t is NaN: the term of ``cdist`` with p = 0 (torch.cdist's count of differing
+#: coordinates is NaN for a NaN coordinate, and for ∞ − ∞).
+L0_TERM = Call("select", (_T_IS_NUMBER, _T_NONZERO, _T))
+#: |t|, 0 where t is NaN: the term of ``cdist`` with p = ∞ (torch.cdist's maximum skips NaN; a
+#: maximum of non-negative terms is unchanged by a 0).
+LINF_TERM = Call("select", (_T_IS_NUMBER, _ABS_T, Const(0.0)))
 
 
 def is_squared_difference_sum(program: PairwiseProgram) -> bool:
@@ -154,12 +168,38 @@ def is_squared_difference_sum(program: PairwiseProgram) -> bool:
     return _derived(program, "_sq_diff_sum", lambda: program.reduction == "sum" and program.inner == _SQUARED)
 
 
-_ABS_DIFFERENCE = Call("abs", (Call("sub", (Var("x"), Var("z"))),))
-
-
 def is_abs_difference_sum(program: PairwiseProgram) -> bool:
     """Whether ``program`` is ``Σ_k |x − z|`` structurally, with any epilogue (cdist p = 1, Laplace-L1)."""
-    return _derived(program, "_abs_diff_sum", lambda: program.reduction == "sum" and program.inner == _ABS_DIFFERENCE)
+    return _derived(program, "_abs_diff_sum", lambda: program.reduction == "sum" and program.inner == _ABS_T)
+
+
+def difference_power(inner: Expr) -> Expr | None:
+    """The exponent P if ``inner`` is a form of |x − z|^P kermac lowers programs to, else ``None``.
+
+    With t = x − z: ``|t|`` and :data:`LINF_TERM` (P = 1), ``t·t`` (P = 2), ``pow(|t|, P)`` and the
+    guarded ``select(overflow, NaN, max(pow(|t|, P), c·[t ≠ 0]))`` (any P; see
+    :func:`kermac.lowering.guarded_lp_program`), and the counts ``[t ≠ 0]`` and :data:`L0_TERM`
+    (P = 0).  All have the derivative P·sgn(t)|t|^(P−1) (0 for a count) wherever they are
+    differentiable, which is what automatic differentiation needs.
+    """
+    if inner in (_ABS_T, LINF_TERM):
+        return Const(1.0)
+    if inner == _SQUARED:
+        return Const(2.0)
+    if inner in (_T_NONZERO, L0_TERM):
+        return Const(0.0)
+    if isinstance(inner, Call) and inner.op == "select" and inner.args[1] == Const(math.nan):
+        inner = inner.args[2]  # the guard's overflow test: NaN instead of a term
+    if isinstance(inner, Call) and inner.op == "max":
+        power, floor = inner.args
+        if not (isinstance(floor, Call) and floor.op == "mul" and floor.args[1] == _T_NONZERO):
+            return None
+        if not (isinstance(floor.args[0], Const) and floor.args[0].value >= 0):
+            return None
+        inner = power
+    if isinstance(inner, Call) and inner.op == "pow" and inner.args[0] == _ABS_T:
+        return inner.args[1]
+    return None
 
 
 def zero_padding_is_neutral(program: PairwiseProgram) -> bool:

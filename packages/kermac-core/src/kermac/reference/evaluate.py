@@ -23,7 +23,8 @@ _TORCH_OPS: dict[str, Callable[..., torch.Tensor]] = {
     "pow": torch.pow,
     "min": torch.minimum,  # NaN propagates, as the IR specifies
     "max": torch.maximum,
-    "sign": lambda a: torch.where(torch.isnan(a), a, torch.sign(a)),  # sign(0) = 0; NaN stays NaN (torch.sign gives 0)
+    # sign(±0) = +0 as torch.sign gives; NaN stays NaN (torch.sign gives 0 there).
+    "sign": lambda a: torch.where(torch.isnan(a), a, torch.sign(a)),
     "lt": torch.lt,
     "le": torch.le,
     "gt": torch.gt,

@@ -1,0 +1,187 @@
+"""Differential fuzzing of the generated kernels against the reference backend.
+
+Every case is a random pairwise or gradient program of :mod:`kermac.ir` with random inputs
+(:mod:`fuzz_programs`: constants from 0 and −0 to subnormals, huge values, ±inf and NaN; scalar and
+per-batch hyperparameters; comparisons and selects; shapes with 0 and 1; transposed, strided and
+broadcast operands; float16, bfloat16, float32 and float64; NaN/inf entries), run on a backend and
+on the reference backend (in the case's dtype and in float64), each element checked against its
+error interval (:mod:`fuzz_bounds`: rounding of the compute type propagated through the
+expression, so ill-conditioned elements get wide intervals instead of flaky failures, while NaN
+positions and infinities must match exactly).
+
+* On the CPU, every run fuzzes the Triton backend through its interpreter: :data:`FIXED_CASES` cases
+  with fixed seeds (the same every run) and :data:`FRESH_CASES` new ones derived from the suite's
+  ``seed`` fixture (``KERMAC_TEST_SEED`` replays a run), within :data:`CPU_BUDGET_S` seconds.
+* ``pytest -m gpu`` fuzzes both GPU backends on CUDA tensors (``KERMAC_FUZZ_GPU_CASES`` cases each,
+  fixed and fresh seeds, within ``KERMAC_FUZZ_GPU_BUDGET_S`` seconds per backend).
+
+A failure prints the first failing case shrunk to a small reproducer (program s-expressions, shapes,
+strides, dtype, values, hyperparameters) and ``python tests/fuzz_programs.py SEED BACKEND DEVICE``,
+which replays the unshrunk case.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+
+import fuzz_bounds as fb
+import fuzz_programs as fp
+import pytest
+import torch
+from helpers import require_backend
+
+from kermac import ir
+
+#: Cases with fixed seeds per CPU run, and fresh ones (from the suite's seed) per run.
+FIXED_CASES = 400
+FRESH_CASES = 80
+#: Wall-clock bound of the CPU fuzz tests together (a loaded machine runs fewer cases, and says so).
+CPU_BUDGET_S = 50.0
+
+# Triton's interpreter evaluates with numpy, which warns about the NaN and inf the cases feed it.
+pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")
+#: Fresh case seeds start above every fixed one.
+FRESH_BASE = 1 << 20
+
+
+def _fresh_seeds(seed: int, count: int) -> list[int]:
+    return [FRESH_BASE + (seed % (1 << 32)) * 1024 + i for i in range(count)]
+
+
+def _fuzz(seeds: list[int], backend: str, device: str, budget_s: float) -> None:
+    """Run every case of ``seeds`` (until the budget is spent); fail with a shrunk reproducer."""
+    failures: list[fp.Failure] = []
+    deadline = time.monotonic() + budget_s
+    ran = 0
+    for case_seed in seeds:
+        if time.monotonic() > deadline:
+            break
+        failure = fp.verify(fp.generate(case_seed), backend, device)
+        ran += 1
+        if failure is not None:
+            failures.append(failure)
+    print(f"fuzzed {ran} of {len(seeds)} cases on {backend}/{device}: {len(failures)} failed")
+    if ran < len(seeds):
+        print(f"(stopped after {budget_s:.0f} s)")
+    if failures:
+        first = failures[0]
+
+        def still_fails(case: fp.Case) -> bool:
+            found = fp.verify(case, backend, device)
+            return found is not None and found.backend == first.backend
+
+        small = fp.shrink(first.case, still_fails)
+        shrunk = fp.verify(small, backend, device) if small is not first.case else first
+        seeds_failed = ", ".join(str(f.case.seed) for f in failures)
+        pytest.fail(
+            f"{len(failures)} of {ran} fuzz cases failed on {backend}/{device} (seeds {seeds_failed}).\n"
+            f"First failure:\n{first}\n\nShrunk:\n{shrunk or first}",
+            pytrace=False,
+        )
+
+
+def test_fuzz_triton_interpreter_fixed_seeds() -> None:
+    """The fixed cases on the Triton interpreter (and the reference backend in every case)."""
+    require_backend("triton", "cpu")
+    _fuzz(list(range(FIXED_CASES)), "triton", "cpu", CPU_BUDGET_S * 0.8)
+
+
+def test_fuzz_triton_interpreter_fresh_seeds(seed: int) -> None:
+    """New cases every run, from the suite's seed (replay with the printed KERMAC_TEST_SEED)."""
+    require_backend("triton", "cpu")
+    _fuzz(_fresh_seeds(seed, FRESH_CASES), "triton", "cpu", CPU_BUDGET_S * 0.2)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("backend", ["triton", "nvrtc"])
+def test_fuzz_gpu(backend: str, seed: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Both GPU backends on CUDA tensors: fixed and fresh cases (one compilation per program and
+    dtype, so the Triton autotuner is off: every configuration would compile)."""
+    require_backend(backend, "cuda")
+    monkeypatch.setenv("KERMAC_TRITON_AUTOTUNE", "0")
+    count = int(os.environ.get("KERMAC_FUZZ_GPU_CASES", "300"))
+    budget = float(os.environ.get("KERMAC_FUZZ_GPU_BUDGET_S", "420"))
+    seeds = list(range(count - count // 5)) + _fresh_seeds(seed, count // 5)
+    _fuzz(seeds, backend, "cuda", budget)
+
+
+def test_generated_cases_are_deterministic_and_varied() -> None:
+    """A seed gives one case; the cases cover both program kinds, every dtype and reduction, empty
+    and single-element shapes, views, batches, tensor hyperparameters and special values."""
+    a, b = fp.generate(7), fp.generate(7)
+    assert a.program == b.program and a.dtype == b.dtype
+    assert all(torch.equal(a.operands[k].nan_to_num(), b.operands[k].nan_to_num()) for k in a.operands)
+    cases = [fp.generate(s) for s in range(FIXED_CASES)]
+    kinds = {c.pairwise for c in cases}
+    dtypes = {c.dtype for c in cases}
+    reductions = {c.program.reduction for c in cases if c.pairwise}
+    assert kinds == {True, False} and dtypes == set(fp.DTYPES) and reductions == {"sum", "max", "min"}
+    sizes = {s for c in cases for t in c.operands.values() for s in t.shape[-2:]}
+    assert {0, 1} <= sizes
+    assert any(not t.is_contiguous() for c in cases for t in c.operands.values())
+    assert any(len(c.out_shape()) > 3 for c in cases)
+    assert any(isinstance(v, torch.Tensor) for c in cases for v in c.hypers.values())
+    values = torch.cat([t.detach().double().flatten() for c in cases for t in c.operands.values()])
+    assert values.isnan().any() and values.isinf().any() and (values == 0).any()
+    texts = " ".join(c.describe() for c in cases)
+    for op in ("select", "pow", "sign", "exp", "log", "sqrt", "lt", "ne", "nan", "inf", "1e-310"):
+        assert op in texts, op
+
+
+def test_the_oracle_catches_wrong_results() -> None:
+    """The intervals are tight where the computation is well-conditioned: the reference output of
+    fixed cases passes, and a relative change of 1e-4 (float64, float32) or 2e-2 (16-bit types) of a
+    finite element, a NaN in a finite element, a finite value where NaN is certain and a flipped
+    infinity are all caught."""
+    caught = {"value": 0, "nan": 0, "not nan": 0, "infinity": 0}
+    for case_seed in range(60):
+        case = fp.generate(case_seed)
+        iv = fp.bounds(case, fp._compute_dtype(case.dtype), flush=False)
+        got = case.run("torch").double()
+        assert not fb.check(got, iv).any(), case.describe()
+        exact = ~iv.may & (iv.lo > 0) & (iv.hi < math.inf)
+        narrow = exact & ((iv.hi - iv.lo) < 1e-6 * iv.hi)
+        step = 2e-2 if case.dtype in (torch.float16, torch.bfloat16) else 1e-4
+        checks = {
+            "value": (narrow, lambda g, step=step: g * (1 + step)),
+            "nan": (~iv.may, lambda g: torch.full_like(g, math.nan)),
+            "not nan": (iv.must, lambda g: torch.zeros_like(g)),
+            "infinity": (~iv.may & (iv.lo == math.inf), lambda g: -g),
+        }
+        for name, (where, corrupt) in checks.items():
+            if where.any():
+                wrong = torch.where(where, corrupt(got), got)
+                assert fb.check(wrong, iv)[where].all(), (name, case.describe())
+                caught[name] += 1
+    assert all(count > 0 for count in caught.values()), caught
+
+
+def test_gpu_intervals_contain_the_cpu_results() -> None:
+    """The intervals of GPU code (subnormal results and operands may flush, 3×TF32 products) only
+    widen the CPU ones: the reference backend's exact-underflow results lie inside them too."""
+    for case_seed in range(80):
+        case = fp.generate(case_seed)
+        compute = fp._compute_dtype(case.dtype)
+        iv = fp.bounds(case, compute, flush=True, tf32_split=compute == torch.float32)
+        assert not fb.check(case.run("torch"), iv).any(), case.describe()
+
+
+def _text(case: fp.Case) -> str:
+    return ir.to_sexpr(case.program.inner) + ir.to_sexpr(case.program.epilogue)
+
+
+def test_shrinking_keeps_the_failure_and_simplifies() -> None:
+    """A failing case shrinks to smaller operands and a smaller program that still fail (here a
+    synthetic failure: the program uses ``exp`` and x has at least two rows)."""
+    cases = (fp.generate(s) for s in range(500))
+    case = next(c for c in cases if c.pairwise and "exp" in _text(c) and c.operands["x"].shape[-2] > 2)
+
+    def fails(c: fp.Case) -> bool:
+        return "exp" in _text(c) and c.operands["x"].shape[-2] >= 2
+
+    small = fp.shrink(case, fails)
+    assert fails(small) and small.note == "shrunk"
+    assert small.operands["x"].shape[-2] == 2 and small.operands["x"].numel() < case.operands["x"].numel()
+    assert len(_text(small)) < len(_text(case))
