@@ -18,6 +18,7 @@ from helpers import BACKEND_DEVICES, require_backend
 
 import kermac
 from kermac import lowering
+from kermac.hyperparams import nan_where_nan
 
 #: Values whose pairwise differences cover 0, ±0, ±inf, inf − inf and NaN.
 EDGE_VALUES = [0.0, -0.0, 1.0, -2.0, 3.5, math.inf, -math.inf, math.nan]
@@ -161,7 +162,8 @@ def test_thresholds() -> None:
     assert lowering.cdist_program(3.0, dtype=torch.float32) == kermac.presets.lp_distance.lower()
     assert lowering.cdist_program(4.0, dtype=torch.float32) == lowering.guarded_lp_program(torch.float32)
     assert lowering.cdist_program(4.0, dtype=torch.float64) == kermac.presets.lp_distance.lower()
-    assert lowering.cdist_program(None, dtype=torch.float64) == lowering.guarded_lp_program(torch.float64)
-    # skip_epilogue returns the sum of p-th powers itself, for every finite p.
+    # A tensor p runs the plain formula (its values are limited to plain_power_limit by kermac.cdist).
+    assert lowering.cdist_program(None, dtype=torch.float64) == kermac.presets.lp_distance.lower()
+    # skip_epilogue returns the sum of p-th powers itself, for every finite p (NaN for a NaN p).
     for p in (50.0, 1e308, None):
-        assert lowering.cdist_program(p, skip_epilogue=True).epilogue == kermac.ir.Var("acc")
+        assert lowering.cdist_program(p, skip_epilogue=True).epilogue == nan_where_nan(kermac.ir.Var("acc"), "p")

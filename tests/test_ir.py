@@ -99,7 +99,8 @@ def test_programs_are_built_once_and_pickle_without_derived_values() -> None:
     from kermac.lowering import cdist_program, grad_program
 
     assert presets.laplace_lp.lower(regularized=True) is presets.laplace_lp.lower(regularized=True)
-    assert cdist_program(1.3) is cdist_program(2.5) and cdist_program(50.0) is cdist_program(None)
+    assert cdist_program(1.3) is cdist_program(2.5) is cdist_program(None)
+    assert cdist_program(50.0) is cdist_program(60.0)
     assert grad_program(1.3) is grad_program(0.5) and grad_program(1.0) is not grad_program(2.0)
     fresh = PairwiseProgram(abs(x - ir.Var("z")), "sum", ir.Var("acc") * ir.Hyper("s"))
     assert fresh.hypers == ("s",) and hash(fresh) == hash(PairwiseProgram(fresh.inner, "sum", fresh.epilogue))

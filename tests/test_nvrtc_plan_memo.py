@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import math
 
 import pytest
 import torch
@@ -221,3 +222,16 @@ def test_user_programs_key_by_value() -> None:
     t = ir.Var("x") - ir.Var("z")
     assert plan.plan_key(problem(abs(t)), DEVICE) == plan.plan_key(problem(abs(t)), DEVICE)
     assert plan.plan_key(problem(abs(t)), DEVICE) != plan.plan_key(problem(t * t), DEVICE)
+
+
+def test_scalar_hyperparameters_are_passed_as_the_compute_type_rounds_them() -> None:
+    """A number past float's range is +-inf in a float32 kernel (struct.pack('f') raised OverflowError
+    for 1e300), and it is not taken for a finite exponent >= 1 (the split-power fast path)."""
+    program = PairwiseProgram(abs(ir.Var("x") - ir.Var("z")) * ir.Hyper("h"), "sum", ir.Var("acc"))
+    x, z = torch.empty(5, 3, device="meta"), torch.empty(4, 3, device="meta")
+    for value, expected in ((1e300, math.inf), (-1e300, -math.inf), (1e-50, 0.0), (0.1, 0.10000000149011612)):
+        problem = pairwise_problem(program, x, z, out=None, hypers={"h": HyperValue("h", value)})
+        _, launch = plan.plan_pairwise(problem, CAPABILITY)
+        assert launch.args["hv_h"] == expected, value
+        problem64 = pairwise_problem(program, x.double(), z.double(), out=None, hypers={"h": HyperValue("h", value)})
+        assert plan.plan_pairwise(problem64, CAPABILITY)[1].args["hv_h"] == value

@@ -206,3 +206,35 @@ def test_program_hyperparameters_are_not_range_checked(backend: str, device: str
     assert_close(
         out, torch.stack([-ref_cdist(x, z, 1.0), torch.zeros(x.shape[0], z.shape[0], dtype=torch.float64)]), 1e-6
     )
+
+
+@pytest.mark.parametrize(("backend", "device"), BACKEND_DEVICES)
+def test_distance_presets_take_torch_cdists_special_values(backend: str, device: str) -> None:
+    """The L0 and L∞ presets agree with torch.cdist (and kermac.cdist) on NaN and infinite coordinates:
+    a NaN difference makes the count NaN and is skipped by the maximum."""
+    require_backend(backend, device)
+    nan, inf = math.nan, math.inf
+    x = torch.tensor([[nan, 1.0, 0.0], [inf, 0.0, 2.0], [0.0, -inf, 1.0], [1.0, 2.0, 3.0]], device=device)
+    z = torch.tensor([[0.0, 1.0, 0.0], [inf, 0.0, nan], [1.0, 2.0, 3.0]], device=device)
+    for name, p in (("l0_distance", 0.0), ("linf_distance", inf)):
+        got = kermac.run_kernel(name, x, z, backend=backend).cpu()
+        expected = torch.cdist(x.cpu(), z.cpu(), p=p)
+        torch.testing.assert_close(got, expected, equal_nan=True, msg=name)
+        torch.testing.assert_close(got, kermac.cdist(x, z, p, backend=backend).cpu(), equal_nan=True)
+
+
+def test_power_above_the_plain_limit_is_refused() -> None:
+    """|x − z|^p with p above lowering.plain_power_limit loses accuracy: a number is refused at once, a
+    tensor value makes its batch entry NaN (debug raises)."""
+    from kermac.lowering import plain_power_limit
+
+    x, z = torch.randn(4, 3), torch.randn(5, 3)
+    limit = plain_power_limit(torch.float32)
+    with pytest.raises(ValueError, match=r"p: expected a number > 0 and <= 3\.958.*float32.*got 4\.5"):
+        kermac.run_kernel("laplace_lp", x, z, p=4.5, bandwidth=1.0)
+    kermac.run_kernel("laplace_lp", x, z, p=limit, bandwidth=1.0)
+    kermac.run_kernel("laplace_lp", x.double(), z.double(), p=4.5, bandwidth=1.0)  # float64's limit is 18.7
+    out = kermac.run_kernel("laplace_lp", x, z, p=torch.tensor([1.5, 4.5]), bandwidth=1.0)
+    assert out[1].isnan().all() and not out[0].isnan().any()
+    with pytest.raises(ValueError, match="p: expected a number > 0 and <= 3.958"):
+        kermac.run_kernel("laplace_lp", x, z, p=torch.tensor([1.5, 4.5]), bandwidth=1.0, debug=True)

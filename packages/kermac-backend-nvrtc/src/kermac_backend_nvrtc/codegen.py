@@ -48,6 +48,7 @@ __all__ = [
     "pairwise_config",
     "pairwise_source",
     "render_expr",
+    "rounded",
     "split_exponent",
     "target_arch",
     "tc_guard",
@@ -106,6 +107,12 @@ class Param:
 _COMPUTE_DTYPES = {"float": torch.float32, "double": torch.float64}
 
 
+def rounded(v: float, compute: str) -> float:
+    """``v`` rounded to compute type ``compute`` ("float" or "double"): to nearest, float32
+    subnormals kept, ±inf past the range (what the reference backend computes with)."""
+    return torch.tensor(v, dtype=torch.float64).to(_COMPUTE_DTYPES[compute]).item()
+
+
 def _const(v: float, compute: str) -> str:
     """The constant ``v`` in compute type ``compute`` ("float" or "double"), exactly.
 
@@ -114,7 +121,7 @@ def _const(v: float, compute: str) -> str:
     literal outside float's range is undefined in C++, and a rounding left to the compiler could
     differ from the reference backend's.
     """
-    v = torch.tensor(v, dtype=torch.float64).to(_COMPUTE_DTYPES[compute]).item()
+    v = rounded(v, compute)
     if math.isnan(v):
         return "km_nan(km_t(0))"
     if math.isinf(v):

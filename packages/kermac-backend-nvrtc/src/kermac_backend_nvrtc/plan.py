@@ -31,6 +31,7 @@ from kermac_backend_nvrtc.codegen import (
     half_steps,
     is_squared_difference_sum,
     pairwise_config,
+    rounded,
     split_exponent,
     tc_guard,
 )
@@ -238,9 +239,10 @@ def _hypers(
     for name in problem.program.hypers:
         hv = problem.hypers[name]
         if hv.tensor is None:
-            if math.isfinite(hv.scalar) and hv.scalar >= 1.0:
+            value = rounded(hv.scalar, compute)  # as the kernel reads it (1e300 is inf in float)
+            if math.isfinite(value) and value >= 1.0:
                 ge1.add(name)
-            args[f"hv_{name}"] = hv.scalar
+            args[f"hv_{name}"] = value
         else:
             tensor.append((name, _TENSOR_TYPES[hv.tensor.dtype]))
     return tuple(tensor), frozenset(ge1), args

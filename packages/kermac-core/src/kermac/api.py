@@ -22,14 +22,14 @@ from kermac.hyperparams import (
     HyperValue,
     check_values,
     finite,
-    nan_unless_finite,
     nonnegative,
     normalize_hyper,
     poison_invalid,
     positive_finite,
+    positive_up_to,
 )
 from kermac.logs import debug_enabled, logger
-from kermac.lowering import cdist_program, grad_program
+from kermac.lowering import cdist_program, grad_program, plain_power_limit
 from kermac.problem import GradProblem, PairwiseProblem, check_tensor, grad_problem, pairwise_problem
 from kermac.programs import GradProgram, PairwiseProgram
 
@@ -60,9 +60,12 @@ def cdist(
         z: ``[..., N, D]``, same dtype and device; batch dimensions broadcast with ``x``'s.
         p: in [0, ∞].  ``p = 0`` counts differing coordinates, ``p = ∞`` takes the maximum;
             1 and 2 have fast paths (2 is computed from differences, exact for near-duplicate
-            rows).  A tensor gives one ``p`` per batch entry (values must be finite and > 0: an
-            invalid one makes its batch entry NaN, or raises with ``debug``; see
-            :mod:`kermac.hyperparams` for the broadcasting rule).
+            rows); numbers above :func:`~kermac.lowering.plain_power_limit` (about 3.96 for
+            float32, 18.7 for float64) are guarded against under- and overflow, and from
+            :func:`~kermac.lowering.linf_threshold` computed as the maximum (``docs/formulas.md``).
+            A tensor gives one ``p`` per batch entry (values must be > 0 and at most
+            ``plain_power_limit(x.dtype)``: an invalid one makes its batch entry NaN, or raises
+            with ``debug``; see :mod:`kermac.hyperparams` for the broadcasting rule).
         out: optional ``[..., M, N]`` output of the inputs' dtype and device, any strides; its
             elements must not overlap each other nor any input (``ValueError`` naming ``out``).
         skip_epilogue: return the inner reduction ``Σ_k |x − z|^p`` without the ``1/p`` root
@@ -80,11 +83,11 @@ def cdist(
     debug = debug_enabled(debug)
     x = check_tensor("x", x)
     if isinstance(p, torch.Tensor) and not (p.dim() == 0 and p.device.type == "cpu"):
-        program = cdist_program(None, skip_epilogue=skip_epilogue)
-        hypers = _hypers({"p": (p, positive_finite)}, x.device, debug)
+        program = cdist_program(None, skip_epilogue=skip_epilogue, dtype=x.dtype)
+        hypers = _hypers({"p": (p, _p_per_batch(x.dtype))}, x.device, debug)
     else:
         hv = normalize_hyper("p", p, device=x.device, check=nonnegative)
-        program = cdist_program(hv.scalar, skip_epilogue=skip_epilogue)
+        program = cdist_program(hv.scalar, skip_epilogue=skip_epilogue, dtype=x.dtype)
         hypers = {"p": hv} if "p" in program.hypers else {}
     return _pairwise(program, x, z, out=out, hypers=hypers, backend=backend, debug=debug, op="cdist")
 
@@ -115,7 +118,10 @@ def run_kernel(
             :mod:`kermac.presets` (e.g. ``"laplace_l2"``).
         x: ``[..., M, D]``.
         z: ``[..., N, D]`` (batch dimensions broadcast with ``x``'s).
-        p: the norm exponent, required exactly when the descriptor uses it (> 0, finite).
+        p: the norm exponent, required exactly when the descriptor uses it: > 0 and at most
+            :func:`~kermac.lowering.plain_power_limit` of the inputs' dtype (about 3.96 for float32,
+            18.7 for float64), beyond which the powers |x − z|^p lose accuracy; use
+            :func:`cdist` for larger p.
         bandwidth: σ > 0, required exactly when the descriptor has a kernel function.
         regularization: λ added on the shifted diagonal ``m + offset_m == n + offset_n``;
             ``None`` (default) adds nothing.
@@ -142,7 +148,7 @@ def run_kernel(
         if not needed[name] and value is not None:
             raise ValueError(f"{name}: descriptor {descriptor.key()} does not use {name}; got {name}={value!r}")
     checks: dict[str, tuple[object, Check]] = {
-        "p": (p, positive_finite),
+        "p": (p, _p_per_batch(x.dtype)),
         "bandwidth": (bandwidth, positive_finite),
         "regularization": (regularization, finite),
     }
@@ -159,6 +165,12 @@ def run_kernel(
         debug=debug,
         op="run_kernel",
     )
+
+
+def _p_per_batch(dtype: torch.dtype) -> Check:
+    """The range of a p that runs the plain (Σ|t|^p)^(1/p): up to where its powers stay accurate
+    in ``dtype`` (:func:`kermac.lowering.plain_power_limit`; ``cdist`` guards a larger number p)."""
+    return positive_up_to(plain_power_limit(dtype), f"the largest p whose powers stay accurate in {dtype}")
 
 
 def _descriptor(descriptor: object) -> KernelDescriptor:
@@ -212,8 +224,6 @@ def cdist_grad(
     program = grad_program(hypers["p"].scalar)
     if "p" not in program.hypers:
         hypers = {}
-    elif hypers["p"].tensor is not None:  # an invalid value is NaN now: let it reach every output
-        program = GradProgram(program.multiply, nan_unless_finite(program.epilogue, "p"))
     problem = grad_problem(program, a, b, c, d, out=out, hypers=hypers, debug=debug)
     return _run_grad(problem, backend, "cdist_grad")
 

@@ -15,7 +15,8 @@ with ``t = x[m, j] − z[n, j]`` and the term 0 where ``t = 0`` (for ``x·z``: `
 takes at zero distance, where ``e'`` may be infinite).  The weight ``w`` is 1 for a sum; for a
 maximum or minimum (``cdist`` with p = ∞) it is ``1/k`` on the ``k`` coordinates whose ``τ`` attains
 the extreme and 0 elsewhere: a subgradient (torch.cdist gives each tied coordinate the whole
-gradient, which is not one; away from ties the two agree), NaN for a pair whose extreme is NaN.
+gradient, which is not one; away from ties the two agree), NaN for a pair whose extreme is NaN
+(``cdist``'s p = ∞ skips NaN differences, so a NaN coordinate there gets no gradient).
 
 * ``e'(acc)`` comes from torch's autograd through the reference evaluator of the epilogue
   (:func:`kermac.reference.evaluate.evaluate`); when the epilogue is ``acc`` itself nothing is
@@ -51,14 +52,12 @@ import torch
 from kermac import api, ir
 from kermac.hyperparams import HyperValue
 from kermac.problem import diagonal_offsets, pairwise_problem
-from kermac.programs import PairwiseProgram
+from kermac.programs import PairwiseProgram, difference_power
 from kermac.reference.backend import _REDUCE, _blocks, _tile, compute_dtype, hyper_env
 from kermac.reference.evaluate import evaluate
 
 __all__ = ["differentiable_pairwise", "inner_power"]
 
-_T = ir.Call("sub", (ir.Var("x"), ir.Var("z")))
-_ABS_T = ir.Call("abs", (_T,))
 DOT = "dot"
 
 
@@ -69,20 +68,13 @@ def inner_power(program: PairwiseProgram) -> float | str:
     Raises ``NotImplementedError`` for programs autograd does not cover.
     """
     inner = program.inner
-    if inner == ir.Call("ne", (_T, ir.Const(0.0))):
-        return 0.0  # a count of differing coordinates (L0), under any reduction: zero gradient
     if inner == ir.Call("mul", (ir.Var("x"), ir.Var("z"))) and program.reduction == "sum":
         return DOT
-    if inner == _ABS_T:
-        return 1.0
-    if inner == ir.Call("mul", (_T, _T)):
-        return 2.0
-    if isinstance(inner, ir.Call) and inner.op == "pow" and inner.args[0] == _ABS_T:
-        exponent = inner.args[1]
-        if isinstance(exponent, ir.Const):
-            return float(exponent.value)
-        if exponent == ir.Hyper("p"):
-            return "p"
+    exponent = difference_power(inner)
+    if isinstance(exponent, ir.Const):
+        return float(exponent.value)  # 0 for a count of differing coordinates (L0): zero gradient
+    if exponent == ir.Hyper("p"):
+        return "p"
     raise NotImplementedError(
         f"automatic differentiation covers sums, maxima and minima of |x − z|^P and sums of x·z; program "
         f"{program.key()} is not one (call it under torch.no_grad() or with detached inputs)"

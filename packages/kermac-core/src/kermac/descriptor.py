@@ -4,8 +4,9 @@ A :class:`KernelDescriptor` chooses, for the pairwise program of :mod:`kermac.pr
 
 1. the **inner operation** on one coordinate pair: ``"difference"`` t = x − z or ``"product"`` t = x·z;
 2. the **inner power** applied to t: ``"abs"`` |t|, ``"square"`` t², ``"pow"`` |t|ᵖ (p > 0),
-   ``"nonzero"`` [t ≠ 0] (counts differing coordinates), ``"identity"`` t;
-3. the **reduction** over the feature index k: ``"sum"``, ``"max"`` or ``"min"``;
+   ``"nonzero"`` [t ≠ 0] (counts differing coordinates; NaN for a NaN t), ``"identity"`` t;
+3. the **reduction** over the feature index k: ``"sum"``, ``"max"`` or ``"min"`` (a maximum of
+   |t| skips NaN differences, as torch.cdist's p = ∞ does; see ``docs/formulas.md``);
 4. the **outer power** giving the distance d from the reduced value s: ``"identity"`` d = s,
    ``"sqrt"`` d = √s, ``"root"`` d = s^(1/p);
 5. an optional **kernel function** of d with bandwidth σ (see :data:`KERNEL_FUNCTIONS`).
@@ -16,9 +17,9 @@ adds it to the program.  Hyperparameters are named ``p``, ``bandwidth`` and ``re
 
 A NaN hyperparameter (what an invalid tensor value becomes, :mod:`kermac.hyperparams`) makes every
 output of its batch entry NaN: the bandwidth divides the distance in every kernel function, and the
-epilogue is multiplied by :func:`~kermac.hyperparams.nan_unless_finite`'s factor for ``p``
-(``pow(1, NaN) = 1`` would let it through) and for ``λ`` (read on the diagonal only), a factor that
-is exactly 1 for finite values.
+epilogue is wrapped in :func:`~kermac.hyperparams.nan_where_nan` for ``p`` (``pow(1, NaN) = 1``
+would let it through) and for ``λ`` (read on the diagonal only), which leaves it unchanged for
+every value that is not NaN.
 
 Descriptors are frozen and hashable; :meth:`KernelDescriptor.key` is a canonical string.
 """
@@ -31,9 +32,9 @@ from dataclasses import dataclass, fields, replace
 from functools import lru_cache
 
 from kermac import ir
-from kermac.hyperparams import nan_unless_finite
+from kermac.hyperparams import nan_where_nan
 from kermac.ir import Expr, Hyper, Var
-from kermac.programs import PairwiseProgram
+from kermac.programs import L0_TERM, LINF_TERM, PairwiseProgram
 
 __all__ = ["INNER_OPS", "INNER_POWERS", "KERNEL_FUNCTIONS", "OUTER_POWERS", "KernelDescriptor"]
 
@@ -147,9 +148,11 @@ class KernelDescriptor:
             "abs": lambda: abs(t),
             "square": lambda: t * t,
             "pow": lambda: ir.pow(abs(t), P),
-            "nonzero": lambda: ir.ne(t, 0.0),
+            "nonzero": lambda: L0_TERM,  # [t ≠ 0], NaN for a NaN t (torch.cdist's p = 0)
             "identity": lambda: t,
         }[self.power]()
+        if inner == abs(t) and self.reduction == "max" and self.inner == "difference":
+            inner = LINF_TERM  # torch.cdist's p = ∞ skips NaN differences
 
         if self.reduction == "max" and self.power != "identity":
             # Non-negative terms: an empty maximum (D = 0) is 0, as torch.cdist gives, not −∞.
@@ -162,9 +165,9 @@ class KernelDescriptor:
             d, d2 = ir.pow(acc, 1.0 / P), ir.pow(acc, 2.0 / P)
         epilogue = d if self.kernel is None else KERNEL_FUNCTIONS[self.kernel](d, d2)
         if self.needs_p:
-            epilogue = nan_unless_finite(epilogue, P.name)
+            epilogue = nan_where_nan(epilogue, P.name)
         if regularized:
-            epilogue = nan_unless_finite(epilogue + ir.select(Var("diag"), REGULARIZATION, 0.0), REGULARIZATION.name)
+            epilogue = nan_where_nan(epilogue + ir.select(Var("diag"), REGULARIZATION, 0.0), REGULARIZATION.name)
         return PairwiseProgram(inner=inner, reduction=self.reduction, epilogue=epilogue)
 
 

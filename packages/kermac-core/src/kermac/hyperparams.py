@@ -17,7 +17,7 @@ Tensor values cannot be range-checked without a host sync.  With ``debug=True`` 
 (and an invalid one raises); otherwise :func:`poison_invalid` replaces every invalid value by NaN
 on the device — a range test and one ``torch.where`` per tensor hyperparameter, whose tiny results
 (tensors of the hyperparameter's own shape) are the only allocations — and the programs are built
-so that a NaN hyperparameter makes every entry of its batch entry NaN (:func:`nan_unless_finite`).
+so that a NaN hyperparameter makes every entry of its batch entry NaN (:func:`nan_where_nan`).
 The hyperparameters of user programs (``run_program``, ``run_grad_program``) take any value but
 NaN and are used as given.
 """
@@ -40,12 +40,13 @@ __all__ = [
     "HyperValue",
     "check_values",
     "finite",
-    "nan_unless_finite",
+    "nan_where_nan",
     "nonnegative",
     "normalize_hyper",
     "poison_invalid",
     "positive",
     "positive_finite",
+    "positive_up_to",
 ]
 
 
@@ -76,21 +77,31 @@ positive = Check("a number > 0", lambda v: v > 0, lambda t: t > 0)
 positive_finite = Check("a finite number > 0", lambda v: 0 < v < math.inf, lambda t: (t > 0) & (t < math.inf))
 #: −∞ < v < ∞.
 finite = Check("a finite number", math.isfinite, torch.isfinite)
+
+
+def positive_up_to(limit: float, why: str) -> Check:
+    """0 < v ≤ ``limit``; ``why`` says where the limit comes from (it is part of the error message)."""
+    return Check(
+        f"a number > 0 and <= {limit:.6g} ({why})", lambda v: 0 < v <= limit, lambda t: (t > 0) & (t <= limit)
+    )
+
+
 #: Any value but NaN (the hyperparameters of user programs).
 ANY_VALUE = Check("a number, not NaN", lambda v: True, lambda t: ~torch.isnan(t))
 
 
-def nan_unless_finite(expr: ir.Expr, name: str) -> ir.Expr:
-    """``expr · ((h − h) + 1)`` for the hyperparameter ``h = Hyper(name)``: ``expr`` bit for bit where
-    ``h`` is finite (the factor is exactly 1), NaN everywhere where ``h`` is NaN or infinite.
+def nan_where_nan(expr: ir.Expr, name: str) -> ir.Expr:
+    """``select(h == h, expr, NaN)`` for the hyperparameter ``h = Hyper(name)``: ``expr`` itself
+    (bit for bit) wherever ``h`` is a number, NaN wherever ``h`` is NaN.
 
     Programs apply it to their epilogue for each hyperparameter whose NaN would not reach every
     output by itself (``pow(1, NaN) = 1``; ``λ`` is read on the diagonal only), so that an invalid
     tensor value, which :func:`poison_invalid` turns into NaN, shows in every entry of its batch
-    entry.  ``h − h`` cannot be folded to 0 by an IEEE-conforming compiler (it is NaN for NaN).
+    entry.  A valid value that the compute type rounds to ±inf (``λ = 1e39`` in float32) is a
+    number, not NaN: it leaves the other entries alone.
     """
     h = ir.Hyper(name)
-    return expr * ((h - h) + 1.0)
+    return ir.select(ir.eq(h, h), expr, math.nan)
 
 
 @dataclass(frozen=True, eq=False)

@@ -16,9 +16,12 @@ t = x − z per feature:
   - p at or above :func:`linf_threshold` (a number p, not ``skip_epilogue``) is computed as the
     maximum of |t| (NaN propagating): d_∞ ≤ d_p ≤ D^(1/p)·d_∞ and D^(1/p) − 1 is then below the
     output type's rounding for every D < 2⁶⁴;
-  - p above :func:`plain_power_limit` (and a tensor p) takes the *guarded* program
+  - a number p above :func:`plain_power_limit` takes the *guarded* program
     (:func:`guarded_lp_program`), which returns NaN where underflow may have cost accuracy or a
     power overflows, instead of a plausible-looking wrong value;
+  - a tensor p (one per batch entry) takes the plain formula, whose fast inner loop every backend
+    specialises; :func:`kermac.cdist` accepts its values up to :func:`plain_power_limit` (a larger
+    one makes its batch entry NaN, like any invalid tensor hyperparameter);
   - p up to that limit, where underflow costs the formula at most an absolute 2⁻²⁴ (float32) or
     2⁻⁵³ (float64) for D ≤ 2³¹, takes torch.cdist's plain formula, which every backend specialises.
 
@@ -34,7 +37,8 @@ from functools import cache
 import torch
 
 from kermac import ir, presets
-from kermac.programs import L0_TERM, LINF_TERM, GradProgram, PairwiseProgram
+from kermac.hyperparams import nan_where_nan
+from kermac.programs import GradProgram, PairwiseProgram
 
 __all__ = [
     "MAX_FEATURES",
@@ -112,31 +116,28 @@ def guarded_lp_program(dtype: torch.dtype | None = None) -> PairwiseProgram:
 
 
 @cache
-def _special(p: float, skip_epilogue: bool) -> PairwiseProgram:
-    """The programs of p = 0 and p = ∞ (no root, so ``skip_epilogue`` changes nothing)."""
-    if p == 0.0:
-        return PairwiseProgram(inner=L0_TERM, reduction="sum", epilogue=_ACC)
-    # Non-negative terms: an empty maximum (D = 0) is 0, as torch.cdist gives, not −∞.
-    return PairwiseProgram(inner=LINF_TERM, reduction="max", epilogue=ir.maximum(_ACC, 0.0))
+def _max_abs_program() -> PairwiseProgram:
+    """max_k |t| with NaN propagating (as for every finite p), 0 for D = 0: cdist from :func:`linf_threshold`."""
+    return PairwiseProgram(inner=abs(_T), reduction="max", epilogue=ir.maximum(_ACC, 0.0))
 
 
 def cdist_program(p: float | None, *, skip_epilogue: bool = False, dtype: torch.dtype | None = None) -> PairwiseProgram:
     """Program of ``cdist(x, z, p, skip_epilogue=...)`` for inputs of ``dtype`` (see the module docs).
 
-    It reads ``Hyper("p")`` unless p is 0, 1, 2, ∞ or at least :func:`linf_threshold`.
+    ``p=None`` is a p per batch entry (a tensor): the plain formula, which the public operation
+    accepts only for values up to :func:`plain_power_limit` (an invalid value gives NaN).  The
+    program reads ``Hyper("p")`` unless p is 0, 1, 2, ∞ or at least :func:`linf_threshold`.
     """
-    if p in (0.0, math.inf):
-        return _special(p, skip_epilogue)
-    if p == 1.0:
-        descriptor = presets.l1_distance
-    elif p == 2.0:
-        descriptor = presets.l2_distance
-    elif skip_epilogue or (p is not None and p <= plain_power_limit(dtype)):
-        descriptor = presets.lp_distance  # the sum of p-th powers as the compute type rounds it
-    elif p is not None and p >= linf_threshold(dtype):
-        return presets.linf_distance.lower()  # max|t|, NaN propagating as for every finite p
-    else:
-        return guarded_lp_program(None if dtype is None else _compute_dtype(dtype))
+    if p == 0.0:
+        return presets.l0_distance.lower()
+    if p == math.inf:
+        return presets.linf_distance.lower()
+    if p is not None and not skip_epilogue:
+        if p >= linf_threshold(dtype):
+            return _max_abs_program()
+        if p > plain_power_limit(dtype):
+            return guarded_lp_program(None if dtype is None else _compute_dtype(dtype))
+    descriptor = {1.0: presets.l1_distance, 2.0: presets.l2_distance}.get(p, presets.lp_distance)
     if skip_epilogue:
         descriptor = descriptor.replace(outer="identity")
     return descriptor.lower()
@@ -159,4 +160,6 @@ def _grad_program(p: float | None) -> GradProgram:
     else:
         general = ir.sign(t) * ir.pow(abs(t), ir.Hyper("p") - 1.0)
         multiply = ir.select(ir.ne(t, 0.0), general, 0.0)
+        # A NaN p (an invalid tensor value, kermac.hyperparams) must reach every output of its batch entry.
+        return GradProgram(multiply=multiply, epilogue=nan_where_nan(ir.Var("acc"), "p"))
     return GradProgram(multiply=multiply, epilogue=ir.Var("acc"))

@@ -45,13 +45,13 @@ def common_problems(
         x = torch.empty(M, D, dtype=dtype, device=device)
         z = torch.empty(N, D, dtype=dtype, device=device)
         programs = [
-            cdist_program(p, skip_epilogue=s) for p in (0.0, 1.0, 2.0, FRACTIONAL_P, math.inf) for s in (False, True)
+            cdist_program(p, skip_epilogue=s, dtype=dtype) for p in (0.0, 1.0, 2.0, FRACTIONAL_P, math.inf) for s in (False, True)
         ]
         for program in dict.fromkeys(programs):  # unique, in order
             problems.append(pairwise_problem(program, x, z, out=None, hypers=_hypers(program.hypers, device)))
         p_batch = torch.empty(2, dtype=dtype, device=device)
         problems.append(
-            pairwise_problem(cdist_program(None), x, z, out=None, hypers={"p": HyperValue("p", None, p_batch)})
+            pairwise_problem(cdist_program(None, dtype=dtype), x, z, out=None, hypers={"p": HyperValue("p", None, p_batch)})
         )
         for descriptor in presets.ALL.values():
             for regularized in (False, True):
