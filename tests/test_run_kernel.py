@@ -236,5 +236,5 @@ def test_power_above_the_plain_limit_is_refused() -> None:
     kermac.run_kernel("laplace_lp", x.double(), z.double(), p=4.5, bandwidth=1.0)  # float64's limit is 18.7
     out = kermac.run_kernel("laplace_lp", x, z, p=torch.tensor([1.5, 4.5]), bandwidth=1.0)
     assert out[1].isnan().all() and not out[0].isnan().any()
-    with pytest.raises(ValueError, match="p: expected a number > 0 and <= 3.958"):
+    with pytest.raises(ValueError, match=r"p: expected a number > 0 and <= 3\.958"):
         kermac.run_kernel("laplace_lp", x, z, p=torch.tensor([1.5, 4.5]), bandwidth=1.0, debug=True)

@@ -81,9 +81,7 @@ finite = Check("a finite number", math.isfinite, torch.isfinite)
 
 def positive_up_to(limit: float, why: str) -> Check:
     """0 < v ≤ ``limit``; ``why`` says where the limit comes from (it is part of the error message)."""
-    return Check(
-        f"a number > 0 and <= {limit:.6g} ({why})", lambda v: 0 < v <= limit, lambda t: (t > 0) & (t <= limit)
-    )
+    return Check(f"a number > 0 and <= {limit:.6g} ({why})", lambda v: 0 < v <= limit, lambda t: (t > 0) & (t <= limit))
 
 
 #: Any value but NaN (the hyperparameters of user programs).

@@ -44,15 +44,13 @@ def common_problems(
     for dtype in dtypes:
         x = torch.empty(M, D, dtype=dtype, device=device)
         z = torch.empty(N, D, dtype=dtype, device=device)
-        programs = [
-            cdist_program(p, skip_epilogue=s, dtype=dtype) for p in (0.0, 1.0, 2.0, FRACTIONAL_P, math.inf) for s in (False, True)
-        ]
+        ps = (0.0, 1.0, 2.0, FRACTIONAL_P, math.inf)
+        programs = [cdist_program(p, skip_epilogue=s, dtype=dtype) for p in ps for s in (False, True)]
         for program in dict.fromkeys(programs):  # unique, in order
             problems.append(pairwise_problem(program, x, z, out=None, hypers=_hypers(program.hypers, device)))
         p_batch = torch.empty(2, dtype=dtype, device=device)
-        problems.append(
-            pairwise_problem(cdist_program(None, dtype=dtype), x, z, out=None, hypers={"p": HyperValue("p", None, p_batch)})
-        )
+        per_batch = {"p": HyperValue("p", None, p_batch)}
+        problems.append(pairwise_problem(cdist_program(None, dtype=dtype), x, z, out=None, hypers=per_batch))
         for descriptor in presets.ALL.values():
             for regularized in (False, True):
                 program = descriptor.lower(regularized=regularized)
