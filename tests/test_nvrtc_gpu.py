@@ -221,7 +221,9 @@ def test_fractional_p_split(split_pairs: int, data: str, p: float) -> None:
         x[3, 20] = math.nan
         z[7, 60] = math.inf
         rows[3] = False
-    out = kermac.cdist(x, z, p=p, backend="nvrtc").cpu()
+    # The plain (Σ|t|^p)^(1/p) program (cdist guards p > 3.96 in float32; a user program may not).
+    plain = presets.lp_distance.lower()
+    out = kermac.run_program(plain, x, z, hypers={"p": p}, backend="nvrtc").cpu()
     ref = ref_cdist(x, z, p)
     if data == "nan-inf":
         assert torch.isnan(out[3]).all()
@@ -433,10 +435,16 @@ def test_exp_of_a_hyperparameter_quotient(h: float, negate: bool) -> None:
     assert (err[~exact] <= 3 + 2 * q[~exact].abs()).all(), err[~exact].max()
 
 
-def test_linf_nan_propagates() -> None:
+def test_linf_skips_nan_and_max_propagates_it() -> None:
+    """cdist's p = ∞ skips a NaN difference, as torch.cdist does; a max reduction of |x − z| in a
+    user program (and cdist's large finite p) propagates it."""
     x, z = randn(40, 50, device="cuda"), randn(30, 50, device="cuda")
     z[7, 49] = math.nan
     out = kermac.cdist(x, z, p=math.inf, backend="nvrtc")
+    torch.testing.assert_close(out, torch.cdist(x, z, p=math.inf), rtol=0, atol=0)
+    assert not torch.isnan(out).any()
+    program = kermac.PairwiseProgram(abs(ir.Var("x") - ir.Var("z")), "max", ir.Var("acc"))
+    out = kermac.run_program(program, x, z, backend="nvrtc")
     assert torch.isnan(out[:, 7]).all() and not torch.isnan(out[:, :7]).any()
 
 
