@@ -141,3 +141,12 @@ def test_half_power_variants_compile(arch: str, dtype: torch.dtype, monkeypatch:
             source, codegen.target_arch(variant, int(arch[3:])), name="kermac_grad" if grad else "kermac_pairwise"
         )
         assert built.cubin[:4] == b"\x7fELF"
+
+
+def test_half_steps_of_huge_exponents() -> None:
+    """An exponent whose double overflows (p = 1e308: 2·p = inf) is no half step; round(inf) raised
+    OverflowError while planning cdist(p=1e308, skip_epilogue=True) on the GPU."""
+    assert codegen.half_steps(ir.Hyper("p"), {"p": 1e308}) is None
+    assert codegen.half_steps(ir.Const(1e308), {}) is None
+    assert codegen.half_steps(ir.Hyper("p") - 1.0, {"p": -1e308}) is None
+    assert [codegen.half_steps(ir.Const(v), {}) for v in (0.5, 1.5, 4.0, 4.5, 0.25)] == [1, 3, 8, None, None]

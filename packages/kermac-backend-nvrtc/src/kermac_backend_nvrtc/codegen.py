@@ -169,7 +169,7 @@ def half_steps(b: Expr, known: Mapping[str, float]) -> int | None:
     1 <= N <= 8 — a power the kernels take as products and at most one square root
     (``km_powhalf``) — else ``None``."""
     v = _constant_value(b, known)
-    if v is None or not math.isfinite(v) or 2 * v != round(2 * v) or not 1 <= 2 * v <= 8:
+    if v is None or not 0.5 <= v <= 4.0 or 2 * v != round(2 * v):  # range first: 2·v may overflow
         return None
     return round(2 * v)
 

@@ -91,7 +91,8 @@ def helpers(compute: str, interpret: bool) -> str:
     Only three helpers differ between platforms (:data:`_PLATFORM_HELPERS`): for float32 on a
     GPU ``_klog2abs_fast`` is the special-function unit's ``lg2.approx`` of ``|a|`` and
     ``_kexp``/``_kexp2`` are libdevice's; under the interpreter or in float64 all three are
-    Triton's accurate ones.  ``_kcopysign`` is the compute type's bitwise copysign.
+    Triton's accurate ones.  ``_kcopysign`` is the compute type's bitwise copysign and
+    ``_ksignbit`` its sign-bit test.
     """
     if compute not in COMPUTE_TYPES:
         raise ValueError(f"compute: expected one of {sorted(COMPUTE_TYPES)}, got {compute!r}")
@@ -113,6 +114,13 @@ def _kcopysign(r, t):
     # r (+0 or more, or NaN) with the sign bit of t: one bitwise instruction.
     bits = r.to({bits}, bitcast=True) | (t.to({bits}, bitcast=True) & {sign})
     return bits.to({dtype}, bitcast=True)
+
+
+@triton.jit
+def _ksignbit(a):
+    # Whether a's sign bit is set (a < 0, or -0): read from the bits, since a compiler may take
+    # a == 0 to mean a is +0 (1 / a then loses -0's sign, as it did on the GPU).
+    return (a.to({bits}, bitcast=True) & {sign}) != 0
 """
 
 
@@ -153,7 +161,7 @@ def _kpow(a, b):
     # a finite a < 0 with a non-integer b; pow(a, 0) = pow(1, b) = pow(-1, +-inf) = 1.
     r = _kexp2(b * tl.log2(tl.abs(a)))
     odd = (b - 2.0 * tl.floor(0.5 * b)) == 1.0
-    negative = tl.where(a == 0, (1.0 / a) < 0, a < 0)
+    negative = _ksignbit(a)
     real = tl.where(tl.floor(b) == b, True, (a == 0) | (tl.abs(a) == _INF))
     r = tl.where(negative, tl.where(odd, -r, tl.where(real, r, _INF - _INF)), r)
     r = tl.where(tl.abs(a) == 1, tl.where(tl.abs(b) == _INF, 1.0, r), r)
