@@ -151,7 +151,7 @@ def test_constants_and_nonnegativity() -> None:
     e = ir.minimum(x, -1.5) + ir.maximum(z, math.inf) * math.nan - (-0.0)
     text = codegen.render_expr(e, {"x": "X", "z": "Z"}, "float32")
     one = "tl.full([], {}, tl.float32)".format
-    expected = f"((_kmin(X, {one(-1.5)}) + (_kmax(Z, {one('_INF')}) * ({one('_INF')} * 0.0))) - {one(-0.0)})"
+    expected = f"((_kmin(X, {one(-1.5)}) + (_kmax(Z, {one('_INF')}) * ({one('_INF')} * 0.0))) - (-{one(0.0)}))"
     assert text == expected
     nn = codegen.nonnegative
     assert nn(abs(x - z)) and nn((x - z) * (x - z)) and nn(ir.exp(x)) and nn(ir.Var("acc"), frozenset({"acc"}))
