@@ -151,7 +151,7 @@ def test_constants_and_nonnegativity() -> None:
     e = ir.minimum(x, -1.5) + ir.maximum(z, math.inf) * math.nan - (-0.0)
     text = codegen.render_expr(e, {"x": "X", "z": "Z"}, "float32")
     one = "tl.full([], {}, tl.float32)".format
-    expected = f"((_kmin(X, {one(-1.5)}) + (_kmax(Z, {one('_INF')}) * ({one('_INF')} * 0.0))) - (-{one(0.0)}))"
+    expected = f"((_kmin(X, {one(-1.5)}) + (_kmax(Z, {one('_INF')}) * ({one('_INF')} * 0.0))) - tl.full([], 0x80000000, tl.uint32).to(tl.float32, bitcast=True))"
     assert text == expected
     nn = codegen.nonnegative
     assert nn(abs(x - z)) and nn((x - z) * (x - z)) and nn(ir.exp(x)) and nn(ir.Var("acc"), frozenset({"acc"}))
@@ -204,6 +204,9 @@ POW_PAIRS = [
 ]  # fmt: skip
 
 
+_FLOAT32_TINY = torch.finfo(torch.float32).smallest_normal
+
+
 def _dtype_id(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
 
@@ -223,7 +226,9 @@ def test_pow_with_constant_operands_matches_torch(backend: str, device: str, dty
         for expr, xv in ((ir.pow(a, b) + 0.0 * abs(x - z), ones), (ir.pow(x, b), ones * a)):
             got = kermac.run_program(PairwiseProgram(expr, "sum", ir.Var("acc")), xv, ones, backend=backend)
             got = got.double().cpu()[0, 0]
-            assert (got.isnan() and ref.isnan()) or torch.isclose(got, ref, rtol=1e-6, atol=0.0), (
+            # float32 on the GPU may flush a subnormal result to 0 (docs/triton.md, semantics notes).
+            flushed = device == "cuda" and dtype == torch.float32 and got == 0 and 0 < ref.abs() < _FLOAT32_TINY
+            assert flushed or (got.isnan() and ref.isnan()) or torch.isclose(got, ref, rtol=1e-6, atol=0.0), (
                 f"pow({a}, {b}) in {dtype}: {got.item()} != torch {ref.item()} ({ir.to_sexpr(expr)})"
             )
 

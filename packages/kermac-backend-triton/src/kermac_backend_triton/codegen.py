@@ -264,7 +264,7 @@ def const(value: float, compute: str, lang: str = "tl") -> str:
 
     ``repr`` gives back the exact double, which Triton rounds once to the compute type (float32
     subnormals included).  NaN is ∞·0: a NaN-valued global is not possible (Triton re-checks the
-    globals a kernel uses with ``!=`` at every launch, and NaN != NaN); −0 is the negation of +0
+    globals a kernel uses with ``!=`` at every launch, and NaN != NaN); −0 is the sign bit alone, bitcast
     (Triton's compiled ``full(−0.0)`` is +0).  ``lang`` is the kernel's
     language module: ``tl``, or ``gl`` in Gluon (whose ``full`` takes an optional layout, ``tl.full``
     none).
@@ -274,8 +274,9 @@ def const(value: float, compute: str, lang: str = "tl") -> str:
         return f"({lang}.full([], _INF, {cdt}) * 0.0)"
     if math.isinf(value):
         return f"{lang}.full([], {'_INF' if value > 0 else '_NINF'}, {cdt})"
-    if value == 0.0 and math.copysign(1.0, value) < 0:
-        return f"(-{lang}.full([], 0.0, {cdt}))"  # full(-0.0) is +0 on the GPU: negate a +0
+    if value == 0.0 and math.copysign(1.0, value) < 0:  # full(-0.0) compiles to +0: the sign bit alone
+        bits, sign = _SIGN_BIT[compute]
+        return f"{lang}.full([], {sign}, {bits}).to({cdt}, bitcast=True)"
     return f"{lang}.full([], {float(value)!r}, {cdt})"
 
 
