@@ -51,9 +51,9 @@ import torch
 
 from kermac import api, ir
 from kermac.hyperparams import HyperValue
-from kermac.problem import diagonal_offsets, pairwise_problem
+from kermac.problem import compute_dtype, diagonal_offsets, pairwise_problem
 from kermac.programs import PairwiseProgram, difference_power
-from kermac.reference.backend import _REDUCE, _blocks, _tile, compute_dtype, hyper_env
+from kermac.reference.backend import REDUCE, blocks, hyper_env, tile
 from kermac.reference.evaluate import evaluate
 
 __all__ = ["differentiable_pairwise", "inner_power"]
@@ -311,14 +311,14 @@ def _extreme_gradients(
     grad_z = torch.zeros(batch + (n, d), dtype=cdtype, device=x.device) if want[1] else None
     if d == 0 or x.device.type == "meta":
         return grad_x, grad_z
-    reduce = _REDUCE[s.program.reduction]  # the reference backend's maximum or minimum: the forward's definition
+    reduce = REDUCE[s.program.reduction]  # the reference backend's maximum or minimum: the forward's definition
     like = torch.empty((), dtype=cdtype, device=x.device)
     env = hyper_env(s.hypers, cdtype, 3)
     power = p.scalar if p.tensor is None else p.tensor.to(cdtype).reshape(p.tensor.shape + (1, 1, 1))
     xb, zb, Gc = x.expand(batch + (m, d)), z.expand(batch + (n, d)), G.to(cdtype)
-    bm, bn = _tile(m, n, math.prod(batch) * d)
-    for m0, m1 in _blocks(m, bm):
-        for n0, n1 in _blocks(n, bn):
+    bm, bn = tile(m, n, math.prod(batch) * d)
+    for m0, m1 in blocks(m, bm):
+        for n0, n1 in blocks(n, bn):
             xs, zs = xb[..., m0:m1, None, :].to(cdtype), zb[..., None, n0:n1, :].to(cdtype)
             tau = evaluate(s.program.inner, {"x": xs, "z": zs, **env}, like=like)  # the forward's terms
             active = (tau == reduce(tau, dim=-1, keepdim=True)).to(cdtype)

@@ -40,6 +40,7 @@ from kermac import hookspecs
 from kermac.backend import Backend
 
 __all__ = [
+    "AUTO",
     "DEFAULT_LOAD_TIMEOUT",
     "ENV_LOAD_TIMEOUT",
     "Discovery",
@@ -57,7 +58,8 @@ ENV_LOAD_TIMEOUT = "KERMAC_PLUGIN_LOAD_TIMEOUT"
 DEFAULT_LOAD_TIMEOUT = 5.0  # seconds; a light plugin module imports in milliseconds
 
 _VALID_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
-_AUTO = "auto"
+#: What ``backend=`` takes to let kermac choose; no backend may be named so.
+AUTO = "auto"
 
 
 @dataclass(frozen=True)
@@ -332,7 +334,7 @@ def _register(found: Discovery, plugin: Plugin, name: object, backend: Backend) 
     """Add one backend, or record why not (bad name, another's reserved name, a name taken)."""
     if not isinstance(name, str):
         problem = f"{plugin.label}: a backend's name is a {type(name).__name__}, expected a str"
-    elif name == _AUTO or not _VALID_NAME.fullmatch(name):
+    elif name == AUTO or not _VALID_NAME.fullmatch(name):
         problem = f"{plugin.label}: backend name {name!r} is not a name (letters, digits, _ - .; not 'auto')"
     elif not plugin.may_use(name):
         problem = f"{plugin.label}: backend name {name!r} is reserved for {hookspecs.RESERVED[name]}"

@@ -38,6 +38,7 @@ import torch
 
 from kermac import ir, presets
 from kermac.hyperparams import nan_where_nan
+from kermac.problem import compute_dtype
 from kermac.programs import GradProgram, PairwiseProgram
 
 __all__ = [
@@ -55,11 +56,6 @@ _T = ir.Var("x") - ir.Var("z")
 MAX_FEATURES = 2**31
 
 _ACC, _P = ir.Var("acc"), ir.Hyper("p")
-
-
-def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
-    """float64 computes in float64; every narrower type in float32 (as every backend does)."""
-    return torch.float64 if dtype == torch.float64 else torch.float32
 
 
 def _unit_roundoff(dtype: torch.dtype) -> float:
@@ -85,7 +81,7 @@ def plain_power_limit(dtype: torch.dtype | None = None) -> float:
     the limit is about 3.96 for float32 (and narrower) inputs, 18.7 for float64.  Beyond it the
     guarded program runs.
     """
-    c = _compute_dtype(dtype or torch.float64)
+    c = compute_dtype(dtype or torch.float64)
     return math.log(MAX_FEATURES * torch.finfo(c).smallest_normal) / math.log(_unit_roundoff(c))
 
 
@@ -105,7 +101,7 @@ def guarded_lp_program(dtype: torch.dtype | None = None) -> PairwiseProgram:
 
     Reads ``Hyper("p")`` (a number, or one per batch entry).
     """
-    c = _compute_dtype(dtype or torch.float64)
+    c = compute_dtype(dtype or torch.float64)
     info = torch.finfo(c)
     power = ir.pow(abs(_T), _P)
     overflow = ir.gt(power, info.max / MAX_FEATURES) * ir.lt(abs(_T), math.inf)
@@ -136,7 +132,7 @@ def cdist_program(p: float | None, *, skip_epilogue: bool = False, dtype: torch.
         if p >= linf_threshold(dtype):
             return _max_abs_program()
         if p > plain_power_limit(dtype):
-            return guarded_lp_program(None if dtype is None else _compute_dtype(dtype))
+            return guarded_lp_program(None if dtype is None else compute_dtype(dtype))
     descriptor = {1.0: presets.l1_distance, 2.0: presets.l2_distance}.get(p, presets.lp_distance)
     if skip_epilogue:
         descriptor = descriptor.replace(outer="identity")

@@ -26,12 +26,19 @@ __all__ = [
     "GradProblem",
     "PairwiseProblem",
     "check_tensor",
+    "compute_dtype",
     "diagonal_offsets",
     "grad_problem",
     "pairwise_problem",
 ]
 
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+
+
+def compute_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The type kermac computes ``dtype`` inputs in: float64 stays float64, every narrower type float32."""
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
 
 #: The values ``offset_m`` and ``offset_n`` may take: torch's index type, int64.  Backends never see
 #: them: a problem holds the same diagonal in the form of :func:`diagonal_offsets`.
@@ -189,7 +196,7 @@ def _check_no_overlap(
             f"out: expected a tensor without overlapping elements, "
             f"got shape {list(out.shape)} with strides {list(out.stride())}{why}"
         )
-    reads = [(name, t) for name, t in operands.items()]
+    reads = list(operands.items())
     reads += [(name, t) for name, h in hypers.items() for t in h.tensors()]
     for name, t in reads:
         found = overlap(out, t)
@@ -207,13 +214,8 @@ def _expand(t: torch.Tensor, shape: tuple[int, ...]) -> torch.Tensor:
 
 
 def _hyper_shapes(hypers: Mapping[str, HyperValue]) -> dict[str, tuple[int, ...]]:
-    """The shapes of the tensor hyperparameters, each checked to be readable by kernels."""
-    shapes = {}
-    for name, h in hypers.items():
-        if h.tensor is not None:
-            check_addressable(name, h.tensor)
-            shapes[name] = tuple(h.tensor.shape)
-    return shapes
+    """The shapes of the tensor hyperparameters (checked readable by :func:`kermac.hyperparams.normalize_hyper`)."""
+    return {name: tuple(h.tensor.shape) for name, h in hypers.items() if h.tensor is not None}
 
 
 def _offset(name: str, off: object) -> int:

@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, TypeVar
 
 from kermac.backend import Availability, Backend
 from kermac.discovery import (
+    AUTO,
     Discovery,
     Loaded,
     Plugin,
@@ -45,7 +46,6 @@ if TYPE_CHECKING:
 
 __all__ = ["BackendStatus", "backend_statuses", "get_backend", "registered_backends", "reset", "select_backend"]
 
-AUTO = "auto"
 ENV_BACKEND = "KERMAC_BACKEND"
 
 T = TypeVar("T")

@@ -13,28 +13,25 @@ import math
 import torch
 
 from kermac.backend import Availability, Backend
-from kermac.problem import GradProblem, PairwiseProblem
+from kermac.problem import GradProblem, PairwiseProblem, compute_dtype
 from kermac.programs import REDUCTIONS
 from kermac.reference.evaluate import evaluate
 
-__all__ = ["CHUNK_ELEMENTS", "ReferenceBackend"]
+__all__ = ["CHUNK_ELEMENTS", "REDUCE", "ReferenceBackend", "blocks", "hyper_env", "tile"]
 
 #: Upper bound on the elements of one evaluated block (~16 MB in float32).
 CHUNK_ELEMENTS = 1 << 22
 
-_REDUCE = {"sum": torch.sum, "max": torch.amax, "min": torch.amin}
+#: The reductions as torch functions (NaN-propagating maximum and minimum, as the IR defines them).
+REDUCE = {"sum": torch.sum, "max": torch.amax, "min": torch.amin}
 
 
-def compute_dtype(dtype: torch.dtype) -> torch.dtype:
-    """float64 stays float64; every narrower type is computed in float32."""
-    return torch.float64 if dtype == torch.float64 else torch.float32
-
-
-def _blocks(size: int, block: int) -> list[tuple[int, int]]:
+def blocks(size: int, block: int) -> list[tuple[int, int]]:
+    """``[start, stop)`` ranges of at most ``block`` covering ``range(size)``."""
     return [(i, min(i + block, size)) for i in range(0, size, block)]
 
 
-def _tile(rows: int, cols: int, per_pair: int) -> tuple[int, int]:
+def tile(rows: int, cols: int, per_pair: int) -> tuple[int, int]:
     """Rows × columns of a block whose ``rows·cols·per_pair`` stays near CHUNK_ELEMENTS."""
     pairs = max(1, CHUNK_ELEMENTS // max(1, per_pair))
     r = max(1, min(rows, math.isqrt(pairs)))
@@ -71,12 +68,12 @@ class ReferenceBackend(Backend):
         like = torch.empty((), dtype=cdtype, device=problem.device)
         inner_env = hyper_env(dict(problem.hypers), cdtype, 3)
         epi_env = hyper_env(dict(problem.hypers), cdtype, 2)
-        reduce = _REDUCE[prog.reduction]
+        reduce = REDUCE[prog.reduction]
         d = problem.d
-        bm, bn = _tile(problem.m, problem.n, math.prod(batch) * max(d, 1))
-        for m0, m1 in _blocks(problem.m, bm):
+        bm, bn = tile(problem.m, problem.n, math.prod(batch) * max(d, 1))
+        for m0, m1 in blocks(problem.m, bm):
             rows = torch.arange(m0, m1, device=problem.device) + problem.offset_m
-            for n0, n1 in _blocks(problem.n, bn):
+            for n0, n1 in blocks(problem.n, bn):
                 shape = batch + (m1 - m0, n1 - n0)
                 if d == 0:
                     acc = torch.full(shape, REDUCTIONS[prog.reduction], dtype=cdtype, device=problem.device)
@@ -97,11 +94,11 @@ class ReferenceBackend(Backend):
         like = torch.empty((), dtype=cdtype, device=problem.device)
         hypers = hyper_env(dict(problem.hypers), cdtype, 3)  # [*B, 1, 1, 1]: both stages
         bk = max(1, min(k, 256))
-        bn, bm = _tile(n, m, math.prod(batch) * max(bk, o))
-        for n0, n1 in _blocks(n, bn):
-            for m0, m1 in _blocks(m, bm):
+        bn, bm = tile(n, m, math.prod(batch) * max(bk, o))
+        for n0, n1 in blocks(n, bn):
+            for m0, m1 in blocks(m, bm):
                 acc = torch.zeros(batch + (o, n1 - n0, m1 - m0), dtype=cdtype, device=problem.device)
-                for k0, k1 in _blocks(k, bk):
+                for k0, k1 in blocks(k, bk):
                     ds = problem.d[..., n0:n1, m0:m1, None].to(cdtype)
                     bs = problem.b[..., n0:n1, None, k0:k1].to(cdtype)
                     terms = evaluate(prog.multiply, {"d": ds, "b": bs, **hypers}, like=like)
