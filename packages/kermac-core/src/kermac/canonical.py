@@ -6,12 +6,15 @@ Core's facts about programs (:mod:`kermac.programs`: "is this a sum of squared d
 the tree they were written with, and backends render that tree: the normal form only decides which
 kernel computes a program, never what a kernel evaluates.
 
-Every rewrite is exact in IEEE arithmetic with round-to-nearest: both sides give the same value for
-every input, signed zeros and infinities included, and NaN for NaN (the sign and payload of a NaN
-are not values).  Applied bottom-up:
+Every rewrite is exact in the IR's semantics (IEEE arithmetic with round-to-nearest, ``pow`` the
+IEEE power): both sides give the same value for every input, signed zeros and infinities included,
+and NaN for NaN (the sign and payload of a NaN are not values).  Applied bottom-up:
 
 1. ``pow(a, 2)`` → ``a·a``: IEEE ``pow(a, 2)`` is the correctly rounded a², as is ``a·a``, for every
-   a (also −0, ±∞ and NaN).
+   a (also −0, ±∞ and NaN).  Implementations of ``pow`` approximate it (torch's with a tensor
+   exponent, CUDA's ``powf``, Triton's within their documented ulps), so a program written
+   ``pow(x − z, 2)`` that a fact sends to a fast path gets the accuracy documented for that path,
+   the accuracy ``(x − z)·(x − z)`` has.
 2. Arguments whose sign cannot matter take one sign.  ``|a|``, a square ``a·a`` and the tests
    ``[a = 0]``, ``[a ≠ 0]``, ``[a = a]``, ``[a ≠ a]`` give the same value for ``a`` and ``−a``, so
    there ``−a`` becomes ``a`` and a difference ``b − a`` becomes ``a − b`` when ``a`` comes first in
