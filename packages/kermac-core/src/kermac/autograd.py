@@ -54,7 +54,7 @@ from kermac.dispatch import grad_contraction, run_pairwise
 from kermac.hyperparams import HyperValue
 from kermac.ir_eval import evaluate
 from kermac.problem import compute_dtype, diagonal_offsets, pairwise_problem
-from kermac.programs import PairwiseProgram, difference_power, is_product_sum
+from kermac.programs import PairwiseProgram, inner_difference_power, is_product_sum
 from kermac.reference.backend import REDUCE, blocks, hyper_env, tile
 
 __all__ = ["differentiable_pairwise", "inner_power"]
@@ -71,7 +71,7 @@ def inner_power(program: PairwiseProgram) -> float | str:
     """
     if is_product_sum(program):
         return DOT
-    exponent = difference_power(program.inner)
+    exponent = inner_difference_power(program)
     if isinstance(exponent, ir.Const):
         return float(exponent.value)  # 0 for a count of differing coordinates (L0): zero gradient
     if exponent == ir.Hyper("p"):

@@ -41,6 +41,7 @@ __all__ = [
     "PairwiseProgram",
     "canonical_inner",
     "difference_power",
+    "inner_difference_power",
     "is_abs_difference_sum",
     "is_product_sum",
     "is_squared_difference_sum",
@@ -52,11 +53,14 @@ __all__ = [
 REDUCTIONS: dict[str, float] = {"sum": 0.0, "max": -math.inf, "min": math.inf}
 
 
+_UNSET = object()
+
+
 def _derived(program: object, name: str, compute: Callable[[], object]) -> object:
     """``program``'s derived value ``name``, computed once.  Kept in the instance ``__dict__`` (the
     dataclass is frozen) and left out of its pickled state, where a hash would not survive."""
-    value = program.__dict__.get(name)
-    if value is None:
+    value = program.__dict__.get(name, _UNSET)
+    if value is _UNSET:
         value = compute()
         program.__dict__[name] = value
     return value
@@ -214,7 +218,16 @@ def difference_power(inner: Expr) -> Expr | None:
     (P = 0).  All have the derivative P·sgn(t)|t|^(P−1) (0 for a count) wherever they are
     differentiable, which is what automatic differentiation needs.
     """
-    inner = canonical(inner)
+    return _canonical_difference_power(canonical(inner))
+
+
+def inner_difference_power(program: PairwiseProgram) -> Expr | None:
+    """:func:`difference_power` of ``program``'s inner term, computed once per program."""
+    return _derived(program, "_difference_power", lambda: _canonical_difference_power(canonical_inner(program)))
+
+
+def _canonical_difference_power(inner: Expr) -> Expr | None:
+    """:func:`difference_power` of an inner term in normal form."""
     if inner in _CANONICAL_COUNTS:
         return Const(0.0)
     if isinstance(inner, Call) and inner.op == "select" and inner.args[1] == Const(math.nan):
