@@ -19,6 +19,12 @@ contraction over ``k`` into matrix products); ``multiply`` and ``epilogue`` are 
 Both are frozen and hashable; :meth:`key` is their canonical text, used in JIT cache keys.  What a
 program derives from its expressions (hash, hyperparameter names) is computed on first use and kept
 on the instance, so the per-call path of an operation does not walk the expression trees again.
+
+The facts backends choose their fast paths by (:func:`is_squared_difference_sum`,
+:func:`is_abs_difference_sum`, :func:`is_product_sum`, :func:`difference_power`,
+:func:`signed_power`, :func:`zero_padding_is_neutral`) are decided on the normal form of
+:mod:`kermac.canonical`, so every exact rewriting of a program takes the same path; the program
+itself, and what a backend renders from it, stay as written.
 """
 
 from __future__ import annotations
