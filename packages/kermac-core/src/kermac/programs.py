@@ -22,9 +22,10 @@ on the instance, so the per-call path of an operation does not walk the expressi
 
 The facts backends choose their fast paths by (:func:`is_squared_difference_sum`,
 :func:`is_abs_difference_sum`, :func:`is_product_sum`, :func:`difference_power`,
-:func:`signed_power`, :func:`zero_padding_is_neutral`) are decided on the normal form of
-:mod:`kermac.canonical`, so the rewritings it lists take the same path as the form they
-rewrite; the program itself, and what a backend renders from it, stay as written.
+:func:`signed_power`) are decided on the normal form of :mod:`kermac.canonical`, so the
+rewritings it lists take the same path as the form they rewrite (:func:`zero_padding_is_neutral`
+evaluates the term, which no rewriting changes); the program itself, and what a backend renders
+from it, stay as written.
 """
 
 from __future__ import annotations
