@@ -4,7 +4,7 @@ Core's facts about programs (:mod:`kermac.programs`: "is this a sum of squared d
 "is this term a signed power?", ...) are decided on the normal form, so that ``(z − x)²``,
 ``(x − z)·(x − z)`` and ``pow(x − z, 2)`` take the same fast paths in every backend.  Programs keep
 the tree they were written with, and backends render that tree: the normal form only decides which
-kernel computes a program, never what a kernel evaluates.
+kernel (and which derivative formula) computes a program, never what a kernel evaluates.
 
 Every rewrite is exact in the IR's semantics (IEEE arithmetic with round-to-nearest, ``pow`` the
 IEEE power): both sides give the same value for every input, signed zeros and infinities included,
