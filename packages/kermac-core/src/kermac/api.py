@@ -1,36 +1,36 @@
 """The public operations: :func:`cdist`, :func:`run_kernel`, :func:`cdist_grad`, :func:`run_program`.
 
 Each call validates its arguments, lowers them to a semiring program (:mod:`kermac.programs`),
-normalises the problem (:mod:`kermac.problem`), picks a backend (:mod:`kermac.registry`) and lets
-it write the output.  Nothing here synchronises with the host unless ``debug`` is on.  On the
-``meta`` device the output is returned as soon as it is validated (meta tensors hold no values).
+normalises the problem (:mod:`kermac.problem`) and runs it on the backend :mod:`kermac.dispatch`
+picks, through :mod:`kermac.autograd` where an input requires grad.  Nothing here synchronises
+with the host unless ``debug`` is on.  On the ``meta`` device the output is returned as soon as
+it is validated (meta tensors hold no values).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 
 import torch
 
 from kermac import presets, registry
-from kermac.backend import Backend
+from kermac.autograd import differentiable_pairwise
 from kermac.descriptor import KernelDescriptor
-from kermac.errors import BackendError
+from kermac.dispatch import grad_contraction, run_grad, run_pairwise
 from kermac.hyperparams import (
     ANY_VALUE,
     Check,
     HyperValue,
-    check_values,
     finite,
     nonnegative,
     normalize_hyper,
-    poison_invalid,
     positive_finite,
     positive_up_to,
+    prepare_hypers,
 )
-from kermac.logs import debug_enabled, logger
-from kermac.lowering import cdist_program, grad_program, plain_power_limit
-from kermac.problem import GradProblem, PairwiseProblem, check_tensor, grad_problem, pairwise_problem
+from kermac.logs import debug_enabled
+from kermac.lowering import cdist_program, plain_power_limit
+from kermac.problem import check_tensor, grad_problem, pairwise_problem
 from kermac.programs import GradProgram, PairwiseProgram
 
 __all__ = ["backends", "cdist", "cdist_grad", "run_grad_program", "run_kernel", "run_program"]
@@ -84,7 +84,7 @@ def cdist(
     x = check_tensor("x", x)
     if isinstance(p, torch.Tensor) and not (p.dim() == 0 and p.device.type == "cpu"):
         program = cdist_program(None, skip_epilogue=skip_epilogue, dtype=x.dtype)
-        hypers = _hypers({"p": (p, _p_per_batch(x.dtype))}, x.device, debug)
+        hypers = prepare_hypers({"p": (p, _p_per_batch(x.dtype))}, x.device, debug)
     else:
         hv = normalize_hyper("p", p, device=x.device, check=nonnegative)
         program = cdist_program(hv.scalar, skip_epilogue=skip_epilogue, dtype=x.dtype)
@@ -152,7 +152,7 @@ def run_kernel(
         "bandwidth": (bandwidth, positive_finite),
         "regularization": (regularization, finite),
     }
-    hypers = _hypers({k: v for k, v in checks.items() if v[0] is not None}, x.device, debug)
+    hypers = prepare_hypers({k: v for k, v in checks.items() if v[0] is not None}, x.device, debug)
     program = descriptor.lower(regularized=regularization is not None)
     return _pairwise(
         program,
@@ -220,12 +220,7 @@ def cdist_grad(
     """
     debug = debug_enabled(debug)
     a = check_tensor("a", a)
-    hypers = _hypers({"p": (p, positive_finite)}, a.device, debug)
-    program = grad_program(hypers["p"].scalar)
-    if "p" not in program.hypers:
-        hypers = {}
-    problem = grad_problem(program, a, b, c, d, out=out, hypers=hypers, debug=debug)
-    return _run_grad(problem, backend, "cdist_grad")
+    return grad_contraction(a, b, c, d, p=p, out=out, backend=backend, debug=debug, op="cdist_grad")
 
 
 def run_program(
@@ -274,7 +269,7 @@ def run_grad_program(
     a = check_tensor("a", a)
     hv = _program_hypers(program.hypers, hypers, a.device, debug)
     problem = grad_problem(program, a, b, c, d, out=out, hypers=hv, debug=debug)
-    return _run_grad(problem, backend, "run_grad_program")
+    return run_grad(problem, backend, "run_grad_program")
 
 
 def _program_hypers(
@@ -287,23 +282,7 @@ def _program_hypers(
         raise ValueError(
             f"hypers: expected exactly the program's hyperparameters {list(names)}; missing {missing}, unknown {extra}"
         )
-    return _hypers({n: (v, ANY_VALUE) for n, v in given.items()}, device, debug, poison=False)
-
-
-def _hypers(
-    specs: Mapping[str, tuple[object, Check]], device: torch.device, debug: bool, *, poison: bool = True
-) -> dict[str, HyperValue]:
-    """Normalised hyperparameters.  Tensor values are range-checked in debug mode (a host sync);
-    otherwise, with ``poison``, an invalid value becomes NaN on the device (see :mod:`kermac.hyperparams`)."""
-    out = {}
-    for name, (value, check) in specs.items():
-        hv = normalize_hyper(name, value, device=device, check=check)
-        if debug:
-            check_values(hv, check)
-        elif poison:
-            hv = poison_invalid(hv, check)
-        out[name] = hv
-    return out
+    return prepare_hypers({n: (v, ANY_VALUE) for n, v in given.items()}, device, debug, poison=False)
 
 
 def _pairwise(
@@ -320,71 +299,10 @@ def _pairwise(
 ) -> torch.Tensor:
     """Run a pairwise program; through :mod:`kermac.autograd` where x or z requires grad."""
     if torch.is_grad_enabled() and isinstance(z, torch.Tensor) and (x.requires_grad or z.requires_grad):
-        from kermac.autograd import differentiable_pairwise
-
         return differentiable_pairwise(
             program, x, z, out=out, hypers=hypers, offset_m=offsets[0], offset_n=offsets[1],
             backend=backend, debug=debug, op=op,
         )  # fmt: skip
     m0, n0 = offsets
     problem = pairwise_problem(program, x, z, out=out, hypers=hypers, offset_m=m0, offset_n=n0, debug=debug)
-    return _run_pairwise(problem, backend, op)
-
-
-def _run_pairwise(problem: PairwiseProblem, backend: str, op: str) -> torch.Tensor:
-    if problem.out.numel() == 0 or problem.device.type == "meta":
-        return problem.out
-    chosen = registry.select_backend(backend, problem, lambda b, pr: b.check_pairwise(pr), "pairwise problem")
-    if problem.debug:
-        logger.debug(
-            "%s: backend %s; batch %s, M=%d N=%d D=%d, %s on %s; program %s",
-            op,
-            chosen.name,
-            list(problem.batch_shape),
-            problem.m,
-            problem.n,
-            problem.d,
-            problem.dtype,
-            problem.device,
-            problem.program.key(),
-        )
-    _run_backend(chosen, chosen.pairwise, problem)
-    return problem.out
-
-
-def _run_grad(problem: GradProblem, backend: str, op: str) -> torch.Tensor:
-    if problem.out.numel() == 0 or problem.device.type == "meta":
-        return problem.out
-    chosen = registry.select_backend(backend, problem, lambda b, pr: b.check_grad(pr), "gradient problem")
-    if problem.debug:
-        m, n, o, k = problem.sizes
-        logger.debug(
-            "%s: backend %s; batch %s, M=%d N=%d O=%d K=%d, %s on %s; program %s",
-            op,
-            chosen.name,
-            list(problem.batch_shape),
-            m,
-            n,
-            o,
-            k,
-            problem.dtype,
-            problem.device,
-            problem.program.key(),
-        )
-    _run_backend(chosen, chosen.grad, problem)
-    return problem.out
-
-
-def _run_backend(backend: Backend, method: Callable[[object], None], problem: PairwiseProblem | GradProblem) -> None:
-    """``method(problem)``; a plugin's ``SystemExit`` (or another non-``Exception`` but
-    ``KeyboardInterrupt``) becomes a :class:`~kermac.errors.BackendError` naming the backend, so
-    a backend cannot end the user's process.  Ordinary exceptions propagate as they are."""
-    try:
-        method(problem)
-    except (Exception, KeyboardInterrupt):
-        raise
-    except BaseException as exc:
-        raise BackendError(
-            f"backend {backend.name!r} raised {type(exc).__name__}({exc}) while running; a backend must not "
-            "end the process (report it to the backend's authors, or pass another backend=)"
-        ) from exc
+    return run_pairwise(problem, backend, op)

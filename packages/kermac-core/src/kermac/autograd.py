@@ -19,7 +19,7 @@ gradient, which is not one; away from ties the two agree), NaN for a pair whose 
 (``cdist``'s p = ∞ skips NaN differences, so a NaN coordinate there gets no gradient).
 
 * ``e'(acc)`` comes from torch's autograd through the reference evaluator of the epilogue
-  (:func:`kermac.reference.evaluate.evaluate`); when the epilogue is ``acc`` itself nothing is
+  (:func:`kermac.ir_eval.evaluate`); when the epilogue is ``acc`` itself nothing is
   recomputed, otherwise ``acc`` is recomputed by one fused pass of the program without its epilogue.
 * For a sum, each sum over ``n`` (or ``m``) is :func:`kermac.cdist_grad` with ``O = 1``, ``c = 1``:
   ``a = Gᵀ [N, M]``, ``b = zᵀ``, ``d = xᵀ`` → ``[1, D, M]`` for x; ``a = G``, ``b = xᵀ``, ``d = zᵀ``
@@ -49,12 +49,13 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from kermac import api, ir
+from kermac import ir
+from kermac.dispatch import grad_contraction, run_pairwise
 from kermac.hyperparams import HyperValue
+from kermac.ir_eval import evaluate
 from kermac.problem import compute_dtype, diagonal_offsets, pairwise_problem
-from kermac.programs import PairwiseProgram, difference_power
+from kermac.programs import PairwiseProgram, inner_difference_power, is_product_sum
 from kermac.reference.backend import REDUCE, blocks, hyper_env, tile
-from kermac.reference.evaluate import evaluate
 
 __all__ = ["differentiable_pairwise", "inner_power"]
 
@@ -65,12 +66,12 @@ def inner_power(program: PairwiseProgram) -> float | str:
     """``P`` of a program reducing ``|x − z|^P`` (a number, or ``"p"`` for ``Hyper("p")``), ``0.0`` for a
     count of differing coordinates, or ``"dot"`` for ``Σ x·z``.
 
-    Raises ``NotImplementedError`` for programs autograd does not cover.
+    Decided on the normal form of the inner term (:mod:`kermac.canonical`), as the backends' fast
+    paths are.  Raises ``NotImplementedError`` for programs autograd does not cover.
     """
-    inner = program.inner
-    if inner == ir.Call("mul", (ir.Var("x"), ir.Var("z"))) and program.reduction == "sum":
+    if is_product_sum(program):
         return DOT
-    exponent = difference_power(inner)
+    exponent = inner_difference_power(program)
     if isinstance(exponent, ir.Const):
         return float(exponent.value)  # 0 for a count of differing coordinates (L0): zero gradient
     if exponent == ir.Hyper("p"):
@@ -140,7 +141,7 @@ class _Pairwise(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, z, s: _Setup):  # type: ignore[override]
         problem = pairwise_problem(s.program, x, z, out=None, hypers=s.hypers, offset_m=s.offset_m, offset_n=s.offset_n)
-        result = api._run_pairwise(problem, s.backend, s.op)
+        result = run_pairwise(problem, s.backend, s.op)
         ctx.setup = s
         # Tensor hyperparameters are saved too: torch then refuses a backward after one was changed in place.
         ctx.save_for_backward(x, z, *(h.tensor for h in s.hypers.values() if h.tensor is not None))
@@ -226,7 +227,7 @@ def _gradients(
 ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
     """The first derivatives ``(∂L/∂x, ∂L/∂z)`` (``None`` where not wanted), by the fused path."""
     want_x, want_z = want
-    power, backend, debug = s.power, s.backend, s.debug
+    power = s.power
     if power == 0.0:
         return torch.zeros_like(x) if want_x else None, torch.zeros_like(z) if want_z else None
     G = _outer_factor(s, x, z, g)
@@ -242,8 +243,8 @@ def _gradients(
             if 0 in G.stride():  # an expanded upstream gradient (e.g. from .sum())
                 G = G.contiguous()
             exponent = p.scalar if p.tensor is None else p.tensor
-            grad_x = _contract(G.mT, z, x, exponent, backend, debug) if want_x else None
-            grad_z = _contract(G, x, z, exponent, backend, debug) if want_z else None
+            grad_x = _contract(G.mT, z, x, exponent, s) if want_x else None
+            grad_z = _contract(G, x, z, exponent, s) if want_z else None
     grad_x = grad_x.to(x.dtype).sum_to_size(x.shape) if want_x else None
     grad_z = grad_z.to(z.dtype).sum_to_size(z.shape) if want_z else None
     return grad_x, grad_z
@@ -264,7 +265,7 @@ def _outer_factor(
     else:
         inner = s.inner_only()
         problem = pairwise_problem(inner.program, x, z, out=None, hypers=inner.hypers, debug=s.debug)
-        acc = api._run_pairwise(problem, s.backend, s.op)
+        acc = run_pairwise(problem, s.backend, s.op)
     cdtype = compute_dtype(acc.dtype)
     with torch.enable_grad():
         a = acc.to(cdtype)
@@ -292,11 +293,11 @@ def _outer_factor(
 
 
 def _contract(
-    a: torch.Tensor, other: torch.Tensor, own: torch.Tensor, p: float | torch.Tensor, backend: str, debug: bool
+    a: torch.Tensor, other: torch.Tensor, own: torch.Tensor, p: float | torch.Tensor, s: _Setup
 ) -> torch.Tensor:
     """``Σ_k a[k, m] sgn(t)|t|^{p−1}``, ``t = own[m, j] − other[k, j]``, as ``[..., rows of own, D]``."""
     ones = torch.ones(1, other.shape[-2], dtype=own.dtype, device=own.device)
-    out = api.cdist_grad(a, other.mT, ones, own.mT, p=p, backend=backend, debug=debug)
+    out = grad_contraction(a, other.mT, ones, own.mT, p=p, out=None, backend=s.backend, debug=s.debug, op="cdist_grad")
     return out[..., 0, :, :].mT
 
 

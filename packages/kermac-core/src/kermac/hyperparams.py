@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import math
 import numbers
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 import torch
@@ -47,6 +47,7 @@ __all__ = [
     "positive",
     "positive_finite",
     "positive_up_to",
+    "prepare_hypers",
 ]
 
 
@@ -181,6 +182,23 @@ def poison_invalid(hv: HyperValue, check: Check) -> HyperValue:
     if t is None:
         return hv
     return HyperValue(hv.name, None, torch.where(check.valid_tensor(t), t, math.nan), t)
+
+
+def prepare_hypers(
+    specs: Mapping[str, tuple[object, Check]], device: torch.device, debug: bool, *, poison: bool = True
+) -> dict[str, HyperValue]:
+    """Every ``name → (value, check)`` of ``specs`` normalised (:func:`normalize_hyper`).  Tensor values
+    are range-checked with ``debug`` (a host sync); otherwise, with ``poison``, an invalid value
+    becomes NaN on the device (:func:`poison_invalid`)."""
+    out = {}
+    for name, (value, check) in specs.items():
+        hv = normalize_hyper(name, value, device=device, check=check)
+        if debug:
+            check_values(hv, check)
+        elif poison:
+            hv = poison_invalid(hv, check)
+        out[name] = hv
+    return out
 
 
 def _checked(name: str, v: float, check: Check) -> float:

@@ -19,6 +19,13 @@ contraction over ``k`` into matrix products); ``multiply`` and ``epilogue`` are 
 Both are frozen and hashable; :meth:`key` is their canonical text, used in JIT cache keys.  What a
 program derives from its expressions (hash, hyperparameter names) is computed on first use and kept
 on the instance, so the per-call path of an operation does not walk the expression trees again.
+
+The facts backends choose their fast paths by (:func:`is_squared_difference_sum`,
+:func:`is_abs_difference_sum`, :func:`is_product_sum`, :func:`difference_power`,
+:func:`signed_power`) are decided on the normal form of :mod:`kermac.canonical`, so the
+rewritings it lists take the same path as the form they rewrite (:func:`zero_padding_is_neutral`
+evaluates the term, which no rewriting changes); the program itself, and what a backend renders
+from it, stay as written.
 """
 
 from __future__ import annotations
@@ -29,8 +36,9 @@ from dataclasses import dataclass, fields
 
 import torch
 
+from kermac.canonical import canonical, equivalent
 from kermac.ir import Call, Const, Expr, Var, free_vars, hyper_names, to_sexpr
-from kermac.reference.evaluate import evaluate
+from kermac.ir_eval import evaluate
 
 __all__ = [
     "L0_TERM",
@@ -38,8 +46,11 @@ __all__ = [
     "REDUCTIONS",
     "GradProgram",
     "PairwiseProgram",
+    "canonical_inner",
     "difference_power",
+    "inner_difference_power",
     "is_abs_difference_sum",
+    "is_product_sum",
     "is_squared_difference_sum",
     "signed_power",
     "zero_padding_is_neutral",
@@ -49,11 +60,14 @@ __all__ = [
 REDUCTIONS: dict[str, float] = {"sum": 0.0, "max": -math.inf, "min": math.inf}
 
 
+_UNSET = object()
+
+
 def _derived(program: object, name: str, compute: Callable[[], object]) -> object:
     """``program``'s derived value ``name``, computed once.  Kept in the instance ``__dict__`` (the
     dataclass is frozen) and left out of its pickled state, where a hash would not survive."""
-    value = program.__dict__.get(name)
-    if value is None:
+    value = program.__dict__.get(name, _UNSET)
+    if value is _UNSET:
         value = compute()
         program.__dict__[name] = value
     return value
@@ -150,6 +164,7 @@ _ABS_T = Call("abs", (_T,))
 _T_IS_NUMBER = Call("eq", (_T, _T))
 _T_NONZERO = Call("ne", (_T, Const(0.0)))
 _SQUARED = Call("mul", (_T, _T))
+_PRODUCT = Call("mul", (Var("x"), Var("z")))
 #: [t ≠ 0], NaN where t is NaN: the term of ``cdist`` with p = 0 (torch.cdist's count of differing
 #: coordinates is NaN for a NaN coordinate, and for ∞ − ∞).
 L0_TERM = Call("select", (_T_IS_NUMBER, _T_NONZERO, _T))
@@ -157,47 +172,86 @@ L0_TERM = Call("select", (_T_IS_NUMBER, _T_NONZERO, _T))
 #: maximum of non-negative terms is unchanged by a 0).
 LINF_TERM = Call("select", (_T_IS_NUMBER, _ABS_T, Const(0.0)))
 
+# The recognised forms in normal form (kermac.canonical), against which normal forms are compared.
+_CANONICAL_ABS_T = canonical(_ABS_T)
+_CANONICAL_SQUARED = canonical(_SQUARED)
+_CANONICAL_PRODUCT = canonical(_PRODUCT)
+_CANONICAL_T_NONZERO = canonical(_T_NONZERO)
+_CANONICAL_COUNTS = (_CANONICAL_T_NONZERO, canonical(L0_TERM))
+_CANONICAL_FIRST_POWERS = (_CANONICAL_ABS_T, canonical(LINF_TERM))
+
+
+def canonical_inner(program: PairwiseProgram) -> Expr:
+    """The normal form (:func:`kermac.canonical.canonical`) of ``program``'s inner term, computed once."""
+    return _derived(program, "_canonical_inner", lambda: canonical(program.inner))
+
+
+def _is_sum_of(program: PairwiseProgram, name: str, term: Expr) -> bool:
+    """Whether ``program`` sums the canonical ``term``; kept on the program as ``name``."""
+    return _derived(program, name, lambda: program.reduction == "sum" and canonical_inner(program) == term)
+
 
 def is_squared_difference_sum(program: PairwiseProgram) -> bool:
-    """Whether ``program`` is ``Σ_k (x − z)·(x − z)`` structurally, with any epilogue.
+    """Whether ``program`` is ``Σ_k (x − z)²``, with any epilogue.
 
-    Such programs (l2, squared l2, Gaussian, Laplace-L2, Matérn, Cauchy, user programs of that
-    shape) reduce d² = Σ_k (x_k − z_k)², which a backend may expand into
-    ‖x‖² + ‖z‖² − 2·x·z and compute on tensor cores.
+    Decided on the normal form (:mod:`kermac.canonical`): ``(x − z)·(x − z)``, ``(z − x)·(z − x)``,
+    ``pow(x − z, 2)``, ``|x − z|·|x − z|`` and the other exact rewritings qualify; ``(x − z)·(z − x)``
+    (that is −(x − z)²) does not.  Such programs (l2, squared l2, Gaussian, Laplace-L2, Matérn,
+    Cauchy, user programs of that shape) reduce d² = Σ_k (x_k − z_k)², which a backend may expand
+    into ‖x‖² + ‖z‖² − 2·x·z and compute on tensor cores.
     """
-    return _derived(program, "_sq_diff_sum", lambda: program.reduction == "sum" and program.inner == _SQUARED)
+    return _is_sum_of(program, "_sq_diff_sum", _CANONICAL_SQUARED)
 
 
 def is_abs_difference_sum(program: PairwiseProgram) -> bool:
-    """Whether ``program`` is ``Σ_k |x − z|`` structurally, with any epilogue (cdist p = 1, Laplace-L1)."""
-    return _derived(program, "_abs_diff_sum", lambda: program.reduction == "sum" and program.inner == _ABS_T)
+    """Whether ``program`` is ``Σ_k |x − z|`` (also written ``|z − x|``, ``|−(x − z)|``), with any
+    epilogue (cdist p = 1, Laplace-L1); decided on the normal form."""
+    return _is_sum_of(program, "_abs_diff_sum", _CANONICAL_ABS_T)
+
+
+def is_product_sum(program: PairwiseProgram) -> bool:
+    """Whether ``program`` is ``Σ_k x·z`` (also written ``z·x``), with any epilogue (the dot-product
+    kernels); decided on the normal form."""
+    return _is_sum_of(program, "_product_sum", _CANONICAL_PRODUCT)
 
 
 def difference_power(inner: Expr) -> Expr | None:
     """The exponent P if ``inner`` is a form of |x − z|^P kermac lowers programs to, else ``None``.
 
-    With t = x − z: ``|t|`` and :data:`LINF_TERM` (P = 1), ``t·t`` (P = 2), ``pow(|t|, P)`` and the
+    With t = x − z, decided on the normal form (so t may also be written z − x where the sign
+    cannot matter): ``|t|`` and :data:`LINF_TERM` (P = 1), ``t·t`` (P = 2), ``pow(|t|, P)`` and the
     guarded ``select(overflow, NaN, max(pow(|t|, P), c·[t ≠ 0]))`` (any P; see
     :func:`kermac.lowering.guarded_lp_program`), and the counts ``[t ≠ 0]`` and :data:`L0_TERM`
     (P = 0).  All have the derivative P·sgn(t)|t|^(P−1) (0 for a count) wherever they are
     differentiable, which is what automatic differentiation needs.
     """
-    if inner in (_ABS_T, LINF_TERM):
-        return Const(1.0)
-    if inner == _SQUARED:
-        return Const(2.0)
-    if inner in (_T_NONZERO, L0_TERM):
+    return _canonical_difference_power(canonical(inner))
+
+
+def inner_difference_power(program: PairwiseProgram) -> Expr | None:
+    """:func:`difference_power` of ``program``'s inner term, computed once per program."""
+    return _derived(program, "_difference_power", lambda: _canonical_difference_power(canonical_inner(program)))
+
+
+def _canonical_difference_power(inner: Expr) -> Expr | None:
+    """:func:`difference_power` of an inner term in normal form."""
+    if inner in _CANONICAL_COUNTS:
         return Const(0.0)
     if isinstance(inner, Call) and inner.op == "select" and inner.args[1] == Const(math.nan):
         inner = inner.args[2]  # the guard's overflow test: NaN instead of a term
     if isinstance(inner, Call) and inner.op == "max":
         power, floor = inner.args
-        if not (isinstance(floor, Call) and floor.op == "mul" and floor.args[1] == _T_NONZERO):
+        if not (isinstance(floor, Call) and floor.op == "mul" and _CANONICAL_T_NONZERO in floor.args):
             return None
-        if not (isinstance(floor.args[0], Const) and floor.args[0].value >= 0):
+        scale = floor.args[0] if floor.args[1] == _CANONICAL_T_NONZERO else floor.args[1]
+        if not (isinstance(scale, Const) and scale.value >= 0):
             return None
         inner = power
-    if isinstance(inner, Call) and inner.op == "pow" and inner.args[0] == _ABS_T:
+    if inner in _CANONICAL_FIRST_POWERS:
+        return Const(1.0)
+    if inner == _CANONICAL_SQUARED:
+        return Const(2.0)
+    if isinstance(inner, Call) and inner.op == "pow" and inner.args[0] == _CANONICAL_ABS_T:
         return inner.args[1]
     return None
 
@@ -220,22 +274,24 @@ def zero_padding_is_neutral(program: PairwiseProgram) -> bool:
 
 
 def signed_power(expr: Expr) -> tuple[Expr, Expr] | None:
-    """``(t, e)`` if ``expr`` is ``select(ne(t, 0), sign(t)·pow(abs(t), e), 0)`` structurally, else ``None``.
+    """``(t, e)`` if ``expr`` is ``select(ne(t, 0), sign(t)·pow(abs(t), e), 0)``, else ``None``.
 
     That is sgn(t)·|t|^e with the term 0 where t = 0 (also for e ≤ 0): the multiply of the
     fractional-p gradient (:func:`kermac.lowering.grad_program`), which a backend may compute as
-    a copysign of one power instead of a product with a sign.
+    a copysign of one power instead of a product with a sign.  The test and the power's base are
+    compared with ``t`` on the normal form (:mod:`kermac.canonical`: ``ne(0, t)``, ``pow(abs(−t), e)``
+    and the factors in either order qualify); ``t`` and ``e`` are returned as written in ``expr``,
+    ``t`` with the orientation of its ``sign``.
     """
-    zero = Const(0.0)
-    if not (isinstance(expr, Call) and expr.op == "select" and expr.args[2] == zero):
+    if not (isinstance(expr, Call) and expr.op == "select" and expr.args[2] == Const(0.0)):
         return None
     cond, body = expr.args[0], expr.args[1]
-    if not (isinstance(cond, Call) and cond.op == "ne" and cond.args[1] == zero):
+    if not (isinstance(body, Call) and body.op == "mul"):
         return None
-    t = cond.args[0]
-    if not (isinstance(body, Call) and body.op == "mul" and body.args[0] == Call("sign", (t,))):
-        return None
-    power = body.args[1]
-    if not (isinstance(power, Call) and power.op == "pow" and power.args[0] == Call("abs", (t,))):
-        return None
-    return t, power.args[1]
+    for sgn, power in (body.args, body.args[::-1]):
+        if not (isinstance(sgn, Call) and sgn.op == "sign" and isinstance(power, Call) and power.op == "pow"):
+            continue
+        (t,), (base, e) = sgn.args, power.args
+        if equivalent(cond, Call("ne", (t, Const(0.0)))) and equivalent(base, Call("abs", (t,))):
+            return t, e
+    return None

@@ -13,9 +13,9 @@ import math
 import torch
 
 from kermac.backend import Availability, Backend
+from kermac.ir_eval import evaluate
 from kermac.problem import GradProblem, PairwiseProblem, compute_dtype
 from kermac.programs import REDUCTIONS
-from kermac.reference.evaluate import evaluate
 
 __all__ = ["CHUNK_ELEMENTS", "REDUCE", "ReferenceBackend", "blocks", "hyper_env", "tile"]
 

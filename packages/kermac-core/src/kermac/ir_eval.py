@@ -1,4 +1,10 @@
-"""Evaluate :mod:`kermac.ir` expressions with broadcasting torch operations."""
+"""Evaluate :mod:`kermac.ir` expressions with broadcasting torch operations.
+
+The executable statement of the IR's semantics (the table in :mod:`kermac.ir`): the reference
+backend computes programs with it, autograd differentiates epilogues through it, and core facts
+about programs (:func:`kermac.programs.zero_padding_is_neutral`) evaluate terms with it.  It
+lives beside the IR, not in a backend, so that the IR depends on no backend.
+"""
 
 from __future__ import annotations
 
