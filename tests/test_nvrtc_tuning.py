@@ -187,7 +187,7 @@ def test_precompile_plans_with_the_backends_tuning(tmp_path, monkeypatch: pytest
     assert [line.split()[1] for line in built] == ["sm_90"]
 
 
-def test_registered_backends_run_by_name_and_leave_afterwards() -> None:
+def test_registered_backends_are_there_by_name_and_leave_afterwards() -> None:
     simt = NvrtcBackend(NvrtcTuning(tensor_cores=False), name="nvrtc-simt")
     before = {name: type(b) for name, b in registry.registered_backends().items()}
     with registered(simt):
