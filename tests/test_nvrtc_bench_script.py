@@ -82,7 +82,8 @@ def test_tile_config_settings_reach_the_generated_source(bench_script) -> None:
     from kermac_backend_nvrtc import codegen
 
     x = torch.empty(64, 16, device="meta")
-    variant = plan.plan_pairwise(pairwise_problem(presets.l2_distance.lower(), x, x, out=None, hypers={}), 80)[0]
+    problem = pairwise_problem(presets.l2_distance.lower(), x, x, out=None, hypers={})
+    variant = plan.plan_pairwise(problem, 80, DEFAULT_TUNING)[0]
     assert variant.tensor_cores and not variant.wgmma
 
     def bounds() -> dict:

@@ -295,7 +295,7 @@ def test_k_contiguous_loop_matches_the_one_path_one(m: int, n: int, d: int, layo
     and k, rows wider than D, z rows at any 4-byte offset and a batch against a broadcast z.  Every
     output element is written (NaN-poisoned outputs)."""
     from kermac.problem import pairwise_problem
-    from kermac_backend_nvrtc import plan
+    from kermac_backend_nvrtc import DEFAULT_TUNING, plan
 
     if layout == "strided-rows":  # row stride D + 4 (16-byte aligned rows), x and z views of wider tensors
         x, z = randn(m, d + 4, device="cuda")[:, :d], randn(n, d + 8, device="cuda")[:, 4 : 4 + d]
@@ -305,7 +305,8 @@ def test_k_contiguous_loop_matches_the_one_path_one(m: int, n: int, d: int, layo
         x, z = randn(3, m, d, device="cuda"), randn(1, n, d, device="cuda").expand(3, n, d)
     else:
         x, z = randn(m, d, device="cuda"), randn(n, d, device="cuda")
-    assert plan.plan_pairwise(pairwise_problem(presets.l1_distance.lower(), x, z, out=None, hypers={}))[0].k_contiguous
+    l1 = pairwise_problem(presets.l1_distance.lower(), x, z, out=None, hypers={})
+    assert plan.plan_pairwise(l1, None, DEFAULT_TUNING)[0].k_contiguous
     bw = 0.25 * d
 
     def run() -> tuple[torch.Tensor, torch.Tensor]:
@@ -716,10 +717,11 @@ def test_a_failing_launch_names_the_kernel_and_the_driver_error() -> None:
     from kermac.registry import get_backend
     from kermac_backend_nvrtc import launcher
     from kermac_backend_nvrtc.plan import plan_pairwise
+    from kermac_backend_nvrtc.tuning import DEFAULT_TUNING
 
     x = randn(20, 8, device="cuda")
     problem = pairwise_problem(presets.l1_distance.lower(), x, x, out=None, hypers={})
-    variant, launch = plan_pairwise(problem)
+    variant, launch = plan_pairwise(problem, None, DEFAULT_TUNING)
     kernel = get_backend("nvrtc")._kernel(0, variant, False)
     with pytest.raises(RuntimeError, match=r"launching kermac_pairwise on cuda:0 failed: CUDA_ERROR_INVALID_VALUE"):
         launcher.launch(kernel, (0, 1, 1), launch.block, launch.args | {"zbase": 0})  # an empty grid

@@ -22,7 +22,7 @@ from kermac.problem import grad_problem, pairwise_problem
 pytest.importorskip("kermac_backend_nvrtc.codegen")
 pytest.importorskip("cuda.core")
 from kermac_backend_nvrtc import codegen, compiler, plan
-from kermac_backend_nvrtc.tuning import NvrtcTuning
+from kermac_backend_nvrtc.tuning import DEFAULT_TUNING, NvrtcTuning
 
 try:
     compiler.nvrtc_version()
@@ -103,16 +103,16 @@ def test_render_uses_products_and_one_square_root() -> None:
 
 def test_plan_fixes_half_step_values_and_skips_the_split() -> None:
     for p, known in ((0.5, (("p", 0.5),)), (1.5, (("p", 1.5),)), (3.0, (("p", 3.0),)), (1.3, ()), (5.0, ())):
-        variant = plan.plan_pairwise(_cdist(p))[0]
+        variant = plan.plan_pairwise(_cdist(p), None, DEFAULT_TUNING)[0]
         assert variant.known_hypers == known, p
         assert (variant.poly_pairs == 0) == (bool(known) or p < 1), p  # no ex2 split for products
-    assert plan.plan_pairwise(_cdist(torch.tensor([1.5])))[0].known_hypers == ()
-    assert plan.plan_grad(_grad(1.5))[0].known_hypers == (("p", 1.5),)
-    assert plan.plan_grad(_grad(1.25))[0].known_hypers == ()
-    assert plan.plan_grad(_grad(0.5))[0].known_hypers == ()  # p − 1 < 0: the general power
+    assert plan.plan_pairwise(_cdist(torch.tensor([1.5])), None, DEFAULT_TUNING)[0].known_hypers == ()
+    assert plan.plan_grad(_grad(1.5), None, DEFAULT_TUNING)[0].known_hypers == (("p", 1.5),)
+    assert plan.plan_grad(_grad(1.25), None, DEFAULT_TUNING)[0].known_hypers == ()
+    assert plan.plan_grad(_grad(0.5), None, DEFAULT_TUNING)[0].known_hypers == ()  # p − 1 < 0: the general power
     # Different values are different kernels; other values share one.
-    assert plan.plan_pairwise(_cdist(1.5))[0] != plan.plan_pairwise(_cdist(2.5))[0]
-    assert plan.plan_pairwise(_cdist(1.3))[0] == plan.plan_pairwise(_cdist(1.7))[0]
+    variants = {p: plan.plan_pairwise(_cdist(p), None, DEFAULT_TUNING)[0] for p in (1.5, 2.5, 1.3, 1.7)}
+    assert variants[1.5] != variants[2.5] and variants[1.3] == variants[1.7]
 
 
 def test_setting_keeps_the_general_power() -> None:

@@ -247,7 +247,7 @@ def test_scalar_hyperparameters_are_passed_as_the_compute_type_rounds_them() -> 
     x, z = torch.empty(5, 3, device="meta"), torch.empty(4, 3, device="meta")
     for value, expected in ((1e300, math.inf), (-1e300, -math.inf), (1e-50, 0.0), (0.1, 0.10000000149011612)):
         problem = pairwise_problem(program, x, z, out=None, hypers={"h": HyperValue("h", value)})
-        _, launch = plan.plan_pairwise(problem, CAPABILITY)
+        _, launch = _plan(problem)
         assert launch.args["hv_h"] == expected, value
         problem64 = pairwise_problem(program, x.double(), z.double(), out=None, hypers={"h": HyperValue("h", value)})
-        assert plan.plan_pairwise(problem64, CAPABILITY)[1].args["hv_h"] == value
+        assert _plan(problem64)[1].args["hv_h"] == value

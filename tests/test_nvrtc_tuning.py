@@ -220,7 +220,7 @@ def test_registered_checks_its_arguments() -> None:
 def test_plan_functions_take_the_tuning() -> None:
     """The SIMT, mma.sync and power-table-off variants are reachable through tuning values alone."""
     problem = _l2_problem()
-    assert plan.plan_pairwise(problem, 90)[0].wgmma
+    assert plan.plan_pairwise(problem, 90, DEFAULT_TUNING)[0].wgmma
     assert not plan.plan_pairwise(problem, 90, NvrtcTuning(wgmma=False))[0].wgmma
     assert not plan.plan_pairwise(problem, 90, NvrtcTuning(tensor_cores=False))[0].tensor_cores
     x = torch.randn(40, 16)

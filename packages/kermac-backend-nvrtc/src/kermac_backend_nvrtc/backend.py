@@ -202,7 +202,7 @@ class NvrtcBackend(Backend):
         key = None if debug else plan_key(problem, index, self._tuning)  # debug plans (and logs) every call
         planned = self._plans.get(key)
         if planned is None:
-            variant, launch = planner(problem, tuning=self._tuning)
+            variant, launch = planner(problem, None, self._tuning)  # None: the problem's device
             planned = (self._kernel(index, variant, debug), launch)
             if key is not None:
                 if len(self._plans) >= MAX_PLANS:

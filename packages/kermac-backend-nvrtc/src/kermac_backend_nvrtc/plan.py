@@ -36,7 +36,7 @@ from kermac_backend_nvrtc.codegen import (
     split_exponent,
     tc_guard,
 )
-from kermac_backend_nvrtc.tuning import DEFAULT_TUNING, NvrtcTuning
+from kermac_backend_nvrtc.tuning import NvrtcTuning
 
 __all__ = [
     "MAX_GRID_Z",
@@ -204,26 +204,24 @@ def cuda_capability(index: int) -> int:
     return 10 * major + minor
 
 
-def uses_tensor_cores(program: PairwiseProgram, dtype: str, tuning: NvrtcTuning = DEFAULT_TUNING) -> bool:
+def uses_tensor_cores(program: PairwiseProgram, dtype: str, tuning: NvrtcTuning) -> bool:
     """Whether a pairwise program in ``dtype`` (e.g. ``"float32"``) runs on a tensor-core kernel:
     float32 sums of (x − z)² (``tuning.tensor_cores``)."""
     return tuning.tensor_cores and dtype == "float32" and _pairwise_traits(program)[0]
 
 
-def uses_wgmma(
-    program: PairwiseProgram, dtype: str, capability: int | None, tuning: NvrtcTuning = DEFAULT_TUNING
-) -> bool:
+def uses_wgmma(program: PairwiseProgram, dtype: str, capability: int | None, tuning: NvrtcTuning) -> bool:
     """Whether that tensor-core kernel is the wgmma one (sm_90, ``tuning.wgmma``) on a device of ``capability``."""
     return tuning.wgmma and capability == 90 and uses_tensor_cores(program, dtype, tuning)
 
 
 def plan_pairwise(
-    problem: PairwiseProblem, capability: int | None = None, tuning: NvrtcTuning = DEFAULT_TUNING
+    problem: PairwiseProblem, capability: int | None, tuning: NvrtcTuning
 ) -> tuple[PairwiseVariant, Launch]:
     """Variant and launch of ``problem`` (which :func:`size_problem` accepted) for a device of
-    ``capability`` (e.g. 90; by default the problem's device — CPU problems plan for no particular
+    ``capability`` (e.g. 90; ``None``: the problem's device — CPU problems plan for no particular
     architecture, which only decides whether the tensor-core programs use wgmma), chosen among
-    equivalent kernels by ``tuning``."""
+    equivalent kernels by ``tuning`` (``tuning.DEFAULT_TUNING``: the measured defaults)."""
     capability = device_capability(problem) if capability is None else capability
     dtype = str(problem.dtype).removeprefix("torch.")
     compute = INPUT_TYPES[dtype][1]
@@ -297,11 +295,9 @@ def plan_pairwise(
     return variant, Launch(tiles_m * tiles_n, layout.size, args)
 
 
-def plan_grad(
-    problem: GradProblem, capability: int | None = None, tuning: NvrtcTuning = DEFAULT_TUNING
-) -> tuple[GradVariant, Launch]:
+def plan_grad(problem: GradProblem, capability: int | None, tuning: NvrtcTuning) -> tuple[GradVariant, Launch]:
     """Variant and launch of ``problem`` (which :func:`size_problem` accepted) for a device of
-    ``capability`` (by default the problem's; it decides whether a sign program runs on wgmma),
+    ``capability`` (``None``: the problem's; it decides whether a sign program runs on wgmma),
     chosen among equivalent kernels by ``tuning``."""
     capability = device_capability(problem) if capability is None else capability
     dtype = str(problem.dtype).removeprefix("torch.")
