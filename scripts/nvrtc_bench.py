@@ -6,13 +6,14 @@ torch.  Prints a table last; writes the same table and the full log under $OUT i
 
     python scripts/nvrtc_bench.py [--rows substr,...] [--reps N]
     python scripts/nvrtc_bench.py --rows "grad 4096,256,16,4096 p=2;grad 8192"   (; where names hold commas)
-    python scripts/nvrtc_bench.py --rows "p=1.3" --knob TABLE_PAIRS=28,32,36 [--knob POW_TABLE=0,1]
+    python scripts/nvrtc_bench.py --rows "p=1.3" --knob power_table_pairs=28,32,36 [--knob power_table=0,1]
 
 ``--knob NAME=V1,V2`` runs an A/B in one process instead: the selected base rows under every
 combination of the listed settings, alternating ``--alternations`` times (compiled kernels are
-forgotten between settings), each row labelled with its setting.  NAME is an attribute of
-``kermac_backend_nvrtc.plan`` (``TABLE_PAIRS``), of another module of the backend
-(``codegen.INLINE_EXPENSIVE_EPILOGUE``), or a field of a dataclass held there
+forgotten between settings), each row labelled with its setting.  NAME is a field of
+``kermac_backend_nvrtc.NvrtcTuning`` (``power_table_pairs``: the rows run on an NVRTC backend of
+that tuning, registered as ``nvrtc`` for the run), an attribute of a module of the backend
+(``codegen.LONG_K_LOADS_AT``), or a field of a dataclass held there
 (``tc_grad.TC_GRAD_CONFIG.k_group=1,2``, ``codegen.TC_CONFIG.min_blocks=1,2``); values take the
 type of what they replace (0/1 for booleans).
 """
@@ -20,6 +21,7 @@ type of what they replace (0/1 for booleans).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
 import math
@@ -136,11 +138,21 @@ def _fmt(v: float | None) -> str:
 
 
 def _knob_target(name: str) -> tuple[object, str, str | None]:
-    """``NAME``, ``module.NAME`` or ``module.NAME.field`` → (backend module, attribute, dataclass field)."""
+    """``NAME`` (a tuning field), ``module.NAME`` or ``module.NAME.field`` → (what holds the setting:
+    the default tuning or a backend module, attribute, dataclass field)."""
     import importlib
 
+    from kermac_backend_nvrtc import DEFAULT_TUNING
+
     parts = name.split(".")
-    module_name, rest = ("plan", parts) if len(parts) == 1 else (parts[0], parts[1:])
+    if len(parts) == 1:
+        if name not in {f.name for f in dataclasses.fields(DEFAULT_TUNING)}:
+            raise SystemExit(
+                "--knob: expected NAME (a field of kermac_backend_nvrtc.NvrtcTuning), module.NAME or "
+                f"module.NAME.field (a dataclass field), got {name!r}"
+            )
+        return DEFAULT_TUNING, name, None
+    module_name, rest = parts[0], parts[1:]
     try:
         module = importlib.import_module(f"kermac_backend_nvrtc.{module_name}")
     except ImportError:
@@ -149,8 +161,8 @@ def _knob_target(name: str) -> tuple[object, str, str | None]:
     value = getattr(module, attr, None) if module is not None and len(rest) <= 2 else None
     if value is None or (field is not None and not (dataclasses.is_dataclass(value) and hasattr(value, field))):
         raise SystemExit(
-            "--knob: expected NAME (a kermac_backend_nvrtc.plan setting), module.NAME or module.NAME.field "
-            f"(a dataclass field), got {name!r}"
+            "--knob: expected NAME (a field of kermac_backend_nvrtc.NvrtcTuning), module.NAME or "
+            f"module.NAME.field (a dataclass field), got {name!r}"
         )
     return module, attr, field
 
@@ -164,8 +176,8 @@ def _knob_settings(knobs: list[str]) -> list[tuple[str, dict]]:
         name, sep, values = knob.partition("=")
         if not sep or not values:
             raise SystemExit(f"--knob: expected NAME=V1,V2, got {knob!r}")
-        module, attr, field = _knob_target(name)
-        current = getattr(module, attr) if field is None else getattr(getattr(module, attr), field)
+        holder, attr, field = _knob_target(name)
+        current = getattr(holder, attr) if field is None else getattr(getattr(holder, attr), field)
         kind = type(current)
         convert = (lambda v: bool(int(v))) if kind is bool else kind
         axes.append([(name, convert(v)) for v in values.split(",")])
@@ -174,26 +186,32 @@ def _knob_settings(knobs: list[str]) -> list[tuple[str, dict]]:
 
 
 def with_settings(settings: dict, fn):
-    """``fn`` under backend settings ({NAME: value}, NAME as for ``--knob``), restored afterwards;
-    the backend's loaded kernels and plans are forgotten before and after."""
+    """``fn`` under backend settings ({NAME: value}, NAME as for ``--knob``): tuning fields on an NVRTC
+    backend of that tuning, registered as ``nvrtc`` for the run; module attributes set for the run and
+    restored afterwards.  The backend's loaded kernels and plans are forgotten before and after."""
 
     def run() -> dict:
         from kermac.registry import get_backend
+        from kermac_backend_nvrtc import DEFAULT_TUNING, NvrtcBackend
+        from kermac_backend_nvrtc.tuned import registered
 
-        backend = get_backend("nvrtc")
+        tuning = {name: value for name, value in settings.items() if "." not in name}
         saved = []
-        for name, value in settings.items():
-            module, attr, field = _knob_target(name)
-            old = getattr(module, attr)
-            saved.append((module, attr, old))
-            setattr(module, attr, value if field is None else dataclasses.replace(old, **{field: value}))
-        backend.forget()
         try:
-            return fn()
+            for name, value in settings.items():
+                if "." in name:
+                    module, attr, field = _knob_target(name)
+                    old = getattr(module, attr)
+                    saved.append((module, attr, old))
+                    setattr(module, attr, value if field is None else dataclasses.replace(old, **{field: value}))
+            backend = NvrtcBackend(dataclasses.replace(DEFAULT_TUNING, **tuning))
+            with registered(backend) if tuning else contextlib.nullcontext():
+                get_backend("nvrtc").forget()
+                return fn()
         finally:
             for module, attr, old in reversed(saved):
                 setattr(module, attr, old)
-            backend.forget()
+            get_backend("nvrtc").forget()
 
     return run
 
@@ -207,14 +225,15 @@ def main() -> None:
     ap.add_argument(
         "--split",
         default="",
-        help="fractional-p ex2-polynomial variants to add, PAIRS:FTZ,... (plan.POLY_PAIRS, plan.FTZ; power table off)",
+        help="fractional-p ex2-polynomial variants to add, PAIRS:FTZ,... (the tuning's ex2_polynomial_pairs and "
+        "flush_subnormals; power table off)",
     )
     ap.add_argument(
         "--knob",
         action="append",
         default=[],
         metavar="NAME=V1,V2",
-        help="A/B of a setting: a plan NAME, module.NAME or module.NAME.field (repeatable)",
+        help="A/B of a setting: a tuning field NAME, module.NAME or module.NAME.field (repeatable)",
     )
     ap.add_argument("--alternations", type=int, default=2, help="rounds of the --knob A/B")
     args = ap.parse_args()
@@ -236,7 +255,7 @@ def main() -> None:
         ("cdist 30000x30000x1024 p=1", lambda: cdist_row(30000, 1024, 1.0, 5, False)),
         ("cdist 30000x30000x1024 p=2", lambda: cdist_row(30000, 1024, 2.0, 5, True)),
         ("cdist 30000x30000x1024 p=1.3", lambda: cdist_row(30000, 1024, 1.3, 3, False)),
-        # Exponents that are multiples of 1/2 (plan.HALF_POWERS) beside the general power's p = 1.6.
+        # Exponents that are multiples of 1/2 (the tuning's half_powers) beside the general power's p = 1.6.
         ("cdist 8192x8192x256 p=0.5", lambda: cdist_row(8192, 256, 0.5, args.reps, False)),
         ("cdist 8192x8192x256 p=1.5", lambda: cdist_row(8192, 256, 1.5, args.reps, False)),
         ("cdist 8192x8192x256 p=3", lambda: cdist_row(8192, 256, 3.0, args.reps, False)),
@@ -245,7 +264,7 @@ def main() -> None:
     ]
 
     def with_split(pairs: int, ftz: bool, fn):
-        return with_settings({"POLY_PAIRS": pairs, "FTZ": ftz, "POW_TABLE": False}, fn)
+        return with_settings({"ex2_polynomial_pairs": pairs, "flush_subnormals": ftz, "power_table": False}, fn)
 
     base_rows = list(plan)
 
@@ -266,7 +285,7 @@ def main() -> None:
         )
 
     def simt(fn):  # the same row on the SIMT kernels (p = 2 family of cdist, float32 gradients)
-        return with_settings({"TENSOR_CORES": False}, fn)
+        return with_settings({"tensor_cores": False}, fn)
 
     def one_block(fn):  # the tensor-core kernel at 1 block/SM (no register cap: ~200 registers, no spills)
         return with_settings({"codegen.TC_CONFIG.min_blocks": 1}, fn)

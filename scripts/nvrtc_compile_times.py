@@ -25,6 +25,7 @@ from kermac.variants import common_problems
 from kermac_backend_nvrtc.codegen import arch_capability, grad_source, pairwise_source, target_arch
 from kermac_backend_nvrtc.compiler import compile_cubin
 from kermac_backend_nvrtc.plan import plan_grad, plan_pairwise
+from kermac_backend_nvrtc.tuning import DEFAULT_TUNING
 
 
 def main() -> None:
@@ -37,7 +38,8 @@ def main() -> None:
     times: list[float] = []
     for problem in common_problems():
         grad = isinstance(problem, GradProblem)
-        variant = plan_grad(problem, capability)[0] if grad else plan_pairwise(problem, capability)[0]
+        planner = plan_grad if grad else plan_pairwise
+        variant = planner(problem, capability, DEFAULT_TUNING)[0]
         source = (grad_source if grad else pairwise_source)(variant)[0]
         label = f"{'grad' if grad else 'pairwise'} {problem.program.key()}"
         if source in seen or args.match not in label:

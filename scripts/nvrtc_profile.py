@@ -13,7 +13,10 @@ samples and those of cycles where no warp issued — largest first.  The full nc
     python scripts/nvrtc_profile.py kernel:laplace_l1:16384:128  # a preset kernel, σ = 10
     python scripts/nvrtc_profile.py grad:4096:256:16:4096:1.5   # cdist_grad (M, N, O, K), p
 
-Planner settings come from the environment as usual (e.g. ``KERMAC_NVRTC_TABLE_PAIRS=36``).
+    python scripts/nvrtc_profile.py cdist:8192:1024:1.3 --tuning power_table_pairs=36 --tuning power_table=1
+
+``--tuning FIELD=VALUE`` profiles an NVRTC backend whose tuning (``kermac_backend_nvrtc.NvrtcTuning``)
+differs from the defaults in that field (0/1 for switches), registered as ``nvrtc`` in the child.
 """
 
 from __future__ import annotations
@@ -55,8 +58,36 @@ _STALL = re.compile(
 )
 
 
-def run_operation(spec: str) -> None:
-    """The operation ``spec`` names, twice (the second call is the one profiled)."""
+def tuning_of(assignments: list[str]) -> object:
+    """``--tuning FIELD=VALUE`` arguments → the default ``NvrtcTuning`` with those fields replaced."""
+    import dataclasses
+
+    from kermac_backend_nvrtc import DEFAULT_TUNING
+
+    fields = {f.name for f in dataclasses.fields(DEFAULT_TUNING)}
+    changes: dict[str, object] = {}
+    for item in assignments:
+        name, sep, text = item.partition("=")
+        if not sep or name not in fields or not text.strip().isdigit():
+            raise SystemExit(f"--tuning: expected FIELD=VALUE, FIELD one of {', '.join(sorted(fields))}, got {item!r}")
+        changes[name] = bool(int(text)) if isinstance(getattr(DEFAULT_TUNING, name), bool) else int(text)
+    return dataclasses.replace(DEFAULT_TUNING, **changes)
+
+
+def run_operation(spec: str, tuning: list[str] | None = None) -> None:
+    """The operation ``spec`` names, twice (the second call is the one profiled), on an NVRTC backend
+    of the tuning that ``tuning`` (``--tuning`` arguments) describes."""
+    import contextlib
+
+    from kermac_backend_nvrtc import NvrtcBackend
+    from kermac_backend_nvrtc.tuned import registered
+
+    changed = tuning_of(tuning or [])
+    with registered(NvrtcBackend(changed)) if tuning else contextlib.nullcontext():
+        _run_twice(spec)
+
+
+def _run_twice(spec: str) -> None:
     import torch
 
     import kermac
@@ -106,11 +137,13 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("operation", help="cdist:M:D:p | kernel:NAME:M:D | grad:M:N:O:K:p")
     ap.add_argument("--report", help="write the full ncu text report here")
+    ap.add_argument("--tuning", action="append", default=[], metavar="FIELD=VALUE", help="a tuning field to change")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
-        run_operation(args.operation)
+        run_operation(args.operation, args.tuning)
         return
+    tuning_of(args.tuning)  # refused here, before ncu starts
     ncu = shutil.which("ncu") or shutil.which("ncu", path="/usr/local/cuda/bin")
     if ncu is None:
         raise SystemExit("ncu (Nsight Compute) not found on PATH or in /usr/local/cuda/bin")
@@ -118,6 +151,7 @@ def main() -> None:
     for section in SECTIONS:
         command += ["--section", section]
     command += [sys.executable, os.path.abspath(__file__), "--child", args.operation]
+    command += [f"--tuning={item}" for item in args.tuning]
     done = subprocess.run(command, capture_output=True, text=True)
     report = done.stdout + done.stderr
     if args.report:

@@ -174,10 +174,16 @@ def kernel_sass(source: str, arch: str, name: str) -> tuple[str, str]:
 
 
 def planned(
-    arch: str, *, match: str | None = None, cdist_p: float | None = None, preset: str | None = None, d: int = 1024
+    arch: str,
+    *,
+    match: str | None = None,
+    cdist_p: float | None = None,
+    preset: str | None = None,
+    d: int = 1024,
+    tuning: object = None,
 ) -> tuple[str, str, str]:
     """(source, kernel name, label) of the chosen problem (one of ``match``, ``cdist_p``,
-    ``preset``), planned for ``arch``."""
+    ``preset``), planned for ``arch`` with ``tuning`` (an ``NvrtcTuning``; by default the defaults)."""
     import torch
 
     from kermac import presets
@@ -187,7 +193,9 @@ def planned(
     from kermac.variants import common_problems
     from kermac_backend_nvrtc.codegen import arch_capability, grad_source, pairwise_source
     from kermac_backend_nvrtc.plan import plan_grad, plan_pairwise
+    from kermac_backend_nvrtc.tuning import DEFAULT_TUNING
 
+    tuning = DEFAULT_TUNING if tuning is None else tuning
     cap = arch_capability(arch)
     if cdist_p is not None or preset is not None:
         if preset is not None:
@@ -199,13 +207,13 @@ def planned(
             program, label, values = cdist_program(cdist_p), f"cdist p={cdist_p} D={d}", {"p": cdist_p}
         x = torch.empty(64, d, device="meta")
         hypers = {n: HyperValue(n, values[n]) for n in program.hypers}
-        variant = plan_pairwise(pairwise_problem(program, x, x, out=None, hypers=hypers), cap)[0]
+        variant = plan_pairwise(pairwise_problem(program, x, x, out=None, hypers=hypers), cap, tuning)[0]
         return pairwise_source(variant)[0], "kermac_pairwise", label
     for problem in common_problems():
         grad = isinstance(problem, GradProblem)
         label = f"{'grad' if grad else 'pairwise'} {problem.program.key()}"
         if match in label:
-            variant = (plan_grad if grad else plan_pairwise)(problem, cap)[0]
+            variant = (plan_grad if grad else plan_pairwise)(problem, cap, tuning)[0]
             source = (grad_source if grad else pairwise_source)(variant)[0]
             return source, "kermac_grad" if grad else "kermac_pairwise", label
     raise SystemExit(f"--match: no common variant's label contains {match!r}")

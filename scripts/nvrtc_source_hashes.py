@@ -25,6 +25,7 @@ from kermac.problem import GradProblem
 from kermac.variants import common_problems
 from kermac_backend_nvrtc import plan
 from kermac_backend_nvrtc.codegen import arch_capability, grad_source, pairwise_source
+from kermac_backend_nvrtc.tuning import DEFAULT_TUNING
 
 
 def _hash(build) -> str:
@@ -42,10 +43,10 @@ def source_hashes() -> dict[str, str]:
         for i, problem in enumerate(common_problems()):
             key = f"{arch} {i} {problem.program.key()}"
             if isinstance(problem, GradProblem):
-                v = plan.plan_grad(problem, capability)[0]
+                v = plan.plan_grad(problem, capability, DEFAULT_TUNING)[0]
                 hashes[key] = _hash(lambda v=v: grad_source(v))
                 continue
-            v = plan.plan_pairwise(problem, capability)[0]
+            v = plan.plan_pairwise(problem, capability, DEFAULT_TUNING)[0]
             hashes[key] = _hash(lambda v=v: pairwise_source(v))
             for inline in (False, True):
                 simt = dataclasses.replace(v, tensor_cores=False, wgmma=False, inline_epilogue=inline)

@@ -6,10 +6,13 @@ broadcasting in float64 on the CPU; they share no code with kermac.
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import importlib.util
 import math
 import os
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
 
@@ -121,3 +124,15 @@ def load_script(name: str) -> ModuleType:
     sys.modules[name] = module  # as an import would: dataclasses look their module up there
     spec.loader.exec_module(module)
     return module
+
+
+@contextlib.contextmanager
+def nvrtc_tuning(**changes: object) -> Iterator:
+    """Inside the block, ``backend="nvrtc"`` is an NVRTC backend planning with the default tuning but
+    ``changes`` (fields of ``NvrtcTuning``), registered in place of the installed one; yields it."""
+    from kermac_backend_nvrtc import DEFAULT_TUNING, NvrtcBackend
+    from kermac_backend_nvrtc.tuned import registered
+
+    backend = NvrtcBackend(dataclasses.replace(DEFAULT_TUNING, **changes))
+    with registered(backend):
+        yield backend

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 from helpers import load_script
 
-from kermac_backend_nvrtc import plan, tc_grad
+from kermac.registry import get_backend
+from kermac_backend_nvrtc import DEFAULT_TUNING, plan, tc_grad
 
 
 @pytest.fixture(scope="module")
@@ -14,20 +17,28 @@ def bench_script():
 
 
 def test_knob_settings_cover_every_combination(bench_script) -> None:
-    """Plan settings by bare name, dataclass fields by module.NAME.field; values converted to the
+    """Tuning fields by bare name, dataclass fields by module.NAME.field; values converted to the
     type they replace (0/1 for booleans); one setting per combination, labelled."""
-    modes = bench_script._knob_settings(["TABLE_PAIRS=28,32", "tc_grad.TC_GRAD_CONFIG.k_group=1,2", "POW_TABLE=0"])
+    knobs = ["power_table_pairs=28,32", "tc_grad.TC_GRAD_CONFIG.k_group=1,2", "power_table=0"]
+    modes = bench_script._knob_settings(knobs)
     assert [label for label, _ in modes] == [
-        "TABLE_PAIRS=28 tc_grad.TC_GRAD_CONFIG.k_group=1 POW_TABLE=False",
-        "TABLE_PAIRS=28 tc_grad.TC_GRAD_CONFIG.k_group=2 POW_TABLE=False",
-        "TABLE_PAIRS=32 tc_grad.TC_GRAD_CONFIG.k_group=1 POW_TABLE=False",
-        "TABLE_PAIRS=32 tc_grad.TC_GRAD_CONFIG.k_group=2 POW_TABLE=False",
+        "power_table_pairs=28 tc_grad.TC_GRAD_CONFIG.k_group=1 power_table=False",
+        "power_table_pairs=28 tc_grad.TC_GRAD_CONFIG.k_group=2 power_table=False",
+        "power_table_pairs=32 tc_grad.TC_GRAD_CONFIG.k_group=1 power_table=False",
+        "power_table_pairs=32 tc_grad.TC_GRAD_CONFIG.k_group=2 power_table=False",
     ]
-    assert modes[1][1] == {"TABLE_PAIRS": 28, "tc_grad.TC_GRAD_CONFIG.k_group": 2, "POW_TABLE": False}
+    assert modes[1][1] == {"power_table_pairs": 28, "tc_grad.TC_GRAD_CONFIG.k_group": 2, "power_table": False}
 
 
 @pytest.mark.parametrize(
-    "knob", ["NO_SUCH_SETTING=1", "TABLE_PAIRS", "nosuchmodule.X=1", "tc_grad.TC_GRAD_CONFIG.nosuchfield=1"]
+    "knob",
+    [
+        "NO_SUCH_SETTING=1",
+        "TABLE_PAIRS=1",
+        "power_table_pairs",
+        "nosuchmodule.X=1",
+        "tc_grad.TC_GRAD_CONFIG.nosuchfield=1",
+    ],
 )
 def test_knob_errors_name_the_argument(bench_script, knob: str) -> None:
     with pytest.raises(SystemExit, match="--knob: expected NAME"):
@@ -35,26 +46,30 @@ def test_knob_errors_name_the_argument(bench_script, knob: str) -> None:
 
 
 def test_settings_apply_around_a_run_and_are_restored(bench_script) -> None:
-    """Inside the run the module attribute and the dataclass field hold the new values (other
-    fields kept); afterwards, also when the run raises, the original objects are back."""
-    config, pairs = tc_grad.TC_GRAD_CONFIG, plan.TABLE_PAIRS
+    """Inside the run the dataclass field holds the new value (other fields kept) and ``nvrtc`` is a
+    backend of the new tuning (other fields default); afterwards, also when the run raises, the
+    original objects and the installed backend are back."""
+    config, installed = tc_grad.TC_GRAD_CONFIG, get_backend("nvrtc")
     seen = {}
 
     def probe() -> dict:
-        seen.update(k_group=tc_grad.TC_GRAD_CONFIG.k_group, bk=tc_grad.TC_GRAD_CONFIG.bk, pairs=plan.TABLE_PAIRS)
+        tuning = get_backend("nvrtc").tuning
+        seen.update(k_group=tc_grad.TC_GRAD_CONFIG.k_group, bk=tc_grad.TC_GRAD_CONFIG.bk, tuning=tuning)
         return {}
 
-    settings = {"tc_grad.TC_GRAD_CONFIG.k_group": 1, "TABLE_PAIRS": 7}
+    settings = {"tc_grad.TC_GRAD_CONFIG.k_group": 1, "power_table_pairs": 7}
     bench_script.with_settings(settings, probe)()
-    assert seen == {"k_group": 1, "bk": config.bk, "pairs": 7}
-    assert tc_grad.TC_GRAD_CONFIG is config and plan.TABLE_PAIRS == pairs
+    expected = dataclasses.replace(DEFAULT_TUNING, power_table_pairs=7)
+    assert seen == {"k_group": 1, "bk": config.bk, "tuning": expected}
+    assert tc_grad.TC_GRAD_CONFIG is config and get_backend("nvrtc").tuning == DEFAULT_TUNING
 
     def fail() -> dict:
         raise RuntimeError("boom")
 
     with pytest.raises(RuntimeError, match="boom"):
         bench_script.with_settings(settings, fail)()
-    assert tc_grad.TC_GRAD_CONFIG is config and plan.TABLE_PAIRS == pairs
+    assert tc_grad.TC_GRAD_CONFIG is config and get_backend("nvrtc").tuning == DEFAULT_TUNING
+    assert type(installed) is type(get_backend("nvrtc"))
 
 
 def test_tile_config_settings_reach_the_generated_source(bench_script) -> None:
@@ -67,7 +82,8 @@ def test_tile_config_settings_reach_the_generated_source(bench_script) -> None:
     from kermac_backend_nvrtc import codegen
 
     x = torch.empty(64, 16, device="meta")
-    variant = plan.plan_pairwise(pairwise_problem(presets.l2_distance.lower(), x, x, out=None, hypers={}), 80)[0]
+    problem = pairwise_problem(presets.l2_distance.lower(), x, x, out=None, hypers={})
+    variant = plan.plan_pairwise(problem, 80, DEFAULT_TUNING)[0]
     assert variant.tensor_cores and not variant.wgmma
 
     def bounds() -> dict:

@@ -23,6 +23,7 @@ from kermac.problem import grad_problem, pairwise_problem
 nvrtc_codegen = pytest.importorskip("kermac_backend_nvrtc.codegen")
 pytest.importorskip("cuda.core")
 from kermac_backend_nvrtc import codegen, compiler, kernels, launcher, plan, sign_grad, tc_grad, wgmma_pairwise  # noqa: E402
+from kermac_backend_nvrtc.tuning import NvrtcTuning  # noqa: E402
 
 try:
     compiler.nvrtc_version()
@@ -137,7 +138,7 @@ def _cases() -> dict[str, object]:
     for dtype in (torch.float64, torch.float16, torch.bfloat16):
         cases[f"grad-p1.5-{str(dtype).removeprefix('torch.')}"] = _gr(None, dtype=dtype, p=1.5)
     cases["grad-a-transposed"] = _gr(2.0, a=_t(19, 21).T)
-    # The tensor-core gradient (float32, O >= plan.TC_GRAD_MIN_O): O in one or several chunks, views,
+    # The tensor-core gradient (float32, O >= NvrtcTuning.tensor_core_grad_min_o): O in one or several chunks, views,
     # broadcast batches, tensor hyperparameters, a user program.
     k, m, n = 21, 19, 11
     cases["tc-grad-batch-broadcast-tensor-p"] = grad_problem(
@@ -192,19 +193,31 @@ def _cases() -> dict[str, object]:
 CASES = _cases()
 
 
-def _source(problem) -> str:
+#: The tuning these tests plan with: the cases' p = 1.5 and 3 stay on the general power here;
+#: test_nvrtc_half_powers.py covers the products-and-square-root form those values get by default.
+TUNING = NvrtcTuning(half_powers=False)
+
+
+def _plan_pairwise(problem, capability: int | None = None, **changes: object) -> tuple:
+    """``plan.plan_pairwise`` with :data:`TUNING`, the fields in ``changes`` replaced."""
+    return plan.plan_pairwise(problem, capability, dataclasses.replace(TUNING, **changes))
+
+
+def _plan_grad(problem, capability: int | None = None, **changes: object) -> tuple:
+    """``plan.plan_grad`` with :data:`TUNING`, the fields in ``changes`` replaced."""
+    return plan.plan_grad(problem, capability, dataclasses.replace(TUNING, **changes))
+
+
+def _source(problem, **changes: object) -> str:
     if isinstance(problem, kermac.problem.GradProblem):
-        return codegen.grad_source(plan.plan_grad(problem)[0])[0]
-    return codegen.pairwise_source(plan.plan_pairwise(problem)[0])[0]
+        return codegen.grad_source(_plan_grad(problem, **changes)[0])[0]
+    return codegen.pairwise_source(_plan_pairwise(problem, **changes)[0])[0]
 
 
 @pytest.fixture(autouse=True)
 def _private_cache(tmp_path, monkeypatch):
     monkeypatch.setenv("KERMAC_CACHE_DIR", str(tmp_path / "cache"))
     monkeypatch.setattr(compiler, "_memo", {})
-    # The cases' p = 1.5 and 3 stay on the general power here; test_nvrtc_half_powers.py covers the
-    # products-and-square-root form those values get by default.
-    monkeypatch.setattr(plan, "HALF_POWERS", False)
 
 
 @pytest.mark.parametrize("arch", ARCHS)
@@ -227,7 +240,7 @@ def test_variant_compiles_to_cubin(case: str, arch: str) -> None:
 def test_split_variants_compile(arch: str, pairs: int, ftz: bool, degree: int) -> None:
 
     for case in ("preset-lp_distance", "preset-laplace_lp", "lp-float16"):
-        variant = dataclasses.replace(plan.plan_pairwise(CASES[case])[0], poly_pairs=pairs, ftz=ftz, pow_degree=degree)
+        variant = dataclasses.replace(_plan_pairwise(CASES[case])[0], poly_pairs=pairs, ftz=ftz, pow_degree=degree)
         source, params = codegen.pairwise_source(variant)
         assert f"#define KM_POW_TABLE {int(degree > 0)}" in source and f"#define KM_POW_DEGREE {degree}" in source
         coefficient_params = [f"pc{j}" for j in range(degree + 1)] if degree else []
@@ -274,19 +287,19 @@ def test_pow_table_is_planned_for_p_in_its_range() -> None:
     x, z = torch.empty(64, 16, device="meta"), torch.empty(64, 16, device="meta")
 
     def planned(p: float):
-        return plan.plan_pairwise(pairwise_problem(lp, x, z, out=None, hypers={"p": HyperValue("p", p)}))
+        return _plan_pairwise(pairwise_problem(lp, x, z, out=None, hypers={"p": HyperValue("p", p)}))
 
     (v13, l13), (v27, l27), (v46, l46), (v7, l7) = planned(1.3), planned(2.7), planned(4.6), planned(7.0)
-    assert v13.pow_degree == 5 and v13 == v27 and v13.poly_pairs == plan.TABLE_PAIRS
-    assert v46.pow_degree == 6 and v46.poly_pairs == plan.TABLE_PAIRS_HIGH_P and "pc6" in l46.args
+    assert v13.pow_degree == 5 and v13 == v27 and v13.poly_pairs == TUNING.power_table_pairs
+    assert v46.pow_degree == 6 and v46.poly_pairs == TUNING.power_table_pairs_high_p and "pc6" in l46.args
     coeffs13 = [l13.args[f"pc{j}"] for j in range(6)]
     assert sum(coeffs13) == pytest.approx(1.0, abs=1e-6) and l13.args["pc1"] != l27.args["pc1"]  # 1^p
     assert "pc6" not in l13.args and coeffs13 == list(pow_table.coefficients(1.3))
-    assert not v7.pow_degree and v7.poly_pairs == plan.POLY_PAIRS and "pc0" not in l7.args
+    assert not v7.pow_degree and v7.poly_pairs == TUNING.ex2_polynomial_pairs and "pc0" not in l7.args
     with pytest.raises(ValueError, match="pow_degree"):
         codegen.pairwise_source(dataclasses.replace(v13, ftz=False))
     const = kermac.PairwiseProgram(ir.pow(abs(ir.Var("x") - ir.Var("z")), 2.5), "sum", ir.Var("acc"))
-    vc, lc = plan.plan_pairwise(pairwise_problem(const, x, z, out=None, hypers={}))  # a constant exponent
+    vc, lc = _plan_pairwise(pairwise_problem(const, x, z, out=None, hypers={}))  # a constant exponent
     assert vc.pow_degree == 5 and lc.args["pc1"] == pytest.approx(pow_table_coefficients(2.5)[1])
 
 
@@ -307,16 +320,15 @@ def test_split_needs_a_float_sum_of_powered_differences() -> None:
         assert codegen.split_exponent(kermac.PairwiseProgram(inner, reduction, ir.Var("acc")), ge1) is None
     assert codegen.split_exponent(kermac.PairwiseProgram(ir.pow(abs(x - z), 3.0), "sum", ir.Var("acc")), ge1)
     for case in ("lp-p<1", "lp-tensor-p-f32", "lp-float64", "preset-l1_distance"):
-        assert plan.plan_pairwise(CASES[case])[0].poly_pairs == 0, case
-    variant = dataclasses.replace(plan.plan_pairwise(CASES["preset-l1_distance"])[0], poly_pairs=8)
+        assert _plan_pairwise(CASES[case])[0].poly_pairs == 0, case
+    variant = dataclasses.replace(_plan_pairwise(CASES["preset-l1_distance"])[0], poly_pairs=8)
     with pytest.raises(ValueError, match="split variant"):
         codegen.pairwise_source(variant)
 
 
 @pytest.mark.parametrize("arch", ARCHS)
-def test_simt_p2_variant_compiles(arch: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(plan, "TENSOR_CORES", False)  # the SIMT difference kernel stays reachable
-    variant = plan.plan_pairwise(CASES["preset-l2_distance"])[0]
+def test_simt_p2_variant_compiles(arch: str) -> None:
+    variant = _plan_pairwise(CASES["preset-l2_distance"], tensor_cores=False)[0]  # the SIMT difference kernel
     assert not variant.tensor_cores
     built = compiler.compile_cubin(codegen.pairwise_source(variant)[0], arch, name="kermac_pairwise")
     assert built.cubin[:4] == b"\x7fELF"
@@ -324,68 +336,66 @@ def test_simt_p2_variant_compiles(arch: str, monkeypatch: pytest.MonkeyPatch) ->
 
 @pytest.mark.parametrize("arch", ARCHS)
 @pytest.mark.parametrize("case", ["grad-p1", "grad-p1.5", "grad-p0.5-tensor", "grad-a-transposed"])
-def test_simt_grad_variant_compiles(arch: str, case: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(plan, "TENSOR_CORES", False)  # the SIMT float32 gradient stays reachable
-    variant = plan.plan_grad(CASES[case])[0]
+def test_simt_grad_variant_compiles(arch: str, case: str) -> None:
+    variant = _plan_grad(CASES[case], tensor_cores=False)[0]  # the SIMT float32 gradient
     assert not variant.tensor_cores
     built = compiler.compile_cubin(codegen.grad_source(variant)[0], arch, name="kermac_grad")
     assert built.cubin[:4] == b"\x7fELF"
 
 
 @pytest.mark.parametrize("arch", ARCHS)
-def test_tc_grad_single_output_compiles(arch: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(plan, "TC_GRAD_MIN_O", 1)  # O = 1 on the tensor cores (one padded 8-wide chunk)
-    variant, launch = plan.plan_grad(CASES["grad-p1-o1"])
+def test_tc_grad_single_output_compiles(arch: str) -> None:
+    # O = 1 on the tensor cores (one padded 8-wide chunk)
+    variant, launch = _plan_grad(CASES["grad-p1-o1"], tensor_core_grad_min_o=1)
     assert variant.tensor_cores and variant.ot == 8 and launch.args["ochunks"] == 1
     built = compiler.compile_cubin(codegen.grad_source(variant)[0], arch, name="kermac_grad")
     assert "registers" in built.ptxas
 
 
-def test_plan_selects_tensor_cores_for_grad(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_plan_selects_tensor_cores_for_grad() -> None:
     expect = {"grad-p1": (16, 1), "grad-p1-o33": (16, 3), "tc-grad-views": (16, 1), "grad-p1.5": (16, 1)}
     expect |= {"grad-p1-o5": (8, 1), "tc-grad-batch-broadcast-tensor-p": (8, 1)}
     for case, (ot, ochunks) in expect.items():
-        variant, launch = plan.plan_grad(CASES[case])
+        variant, launch = _plan_grad(CASES[case])
         assert variant.tensor_cores and variant.ot == ot and launch.args["ochunks"] == ochunks, case
         assert "tiles_n" in launch.args and "tiles_m" not in launch.args
-    for case in ("grad-p1-o1", "grad-p1-o3"):  # O below plan.TC_GRAD_MIN_O
-        assert not plan.plan_grad(CASES[case])[0].tensor_cores, case
+    for case in ("grad-p1-o1", "grad-p1-o3"):  # O below TUNING.tensor_core_grad_min_o
+        assert not _plan_grad(CASES[case])[0].tensor_cores, case
     for dtype in ("float64", "float16", "bfloat16"):
-        assert not plan.plan_grad(CASES[f"grad-p1.5-{dtype}"])[0].tensor_cores
-    monkeypatch.setattr(plan, "TENSOR_CORES", False)
-    variant, launch = plan.plan_grad(CASES["grad-p1"])
+        assert not _plan_grad(CASES[f"grad-p1.5-{dtype}"])[0].tensor_cores
+    variant, launch = _plan_grad(CASES["grad-p1"], tensor_cores=False)
     assert not variant.tensor_cores and "tiles_m" in launch.args
 
 
 def test_plan_selects_tensor_cores_for_squared_differences() -> None:
     for name in ("l2_distance", "squared_l2_distance", "gaussian", "laplace_l2", "matern32", "matern52", "cauchy"):
-        assert plan.plan_pairwise(CASES[f"preset-{name}"])[0].tensor_cores, name
+        assert _plan_pairwise(CASES[f"preset-{name}"])[0].tensor_cores, name
     for name in ("preset-l1_distance", "preset-lp_distance", "preset-dot_product", "every-op-max"):
-        assert not plan.plan_pairwise(CASES[name])[0].tensor_cores, name
+        assert not _plan_pairwise(CASES[name])[0].tensor_cores, name
     for dtype in (torch.float64, torch.float16, torch.bfloat16):  # other dtypes keep the SIMT path
         problem = _pw(presets.l2_distance.lower(), _t(M, D, dtype=dtype), _t(N, D, dtype=dtype))
-        assert not plan.plan_pairwise(problem)[0].tensor_cores
+        assert not _plan_pairwise(problem)[0].tensor_cores
     user = kermac.PairwiseProgram(
         inner=(ir.Var("x") - ir.Var("z")) * (ir.Var("x") - ir.Var("z")),
         reduction="sum",
         epilogue=ir.exp(-ir.Var("acc")),
     )
-    assert plan.plan_pairwise(_pw(user))[0].tensor_cores  # structural match, any epilogue
-    launch = plan.plan_pairwise(CASES["preset-l2_distance"])[1]
+    assert _plan_pairwise(_pw(user))[0].tensor_cores  # structural match, any epilogue
+    launch = _plan_pairwise(CASES["preset-l2_distance"])[1]
     assert launch.args["ovec"] == 0  # N = 29 columns: rows of odd stride, no paired stores
     assert launch.args["guard"] == codegen.tc_guard(D)
 
 
-def test_tensor_core_epilogue_inlining_switch(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Inlined by default; INLINE_EXPENSIVE_EPILOGUE off calls div/exp/sqrt/pow/log epilogues (__noinline__)."""
-    assert plan.plan_pairwise(CASES["preset-gaussian"])[0].inline_epilogue
-    monkeypatch.setattr(plan, "INLINE_EXPENSIVE_EPILOGUE", False)
+def test_tensor_core_epilogue_inlining_switch() -> None:
+    """Inlined by default; inline_expensive_epilogue off calls div/exp/sqrt/pow/log epilogues (__noinline__)."""
+    assert _plan_pairwise(CASES["preset-gaussian"])[0].inline_epilogue
     for name, inline in (("gaussian", False), ("l2_distance", False), ("squared_l2_distance", True)):
-        variant = plan.plan_pairwise(CASES[f"preset-{name}"])[0]
+        variant = _plan_pairwise(CASES[f"preset-{name}"], inline_expensive_epilogue=False)[0]
         assert variant.inline_epilogue is inline, name
         source = codegen.pairwise_source(variant)[0]
         assert f"__device__ {'__forceinline__' if inline else '__noinline__'} float km_epilogue(" in source
-    assert plan.plan_pairwise(CASES["preset-laplace_l1"])[0].inline_epilogue  # SIMT kernels always inline
+    laplace_l1 = CASES["preset-laplace_l1"]
+    assert _plan_pairwise(laplace_l1, inline_expensive_epilogue=False)[0].inline_epilogue  # SIMT kernels always do
 
 
 def test_source_tensor_cores() -> None:
@@ -398,37 +408,36 @@ def test_source_tensor_cores() -> None:
 
 def _tc_cases() -> list[str]:
     return sorted(
-        c for c, pr in CASES.items() if not c.startswith(("grad", "tc-grad")) and plan.plan_pairwise(pr)[0].tensor_cores
+        c for c, pr in CASES.items() if not c.startswith(("grad", "tc-grad")) and _plan_pairwise(pr)[0].tensor_cores
     )
 
 
 @pytest.mark.parametrize("case", _tc_cases())
 def test_wgmma_variant_compiles_to_cubin(case: str) -> None:
     """Planned for sm_90, every tensor-core pairwise case takes the wgmma kernel, built for sm_90a."""
-    variant = plan.plan_pairwise(CASES[case], 90)[0]
+    variant = _plan_pairwise(CASES[case], 90)[0]
     assert variant.wgmma and codegen.target_arch(variant, 90) == "sm_90a"
     built = compiler.compile_cubin(codegen.pairwise_source(variant)[0], "sm_90a", name="kermac_pairwise")
     assert built.cubin[:4] == b"\x7fELF" and "registers" in built.ptxas
 
 
-def test_plan_selects_wgmma_on_sm90_only(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_plan_selects_wgmma_on_sm90_only() -> None:
     l2 = CASES["preset-l2_distance"]
     for capability, wgmma in ((90, True), (80, False), (89, False), (100, False), (None, False)):
-        variant = plan.plan_pairwise(l2, capability)[0]
+        variant = _plan_pairwise(l2, capability)[0]
         assert variant.tensor_cores and variant.wgmma is wgmma, capability
         assert codegen.dynamic_smem(variant) == (wgmma_pairwise.DYNAMIC_SMEM if wgmma else 0)
         assert codegen.target_arch(variant, capability or 80) == ("sm_90a" if wgmma else f"sm_{capability or 80}")
-    assert not plan.plan_pairwise(CASES["preset-l1_distance"], 90)[0].wgmma  # SIMT programs
+    assert not _plan_pairwise(CASES["preset-l1_distance"], 90)[0].wgmma  # SIMT programs
     assert 48 * 1024 < wgmma_pairwise.DYNAMIC_SMEM <= 227 * 1024 // 2  # two blocks per SM
     x, z = _t(M, 64), _t(64, 64)  # rows of 64 floats: 16-byte stores on the wgmma path, pairs on mma.sync
     problem = _pw(presets.l2_distance.lower(), x, z)
-    assert plan.plan_pairwise(problem, 90)[1].args["ovec"] == 1
-    assert plan.plan_pairwise(_pw(presets.l2_distance.lower(), x, _t(66, 64)), 90)[1].args["ovec"] == 0
-    assert plan.plan_pairwise(_pw(presets.l2_distance.lower(), x, _t(66, 64)), 80)[1].args["ovec"] == 1
-    monkeypatch.setattr(plan, "WGMMA", False)
-    assert not plan.plan_pairwise(l2, 90)[0].wgmma
+    assert _plan_pairwise(problem, 90)[1].args["ovec"] == 1
+    assert _plan_pairwise(_pw(presets.l2_distance.lower(), x, _t(66, 64)), 90)[1].args["ovec"] == 0
+    assert _plan_pairwise(_pw(presets.l2_distance.lower(), x, _t(66, 64)), 80)[1].args["ovec"] == 1
+    assert not _plan_pairwise(l2, 90, wgmma=False)[0].wgmma
     with pytest.raises(ValueError, match="wgmma variant"):
-        wgmma_pairwise.wgmma_pairwise_source(plan.plan_pairwise(l2, 90)[0])
+        wgmma_pairwise.wgmma_pairwise_source(_plan_pairwise(l2, 90, wgmma=False)[0])
 
 
 def test_auto_prefers_nvrtc_where_its_wgmma_kernel_runs(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -454,12 +463,13 @@ def test_auto_prefers_nvrtc_where_its_wgmma_kernel_runs(monkeypatch: pytest.Monk
     assert backend.preference(CASES["grad-p2"]) == backend.priority
     assert backend.preference(CASES["preset-l2_distance"]) == backend.priority  # CPU tensors
     monkeypatch.setattr(plan, "cuda_capability", lambda index: 90)
-    monkeypatch.setattr(plan, "WGMMA", False)
-    assert backend.preference(on_cuda(CASES["preset-l2_distance"])) == backend.priority
+    assert NvrtcBackend(NvrtcTuning(wgmma=False)).preference(on_cuda(CASES["preset-l2_distance"])) == backend.priority
+    simt = NvrtcBackend(NvrtcTuning(tensor_cores=False))
+    assert simt.preference(on_cuda(CASES["preset-l2_distance"])) == backend.priority
 
 
 def test_source_wgmma() -> None:
-    src = codegen.pairwise_source(plan.plan_pairwise(CASES["tc-laplace_l2-tensor-bandwidth"], 90)[0])[0]
+    src = codegen.pairwise_source(_plan_pairwise(CASES["tc-laplace_l2-tensor-bandwidth"], 90)[0])[0]
     assert src.count("wgmma.mma_async.sync.aligned.m64n128k8.f32.tf32.tf32") == 1  # one helper
     assert "fence.proxy.async.shared::cta" in src and "km_wg_wait<0>();" in src and kernels.WGMMA_SYNC in src
     assert "__syncthreads_or(flagged)" in src and "hp_bandwidth[off_h_bandwidth]" in src
@@ -546,7 +556,7 @@ def test_cache_hit_is_fast_and_identical() -> None:
 def test_long_k_tiles_for_cheap_programs() -> None:
     """BK = 16 exactly for float SIMT programs whose inner term and epilogue are both cheap."""
     pairwise_cases = {name: case for name, case in CASES.items() if isinstance(case.program, kermac.PairwiseProgram)}
-    long_k = {name: plan.plan_pairwise(case)[0].long_k for name, case in pairwise_cases.items()}
+    long_k = {name: _plan_pairwise(case)[0].long_k for name, case in pairwise_cases.items()}
     assert long_k["preset-l1_distance"] and long_k["l1-float16"] and long_k["l1-bfloat16"]
     assert not long_k["preset-laplace_l1"]  # exp epilogue
     assert not long_k["preset-lp_distance"]  # pow inner term
@@ -559,22 +569,22 @@ def test_long_k_tiles_for_cheap_programs() -> None:
     assert "#define TN 16\n#define GM 2\n#define GN 2" in _source(CASES["preset-l1_distance"])
 
 
-def test_one_path_for_float32_l1_sums_with_vector_loads(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_one_path_for_float32_l1_sums_with_vector_loads() -> None:
     """Every k tile on the unrolled path exactly for float32 sums of |x − z| whose operands load as
     16-byte vectors (measured faster); the others keep the branch between the unrolled tile and the
     tail loop.  The next tile's loads sit at the top of 8-deep tiles and after 4 of 16 steps.  (With
     k-contiguous tiles off: where they apply they take the place of the one-path loop.)"""
-    monkeypatch.setattr(plan, "K_CONTIGUOUS", False)
     t = ir.Var("x") - ir.Var("z")
 
-    def planned(program, d: int = 16, dtype: torch.dtype = torch.float32, transposed: bool = False):
+    def planned(program, d=16, dtype=torch.float32, transposed=False, zero_padded_k_tail=True):
         if transposed:
             x, z = _t(d, 40, dtype=dtype).T, _t(d, 48, dtype=dtype).T
         else:
             x, z = _t(40, d, dtype=dtype), _t(48, d, dtype=dtype)
         values = {"bandwidth": 2.0, "p": 1.5}
         hypers = {name: HyperValue(name, values[name]) for name in program.hypers}
-        return plan.plan_pairwise(pairwise_problem(program, x, z, out=None, hypers=hypers))[0]
+        problem = pairwise_problem(program, x, z, out=None, hypers=hypers)
+        return _plan_pairwise(problem, k_contiguous_tiles=False, zero_padded_k_tail=zero_padded_k_tail)[0]
 
     laplace, l1 = presets.laplace_l1.lower(), presets.l1_distance.lower()
     assert planned(laplace).one_path and planned(l1).one_path
@@ -590,9 +600,8 @@ def test_one_path_for_float32_l1_sums_with_vector_loads(monkeypatch: pytest.Monk
     assert not planned(kermac.PairwiseProgram(ir.abs_(t), "max", sqrt)).one_path  # 0 is not max's identity
     assert not planned(kermac.PairwiseProgram(t * t, "sum", sqrt)).one_path  # the SIMT p = 2 kernel: 1 % slower
     assert not planned(presets.lp_distance.lower()).one_path  # split (power table)
-    monkeypatch.setattr(plan, "ONE_PATH", False)
-    assert not planned(laplace).one_path
-    assert "#define KM_ONE_PATH 0" in codegen.pairwise_source(planned(laplace))[0]
+    assert not planned(laplace, zero_padded_k_tail=False).one_path
+    assert "#define KM_ONE_PATH 0" in codegen.pairwise_source(planned(laplace, zero_padded_k_tail=False))[0]
 
 
 def test_k_contiguous_for_float32_l1_sums_with_row_major_aligned_x() -> None:
@@ -617,7 +626,7 @@ def test_k_contiguous_for_float32_l1_sums_with_row_major_aligned_x() -> None:
         z = _t(d, 48, dtype=dtype).T if zt else _t(48 * d + z_shift, dtype=dtype)[z_shift:].view(48, d)
         values = {"bandwidth": 2.0, "p": 1.5}
         hypers = {name: HyperValue(name, values[name]) for name in program.hypers}
-        return plan.plan_pairwise(pairwise_problem(program, x, z, out=None, hypers=hypers))[0]
+        return _plan_pairwise(pairwise_problem(program, x, z, out=None, hypers=hypers))[0]
 
     laplace, l1 = presets.laplace_l1.lower(), presets.l1_distance.lower()
     for program in (laplace, l1, kermac.PairwiseProgram(ir.abs_(t), "sum", ir.sqrt(ir.Var("acc")))):
@@ -633,8 +642,8 @@ def test_k_contiguous_for_float32_l1_sums_with_row_major_aligned_x() -> None:
     far = torch.empty_strided((48, 16), (2**24, 1), device="meta")  # 128 rows span 2^31 elements
     near = torch.empty_strided((48, 16), (2**24 - 4, 1), device="meta")
     x = torch.empty(40, 16, device="meta")
-    assert not plan.plan_pairwise(pairwise_problem(l1, x, far, out=None, hypers={}))[0].k_contiguous
-    assert plan.plan_pairwise(pairwise_problem(l1, x, near, out=None, hypers={}))[0].k_contiguous
+    assert not _plan_pairwise(pairwise_problem(l1, x, far, out=None, hypers={}))[0].k_contiguous
+    assert _plan_pairwise(pairwise_problem(l1, x, near, out=None, hypers={}))[0].k_contiguous
     source = codegen.pairwise_source(planned(l1))[0]
     assert (
         "#define KM_KCONTIG 1" in source
@@ -645,18 +654,18 @@ def test_k_contiguous_for_float32_l1_sums_with_row_major_aligned_x() -> None:
         assert compiler.compile_cubin(source, arch, name="kermac_pairwise").cubin[:4] == b"\x7fELF"
 
 
-def test_k_contiguous_refuses_other_variants(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_k_contiguous_refuses_other_variants() -> None:
     """The k-contiguous loop only takes float32 variants that are neither split nor one-path and
     whose zero padding is neutral; the setting off plans the one-path loop instead."""
-    variant = plan.plan_pairwise(CASES["preset-lp_distance"])[0]
+    variant = _plan_pairwise(CASES["preset-lp_distance"])[0]
     with pytest.raises(ValueError, match="k_contiguous variant: needs a float32 variant that is neither split"):
         codegen.pairwise_source(dataclasses.replace(variant, k_contiguous=True))
-    l1 = plan.plan_pairwise(pairwise_problem(presets.l1_distance.lower(), _t(40, 16), _t(48, 16), out=None, hypers={}))
+    l1 = _plan_pairwise(pairwise_problem(presets.l1_distance.lower(), _t(40, 16), _t(48, 16), out=None, hypers={}))
     assert l1[0].k_contiguous
     with pytest.raises(ValueError, match="one_path=True"):
         codegen.pairwise_source(dataclasses.replace(l1[0], one_path=True))
-    monkeypatch.setattr(plan, "K_CONTIGUOUS", False)
-    off = plan.plan_pairwise(pairwise_problem(presets.l1_distance.lower(), _t(40, 16), _t(48, 16), out=None, hypers={}))
+    off_problem = pairwise_problem(presets.l1_distance.lower(), _t(40, 16), _t(48, 16), out=None, hypers={})
+    off = _plan_pairwise(off_problem, k_contiguous_tiles=False)
     assert not off[0].k_contiguous and off[0].one_path
 
 
@@ -664,9 +673,8 @@ def test_k_contiguous_refuses_other_variants(monkeypatch: pytest.MonkeyPatch) ->
 def test_one_path_long_k_loads_anywhere_in_the_tile(monkeypatch: pytest.MonkeyPatch, steps: int) -> None:
     """``codegen.LONG_K_LOADS_AT`` (a tuning setting) moves the 16-deep loop's loads; every position
     compiles, one past the tile is refused."""
-    monkeypatch.setattr(plan, "K_CONTIGUOUS", False)
     problem = pairwise_problem(presets.l1_distance.lower(), _t(40, 16), _t(48, 16), out=None, hypers={})
-    variant = plan.plan_pairwise(problem)[0]
+    variant = _plan_pairwise(problem, k_contiguous_tiles=False)[0]
     assert variant.one_path and variant.long_k
     monkeypatch.setattr(codegen, "LONG_K_LOADS_AT", steps)
     source = codegen.pairwise_source(variant)[0]
@@ -678,11 +686,11 @@ def test_one_path_long_k_loads_anywhere_in_the_tile(monkeypatch: pytest.MonkeyPa
 
 
 def test_one_path_refuses_split_variants_and_non_neutral_padding() -> None:
-    variant = plan.plan_pairwise(CASES["preset-lp_distance"])[0]
+    variant = _plan_pairwise(CASES["preset-lp_distance"])[0]
     assert variant.poly_pairs > 0
     with pytest.raises(ValueError, match="one_path variant: needs a variant that is not split"):
         codegen.pairwise_source(dataclasses.replace(variant, one_path=True))
-    linf = plan.plan_pairwise(pairwise_problem(presets.linf_distance.lower(), _t(M, D), _t(40, D), out=None, hypers={}))
+    linf = _plan_pairwise(pairwise_problem(presets.linf_distance.lower(), _t(M, D), _t(40, D), out=None, hypers={}))
     with pytest.raises(ValueError, match="inner term whose value at x = z = 0 is the reduction's identity"):
         codegen.pairwise_source(dataclasses.replace(linf[0], one_path=True))  # max of |x − z|: 0 is not −inf
 
@@ -703,7 +711,7 @@ def test_plan_vector_stores_need_aligned_unit_stride_rows() -> None:
 
     def ovec(out: torch.Tensor, dtype: torch.dtype = torch.float32) -> int:
         problem = pairwise_problem(presets.l1_distance.lower(), x.to(dtype), z.to(dtype), out=out, hypers={})
-        return plan.plan_pairwise(problem)[1].args["ovec"]
+        return _plan_pairwise(problem)[1].args["ovec"]
 
     assert ovec(torch.empty(M, 40)) == 1
     assert ovec(torch.empty(M, 48)[:, :40]) == 1  # padded rows: the kernel handles the ragged end
@@ -716,12 +724,12 @@ def test_plan_vector_stores_need_aligned_unit_stride_rows() -> None:
 
 
 def test_plan_picks_load_modes() -> None:
-    assert plan.plan_pairwise(CASES["l1-vec-k"])[0].x == codegen.Operand(2, 8)  # BK = 16: 8 per thread
-    assert plan.plan_pairwise(CASES["l1-vec-p"])[0].x == codegen.Operand(3, 8)
-    assert plan.plan_pairwise(CASES["preset-laplace_l1"])[0].x == codegen.Operand(0, 4)  # BK = 8
-    assert plan.plan_pairwise(CASES["l1-scalar-p-fast"])[0].x.mode == 1  # 29 rows: no aligned vectors
-    assert plan.plan_pairwise(CASES["l1-sliced"])[0].x.mode == 0
-    assert plan.plan_pairwise(CASES["l1-float64"])[0].x.e == 2
+    assert _plan_pairwise(CASES["l1-vec-k"])[0].x == codegen.Operand(2, 8)  # BK = 16: 8 per thread
+    assert _plan_pairwise(CASES["l1-vec-p"])[0].x == codegen.Operand(3, 8)
+    assert _plan_pairwise(CASES["preset-laplace_l1"])[0].x == codegen.Operand(0, 4)  # BK = 8
+    assert _plan_pairwise(CASES["l1-scalar-p-fast"])[0].x.mode == 1  # 29 rows: no aligned vectors
+    assert _plan_pairwise(CASES["l1-sliced"])[0].x.mode == 0
+    assert _plan_pairwise(CASES["l1-float64"])[0].x.e == 2
 
 
 def test_source_l1_is_a_plain_abs_difference() -> None:
@@ -731,24 +739,20 @@ def test_source_l1_is_a_plain_abs_difference() -> None:
     assert "#define POLY_PAIRS 0" in src
 
 
-def test_source_fractional_p_uses_fast_pow(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(plan, "POLY_PAIRS", 44)
-    monkeypatch.setattr(plan, "FTZ", True)
-    src = _source(CASES["preset-lp_distance"])  # p = 1.5 in [1, 5]: split pairs from the power table
-    assert f"#define POLY_PAIRS {plan.TABLE_PAIRS}" in src and "#define KM_POW_TABLE 1" in src
+def test_source_fractional_p_uses_fast_pow() -> None:
+    lp = CASES["preset-lp_distance"]
+    src = _source(lp, ex2_polynomial_pairs=44)  # p = 1.5 in [1, 5]: split pairs from the power table
+    assert f"#define POLY_PAIRS {TUNING.power_table_pairs}" in src and "#define KM_POW_TABLE 1" in src
     assert "#define KM_POW_DEGREE 5" in src and "km_t pc5" in src and "pc6" not in src
-    monkeypatch.setattr(plan, "POW_TABLE", False)
-    src = _source(CASES["preset-lp_distance"])  # p = 1.5: scalar >= 1, ex2(p·lg2|t|) without the p = 0 case
+    src = _source(lp, ex2_polynomial_pairs=44, power_table=False)  # p = 1.5: ex2(p·lg2|t|) without the p = 0 case
     assert "km_powabs_ftz(km_abs((x - z)), h_p)" in src and "lg2.approx.ftz.f32" in src
     assert "#define POLY_PAIRS 44" in src and "const km_t km_pb = h_p;" in src
     assert "fmaxf(km_lg2_ftz(a), lmin)" in src and "float km_powabs_split(" in src
     assert "km_pow(acc, km_div_inv(km_t(1.0), h_p))" in src  # the root stays IEEE pow
-    monkeypatch.setattr(plan, "POLY_PAIRS", 0)
-    monkeypatch.setattr(plan, "FTZ", False)
-    src = _source(CASES["preset-lp_distance"])
+    src = _source(lp, ex2_polynomial_pairs=0, flush_subnormals=False, power_table=False)
     assert "km_powabs_nz(km_abs((x - z)), h_p)" in src and "#define POLY_PAIRS 0" in src
     assert "float km_powabs_split(" not in src  # POW_POLY only in split kernels
-    src = _source(CASES["lp-p<1"])
+    src = _source(CASES["lp-p<1"], ex2_polynomial_pairs=0, flush_subnormals=False, power_table=False)
     assert "km_powabs(km_abs((x - z)), h_p)" in src and "#define POLY_PAIRS 0" in src
 
 
@@ -768,7 +772,7 @@ def test_source_diag_and_batch() -> None:
     assert "long long bs1" in src and "off_x += q * bx1" in src
 
 
-def test_source_grad(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_source_grad() -> None:
     src = _source(CASES["grad-p1"])
     assert "return km_sign((d - b));" in src and "#define OT8 2" in src
     assert "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32" in src
@@ -780,13 +784,12 @@ def test_source_grad(monkeypatch: pytest.MonkeyPatch) -> None:
     assert "hp_p[off_h_p]" in src and "off_a += q * ba0" in src and "#define OT8 1" in src
     assert "return km_signpow((d - b), (h_p - km_t(1.0)));" in src  # a tensor p: not known >= 1
     assert "km_signpow((d - b)" in _source(CASES["grad-p1.5-float64"])  # double: no flushing form
-    monkeypatch.setattr(plan, "FTZ", False)
-    assert "return km_signpow((d - b), (h_p - km_t(1.0)));" in _source(CASES["grad-p1.5"])
-    monkeypatch.setattr(plan, "TENSOR_CORES", False)
-    assert "return km_sign((d - b));" in _source(CASES["grad-p1"])
-    assert "#define OT 1" in _source(CASES["grad-p1-o1"])
-    assert "#define OT 4" in _source(CASES["grad-p1-o3"])
-    assert "#define OT 16" in _source(CASES["grad-p1-o33"])
+    assert "return km_signpow((d - b), (h_p - km_t(1.0)));" in _source(CASES["grad-p1.5"], flush_subnormals=False)
+    simt = {"flush_subnormals": False, "tensor_cores": False}
+    assert "return km_sign((d - b));" in _source(CASES["grad-p1"], **simt)
+    assert "#define OT 1" in _source(CASES["grad-p1-o1"], **simt)
+    assert "#define OT 4" in _source(CASES["grad-p1-o3"], **simt)
+    assert "#define OT 16" in _source(CASES["grad-p1-o33"], **simt)
 
 
 def test_smem_stride_is_conflict_free() -> None:
@@ -861,9 +864,9 @@ def test_constants_are_rounded_to_the_compute_type() -> None:
     assert r(1e-310, "double") == "km_t(1e-310)" and r(0.1, "double") == "km_t(0.1)"
     assert r(0.1, "float") == "km_t(0.10000000149011612)" and r(math.nan, "double") == "km_nan(km_t(0))"
     program = kermac.PairwiseProgram(ir.Var("x") * 1e39, "sum", ir.Var("acc") + 0.1)
-    f32 = codegen.pairwise_source(plan.plan_pairwise(_pw(program))[0])[0]
+    f32 = codegen.pairwise_source(_plan_pairwise(_pw(program))[0])[0]
     f64 = codegen.pairwise_source(
-        plan.plan_pairwise(_pw(program, _t(M, D, dtype=torch.float64), _t(N, D, dtype=torch.float64)))[0]
+        _plan_pairwise(_pw(program, _t(M, D, dtype=torch.float64), _t(N, D, dtype=torch.float64)))[0]
     )[0]
     assert "(x * km_inf(km_t(0)))" in f32 and "(acc + km_t(0.10000000149011612))" in f32
     assert "(x * km_t(1e+39))" in f64 and "(acc + km_t(0.1))" in f64
@@ -1026,7 +1029,7 @@ def test_precompile_in_worker_processes() -> None:
 
 def _sign_cases() -> list[str]:
     grads = {c: pr for c, pr in CASES.items() if isinstance(pr, kermac.problem.GradProblem)}
-    return sorted(c for c, pr in grads.items() if plan.plan_grad(pr, 90)[0].wgmma)
+    return sorted(c for c, pr in grads.items() if _plan_grad(pr, 90)[0].wgmma)
 
 
 def test_sign_cases_cover_the_layouts() -> None:
@@ -1036,7 +1039,7 @@ def test_sign_cases_cover_the_layouts() -> None:
 @pytest.mark.parametrize("case", _sign_cases())
 def test_sign_grad_variant_compiles_to_cubin(case: str) -> None:
     """Planned for sm_90, every float32 sign(d − b) gradient with O ≥ 3 is the bf16 sign product (sm_90a)."""
-    variant, launch = plan.plan_grad(CASES[case], 90)
+    variant, launch = _plan_grad(CASES[case], 90)
     assert codegen.target_arch(variant, 90) == "sm_90a" and launch.block == sign_grad.THREADS
     source = codegen.grad_source(variant)[0]
     assert "wgmma.mma_async.sync.aligned.m64n" in source and "mma.sync" not in source.split("kermac_grad(")[1]
@@ -1044,9 +1047,9 @@ def test_sign_grad_variant_compiles_to_cubin(case: str) -> None:
     assert built.cubin[:4] == b"\x7fELF" and "registers" in built.ptxas
 
 
-def test_plan_selects_sign_product_on_sm90_only(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_plan_selects_sign_product_on_sm90_only() -> None:
     for capability, wgmma in ((90, True), (80, False), (89, False), (100, False), (None, False)):
-        variant, launch = plan.plan_grad(CASES["grad-p1"], capability)
+        variant, launch = _plan_grad(CASES["grad-p1"], capability)
         assert variant.tensor_cores and variant.wgmma is wgmma, capability
         assert launch.block == (sign_grad.THREADS if wgmma else plan.NT)
         assert codegen.dynamic_smem(variant) == (sign_grad.dynamic_smem(16) if wgmma else tc_grad.dynamic_smem(16))
@@ -1055,16 +1058,15 @@ def test_plan_selects_sign_product_on_sm90_only(monkeypatch: pytest.MonkeyPatch)
     assert tc_grad.dynamic_smem(16) == 4 * 2 * tc_grad.TC_GRAD_CONFIG.bk * (72 + 8 + 2 * 24)
     assert tc_grad.TC_GRAD_CONFIG.min_blocks * tc_grad.dynamic_smem(16) <= 163 * 1024  # sm_80's limit per SM
     for case in ("grad-p1.5", "grad-p2", "tc-grad-user-program", "grad-p1-o2", "grad-p1.5-float64"):
-        assert not plan.plan_grad(CASES[case], 90)[0].wgmma, case  # other programs, O < 3, other dtypes
-    assert plan.plan_grad(CASES["grad-p1-o3"], 90)[0].ot == 8
-    assert plan.plan_grad(CASES["grad-p1-o33"], 90)[1].args["ochunks"] == 3
+        assert not _plan_grad(CASES[case], 90)[0].wgmma, case  # other programs, O < 3, other dtypes
+    assert _plan_grad(CASES["grad-p1-o3"], 90)[0].ot == 8
+    assert _plan_grad(CASES["grad-p1-o33"], 90)[1].args["ochunks"] == 3
     assert sign_grad.is_sign_product(grad_program(1.0))
     flipped = kermac.GradProgram(ir.sign(ir.Var("b") - ir.Var("d")), ir.Var("acc"))
     assert not sign_grad.is_sign_product(flipped) and not sign_grad.is_sign_product(grad_program(2.0))
-    monkeypatch.setattr(plan, "WGMMA", False)
-    assert not plan.plan_grad(CASES["grad-p1"], 90)[0].wgmma
+    assert not _plan_grad(CASES["grad-p1"], 90, wgmma=False)[0].wgmma
     with pytest.raises(ValueError, match="sign-product gradient"):
-        sign_grad.sign_grad_source(plan.plan_grad(CASES["grad-p1"], 90)[0])
+        sign_grad.sign_grad_source(_plan_grad(CASES["grad-p1"], 90, wgmma=False)[0])
 
 
 def test_sign_grad_copy_and_store_modes() -> None:
@@ -1073,7 +1075,7 @@ def test_sign_grad_copy_and_store_modes() -> None:
     k, m, n = 24, 10, 7
 
     def launch(a, b, c, d, out=None):
-        return plan.plan_grad(grad_problem(grad_program(1.0), a, b, c, d, out=out, hypers={}), 90)[1].args
+        return _plan_grad(grad_problem(grad_program(1.0), a, b, c, d, out=out, hypers={}), 90)[1].args
 
     args = launch(_t(k, m), _t(n, k), _t(5, k), _t(n, m))
     assert args["bvec"] == 1 and args["ovec"] == 1
@@ -1113,16 +1115,3 @@ def test_sign_formula() -> None:
     s = 2.0 * u - 1.0
     assert s.tolist() == [1, -1, 1, -1, 1, -1, 1, 0, 0, 0, 0, -1]
     assert "fma.rn.ftz.sat.f32 %0, %1, 0f7E800000, 0f3F000000" in sign_grad.HELPERS
-
-
-@pytest.mark.parametrize(
-    ("value", "ok"), [("0", True), ("32", True), ("64", True), ("65", False), ("-1", False), ("abc", False)]
-)
-def test_pair_counts_from_the_environment(monkeypatch: pytest.MonkeyPatch, value: str, ok: bool) -> None:
-    """KERMAC_NVRTC_TABLE_PAIRS / KERMAC_NVRTC_POLY_PAIRS: 0 to 64, anything else an error naming the variable."""
-    monkeypatch.setenv("KERMAC_NVRTC_TABLE_PAIRS", value)
-    if ok:
-        assert plan._env_pairs("KERMAC_NVRTC_TABLE_PAIRS", 32) == int(value)
-    else:
-        with pytest.raises(ValueError, match="KERMAC_NVRTC_TABLE_PAIRS: expected a whole number of pairs from 0 to 64"):
-            plan._env_pairs("KERMAC_NVRTC_TABLE_PAIRS", 32)

@@ -12,10 +12,11 @@ from __future__ import annotations
 
 import logging
 import math
+from collections.abc import Iterator
 
 import pytest
 import torch
-from helpers import assert_close, randn, ref_cdist, ref_grad, require_backend, tolerance
+from helpers import assert_close, nvrtc_tuning, randn, ref_cdist, ref_grad, require_backend, tolerance
 
 import kermac
 from kermac import ir, presets
@@ -83,36 +84,35 @@ def test_cdist_p2_near_duplicates() -> None:
     assert_close(out, ref, tolerance(torch.float32))
 
 
-#: The three float32 paths of p = 2 and the (x − z)² kernels: (TENSOR_CORES, WGMMA) of plan.
+#: The three float32 paths of p = 2 and the (x − z)² kernels: (tensor_cores, wgmma) of the tuning.
 P2_PATHS = {"wgmma": (True, True), "mma-sync": (True, False), "simt": (False, False)}
 
 
-def _set_p2_path(monkeypatch: pytest.MonkeyPatch, path: str) -> None:
-    from kermac_backend_nvrtc import plan
-
+def _p2_path(path: str):
+    """A block in which ``backend="nvrtc"`` runs the p = 2 ``path`` (a context manager)."""
     if path == "wgmma" and torch.cuda.get_device_capability() != (9, 0):
         pytest.skip("the wgmma kernel runs on sm_90 only")
     tensor_cores, wgmma = P2_PATHS[path]
-    monkeypatch.setattr(plan, "TENSOR_CORES", tensor_cores)
-    monkeypatch.setattr(plan, "WGMMA", wgmma)
+    return nvrtc_tuning(tensor_cores=tensor_cores, wgmma=wgmma)
 
 
 @pytest.fixture(params=list(P2_PATHS))
-def p2_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+def p2_path(request: pytest.FixtureRequest) -> Iterator[str]:
     """Runs a test on the wgmma (sm_90) and the mma.sync tensor-core kernels (3×TF32 + guard) and on
     the SIMT difference path for p = 2."""
-    _set_p2_path(monkeypatch, request.param)
-    return request.param
+    with _p2_path(request.param):
+        yield request.param
 
 
 def test_p2_path_selection(p2_path: str) -> None:
     """Each path of the fixture runs the kernel it names (sm_90 plans wgmma by default)."""
     from kermac.problem import pairwise_problem
+    from kermac.registry import get_backend
     from kermac_backend_nvrtc import plan
 
     x = randn(40, 24, device="cuda")
     problem = pairwise_problem(presets.l2_distance.lower(), x, x, out=None, hypers={})
-    variant = plan.plan_pairwise(problem)[0]
+    variant = plan.plan_pairwise(problem, None, get_backend("nvrtc").tuning)[0]
     assert (variant.tensor_cores, variant.wgmma) == P2_PATHS[p2_path]
 
 
@@ -186,18 +186,14 @@ def test_p2_guard_keeps_entries_exact(p2_path: str, data: str) -> None:
     ],
     ids=["mufu", "mufu-ftz", "split44", "split64", "table28", "table38", "table64"],
 )
-def split_pairs(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> int:
+def split_pairs(request: pytest.FixtureRequest) -> Iterator[int]:
     """Fractional p on the MUFU only (denormal-exact or ftz), with ex2 split onto the FMA pipe, and
     with pairs from the power table (degree 5 for p <= 3, 6 up to 5; p = 7 takes the ex2 polynomial
     then)."""
-    from kermac_backend_nvrtc import plan
-
     pairs, ftz, table = request.param
-    monkeypatch.setattr(plan, "POW_TABLE", table)
-    for setting in ("TABLE_PAIRS", "TABLE_PAIRS_HIGH_P") if table else ("POLY_PAIRS",):
-        monkeypatch.setattr(plan, setting, pairs)
-    monkeypatch.setattr(plan, "FTZ", ftz)
-    return pairs
+    counts = ("power_table_pairs", "power_table_pairs_high_p") if table else ("ex2_polynomial_pairs",)
+    with nvrtc_tuning(power_table=table, flush_subnormals=ftz, **dict.fromkeys(counts, pairs)):
+        yield pairs
 
 
 @pytest.mark.parametrize("data", ["randn", "self", "subnormal", "large", "nan-inf"])
@@ -238,16 +234,16 @@ def test_fractional_p_split(split_pairs: int, data: str, p: float) -> None:
 
 
 @pytest.mark.parametrize("path", ["wgmma", "mma-sync"])
-def test_p2_tensor_cores_match_simt_on_kernels(monkeypatch: pytest.MonkeyPatch, path: str) -> None:
+def test_p2_tensor_cores_match_simt_on_kernels(path: str) -> None:
     x, z = randn(2, 260, 96, device="cuda"), randn(2, 270, 96, device="cuda")
     bw = torch.tensor([3.0, 5.0], device="cuda")
     got = {}
     for run in (path, "simt"):
-        _set_p2_path(monkeypatch, run)
-        got[run] = {
-            name: kermac.run_kernel(name, x, z, bandwidth=bw, regularization=0.5, offset_n=3, backend="nvrtc")
-            for name in ("gaussian", "laplace_l2", "matern52", "cauchy")
-        }
+        with _p2_path(run):
+            got[run] = {
+                name: kermac.run_kernel(name, x, z, bandwidth=bw, regularization=0.5, offset_n=3, backend="nvrtc")
+                for name in ("gaussian", "laplace_l2", "matern52", "cauchy")
+            }
     for name in got[path]:
         assert_close(got[path][name], got["simt"][name].double(), 2e-6)
 
@@ -256,9 +252,7 @@ def test_p2_tensor_cores_match_simt_on_kernels(monkeypatch: pytest.MonkeyPatch, 
     ("name", "d"), [("laplace_l1", 4), ("laplace_l1", 12), ("laplace_l1", 132), ("l1", 8), ("l1", 24)]
 )
 @pytest.mark.parametrize("transposed", [False, True])
-def test_one_path_loop_matches_the_branching_one(
-    monkeypatch: pytest.MonkeyPatch, name: str, d: int, transposed: bool
-) -> None:
+def test_one_path_loop_matches_the_branching_one(name: str, d: int, transposed: bool) -> None:
     """Laplace-L1 (8-deep tiles) and cdist p = 1 (16-deep) with every k tile on the unrolled path, the
     partial one zero-padded, give the bits of the branching loop and the float64 values, with vectors
     along k or (transposed operands) along the rows."""
@@ -273,17 +267,18 @@ def test_one_path_loop_matches_the_branching_one(
     bw = 0.5 * d
     program = presets.laplace_l1.lower() if name == "laplace_l1" else presets.l1_distance.lower()
     hypers = {"bandwidth": HyperValue("bandwidth", bw)} if name == "laplace_l1" else {}
-    monkeypatch.setattr(plan, "K_CONTIGUOUS", False)  # it takes the aligned row-major cases otherwise
-    assert plan.plan_pairwise(pairwise_problem(program, x, z, out=None, hypers=hypers))[0].one_path
+    problem = pairwise_problem(program, x, z, out=None, hypers=hypers)
 
-    def run() -> torch.Tensor:
-        if name == "laplace_l1":
-            return kermac.run_kernel("laplace_l1", x, z, bandwidth=bw, backend="nvrtc")
-        return kermac.cdist(x, z, p=1.0, backend="nvrtc")
+    def run(**tuning: bool) -> torch.Tensor:
+        # k-contiguous tiles off: they take the aligned row-major cases otherwise.
+        with nvrtc_tuning(k_contiguous_tiles=False, **tuning) as backend:
+            assert plan.plan_pairwise(problem, None, backend.tuning)[0].one_path is backend.tuning.zero_padded_k_tail
+            if name == "laplace_l1":
+                return kermac.run_kernel("laplace_l1", x, z, bandwidth=bw, backend="nvrtc")
+            return kermac.cdist(x, z, p=1.0, backend="nvrtc")
 
     one = run()
-    monkeypatch.setattr(plan, "ONE_PATH", False)
-    branching = run()
+    branching = run(zero_padded_k_tail=False)
     assert torch.equal(one, branching)
     dist = ref_cdist(x, z, 1.0)
     assert_close(one, torch.exp(-dist / bw) if name == "laplace_l1" else dist, tolerance(torch.float32))
@@ -293,16 +288,14 @@ def test_one_path_loop_matches_the_branching_one(
     ("m", "n", "d"), [(136, 72, 4), (136, 72, 12), (300, 257, 132), (1, 129, 16), (129, 1, 1028), (257, 300, 8)]
 )
 @pytest.mark.parametrize("layout", ["contiguous", "strided-rows", "unaligned-z", "batch-broadcast"])
-def test_k_contiguous_loop_matches_the_one_path_one(
-    monkeypatch: pytest.MonkeyPatch, m: int, n: int, d: int, layout: str
-) -> None:
+def test_k_contiguous_loop_matches_the_one_path_one(m: int, n: int, d: int, layout: str) -> None:
     """The k-contiguous loop (z's pairs swapped in shared memory, rows past M and N clamped, k past D
     zero-filled) gives the bits of the one-path loop — both sum each output's terms in k order — and
     the float64 values, for cdist p = 1 and Laplace-L1 with a regularised diagonal, on tails in m, n
     and k, rows wider than D, z rows at any 4-byte offset and a batch against a broadcast z.  Every
     output element is written (NaN-poisoned outputs)."""
     from kermac.problem import pairwise_problem
-    from kermac_backend_nvrtc import plan
+    from kermac_backend_nvrtc import DEFAULT_TUNING, plan
 
     if layout == "strided-rows":  # row stride D + 4 (16-byte aligned rows), x and z views of wider tensors
         x, z = randn(m, d + 4, device="cuda")[:, :d], randn(n, d + 8, device="cuda")[:, 4 : 4 + d]
@@ -312,7 +305,8 @@ def test_k_contiguous_loop_matches_the_one_path_one(
         x, z = randn(3, m, d, device="cuda"), randn(1, n, d, device="cuda").expand(3, n, d)
     else:
         x, z = randn(m, d, device="cuda"), randn(n, d, device="cuda")
-    assert plan.plan_pairwise(pairwise_problem(presets.l1_distance.lower(), x, z, out=None, hypers={}))[0].k_contiguous
+    l1 = pairwise_problem(presets.l1_distance.lower(), x, z, out=None, hypers={})
+    assert plan.plan_pairwise(l1, None, DEFAULT_TUNING)[0].k_contiguous
     bw = 0.25 * d
 
     def run() -> tuple[torch.Tensor, torch.Tensor]:
@@ -323,8 +317,8 @@ def test_k_contiguous_loop_matches_the_one_path_one(
         return dist, kern
 
     dist, kern = run()
-    monkeypatch.setattr(plan, "K_CONTIGUOUS", False)
-    one_path = run()
+    with nvrtc_tuning(k_contiguous_tiles=False):
+        one_path = run()
     assert torch.equal(dist, one_path[0]) and torch.equal(kern, one_path[1])
     ref = ref_cdist(x, z, 1.0)
     assert_close(dist, ref, tolerance(torch.float32))
@@ -449,17 +443,17 @@ def test_linf_skips_nan_and_max_propagates_it() -> None:
 
 
 @pytest.fixture(params=["wgmma", "mma.sync", "simt"])
-def grad_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+def grad_path(request: pytest.FixtureRequest) -> Iterator[str]:
     """Runs a float32 gradient test on each kernel, for every O (also O = 1): ``wgmma`` (on sm_90 the
     bf16 sign product for p = 1, the mma.sync kernel for other programs), ``mma.sync`` (the 3×TF32
     kernel for every program) and ``simt``."""
-    from kermac_backend_nvrtc import plan
-
-    monkeypatch.setattr(plan, "TENSOR_CORES", request.param != "simt")
-    monkeypatch.setattr(plan, "WGMMA", request.param == "wgmma")
-    monkeypatch.setattr(plan, "TC_GRAD_MIN_O", 1)
-    monkeypatch.setattr(plan, "SIGN_GRAD_MIN_O", 1)
-    return request.param
+    with nvrtc_tuning(
+        tensor_cores=request.param != "simt",
+        wgmma=request.param == "wgmma",
+        tensor_core_grad_min_o=1,
+        sign_product_min_o=1,
+    ):
+        yield request.param
 
 
 def _sign_product_device() -> bool:
@@ -578,7 +572,7 @@ def test_grad_fractional_flushes_subnormal_differences(grad_path: str) -> None:
     assert_close(got, expected, 1e-5)
 
 
-def test_sign_product_flushes_subnormal_differences(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_sign_product_flushes_subnormal_differences() -> None:
     """The bf16 sign product (sm_90) counts |d − b| < 2^-126 as a tie (0); the other kernels do not."""
     if not _sign_product_device():
         pytest.skip("the sign product runs on sm_90 only")
@@ -586,18 +580,17 @@ def test_sign_product_flushes_subnormal_differences(monkeypatch: pytest.MonkeyPa
     from kermac.problem import grad_problem
     from kermac_backend_nvrtc import plan
 
-    monkeypatch.setattr(plan, "SIGN_GRAD_MIN_O", 1)
     a, b, c, d = _subnormal_differences()
-    got = kermac.cdist_grad(a, b, c, d, p=1.0, backend="nvrtc")
+    with nvrtc_tuning(sign_product_min_o=1) as backend:
+        got = kermac.cdist_grad(a, b, c, d, p=1.0, backend="nvrtc")
     expected = ref_grad(a, b, c, d, 1.0)
     expected[:, :, :2] = 0.0  # subnormal differences: ties
     assert_close(got, expected, 1e-6)
-    assert plan.plan_grad(grad_problem(grad_program(1.0), a, b, c, d, out=None, hypers={}))[0].wgmma
+    problem = grad_problem(grad_program(1.0), a, b, c, d, out=None, hypers={})
+    assert plan.plan_grad(problem, None, backend.tuning)[0].wgmma
 
 
-def test_grad_paths_agree_on_user_program(monkeypatch: pytest.MonkeyPatch) -> None:
-    from kermac_backend_nvrtc import plan
-
+def test_grad_paths_agree_on_user_program() -> None:
     a, b, c, d = (randn(*s, device="cuda") for s in ((2, 90, 75), (40, 90), (2, 12, 90), (40, 75)))
     prog = kermac.GradProgram(
         ir.Hyper("alpha") * ir.exp(-abs(ir.Var("d") - ir.Var("b"))), ir.Var("acc") * ir.Hyper("s")
@@ -605,8 +598,8 @@ def test_grad_paths_agree_on_user_program(monkeypatch: pytest.MonkeyPatch) -> No
     hypers = {"alpha": torch.tensor([0.5, 2.0], device="cuda"), "s": 3.0}
     got = {}
     for tc in (True, False):
-        monkeypatch.setattr(plan, "TENSOR_CORES", tc)
-        got[tc] = kermac.run_grad_program(prog, a, b, c, d, hypers=hypers, backend="nvrtc")
+        with nvrtc_tuning(tensor_cores=tc):
+            got[tc] = kermac.run_grad_program(prog, a, b, c, d, hypers=hypers, backend="nvrtc")
     assert_close(got[True], got[False].double(), 2e-6)
 
 
@@ -724,10 +717,11 @@ def test_a_failing_launch_names_the_kernel_and_the_driver_error() -> None:
     from kermac.registry import get_backend
     from kermac_backend_nvrtc import launcher
     from kermac_backend_nvrtc.plan import plan_pairwise
+    from kermac_backend_nvrtc.tuning import DEFAULT_TUNING
 
     x = randn(20, 8, device="cuda")
     problem = pairwise_problem(presets.l1_distance.lower(), x, x, out=None, hypers={})
-    variant, launch = plan_pairwise(problem)
+    variant, launch = plan_pairwise(problem, None, DEFAULT_TUNING)
     kernel = get_backend("nvrtc")._kernel(0, variant, False)
     with pytest.raises(RuntimeError, match=r"launching kermac_pairwise on cuda:0 failed: CUDA_ERROR_INVALID_VALUE"):
         launcher.launch(kernel, (0, 1, 1), launch.block, launch.args | {"zbase": 0})  # an empty grid

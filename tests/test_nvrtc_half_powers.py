@@ -22,6 +22,7 @@ from kermac.problem import grad_problem, pairwise_problem
 pytest.importorskip("kermac_backend_nvrtc.codegen")
 pytest.importorskip("cuda.core")
 from kermac_backend_nvrtc import codegen, compiler, plan
+from kermac_backend_nvrtc.tuning import DEFAULT_TUNING, NvrtcTuning
 
 try:
     compiler.nvrtc_version()
@@ -102,38 +103,37 @@ def test_render_uses_products_and_one_square_root() -> None:
 
 def test_plan_fixes_half_step_values_and_skips_the_split() -> None:
     for p, known in ((0.5, (("p", 0.5),)), (1.5, (("p", 1.5),)), (3.0, (("p", 3.0),)), (1.3, ()), (5.0, ())):
-        variant = plan.plan_pairwise(_cdist(p))[0]
+        variant = plan.plan_pairwise(_cdist(p), None, DEFAULT_TUNING)[0]
         assert variant.known_hypers == known, p
         assert (variant.poly_pairs == 0) == (bool(known) or p < 1), p  # no ex2 split for products
-    assert plan.plan_pairwise(_cdist(torch.tensor([1.5])))[0].known_hypers == ()
-    assert plan.plan_grad(_grad(1.5))[0].known_hypers == (("p", 1.5),)
-    assert plan.plan_grad(_grad(1.25))[0].known_hypers == ()
-    assert plan.plan_grad(_grad(0.5))[0].known_hypers == ()  # p − 1 < 0: the general power
+    assert plan.plan_pairwise(_cdist(torch.tensor([1.5])), None, DEFAULT_TUNING)[0].known_hypers == ()
+    assert plan.plan_grad(_grad(1.5), None, DEFAULT_TUNING)[0].known_hypers == (("p", 1.5),)
+    assert plan.plan_grad(_grad(1.25), None, DEFAULT_TUNING)[0].known_hypers == ()
+    assert plan.plan_grad(_grad(0.5), None, DEFAULT_TUNING)[0].known_hypers == ()  # p − 1 < 0: the general power
     # Different values are different kernels; other values share one.
-    assert plan.plan_pairwise(_cdist(1.5))[0] != plan.plan_pairwise(_cdist(2.5))[0]
-    assert plan.plan_pairwise(_cdist(1.3))[0] == plan.plan_pairwise(_cdist(1.7))[0]
+    variants = {p: plan.plan_pairwise(_cdist(p), None, DEFAULT_TUNING)[0] for p in (1.5, 2.5, 1.3, 1.7)}
+    assert variants[1.5] != variants[2.5] and variants[1.3] == variants[1.7]
 
 
-def test_setting_keeps_the_general_power(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(plan, "HALF_POWERS", False)
-    assert not plan.plan_pairwise(_cdist(1.5))[0].half_powers
-    assert plan.plan_pairwise(_cdist(1.5))[0].known_hypers == ()
-    assert "km_powhalf<3" not in codegen.pairwise_source(plan.plan_pairwise(_cdist(1.5))[0])[0]
-    assert plan.plan_pairwise(_cdist(1.5))[0].poly_pairs > 0
-    assert plan.plan_grad(_grad(1.5))[0].known_hypers == ()
+def test_setting_keeps_the_general_power() -> None:
+    off = NvrtcTuning(half_powers=False)
+    variant = plan.plan_pairwise(_cdist(1.5), None, off)[0]
+    assert not variant.half_powers and variant.known_hypers == () and variant.poly_pairs > 0
+    assert "km_powhalf<3" not in codegen.pairwise_source(variant)[0]
+    assert plan.plan_grad(_grad(1.5), None, off)[0].known_hypers == ()
 
 
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16])
-def test_half_power_variants_compile(arch: str, dtype: torch.dtype, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_half_power_variants_compile(arch: str, dtype: torch.dtype) -> None:
     problems = [_cdist(p, dtype) for p in (0.5, 1.5, 3.0)]
     x, z = torch.randn(37, 13, dtype=dtype), torch.randn(29, 13, dtype=dtype)
     problems += [pairwise_problem(presets.laplace_lp.lower(), x, z, out=None, hypers=_hv(p=2.5, bandwidth=1.0))]
     problems += [_grad(p, o, dtype) for p in (1.5, 3.0) for o in (4, 16)]  # SIMT and (float32) tensor cores
-    monkeypatch.setattr(plan, "FTZ", dtype != torch.float16)  # both forms of the square root
+    tuning = NvrtcTuning(flush_subnormals=dtype != torch.float16)  # both forms of the square root
     for problem in problems:
         grad = isinstance(problem, kermac.problem.GradProblem)
-        variant = (plan.plan_grad if grad else plan.plan_pairwise)(problem, int(arch[3:]))[0]
+        variant = (plan.plan_grad if grad else plan.plan_pairwise)(problem, int(arch[3:]), tuning)[0]
         assert variant.known_hypers, problem
         source = (codegen.grad_source if grad else codegen.pairwise_source)(variant)[0]
         assert re.search(r"km_(sign)?powhalf<[1-8], (true|false)>\(", source), problem

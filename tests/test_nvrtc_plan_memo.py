@@ -24,6 +24,7 @@ from kermac.programs import PairwiseProgram
 pytest.importorskip("cuda.core")
 from kermac_backend_nvrtc import codegen, launcher, plan
 from kermac_backend_nvrtc.codegen import Param
+from kermac_backend_nvrtc.tuning import DEFAULT_TUNING, NvrtcTuning
 
 DEVICE, CAPABILITY = 0, 90
 
@@ -90,10 +91,14 @@ def _grad_cases(offset: int) -> list:
     return cases
 
 
-def _plan(problem) -> tuple:
+def _plan(problem, tuning: NvrtcTuning = DEFAULT_TUNING) -> tuple:
     if isinstance(problem, GradProblem):
-        return plan.plan_grad(problem, CAPABILITY)
-    return plan.plan_pairwise(problem, CAPABILITY)
+        return plan.plan_grad(problem, CAPABILITY, tuning)
+    return plan.plan_pairwise(problem, CAPABILITY, tuning)
+
+
+def _key(problem, device: int = DEVICE, tuning: NvrtcTuning = DEFAULT_TUNING) -> tuple:
+    return plan.plan_key(problem, device, tuning)
 
 
 def _without_pointers(problem, planned: tuple) -> tuple:
@@ -118,7 +123,7 @@ def _all_problems() -> list:
 def test_equal_keys_mean_equal_plans_but_for_the_pointers() -> None:
     groups: dict[tuple, list] = {}
     for problem in _all_problems():
-        groups.setdefault(plan.plan_key(problem, DEVICE), []).append(problem)
+        groups.setdefault(_key(problem), []).append(problem)
     assert len(groups) < len(_all_problems())  # some problems do share a plan
     for members in groups.values():
         first = _without_pointers(members[0], _plan(members[0]))
@@ -129,7 +134,7 @@ def test_equal_keys_mean_equal_plans_but_for_the_pointers() -> None:
 def test_addresses_256_bytes_apart_share_a_key() -> None:
     for a, b in zip(_pairwise_cases(0) + _grad_cases(0), _pairwise_cases(64) + _grad_cases(64), strict=True):
         if a.dtype == torch.float32:
-            assert plan.plan_key(a, DEVICE) == plan.plan_key(b, DEVICE)
+            assert _key(a) == _key(b)
 
 
 def test_pointer_args_are_every_pointer_parameter() -> None:
@@ -141,27 +146,38 @@ def test_pointer_args_are_every_pointer_parameter() -> None:
         assert {k: launch.args[k] for k in pointers} == pointers
 
 
-@pytest.mark.parametrize(
-    ("setting", "value"),
-    [
-        ("TENSOR_CORES", False), ("WGMMA", False), ("HALF_POWERS", False), ("FTZ", False), ("POW_TABLE", False),
-        ("TABLE_PAIRS", 28), ("TABLE_PAIRS_HIGH_P", 28), ("POLY_PAIRS", 20), ("INLINE_EXPENSIVE_EPILOGUE", False),
-        ("TC_GRAD_MIN_O", 1),
-        ("SIGN_GRAD_MIN_O", 1), ("ONE_PATH", False),
-    ],
-)  # fmt: skip
-def test_key_holds_the_planner_settings(monkeypatch: pytest.MonkeyPatch, setting: str, value: object) -> None:
+def _changed(field: dataclasses.Field) -> object:
+    """A valid value of tuning ``field`` other than its default."""
+    default = getattr(DEFAULT_TUNING, field.name)
+    return not default if isinstance(default, bool) else default - 1
+
+
+@pytest.mark.parametrize("field", dataclasses.fields(NvrtcTuning), ids=lambda f: f.name)
+def test_key_holds_the_tuning(field: dataclasses.Field) -> None:
+    """Every tuning field is in the key: backends of different tuning never share a plan."""
     problem = _pairwise_cases(0)[2]  # cdist p = 1.3
-    before = plan.plan_key(problem, DEVICE)
-    monkeypatch.setattr(plan, setting, value)
-    assert plan.plan_key(problem, DEVICE) != before
+    tuning = dataclasses.replace(DEFAULT_TUNING, **{field.name: _changed(field)})
+    assert _key(problem, tuning=tuning) != _key(problem)
+    assert _key(problem, tuning=NvrtcTuning(**{field.name: _changed(field)})) == _key(problem, tuning=tuning)
+
+
+def test_equal_keys_mean_equal_plans_under_other_tuning() -> None:
+    """With every field changed at once, equal keys still mean equal plans."""
+    tuning = NvrtcTuning(**{f.name: _changed(f) for f in dataclasses.fields(NvrtcTuning)})
+    groups: dict[tuple, list] = {}
+    for problem in _all_problems():
+        groups.setdefault(_key(problem, tuning=tuning), []).append(problem)
+    for members in groups.values():
+        first = _without_pointers(members[0], _plan(members[0], tuning))
+        for other in members[1:]:
+            assert _without_pointers(other, _plan(other, tuning)) == first
 
 
 def test_key_tells_devices_and_signed_zeros_apart() -> None:
     cases = _pairwise_cases(0)
-    assert plan.plan_key(cases[0], 0) != plan.plan_key(cases[0], 1)
+    assert _key(cases[0], 0) != _key(cases[0], 1)
     minus_zero, plus_zero = cases[-4], cases[-3]  # regularization -0.0 and 0.0: the kernel adds it as given
-    assert plan.plan_key(minus_zero, DEVICE) != plan.plan_key(plus_zero, DEVICE)
+    assert _key(minus_zero) != _key(plus_zero)
 
 
 def _natural_offsets(params: list[Param], compute: str) -> list[tuple[int, int]]:
@@ -220,8 +236,8 @@ def test_user_programs_key_by_value() -> None:
         return pairwise_problem(program, x, z, out=out, hypers={})
 
     t = ir.Var("x") - ir.Var("z")
-    assert plan.plan_key(problem(abs(t)), DEVICE) == plan.plan_key(problem(abs(t)), DEVICE)
-    assert plan.plan_key(problem(abs(t)), DEVICE) != plan.plan_key(problem(t * t), DEVICE)
+    assert _key(problem(abs(t))) == _key(problem(abs(t)))
+    assert _key(problem(abs(t))) != _key(problem(t * t))
 
 
 def test_scalar_hyperparameters_are_passed_as_the_compute_type_rounds_them() -> None:
@@ -231,7 +247,7 @@ def test_scalar_hyperparameters_are_passed_as_the_compute_type_rounds_them() -> 
     x, z = torch.empty(5, 3, device="meta"), torch.empty(4, 3, device="meta")
     for value, expected in ((1e300, math.inf), (-1e300, -math.inf), (1e-50, 0.0), (0.1, 0.10000000149011612)):
         problem = pairwise_problem(program, x, z, out=None, hypers={"h": HyperValue("h", value)})
-        _, launch = plan.plan_pairwise(problem, CAPABILITY)
+        _, launch = _plan(problem)
         assert launch.args["hv_h"] == expected, value
         problem64 = pairwise_problem(program, x.double(), z.double(), out=None, hypers={"h": HyperValue("h", value)})
-        assert plan.plan_pairwise(problem64, CAPABILITY)[1].args["hv_h"] == value
+        assert _plan(problem64)[1].args["hv_h"] == value

@@ -56,3 +56,18 @@ def test_unknown_operation_is_refused(profile_script) -> None:
     pytest.importorskip("torch")
     with pytest.raises(SystemExit, match="expected cdist:M:D:p, kernel:NAME:M:D or grad:M:N:O:K:p, got 'pairwise:3'"):
         profile_script.run_operation("pairwise:3")
+
+
+def test_tuning_arguments(profile_script) -> None:
+    """``--tuning FIELD=VALUE``: the default tuning with those fields replaced (0/1 for switches);
+    an unknown field or a value that is no whole number is refused, naming the argument."""
+    import dataclasses
+
+    from kermac_backend_nvrtc import DEFAULT_TUNING
+
+    got = profile_script.tuning_of(["power_table_pairs=36", "power_table=0"])
+    assert got == dataclasses.replace(DEFAULT_TUNING, power_table_pairs=36, power_table=False)
+    assert profile_script.tuning_of([]) == DEFAULT_TUNING
+    for bad in ("TABLE_PAIRS=36", "power_table_pairs", "power_table=off"):
+        with pytest.raises(SystemExit, match=f"--tuning: expected FIELD=VALUE, .* got '{bad}'"):
+            profile_script.tuning_of([bad])

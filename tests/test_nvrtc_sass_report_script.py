@@ -77,21 +77,20 @@ def test_sass_without_a_loop_is_refused(sass_script) -> None:
         (("cdist_p", 1.0, 1024), "sm_80"),
     ],
 )
-def test_simt_loops_issue_the_next_tiles_loads_before_the_math(sass_script, kind, arch, monkeypatch) -> None:
+def test_simt_loops_issue_the_next_tiles_loads_before_the_math(sass_script, kind, arch) -> None:
     """The register-staged SIMT kernels (p = 1, the split fractional-p kernel, Laplace-L1; p = 1 and
     Laplace-L1 with k-contiguous tiles off, as for layouts those cannot read) must load the next tile
     in the first third of the k loop (at the top, or after 4 of 16 steps in p = 1's one-path loop) and
     store it at the bottom: with the loads sunk to their stores the loop lost 8 % on the H100
     (docs/nvrtc-notes.md, Versions 14 and 16)."""
-    from kermac_backend_nvrtc import plan
+    from kermac_backend_nvrtc import NvrtcTuning
 
     try:
         sass_script.cuobjdump()
     except FileNotFoundError as exc:
         pytest.skip(str(exc))
-    monkeypatch.setattr(plan, "K_CONTIGUOUS", False)
     field, value, d = kind
-    source, name, _ = sass_script.planned(arch, **{field: value}, d=d)
+    source, name, _ = sass_script.planned(arch, **{field: value}, d=d, tuning=NvrtcTuning(k_contiguous_tiles=False))
     _, sass = sass_script.kernel_sass(source, arch, name)
     loop = sass_script.main_loop(sass_script.parse_sass(sass))
     loads = [pos for pos, text in loop.positions(("LDG",))]

@@ -6,4 +6,12 @@ CUDA C++, compiles it with NVRTC through ``cuda-core`` for the GPU's architectur
 newer), stores the binaries in kermac's on-disk JIT cache and launches them on PyTorch's current
 CUDA stream.  It registers itself with kermac through the ``kermac.backends`` entry-point group
 and is selected with ``backend="nvrtc"`` (or automatically, by priority).
+
+:class:`NvrtcTuning` holds the backend's choices among equivalent kernels; ``NvrtcBackend(tuning=...)``
+builds a backend with other choices for A/B comparisons.
 """
+
+from kermac_backend_nvrtc.backend import NvrtcBackend
+from kermac_backend_nvrtc.tuning import DEFAULT_TUNING, NvrtcTuning
+
+__all__ = ["DEFAULT_TUNING", "NvrtcBackend", "NvrtcTuning"]

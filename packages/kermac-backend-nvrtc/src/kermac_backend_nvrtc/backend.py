@@ -6,6 +6,11 @@ once per device (:mod:`.launcher`); the kernel is launched on torch's current st
 process-level memos make a repeated call cheap: (device, variant) → the loaded kernel, and
 ``plan.plan_key`` (everything planning reads of a problem) → that kernel and its launch, so a call
 like an earlier one skips planning and only refreshes the operands' addresses.
+
+Where several kernels compute the same program, the backend's
+:class:`~kermac_backend_nvrtc.tuning.NvrtcTuning` chooses; the registered ``nvrtc`` backend holds
+the measured defaults, and ``NvrtcBackend(tuning=...)`` builds one with another choice (its memos
+are its own).
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ import torch
 from kermac.backend import Availability, Backend
 from kermac.logs import logger
 from kermac.problem import GradProblem, PairwiseProblem
+from kermac_backend_nvrtc.tuning import DEFAULT_TUNING, NvrtcTuning
 
 __all__ = ["MAX_PLANS", "MIN_CAPABILITY", "WGMMA_PREFERENCE", "NvrtcBackend"]
 
@@ -51,16 +57,36 @@ def _cuda_device_reason(index: int) -> str | None:
 
 
 class NvrtcBackend(Backend):
-    """CUDA C++ kernels generated from core's IR, compiled by NVRTC; CUDA devices of sm_80 and newer."""
+    """CUDA C++ kernels generated from core's IR, compiled by NVRTC; CUDA devices of sm_80 and newer.
+
+    ``tuning`` chooses among kernels that compute the same program (default: the measured
+    :data:`~kermac_backend_nvrtc.tuning.DEFAULT_TUNING`).  ``name`` is what ``backend=`` calls it;
+    under any other name than ``nvrtc`` the backend is opt-in (priority −1: ``auto`` never picks
+    it), so that one of other tuning runs beside the registered one only where named
+    (:func:`kermac_backend_nvrtc.tuned.registered` registers it in process).
+    """
 
     name = "nvrtc"
     priority = 20
     description = "CUDA C++ generated from the IR, compiled at run time by NVRTC (sm_80+)"
 
-    def __init__(self) -> None:
+    def __init__(self, tuning: NvrtcTuning = DEFAULT_TUNING, *, name: str = "nvrtc") -> None:
+        if not isinstance(tuning, NvrtcTuning):
+            raise TypeError(f"tuning: expected a kermac_backend_nvrtc.NvrtcTuning, got {type(tuning).__name__}")
+        if not isinstance(name, str):
+            raise TypeError(f"name: expected a str, got {type(name).__name__}")
+        if name != NvrtcBackend.name:
+            self.name = name
+            self.priority = -1
+        self._tuning = tuning
         self._kernels: dict[tuple[int, object], object] = {}  # (device, variant) -> loaded kernel
         self._plans: dict[tuple, tuple[object, object]] = {}  # plan.plan_key -> (loaded kernel, Launch)
         self._lock = threading.Lock()
+
+    @property
+    def tuning(self) -> NvrtcTuning:
+        """The choices among equivalent kernels this backend plans with (fixed at construction)."""
+        return self._tuning
 
     # ---- availability and checks ---------------------------------------------------------
 
@@ -105,7 +131,7 @@ class NvrtcBackend(Backend):
             from kermac_backend_nvrtc.plan import device_capability, uses_wgmma
 
             dtype = str(problem.dtype).removeprefix("torch.")
-            if uses_wgmma(problem.program, dtype, device_capability(problem)):
+            if uses_wgmma(problem.program, dtype, device_capability(problem), self._tuning):
                 return WGMMA_PREFERENCE
         return self.priority
 
@@ -173,10 +199,10 @@ class NvrtcBackend(Backend):
 
         device, debug = problem.device, problem.debug
         index = device.index if device.index is not None else torch.cuda.current_device()
-        key = None if debug else plan_key(problem, index)  # debug plans (and logs) every call
+        key = None if debug else plan_key(problem, index, self._tuning)  # debug plans (and logs) every call
         planned = self._plans.get(key)
         if planned is None:
-            variant, launch = planner(problem)
+            variant, launch = planner(problem, None, self._tuning)  # None: the problem's device
             planned = (self._kernel(index, variant, debug), launch)
             if key is not None:
                 if len(self._plans) >= MAX_PLANS:
@@ -240,10 +266,10 @@ class NvrtcBackend(Backend):
             for arch in targets:
                 capability = arch_capability(arch)
                 if isinstance(pr, GradProblem):
-                    variant, name = plan_grad(pr, capability)[0], "kermac_grad"
+                    variant, name = plan_grad(pr, capability, self._tuning)[0], "kermac_grad"
                     source = grad_source(variant)[0]
                 else:
-                    variant, name = plan_pairwise(pr, capability)[0], "kermac_pairwise"
+                    variant, name = plan_pairwise(pr, capability, self._tuning)[0], "kermac_pairwise"
                     source = pairwise_source(variant)[0]
                 target = target_arch(variant, capability)
                 jobs[(source, target, name)] = f"{name} {target} {pr.program.key()}"

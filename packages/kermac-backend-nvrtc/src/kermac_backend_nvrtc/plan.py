@@ -2,14 +2,15 @@
 
 :func:`plan_pairwise` and :func:`plan_grad` read a normalised problem (shapes, strides,
 alignment, which hyperparameters are numbers and which tensors) and choose the variant of the
-generated kernel, the grid, and the value of every kernel parameter by name.  Batches larger
-than the 65535 blocks a grid's z dimension allows are split into several launches (``zbase``).
+generated kernel, the grid, and the value of every kernel parameter by name.  Where several
+kernels compute the same program, the :class:`~kermac_backend_nvrtc.tuning.NvrtcTuning` passed
+in chooses (the backend passes its own).  Batches larger than the 65535 blocks a grid's z
+dimension allows are split into several launches (``zbase``).
 """
 
 from __future__ import annotations
 
 import math
-import os
 from dataclasses import dataclass
 from functools import cache, lru_cache
 
@@ -35,14 +36,11 @@ from kermac_backend_nvrtc.codegen import (
     split_exponent,
     tc_guard,
 )
+from kermac_backend_nvrtc.tuning import NvrtcTuning
 
 __all__ = [
     "MAX_GRID_Z",
     "NT",
-    "SIGN_GRAD_MIN_O",
-    "TC_GRAD_MIN_O",
-    "TENSOR_CORES",
-    "WGMMA",
     "Launch",
     "cuda_capability",
     "device_capability",
@@ -58,84 +56,6 @@ __all__ = [
 NT = 256
 MAX_GRID_Z = 65535
 INT32_MAX = 2**31 - 1
-
-
-def _env_pairs(name: str, default: int) -> int:
-    """A count of a thread's 64 pairs from environment variable ``name`` (read at import)."""
-    text = os.environ.get(name, str(default)).strip()
-    if not text.isdigit() or int(text) > 64:
-        raise ValueError(f"{name}: expected a whole number of pairs from 0 to 64, got {text!r}")
-    return int(text)
-
-
-#: Pairs of a thread's 8×8 tile whose ex2 of |x − z|^p runs on the FMA pipe (kernels.POW_POLY)
-#: instead of the MUFU, in programs ``Σ |x − z|^p`` with a scalar p >= 1 (cdist, Laplace-Lp) in
-#: float32.  Per warp and pair the MUFU pairs cost 16 MUFU cycles and 5 issue slots, the split
-#: ones 8 and 12; they balance at ~46 of 64, but 36–40 measured fastest on an H100
-#: (docs/nvrtc-notes.md).  0 (or ``KERMAC_NVRTC_POLY_PAIRS=0`` in the environment, read at
-#: import) switches this split off; it applies where the power table below does not.
-POLY_PAIRS = _env_pairs("KERMAC_NVRTC_POLY_PAIRS", 36)
-#: Split kernels whose exponent p is a number in [1, 5] (``pow_degree``) take |x − z|^p on TABLE_PAIRS
-#: pairs of 64 (TABLE_PAIRS_HIGH_P where p > pow_table.DEGREE_5_MAX) from a table of 2^(e·p) times a
-#: polynomial in the mantissa (11 issue slots with degree 5, 12 with 6; no MUFU; the others take lg2
-#: and ex2 on the MUFU) instead of POLY_PAIRS with the ex2 polynomial.  38 (degree 5) and 32 (degree
-#: 6) measured fastest on an H100, neighbours 1–12 % slower (docs/nvrtc-notes.md, Versions 11, 18).
-#: ``KERMAC_NVRTC_POW_TABLE=0`` keeps the ex2 polynomial; ``KERMAC_NVRTC_TABLE_PAIRS`` and
-#: ``KERMAC_NVRTC_TABLE_PAIRS_HIGH_P`` set the counts.
-POW_TABLE = os.environ.get("KERMAC_NVRTC_POW_TABLE", "1") != "0"
-TABLE_PAIRS = _env_pairs("KERMAC_NVRTC_TABLE_PAIRS", 38)
-TABLE_PAIRS_HIGH_P = _env_pairs("KERMAC_NVRTC_TABLE_PAIRS_HIGH_P", 32)
-#: ``|t|^p`` with a known p >= 1 flushes subnormals (lg2/ex2 ``.ftz``: no denormal fix-ups; terms
-#: below 2^-126 become 0), and so does the gradient's ``sgn(t)·|t|^(p−1)`` (p > 1: |t| < 2^-126
-#: gives 0, as a tie does).  False (or ``KERMAC_NVRTC_FTZ=0``) keeps the denormal-exact lg2/ex2.
-FTZ = os.environ.get("KERMAC_NVRTC_FTZ", "1") != "0"
-#: Float32 sums of (x − z)² run on the tensor cores (3×TF32 expansion with the cancellation guard,
-#: tc_pairwise.TC_PAIRWISE), and so do float32 gradients with at least TC_GRAD_MIN_O outputs
-#: (tc_grad.TC_GRAD).  ``KERMAC_NVRTC_TENSOR_CORES=0`` in the environment (read at import) or
-#: setting this to False selects the SIMT kernels instead.
-TENSOR_CORES = os.environ.get("KERMAC_NVRTC_TENSOR_CORES", "1") != "0"
-#: On sm_90 the pairwise tensor-core programs use the wgmma kernel (wgmma_pairwise, compiled for
-#: sm_90a) instead of the mma.sync one.  ``KERMAC_NVRTC_WGMMA=0`` (read at import) keeps mma.sync.
-WGMMA = os.environ.get("KERMAC_NVRTC_WGMMA", "1") != "0"
-#: Powers of absolute values (signed too) whose exponent a constant or a scalar hyperparameter makes a
-#: multiple of 1/2 in [1/2, 4] — cdist with p = 0.5, 1.5, 2.5, 3; the gradient with p = 1.5, 2.5, 3 —
-#: are products and at most one square root instead of lg2 and ex2 (a hyperparameter's value goes
-#: into the source, one kernel per value; codegen.half_power_hypers).  ``KERMAC_NVRTC_HALF_POWERS=0``
-#: (read at import) or False keeps them on the general power.
-HALF_POWERS = os.environ.get("KERMAC_NVRTC_HALF_POWERS", "1") != "0"
-#: Smallest O for which a float32 gradient runs on the tensor cores.  The SIMT kernel keeps a power
-#: of two ≥ O outputs per pair (at most 16); the tensor-core kernel costs the same for every O ≤ 8 and
-#: beat it at O = 8 for p = 1 and 2 and at O = 5 for p = 1.5, lost at O = 4 (H100,
-#: docs/nvrtc-notes.md).
-TC_GRAD_MIN_O = 5
-#: Smallest O for which a float32 sign(d − b) gradient (p = 1) runs as the bf16 sign product on sm_90
-#: (sign_grad.SIGN_GRAD).  Its cost is the same for every O ≤ 8; on an H100 it beat the SIMT kernel
-#: at O = 4 (1.84 against 2.43 ms for 4096, 256, O, 4096) and lost at O = 1 (1.81 against 1.27).
-SIGN_GRAD_MIN_O = 3
-#: Whether the tensor-core kernel inlines an expensive epilogue (div, exp, sqrt, pow, log: IEEE code
-#: with slow paths; 64 copies per thread).  ``KERMAC_NVRTC_INLINE_EPILOGUE=0`` (read at import)
-#: calls it as a function instead: ptxas time drops by about a third (TC cold compile on the
-#: development machine 1.0–1.6 s → ≤ 0.95 s) but the call costs 3–15 % of run time on an H100
-#: (docs/nvrtc-notes.md), so inlining is the default.
-INLINE_EXPENSIVE_EPILOGUE = os.environ.get("KERMAC_NVRTC_INLINE_EPILOGUE", "1") != "0"
-#: float32 sums of |x − z| (cdist p = 1, Laplace-L1) whose operands are loaded as 16-byte vectors
-#: run every k tile, the partial one zero-padded, on one unrolled path with no branch to a tail loop
-#: (``PairwiseVariant.one_path``; the padding's terms |0 − 0| are the sum's identity), the next
-#: tile's loads at the top of 8-deep tiles and after 4 of 16 steps in ``long_k`` ones.  On an H100,
-#: in process: Laplace-L1 16384²×128 and 8192²×256 −2.1 %, cdist p = 1 30000²×1024, 8192²×256 and
-#: 16384²×32 −1.4 to −1.6 %; with scalar loads (D = 250) +0.3 and +1.8 %, and other programs whose
-#: padding is neutral measured level or slower (the SIMT p = 2 kernel +1 %, half inputs −1.3 to
-#: +0.6 %), so those keep the branch (docs/nvrtc-notes.md, Version 16).  False (or
-#: ``KERMAC_NVRTC_ONE_PATH=0``) keeps the branch everywhere.
-ONE_PATH = os.environ.get("KERMAC_NVRTC_ONE_PATH", "1") != "0"
-#: float32 sums of |x − z| whose x rows are 16-byte aligned with unit stride along k (D a multiple
-#: of 4) and whose z rows have unit stride run on k-contiguous tiles filled by cp.async
-#: (``PairwiseVariant.k_contiguous``, ``kernels.KCONTIG_LOOP``): z's pairs land swapped, so that no
-#: difference x − z reads two registers of one bank (306 of the one-path loop's 2048 did).  On an
-#: H100, in process: cdist p = 1 30000²×1024 66.5 → 63.2 ms, 8192²×256 −4 %, 16384²×32 −1 %,
-#: Laplace-L1 16384²×128 −4 % (docs/nvrtc-notes.md, Version 18).  False (or ``KERMAC_NVRTC_K_CONTIGUOUS=0``)
-#: keeps the one-path loop.
-K_CONTIGUOUS = os.environ.get("KERMAC_NVRTC_K_CONTIGUOUS", "1") != "0"
 _EXPENSIVE = frozenset({"pow", "exp", "log", "sqrt", "div"})
 _TENSOR_TYPES = {torch.float32: "float", torch.float64: "double", torch.float16: "km_f16", torch.bfloat16: "km_bf16"}
 
@@ -248,9 +168,9 @@ def _hypers(
     return tuple(tensor), frozenset(ge1), args
 
 
-def _known_hypers(problem: PairwiseProblem | GradProblem) -> tuple[tuple[str, float], ...]:
-    """The scalar hyperparameters whose values go into the source (HALF_POWERS)."""
-    if not HALF_POWERS:
+def _known_hypers(problem: PairwiseProblem | GradProblem, tuning: NvrtcTuning) -> tuple[tuple[str, float], ...]:
+    """The scalar hyperparameters whose values go into the source (``tuning.half_powers``)."""
+    if not tuning.half_powers:
         return ()
     hypers = problem.hypers
     scalars = tuple((n, hypers[n].scalar) for n in problem.program.hypers if hypers[n].tensor is None)
@@ -284,45 +204,48 @@ def cuda_capability(index: int) -> int:
     return 10 * major + minor
 
 
-def uses_tensor_cores(program: PairwiseProgram, dtype: str) -> bool:
+def uses_tensor_cores(program: PairwiseProgram, dtype: str, tuning: NvrtcTuning) -> bool:
     """Whether a pairwise program in ``dtype`` (e.g. ``"float32"``) runs on a tensor-core kernel:
-    float32 sums of (x − z)² (:data:`TENSOR_CORES`)."""
-    return TENSOR_CORES and dtype == "float32" and _pairwise_traits(program)[0]
+    float32 sums of (x − z)² (``tuning.tensor_cores``)."""
+    return tuning.tensor_cores and dtype == "float32" and _pairwise_traits(program)[0]
 
 
-def uses_wgmma(program: PairwiseProgram, dtype: str, capability: int | None) -> bool:
-    """Whether that tensor-core kernel is the wgmma one (sm_90, :data:`WGMMA`) on a device of ``capability``."""
-    return WGMMA and capability == 90 and uses_tensor_cores(program, dtype)
+def uses_wgmma(program: PairwiseProgram, dtype: str, capability: int | None, tuning: NvrtcTuning) -> bool:
+    """Whether that tensor-core kernel is the wgmma one (sm_90, ``tuning.wgmma``) on a device of ``capability``."""
+    return tuning.wgmma and capability == 90 and uses_tensor_cores(program, dtype, tuning)
 
 
-def plan_pairwise(problem: PairwiseProblem, capability: int | None = None) -> tuple[PairwiseVariant, Launch]:
+def plan_pairwise(
+    problem: PairwiseProblem, capability: int | None, tuning: NvrtcTuning
+) -> tuple[PairwiseVariant, Launch]:
     """Variant and launch of ``problem`` (which :func:`size_problem` accepted) for a device of
-    ``capability`` (e.g. 90; by default the problem's device — CPU problems plan for no particular
-    architecture, which only decides whether the tensor-core programs use wgmma)."""
+    ``capability`` (e.g. 90; ``None``: the problem's device — CPU problems plan for no particular
+    architecture, which only decides whether the tensor-core programs use wgmma), chosen among
+    equivalent kernels by ``tuning`` (``tuning.DEFAULT_TUNING``: the measured defaults)."""
     capability = device_capability(problem) if capability is None else capability
     dtype = str(problem.dtype).removeprefix("torch.")
     compute = INPUT_TYPES[dtype][1]
     prog = problem.program
     _, expensive_inner, expensive_epilogue = _pairwise_traits(prog)
-    tensor_cores = uses_tensor_cores(prog, dtype)
+    tensor_cores = uses_tensor_cores(prog, dtype, tuning)
     long_k = compute == "float" and not tensor_cores and not expensive_inner and not expensive_epilogue
     cfg = TC_CONFIG if tensor_cores else pairwise_config(compute, long_k)
     ops = pairwise_operands(problem)
     layout = batch_layout(problem.batch_shape, ops)
     tensor_hypers, ge1, hyper_args = _hypers(problem, compute)
-    known = _known_hypers(problem)
+    known = _known_hypers(problem, tuning)
     exponent = _split_exponent(prog, ge1) if compute == "float" else None
-    split = exponent is not None and not (HALF_POWERS and half_steps(exponent, dict(known)) is not None)
+    split = exponent is not None and not (tuning.half_powers and half_steps(exponent, dict(known)) is not None)
     p_value = _exponent_value(exponent, problem) if split else None
-    tabled = split and FTZ and POW_TABLE and pow_table.exponent_in_range(p_value)
+    tabled = split and tuning.flush_subnormals and tuning.power_table and pow_table.exponent_in_range(p_value)
     degree = pow_table.degree(p_value) if tabled else 0
-    table_pairs = TABLE_PAIRS if degree == 5 else TABLE_PAIRS_HIGH_P
+    table_pairs = tuning.power_table_pairs if degree == 5 else tuning.power_table_pairs_high_p
     table = degree > 0 and table_pairs > 0
     x_op = _operand(problem.x, layout, "x", cfg.bm, cfg.bk, -2, -1)
     z_op = _operand(problem.z, layout, "z", cfg.bn, cfg.bk, -2, -1)
     vector_loads = x_op.mode >= 2 and z_op.mode >= 2
     abs_sum = dtype == "float32" and not tensor_cores and is_abs_difference_sum(prog)
-    k_contiguous = K_CONTIGUOUS and abs_sum and _k_contiguous_operands(problem, layout)
+    k_contiguous = tuning.k_contiguous_tiles and abs_sum and _k_contiguous_operands(problem, layout)
     variant = PairwiseVariant(
         program=prog,
         dtype=dtype,
@@ -331,17 +254,17 @@ def plan_pairwise(problem: PairwiseProblem, capability: int | None = None) -> tu
         batch_dims=len(layout.shape),
         x=x_op,
         z=z_op,
-        poly_pairs=(table_pairs if table else POLY_PAIRS) if split else 0,
+        poly_pairs=(table_pairs if table else tuning.ex2_polynomial_pairs) if split else 0,
         pow_degree=degree if table else 0,
         k_unroll=2 if expensive_inner else cfg.bk,
-        one_path=ONE_PATH and abs_sum and vector_loads and not k_contiguous,
+        one_path=tuning.zero_padded_k_tail and abs_sum and vector_loads and not k_contiguous,
         k_contiguous=k_contiguous,
         tensor_cores=tensor_cores,
-        ftz=FTZ,
-        inline_epilogue=not tensor_cores or INLINE_EXPENSIVE_EPILOGUE or not expensive_epilogue,
+        ftz=tuning.flush_subnormals,
+        inline_epilogue=not tensor_cores or tuning.inline_expensive_epilogue or not expensive_epilogue,
         long_k=long_k,
-        wgmma=uses_wgmma(prog, dtype, capability),
-        half_powers=HALF_POWERS,
+        wgmma=uses_wgmma(prog, dtype, capability, tuning),
+        half_powers=tuning.half_powers,
         known_hypers=known,
     )
     m, n, d = problem.m, problem.n, problem.d
@@ -372,18 +295,19 @@ def plan_pairwise(problem: PairwiseProblem, capability: int | None = None) -> tu
     return variant, Launch(tiles_m * tiles_n, layout.size, args)
 
 
-def plan_grad(problem: GradProblem, capability: int | None = None) -> tuple[GradVariant, Launch]:
+def plan_grad(problem: GradProblem, capability: int | None, tuning: NvrtcTuning) -> tuple[GradVariant, Launch]:
     """Variant and launch of ``problem`` (which :func:`size_problem` accepted) for a device of
-    ``capability`` (by default the problem's; it decides whether a sign program runs on wgmma)."""
+    ``capability`` (``None``: the problem's; it decides whether a sign program runs on wgmma),
+    chosen among equivalent kernels by ``tuning``."""
     capability = device_capability(problem) if capability is None else capability
     dtype = str(problem.dtype).removeprefix("torch.")
     compute = INPUT_TYPES[dtype][1]
     m, n, o, _ = problem.sizes
     prog = problem.program
-    wgmma = TENSOR_CORES and WGMMA and capability == 90 and dtype == "float32"
-    if wgmma and o >= SIGN_GRAD_MIN_O and sign_grad.is_sign_product(prog):
+    wgmma = tuning.tensor_cores and tuning.wgmma and capability == 90 and dtype == "float32"
+    if wgmma and o >= tuning.sign_product_min_o and sign_grad.is_sign_product(prog):
         return _plan_sign_grad(problem)
-    tensor_cores = TENSOR_CORES and dtype == "float32" and o >= TC_GRAD_MIN_O
+    tensor_cores = tuning.tensor_cores and dtype == "float32" and o >= tuning.tensor_core_grad_min_o
     cfg = tc_grad.TC_GRAD_CONFIG if tensor_cores else grad_config(compute)
     ot = min(cfg.max_ot, 1 << max(0, (o - 1).bit_length()))
     if tensor_cores:
@@ -404,12 +328,12 @@ def plan_grad(problem: GradProblem, capability: int | None = None) -> tuple[Grad
         b=_operand(problem.b, layout, "b", cfg.bnn, cfg.bk, -2, -1),
         c=_operand(problem.c, layout, "c", ot, cfg.bk, -2, -1),
         tensor_cores=tensor_cores,
-        ftz=FTZ and compute == "float",
-        # km_signpow_pos (p known > 1) measured 3–4 % faster on the tensor-core kernel and 8 % slower
-        # on the SIMT one than km_signpow_ftz (H100, p = 1.5; docs/nvrtc-notes.md, Version 9).
+        ftz=tuning.flush_subnormals and compute == "float",
+        # km_signpow_pos (p known > 1) drops km_signpow_ftz's two selects; the tensor-core kernel,
+        # limited by forming its operands, gains from that; the SIMT kernel measured slower with it.
         gt1_hypers=frozenset(h for h in ge1 if problem.hypers[h].scalar > 1.0 and tensor_cores),
-        half_powers=HALF_POWERS,
-        known_hypers=_known_hypers(problem),
+        half_powers=tuning.half_powers,
+        known_hypers=_known_hypers(problem, tuning),
     )
     tiles_m, tiles_n = -(-m // cfg.bmm), -(-n // cfg.bnn)
     args = _grad_args(problem, ochunks)
@@ -500,16 +424,18 @@ def _tensor_key(t: torch.Tensor) -> tuple:
     return t.shape, t.stride(), t.data_ptr() % _ALIGNMENT
 
 
-def plan_key(problem: PairwiseProblem | GradProblem, device: int) -> tuple:
+def plan_key(problem: PairwiseProblem | GradProblem, device: int, tuning: NvrtcTuning) -> tuple:
     """A key under which a plan can be remembered: two problems with equal keys get the same variant
-    and the same arguments from :func:`plan_pairwise` / :func:`plan_grad` but for :func:`pointer_args`
-    (problems that plan alike may still differ in key, e.g. addresses of different alignment).
+    and the same arguments from :func:`plan_pairwise` / :func:`plan_grad` (with ``tuning``) but for
+    :func:`pointer_args` (problems that plan alike may still differ in key, e.g. addresses of
+    different alignment).
 
     It holds what planning reads: the program, dtype and device (its capability), every tensor's
     shape, strides and address modulo :data:`_ALIGNMENT`, the hyperparameters (scalars by their
-    exact bits, tensors like operands), the diagonal offsets, and this module's settings (tests and
-    benchmarks change those at run time).  The tile configurations of ``codegen``/``tc_grad`` are
-    not in it: whoever replaces one clears the memo (``scripts/nvrtc_bench.py``'s knobs do).
+    exact bits, tensors like operands), the diagonal offsets, and the tuning (required, so that
+    backends of different tuning never share a plan).  The tile configurations of
+    ``codegen``/``tc_grad`` are not in it: whoever replaces one clears the memo
+    (``NvrtcBackend.forget``).
     """
     if isinstance(problem, PairwiseProblem):
         tensors = (problem.x, problem.z, problem.out)
@@ -521,9 +447,4 @@ def plan_key(problem: PairwiseProblem | GradProblem, device: int) -> tuple:
         (name, h.scalar.hex() if h.tensor is None else (h.tensor.dtype, *_tensor_key(h.tensor)))
         for name, h in problem.hypers.items()
     )
-    settings = (
-        TENSOR_CORES, WGMMA, HALF_POWERS, FTZ, POW_TABLE, TABLE_PAIRS, TABLE_PAIRS_HIGH_P, POLY_PAIRS,
-        INLINE_EXPENSIVE_EPILOGUE, K_CONTIGUOUS,
-        TC_GRAD_MIN_O, SIGN_GRAD_MIN_O, ONE_PATH,
-    )  # fmt: skip
-    return (problem.program, problem.dtype, device, *map(_tensor_key, tensors), hypers, offsets, settings)
+    return (problem.program, problem.dtype, device, *map(_tensor_key, tensors), hypers, offsets, tuning)
