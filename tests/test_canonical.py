@@ -227,6 +227,7 @@ def test_nvrtc_plans_equivalent_programs_alike(case: str) -> None:
     """NVRTC's variant (tensor cores, the Σ|x − z| loops, ...) and launch of an equivalent program are
     the canonical program's, up to the program itself (planned on the CPU, for no device)."""
     plan = pytest.importorskip("kermac_backend_nvrtc.plan")
+    tuning = pytest.importorskip("kermac_backend_nvrtc.tuning")
     form, canon, _ = CASES[case]
     x_, z_ = _inputs("cpu", d=64)
     out = torch.empty(5, 7)  # one output: the launch arguments hold its address
@@ -235,7 +236,9 @@ def test_nvrtc_plans_equivalent_programs_alike(case: str) -> None:
         for capability in (80, 90):
             (variant, launch), (canon_variant, canon_launch) = (
                 plan.plan_pairwise(
-                    pairwise_problem(_program(inner, epilogue), x_, z_, out=out, hypers=hypers), capability
+                    pairwise_problem(_program(inner, epilogue), x_, z_, out=out, hypers=hypers),
+                    capability,
+                    tuning.DEFAULT_TUNING,
                 )
                 for inner in (form, canon)
             )
