@@ -121,7 +121,8 @@ def reset(entry_points: Iterable[metadata.EntryPoint] | None = None, *, costs: C
         if entry_points is None and costs is None:
             _registry = None
         else:
-            found = discover_installed(load_timeout()) if entry_points is None else discover(entry_points, load_timeout())
+            timeout = load_timeout()
+            found = discover_installed(timeout) if entry_points is None else discover(entry_points, timeout)
             _registry = _Registry(found, costs or CostTables())
         reg = _registry
     if reg is not None:

@@ -225,7 +225,7 @@ class CostTable:
             for name, value in ms.items():
                 number = isinstance(value, (int, float)) and not isinstance(value, bool)
                 if not (number and math.isfinite(value) and value > 0):
-                    raise fail(f"{where}.ms[{name!r}]: expected a positive finite number of milliseconds, got {value!r}")
+                    raise fail(f"{where}.ms[{name!r}]: expected a positive finite number (ms), got {value!r}")
             if key in costs:
                 raise fail(f"{where}: a second entry for {key}")
             costs[key] = {name: float(value) for name, value in ms.items()}
