@@ -215,9 +215,16 @@ def main(argv: list[str]) -> int:
     if sys.version_info < (3, 10):  # noqa: UP036 -- this script may be started by any python3
         fail(f"Python >= 3.10 is needed, this is {platform.python_version()} ({sys.executable})")
     commands = ("setup", "test", "bench", "docs", "torch")
-    if not argv or argv[0] not in commands:
+    if not argv or argv[0] in ("-h", "--help", "help"):
         print(__doc__)
-        return 2 if argv else 0
+        return 0
+    if argv[0] not in commands:
+        print(
+            f"[dev] error: unknown command {argv[0]!r}; expected one of {', '.join(commands)} "
+            "(python3 scripts/dev.py --help describes them)",
+            file=sys.stderr,
+        )
+        return 2
     command, args = argv[0], argv[1:]
     if command == "torch":
         install_torch(sys.executable, has_nvidia_gpu())
