@@ -49,6 +49,7 @@ __all__ = [
     "SMALL_CASES",
     "BenchCase",
     "cases_for",
+    "corner",
     "input_sets",
     "kermac_fn",
     "max_rel_error",
@@ -371,6 +372,27 @@ def reference(case: BenchCase, inputs: Sequence[torch.Tensor]) -> torch.Tensor:
     wide = [t.double() for t in inputs]
     out = torch.empty(case.out_shape, device=wide[0].device, dtype=torch.float64)
     return kermac_fn(case, REFERENCE_BACKEND)(*wide, out)
+
+
+def corner(
+    case: BenchCase, inputs: Sequence[torch.Tensor], out: torch.Tensor, *, size: int = 256
+) -> tuple[BenchCase, tuple[torch.Tensor, ...], torch.Tensor]:
+    """A corner of ``case`` whose float64 reference is cheap, for checking a problem too large to check whole.
+
+    Pairwise: the first ``size`` rows of x against the last ``size`` rows of z, ``out[:size, -size:]``;
+    gradient: the first ``size`` columns m of a and d and the first 8 rows n of b and d,
+    ``out[:, :8, :size]`` (the whole reduction either way).  Returns (the corner as a case, its
+    inputs, the view of ``out`` that holds its answer).
+    """
+    if case.op == "grad":
+        a, b, c, d = inputs
+        m, n = min(size, a.shape[1]), min(8, b.shape[0])
+        sub = dataclasses.replace(case, sizes=(m, n, *case.sizes[2:]))
+        return sub, (a[:, :m], b[:n], c, d[:n, :m]), out[:, :n, :m]
+    x, z = inputs
+    m, n = min(size, x.shape[0]), min(size, z.shape[0])
+    sub = dataclasses.replace(case, sizes=(m, n, case.sizes[2]))
+    return sub, (x[:m], z[z.shape[0] - n :]), out[:m, out.shape[1] - n :]
 
 
 def max_rel_error(result: torch.Tensor, ref: torch.Tensor, *, chunk_elems: int = 1 << 26) -> float:
