@@ -18,7 +18,7 @@ def dev(*argv: str) -> subprocess.CompletedProcess:
 def test_an_unknown_command_is_named_with_the_expected_ones() -> None:
     result = dev("tset")
     assert result.returncode == 2 and result.stdout == ""
-    assert "unknown command 'tset'; expected one of setup, test, bench, docs, torch" in result.stderr
+    assert "unknown command 'tset'; expected one of setup, test, bench, docs, wheels, torch" in result.stderr
 
 
 @pytest.mark.parametrize("argv", [(), ("--help",), ("-h",)])
