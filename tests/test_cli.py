@@ -186,6 +186,23 @@ def test_info_names_what_the_cache_does_not_trust(capsys, tmp_path):
     assert len(problems) == 1 and str(cache.path / "bb") in problems[0]
 
 
+def test_info_names_the_cost_tables_auto_ranks_by(capsys, tmp_path):
+    registry.reset([REFERENCE_EP], costs=CostTables(tmp_path))
+    try:
+        code, out, _ = run_cli(capsys, "info")
+        assert code == 0 and "  cpu     none: auto ranks by priority" in out
+        CostTable("cpu", "a test CPU", "written by a test", {}).write(tmp_path / "cpu.json")
+        registry.reset([REFERENCE_EP], costs=CostTables(tmp_path))
+        code, out, _ = run_cli(capsys, "info", "--json")
+        assert json.loads(out)["cost_tables"]["cpu"] == {"device": "a test CPU", "source": "written by a test"}
+        (tmp_path / "cpu.json").write_text("[]")
+        registry.reset([REFERENCE_EP], costs=CostTables(tmp_path))
+        code, out, _ = run_cli(capsys, "info")
+        assert code == 0 and f"cpu     unusable: cost table {tmp_path / 'cpu.json'}: expected a JSON object" in out
+    finally:
+        registry.reset()
+
+
 def test_info_reports_unavailable_and_broken_backends(capsys, fake_plugins):
     code, out, _ = run_cli(capsys, "info")
     assert code == 0

@@ -45,7 +45,15 @@ from kermac.problem import GradProblem
 if TYPE_CHECKING:
     from collections.abc import Iterable
 
-__all__ = ["BackendStatus", "backend_statuses", "get_backend", "registered_backends", "reset", "select_backend"]
+__all__ = [
+    "BackendStatus",
+    "backend_statuses",
+    "cost_tables",
+    "get_backend",
+    "registered_backends",
+    "reset",
+    "select_backend",
+]
 
 ENV_BACKEND = "KERMAC_BACKEND"
 
@@ -259,6 +267,11 @@ def _problem_rows(reg: _Registry) -> list[BackendStatus]:
         taken.add(name)
         rows.append(BackendStatus(name, False, "; ".join(messages), 0, plugin.name, None, True, plugin.distribution))
     return rows
+
+
+def cost_tables() -> CostTables:
+    """The cost tables ``auto`` ranks by (:mod:`kermac.costs`)."""
+    return _get_registry().costs
 
 
 def get_backend(name: str) -> Backend:
