@@ -188,9 +188,7 @@ def _valid() -> dict:
         (lambda d: d.update(device_class="sm_90"), "device_class 'sm_90' does not match the file name"),
     ],
 )
-def test_a_malformed_table_is_an_error_naming_the_file_and_the_fault(
-    plugin_dir: Path, edit, needle: str
-) -> None:
+def test_a_malformed_table_is_an_error_naming_the_file_and_the_fault(plugin_dir: Path, edit, needle: str) -> None:
     tables = plugin_dir / "tables"
     tables.mkdir()
     data = _valid()
