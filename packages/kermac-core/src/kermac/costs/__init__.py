@@ -46,8 +46,10 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from kermac.problem import GradProblem
+
 if TYPE_CHECKING:
-    from kermac.problem import GradProblem, PairwiseProblem
+    from kermac.problem import PairwiseProblem
     from kermac.programs import GradProgram, PairwiseProgram
 
 __all__ = [
@@ -130,36 +132,40 @@ def classify(
     program: PairwiseProgram | GradProgram, dtype: torch.dtype, sizes: Sequence[int], batch: int = 1
 ) -> ProblemClass:
     """The class of a problem: ``sizes`` is (M, N, D) for a pairwise program, (M, N, O, K) for a gradient."""
+    if len(sizes) == 3 and sizes[2] < NARROW_FEATURES:
+        size = "narrow"
+    else:
+        size = "small" if batch * math.prod(sizes) < SMALL_WORK else "large"
+    return _problem_class(program, dtype, size)
+
+
+@functools.lru_cache(maxsize=1024)
+def _problem_class(program: PairwiseProgram | GradProgram, dtype: torch.dtype, size: str) -> ProblemClass:
     from kermac.programs import PairwiseProgram
 
     op = "pairwise" if isinstance(program, PairwiseProgram) else "grad"
-    work = batch * math.prod(sizes)
-    if op == "pairwise" and sizes[2] < NARROW_FEATURES:
-        size = "narrow"
-    else:
-        size = "small" if work < SMALL_WORK else "large"
     return ProblemClass(op, _family(program), str(dtype).removeprefix("torch."), size)
 
 
 def problem_class(problem: PairwiseProblem | GradProblem) -> ProblemClass:
-    """:func:`classify` of a normalised problem."""
-    from kermac.problem import GradProblem
-
-    batch = math.prod(problem.batch_shape)
-    sizes = problem.sizes if isinstance(problem, GradProblem) else (problem.m, problem.n, problem.d)
-    return classify(problem.program, problem.dtype, sizes, batch)
-
-
-@functools.cache
-def _cuda_class(index: int) -> str:
-    major, minor = torch.cuda.get_device_capability(index)
-    return f"sm_{major}{minor}"
+    """:func:`classify` of a normalised problem (``auto`` asks this on every call: kept cheap)."""
+    if isinstance(problem, GradProblem):
+        return classify(problem.program, problem.a.dtype, problem.sizes, math.prod(problem.batch_shape))
+    x_shape, z_shape = problem.x.shape, problem.z.shape
+    d = x_shape[-1]
+    if d < NARROW_FEATURES:
+        size = "narrow"
+    else:
+        size = "small" if math.prod(problem.batch_shape) * x_shape[-2] * z_shape[-2] * d < SMALL_WORK else "large"
+    return _problem_class(problem.program, problem.x.dtype, size)
 
 
+@functools.lru_cache(maxsize=64)
 def device_class(device: torch.device) -> str | None:
     """``"sm_90"`` for a CUDA device of compute capability 9.0, ``"cpu"``; ``None`` for other devices."""
     if device.type == "cuda":
-        return _cuda_class(device.index if device.index is not None else torch.cuda.current_device())
+        major, minor = torch.cuda.get_device_capability(device)
+        return f"sm_{major}{minor}"
     return "cpu" if device.type == "cpu" else None
 
 
