@@ -220,13 +220,18 @@ def test_the_shipped_tables_load_and_name_their_device_class() -> None:
         assert CostTables().table(path.stem).device_class == path.stem
 
 
-def test_the_shipped_sm_90_table_keeps_the_order_auto_had_there() -> None:
-    """NVRTC before Triton on every class it lists (NVRTC's preference, 20 or 30 for the wgmma
-    programs, was above Triton's, 10 or 25 for its tensor-core kernel, on sm_90)."""
+def test_the_shipped_sm_90_table_is_the_seed_or_a_benchmark_run() -> None:
+    """Until measured times replace it, the table keeps the order auto had on sm_90: NVRTC before
+    Triton on every class it lists (NVRTC's preference, 20 or 30 for the wgmma programs, was above
+    Triton's, 10 or 25 for its tensor-core kernel). A measured table is kermac bench's output."""
     table = CostTables().table("sm_90")
     assert table.costs
-    for ms in table.costs.values():
-        assert list(ms) == ["nvrtc", "triton"] and ms["nvrtc"] < ms["triton"]
+    if table.device == "not measured":
+        assert table.source.startswith("seed: ")
+        for ms in table.costs.values():
+            assert list(ms) == ["nvrtc", "triton"] and ms["nvrtc"] < ms["triton"]
+    else:
+        assert table.source.startswith("kermac bench --json") and "H100" in table.device
 
 
 # -- classes --------------------------------------------------------------------------------------

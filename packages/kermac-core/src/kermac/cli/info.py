@@ -132,7 +132,7 @@ def run(args: argparse.Namespace) -> int:
         elif "error" in table:
             print(f"  {cls:6}  unusable: {table['error']}")
         else:
-            print(f"  {cls:6}  measured on {table['device']}: {table['source']}")
+            print(f"  {cls:6}  {table['device']}: {table['source']}")
     print()
     c = data["cache"]
     print(f"JIT cache: {c['path']}")
