@@ -1,5 +1,9 @@
 """The backend registry: plugins discovered once, on first use, and the choice of backend for a problem.
 
+``auto`` ranks the available backends that accept a problem by the cost table of its device
+(:mod:`kermac.costs`: measured milliseconds per problem class), then by ``preference()`` for the
+backends the table does not list (see :func:`select_backend`).
+
 Discovery (:mod:`kermac.discovery`) loads each entry point of ``kermac.backends`` on its own,
 within a time limit; every plugin it refuses or that fails is reported once -- a
 ``RuntimeWarning`` and a ``broken`` row of :func:`backend_statuses` (``kermac info``) naming the
