@@ -236,11 +236,16 @@ def run(args: argparse.Namespace) -> int:
                 code = 1
     if args.write_costs:
         try:
-            costs.table_from_bench([_to_json(header, backends, skipped, results)]).write(args.write_costs)
+            table = costs.table_from_bench([_to_json(header, backends, skipped, results)])
+            table.write(args.write_costs)
         except (OSError, costs.CostTableError) as exc:
             print(f"kermac bench: --write-costs: {exc}", file=sys.stderr)
             return 1
-        print(f"kermac bench: cost table written to {args.write_costs}", file=sys.stderr)
+        print(
+            f"kermac bench: cost table written to {args.write_costs} ({len(table.costs)} problem classes; "
+            f"auto reads it as {table.device_class}.json in {costs.DIRECTORY})",
+            file=sys.stderr,
+        )
     return code
 
 
