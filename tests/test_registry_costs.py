@@ -318,3 +318,15 @@ def test_table_from_bench_needs_one_device_class() -> None:
         table_from_bench([_report([]), _report([], device_class="sm_80")])
     with pytest.raises(CostTableError, match="at least one report"):
         table_from_bench([])
+
+
+def test_problem_class_of_a_problem_is_classify_of_its_parts() -> None:
+    from kermac.problem import grad_problem, pairwise_problem
+
+    x, z = torch.randn(3, 1, 200, 16), torch.randn(2, 300, 16)  # batch 3 × 2, M 200, N 300, D 16
+    pr = pairwise_problem(cdist_program(1.0), x, z, out=None, hypers={})
+    assert costs.problem_class(pr) == classify(pr.program, torch.float32, (200, 300, 16), batch=6)
+    assert costs.problem_class(pr).size == "small"
+    a, b, c, d = torch.randn(64, 4096), torch.randn(512, 64), torch.randn(16, 64), torch.randn(512, 4096)
+    gp = grad_problem(grad_program(2.0), a, b, c, d, out=None, hypers={})
+    assert costs.problem_class(gp) == ProblemClass("grad", "l2", "float32", "large")  # 4096·512·16·64 = 2^31

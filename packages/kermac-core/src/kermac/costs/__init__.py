@@ -46,7 +46,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from kermac.problem import GradProblem
+from kermac.problem import SUPPORTED_DTYPES, GradProblem
 
 if TYPE_CHECKING:
     from kermac.problem import PairwiseProblem
@@ -81,7 +81,7 @@ SMALL_WORK = 2**27
 OPS = ("pairwise", "grad")
 FAMILIES = {"pairwise": ("l1", "l2", "lp", "l0", "linf", "other"), "grad": ("l1", "l2", "lp", "other")}
 SIZES = {"pairwise": ("narrow", "small", "large"), "grad": ("small", "large")}
-DTYPES = ("float16", "bfloat16", "float32", "float64")
+DTYPES = tuple(str(d).removeprefix("torch.") for d in SUPPORTED_DTYPES)
 
 
 class CostTableError(ValueError):
@@ -128,15 +128,19 @@ def _family(program: PairwiseProgram | GradProgram) -> str:
     return {Const(0.0): "l0", Const(1.0): "l1", Const(2.0): "l2"}.get(power, "lp")
 
 
+def _size(work: int, features: int | None) -> str:
+    """The size class of ``work`` multiply-adds; ``features`` is D for pairwise problems, else None."""
+    if features is not None and features < NARROW_FEATURES:
+        return "narrow"
+    return "small" if work < SMALL_WORK else "large"
+
+
 def classify(
     program: PairwiseProgram | GradProgram, dtype: torch.dtype, sizes: Sequence[int], batch: int = 1
 ) -> ProblemClass:
     """The class of a problem: ``sizes`` is (M, N, D) for a pairwise program, (M, N, O, K) for a gradient."""
-    if len(sizes) == 3 and sizes[2] < NARROW_FEATURES:
-        size = "narrow"
-    else:
-        size = "small" if batch * math.prod(sizes) < SMALL_WORK else "large"
-    return _problem_class(program, dtype, size)
+    features = sizes[2] if len(sizes) == 3 else None
+    return _problem_class(program, dtype, _size(batch * math.prod(sizes), features))
 
 
 @functools.lru_cache(maxsize=1024)
@@ -149,15 +153,12 @@ def _problem_class(program: PairwiseProgram | GradProgram, dtype: torch.dtype, s
 
 def problem_class(problem: PairwiseProblem | GradProblem) -> ProblemClass:
     """:func:`classify` of a normalised problem (``auto`` asks this on every call: kept cheap)."""
+    batch = math.prod(problem.batch_shape)
     if isinstance(problem, GradProblem):
-        return classify(problem.program, problem.a.dtype, problem.sizes, math.prod(problem.batch_shape))
-    x_shape, z_shape = problem.x.shape, problem.z.shape
-    d = x_shape[-1]
-    if d < NARROW_FEATURES:
-        size = "narrow"
-    else:
-        size = "small" if math.prod(problem.batch_shape) * x_shape[-2] * z_shape[-2] * d < SMALL_WORK else "large"
-    return _problem_class(problem.program, problem.x.dtype, size)
+        return _problem_class(problem.program, problem.a.dtype, _size(batch * math.prod(problem.sizes), None))
+    d = problem.x.shape[-1]
+    work = batch * problem.x.shape[-2] * problem.z.shape[-2] * d
+    return _problem_class(problem.program, problem.x.dtype, _size(work, d))
 
 
 @functools.lru_cache(maxsize=64)
