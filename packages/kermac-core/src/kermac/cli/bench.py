@@ -280,7 +280,8 @@ def default_backends(statuses: list[BackendStatus], device: torch.device) -> tup
     }
     if device.type == "cuda" and bm.REFERENCE_BACKEND in backends and len(backends) > 1:
         backends.remove(bm.REFERENCE_BACKEND)
-        skipped[bm.REFERENCE_BACKEND] = "the reference: it checks the others; add it with --backends to time it"
+        why = f"it computes the float64 reference; time it with --backends {bm.REFERENCE_BACKEND},..."
+        skipped[bm.REFERENCE_BACKEND] = why
     return backends, skipped
 
 
