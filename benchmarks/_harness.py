@@ -2,7 +2,7 @@
 
 Each suite is parameterised by implementation -- a kermac backend (``torch``, ``nvrtc``,
 ``triton``) or PyTorch's own way of computing the same result (its own row, named after it) --
-and by case: with a CUDA GPU, every row of ``shared/PEERS.md`` for the operation
+and by case: with a CUDA GPU, every row of the peer table for the operation
 (:data:`kermac.benchmarking.PEERS_CASES`) and the small problems whose time is each call's host work
 (:data:`kermac.benchmarking.SMALL_CASES`); without one, the small CPU cases
 (:data:`kermac.benchmarking.CPU_CASES`).  An implementation that cannot run a case here (backend

@@ -1,6 +1,6 @@
 """``kermac.cdist`` (float32, preallocated ``out``) per backend, beside ``torch.cdist``.
 
-Cases: the cdist rows of ``shared/PEERS.md`` and the host-bound small
+Cases: the cdist rows of the peer table (``kermac.benchmarking.PEERS_CASES``) and the host-bound small
 problems on a GPU, small CPU cases otherwise.
 """
 

@@ -1,6 +1,6 @@
 """The gradient contraction ``kermac.cdist_grad`` per backend, beside PyTorch's matrix products (p = 2 only).
 
-Cases: the cdist_grad rows of ``shared/PEERS.md`` and the host-bound small
+Cases: the cdist_grad rows of the peer table (``kermac.benchmarking.PEERS_CASES``) and the host-bound small
 problems on a GPU, small CPU cases otherwise.
 """
 

@@ -1,6 +1,6 @@
 """Fused kernel matrices ``kermac.run_kernel`` (Laplace on L1/L2) per backend, beside ``torch.cdist`` then ``exp``.
 
-Cases: the fused-kernel rows of ``shared/PEERS.md`` and the host-bound small
+Cases: the fused-kernel rows of the peer table (``kermac.benchmarking.PEERS_CASES``) and the host-bound small
 problems on a GPU, small CPU cases otherwise.
 """
 

@@ -1,4 +1,4 @@
-"""``kermac.linalg`` (cuSOLVER, batched over streams) beside ``torch.linalg``: the linalg rows of PEERS.md.
+"""``kermac.linalg`` (cuSOLVER, batched over streams) beside ``torch.linalg``: the linalg rows of the peer table.
 
 Cases (float32, A symmetric positive definite ``G Gᵀ/N + I`` from ``torch.randn``, 16 right-hand
 sides): Cholesky solve and LU solve of a batch of 8 × 2048 and of one 16384 matrix, eigh of 8 × 2048
@@ -32,7 +32,7 @@ DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
 @dataclass(frozen=True)
 class Case:
-    """One PEERS.md linalg row: operation, batch, N, right-hand sides, repeats, PEERS numbers (ms)."""
+    """One linalg row of the peer table: operation, batch, N, right-hand sides, repeats, published timings (ms)."""
 
     label: str
     op: str  # cholesky_solve | solve | eigh | top_k

@@ -5,6 +5,8 @@
     python3 scripts/dev.py test [ARGS...]    setup, then ``python -m pytest ARGS``
     python3 scripts/dev.py bench [ARGS...]   setup, then ``kermac bench ARGS``
     python3 scripts/dev.py docs [ARGS...]    setup, then ``mkdocs build --strict ARGS``
+    python3 scripts/dev.py wheels [--check]  setup, then build the wheel of every packages/* member into dist/;
+                                             --check installs them into a fresh environment and imports them
     python3 scripts/dev.py torch             install the right torch into the interpreter running this script
                                              (hatch's pre-install step; see the root pyproject.toml)
 
@@ -13,6 +15,14 @@ without an NVIDIA GPU it is ``torch==2.13.0`` (a CPU wheel where one is on the p
 pip's find-links), with one ``torch>=2.4``.  ``KERMAC_TORCH_SPEC`` replaces that requirement with
 any pip arguments, e.g. ``KERMAC_TORCH_SPEC="torch --index-url https://download.pytorch.org/whl/cpu"``.
 Without a GPU on Linux, set-up refuses a torch build that would bring CUDA libraries (several GB).
+
+``wheels --check`` installs the wheels with ``--no-deps`` into a new virtual environment in a private
+temporary directory that sees .venv's packages (torch, the CUDA wheels, ...) after its own, so nothing
+is downloaded again; there it imports every package from the wheels, reads the shipped package data
+and runs ``kermac info``.  It also checks that every file git tracks under ``packages/*/src/`` is in a
+wheel (package data such as kernel sources and cost tables).  The NVRTC backend cannot find the
+NVRTC library there (cuda-pathfinder looks in the environment's own site-packages only), so it
+shows as unavailable in that ``kermac info``.
 
 ``setup`` is idempotent: it records a hash of every pyproject.toml, this script, the interpreter
 and the torch choice in .venv, and does nothing while they are unchanged (members are editable,
@@ -211,13 +221,96 @@ def setup(force: bool = False) -> Path:
     return py
 
 
+def build_wheels(py: Path, out: Path) -> list[Path]:
+    """Build the wheel of every workspace member into ``out`` (earlier kermac wheels there are removed)."""
+    out.mkdir(parents=True, exist_ok=True)
+    for old in out.glob("kermac*.whl"):
+        old.unlink()
+    sources = [f"./{m.relative_to(ROOT).as_posix()}" for m in members()]
+    run([str(py), "-m", "pip", "wheel", "--no-deps", "--wheel-dir", str(out), *sources], "building the wheels")
+    wheels = sorted(out.glob("kermac*.whl"))
+    if len(wheels) != len(sources):
+        fail(f"expected {len(sources)} wheels in {out}, found {[w.name for w in wheels]}")
+    return wheels
+
+
+def missing_from_wheels(wheels: list[Path]) -> list[str]:
+    """Files of the members' ``src/`` trees that git tracks but no wheel holds (package data left out)."""
+    import zipfile
+
+    shipped = set()
+    for wheel in wheels:
+        with zipfile.ZipFile(wheel) as archive:
+            shipped.update(archive.namelist())
+    tracked = subprocess.run(
+        ["git", "ls-files", "--", "packages/*/src/*"], cwd=ROOT, capture_output=True, text=True, check=True
+    ).stdout.split()
+    return [path for path in tracked if path.split("/src/", 1)[1] not in shipped]
+
+
+#: Run by the environment that holds only the wheels: every package comes from there, the package
+#: data ships (the cost tables), and the reference backend computes.
+WHEEL_SMOKE_TEST = """
+import sys
+import torch
+import kermac, kermac_backend_nvrtc, kermac_backend_triton, kermac_linalg
+from kermac.costs import CostTables
+outside = [m.__name__ for m in (kermac, kermac_backend_nvrtc, kermac_backend_triton, kermac_linalg)
+           if not m.__file__.startswith(sys.prefix)]
+assert not outside, f"imported from outside the wheels' environment: {outside}"
+assert CostTables().table("sm_90") is not None, "the cost tables are missing from the kermac-core wheel"
+x = torch.randn(5, 3, dtype=torch.float64)
+assert torch.allclose(kermac.cdist(x, x, p=1.0, backend="torch"), torch.cdist(x, x, p=1.0))
+print("wheels import from", sys.prefix, "kermac", kermac.__version__)
+"""
+
+
+def check_wheels(py: Path, wheels: list[Path]) -> None:
+    """Install ``wheels`` (``--no-deps``) into a fresh environment that reuses .venv's packages; smoke-test them."""
+    missing = missing_from_wheels(wheels)
+    if missing:
+        fail(f"files of the source trees missing from the wheels: {', '.join(missing)}")
+    deps = subprocess.run(
+        [str(py), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
+    with tempfile.TemporaryDirectory(prefix="kermac-wheels-") as tmp:
+        env = Path(tmp) / "venv"
+        run([sys.executable, "-m", "venv", "--without-pip", str(env)], "creating the environment for the wheels")
+        env_py = env / ("Scripts/python.exe" if os.name == "nt" else "bin/python")
+        site = subprocess.run(
+            [str(env_py), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+        # A plain path line: .venv's packages come after the environment's own, and .venv's .pth files
+        # (its editable installs of these packages) are not processed.
+        (Path(site) / "kermac-dev-dependencies.pth").write_text(deps + "\n")
+        pip_install = [str(py), "-m", "pip", "--python", str(env_py), "install", "--no-deps", "--no-index"]
+        pip_install.append("--ignore-installed")  # .venv's editable installs are visible: leave them alone
+        run([*pip_install, *map(str, wheels)], "installing the wheels")
+        run([str(env_py), "-c", WHEEL_SMOKE_TEST], "importing the installed wheels")
+        run([str(env / ("Scripts" if os.name == "nt" else "bin") / "kermac"), "info"], "kermac info from the wheels")
+    say(f"the {len(wheels)} wheels install and import")
+
+
 def main(argv: list[str]) -> int:
     if sys.version_info < (3, 10):  # noqa: UP036 -- this script may be started by any python3
         fail(f"Python >= 3.10 is needed, this is {platform.python_version()} ({sys.executable})")
-    commands = ("setup", "test", "bench", "docs", "torch")
-    if not argv or argv[0] not in commands:
+    commands = ("setup", "test", "bench", "docs", "wheels", "torch")
+    if not argv or argv[0] in ("-h", "--help", "help"):
         print(__doc__)
-        return 2 if argv else 0
+        return 0
+    if argv[0] not in commands:
+        print(
+            f"[dev] error: unknown command {argv[0]!r}; expected one of {', '.join(commands)} "
+            "(python3 scripts/dev.py --help describes them)",
+            file=sys.stderr,
+        )
+        return 2
     command, args = argv[0], argv[1:]
     if command == "torch":
         install_torch(sys.executable, has_nvidia_gpu())
@@ -227,6 +320,16 @@ def main(argv: list[str]) -> int:
         if unknown:
             fail(f"setup: expected no arguments or --force, got {shlex.join(unknown)}")
         setup(force="--force" in args)
+        return 0
+    if command == "wheels":
+        unknown = [a for a in args if a != "--check"]
+        if unknown:
+            fail(f"wheels: expected no arguments or --check, got {shlex.join(unknown)}")
+        py = setup()
+        wheels = build_wheels(py, ROOT / "dist")
+        say("built " + ", ".join(w.name for w in wheels) + " in dist/")
+        if "--check" in args:
+            check_wheels(py, wheels)
         return 0
     py = setup()
     env = dict(os.environ)

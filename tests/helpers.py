@@ -117,8 +117,8 @@ def randn(*shape: int, dtype: torch.dtype = torch.float32, device: str = "cpu") 
 
 
 def load_script(name: str) -> ModuleType:
-    """The module ``scripts/<name>.py`` of this repository (scripts are not an installed package)."""
-    path = Path(__file__).resolve().parents[1] / "scripts" / f"{name}.py"
+    """The module ``tools/<name>.py`` of this repository (development tools are not an installed package)."""
+    path = Path(__file__).resolve().parents[1] / "tools" / f"{name}.py"
     spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module  # as an import would: dataclasses look their module up there

@@ -279,3 +279,30 @@ def test_time_ms_with_cuda_events_and_rotated_inputs():
     times = bm.time_ms(lambda: x @ x, device="cuda", warmup=2, repeat=5)
     # 4096³ FMAs: between 0.2 ms (beyond any GPU) and 1 s.
     assert len(times) == 5 and all(0.2 < t < 1000 for t in times)
+
+
+@pytest.mark.parametrize(
+    "case",
+    [
+        BenchCase("cdist", (40, 300, 5), 1.3),
+        BenchCase("kernel", (300, 30, 4), 2.0, "gaussian"),
+        BenchCase("grad", (300, 20, 3, 6), 1.5),
+    ],
+    ids=lambda c: c.label,
+)
+def test_corner_is_the_matching_block_of_the_whole_answer(case):
+    inputs = case.make_inputs(2)
+    out = torch.empty(case.out_shape)
+    whole = bm.reference(case, inputs)
+    sub, sub_inputs, view = bm.corner(case, inputs, out)
+    assert view.shape == sub.out_shape and view.data_ptr() != 0
+    out.copy_(whole)
+    assert torch.allclose(bm.reference(sub, sub_inputs).float(), view, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("case", [*bm.PEERS_CASES, *bm.CPU_QUICK_CASES], ids=lambda c: c.label)
+def test_problem_class_of_each_case(case):
+    cls = case.problem_class
+    assert cls.op == ("grad" if case.op == "grad" else "pairwise") and cls.dtype == "float32"
+    assert cls.family == {1.0: "l1", 2.0: "l2"}.get(case.p, "lp")
+    assert cls.size == ("small" if case in bm.CPU_QUICK_CASES else "large")

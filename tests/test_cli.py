@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import json
 import os
@@ -19,7 +20,8 @@ import kermac
 from kermac import benchmarking as bm
 from kermac import jit_cache, registry
 from kermac.cli import main
-from kermac.cli.bench import Progress, default_backends
+from kermac.cli.bench import CaseResult, Measurement, Progress, default_backends
+from kermac.costs import CostTable, CostTables
 
 REFERENCE_EP = metadata.EntryPoint(name="torch", value="kermac.reference.plugin", group="kermac.backends")
 
@@ -80,9 +82,20 @@ class Missing(Wrong):
         return Availability.no("needs the FakeAccelerator 3000")
 
 
+class Picky(Wrong):
+    """Available, but runs nothing."""
+    name = "picky"
+
+    def check_pairwise(self, problem):
+        return "runs FakeAccelerator tensors only"
+
+    def check_grad(self, problem):
+        return "runs FakeAccelerator tensors only"
+
+
 @hookimpl
 def kermac_backends():
-    return [Wrong(), Lazy(), Right(), Missing()]
+    return [Wrong(), Lazy(), Right(), Missing(), Picky()]
 '''
 
 
@@ -171,6 +184,23 @@ def test_info_names_what_the_cache_does_not_trust(capsys, tmp_path):
     assert code == 0
     problems = [line for line in out.splitlines() if line.strip().startswith("problem:")]
     assert len(problems) == 1 and str(cache.path / "bb") in problems[0]
+
+
+def test_info_names_the_cost_tables_auto_ranks_by(capsys, tmp_path):
+    registry.reset([REFERENCE_EP], costs=CostTables(tmp_path))
+    try:
+        code, out, _ = run_cli(capsys, "info")
+        assert code == 0 and "  cpu     none: auto ranks by priority" in out
+        CostTable("cpu", "a test CPU", "written by a test", {}).write(tmp_path / "cpu.json")
+        registry.reset([REFERENCE_EP], costs=CostTables(tmp_path))
+        code, out, _ = run_cli(capsys, "info", "--json")
+        assert json.loads(out)["cost_tables"]["cpu"] == {"device": "a test CPU", "source": "written by a test"}
+        (tmp_path / "cpu.json").write_text("[]")
+        registry.reset([REFERENCE_EP], costs=CostTables(tmp_path))
+        code, out, _ = run_cli(capsys, "info")
+        assert code == 0 and f"cpu     unusable: cost table {tmp_path / 'cpu.json'}: expected a JSON object" in out
+    finally:
+        registry.reset()
 
 
 def test_info_reports_unavailable_and_broken_backends(capsys, fake_plugins):
@@ -315,12 +345,13 @@ def test_bench_quick_table(capsys):
     assert "small cases on the CPU" in out or torch.cuda.is_available()
     lines = out.splitlines()
     header = next(line for line in lines if line.startswith("case"))
-    assert header.split()[:8] == ["case", "torch", "ms", "torch.cdist", "ms", "speed-up", "best", "torch"]
+    assert header.split()[:8] == ["case", "reference", "ms", "torch.cdist", "ms", "speed-up", "best", "reference"]
     for case in bm.CPU_QUICK_CASES:
         row = next(line for line in lines if line.startswith(case.label + " "))
         cells = row[len(case.label) :].split()
-        assert float(cells[0]) > 0 and cells[3] == "torch"
+        assert float(cells[0]) > 0 and cells[2:4] == ["-", "-"]  # the reference is never best: no speed-up
         assert float(cells[4]) <= 1e-5  # the reference backend's error column
+    assert "reference = kermac's pure-PyTorch reference backend (backend='torch')" in out
     assert "!" not in out
     # Not a TTY under pytest: one progress line per step.
     steps = [line for line in err.splitlines() if line.startswith("[")]
@@ -350,24 +381,26 @@ def test_bench_json(capsys):
             assert base["error"] and base["median_ms"] is None
         else:
             assert base["ok"] and base["max_rel_err"] < 1e-4
-            assert c["speedup"] == pytest.approx(base["median_ms"] / ref["median_ms"])
+        assert c["best"] is None and c["speedup"] is None  # the reference backend is never best
+    assert data["reference_backend"] == "torch" and data["device_class"] == "cpu"
+    classes = [c["problem_class"] for c in data["cases"]]
+    assert classes == [dataclasses.asdict(c.problem_class) for c in bm.CPU_QUICK_CASES]
 
 
 def test_bench_flags_wrong_answers_and_explains_na(capsys, fake_plugins):
-    code, out, _ = run_cli(capsys, "bench", *FAST, "--backends", "wrong,lazy,right,missing", "-v")
+    code, out, _ = run_cli(capsys, "bench", *FAST, "--backends", "wrong,lazy,right,torch", "-v")
     assert code == 1  # a wrong answer fails the run
     lines = out.splitlines()
     header = next(line for line in lines if line.startswith("case")).split()
     label = bm.CPU_QUICK_CASES[0].label
     cells = next(line for line in lines if line.startswith(label + " "))[len(label) :].split()
-    names = ["wrong", "lazy", "right", "missing", "torch.cdist"]
+    names = ["wrong", "lazy", "right", "reference", "torch.cdist"]
     assert header[1:11:2] == names
-    err_cells = cells[-7:]  # "<err> !" for wrong, "nan !" for lazy, then right, missing, torch.cdist
+    err_cells = cells[-7:]  # "<err> !" for wrong, "nan !" for lazy, then right, reference, torch.cdist
     assert err_cells[0:2] == ["1.0e+00", "!"] and err_cells[2:4] == ["nan", "!"]
-    assert float(err_cells[4]) < 1e-5 and err_cells[5] == "n/a" and float(err_cells[6]) < 1e-4
-    assert cells[6] == "right"  # best = fastest *correct* backend
+    assert float(err_cells[4]) < 1e-5 and float(err_cells[5]) < 1e-5 and float(err_cells[6]) < 1e-4
+    assert cells[6] == "right"  # best = fastest *correct* backend, never the reference
     assert "that result is WRONG" in out
-    assert "missing: backend unavailable: needs the FakeAccelerator 3000" in out
     assert "/ wrong: UnsupportedProblemError: backend 'wrong' cannot run this gradient problem" in out
 
 
@@ -382,7 +415,7 @@ def test_bench_json_marks_wrong_answers(capsys, fake_plugins):
 def test_bench_default_skips_unavailable_and_broken_backends(capsys, fake_plugins):
     code, out, _ = run_cli(capsys, "bench", *FAST, "--json")
     data = json.loads(out)
-    assert set(data["backends"]) == {"torch", "wrong", "lazy", "right"}
+    assert set(data["backends"]) == {"torch", "wrong", "lazy", "right", "picky"}
     assert data["skipped"] == {"missing": "needs the FakeAccelerator 3000", "shattered": data["skipped"]["shattered"]}
     assert code == 1
 
@@ -424,6 +457,80 @@ def test_bench_explicit_backends_note_the_others(capsys, fake_plugins):
 def test_bench_rejects_bad_options(capsys, argv, needle):
     code, _, err = run_cli(capsys, "bench", *argv)
     assert code == 2 and needle in err
+
+
+def test_best_is_never_the_reference_backend():
+    """Where the reference backend is the fastest kermac backend timed, best names the fastest other one."""
+    case = bm.CPU_QUICK_CASES[0]
+    times = {"torch": 1.0, "right": 5.0, "torch.cdist": 0.01}
+    result = CaseResult(case, {name: Measurement([ms], 0.0) for name, ms in times.items()})
+    assert result.best(["torch", "right"]) == "right"
+    assert result.speedup(["torch", "right"]) == pytest.approx(0.01 / 5.0)
+    assert result.best(["torch"]) is None and result.speedup(["torch"]) is None
+
+
+def test_bench_fails_when_a_named_backend_is_unavailable(capsys, fake_plugins):
+    code, out, err = run_cli(capsys, "bench", *FAST, "--backends", "right,missing")
+    assert code == 2 and out == ""
+    assert "kermac bench: backend 'missing' is unavailable here: needs the FakeAccelerator 3000" in err
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message on a machine without CUDA")
+def test_bench_nvrtc_without_a_gpu_says_why(capsys):
+    registry.reset()
+    code, out, err = run_cli(capsys, "bench", "--quick", "--backends", "nvrtc")
+    assert code == 2 and out == ""
+    assert "kermac bench: backend 'nvrtc' is unavailable here: " in err
+    assert "no CUDA device is visible" in err or "not importable" in err
+
+
+def test_bench_fails_when_a_named_backend_runs_no_case(capsys, fake_plugins):
+    code, out, err = run_cli(capsys, "bench", *FAST, "--backends", "right,picky")
+    assert code == 1 and "right" in out  # the table is printed, then the failure
+    assert "kermac bench: backend 'picky' ran none of the cases: UnsupportedProblemError: " in err
+    assert "runs FakeAccelerator tensors only" in err
+
+
+def test_bench_full_needs_a_gpu(capsys):
+    code, out, err = run_cli(capsys, "bench", "--full", "--device", "cpu")
+    assert code == 2 and out == ""
+    assert "kermac bench: --full: the peer-table cases need a CUDA GPU" in err
+    with pytest.raises(ValueError, match="full: the peer-table cases need a CUDA device, got cpu"):
+        bm.cases_for("cpu", full=True)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the default device on a machine without CUDA")
+def test_bench_full_without_a_gpu_is_an_error(capsys):
+    code, _, err = run_cli(capsys, "bench", "--full")
+    assert code == 2 and "no CUDA GPU is visible" in err
+
+
+def test_bench_write_costs_makes_the_table_auto_uses(capsys, fake_plugins, tmp_path):
+    """``--write-costs`` writes the run as a cost table; with it, auto picks the backend it measured fastest."""
+    path = tmp_path / "tables" / "cpu.json"
+    path.parent.mkdir()
+    code, _, err = run_cli(capsys, "bench", *FAST, "--backends", "right,torch", "--write-costs", str(path))
+    assert code == 0 and f"cost table written to {path}" in err
+    table = CostTable.load(path)
+    assert table.device_class == "cpu"
+    assert set(table.costs) == {c.problem_class for c in bm.CPU_QUICK_CASES}
+    assert all(set(ms) == {"right", "torch"} for ms in table.costs.values())
+    # A table in which the reference backend is cheaper than 'right' for every class:
+    entries = {c: {"right": 2.0, "torch": 1.0} for c in table.costs}
+    CostTable("cpu", "test", "test", entries).write(path)
+    registry.reset(
+        [REFERENCE_EP, metadata.EntryPoint(name="fakes", value="kermac_cli_fake_plugin", group="kermac.backends")],
+        costs=CostTables(path.parent),
+    )
+    case = bm.CPU_QUICK_CASES[0]
+    x, z = case.make_inputs()
+    assert torch.equal(kermac.cdist(x, z, case.p), kermac.cdist(x, z, case.p, backend="torch"))  # not 'wrong'
+
+
+def test_bench_write_costs_reports_an_unwritable_path(capsys, fake_plugins, tmp_path):
+    path = tmp_path / "no" / "such" / "dir.json"
+    code, _, err = run_cli(capsys, "bench", *FAST, "--backends", "right", "--write-costs", str(path))
+    assert code == 1 and "kermac bench: --write-costs: " in err and str(path) in err
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message on a machine without CUDA")

@@ -1,4 +1,4 @@
-"""scripts/nvrtc_bench.py: its ``--knob`` settings (parsing, applying them around a run), its row filter (no GPU)."""
+"""tools/nvrtc_bench.py: its ``--knob`` settings (parsing, applying them around a run), its row filter (no GPU)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""scripts/nvrtc_profile.py: the summary it prints from an Nsight Compute text report (no GPU)."""
+"""tools/nvrtc_profile.py: the summary it prints from an Nsight Compute text report (no GPU)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""scripts/nvrtc_sass_report.py: finding a kernel's main loop in SASS, and where ptxas puts the
+"""tools/nvrtc_sass_report.py: finding a kernel's main loop in SASS, and where ptxas puts the
 SIMT kernels' next-tile loads (no GPU: NVRTC compiles, cuobjdump disassembles)."""
 
 from __future__ import annotations

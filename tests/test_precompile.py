@@ -72,3 +72,9 @@ def test_cli_precompile_calls_each_compiling_backend(
     assert main(["precompile", "--backends", "recorder", "--arch", "sm_86"]) == 0
     assert rec.calls[-1][1] == ["sm_86"]
     assert main(["precompile", "--backends", "nope"]) == 2
+
+
+def test_precompile_help_describes_the_command(capsys) -> None:
+    assert main(["precompile", "--help"]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "Compile the kernels of the common problems" in out and "JIT cache ahead of time" in out

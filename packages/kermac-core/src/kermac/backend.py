@@ -3,8 +3,9 @@
 A backend is an object registered through the ``kermac.backends`` entry-point group (see
 :mod:`kermac.hookspecs`).  Core normalises every call into a problem object
 (:class:`kermac.problem.PairwiseProblem` or :class:`kermac.problem.GradProblem`) and hands it to
-the first backend that is available and supports it.  Backends write into ``problem.out``; they
-never allocate other memory except documented workspaces, and never synchronise with the host.
+the best-ranked backend that is available and supports it (:func:`kermac.registry.select_backend`).
+Backends write into ``problem.out``; they never allocate other memory except documented
+workspaces, and never synchronise with the host.
 
 Importing the module that defines a backend class must be cheap: heavy dependencies (triton,
 cuda-core, ...) are imported inside :meth:`Backend.availability` and the run methods.
@@ -45,9 +46,9 @@ class Backend(abc.ABC):
 
     Subclasses set :attr:`name` (what users pass as ``backend=``: letters, digits, ``_``, ``-``,
     ``.``; not ``auto`` nor a built-in name of :data:`kermac.hookspecs.RESERVED`) and
-    :attr:`priority` (an int; ``auto`` tries higher priorities first; a negative priority marks an
-    opt-in backend, e.g. an emulator, that ``auto`` never picks and ``kermac bench`` does not time
-    unless named), and implement the methods below.
+    :attr:`priority` (an int; where no cost table ranks it, ``auto`` tries higher priorities first;
+    a negative priority marks an opt-in backend, e.g. an emulator, that ``auto`` never picks and
+    ``kermac bench`` does not time unless named), and implement the methods below.
 
     The hooks ``priority``, :meth:`availability`, :meth:`preference`, :meth:`check_pairwise` and
     :meth:`check_grad` must not raise and must return the documented types; one that does not is
@@ -83,12 +84,13 @@ class Backend(abc.ABC):
     def preference(self, problem: PairwiseProblem | GradProblem) -> int:
         """How strongly ``auto`` should prefer this backend for ``problem`` (default: :attr:`priority`).
 
-        ``auto`` asks every available backend first, then checks them from the highest
-        preference down (ties go to the higher priority) and runs the first that accepts; so
-        this is also called for problems the backend will refuse (pairwise or gradient). A
-        backend overrides it where it has *measured* itself faster than its priority suggests
-        for a class of problems; it must be cheap and must not raise. Backends of negative
-        priority stay opt-in whatever this returns.
+        ``auto`` ranks first the backends that the cost table of the problem's device lists for
+        its class (:mod:`kermac.costs`), cheapest first, then the others by this value (ties go
+        to the higher priority), and runs the first that accepts; so this is asked of every
+        available backend the table does not list, also for problems it will refuse. Where no
+        table covers the device or class, this order alone decides: a backend may override it
+        for a class of problems it has measured itself faster on; it must be cheap and must not
+        raise. Backends of negative priority stay opt-in whatever this returns.
         """
         return self.priority
 

@@ -14,11 +14,14 @@ Operations and shapes (all float32 ``torch.randn`` inputs):
 * ``"grad"``, sizes ``(M, N, O, K)``: ``a [K, M]``, ``b [N, K]``, ``c [O, K]``, ``d [N, M]`` →
   ``out [O, N, M] = Σ_k c[o,k]·a[k,m]·sgn(d[n,m]−b[n,k])·|d[n,m]−b[n,k]|^(p−1)``.
 
-The case lists: :data:`CPU_CASES` (small, for machines without a GPU), :data:`CPU_QUICK_CASES`,
-:data:`PEERS_CASES` (every row of ``shared/PEERS.md`` with the peers' H100 timings and the
-project's targets), :data:`GPU_CASES` (the subset ``kermac bench`` runs by default, < 1 minute on
-an H100), :data:`GPU_QUICK_CASES` and :data:`SMALL_CASES` (problems so small that on a GPU a
-call's time is mostly the host's per-call work: checks, planning, the launch).
+This is the one table of benchmark cases: ``kermac bench``, the asv suites in ``benchmarks/`` and
+the development tools in ``tools/`` all read it.  The case lists: :data:`CPU_CASES` (small, for
+machines without a GPU), :data:`CPU_QUICK_CASES`, :data:`PEERS_CASES` (the peer table: every
+problem other systems published H100 timings for, with those timings and the project's targets),
+:data:`GPU_CASES` (the subset ``kermac bench`` runs by default, < 1 minute on an H100),
+:data:`GPU_QUICK_CASES` and :data:`SMALL_CASES` (problems so small that on a GPU a call's time is
+mostly the host's per-call work: checks, planning, the launch).  :attr:`BenchCase.problem_class`
+is the class of :mod:`kermac.costs` a case measures.
 """
 
 from __future__ import annotations
@@ -28,9 +31,13 @@ import math
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import torch
+
+if TYPE_CHECKING:
+    from kermac.costs import ProblemClass
+    from kermac.programs import GradProgram, PairwiseProgram
 
 __all__ = [
     "CPU_CASES",
@@ -42,6 +49,7 @@ __all__ = [
     "SMALL_CASES",
     "BenchCase",
     "cases_for",
+    "corner",
     "input_sets",
     "kermac_fn",
     "max_rel_error",
@@ -52,7 +60,7 @@ __all__ = [
     "torch_fn",
 ]
 
-#: The backend whose float64 results are the oracle (kermac's pure-PyTorch reference).
+#: The backend whose float64 results are the oracle (kermac's pure-PyTorch reference backend).
 REFERENCE_BACKEND = "torch"
 
 Op = Literal["cdist", "kernel", "grad"]
@@ -70,8 +78,8 @@ class BenchCase:
         p: the norm exponent (> 0).
         kernel: ``"laplace"`` or ``"gaussian"`` for op ``"kernel"``, else ``None``.
         device: where inputs are created (``"cpu"``, ``"cuda"``, ``"cuda:1"``, ...).
-        peers: other systems' timings in ms on an H100 (``shared/PEERS.md``), by system name.
-        floor_ms: the hardware floor PEERS.md derives for this case, if any.
+        peers: other systems' published timings in ms on an H100, by system name.
+        floor_ms: the hardware floor of this case on an H100 (bytes or flops at peak), if any.
         target_ms: the project's target for this case on an H100, if any.
     """
 
@@ -142,6 +150,27 @@ class BenchCase:
         """Bytes of all float32 inputs of one input set."""
         return 4 * sum(math.prod(s) for s in self.input_shapes)
 
+    @property
+    def program(self) -> PairwiseProgram | GradProgram:
+        """The program :func:`kermac_fn` runs for this case."""
+        from kermac import presets
+        from kermac.lowering import cdist_program, grad_program
+
+        if self.op == "cdist":
+            return cdist_program(self.p, dtype=torch.float32)
+        if self.op == "grad":
+            return grad_program(self.p)
+        if self.kernel == "gaussian":
+            return presets.gaussian.lower()
+        return presets.ALL[_laplace_preset(self.p)].lower()
+
+    @property
+    def problem_class(self) -> ProblemClass:
+        """The class of :mod:`kermac.costs` this case measures (its inputs are float32)."""
+        from kermac.costs import classify
+
+        return classify(self.program, torch.float32, self.sizes)
+
     def on(self, device: str | torch.device) -> BenchCase:
         """The same case with inputs on ``device``."""
         return dataclasses.replace(self, device=str(device))
@@ -194,7 +223,7 @@ def _grad(
     )
 
 
-#: Every row of ``shared/PEERS.md`` (float32, one H100 80GB): peers' timings, floors and targets.
+#: The peer table (float32, one H100 80GB): other systems' published timings, floors and targets.
 PEERS_CASES: tuple[BenchCase, ...] = (
     _cdist((30000, 30000, 1024), 1.0, 58.7, 64.0, 2144.0, 73.5, 77.8),
     _cdist((30000, 30000, 1024), 1.3, 440.0, 300.0, 4060.0, 449.0, 453.0),
@@ -270,9 +299,11 @@ SMALL_CASES: tuple[BenchCase, ...] = CPU_QUICK_CASES
 def cases_for(
     device: str | torch.device, *, full: bool = False, quick: bool = False, small: bool = False
 ) -> list[BenchCase]:
-    """The cases ``kermac bench`` runs on ``device``: CPU or GPU lists, ``full`` = all PEERS rows,
-    ``small`` = :data:`SMALL_CASES` on either."""
+    """The cases ``kermac bench`` runs on ``device``: CPU or GPU lists, ``full`` = the whole peer
+    table (a CUDA device only: ``ValueError`` otherwise), ``small`` = :data:`SMALL_CASES` on either."""
     device = torch.device(device)
+    if full and device.type != "cuda":
+        raise ValueError(f"full: the peer-table cases need a CUDA device, got {device}")
     if small:
         chosen = SMALL_CASES
     elif device.type == "cpu":
@@ -298,11 +329,16 @@ def kermac_fn(case: BenchCase, backend: str) -> Callable[..., torch.Tensor]:
     sigma = case.bandwidth
     if case.kernel == "gaussian":
         return lambda x, z, out: kermac.run_kernel("gaussian", x, z, out=out, bandwidth=sigma, backend=backend)
-    if case.p in (1.0, 2.0):
-        preset = f"laplace_l{int(case.p)}"
+    preset = _laplace_preset(case.p)
+    if preset != "laplace_lp":
         return lambda x, z, out: kermac.run_kernel(preset, x, z, out=out, bandwidth=sigma, backend=backend)
     p = case.p
-    return lambda x, z, out: kermac.run_kernel("laplace_lp", x, z, out=out, p=p, bandwidth=sigma, backend=backend)
+    return lambda x, z, out: kermac.run_kernel(preset, x, z, out=out, p=p, bandwidth=sigma, backend=backend)
+
+
+def _laplace_preset(p: float) -> str:
+    """The preset of a Laplace kernel case: ``laplace_l1``, ``laplace_l2`` or ``laplace_lp``."""
+    return {1.0: "laplace_l1", 2.0: "laplace_l2"}.get(p, "laplace_lp")
 
 
 def torch_fn(case: BenchCase) -> Callable[..., torch.Tensor] | None:
@@ -336,6 +372,27 @@ def reference(case: BenchCase, inputs: Sequence[torch.Tensor]) -> torch.Tensor:
     wide = [t.double() for t in inputs]
     out = torch.empty(case.out_shape, device=wide[0].device, dtype=torch.float64)
     return kermac_fn(case, REFERENCE_BACKEND)(*wide, out)
+
+
+def corner(
+    case: BenchCase, inputs: Sequence[torch.Tensor], out: torch.Tensor, *, size: int = 256
+) -> tuple[BenchCase, tuple[torch.Tensor, ...], torch.Tensor]:
+    """A corner of ``case`` whose float64 reference is cheap, for checking a problem too large to check whole.
+
+    Pairwise: the first ``size`` rows of x against the last ``size`` rows of z, ``out[:size, -size:]``;
+    gradient: the first ``size`` columns m of a and d and the first 8 rows n of b and d,
+    ``out[:, :8, :size]`` (the whole reduction either way).  Returns (the corner as a case, its
+    inputs, the view of ``out`` that holds its answer).
+    """
+    if case.op == "grad":
+        a, b, c, d = inputs
+        m, n = min(size, a.shape[1]), min(8, b.shape[0])
+        sub = dataclasses.replace(case, sizes=(m, n, *case.sizes[2:]))
+        return sub, (a[:, :m], b[:n], c, d[:n, :m]), out[:, :n, :m]
+    x, z = inputs
+    m, n = min(size, x.shape[0]), min(size, z.shape[0])
+    sub = dataclasses.replace(case, sizes=(m, n, case.sizes[2]))
+    return sub, (x[:m], z[z.shape[0] - n :]), out[:m, out.shape[1] - n :]
 
 
 def max_rel_error(result: torch.Tensor, ref: torch.Tensor, *, chunk_elems: int = 1 << 26) -> float:

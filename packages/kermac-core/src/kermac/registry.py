@@ -1,5 +1,9 @@
 """The backend registry: plugins discovered once, on first use, and the choice of backend for a problem.
 
+``auto`` ranks the available backends that accept a problem by the cost table of its device
+(:mod:`kermac.costs`: measured milliseconds per problem class), then by ``preference()`` for the
+backends the table does not list (see :func:`select_backend`).
+
 Discovery (:mod:`kermac.discovery`) loads each entry point of ``kermac.backends`` on its own,
 within a time limit; every plugin it refuses or that fails is reported once -- a
 ``RuntimeWarning`` and a ``broken`` row of :func:`backend_statuses` (``kermac info``) naming the
@@ -27,6 +31,7 @@ from importlib import metadata
 from typing import TYPE_CHECKING, TypeVar
 
 from kermac.backend import Availability, Backend
+from kermac.costs import CostTables
 from kermac.discovery import (
     AUTO,
     Discovery,
@@ -44,7 +49,15 @@ from kermac.problem import GradProblem
 if TYPE_CHECKING:
     from collections.abc import Iterable
 
-__all__ = ["BackendStatus", "backend_statuses", "get_backend", "registered_backends", "reset", "select_backend"]
+__all__ = [
+    "BackendStatus",
+    "backend_statuses",
+    "cost_tables",
+    "get_backend",
+    "registered_backends",
+    "reset",
+    "select_backend",
+]
 
 ENV_BACKEND = "KERMAC_BACKEND"
 
@@ -83,6 +96,7 @@ class _PluginError(Exception):
 @dataclass
 class _Registry:
     found: Discovery
+    costs: CostTables = field(default_factory=CostTables)
     availability: dict[str, tuple[Availability, bool]] = field(default_factory=dict)  # (value, a plugin error)
     reported: set[tuple[str, str]] = field(default_factory=set)  # (backend, hook) plugin errors warned about
 
@@ -111,11 +125,17 @@ def _get_registry() -> _Registry:
     return reg
 
 
-def reset(entry_points: Iterable[metadata.EntryPoint] | None = None) -> None:
-    """Forget discovered backends (tests use this); ``entry_points`` replaces discovery if given."""
+def reset(entry_points: Iterable[metadata.EntryPoint] | None = None, *, costs: CostTables | None = None) -> None:
+    """Forget discovered backends (tests use this); ``entry_points`` replaces discovery if given,
+    ``costs`` the shipped cost tables (:mod:`kermac.costs`) if given."""
     global _registry
     with _lock:
-        _registry = None if entry_points is None else _Registry(discover(entry_points, load_timeout()))
+        if entry_points is None and costs is None:
+            _registry = None
+        else:
+            timeout = load_timeout()
+            found = discover_installed(timeout) if entry_points is None else discover(entry_points, timeout)
+            _registry = _Registry(found, costs or CostTables())
         reg = _registry
     if reg is not None:
         _warn(reg.found)
@@ -253,6 +273,11 @@ def _problem_rows(reg: _Registry) -> list[BackendStatus]:
     return rows
 
 
+def cost_tables() -> CostTables:
+    """The cost tables ``auto`` ranks by (:mod:`kermac.costs`)."""
+    return _get_registry().costs
+
+
 def get_backend(name: str) -> Backend:
     """The backend registered as ``name``; ``ValueError`` listing the known names otherwise."""
     return _entry(_get_registry(), name).backend
@@ -281,16 +306,19 @@ def select_backend(backend: str, problem: object, check: Callable[[Backend, obje
     """Choose the backend that runs ``problem``.
 
     ``backend='auto'`` takes, among the backends that are available and whose ``check`` accepts
-    the problem (never one of negative priority: those are opt-in), the one of highest
-    :meth:`~kermac.backend.Backend.preference` for it (its priority unless it knows better; ties
-    go to the higher priority); a name forces that backend and raises
-    :class:`BackendUnavailableError` or :class:`UnsupportedProblemError` (naming the backends
-    that would work) if it cannot.  Plugin errors are handled as the module docstring says.
+    the problem (never one of negative priority: those are opt-in), the cheapest by the cost table
+    of the problem's device and class (:mod:`kermac.costs`); backends the table does not list for
+    that class come after those it lists, by :meth:`~kermac.backend.Backend.preference` (their
+    priority unless they know better; ties go to the higher priority).  A name forces that backend
+    and raises :class:`BackendUnavailableError` or :class:`UnsupportedProblemError` (naming the
+    backends that would work) if it cannot.  Plugin errors are handled as the module docstring
+    says; a malformed cost table raises :class:`kermac.costs.CostTableError`.
     """
     name = requested_backend(backend)
     reg = _get_registry()
     if name != AUTO:
         return _forced(reg, name, problem, check, what)
+    costs = reg.costs.costs(problem)
     reasons, candidates = [], []
     for bname, entry in reg.found.backends.items():
         try:
@@ -304,13 +332,19 @@ def select_backend(backend: str, problem: object, check: Callable[[Backend, obje
         if priority < 0:
             continue  # opt-in backends run only when named
         av, _ = _availability(reg, bname, entry)
-        if av.available:
-            ranked.append((_preference(reg, bname, entry, problem, priority), priority, bname, entry))
-        else:
+        if not av.available:
             reasons.append(f"{bname}: {av.reason}")
-    # Most preferred first; only as many checks as it takes to find one that accepts.
-    ranked.sort(key=lambda r: r[:2], reverse=True)
-    for _, _, bname, entry in ranked:
+            continue
+        ms = costs.get(bname)
+        if ms is not None:  # measured: ahead of every unmeasured backend, the fastest first
+            rank = (1, -ms, priority)
+        else:
+            rank = (0, _preference(reg, bname, entry, problem, priority), priority)
+        ranked.append((rank, bname, entry))
+    # Best first (the sort is stable: registration order among equals); only as many checks as it
+    # takes to find one that accepts.
+    ranked.sort(key=lambda r: r[0], reverse=True)
+    for _, bname, entry in ranked:
         try:
             reason = _check(entry, problem, check, _check_hook(problem))
         except _PluginError as err:

@@ -6,11 +6,16 @@ matrix products for the p = 2 gradient), checks each result against the float64 
 reference backend, and prints one row per case: the median time of each implementation, the
 speed-up of the fastest kermac backend over PyTorch, and each implementation's max-norm relative
 error.  An error above the tolerance is flagged with ``!`` and makes the exit code 1.
+
+The table calls kermac's reference backend (``backend="torch"``) ``reference``: it is the
+correctness oracle, never the ``best`` of a row.  ``--write-costs PATH`` turns the run into a cost
+table for ``auto`` (:mod:`kermac.costs`).
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime
 import json
 import math
@@ -25,6 +30,7 @@ import torch
 
 import kermac
 from kermac import benchmarking as bm
+from kermac import costs
 from kermac.cli._format import render_table
 
 if TYPE_CHECKING:
@@ -35,6 +41,8 @@ if TYPE_CHECKING:
 __all__ = ["register", "run"]
 
 BASELINE = "torch.cdist"
+#: What the table calls the reference backend (its name, ``torch``, reads as PyTorch itself).
+REFERENCE_LABEL = "reference"
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -66,7 +74,11 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--no-rotate", action="store_true", help="reuse one input set even when it fits in the GPU's L2 cache"
     )
     sizes = p.add_mutually_exclusive_group()
-    sizes.add_argument("--full", action="store_true", help="on a GPU: every case of shared/PEERS.md (several minutes)")
+    sizes.add_argument(
+        "--full",
+        action="store_true",
+        help="needs a CUDA GPU: every case of the peer table, other systems' published timings (several minutes)",
+    )
     sizes.add_argument("--quick", action="store_true", help="fewer, smaller cases and fewer repeats")
     sizes.add_argument(
         "--small",
@@ -75,6 +87,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--json", action="store_true", help="print the results as JSON instead of a table")
     p.add_argument("-v", "--verbose", action="store_true", help="explain every n/a cell")
+    p.add_argument(
+        "--write-costs",
+        metavar="PATH",
+        help="also write the timings as a cost table for backend='auto' (see kermac.costs), e.g. sm_90.json",
+    )
     p.set_defaults(run=run)
 
 
@@ -119,9 +136,12 @@ class CaseResult:
     reference_error: str | None = None
 
     def best(self, backends: list[str]) -> str | None:
-        """The fastest kermac backend whose answer passed the check."""
+        """The fastest kermac backend whose answer passed the check; never the reference backend
+        (the float64 oracle, timed only to show what it costs)."""
         timed = [
-            (self.results[b].median_ms, b) for b in backends if self.results[b].median_ms is not None and self.ok(b)
+            (self.results[b].median_ms, b)
+            for b in backends
+            if b != bm.REFERENCE_BACKEND and self.results[b].median_ms is not None and self.ok(b)
         ]
         return min(timed)[1] if timed else None
 
@@ -186,6 +206,10 @@ def run(args: argparse.Namespace) -> int:
     else:
         backends, skipped = default_backends(list(statuses.values()), device)
 
+    refused = _refusal(args, device, backends, statuses)
+    if refused:
+        print(f"kermac bench: {refused}", file=sys.stderr)
+        return 2
     gpu = device.type == "cuda"
     warmup = args.warmup if args.warmup is not None else 1 if args.quick or not gpu else 2
     repeat = args.repeat if args.repeat is not None else 3 if args.quick else 10 if gpu else 5
@@ -203,8 +227,40 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps(_to_json(header, backends, skipped, results), indent=2))
     else:
         print(_report(header, backends, skipped, results, verbose=args.verbose))
-    wrong = any(not r.ok(name) for r in results for name in r.results)
-    return 1 if wrong else 0
+    code = 1 if any(not r.ok(name) for r in results for name in r.results) else 0
+    if args.backends:
+        for name in backends:
+            if all(r.results[name].median_ms is None for r in results):
+                why = next((r.results[name].error for r in results if r.results[name].error), "no case was timed")
+                print(f"kermac bench: backend {name!r} ran none of the cases: {why}", file=sys.stderr)
+                code = 1
+    if args.write_costs:
+        try:
+            table = costs.table_from_bench([_to_json(header, backends, skipped, results)])
+            table.write(args.write_costs)
+        except (OSError, costs.CostTableError) as exc:
+            print(f"kermac bench: --write-costs: {exc}", file=sys.stderr)
+            return 1
+        print(
+            f"kermac bench: cost table written to {args.write_costs} ({len(table.costs)} problem classes; "
+            f"auto reads it as {table.device_class}.json in {costs.DIRECTORY})",
+            file=sys.stderr,
+        )
+    return code
+
+
+def _refusal(
+    args: argparse.Namespace, device: torch.device, backends: list[str], statuses: dict[str, BackendStatus]
+) -> str | None:
+    """Why the run cannot give what was asked (a named backend unavailable, --full off a GPU), or None."""
+    if args.full and device.type != "cuda":
+        why = "no CUDA GPU is visible" if not torch.cuda.is_available() else "--device cpu was given"
+        return f"--full: the peer-table cases need a CUDA GPU ({why}); without --full it runs small cases on {device}"
+    if args.backends:
+        for name in backends:
+            if not statuses[name].available:
+                return f"backend {name!r} is unavailable here: {statuses[name].reason}"
+    return None
 
 
 def default_backends(statuses: list[BackendStatus], device: torch.device) -> tuple[list[str], dict[str, str]]:
@@ -224,7 +280,8 @@ def default_backends(statuses: list[BackendStatus], device: torch.device) -> tup
     }
     if device.type == "cuda" and bm.REFERENCE_BACKEND in backends and len(backends) > 1:
         backends.remove(bm.REFERENCE_BACKEND)
-        skipped[bm.REFERENCE_BACKEND] = "the reference: it checks the others; add it with --backends to time it"
+        why = f"it computes the float64 reference; time it with --backends {bm.REFERENCE_BACKEND},..."
+        skipped[bm.REFERENCE_BACKEND] = why
     return backends, skipped
 
 
@@ -333,7 +390,7 @@ def _header(device: torch.device, warmup: int, repeat: int, small: bool = False)
     else:
         name = platform.processor() or platform.machine() or "CPU"
         why = "no CUDA GPU visible" if not torch.cuda.is_available() else "--device cpu"
-        note = f"{why}: small cases on the CPU; the GPU backends and the PEERS.md sizes need a CUDA GPU"
+        note = f"{why}: small cases on the CPU; the GPU backends and the peer-table sizes need a CUDA GPU"
     return {
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "kermac": kermac.__version__,
@@ -341,6 +398,7 @@ def _header(device: torch.device, warmup: int, repeat: int, small: bool = False)
         "torch_cuda": torch.version.cuda,
         "device": str(device),
         "device_name": name,
+        "device_class": costs.device_class(device),
         "note": note,
         "warmup": warmup,
         "repeat": repeat,
@@ -361,6 +419,11 @@ def _fmt_err(case: bm.BenchCase, m: Measurement) -> str:
     return f"{m.max_rel_err:.1e}{flag}" if not math.isnan(m.max_rel_err) else "nan !"
 
 
+def _label(name: str) -> str:
+    """What the table calls an implementation: the reference backend is ``reference``."""
+    return REFERENCE_LABEL if name == bm.REFERENCE_BACKEND else name
+
+
 def _report(
     header: dict, backends: list[str], skipped: dict[str, str], results: list[CaseResult], *, verbose: bool
 ) -> str:
@@ -379,9 +442,9 @@ def _report(
     lines.append("")
     targets = any(r.case.target_ms is not None for r in results)
     headers = (
-        ["case", *(f"{n} ms" for n in impls), "speed-up", "best"]
+        ["case", *(f"{_label(n)} ms" for n in impls), "speed-up", "best"]
         + (["target ms"] if targets else [])
-        + [f"{n} err" for n in impls]
+        + [f"{_label(n)} err" for n in impls]
     )
     rows = []
     for r in results:
@@ -399,19 +462,22 @@ def _report(
     lines.append(render_table(headers, rows))
     lines.append("")
     lines.append(
-        f"speed-up = {BASELINE} / fastest correct kermac backend; the {BASELINE} column is torch.cdist, "
-        "then exp for kernels, and two matmuls for the p=2 gradient"
+        f"speed-up = {BASELINE} / best, the fastest correct kermac backend; the {BASELINE} column is "
+        "torch.cdist, then exp for kernels, and two matmuls for the p=2 gradient"
     )
     if bm.REFERENCE_BACKEND in backends:
-        lines.append(f"the '{bm.REFERENCE_BACKEND}' backend is kermac's pure-PyTorch reference backend")
+        lines.append(
+            f"{REFERENCE_LABEL} = kermac's pure-PyTorch reference backend (backend='{bm.REFERENCE_BACKEND}'), "
+            "whose float64 answers check the others; it is never 'best'"
+        )
     if targets:
-        lines.append("targets are for an NVIDIA H100 (shared/PEERS.md)")
+        lines.append("targets are the project's goals on an NVIDIA H100")
     if any(not r.ok(n) for r in results for n in r.results):
         lines.append("! = error above tolerance (1e-4; 1e-3 for gradients): that result is WRONG")
     if skipped:
-        lines.append("not timed: " + "; ".join(f"{n} ({why})" for n, why in skipped.items()))
-    reasons = [(r.case.label, n, m.error) for r in results for n, m in r.results.items() if m.error]
-    reasons += [(r.case.label, "reference", r.reference_error) for r in results if r.reference_error]
+        lines.append("not timed: " + "; ".join(f"{_label(n)} ({why})" for n, why in skipped.items()))
+    reasons = [(r.case.label, _label(n), m.error) for r in results for n, m in r.results.items() if m.error]
+    reasons += [(r.case.label, "float64 reference", r.reference_error) for r in results if r.reference_error]
     if reasons and verbose:
         lines.append("n/a cells:")
         lines += [f"  {label} / {name}: {why}" for label, name, why in reasons]
@@ -434,6 +500,7 @@ def _to_json(
             {
                 "label": c.label,
                 "op": c.op,
+                "problem_class": dataclasses.asdict(c.problem_class),
                 "sizes": list(c.sizes),
                 "p": c.p,
                 "kernel": c.kernel,
@@ -456,4 +523,11 @@ def _to_json(
                 "speedup": r.speedup(backends),
             }
         )
-    return {**header, "backends": backends, "baseline": BASELINE, "skipped": skipped, "cases": cases}
+    return {
+        **header,
+        "backends": backends,
+        "reference_backend": bm.REFERENCE_BACKEND,
+        "baseline": BASELINE,
+        "skipped": skipped,
+        "cases": cases,
+    }

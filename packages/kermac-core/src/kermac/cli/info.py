@@ -1,4 +1,4 @@
-"""``kermac info``: versions, CUDA GPUs, backends with their availability, and the JIT cache.
+"""``kermac info``: versions, CUDA GPUs, backends with their availability, cost tables and the JIT cache.
 
 The backend table has a row per backend and a ``BROKEN`` row per plugin error -- a plugin refused
 (a reserved or duplicate name), failed or too slow to load, or a backend whose ``priority`` or
@@ -21,8 +21,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "info",
         help="versions, GPUs, backends and the JIT cache",
-        description="Report kermac's and torch's versions, every CUDA GPU, every backend (available or why not) "
-        "and the JIT cache.",
+        description="Report kermac's and torch's versions, every CUDA GPU, every backend (available or why not), "
+        "the cost tables backend='auto' ranks by, and the JIT cache.",
     )
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(run=run)
@@ -33,7 +33,7 @@ def collect() -> dict[str, object]:
     import torch
 
     import kermac
-    from kermac import jit_cache
+    from kermac import costs, jit_cache, registry
 
     gpus: list[dict[str, object]] = []
     gpu_error = None
@@ -56,6 +56,14 @@ def collect() -> dict[str, object]:
         statuses = kermac.backends()
     cache = jit_cache.default_cache()
     cache_info = cache.info()
+    tables = {}
+    for cls in dict.fromkeys([f"sm_{g['compute_capability'].replace('.', '')}" for g in gpus] + ["cpu"]):
+        try:
+            table = registry.cost_tables().table(cls)
+        except costs.CostTableError as exc:
+            tables[cls] = {"error": str(exc)}
+            continue
+        tables[cls] = None if table is None else {"device": table.device, "source": table.source}
     return {
         "kermac": kermac.__version__,
         "python": platform.python_version(),
@@ -77,6 +85,7 @@ def collect() -> dict[str, object]:
             }
             for s in statuses
         ],
+        "cost_tables": tables,
         "cache": {
             "path": str(cache_info.path),
             "count": cache_info.count,
@@ -106,7 +115,7 @@ def run(args: argparse.Namespace) -> int:
     else:
         print("CUDA GPUs: no CUDA GPU" + (f" ({data['gpu_error']})" if data["gpu_error"] else ""))
     print()
-    print("Backends (auto tries the highest priority first):")
+    print("Backends (auto takes the cheapest in the cost table of the device, then the highest priority):")
     rows = []
     for b in data["backends"]:
         status = "BROKEN" if b["broken"] else "yes" if b["available"] else "no"
@@ -115,6 +124,15 @@ def run(args: argparse.Namespace) -> int:
         print(render_table(["name", "available", "priority", "plugin", "version", "reason"], rows, left=6))
     else:
         print("  none registered (is kermac-core installed, so its entry points exist?)")
+    print()
+    print("Cost tables (what auto ranks by):")
+    for cls, table in data["cost_tables"].items():
+        if table is None:
+            print(f"  {cls:6}  none: auto ranks by priority")
+        elif "error" in table:
+            print(f"  {cls:6}  unusable: {table['error']}")
+        else:
+            print(f"  {cls:6}  {table['device']}: {table['source']}")
     print()
     c = data["cache"]
     print(f"JIT cache: {c['path']}")

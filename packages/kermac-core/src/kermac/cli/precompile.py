@@ -21,7 +21,14 @@ DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("precompile", help="compile the common kernel variants into the JIT cache")
+    p = sub.add_parser(
+        "precompile",
+        help="compile the common kernel variants into the JIT cache",
+        description="Compile the kernels of the common problems (cdist for p = 0, 1, 2, inf and a fractional "
+        "p, every preset kernel, cdist_grad) into the JIT cache ahead of time, so that the first call of each "
+        "finds its kernel there: before a job starts, or when building an image. Without a GPU the kernels are "
+        "compiled for --arch (default sm_80 and sm_90).",
+    )
     p.add_argument("--backends", help="comma-separated backends (default: every backend that compiles ahead of time)")
     p.add_argument(
         "--arch",

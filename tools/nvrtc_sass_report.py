@@ -18,9 +18,9 @@ loads were sunk to their shared stores after the math no longer overlaps them wi
 of docs/nvrtc-notes.md: the one-path SIMT loop lost 8 % that way), and an instruction count alone
 does not show it.
 
-    python scripts/nvrtc_sass_report.py --cdist-p 1 --d 1024 [--arch sm_90]
-    python scripts/nvrtc_sass_report.py --preset laplace_l1 --d 128
-    python scripts/nvrtc_sass_report.py --match "(mul (sub x z) (sub x z));(sqrt acc)" --arch sm_80
+    python tools/nvrtc_sass_report.py --cdist-p 1 --d 1024 [--arch sm_90]
+    python tools/nvrtc_sass_report.py --preset laplace_l1 --d 128
+    python tools/nvrtc_sass_report.py --match "(mul (sub x z) (sub x z));(sqrt acc)" --arch sm_80
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ For each size: ``torch.linalg.eigh`` and ``kermac.linalg.eigh`` on cuda:0, then
 ‖AV − VΛ‖/‖A‖ and orthogonality.  Also the start-up cost of the isolated call (N = 256), the
 workspace per device, and whether repeated in-process calls (``isolate=False``) stay correct.
 
-    python scripts/mg_eigh_bench.py [--sizes 8192,16384] [--dtype float32]
+    python tools/mg_eigh_bench.py [--sizes 8192,16384] [--dtype float32]
 """
 
 from __future__ import annotations

@@ -9,9 +9,9 @@ executed instructions, shared-memory wavefronts, and the warp-stall samples by r
 samples and those of cycles where no warp issued — largest first.  The full ncu report goes to
 ``--report`` if given.
 
-    python scripts/nvrtc_profile.py cdist:8192:1024:1.3        # cdist, M = N = 8192, D = 1024, p
-    python scripts/nvrtc_profile.py kernel:laplace_l1:16384:128  # a preset kernel, σ = 10
-    python scripts/nvrtc_profile.py grad:4096:256:16:4096:1.5   # cdist_grad (M, N, O, K), p
+    python tools/nvrtc_profile.py cdist:8192:1024:1.3        # cdist, M = N = 8192, D = 1024, p
+    python tools/nvrtc_profile.py kernel:laplace_l1:16384:128  # a preset kernel, σ = 10
+    python tools/nvrtc_profile.py grad:4096:256:16:4096:1.5   # cdist_grad (M, N, O, K), p
 
     python scripts/nvrtc_profile.py cdist:8192:1024:1.3 --tuning power_table_pairs=36 --tuning power_table=1
 
@@ -103,7 +103,7 @@ def _run_twice(spec: str) -> None:
             x, z = torch.randn(m, d, device="cuda"), torch.randn(m, d, device="cuda")
             out = torch.empty(m, m, device="cuda")
             kermac.run_kernel(kermac.presets.ALL[name], x, z, bandwidth=10.0, out=out, backend="nvrtc")
-        elif kind == "grad":  # the shapes of scripts/nvrtc_bench.py's gradient rows
+        elif kind == "grad":  # the shapes of tools/nvrtc_bench.py's gradient rows
             (m, n, o, k), p = (int(v) for v in fields[:4]), float(fields[4])
             a, b = torch.randn(k, m, device="cuda"), torch.randn(n, k, device="cuda")
             c, d = torch.randn(o, k, device="cuda"), torch.randn(n, m, device="cuda")

@@ -7,7 +7,7 @@ call pays, cache write included).  Each source gets a unique comment, so that a 
 below kermac's keyed on the source (cuda.core's program cache, where enabled) cannot answer.
 Prints one row per variant with its ptxas resource line, then the median and maximum.
 
-    python scripts/nvrtc_compile_times.py [--arch sm_90] [--match substring]
+    python tools/nvrtc_compile_times.py [--arch sm_90] [--match substring]
 """
 
 from __future__ import annotations

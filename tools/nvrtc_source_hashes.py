@@ -5,8 +5,8 @@ Covers ``kermac precompile``'s common problems for sm_80 and sm_90, each pairwis
 SIMT kernel and with its epilogue inlined or not, and every fractional-p toggle (ex2 polynomial with
 and without flushing, the power table).  Variants a kernel refuses are recorded with their error.
 
-    python scripts/nvrtc_source_hashes.py before.json      # on the old tree
-    python scripts/nvrtc_source_hashes.py after.json       # on the new tree
+    python tools/nvrtc_source_hashes.py before.json      # on the old tree
+    python tools/nvrtc_source_hashes.py after.json       # on the new tree
     cmp before.json after.json
 """
 
@@ -61,7 +61,7 @@ def source_hashes() -> dict[str, str]:
 
 def main() -> None:
     if len(sys.argv) != 2:
-        raise SystemExit("usage: python scripts/nvrtc_source_hashes.py OUT.json")
+        raise SystemExit("usage: python tools/nvrtc_source_hashes.py OUT.json")
     hashes = source_hashes()
     with open(sys.argv[1], "w") as f:
         json.dump(hashes, f, indent=0, sort_keys=True)

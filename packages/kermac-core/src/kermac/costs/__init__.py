@@ -1,0 +1,324 @@
+"""Measured costs of the backends: what ``backend="auto"`` ranks by.
+
+A **cost table** is a JSON file per device class (``sm_90.json`` for every GPU of compute
+capability 9.0, ``cpu.json`` for the CPU) holding, per **problem class**, the milliseconds each
+backend took on the benchmark cases of that class.  Among the backends that are available and
+accept a problem, :func:`kermac.registry.select_backend` runs the one of lowest cost; a backend
+the table does not list for that class ranks after those it lists, by its
+:meth:`~kermac.backend.Backend.preference`; with no table for the device, or no entry for the
+class, the order is the preference order alone.
+
+A problem class (:class:`ProblemClass`) is
+
+* ``op``: ``"pairwise"`` (cdist, kernels, every pairwise program) or ``"grad"``;
+* ``family``: the inner term, which sets a kernel's cost far more than its epilogue: ``"l1"``
+  (Σ|x − z|), ``"l2"`` (Σ(x − z)², the tensor-core family: l2, Gaussian, Laplace-L2, Matérn,
+  Cauchy), ``"lp"`` (Σ|x − z|ᵖ for any other p), ``"l0"`` (count of differences), ``"linf"``
+  (max |x − z|), ``"other"``; for gradients the multiply of p = 1, p = 2 or any other p
+  (``"l1"``, ``"l2"``, ``"lp"``), else ``"other"``;
+* ``dtype``: the inputs' dtype (``"float32"``, ...);
+* ``size``: ``"narrow"`` (pairwise with D < :data:`NARROW_FEATURES`), ``"small"`` (work below
+  :data:`SMALL_WORK`: batch·M·N·D, or batch·M·N·O·K for gradients, where a call's time is mostly
+  host work) or ``"large"``.
+
+File format (``format`` 1)::
+
+    {"format": 1, "device_class": "sm_90", "device": "NVIDIA H100 80GB HBM3",
+     "source": "how the numbers were made",
+     "costs": [{"op": "pairwise", "family": "l2", "dtype": "float32", "size": "large",
+                "ms": {"nvrtc": 0.53, "triton": 0.56}}, ...]}
+
+:func:`table_from_bench` makes a table from ``kermac bench --json`` reports (``kermac bench
+--write-costs PATH`` does it in one step; ``tools/costs_from_bench.py`` from saved reports).
+"""
+
+from __future__ import annotations
+
+import datetime
+import functools
+import json
+import math
+import threading
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import torch
+
+from kermac.problem import SUPPORTED_DTYPES, GradProblem
+
+if TYPE_CHECKING:
+    from kermac.problem import PairwiseProblem
+    from kermac.programs import GradProgram, PairwiseProgram
+
+__all__ = [
+    "DIRECTORY",
+    "FORMAT",
+    "NARROW_FEATURES",
+    "SMALL_WORK",
+    "CostTable",
+    "CostTableError",
+    "CostTables",
+    "ProblemClass",
+    "classify",
+    "device_class",
+    "problem_class",
+    "table_from_bench",
+]
+
+#: The version of the file format this module reads and writes.
+FORMAT = 1
+#: Where the shipped tables live (package data of kermac core).
+DIRECTORY = Path(__file__).resolve().parent
+#: Pairwise problems with fewer features than this form their own size class: tensor-core kernels
+#: need a few k-steps of 8 to pay off, so a measurement at D = 256 says little about D = 8.
+NARROW_FEATURES = 16
+#: Work (multiply-adds) below which a problem is "small": about where a GPU kernel's time stops
+#: being the host's per-call work (checks, planning, the launch).
+SMALL_WORK = 2**27
+
+OPS = ("pairwise", "grad")
+FAMILIES = {"pairwise": ("l1", "l2", "lp", "l0", "linf", "other"), "grad": ("l1", "l2", "lp", "other")}
+SIZES = {"pairwise": ("narrow", "small", "large"), "grad": ("small", "large")}
+DTYPES = tuple(str(d).removeprefix("torch.") for d in SUPPORTED_DTYPES)
+
+
+class CostTableError(ValueError):
+    """A cost table that cannot be used: the message names the file and what is wrong."""
+
+
+@dataclass(frozen=True)
+class ProblemClass:
+    """The class of problems one cost-table entry covers (see the module documentation)."""
+
+    op: str
+    family: str
+    dtype: str
+    size: str
+
+    def __post_init__(self) -> None:
+        if self.op not in OPS:
+            raise ValueError(f"op: expected one of {', '.join(OPS)}, got {self.op!r}")
+        for name, allowed in (("family", FAMILIES[self.op]), ("dtype", DTYPES), ("size", SIZES[self.op])):
+            value = getattr(self, name)
+            if value not in allowed:
+                raise ValueError(f"{name}: expected one of {', '.join(allowed)} for op {self.op!r}, got {value!r}")
+
+
+# -- classifying problems -----------------------------------------------------------------------
+
+
+@functools.lru_cache(maxsize=256)
+def _family(program: PairwiseProgram | GradProgram) -> str:
+    from kermac.ir import Const
+    from kermac.lowering import grad_program
+    from kermac.programs import PairwiseProgram, difference_power
+
+    if not isinstance(program, PairwiseProgram):
+        kinds = {grad_program(1.0): "l1", grad_program(2.0): "l2", grad_program(None): "lp"}
+        return kinds.get(program, "other")
+    power = difference_power(program.inner)
+    if power is None:
+        return "other"
+    if program.reduction == "max":
+        return "linf" if power == Const(1.0) else "other"
+    if program.reduction != "sum":
+        return "other"
+    return {Const(0.0): "l0", Const(1.0): "l1", Const(2.0): "l2"}.get(power, "lp")
+
+
+def _size(work: int, features: int | None) -> str:
+    """The size class of ``work`` multiply-adds; ``features`` is D for pairwise problems, else None."""
+    if features is not None and features < NARROW_FEATURES:
+        return "narrow"
+    return "small" if work < SMALL_WORK else "large"
+
+
+def classify(
+    program: PairwiseProgram | GradProgram, dtype: torch.dtype, sizes: Sequence[int], batch: int = 1
+) -> ProblemClass:
+    """The class of a problem: ``sizes`` is (M, N, D) for a pairwise program, (M, N, O, K) for a gradient."""
+    features = sizes[2] if len(sizes) == 3 else None
+    return _problem_class(program, dtype, _size(batch * math.prod(sizes), features))
+
+
+@functools.lru_cache(maxsize=1024)
+def _problem_class(program: PairwiseProgram | GradProgram, dtype: torch.dtype, size: str) -> ProblemClass:
+    from kermac.programs import PairwiseProgram
+
+    op = "pairwise" if isinstance(program, PairwiseProgram) else "grad"
+    return ProblemClass(op, _family(program), str(dtype).removeprefix("torch."), size)
+
+
+def problem_class(problem: PairwiseProblem | GradProblem) -> ProblemClass:
+    """:func:`classify` of a normalised problem (``auto`` asks this on every call: kept cheap)."""
+    batch = math.prod(problem.batch_shape)
+    if isinstance(problem, GradProblem):
+        return _problem_class(problem.program, problem.a.dtype, _size(batch * math.prod(problem.sizes), None))
+    d = problem.x.shape[-1]
+    work = batch * problem.x.shape[-2] * problem.z.shape[-2] * d
+    return _problem_class(problem.program, problem.x.dtype, _size(work, d))
+
+
+@functools.lru_cache(maxsize=64)
+def device_class(device: torch.device) -> str | None:
+    """``"sm_90"`` for a CUDA device of compute capability 9.0, ``"cpu"``; ``None`` for other devices."""
+    if device.type == "cuda":
+        major, minor = torch.cuda.get_device_capability(device)
+        return f"sm_{major}{minor}"
+    return "cpu" if device.type == "cpu" else None
+
+
+# -- tables -------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class CostTable:
+    """The measured costs on one device class: ``costs[problem class][backend name]`` in ms."""
+
+    device_class: str
+    device: str
+    source: str
+    costs: Mapping[ProblemClass, Mapping[str, float]]
+
+    def to_json(self) -> dict[str, object]:
+        """The file content (see the module documentation)."""
+        entries = [
+            {"op": c.op, "family": c.family, "dtype": c.dtype, "size": c.size, "ms": dict(ms)}
+            for c, ms in self.costs.items()
+        ]
+        return {
+            "format": FORMAT,
+            "device_class": self.device_class,
+            "device": self.device,
+            "source": self.source,
+            "costs": entries,
+        }
+
+    def write(self, path: str | Path) -> None:
+        """Write the table as JSON to ``path``."""
+        Path(path).write_text(json.dumps(self.to_json(), indent=1) + "\n", encoding="utf-8")
+
+    @classmethod
+    def from_json(cls, data: object, origin: str) -> CostTable:
+        """Validate parsed JSON; :class:`CostTableError` naming ``origin`` and the fault otherwise."""
+
+        def fail(what: str) -> CostTableError:
+            return CostTableError(f"cost table {origin}: {what}")
+
+        if not isinstance(data, dict):
+            raise fail(f"expected a JSON object, got {type(data).__name__}")
+        if data.get("format") != FORMAT:
+            raise fail(f"format: expected {FORMAT}, got {data.get('format')!r}")
+        for key in ("device_class", "device", "source"):
+            if not isinstance(data.get(key), str):
+                raise fail(f"{key}: expected a string, got {data.get(key)!r}")
+        entries = data.get("costs")
+        if not isinstance(entries, list):
+            raise fail(f"costs: expected a list of entries, got {type(entries).__name__}")
+        costs: dict[ProblemClass, dict[str, float]] = {}
+        for i, entry in enumerate(entries):
+            where = f"costs[{i}]"
+            if not isinstance(entry, dict):
+                raise fail(f"{where}: expected an object, got {type(entry).__name__}")
+            try:
+                key = ProblemClass(*(entry.get(k) for k in ("op", "family", "dtype", "size")))
+            except (ValueError, KeyError) as exc:
+                raise fail(f"{where}.{exc}") from None
+            ms = entry.get("ms")
+            if not isinstance(ms, dict) or not ms:
+                raise fail(f"{where}.ms: expected a non-empty object of backend name to milliseconds, got {ms!r}")
+            for name, value in ms.items():
+                number = isinstance(value, (int, float)) and not isinstance(value, bool)
+                if not (number and math.isfinite(value) and value > 0):
+                    raise fail(f"{where}.ms[{name!r}]: expected a positive finite number (ms), got {value!r}")
+            if key in costs:
+                raise fail(f"{where}: a second entry for {key}")
+            costs[key] = {name: float(value) for name, value in ms.items()}
+        return cls(data["device_class"], data["device"], data["source"], costs)
+
+    @classmethod
+    def load(cls, path: str | Path) -> CostTable:
+        """Read and validate the table in ``path``."""
+        path = Path(path)
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise CostTableError(f"cost table {path}: cannot be read: {exc}") from exc
+        return cls.from_json(data, str(path))
+
+
+class CostTables:
+    """The tables of one directory (``<device class>.json``), each read on first use."""
+
+    def __init__(self, directory: str | Path = DIRECTORY) -> None:
+        self.directory = Path(directory)
+        self._tables: dict[str, CostTable | None] = {}
+        self._lock = threading.Lock()
+
+    def table(self, device_cls: str) -> CostTable | None:
+        """The table of ``device_cls``, ``None`` if there is none; :class:`CostTableError` if it is malformed."""
+        try:
+            return self._tables[device_cls]
+        except KeyError:
+            pass
+        path = self.directory / f"{device_cls}.json"
+        table = CostTable.load(path) if path.is_file() else None
+        if table is not None and table.device_class != device_cls:
+            raise CostTableError(f"cost table {path}: device_class {table.device_class!r} does not match the file name")
+        with self._lock:
+            self._tables[device_cls] = table
+        return table
+
+    def costs(self, problem: PairwiseProblem | GradProblem) -> Mapping[str, float]:
+        """Milliseconds per backend for ``problem``'s class on its device; empty where nothing was measured."""
+        cls = device_class(problem.device)
+        table = None if cls is None else self.table(cls)
+        if table is None:
+            return {}
+        return table.costs.get(problem_class(problem), {})
+
+
+# -- tables from benchmark runs ------------------------------------------------------------------
+
+
+def table_from_bench(reports: Sequence[Mapping[str, object]]) -> CostTable:
+    """A table from ``kermac bench --json`` reports of one device class.
+
+    Per problem class, a backend's cost is the geometric mean of its median times over the class's
+    cases; a backend enters a class only if it ran each of its cases with an answer within the
+    tolerance (a failed or wrong run says nothing about its speed).  The baseline (``torch.cdist``)
+    is not a kermac backend and is left out.
+    """
+    if not reports:
+        raise CostTableError("cost table from kermac bench: expected at least one report, got none")
+    classes = {r.get("device_class") for r in reports}
+    if len(classes) != 1 or None in classes:
+        raise CostTableError(f"cost table from kermac bench: expected reports of one device class, got {classes}")
+    times: dict[ProblemClass, dict[str, list[float | None]]] = {}
+    for report in reports:
+        for case in report["cases"]:
+            key = ProblemClass(**case["problem_class"])
+            per_backend = times.setdefault(key, {})
+            for name in report["backends"]:
+                r = case["results"].get(name, {})
+                ok = r.get("ok") and r.get("median_ms") and not r.get("error")
+                per_backend.setdefault(name, []).append(r["median_ms"] if ok else None)
+    costs = {}
+    for key, per_backend in times.items():
+        ms = {
+            name: math.prod(values) ** (1 / len(values))
+            for name, values in per_backend.items()
+            if len(values) == max(map(len, per_backend.values())) and None not in values
+        }
+        if ms:
+            costs[key] = dict(sorted(ms.items(), key=lambda kv: kv[1]))
+    first = reports[0]
+    stamp = datetime.datetime.now(datetime.timezone.utc).date().isoformat()
+    dates = sorted({str(r.get("date")) for r in reports})
+    source = (
+        f"kermac bench --json ({len(reports)} report(s) of {', '.join(dates)}; kermac {first.get('kermac')}, "
+        f"torch {first.get('torch')}); converted {stamp}"
+    )
+    return CostTable(str(first["device_class"]), str(first.get("device_name")), source, costs)

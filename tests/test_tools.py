@@ -1,0 +1,70 @@
+"""tools/: the development tools read the one table of benchmark cases (kermac.benchmarking); no GPU."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+from helpers import load_script
+
+from kermac import benchmarking as bm
+from kermac.costs import CostTable
+
+TOOLS = ("nvrtc_bench", "nvrtc_profile", "nvrtc_sass_report", "nvrtc_compile_times", "nvrtc_source_hashes")
+
+
+@pytest.mark.parametrize("name", [*TOOLS, "mg_eigh_bench", "triton_bench", "costs_from_bench"])
+def test_every_tool_imports_without_a_gpu(name: str) -> None:
+    load_script(name)
+
+
+def test_nvrtc_bench_rows_are_the_peer_table_and_its_extra_cases() -> None:
+    tool = load_script("nvrtc_bench")
+    labels = [c.label for c in (*bm.PEERS_CASES, *tool.EXTRA_CASES)]
+    assert len(set(labels)) == len(labels)
+    assert not set(tool.EXTRA_CASES) & set(bm.PEERS_CASES)
+
+
+@pytest.mark.parametrize("case", bm.CPU_QUICK_CASES, ids=lambda c: c.label)
+def test_triton_bench_builds_the_problem_kermac_bench_runs(case: bm.BenchCase) -> None:
+    """The problem the tool times directly on Triton's launcher computes the case (interpreter, CPU)."""
+    tool = load_script("triton_bench")
+    from kermac_backend_triton import launch
+
+    small = bm.BenchCase(case.op, (24, 8, 3, 16) if case.op == "grad" else (24, 20, 16), case.p, case.kernel)
+    inputs = small.make_inputs(1)
+    out = torch.full(small.out_shape, math.nan)
+    pr = tool.problem(small, inputs, out)
+    (launch.run_grad if small.op == "grad" else launch.run_pairwise)(pr)
+    assert bm.max_rel_error(out, bm.reference(small, inputs)) < bm.tolerance(small)
+
+
+def test_costs_from_bench_converts_saved_reports(tmp_path) -> None:
+    tool = load_script("costs_from_bench")
+    cls = {"op": "pairwise", "family": "l1", "dtype": "float32", "size": "large"}
+    report = {
+        "device_class": "sm_80",
+        "device_name": "A GPU",
+        "date": "d",
+        "kermac": "k",
+        "torch": "t",
+        "backends": ["nvrtc", "triton"],
+        "cases": [
+            {
+                "problem_class": cls,
+                "results": {
+                    "nvrtc": {"median_ms": 2.0, "ok": True, "error": None},
+                    "triton": {"median_ms": 1.0, "ok": True, "error": None},
+                },
+            }
+        ],
+    }
+    (tmp_path / "run.json").write_text(json.dumps(report))
+    out = tmp_path / "sm_80.json"
+    assert tool.main([str(tmp_path / "run.json"), "-o", str(out)]) == 0
+    table = CostTable.load(out)
+    assert table.device_class == "sm_80" and list(table.costs.values()) == [{"triton": 1.0, "nvrtc": 2.0}]
+    (tmp_path / "bad.json").write_text("{")
+    assert tool.main([str(tmp_path / "bad.json"), "-o", str(out)]) == 1
