@@ -610,3 +610,13 @@ def test_outputs_past_two_to_the_31_elements(gluon: bool) -> None:
         torch.testing.assert_close(out[rows, cols].cpu().double(), ref, rtol=2e-6, atol=1e-6)
     del out
     torch.cuda.empty_cache()
+
+
+@pytest.mark.parametrize("value", ["1", "true", "on", "0", "", "off", "2"])
+def test_the_backend_reads_triton_interpret_as_triton_does(value: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The backend asks Triton whether it interprets: with TRITON_INTERPRET=2 Triton compiles for the GPU,
+    so the backend must not take CPU tensors (it used to parse the variable itself and said yes)."""
+    interpreter = pytest.importorskip("kermac_backend_triton.interpreter")
+    knobs = pytest.importorskip("triton").knobs
+    monkeypatch.setenv("TRITON_INTERPRET", value)
+    assert interpreter.interpreting() == knobs.runtime.interpret == (value in ("1", "true", "on"))
