@@ -3,7 +3,10 @@
 - Tests marked ``gpu`` run only where ``torch.cuda.is_available()`` and the device's compute
   capability is at least 8.0; elsewhere they are skipped with the reason.  ``pytest -m gpu`` on
   the GPU machine runs just them.
-- Without a CUDA GPU, ``TRITON_INTERPRET=1`` is set so the Triton backend runs on the CPU.
+- Without a CUDA GPU, ``TRITON_INTERPRET=1`` is set so the Triton backend runs on the CPU; with
+  one, the registered Triton backend runs untuned (``TritonTuning(autotune=False)``: one
+  compilation per program instead of one per tile configuration; ``kermac bench`` measures the
+  tuned backend).
 - The autouse ``seed`` fixture seeds torch's generators (CPU and every CUDA device) from a fresh random
   value each run and prints it, which pytest shows when the test fails.  ``KERMAC_TEST_SEED=N``
   replays a failure with the seed it printed.
@@ -41,6 +44,25 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     if reason is not None:
         for item in gpu_items:
             item.add_marker(pytest.mark.skip(reason=reason))
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _triton_untuned_on_the_gpu():
+    """The registered Triton backend with autotuning off, on a GPU (under the interpreter it never tunes)."""
+    if not torch.cuda.is_available():
+        yield
+        return
+    try:
+        from kermac.registry import get_backend
+        from kermac_backend_triton.tuning import TritonTuning
+
+        backend = get_backend("triton")
+    except (ImportError, ValueError):  # the Triton backend is not installed here
+        yield
+        return
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(backend, "tuning", TritonTuning(autotune=False))
+        yield
 
 
 @pytest.fixture(autouse=True)

@@ -27,17 +27,16 @@ def compile_job(job: dict) -> str:
     from triton.experimental.gluon._runtime import GluonASTSource
 
     from kermac import presets
-    from kermac_backend_triton.gluon_pairwise import gluon_pairwise_source
-    from kermac_backend_triton.kernels import PairwiseSpec
+    from kermac_backend_triton.generated import PairwiseSpec, kernel_source
     from kermac_backend_triton.modules import load_module
 
     spec = dict(program=presets.ALL[job["preset"]].lower(regularized=job["regularized"]), compute="float32")
-    spec.update(nbatch=0, tensor_hypers=frozenset(), int64=False, interpret=False, gluon=True)
+    spec.update(nbatch=0, tensor_hypers=frozenset(), int64=False, kernel="gluon")
     changes = dict(job["spec"])
     if "tensor_hypers" in changes:
         changes["tensor_hypers"] = frozenset(changes["tensor_hypers"])
     spec = PairwiseSpec(**(spec | changes))
-    fn = load_module(gluon_pairwise_source(spec)).kermac_pairwise
+    fn = load_module(kernel_source(spec)).kermac_pairwise
     index = {n: i for i, n in enumerate(fn.arg_names)}
     consts = dict(job["meta"]) | job["constants"]
     signature = {}

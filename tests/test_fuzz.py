@@ -96,11 +96,10 @@ def test_fuzz_triton_interpreter_fresh_seeds(seed: int) -> None:
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("backend", ["triton", "nvrtc"])
-def test_fuzz_gpu(backend: str, seed: int, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_fuzz_gpu(backend: str, seed: int) -> None:
     """Both GPU backends on CUDA tensors: fixed and fresh cases (one compilation per program and
-    dtype, so the Triton autotuner is off: every configuration would compile)."""
+    dtype: conftest runs the Triton backend untuned, else every configuration would compile)."""
     require_backend(backend, "cuda")
-    monkeypatch.setenv("KERMAC_TRITON_AUTOTUNE", "0")
     count = int(os.environ.get("KERMAC_FUZZ_GPU_CASES", "300"))
     budget = float(os.environ.get("KERMAC_FUZZ_GPU_BUDGET_S", "420"))
     seeds = list(range(count - count // 5)) + _fresh_seeds(seed, count // 5)

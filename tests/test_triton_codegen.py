@@ -18,17 +18,17 @@ import kermac
 from kermac import ir, presets
 from kermac.programs import GradProgram, PairwiseProgram
 
-codegen = pytest.importorskip("kermac_backend_triton.codegen")
-kernels = pytest.importorskip("kermac_backend_triton.kernels")
+expressions = pytest.importorskip("kermac_backend_triton.expressions")
+generated = pytest.importorskip("kermac_backend_triton.generated")
+facts = pytest.importorskip("kermac_backend_triton.kernel_facts")
 
 TRITON_DEVICES = [p for p in BACKEND_DEVICES if p.values[0] == "triton"]
 
 
 def pairwise(desc: kermac.KernelDescriptor, **changes: object) -> str:
-    spec = dict(program=desc.lower(), compute="float32", nbatch=0, tensor_hypers=frozenset())
-    spec.update(int64=False, interpret=False)
+    spec = dict(program=desc.lower(), compute="float32", nbatch=0, tensor_hypers=frozenset(), int64=False)
     spec.update(changes)
-    return kernels.pairwise_source(kernels.PairwiseSpec(**spec))
+    return generated.kernel_source(generated.PairwiseSpec(**spec))
 
 
 def grad_program(p: float) -> GradProgram:
@@ -39,7 +39,7 @@ def grad_program(p: float) -> GradProgram:
     return GradProgram(ir.select(ir.ne(t, 0.0), general, 0.0), ir.Var("acc"))
 
 
-def kernel_body(source: str, name: str) -> str:
+def function(source: str, name: str) -> str:
     """The text of function ``name`` in ``source`` (which must parse as Python)."""
     tree = ast.parse(source)
     fn = next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == name)
@@ -51,115 +51,102 @@ def kernel_body(source: str, name: str) -> str:
 def test_every_preset_generates_valid_source(name: str, regularized: bool) -> None:
     desc = presets.ALL[name]
     program = desc.lower(regularized=regularized)
-    body = kernel_body(pairwise(desc, program=program), kernels.PAIRWISE_ENTRY)
-    # The reduction and its identity.
-    combines = {"sum": "tl.sum(t, 0)", "max": "tl.reduce(t, 0, _kmax)", "min": "tl.reduce(t, 0, _kmin)"}
-    combine = combines[program.reduction]
-    # the unmasked steps (one loop per prefetch depth) and the masked tail
-    assert body.count(combine) == len(kernels.PREFETCH_DEPTHS) + 1
-    # The diagonal is computed exactly when the epilogue reads it.
-    assert ("diag = tl.where(om4 + OFF_M == on4 + OFF_N" in body) == regularized
+    source = pairwise(desc, program=program)
+    entry = function(source, generated.PAIRWISE_ENTRY)
+    inner, epilogue = function(source, "inner"), function(source, "epilogue")
+    # The reduction and whether the diagonal is computed are the tile's constants.
+    assert f"'{program.reduction}', {regularized}, tl.float32, BK, MI, NI, MT, NT, PF" in entry
     # Every hyperparameter is a typed scalar argument, cast to the compute type on entry.
     for h in program.hypers:
-        assert f"h_{h}: tl.float32" in body and f"h_{h} = tl.full([], h_{h}, tl.float32)" in body
+        assert f"h_{h}: tl.float32" in entry and f"h_{h} = tl.full([], h_{h}, tl.float32)" in entry
     # Inner expressions use the special-function unit's log2; epilogues the accurate one.
     if desc.power == "pow":
-        assert "_kpow_nn_fast(tl.abs((xv - zv)), h_p)" in body
+        assert "pow_nonneg_fast(tl.abs((x - z)), h_p)" in inner
     if desc.outer == "root":
-        assert "_kpow_nn(acc, (tl.full([], 1.0, tl.float32) / h_p))" in body
-    assert "_kpow(" not in body  # every built-in base is provably non-negative
+        assert "pow_nonneg(acc, (tl.full([], 1.0, tl.float32) / h_p))" in epilogue
+    assert "pow_ieee(" not in source  # every built-in base is provably non-negative
 
 
 def test_specialisations_fall_out_of_the_ir() -> None:
-    l1 = kernel_body(pairwise(presets.l1_distance), kernels.PAIRWISE_ENTRY)
-    l2 = kernel_body(pairwise(presets.l2_distance), kernels.PAIRWISE_ENTRY)
-    assert "tl.broadcast_to(tl.abs((xv - zv))," in l1 and "pow" not in l1
-    assert "tl.broadcast_to(((xv - zv) * (xv - zv))," in l2 and "tl.sqrt_rn(acc)" in l2
-    dot = kernel_body(pairwise(presets.dot_product), kernels.PAIRWISE_ENTRY)
-    assert "tl.broadcast_to((xv * zv)," in dot
+    l1 = function(pairwise(presets.l1_distance), "inner")
+    l2 = pairwise(presets.l2_distance)
+    assert "return tl.abs((x - z))" in l1 and "pow" not in l1
+    assert "return ((x - z) * (x - z))" in function(l2, "inner") and "tl.sqrt_rn(acc)" in function(l2, "epilogue")
+    assert "return (x * z)" in function(pairwise(presets.dot_product), "inner")
 
 
 def test_layout_specialisations() -> None:
     src = pairwise(presets.laplace_lp, nbatch=2, tensor_hypers=frozenset({"bandwidth"}), int64=True)
-    body = kernel_body(src, kernels.PAIRWISE_ENTRY)
-    assert "pid = tl.program_id(0).to(tl.int64)" in body
+    body = function(src, generated.PAIRWISE_ENTRY)
+    assert "grouped_tile(M, N, MI * MT, NI * NT, GROUP_M, True)" in body and "INT64=True" in body
     assert "b1 = rest % BS1" in body and "X += b0 * SB_x_0 + b1 * SB_x_1" in body
     assert "H_bandwidth += b0 * SB_hyper_bandwidth_0 + b1 * SB_hyper_bandwidth_1" in body
     assert "h_bandwidth = tl.load(H_bandwidth).to(tl.float32)" in body
     assert "h_p: tl.float32" in body  # p stays a scalar argument
-    plain = kernel_body(pairwise(presets.laplace_lp), kernels.PAIRWISE_ENTRY)
-    assert "int64" not in plain and "BS0" not in plain
+    # The program's functions read the hyperparameters they use from the tuple, by position.
+    assert "(h_bandwidth, h_p, h_regularization)" in body or "(h_bandwidth, h_p)" in body
+    assert "h_p = hypers[1]" in function(src, "inner") and "h_bandwidth" not in function(src, "inner")
+    plain = function(pairwise(presets.laplace_lp), generated.PAIRWISE_ENTRY)
+    assert "INT64=False" in plain and "BS0" not in plain
 
 
-def test_float64_and_interpreter_helpers() -> None:
-    f64 = pairwise(presets.lp_distance, compute="float64")
-    assert "h_p: tl.float64" in f64 and "lg2.approx.ftz.f32 $0" not in f64 and "libdevice" not in f64
-    gpu = pairwise(presets.lp_distance)
-    assert "lg2.approx.ftz.f32 $0" in gpu and "libdevice.exp2(a)" in gpu
-    interp = pairwise(presets.lp_distance, interpret=True)
-    assert "lg2.approx.ftz.f32 $0" not in interp and "return tl.log2(tl.abs(a))" in interp
+def test_float64_programs_and_the_interpreter_use_the_portable_math(monkeypatch: pytest.MonkeyPatch) -> None:
+    """float32 on a GPU takes lg2.approx and libdevice; float64, and the interpreter, Triton's accurate math."""
+    math_ = pytest.importorskip("kermac_backend_triton.kernel_math")
+    tl = pytest.importorskip("triton.language")
+    assert "h_p: tl.float64" in pairwise(presets.lp_distance, compute="float64")
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    assert not math_.native_float32(tl.float32)
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    assert math_.native_float32(tl.float32) and not math_.native_float32(tl.float64)
 
 
 @pytest.mark.parametrize("p", [1.0, 1.5])
 def test_grad_source(p: float) -> None:
-    spec = kernels.GradSpec(grad_program(p), "float32", 1, frozenset(), False, False)
-    body = kernel_body(kernels.grad_source(spec), kernels.GRAD_ENTRY)
-    # 3×TF32 by hand into a fresh accumulator per k step, in the full steps and the masked tail.
-    # p = 1.5: the full steps twice (select-free loop for p − 1 in (0, ∞), general loop otherwise).
-    loops = 2 if p == 1.0 else 3
-    assert body.count('input_precision="tf32", out_dtype=tl.float32)') == 3 * loops
-    assert body.count("acc += part") == loops and body.count("wh, wl = _ksplit(w)") == loops and "tf32x3" not in body
-    # The split is one asm block on a GPU (no integer negation of hi), integer operations when interpreted.
-    assert "sub.f32 $1, $2, $0" in kernels.grad_source(spec)
-    interp = kernels.grad_source(kernels.GradSpec(grad_program(p), "float32", 1, frozenset(), False, True))
-    assert "inline_asm" not in interp.split("def _ksplit")[1].split("@triton.jit")[0]
-    f64 = kernel_body(
-        kernels.grad_source(kernels.GradSpec(grad_program(p), "float64", 1, frozenset(), False, False)),
-        kernels.GRAD_ENTRY,
-    )
-    assert (
-        f64.count('tl.dot(w, cv, acc, input_precision="ieee", out_dtype=tl.float64)') == loops and "_ktf32" not in f64
-    )
+    spec = generated.GradSpec(grad_program(p), "float32", 1, frozenset(), False)
+    source = generated.kernel_source(spec)
+    entry = function(source, generated.GRAD_ENTRY)
+    assert "A += b0 * SB_a_0" in entry and "DD += b0 * SB_d_0" in entry
     if p == 1.0:
-        assert "_ksign((dv - bv))" in body and "pow" not in body
+        assert "return sign((d - b))" in function(source, "multiply") and "signed_base" not in source
+        assert "None, None, False, tl.float32" in entry
     else:
         # sgn(t)·|t|^(p−1): one copysigned power where p − 1 is in (0, ∞), its exponent as a tile.
-        assert "if (sp_e < _INF) & (sp_e > 0):" in body and "sp_e = (h_p - tl.full([], 1.0, tl.float32))" in body
-        assert body.count("_ksignpow_pos((dv - bv), sp_et)") == 1
-        general = "_kpow_nn_fast(tl.abs((dv - bv)), (h_p - tl.full([], 1.0, tl.float32)))"
-        assert body.count(general) == 2  # general loop and tail
+        assert "signed_base, signed_exponent, True, tl.float32" in entry
+        assert "return (d - b)" in function(source, "signed_base")
+        assert "return (h_p - tl.full([], 1.0, tl.float32))" in function(source, "signed_exponent")
+        general = "pow_nonneg_fast(tl.abs((d - b)), (h_p - tl.full([], 1.0, tl.float32)))"
+        assert general in function(source, "multiply")
 
 
 def test_grad_signed_power_needs_a_scalar_exponent() -> None:
     t = ir.Var("d") - ir.Var("b")
     prog = GradProgram(ir.select(ir.ne(t, 0.0), ir.sign(t) * ir.pow(abs(t), ir.Var("d")), 0.0), ir.Var("acc"))
-    body = kernel_body(
-        kernels.grad_source(kernels.GradSpec(prog, "float32", 0, frozenset(), False, False)), "kermac_grad"
-    )
-    assert "_ksignpow_pos" not in body and body.count("acc += part") == 2
+    source = generated.kernel_source(generated.GradSpec(prog, "float32", 0, frozenset(), False))
+    assert "signed_base" not in source and "None, None, False" in source
 
 
 def test_op_table_covers_the_ir() -> None:
-    for compute in codegen.COMPUTE_TYPES:
-        assert set(codegen.op_table(compute)) == set(ir.OPS)
+    for compute in expressions.COMPUTE_TYPES:
+        assert set(expressions.op_table(compute)) == set(ir.OPS)
     with pytest.raises(ValueError, match="compute"):
-        codegen.op_table("float16")
+        expressions.op_table("float16")
 
 
 def test_constants_and_nonnegativity() -> None:
     x, z = ir.Var("x"), ir.Var("z")
     e = ir.minimum(x, -1.5) + ir.maximum(z, math.inf) * math.nan - (-0.0)
-    text = codegen.render_expr(e, {"x": "X", "z": "Z"}, "float32")
+    text = expressions.render_expr(e, {"x": "X", "z": "Z"}, "float32")
     one = "tl.full([], {}, tl.float32)".format
     minus_zero = "tl.full([], 0x80000000, tl.uint32).to(tl.float32, bitcast=True)"
-    expected = f"((_kmin(X, {one(-1.5)}) + (_kmax(Z, {one('_INF')}) * ({one('_INF')} * 0.0))) - {minus_zero})"
+    expected = f"((min_nan(X, {one(-1.5)}) + (max_nan(Z, {one('INF')}) * ({one('INF')} * 0.0))) - {minus_zero})"
     assert text == expected
-    nn = codegen.nonnegative
+    nn = expressions.nonnegative
     assert nn(abs(x - z)) and nn((x - z) * (x - z)) and nn(ir.exp(x)) and nn(ir.Var("acc"), frozenset({"acc"}))
     assert not nn(x - z) and not nn(ir.Hyper("p")) and not nn(ir.Const(-0.0)) and not nn(ir.sqrt(x))
     assert nn(ir.maximum(x, 0.0)) and not nn(ir.minimum(x, 0.0))
     with pytest.raises(KeyError, match="variable 'q'"):
-        codegen.render_expr(ir.Var("q"), {"x": "X"}, "float32")
+        expressions.render_expr(ir.Var("q"), {"x": "X"}, "float32")
 
 
 SPECIALS = [0.0, -0.0, 1.0, -1.0, 2.0, -2.0, 0.5, -0.5, 3.0, math.inf, -math.inf, math.nan]
@@ -305,61 +292,75 @@ def test_scalar_subexpressions_compute_in_the_compute_type(backend: str, device:
 def test_p2_family_selects_the_tensor_core_kernel(name: str) -> None:
     """Float32 Σ(x − z)² programs expand on tensor cores with the guard and the exact recompute."""
     program = presets.ALL[name].lower(regularized=True)
-    assert kernels.tensor_core_eligible(program, "float32")
-    assert not kernels.tensor_core_eligible(program, "float64")
-    body = kernel_body(pairwise(presets.ALL[name], program=program, tensor_cores=True), kernels.PAIRWISE_ENTRY)
-    # 3×TF32: hi·lo + lo·hi + hi·hi, each operand split once per k step.
-    for a, b in (("xh", "zl"), ("xl", "zh"), ("xh", "zh")):
-        assert f'dot = tl.dot({a}, {b}, dot, input_precision="tf32", out_dtype=tl.float32)' in body
-    assert "xh = _ktf32(xv)" in body and "zl = _ktf32(zt - zh)" in body
-    assert "xsq += xv * xv" in body and "zsq += zv * zv" in body
-    assert "flag = ~((d2 > GUARD * s) & (d2 < _INF))" in body
-    # Flagged tiles are recomputed from differences and stored by the SIMT tile in the branch.
-    assert "if tl.max(tl.max(flag.to(tl.int32), 1), 0) > 0:" in body and "racc = racc + tl.sum(rt, 0)" in body
-    assert body.count("tl.store(") == 2
-    assert "diag = tl.where(om2 + OFF_M == on2 + OFF_N" in body and "rdiag = tl.where(rom4 + OFF_M" in body
-    assert "_kpow(" not in body  # acc is known non-negative in the epilogue
+    assert facts.tensor_core_eligible(program, "float32")
+    assert not facts.tensor_core_eligible(program, "float64")
+    source = pairwise(presets.ALL[name], program=program, kernel="tensor_cores")
+    entry = function(source, generated.PAIRWISE_ENTRY)
+    assert "tensor_core_tile(" in entry and "GUARD, KEY," in entry
+    assert 'do_not_specialize=["M", "OFF_M", "OFF_N", "GUARD", "KEY"]' in source  # N and D specialised
+    assert "pow_ieee(" not in function(source, "epilogue")  # acc is known non-negative in the epilogue
 
 
 @pytest.mark.parametrize("name", ["l1_distance", "lp_distance", "dot_product", "linf_distance", "laplace_l1"])
 def test_other_programs_keep_the_simt_kernel(name: str) -> None:
     program = presets.ALL[name].lower()
-    assert not kernels.tensor_core_eligible(program, "float32")
-    with pytest.raises(ValueError, match="tensor_cores: needs a float32 sum"):
-        pairwise(presets.ALL[name], tensor_cores=True)
-    with pytest.raises(ValueError, match="tensor_cores: needs a float32 sum"):
-        pairwise(presets.l2_distance, compute="float64", tensor_cores=True)
+    assert not facts.tensor_core_eligible(program, "float32")
+    with pytest.raises(ValueError, match="'tensor_cores' needs a float32 sum"):
+        pairwise(presets.ALL[name], kernel="tensor_cores")
+    with pytest.raises(ValueError, match="'tensor_cores' needs a float32 sum"):
+        pairwise(presets.l2_distance, compute="float64", kernel="tensor_cores")
 
 
 def test_guard_threshold_follows_the_error_bound() -> None:
     def bound(d: int) -> float:
         return (math.sqrt(d) * 2.0**-24 + 3 * 2.0**-23) * 2.0**16
 
-    assert kernels.guard_threshold(256) == pytest.approx(bound(256)) and 0.08 < kernels.guard_threshold(256) < 0.09
-    assert kernels.guard_threshold(1024) == pytest.approx(bound(1024))
-    assert kernels.guard_threshold(0) == pytest.approx(bound(1))
-    assert kernels.guard_threshold(10**8) == 0.5
+    assert facts.guard_threshold(256) == pytest.approx(bound(256)) and 0.08 < facts.guard_threshold(256) < 0.09
+    assert facts.guard_threshold(1024) == pytest.approx(bound(1024))
+    assert facts.guard_threshold(0) == pytest.approx(bound(1))
+    assert facts.guard_threshold(10**8) == 0.5
 
 
-def test_selection_follows_dtype_and_switch(monkeypatch: pytest.MonkeyPatch) -> None:
-    """KERMAC_TRITON_TENSOR_CORES=0 or D < TC_MIN_D keeps the SIMT kernel; other dtypes and programs never take it."""
+def test_selection_follows_dtype_and_tuning(monkeypatch: pytest.MonkeyPatch) -> None:
+    """TritonTuning(tensor_cores=False) or D < TC_MIN_D keeps the SIMT kernel; other dtypes and programs
+    never take it.  The environment switches of earlier releases are not read any more."""
     launch = pytest.importorskip("kermac_backend_triton.launch")
     configs = pytest.importorskip("kermac_backend_triton.configs")
+    tuning = pytest.importorskip("kermac_backend_triton.tuning")
     from kermac.problem import pairwise_problem
 
-    def spec(desc: kermac.KernelDescriptor, dtype: torch.dtype, d: int = configs.TC_MIN_D) -> object:
+    def kernel(desc: kermac.KernelDescriptor, dtype: torch.dtype, d: int = configs.TC_MIN_D, **choices) -> str:
         x, z = torch.ones(4, d, dtype=dtype), torch.ones(5, d, dtype=dtype)
         problem = pairwise_problem(desc.lower(), x, z, out=None, hypers={}, offset_m=0, offset_n=0, debug=False)
-        return launch.pairwise_spec(problem)[0]
+        return launch.pairwise_spec(problem, tuning.TritonTuning(**choices))[0].kernel
 
-    monkeypatch.delenv("KERMAC_TRITON_TENSOR_CORES", raising=False)
-    assert spec(presets.l2_distance, torch.float32).tensor_cores
-    assert spec(presets.l2_distance, torch.float16).tensor_cores  # computed in float32
-    assert not spec(presets.l2_distance, torch.float64).tensor_cores
-    assert not spec(presets.l1_distance, torch.float32).tensor_cores
-    assert not spec(presets.l2_distance, torch.float32, configs.TC_MIN_D - 1).tensor_cores  # short D: SIMT
-    monkeypatch.setenv("KERMAC_TRITON_TENSOR_CORES", "0")
-    assert not spec(presets.l2_distance, torch.float32).tensor_cores
+    assert kernel(presets.l2_distance, torch.float32) == "tensor_cores"
+    assert kernel(presets.l2_distance, torch.float16) == "tensor_cores"  # computed in float32
+    assert kernel(presets.l2_distance, torch.float64) == "simt"
+    assert kernel(presets.l1_distance, torch.float32) == "simt"  # the interpreter never takes Gluon
+    assert kernel(presets.l2_distance, torch.float32, configs.TC_MIN_D - 1) == "simt"  # short D: SIMT
+    assert kernel(presets.l2_distance, torch.float32, tensor_cores=False) == "simt"
+    for variable in ("KERMAC_TRITON_TENSOR_CORES", "KERMAC_TRITON_GLUON", "KERMAC_TRITON_AUTOTUNE"):
+        monkeypatch.setenv(variable, "0")
+    assert kernel(presets.l2_distance, torch.float32) == "tensor_cores"
+
+
+def test_tuning_is_validated_and_keys_the_backend() -> None:
+    tuning = pytest.importorskip("kermac_backend_triton.tuning")
+    backend_mod = pytest.importorskip("kermac_backend_triton.backend")
+    assert tuning.TritonTuning() == tuning.DEFAULT_TUNING
+    assert (tuning.DEFAULT_TUNING.autotune, tuning.DEFAULT_TUNING.tensor_cores, tuning.DEFAULT_TUNING.gluon) == (
+        True,
+        True,
+        True,
+    )
+    with pytest.raises(TypeError, match="tensor_cores: expected a bool, got str 'false'"):
+        tuning.TritonTuning(tensor_cores="false")
+    with pytest.raises(TypeError, match="tuning: expected a TritonTuning, got dict"):
+        backend_mod.TritonBackend(tuning={"gluon": False})
+    off = tuning.TritonTuning(tensor_cores=False)
+    assert backend_mod.TritonBackend(tuning=off).tuning is off
+    assert backend_mod.TritonBackend().tuning == tuning.DEFAULT_TUNING
 
 
 def test_auto_prefers_triton_where_its_tensor_core_kernel_runs(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -371,7 +372,6 @@ def test_auto_prefers_triton_where_its_tensor_core_kernel_runs(monkeypatch: pyte
         x, z = torch.ones(4, d), torch.ones(5, d)
         return pairwise_problem(desc.lower(), x, z, out=None, hypers={}, offset_m=0, offset_n=0, debug=False)
 
-    monkeypatch.delenv("KERMAC_TRITON_TENSOR_CORES", raising=False)
     monkeypatch.setattr(backend_mod, "interpreting", lambda: False)
     backend = backend_mod.TritonBackend()
     assert backend.preference(problem(presets.l2_distance)) == backend_mod.TENSOR_CORE_PREFERENCE == 25
@@ -397,24 +397,31 @@ def test_tensor_core_spaces_follow_d() -> None:
 
 
 @pytest.mark.parametrize(("backend", "device"), TRITON_DEVICES)
-@pytest.mark.parametrize("tensor_cores", ["1", "0"])
+@pytest.mark.parametrize("tensor_cores", [True, False])
 @pytest.mark.parametrize("d", [70, 20])
-def test_p2_paths_agree_and_recompute_near_duplicates(
-    backend: str, device: str, tensor_cores: str, d: int, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_p2_paths_agree_and_recompute_near_duplicates(backend: str, device: str, tensor_cores: bool, d: int) -> None:
     """Both p = 2 paths against float64: random rows, near-duplicates (the guard's recompute), x = z, NaN.
 
     D = 70 and 20 take the two tile spaces of the tensor-core kernel; neither is a multiple of 16.
     """
     require_backend(backend, device)
-    monkeypatch.setenv("KERMAC_TRITON_TENSOR_CORES", tensor_cores)
+    backend_mod = pytest.importorskip("kermac_backend_triton.backend")
+    tuning = pytest.importorskip("kermac_backend_triton.tuning")
+    launch = pytest.importorskip("kermac_backend_triton.launch")
+    from kermac.problem import pairwise_problem
+
     g = torch.Generator().manual_seed(5)
     x = (torch.randn(37, d, generator=g) * 10).to(device)  # D ≥ TC_MIN_D
     near = x[:20] + 1e-4 * torch.randn(20, d, generator=g).to(device)
     z = torch.cat([near, torch.randn(13, d, generator=g).to(device)])
     z[3] = x[3]
     x[30, 7] = math.nan
-    out = kermac.cdist(x, z, p=2.0, backend=backend).cpu().double()
+    problem = pairwise_problem(presets.l2_distance.lower(), x, z, out=None, hypers={})
+    triton_backend = backend_mod.TritonBackend(tuning=tuning.TritonTuning(tensor_cores=tensor_cores))
+    expected = "tensor_cores" if tensor_cores else ("simt" if device == "cpu" else "gluon")
+    assert launch.pairwise_spec(problem, triton_backend.tuning)[0].kernel == expected
+    triton_backend.pairwise(problem)
+    out = problem.out.cpu().double()
     ref = torch.cdist(x.cpu().double(), z.cpu().double(), compute_mode="donot_use_mm_for_euclid_dist")
     assert torch.isnan(out[30]).all() and not torch.isnan(out[:30]).any()
     assert out[3, 3] == 0.0
@@ -449,22 +456,23 @@ def test_every_simt_configuration_and_prefetch_depth(
     """Each ``tl`` SIMT tile configuration against float64, for D below, at and past whole chunks.
 
     On a GPU: every entry of the autotuning space (each prefetch depth it uses), with the Gluon
-    kernel switched off (``KERMAC_TRITON_GLUON=0``: the ``tl`` kernel is its fallback); under
+    kernel switched off (``TritonTuning(gluon=False)``: the ``tl`` kernel is its fallback); under
     the interpreter: its small tile at every prefetch depth.  N = 45 and 48 take the scalar and
     the vector store (N is specialised on divisibility by 16).
     """
     require_backend(backend, device)
-    monkeypatch.setenv("KERMAC_TRITON_GLUON", "0")
     configs = pytest.importorskip("kermac_backend_triton.configs")
+    simt = pytest.importorskip("kermac_backend_triton.pairwise_simt")
+    no_gluon = pytest.importorskip("kermac_backend_triton.tuning").TritonTuning(gluon=False)
     launch = pytest.importorskip("kermac_backend_triton.launch")
     from kermac.hyperparams import HyperValue
     from kermac.problem import pairwise_problem
 
     if launch.interpreting():
-        metas = [dict(configs.INTERPRET_PAIRWISE, PF=pf) for pf in kernels.PREFETCH_DEPTHS]
+        metas = [dict(configs.INTERPRET_PAIRWISE, PF=pf) for pf in simt.PREFETCH_DEPTHS]
     else:
         metas = [configs.launch_options(entry) for entry in configs.PAIRWISE_SPACE]
-        assert {m["PF"] for m in metas} <= set(kernels.PREFETCH_DEPTHS)
+        assert {m["PF"] for m in metas} <= set(simt.PREFETCH_DEPTHS)
     desc, hypers = (presets.l1_distance, {}) if p == 1.0 else (presets.lp_distance, {"p": HyperValue("p", p)})
     g = torch.Generator().manual_seed(17)
     for d in (3, 8, 24, 41):
@@ -475,7 +483,7 @@ def test_every_simt_configuration_and_prefetch_depth(
             problem = pairwise_problem(desc.lower(), x.to(device), z.to(device), out=out, hypers=hypers)
             for meta in metas:
                 out.fill_(math.nan)
-                launch.run_pairwise(problem, meta)
+                launch.run_pairwise(problem, meta, tuning=no_gluon)
                 torch.testing.assert_close(out.cpu().double(), ref, rtol=2e-6, atol=1e-6, msg=f"D={d} N={n} {meta}")
 
 
@@ -511,7 +519,7 @@ def test_every_gluon_configuration(case: tuple) -> None:
                 if transposed:
                     xd, zd = xd.t().contiguous().t(), zd.t().contiguous().t()
                 problem = pairwise_problem(desc.lower(), xd, zd, out=out, hypers=hypers)
-                assert launch.pairwise_spec(problem)[0].gluon
+                assert launch.pairwise_spec(problem)[0].kernel == "gluon"
                 for entry in configs.GLUON_PAIRWISE_SPACE:
                     meta = configs.launch_options(entry)
                     out.fill_(math.nan)
@@ -549,9 +557,9 @@ def gluon_reports() -> dict[str, str]:
     import sys
     from pathlib import Path
 
-    gluon = pytest.importorskip("kermac_backend_triton.gluon_pairwise")
-    if gluon.gluon_available() is not None:
-        pytest.skip(gluon.gluon_available())
+    launch = pytest.importorskip("kermac_backend_triton.launch")
+    if launch.gluon_available() is not None:
+        pytest.skip(launch.gluon_available())
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     script = Path(__file__).with_name("gluon_compile.py")
     jobs = json.dumps(list(gluon_jobs().values()))
@@ -570,28 +578,21 @@ def test_gluon_source_compiles(job: str, gluon_reports: dict[str, str]) -> None:
         assert "STACK:0" in report and "LOCAL:0" in report, report
 
 
-def test_gluon_kernel_is_float32_gpu_simt_only() -> None:
-    gluon = pytest.importorskip("kermac_backend_triton.gluon_pairwise")
-    for changes in ({"compute": "float64"}, {"interpret": True}):
-        spec = kernels.PairwiseSpec(
-            **(
-                dict(program=presets.l1_distance.lower(), compute="float32", nbatch=0, tensor_hypers=frozenset())
-                | dict(int64=False, interpret=False, gluon=True)
-                | changes
-            )
-        )
-        with pytest.raises(ValueError, match="Gluon kernel is the GPU SIMT kernel in float32"):
-            gluon.gluon_pairwise_source(spec)
+def test_gluon_kernel_is_float32_only() -> None:
+    with pytest.raises(ValueError, match="the Gluon kernel computes in float32; got compute='float64'"):
+        pairwise(presets.l1_distance, compute="float64", kernel="gluon")
+    with pytest.raises(ValueError, match="kernel: expected one of"):
+        pairwise(presets.l1_distance, kernel="wgmma")
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("gluon", [True, False], ids=["gluon", "tl"])
-def test_outputs_past_two_to_the_31_elements(gluon: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_outputs_past_two_to_the_31_elements(gluon: bool) -> None:
     """An output of more than 2³¹ elements takes 64-bit indexing: its last rows and columns are
     right (the Gluon kernel and the ``tl`` one; 8.6 GB of output)."""
     require_backend("triton", "cuda")
-    monkeypatch.setenv("KERMAC_TRITON_GLUON", "1" if gluon else "0")
     launch = pytest.importorskip("kermac_backend_triton.launch")
+    tuning = pytest.importorskip("kermac_backend_triton.tuning").TritonTuning(gluon=gluon)
     from kermac.problem import pairwise_problem
 
     m = n = 46400  # m·n > 2**31
@@ -601,11 +602,21 @@ def test_outputs_past_two_to_the_31_elements(gluon: bool, monkeypatch: pytest.Mo
     x, z = torch.randn(m, 5, generator=g), torch.randn(n, 5, generator=g)
     out = torch.full((m, n), math.nan, device="cuda")
     problem = pairwise_problem(presets.l1_distance.lower(), x.cuda(), z.cuda(), out=out, hypers={})
-    spec = launch.pairwise_spec(problem)[0]
-    assert spec.int64 and spec.gluon == gluon
-    kermac.cdist(x.cuda(), z.cuda(), p=1.0, out=out, backend="triton")
+    spec = launch.pairwise_spec(problem, tuning)[0]
+    assert spec.int64 and spec.kernel == ("gluon" if gluon else "simt")
+    launch.run_pairwise(problem, tuning=tuning)
     for rows, cols in ((slice(m - 3, m), slice(None)), (slice(None), slice(n - 2, n))):
         ref = torch.cdist(x[rows].double(), z[cols].double(), p=1.0)
         torch.testing.assert_close(out[rows, cols].cpu().double(), ref, rtol=2e-6, atol=1e-6)
     del out
     torch.cuda.empty_cache()
+
+
+@pytest.mark.parametrize("value", ["1", "true", "on", "0", "", "off", "2"])
+def test_the_backend_reads_triton_interpret_as_triton_does(value: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The backend asks Triton whether it interprets: with TRITON_INTERPRET=2 Triton compiles for the GPU,
+    so the backend must not take CPU tensors (it used to parse the variable itself and said yes)."""
+    interpreter = pytest.importorskip("kermac_backend_triton.interpreter")
+    knobs = pytest.importorskip("triton").knobs
+    monkeypatch.setenv("TRITON_INTERPRET", value)
+    assert interpreter.interpreting() == knobs.runtime.interpret == (value in ("1", "true", "on"))

@@ -4,6 +4,8 @@ Available where triton imports and a CUDA GPU of compute capability ≥ 8.0 is v
 ``TRITON_INTERPRET=1`` is set: then kernels run in Triton's CPU interpreter (for tests), CPU
 tensors are accepted, and the backend ranks below the reference backend so ``auto`` never picks
 the slow interpreter.  Inputs may be float32, float16, bfloat16 (computed in float32) or float64.
+Its choices of kernel and autotuning are a :class:`~kermac_backend_triton.tuning.TritonTuning`
+(``TritonBackend(tuning=...)``; the registered backend takes the defaults).
 """
 
 from __future__ import annotations
@@ -12,7 +14,9 @@ from typing import TYPE_CHECKING
 
 from kermac.backend import Availability, Backend
 from kermac.problem import PairwiseProblem
-from kermac_backend_triton.launch import grid_size_problem, interpreting, run_grad, run_pairwise, uses_tensor_cores
+from kermac_backend_triton.interpreter import interpreting
+from kermac_backend_triton.launch import grid_size_problem, run_grad, run_pairwise, uses_tensor_cores
+from kermac_backend_triton.tuning import DEFAULT_TUNING, TritonTuning
 
 if TYPE_CHECKING:
     from kermac.problem import GradProblem
@@ -31,6 +35,11 @@ class TritonBackend(Backend):
 
     name = "triton"
     description = "Triton kernels generated from kermac's IR (CUDA sm_80+; the CPU interpreter with TRITON_INTERPRET=1)"
+
+    def __init__(self, tuning: TritonTuning = DEFAULT_TUNING) -> None:
+        if not isinstance(tuning, TritonTuning):
+            raise TypeError(f"tuning: expected a TritonTuning, got {type(tuning).__name__}")
+        self.tuning = tuning
 
     @property
     def priority(self) -> int:  # type: ignore[override]
@@ -77,12 +86,12 @@ class TritonBackend(Backend):
 
     def preference(self, problem: PairwiseProblem | GradProblem) -> int:
         """:data:`TENSOR_CORE_PREFERENCE` where the tensor-core kernel runs on a GPU, else the priority."""
-        if isinstance(problem, PairwiseProblem) and uses_tensor_cores(problem) and not interpreting():
+        if isinstance(problem, PairwiseProblem) and uses_tensor_cores(problem, self.tuning) and not interpreting():
             return TENSOR_CORE_PREFERENCE
         return self.priority
 
     def pairwise(self, problem: PairwiseProblem) -> None:
-        run_pairwise(problem)
+        run_pairwise(problem, tuning=self.tuning)
 
     def grad(self, problem: GradProblem) -> None:
-        run_grad(problem)
+        run_grad(problem, tuning=self.tuning)

@@ -4,24 +4,24 @@ Triton's autotuner times every configuration the first time a key is seen and ke
 fastest; the key here is a *bucket* of the problem shape (the bit lengths of the sizes), so
 similar shapes share one decision and a new shape rarely re-tunes.  Each configuration is a
 separate compilation, so the spaces stay small (compile time matters).  Under the interpreter a
-single small configuration is used (no timing is possible there).  ``KERMAC_TRITON_AUTOTUNE=0``
-switches tuning off on a GPU too: every launch then takes the default configuration
-(:data:`DEFAULT_PAIRWISE`, :func:`default_pairwise_tc`, :data:`DEFAULT_GRAD`), compiling one
-kernel per program instead of one per configuration (the GPU test-suite uses this).
+single small configuration is used (no timing is possible there).  With
+:class:`~kermac_backend_triton.tuning.TritonTuning` ``autotune=False`` every launch on a GPU takes
+the default configuration (:data:`DEFAULT_PAIRWISE`, :func:`default_pairwise_tc`,
+:data:`DEFAULT_GLUON_PAIRWISE`, :data:`DEFAULT_GRAD`), compiling one kernel per program instead of
+one per configuration.
 
-Pairwise meta-parameters (see :mod:`kermac_backend_triton.kernels`): ``BK`` features per step;
-``MI × NI`` outputs per thread; ``MT × NT`` threads (``MT·NT / 32`` warps); ``PF`` chunks loaded
-ahead; ``GROUP_M``.
+Pairwise meta-parameters (see :mod:`kermac_backend_triton.pairwise_simt`): ``BK`` features per
+step; ``MI × NI`` outputs per thread; ``MT × NT`` threads (``MT·NT / 32`` warps); ``PF`` chunks
+loaded ahead; ``GROUP_M``.
 Tensor-core pairwise kernel (float32 p = 2 family): ``BM × BN`` outputs per program, ``BK`` per
 step, from one of two spaces chosen by D (the autotuner prunes to it, so a program compiles
-two configurations).  ``KERMAC_TRITON_TENSOR_CORES=0`` selects the SIMT kernel for those
-programs too.
+two configurations).
 Gradient: ``BN × BM`` (n, m) pairs and ``BO`` outputs rows per program, ``BK`` per step.
+The spaces were chosen by sweeps on an H100 (the decision records in ``docs/dev/``); each comment
+says what each entry is for.
 """
 
 from __future__ import annotations
-
-import os
 
 __all__ = [
     "DEFAULT_GLUON_PAIRWISE",
@@ -33,10 +33,8 @@ __all__ = [
     "INTERPRET_PAIRWISE_TC",
     "TC_MIN_D",
     "TC_SHORT_D",
-    "autotune_enabled",
     "bucket",
     "default_pairwise_tc",
-    "gluon_enabled",
     "gluon_pairwise_configs",
     "grad_block_o",
     "grad_configs",
@@ -45,13 +43,12 @@ __all__ = [
     "pairwise_tc_configs",
     "pairwise_tc_space",
     "prune_pairwise_tc",
-    "tensor_cores_enabled",
 ]
 
 #: (meta-parameters, num_warps, num_stages) of the pairwise kernel on a GPU.
-#: ``PF`` is the prefetch depth in k chunks (0: none).  Measured on the H100 (docs/triton-notes.md,
-#: Version 6): BK 8 with PF 1 is best at short D (16384²×32), BK 4 with PF 2 at long D (30000²×1024),
-#: BK 4 with PF 1 for the Laplace kernel, the 4×4 micro-tile without prefetch for fractional p.
+#: ``PF`` is the prefetch depth in k chunks (0: none).  One entry per kind of problem that preferred
+#: it in the sweep: BK 8 with PF 1 short D, BK 4 with PF 2 long D, BK 4 with PF 1 the Laplace
+#: kernel, the 4×4 micro-tile without prefetch fractional p (its pow raises register pressure).
 PAIRWISE_SPACE: tuple[tuple[dict[str, int], int, int], ...] = (
     ({"BK": 8, "MI": 8, "NI": 8, "MT": 8, "NT": 16, "PF": 1, "GROUP_M": 8}, 4, 3),
     ({"BK": 4, "MI": 8, "NI": 8, "MT": 8, "NT": 16, "PF": 2, "GROUP_M": 8}, 4, 3),
@@ -59,15 +56,15 @@ PAIRWISE_SPACE: tuple[tuple[dict[str, int], int, int], ...] = (
     ({"BK": 8, "MI": 4, "NI": 4, "MT": 8, "NT": 16, "PF": 0, "GROUP_M": 8}, 4, 3),
 )
 
-#: Smallest reduction length D that takes the tensor-core kernel: measured on the H100
-#: (docs/triton-notes.md, Version 3) it beats the SIMT kernel at D = 16 and 32 (1.3–1.7×).
+#: Smallest reduction length D that takes the tensor-core kernel: from D = 16 on it beats the
+#: SIMT kernel; below, one ``tl.dot`` step is mostly padding.
 TC_MIN_D = 16
 
 #: Tensor-core pairwise spaces, (meta-parameters, num_warps, num_stages, maxnreg), one per range
 #: of D; the first entry of each is the default.  ``maxnreg`` = 128 lets two 8-warp (or four
-#: 4-warp) programs share a multiprocessor; ptxas's spills then lie outside the k loop.  Chosen
-#: from a 16-configuration sweep (Version 3): 128×128×32 at 8 warps won every row with D ≥ 64,
-#: the 64×64 tiles are there for problems with few tiles; BK = 16 won at D = 16 and 32.
+#: 4-warp) programs share a multiprocessor; ptxas's spills then lie outside the k loop.  Kept from
+#: a 16-configuration sweep: 128×128×32 at 8 warps won every row with D ≥ 64, the 64×64 tiles are
+#: there for problems with few tiles; BK = 16 won at D = 16 and 32.
 PAIRWISE_TC_SPACE_LONG: tuple[tuple[dict[str, int], int, int, int | None], ...] = (
     ({"BM": 128, "BN": 128, "BK": 32, "GROUP_M": 8}, 8, 3, 128),
     ({"BM": 64, "BN": 64, "BK": 32, "GROUP_M": 8}, 4, 3, None),
@@ -84,8 +81,8 @@ PAIRWISE_TC_SPACE = PAIRWISE_TC_SPACE_LONG + PAIRWISE_TC_SPACE_SHORT
 #: Gradient kernel space, (meta-parameters, num_warps, num_stages, maxnreg); ``BO`` is chosen
 #: from O (:func:`grad_block_o`), not tuned.  The tile's ``w`` operand stays in registers (the
 #: A operand of the tensor-core product), so registers set the occupancy: at 8 warps
-#: ``maxnreg`` = 128 lets two programs share a multiprocessor (offline, sm_90: 184 registers
-#: without the cap, 48 bytes of spills with it).
+#: ``maxnreg`` = 128 lets two programs share a multiprocessor (ptxas for sm_90 allocates more
+#: without the cap; with it, a few spills).
 GRAD_SPACE: tuple[tuple[dict[str, int], int, int, int | None], ...] = (
     ({"BN": 8, "BM": 32, "BK": 32}, 8, 3, 128),
     ({"BN": 8, "BM": 32, "BK": 32}, 8, 3, None),
@@ -95,10 +92,9 @@ GRAD_SPACE: tuple[tuple[dict[str, int], int, int, int | None], ...] = (
 #: Gluon SIMT pairwise space (the GPU's kernel for programs off the tensor cores,
 #: :mod:`kermac_backend_triton.gluon_pairwise`), (meta-parameters, num_warps, num_stages,
 #: maxnreg); the first entry is the default.  ``num_stages`` is unused (the kernel pipelines by
-#: hand).  Kept from an 8-configuration sweep on the H100 (docs/triton-notes.md, Version 7):
-#: 128×128 with 4 × 16 outputs per thread won at D ≥ 256, capped at 128 registers (two programs
-#: per multiprocessor) for Laplace-L1, 64×128 at D = 32 and for fractional p; BK 4 and BK 16
-#: were never best.
+#: hand).  Kept from an 8-configuration sweep: 128×128 with 4 × 16 outputs per thread won at
+#: D ≥ 256, capped at 128 registers (two programs per multiprocessor) for Laplace-L1, 64×128 at
+#: D = 32 and for fractional p; BK 4 and BK 16 were never best.
 GLUON_PAIRWISE_SPACE: tuple[tuple[dict[str, int], int, int, int | None], ...] = (
     ({"BM": 128, "BN": 128, "BK": 8, "TM": 4, "GROUP_M": 8}, 8, 1, None),
     ({"BM": 64, "BN": 128, "BK": 8, "TM": 2, "GROUP_M": 8}, 4, 1, None),
@@ -112,26 +108,6 @@ DEFAULT_PAIRWISE = dict(PAIRWISE_SPACE[1][0], num_warps=PAIRWISE_SPACE[1][1], nu
 INTERPRET_PAIRWISE = {"BK": 8, "MI": 2, "NI": 2, "MT": 4, "NT": 4, "PF": 2, "GROUP_M": 2}
 INTERPRET_PAIRWISE_TC = {"BM": 16, "BN": 16, "BK": 16, "GROUP_M": 2}
 INTERPRET_GRAD = {"BN": 2, "BM": 8, "BK": 16}
-
-
-def _switch(variable: str) -> bool:
-    """An on/off environment variable, on unless set to 0, false, no or off."""
-    return os.environ.get(variable, "1").strip().lower() not in ("0", "false", "no", "off")
-
-
-def autotune_enabled() -> bool:
-    """Whether GPU launches autotune (``KERMAC_TRITON_AUTOTUNE``, default on)."""
-    return _switch("KERMAC_TRITON_AUTOTUNE")
-
-
-def gluon_enabled() -> bool:
-    """Whether SIMT pairwise programs on a GPU use the Gluon kernel (``KERMAC_TRITON_GLUON``, default on)."""
-    return _switch("KERMAC_TRITON_GLUON")
-
-
-def tensor_cores_enabled() -> bool:
-    """Whether float32 (x − z)²-sum programs use the tensor-core kernel (``KERMAC_TRITON_TENSOR_CORES``, default on)."""
-    return _switch("KERMAC_TRITON_TENSOR_CORES")
 
 
 def pairwise_tc_space(d: int) -> tuple[tuple[dict[str, int], int, int, int | None], ...]:

@@ -9,8 +9,8 @@ stream of the operands' device.
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
-import os
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -20,41 +20,41 @@ import torch
 from kermac.layout import BatchLayout, batch_layout, grad_operands, pairwise_operands
 from kermac.problem import GradProblem, PairwiseProblem
 from kermac_backend_triton import configs
-from kermac_backend_triton.gluon_pairwise import gluon_available, gluon_pairwise_source
-from kermac_backend_triton.kernels import (
-    GRAD_ENTRY,
-    PAIRWISE_ENTRY,
-    GradSpec,
-    PairwiseSpec,
-    grad_source,
-    guard_threshold,
-    pairwise_source,
-    tensor_core_eligible,
-)
+from kermac_backend_triton.generated import GRAD_ENTRY, PAIRWISE_ENTRY, GradSpec, PairwiseSpec, kernel_source
+from kermac_backend_triton.interpreter import interpreting
+from kermac_backend_triton.kernel_facts import INT32_MAX, TILE_SLACK, guard_threshold, tensor_core_eligible
 from kermac_backend_triton.modules import load_module
+from kermac_backend_triton.tuning import DEFAULT_TUNING, TritonTuning
 
 __all__ = [
     "compute_type",
+    "gluon_available",
     "grad_spec",
     "grid_size_problem",
-    "interpreting",
     "pairwise_spec",
     "run_grad",
     "run_pairwise",
+    "uses_tensor_cores",
 ]
-
-INT32_MAX = 2**31 - 1
-#: Largest index overrun of any tile beyond an operand's last row/feature (pointer arithmetic of
-#: clamped or masked lanes), used when deciding whether 32-bit indices suffice.
-_TILE_SLACK = 512
 
 _lock = threading.Lock()
 _kernels: dict[tuple[PairwiseSpec | GradSpec, bool], Callable[..., Any]] = {}
 
 
-def interpreting() -> bool:
-    """Whether Triton runs kernels in its CPU interpreter (``TRITON_INTERPRET=1``)."""
-    return os.environ.get("TRITON_INTERPRET", "0").strip().lower() not in ("", "0", "false", "no", "off")
+@functools.cache
+def gluon_available() -> str | None:
+    """``None`` if this Triton has the Gluon features the Gluon kernel uses, else what is missing."""
+    try:
+        from triton.experimental.gluon import language as gl
+    except ImportError as exc:
+        return f"triton.experimental.gluon cannot be imported ({exc})"
+    needed = ("allocate_shared_memory", "BlockedLayout", "SliceLayout", "SwizzledSharedLayout", "num_warps")
+    missing = [name for name in needed if not hasattr(gl, name)]
+    if not (hasattr(gl, "barrier") or hasattr(gl, "thread_barrier")):
+        missing.append("barrier")
+    if missing:
+        return f"triton.experimental.gluon.language lacks {', '.join(missing)}"
+    return None
 
 
 def compute_type(dtype: torch.dtype) -> str:
@@ -64,7 +64,7 @@ def compute_type(dtype: torch.dtype) -> str:
 
 def _needs_int64(tensors: list[torch.Tensor], programs: int) -> bool:
     for t in tensors:
-        extent = sum((size + _TILE_SLACK) * abs(stride) for size, stride in zip(t.shape, t.stride(), strict=True))
+        extent = sum((size + TILE_SLACK) * abs(stride) for size, stride in zip(t.shape, t.stride(), strict=True))
         if extent > INT32_MAX:
             return True
     return programs > INT32_MAX // 2
@@ -77,28 +77,27 @@ def _layout_args(layout: BatchLayout, operands: list[str]) -> list[int]:
     return args
 
 
-def _kernel(spec: PairwiseSpec | GradSpec, debug: bool) -> Callable[..., Any]:
-    """The compiled-on-demand kernel of ``spec``: autotuned on a GPU, plain under the interpreter."""
-    key = (spec, configs.autotune_enabled())
+def _kernel(spec: PairwiseSpec | GradSpec, autotune: bool, debug: bool) -> Callable[..., Any]:
+    """The compiled-on-demand kernel of ``spec``: autotuned on a GPU if ``autotune``, else plain."""
+    autotune = autotune and not interpreting()
+    key = (spec, autotune)
     with _lock:
         kernel = _kernels.get(key)
     if kernel is not None:
         return kernel
-    prune = None
-    key_args = ["KEY"]
-    if isinstance(spec, PairwiseSpec):
-        source = gluon_pairwise_source(spec) if spec.gluon else pairwise_source(spec)
-        fn = getattr(load_module(source, debug=debug), PAIRWISE_ENTRY)
-        space = configs.pairwise_tc_configs if spec.tensor_cores else configs.pairwise_configs
-        if spec.tensor_cores:
-            prune = {"early_config_prune": configs.prune_pairwise_tc}
-        elif spec.gluon:
+    module = load_module(kernel_source(spec), debug=debug)
+    if isinstance(spec, GradSpec):
+        fn, space, prune, key_args = getattr(module, GRAD_ENTRY), configs.grad_configs, None, ["KEY"]
+    else:
+        fn, prune, key_args = getattr(module, PAIRWISE_ENTRY), None, ["KEY"]
+        if spec.kernel == "tensor_cores":
+            space, prune = configs.pairwise_tc_configs, {"early_config_prune": configs.prune_pairwise_tc}
+        elif spec.kernel == "gluon":
             space = configs.gluon_pairwise_configs
             key_args = ["KEY", "XT", "ZT"]  # transposed operands load along other dimensions
-    else:
-        fn = getattr(load_module(grad_source(spec), debug=debug), GRAD_ENTRY)
-        space = configs.grad_configs
-    if not spec.interpret and configs.autotune_enabled():
+        else:
+            space = configs.pairwise_configs
+    if autotune:
         import triton
 
         fn = triton.autotune(configs=space(), key=key_args, cache_results=True, prune_configs_by=prune)(fn)
@@ -143,39 +142,44 @@ def grid_size_problem(problem: PairwiseProblem | GradProblem) -> str | None:
     return None
 
 
-def uses_tensor_cores(problem: PairwiseProblem) -> bool:
+def uses_tensor_cores(problem: PairwiseProblem, tuning: TritonTuning = DEFAULT_TUNING) -> bool:
     """Whether ``problem`` runs on the tensor-core kernel (float32 p = 2 family, D ≥ ``TC_MIN_D``)."""
     return (
-        problem.d >= configs.TC_MIN_D
+        tuning.tensor_cores
+        and problem.d >= configs.TC_MIN_D
         and tensor_core_eligible(problem.program, compute_type(problem.dtype))
-        and configs.tensor_cores_enabled()
     )
 
 
-def pairwise_spec(problem: PairwiseProblem) -> tuple[PairwiseSpec, BatchLayout]:
-    """The source specialisation and batch layout of a pairwise problem."""
+def _pairwise_kernel(problem: PairwiseProblem, compute: str, tuning: TritonTuning) -> str:
+    """Which pairwise kernel runs ``problem`` (one of :data:`kermac_backend_triton.generated.KERNELS`)."""
+    if uses_tensor_cores(problem, tuning):
+        return "tensor_cores"
+    gpu_float32 = compute == "float32" and not interpreting()
+    if gpu_float32 and tuning.gluon and gluon_available() is None:
+        return "gluon"
+    return "simt"
+
+
+def pairwise_spec(problem: PairwiseProblem, tuning: TritonTuning = DEFAULT_TUNING) -> tuple[PairwiseSpec, BatchLayout]:
+    """The kernel specialisation and batch layout of a pairwise problem."""
     layout = batch_layout(problem.batch_shape, pairwise_operands(problem))
     programs = layout.size * _cdiv(problem.m, 16) * _cdiv(problem.n, 16)
     tensors = [problem.x, problem.z, problem.out] + [h.tensor for h in problem.hypers.values() if h.tensor is not None]
     compute = compute_type(problem.dtype)
-    interpret = interpreting()
-    tensor_cores = uses_tensor_cores(problem)
-    simt_gpu_float = compute == "float32" and not (interpret or tensor_cores)
     spec = PairwiseSpec(
         program=problem.program,
         compute=compute,
         nbatch=len(layout.shape),
         tensor_hypers=_tensor_hypers(problem),
         int64=_needs_int64(tensors, programs),
-        interpret=interpret,
-        tensor_cores=tensor_cores,
-        gluon=simt_gpu_float and configs.gluon_enabled() and gluon_available() is None,
+        kernel=_pairwise_kernel(problem, compute, tuning),
     )
     return spec, layout
 
 
 def grad_spec(problem: GradProblem) -> tuple[GradSpec, BatchLayout]:
-    """The source specialisation and batch layout of a gradient problem."""
+    """The kernel specialisation and batch layout of a gradient problem."""
     layout = batch_layout(problem.batch_shape, grad_operands(problem))
     m, n, o, _ = problem.sizes
     programs = layout.size * _cdiv(m, 8) * _cdiv(n, 2) * _cdiv(o, 16)
@@ -187,15 +191,16 @@ def grad_spec(problem: GradProblem) -> tuple[GradSpec, BatchLayout]:
         nbatch=len(layout.shape),
         tensor_hypers=_tensor_hypers(problem),
         int64=_needs_int64(tensors, programs),
-        interpret=interpreting(),
     )
     return spec, layout
 
 
-def run_pairwise(problem: PairwiseProblem, meta: dict[str, int] | None = None) -> None:
+def run_pairwise(
+    problem: PairwiseProblem, meta: dict[str, int] | None = None, *, tuning: TritonTuning = DEFAULT_TUNING
+) -> None:
     """Launch the pairwise kernel of ``problem`` (``meta`` forces a tile configuration)."""
-    spec, layout = pairwise_spec(problem)
-    kernel = _kernel(spec, problem.debug)
+    spec, layout = pairwise_spec(problem, tuning)
+    kernel = _kernel(spec, tuning.autotune, problem.debug)
     x, z, out = problem.x, problem.z, problem.out
     m, n, d = problem.m, problem.n, problem.d
     operands = ["x", "z", "out"] + [f"hyper_{h}" for h in sorted(spec.tensor_hypers)]
@@ -203,36 +208,38 @@ def run_pairwise(problem: PairwiseProblem, meta: dict[str, int] | None = None) -
     args += [x.stride(-2), x.stride(-1), z.stride(-2), z.stride(-1), out.stride(-2), out.stride(-1)]
     args += _layout_args(layout, operands)
     batch = layout.size
-    tc = spec.tensor_cores
+    tc = spec.kernel == "tensor_cores"
     if tc:
         args.append(guard_threshold(d))
 
     def grid(meta_: dict[str, int]) -> tuple[int]:
-        if tc or spec.gluon:
-            return (batch * _cdiv(m, meta_["BM"]) * _cdiv(n, meta_["BN"]),)
-        return (batch * _cdiv(m, meta_["MI"] * meta_["MT"]) * _cdiv(n, meta_["NI"] * meta_["NT"]),)
+        if spec.kernel == "simt":
+            return (batch * _cdiv(m, meta_["MI"] * meta_["MT"]) * _cdiv(n, meta_["NI"] * meta_["NT"]),)
+        return (batch * _cdiv(m, meta_["BM"]) * _cdiv(n, meta_["BN"]),)
 
     extra: dict[str, int] = {}
     if interpreting():
         extra = dict(configs.INTERPRET_PAIRWISE_TC if tc else configs.INTERPRET_PAIRWISE)
-    elif not configs.autotune_enabled():
+    elif not tuning.autotune:
         if tc:
             extra = configs.default_pairwise_tc(d)
         else:
-            extra = dict(configs.DEFAULT_GLUON_PAIRWISE if spec.gluon else configs.DEFAULT_PAIRWISE)
+            extra = dict(configs.DEFAULT_GLUON_PAIRWISE if spec.kernel == "gluon" else configs.DEFAULT_PAIRWISE)
     if meta is not None:
         kernel = kernel.fn if hasattr(kernel, "configs") else kernel  # unwrap the autotuner
         extra = dict(meta)
-    if spec.gluon:  # load along the rows where that is an operand's unit stride
+    if spec.kernel == "gluon":  # load along the rows where that is an operand's unit stride
         extra |= {"XT": _rows_contiguous(x), "ZT": _rows_contiguous(z)}
     with _device_guard(out):
         kernel[grid](*args, KEY=configs.bucket(batch, m, n, d), **extra)
 
 
-def run_grad(problem: GradProblem, meta: dict[str, int] | None = None) -> None:
+def run_grad(
+    problem: GradProblem, meta: dict[str, int] | None = None, *, tuning: TritonTuning = DEFAULT_TUNING
+) -> None:
     """Launch the gradient kernel of ``problem`` (``meta`` forces a tile configuration)."""
     spec, layout = grad_spec(problem)
-    kernel = _kernel(spec, problem.debug)
+    kernel = _kernel(spec, tuning.autotune, problem.debug)
     a, b, c, d, out = problem.a, problem.b, problem.c, problem.d, problem.out
     m, n, o, k = problem.sizes
     operands = ["a", "b", "c", "d", "out"] + [f"hyper_{h}" for h in sorted(spec.tensor_hypers)]
@@ -249,7 +256,7 @@ def run_grad(problem: GradProblem, meta: dict[str, int] | None = None) -> None:
     extra: dict[str, int] = {}
     if interpreting():
         extra = dict(configs.INTERPRET_GRAD)
-    elif not configs.autotune_enabled():
+    elif not tuning.autotune:
         extra = dict(configs.DEFAULT_GRAD)
     if meta is not None:
         kernel = kernel.fn if hasattr(kernel, "configs") else kernel  # unwrap the autotuner

@@ -1,0 +1,279 @@
+"""The per-program module: the few lines of each kernel that come from the IR, as Python source.
+
+The kernels themselves are ordinary ``@triton.jit`` code (:mod:`~kermac_backend_triton.pairwise_simt`,
+:mod:`~kermac_backend_triton.pairwise_tensor_cores`, :mod:`~kermac_backend_triton.gluon_pairwise`,
+:mod:`~kermac_backend_triton.gradient`).  What varies with the program and the launch's layout is
+generated here, as a small module (:func:`kernel_source`, loaded by
+:func:`kermac_backend_triton.modules.load_module`) holding:
+
+* the program's expressions as ``@triton.jit`` functions of their variables and the tuple
+  ``hypers`` of hyperparameter values — ``inner(x, z, hypers)`` and ``epilogue(acc, diag, hypers)``
+  (pairwise), ``multiply(d, b, hypers)``, ``epilogue(acc, hypers)`` and, for a signed power,
+  ``signed_base`` / ``signed_exponent`` (gradient), rendered by
+  :mod:`kermac_backend_triton.expressions`;
+* the entry kernel, whose parameter list depends on the program's hyperparameters (a typed
+  scalar ``h_<name>``, or a pointer ``H_<name>`` per batch entry) and on the number of coalesced
+  batch dimensions of :func:`kermac.layout.batch_layout` (sizes ``BS<i>``, per-operand strides
+  ``SB_<operand>_<i>``).  Its body finds its tile, decodes its batch entry and moves each base
+  pointer to it, loads the hyperparameters, and calls the kernel's tile function.
+
+Argument order of the entry kernels (what :mod:`kermac_backend_triton.launch` passes): operand
+pointers, hyperparameters in the program's order, sizes, offsets (pairwise), operand strides,
+batch sizes and strides, the guard threshold (tensor cores), ``KEY`` (the autotuning bucket,
+never specialised), then the meta-parameters.  Sizes that only bound loops (M, D, the offsets) are
+never specialised; N (and D on tensor cores) are, on divisibility by 16, so the store (and k)
+masks keep 16-byte vectors: at most two compilations per configuration.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from kermac.ir import free_vars
+from kermac.programs import GradProgram, PairwiseProgram, signed_power
+from kermac_backend_triton.expressions import COMPUTE_TYPES, hyper_arg, nonnegative, render_expr
+from kermac_backend_triton.kernel_facts import tensor_core_eligible
+
+__all__ = ["GRAD_ENTRY", "KERNELS", "PAIRWISE_ENTRY", "GradSpec", "PairwiseSpec", "kernel_source"]
+
+PAIRWISE_ENTRY = "kermac_pairwise"
+GRAD_ENTRY = "kermac_grad"
+
+#: The pairwise kernels: the ``tl`` SIMT kernel, the tensor-core one, the Gluon SIMT one.
+KERNELS = ("simt", "tensor_cores", "gluon")
+
+
+@dataclass(frozen=True)
+class PairwiseSpec:
+    """Everything a pairwise kernel's generated module depends on.
+
+    ``compute``: ``"float32"`` or ``"float64"``; ``nbatch``: coalesced batch dimensions;
+    ``tensor_hypers``: hyperparameters passed as per-batch tensors; ``int64``: 64-bit indices;
+    ``kernel``: one of :data:`KERNELS` (tensor cores only for
+    :func:`~kermac_backend_triton.kernel_facts.tensor_core_eligible` programs, Gluon only in float32).
+    """
+
+    program: PairwiseProgram
+    compute: str
+    nbatch: int
+    tensor_hypers: frozenset[str]
+    int64: bool
+    kernel: str = "simt"
+
+    def __post_init__(self) -> None:
+        if self.compute not in COMPUTE_TYPES:
+            raise ValueError(f"compute: expected one of {sorted(COMPUTE_TYPES)}, got {self.compute!r}")
+        if self.kernel not in KERNELS:
+            raise ValueError(f"kernel: expected one of {KERNELS}, got {self.kernel!r}")
+        if self.kernel == "tensor_cores" and not tensor_core_eligible(self.program, self.compute):
+            raise ValueError(
+                f"kernel: 'tensor_cores' needs a float32 sum of (x - z)^2; got {self.compute} {self.program.key()}"
+            )
+        if self.kernel == "gluon" and self.compute != "float32":
+            raise ValueError(f"kernel: the Gluon kernel computes in float32; got compute={self.compute!r}")
+
+
+@dataclass(frozen=True)
+class GradSpec:
+    """Everything the gradient kernel's generated module depends on (fields as :class:`PairwiseSpec`)."""
+
+    program: GradProgram
+    compute: str
+    nbatch: int
+    tensor_hypers: frozenset[str]
+    int64: bool
+
+    def __post_init__(self) -> None:
+        if self.compute not in COMPUTE_TYPES:
+            raise ValueError(f"compute: expected one of {sorted(COMPUTE_TYPES)}, got {self.compute!r}")
+
+
+_IMPORTS = """\
+import triton
+import triton.language as tl
+
+from kermac_backend_triton.kernel_math import INF, NINF, exp_accurate, max_nan, min_nan, pow_ieee, pow_nonneg
+from kermac_backend_triton.kernel_math import pow_nonneg_fast, sign
+"""
+_SKELETON_IMPORTS = {
+    "simt": "from kermac_backend_triton.pairwise_simt import grouped_tile, simt_tile\n",
+    "tensor_cores": "from kermac_backend_triton.pairwise_simt import grouped_tile\n"
+    "from kermac_backend_triton.pairwise_tensor_cores import tensor_core_tile\n",
+    "gluon": "from triton.experimental import gluon\n"
+    "from triton.experimental.gluon import language as gl\n\n"
+    "from kermac_backend_triton.gluon_pairwise import gluon_tile\n"
+    "from kermac_backend_triton.pairwise_simt import grouped_tile\n",
+    "grad": "from kermac_backend_triton.gradient import gradient_tile, grid_order\n",
+}
+
+#: Parameters of each entry kernel between the hyperparameters and the batch layout.
+_SIZES_AND_STRIDES = {
+    "pairwise": "M, N, D, OFF_M, OFF_N,\n    SXM, SXK, SZN, SZK, SOM, SON, ",
+    "grad": "M, N, O, K,\n    SAK, SAM, SBN, SBK, SCO, SCK, SDN, SDM, SOO, SON, SOM, ",
+}
+#: Meta-parameters of each kernel (after ``KEY``), and the sizes never specialised on.
+_META = {
+    "simt": ("BK MI NI MT NT PF GROUP_M", '"M", "D", "OFF_M", "OFF_N", "KEY"'),
+    "tensor_cores": ("BM BN BK GROUP_M", '"M", "OFF_M", "OFF_N", "GUARD", "KEY"'),
+    "gluon": ("BM BN BK TM GROUP_M XT ZT", '"M", "D", "OFF_M", "OFF_N", "KEY"'),
+    "grad": ("BN BM BK BO", '"M", "N", "O", "K", "KEY"'),
+}
+
+
+def kernel_source(spec: PairwiseSpec | GradSpec) -> str:
+    """Python source of the module for ``spec``: imports, the program's functions, the entry kernel."""
+    if isinstance(spec, PairwiseSpec):
+        kind, operands, pointers = spec.kernel, ("x", "z", "out"), "X, Z, OUT"
+        functions = _pairwise_functions(spec)
+    else:
+        kind, operands, pointers = "grad", ("a", "b", "c", "d", "out"), "A, B, C, DD, OUT"
+        functions = _grad_functions(spec)
+    prog, cdt = spec.program, COMPUTE_TYPES[spec.compute]
+    gluon = kind == "gluon"
+    lang = "gl" if gluon else "tl"
+    meta, fixed = _META[kind]
+    sizes = _SIZES_AND_STRIDES["grad" if kind == "grad" else "pairwise"]
+    scalars = "".join(f"H_{n}, " if n in spec.tensor_hypers else f"{hyper_arg(n)}: {cdt}, " for n in prog.hypers)
+    batch = [f"BS{i}" for i in range(spec.nbatch)]
+    pointer_keys = [*operands, *(f"hyper_{n}" for n in sorted(spec.tensor_hypers))]
+    batch += [f"SB_{key}_{i}" for key in pointer_keys for i in range(spec.nbatch)]
+    guard = "GUARD, " if kind == "tensor_cores" else ""
+    head = [
+        f"@{'gluon' if gluon else 'triton'}.jit(do_not_specialize=[{fixed}])",
+        f"def {GRAD_ENTRY if kind == 'grad' else PAIRWISE_ENTRY}(",
+        f"    {pointers}, {scalars}{sizes}{''.join(p + ', ' for p in batch)}{guard}KEY,",
+        "    " + ", ".join(f"{m}: {lang}.constexpr" for m in meta.split()) + ",",
+        "):",
+        f"    # program {prog.key()}",
+    ]
+    hypers = "(" + "".join(f"{hyper_arg(n)}, " for n in prog.hypers).removesuffix(", ")
+    hypers += ",)" if len(prog.hypers) == 1 else ")"
+    body = [_TILE_ORDER[kind].format(int64=spec.int64), *_batch_decoding(spec.nbatch, pointer_keys)]
+    body += _hyper_loads(prog.hypers, spec.tensor_hypers, cdt, lang)
+    body.append(_CALL[kind].format(hypers=hypers, int64=spec.int64, cdt=cdt, **_program_constants(spec)))
+    imports = _IMPORTS + _SKELETON_IMPORTS[kind]
+    entry = "\n".join(head) + "\n" + "".join(f"    {line}\n" for line in body)
+    return imports + "".join(f"\n\n{f}" for f in functions) + "\n\n" + entry
+
+
+#: The first line of each entry kernel's body: its tile and batch entry.
+_TILE_ORDER = {
+    "simt": "bat, pm, pn = grouped_tile(M, N, MI * MT, NI * NT, GROUP_M, {int64})",
+    "tensor_cores": "bat, pm, pn = grouped_tile(M, N, BM, BN, GROUP_M, {int64})",
+    "gluon": "bat, pm, pn = grouped_tile(M, N, BM, BN, GROUP_M, {int64})",
+    "grad": "bat, po, pn, pm = grid_order(M, N, O, BN, BM, BO, {int64})",
+}
+#: The last line of each entry kernel's body: the call of its tile function.
+_CALL = {
+    "simt": "simt_tile(\n"
+    "        X, Z, OUT, M, N, D, OFF_M, OFF_N, SXM, SXK, SZN, SZK, SOM, SON, pm, pn, {hypers}, inner, epilogue,\n"
+    "        {reduction!r}, {uses_diag}, {cdt}, BK, MI, NI, MT, NT, PF, SPLIT_TAIL=True, INT64={int64},\n    )",
+    "tensor_cores": "tensor_core_tile(\n"
+    "        X, Z, OUT, M, N, D, OFF_M, OFF_N, SXM, SXK, SZN, SZK, SOM, SON, GUARD, pm, pn, {hypers},\n"
+    "        inner, epilogue, {uses_diag}, BM, BN, BK, INT64={int64},\n    )",
+    "gluon": "gluon_tile(\n"
+    "        X, Z, OUT, M, N, D, OFF_M, OFF_N, SXM, SXK, SZN, SZK, SOM, SON, pm, pn, {hypers}, inner, epilogue,\n"
+    "        {reduction!r}, {uses_diag}, {cdt}, BM, BN, BK, TM, XT, ZT, INT64={int64},\n    )",
+    "grad": "gradient_tile(\n"
+    "        A, B, C, DD, OUT, M, N, O, K, SAK, SAM, SBN, SBK, SCO, SCK, SDN, SDM, SOO, SON, SOM, po, pn, pm,\n"
+    "        {hypers}, multiply, epilogue, {signed_base}, {signed_exponent}, {signed}, {cdt}, BN, BM, BK, BO,\n"
+    "        INT64={int64},\n    )",
+}
+
+
+def _program_constants(spec: PairwiseSpec | GradSpec) -> dict[str, object]:
+    if isinstance(spec, PairwiseSpec):
+        return {"reduction": spec.program.reduction, "uses_diag": spec.program.uses_diag}
+    signed = _scalar_signed_power(spec.program) is not None
+    names = ("signed_base", "signed_exponent") if signed else ("None", "None")
+    return {"signed_base": names[0], "signed_exponent": names[1], "signed": signed}
+
+
+def _batch_decoding(nbatch: int, pointer_keys: list[str]) -> list[str]:
+    """Lines that decode batch entry ``bat`` (row-major over ``BS0 … BS<n-1>``) and move each base
+    pointer (``X``; ``H_<name>`` for tensor hyperparameter ``name``) to it."""
+    if nbatch == 0:
+        return []
+    lines = ["rest = bat"]
+    for i in reversed(range(1, nbatch)):
+        lines += [f"b{i} = rest % BS{i}", f"rest = rest // BS{i}"]
+    lines.append("b0 = rest")
+    names = {"x": "X", "z": "Z", "out": "OUT", "a": "A", "b": "B", "c": "C", "d": "DD"}
+    for key in pointer_keys:
+        pointer = names.get(key) or f"H_{key.removeprefix('hyper_')}"
+        lines.append(f"{pointer} += " + " + ".join(f"b{i} * SB_{key}_{i}" for i in range(nbatch)))
+    return lines
+
+
+def _hyper_loads(names: tuple[str, ...], tensor: frozenset[str], cdt: str, lang: str) -> list[str]:
+    """Lines giving each hyperparameter's kernel-local value in the compute type ``cdt``.
+
+    Tensors are loaded at the batch entry's offset.  Scalar arguments are cast on entry: a no-op
+    on a GPU, where the typed parameter already has the compute type, but the interpreter passes
+    the Python float itself, which Triton would take as float32 wherever no tensor is involved.
+    ``lang``: the kernel's language module (``tl``, or ``gl`` in Gluon, whose ``full`` this is).
+    """
+    h = hyper_arg
+    return [
+        f"{h(n)} = tl.load(H_{n}).to({cdt})" if n in tensor else f"{h(n)} = {lang}.full([], {h(n)}, {cdt})"
+        for n in sorted(names)
+    ]
+
+
+def _function(name: str, params: str, hypers: tuple[str, ...], body: str, used: set[str], gluon: bool) -> str:
+    """A ``@triton.jit`` (``@gluon.jit``) function returning ``body``, unpacking the hyperparameters it uses."""
+    lines = [f"@{'gluon' if gluon else 'triton'}.jit", f"def {name}({params}):"]
+    lines += [f"    {hyper_arg(n)} = hypers[{i}]" for i, n in enumerate(hypers) if hyper_arg(n) in used]
+    lines.append(f"    return {body}")
+    return "\n".join(lines) + "\n"
+
+
+def _hypers_in(text: str, hypers: tuple[str, ...]) -> set[str]:
+    """The hyperparameter variables ``text`` reads."""
+    return {hyper_arg(n) for n in hypers if re.search(rf"\b{re.escape(hyper_arg(n))}\b", text)}
+
+
+def _pairwise_functions(spec: PairwiseSpec) -> list[str]:
+    """``inner`` and ``epilogue`` of a pairwise program.
+
+    The accumulator is known to be non-negative (simpler ``pow``) when the reduction is a sum or
+    a min of non-negative inner terms: every term, and the identity (0 or +inf), is then ≥ 0.
+    The inner term runs in the k loop (``fast``: ``log2`` from the special-function unit).
+    """
+    prog, gluon = spec.program, spec.kernel == "gluon"
+    lang = "gl" if gluon else "tl"
+    inner = render_expr(prog.inner, {"x": "x", "z": "z"}, spec.compute, fast=True, lang=lang)
+    known = frozenset({"acc"}) if prog.reduction != "max" and nonnegative(prog.inner) else frozenset()
+    epilogue = render_expr(prog.epilogue, {"acc": "acc", "diag": "diag"}, spec.compute, known, lang=lang)
+    if gluon and not free_vars(prog.epilogue) & {"acc", "diag"}:
+        # An epilogue without acc is a scalar: where(c, v, v) = v, broadcast to the tile (Gluon
+        # tensors carry a layout, which broadcast_to of a 0-d value cannot give).
+        epilogue = f"tl.where(acc == acc, {epilogue}, {epilogue})"
+    return [
+        _function("inner", "x, z, hypers", prog.hypers, inner, _hypers_in(inner, prog.hypers), gluon),
+        _function("epilogue", "acc, diag, hypers", prog.hypers, epilogue, _hypers_in(epilogue, prog.hypers), gluon),
+    ]
+
+
+def _scalar_signed_power(prog: GradProgram) -> tuple | None:
+    """(t, e) where the multiply is sgn(t)·|t|^e with an e free of variables (one value per launch)."""
+    signed = signed_power(prog.multiply)
+    return signed if signed is not None and not free_vars(signed[1]) else None
+
+
+def _grad_functions(spec: GradSpec) -> list[str]:
+    """``multiply`` (the k loop's, ``fast``) and ``epilogue`` of a gradient program, and for a signed
+    power with a scalar exponent its base ``t`` and exponent ``e``."""
+    prog, hypers = spec.program, spec.program.hypers
+    texts = {
+        ("multiply", "d, b, hypers"): render_expr(prog.multiply, {"d": "d", "b": "b"}, spec.compute, fast=True),
+        ("epilogue", "acc, hypers"): render_expr(prog.epilogue, {"acc": "acc"}, spec.compute),
+    }
+    signed = _scalar_signed_power(prog)
+    if signed is not None:
+        texts[("signed_base", "d, b, hypers")] = render_expr(signed[0], {"d": "d", "b": "b"}, spec.compute, fast=True)
+        texts[("signed_exponent", "hypers")] = render_expr(signed[1], {}, spec.compute)
+    return [
+        _function(name, params, hypers, text, _hypers_in(text, hypers), False) for (name, params), text in texts.items()
+    ]

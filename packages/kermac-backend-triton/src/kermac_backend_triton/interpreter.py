@@ -1,0 +1,21 @@
+"""Whether Triton runs kernels in its CPU interpreter (``TRITON_INTERPRET=1``), as Triton itself decides.
+
+``TRITON_INTERPRET`` is Triton's switch: Triton reads it (through ``triton.knobs``) when it
+decorates a ``@triton.jit`` function and when it compiles one.  The backend asks Triton rather
+than parsing the variable again, so the backend's choices (CPU tensors, tile configurations), the
+kernels' compile-time choices (:func:`kermac_backend_triton.kernel_math.native_float32`) and the
+kind of function Triton created always agree.
+"""
+
+from __future__ import annotations
+
+__all__ = ["interpreting"]
+
+
+def interpreting() -> bool:
+    """Whether Triton runs kernels in its CPU interpreter; ``False`` where triton cannot be imported."""
+    try:
+        from triton import knobs
+    except Exception:  # an unusable triton interprets nothing; availability() reports why
+        return False
+    return bool(knobs.runtime.interpret)

@@ -1,0 +1,97 @@
+"""The tensor-core pairwise kernel: float32 ``Σ_k (x − z)²`` programs, any epilogue.
+
+For the programs :func:`kermac_backend_triton.kernel_facts.tensor_core_eligible` accepts.  One
+program computes a ``BM × BN`` tile of d² = ‖x‖² + ‖z‖² − 2·x·zᵀ.  A first k loop sums the norms
+‖x‖², ‖z‖² in float32 (kept out of the main loop: there they would hold a second register copy
+of each tile, since the dot needs another layout, and cost occupancy); the main loop forms
+``x·zᵀ`` in 3×TF32: each operand is split as hi = tf32(a), lo = tf32(a − hi) (round to nearest,
+:func:`~kermac_backend_triton.kernel_math.to_tf32`) and three chained
+``tl.dot(..., input_precision="tf32")`` add hi·lo + lo·hi + hi·hi, the low products first
+(float32 accuracy; the same products as Triton's ``tf32x3``, without its serialising NaN fix-ups
+between the products).  The launcher specialises N and D on divisibility by 16 so the k mask and
+the store mask keep 16-byte vectors.
+
+Cancellation guard: an entry is *flagged* where d² ≤ ``GUARD``·(‖x‖² + ‖z‖²) or d² is not finite
+(``GUARD`` from :func:`kermac_backend_triton.kernel_facts.guard_threshold`); if any entry of the
+tile is flagged, the program recomputes the whole tile from differences with a register-lean
+SIMT tile (:func:`kermac_backend_triton.pairwise_simt.simt_tile`: 128 threads of
+``BM/8 × BN/16`` outputs, 2 features per step — the branch must not raise the kernel's register
+count, which sets how many programs share a multiprocessor) and stores that instead, so
+near-duplicate rows (and x = z) are as exact as the SIMT kernel; otherwise it applies the
+epilogue to d² and stores it streaming.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from kermac_backend_triton.kernel_math import INF, to_tf32
+from kermac_backend_triton.pairwise_simt import index_type, simt_tile
+
+__all__ = ["tensor_core_tile"]
+
+
+@triton.jit
+def _load_chunk(xrow, zrow, k0, kr, D, SXK, SZK):
+    kk = k0 + kr
+    xv = tl.load(xrow + kk * SXK, mask=kk < D, other=0.0).to(tl.float32)
+    zv = tl.load(zrow + kk * SZK, mask=kk < D, other=0.0).to(tl.float32)
+    return xv, zv
+
+
+@triton.jit
+def tensor_core_tile(
+    X, Z, OUT, M, N, D, OFF_M, OFF_N, SXM, SXK, SZN, SZK, SOM, SON, GUARD, pm, pn, hypers, inner, epilogue,
+    USES_DIAG: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, INT64: tl.constexpr,
+):  # fmt: skip
+    """Compute and store output tile ``(pm, pn)`` of a (x − z)²-sum program (see the module docs).
+
+    ``inner`` is the program's (x − z)² (the recompute's term), ``epilogue(d2, diag, hypers)`` its epilogue.
+    """
+    om = pm * BM + index_type(tl.arange(0, BM), INT64)
+    on = pn * BN + index_type(tl.arange(0, BN), INT64)
+    xrow = X + ((om % M) * SXM)[:, None]
+    zrow = Z + ((on % N) * SZN)[:, None]
+    kr = index_type(tl.arange(0, BK)[None, :], INT64)
+    xsq = tl.zeros([BM, BK], tl.float32)
+    zsq = tl.zeros([BN, BK], tl.float32)
+    for k0 in range(0, D, BK):
+        xv, zv = _load_chunk(xrow, zrow, k0, kr, D, SXK, SZK)
+        xsq += xv * xv
+        zsq += zv * zv
+    xn = tl.sum(xsq, 1)
+    zn = tl.sum(zsq, 1)
+    dot = tl.zeros([BM, BN], tl.float32)
+    for k0 in range(0, D, BK):
+        xv, zv = _load_chunk(xrow, zrow, k0, kr, D, SXK, SZK)
+        xh = to_tf32(xv)
+        xl = to_tf32(xv - xh)
+        zt = tl.trans(zv)
+        zh = to_tf32(zt)
+        zl = to_tf32(zt - zh)
+        dot = tl.dot(xh, zl, dot, input_precision="tf32", out_dtype=tl.float32)
+        dot = tl.dot(xl, zh, dot, input_precision="tf32", out_dtype=tl.float32)
+        dot = tl.dot(xh, zh, dot, input_precision="tf32", out_dtype=tl.float32)
+    s = xn[:, None] + zn[None, :]
+    d2 = s - 2.0 * dot
+    flag = ~((d2 > GUARD * s) & (d2 < INF))
+    if tl.max(tl.max(flag.to(tl.int32), 1), 0) > 0:
+        simt_tile(
+            X, Z, OUT, M, N, D, OFF_M, OFF_N, SXM, SXK, SZN, SZK, SOM, SON, pm, pn, hypers, inner, epilogue,
+            "sum", USES_DIAG, tl.float32, BK=2, MI=BM // 8, NI=BN // 16, MT=8, NT=16, PF=0, SPLIT_TAIL=False,
+            INT64=INT64,
+        )  # fmt: skip
+    else:
+        om2 = om[:, None]
+        on2 = on[None, :]
+        diag = 0.0
+        if USES_DIAG:
+            diag = tl.where(om2 + OFF_M == on2 + OFF_N, 1.0, 0.0)
+        val = tl.broadcast_to(epilogue(d2, diag, hypers), [BM, BN])
+        tl.store(
+            OUT + om2 * SOM + on2 * SON,
+            val.to(OUT.dtype.element_ty),
+            mask=(om2 < M) & (on2 < N),
+            cache_modifier=".cs",
+        )
