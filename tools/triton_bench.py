@@ -49,9 +49,9 @@ def _space(pr: PairwiseProblem | GradProblem) -> list:
     if isinstance(pr, GradProblem):
         return configs.GRAD_SPACE
     spec = launch.pairwise_spec(pr)[0]
-    if spec.tensor_cores:
+    if spec.kernel == "tensor_cores":
         return configs.pairwise_tc_space(pr.d)
-    return configs.GLUON_PAIRWISE_SPACE if spec.gluon else configs.PAIRWISE_SPACE
+    return configs.GLUON_PAIRWISE_SPACE if spec.kernel == "gluon" else configs.PAIRWISE_SPACE
 
 
 def _available(name: str) -> bool:
