@@ -180,7 +180,7 @@ def _operand(t: torch.Tensor, layout: BatchLayout, name: str, pt: int, kt: int, 
 
 
 def _k_contiguous_operands(problem: PairwiseProblem, layout: BatchLayout) -> bool:
-    """Whether ``kernels.KCONTIG_LOOP`` can read the operands: x rows 16-byte aligned with unit stride
+    """Whether ``cuda/kcontig_loop.cuh`` can read the operands: x rows 16-byte aligned with unit stride
     along k and D a multiple of 4 (whole 16-byte copies), z rows with unit stride along k and 128 rows
     within 2^31 elements (32-bit row offsets)."""
     z = problem.z
@@ -508,7 +508,7 @@ def plan_key(problem: PairwiseProblem | GradProblem, device: int) -> tuple:
     It holds what planning reads: the program, dtype and device (its capability), every tensor's
     shape, strides and address modulo :data:`_ALIGNMENT`, the hyperparameters (scalars by their
     exact bits, tensors like operands), the diagonal offsets, and this module's settings (tests and
-    benchmarks change those at run time).  The tile configurations of ``codegen``/``tc_grad`` are
+    benchmarks change those at run time).  The tile configurations of ``tiles`` are
     not in it: whoever replaces one clears the memo (``scripts/nvrtc_bench.py``'s knobs do).
     """
     if isinstance(problem, PairwiseProblem):

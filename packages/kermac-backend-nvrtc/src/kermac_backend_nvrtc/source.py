@@ -11,7 +11,7 @@ Every kernel is one translation unit, compiled by one NVRTC call:
    (``km_inner``, ``km_reduce``, ``km_epilogue``, ``km_multiply``; :mod:`.render`);
 4. the route's kernel file.
 
-``#include "name.cuh"`` lines of the package files are expanded here (each file once), so the
+``#include "name.cuh"`` lines of the package files are expanded in place here, so the
 text NVRTC compiles — and the JIT cache key hashes — is the whole kernel.  :func:`kernel_source` returns
 it with the kernel's parameters in order.
 """

@@ -5,18 +5,14 @@ others are numbers, kernel arguments, so a new value needs no recompile), the nu
 batch dimensions, and the half-power facts (:class:`KernelVariant`).  Each family adds only its own
 fields, so a combination no kernel implements cannot be built:
 
-===========================  ==========================================  =========================
-family                       kernel file                                 chosen for
-===========================  ==========================================  =========================
-:class:`SimtPairwise`        ``cuda/simt_pairwise.cuh``                  every pairwise program
-:class:`SplitPowerPairwise`  ``simt_pairwise.cuh`` + ``pow_split.cuh``   float Σ|x − z|^p, p >= 1
-:class:`KContiguousPairwise` ``simt_pairwise.cuh`` + ``kcontig_loop.cuh`` float32 Σ|x − z|, rows
-:class:`MmaPairwise`         ``cuda/mma_pairwise.cuh``                   float32 Σ(x − z)²
-:class:`WgmmaPairwise`       ``cuda/wgmma_pairwise.cuh`` (sm_90a)        float32 Σ(x − z)², sm_90
-:class:`SimtGrad`            ``cuda/simt_grad.cuh``                      every gradient program
-:class:`MmaGrad`             ``cuda/mma_grad.cuh``                       float32, O >= 5
-:class:`SignGrad`            ``cuda/sign_grad.cuh`` (sm_90a)             float32 sign(d − b), sm_90
-===========================  ==========================================  =========================
+- ``SimtPairwise`` (``cuda/simt_pairwise.cuh``): every pairwise program;
+- ``SplitPowerPairwise`` (the same with ``cuda/pow_split.cuh``): float ``Σ |x − z|^p``, p >= 1;
+- ``KContiguousPairwise`` (the same with ``cuda/kcontig_loop.cuh``): float32 ``Σ |x − z|``, row-major x;
+- ``MmaPairwise`` (``cuda/mma_pairwise.cuh``): float32 ``Σ (x − z)²``;
+- ``WgmmaPairwise`` (``cuda/wgmma_pairwise.cuh``, sm_90a): float32 ``Σ (x − z)²`` on sm_90;
+- ``SimtGrad`` (``cuda/simt_grad.cuh``): every gradient program;
+- ``MmaGrad`` (``cuda/mma_grad.cuh``): float32 gradients with O >= 5;
+- ``SignGrad`` (``cuda/sign_grad.cuh``, sm_90a): float32 ``sign(d − b)`` gradients on sm_90.
 
 Sizes, strides, pointers and hyperparameter values are kernel arguments, not variant fields.
 """

@@ -5,7 +5,7 @@
 // mma.sync, 16-byte groups from a shared-memory tile on wgmma).
 
 // Output (m, n) from its reduced value: the program's epilogue (kernel function, outer power) with
-// the diagonal indicator.
+// the diagonal indicator KM_DIAG(m, n).
 #define KM_OUTPUT(acc, m, n) km_epilogue((acc), KM_DIAG(m, n) KM_HYPER_ACTUALS)
 
 // d² = ‖x‖² + ‖z‖² − 2·x·z into acc (given x·z, and norms = ‖x‖² + ‖z‖²); true where d² may have

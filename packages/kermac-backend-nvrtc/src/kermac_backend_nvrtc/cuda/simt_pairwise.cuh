@@ -133,6 +133,8 @@ kermac_pairwise(KM_PARAMS) {
         km_t v[VN];
 #pragma unroll
         for (int j = 0; j < VN; ++j) {
+          // The diagonal before the sum, not inside KM_OUTPUT: the order this kernel's code was tuned in.
+          const km_t diag = KM_DIAG(m, nb + j);
 #if KM_SPLIT_PAIRS > 0
           // Split terms are at least about 2^-126 (lmin, |x − z| = 0 included): a sum below
           // D·2^-125 has only terms below the float32 normal range and is 0, as each is with ftz.
@@ -141,7 +143,7 @@ kermac_pairwise(KM_PARAMS) {
 #else
           const km_t sum = acc[i][g * VN + j];
 #endif
-          v[j] = KM_OUTPUT(sum, m, nb + j);
+          v[j] = km_epilogue(sum, diag KM_HYPER_ACTUALS);
         }
         if (sizeof(km_in_t) * VN == 16 && ovec && nb + VN <= N) {
           km_store16(row + nb, v);
