@@ -24,7 +24,7 @@ def digest_tool():
     sys.modules[spec.name] = module  # worker processes unpickle its functions by module name
     spec.loader.exec_module(module)
     try:
-        module._cuobjdump()
+        module.cuobjdump_path()
     except SystemExit as exc:
         pytest.skip(str(exc))
     return module
@@ -64,4 +64,4 @@ def test_digest_compiles_each_kernel_once_and_compares(digest_tool, tmp_path) ->
 
 
 def test_cuobjdump_is_found(digest_tool) -> None:
-    assert Path(digest_tool._cuobjdump()).exists() or shutil.which(digest_tool._cuobjdump())
+    assert Path(digest_tool.cuobjdump_path()).exists() or shutil.which(digest_tool.cuobjdump_path())

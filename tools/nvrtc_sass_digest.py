@@ -59,7 +59,8 @@ ARCHS = ("sm_80", "sm_90")
 DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
 
 
-def _cuobjdump() -> str:
+def cuobjdump_path() -> str:
+    """Triton's bundled ``cuobjdump``, else the one on ``PATH`` (for any tool that reads SASS)."""
     try:
         import triton
 
@@ -178,7 +179,7 @@ def digest_one(source: str, arch: str, name: str) -> dict[str, object]:
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "kernel.cubin"
         path.write_bytes(compiled.cubin)
-        sass = subprocess.run([_cuobjdump(), "-sass", str(path)], check=True, capture_output=True, text=True).stdout
+        sass = subprocess.run([cuobjdump_path(), "-sass", str(path)], check=True, capture_output=True, text=True).stdout
     sass = "\n".join(line for line in sass.splitlines() if not line.strip().startswith("Function :"))
     return {
         "sha256": hashlib.sha256(sass.encode()).hexdigest(),
