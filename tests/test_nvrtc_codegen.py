@@ -507,6 +507,19 @@ def test_source_wgmma() -> None:
     assert "mma.sync" not in src.split("kermac_pairwise(")[1]  # the kernel body uses wgmma only
 
 
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_source_is_one_self_contained_text(case: str) -> None:
+    """Every package file a kernel includes is expanded into its text (what NVRTC compiles and the JIT
+    cache key hashes): no include remains, and the kernel file and the shared epilogue are there."""
+    problem = CASES[case]
+    grad = isinstance(problem, kermac.problem.GradProblem)
+    variant = (plan.plan_grad if grad else plan.plan_pairwise)(problem, 90)[0]
+    src = kernel_source(variant)[0]
+    assert "#include" not in src
+    assert kernel_file("prelude.cuh") in src and kernel_file("loader.cuh") in src
+    assert (kernel_file("pairwise_epilogue.cuh") in src) is not grad
+
+
 def test_wgmma_swizzle_is_a_conflict_free_bijection() -> None:
     """km_sw64 (mirrored here) maps the 128 × 16 tile onto 8 KB one to one, and the 16-byte stores of
     a staging phase (8 threads: MODE 2, 8 values of one row per thread, two stores) hit 8 distinct
