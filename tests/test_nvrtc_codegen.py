@@ -642,7 +642,7 @@ def test_one_path_for_float32_l1_sums_with_vector_loads(monkeypatch: pytest.Monk
     sqrt = ir.sqrt(ir.Var("acc"))
     assert _padded_tail(planned(kermac.PairwiseProgram(ir.abs_(t), "sum", sqrt)))
     assert not _padded_tail(planned(kermac.PairwiseProgram(ir.abs_(t), "max", sqrt)))  # 0 is not max's identity
-    assert not _padded_tail(planned(kermac.PairwiseProgram(t * t, "sum", sqrt)))  # the SIMT p = 2 kernel: 1 % slower
+    assert not _padded_tail(planned(kermac.PairwiseProgram(t * t, "sum", sqrt)))  # SIMT p = 2: slower with it
     assert not _padded_tail(planned(presets.lp_distance.lower()))  # split (power table)
     monkeypatch.setattr(plan, "ONE_PATH", False)
     assert not _padded_tail(planned(laplace))
@@ -880,7 +880,7 @@ def _tc_grad_emulated(a, b, c, d, p: float) -> np.ndarray:
 def test_tc_grad_split_accuracy(p: float, data: str) -> None:
     """3×TF32 is as accurate as fp32 FMAs on random data (2e-7 relative Frobenius vs float64 here; the
     SIMT kernel's fp32 sums give 4e-7) and about 1e-5 (1.06e-5 with B' truncated to TF32, 9e-6
-    rounded; SIMT: 2.7e-6; PEERS.md allows 1e-4) for mixed-sign c whose terms cancel to 1 % of their
+    rounded; SIMT: 2.7e-6; the tolerance is 1e-4) for mixed-sign c whose terms cancel to 1 % of their
     magnitude, where the TF32 reading of B's residual and the dropped lo·lo products (≤ 2⁻²⁰ and
     2⁻²¹ of each term) show."""
     rng = np.random.default_rng(7)
