@@ -1,9 +1,16 @@
-// The register-tiled SIMT pairwise kernel: a block computes BM × BN outputs, each of its 256 threads
-// GM groups of VM rows × GN groups of VN columns (read from shared memory as 16-byte vectors), looping
-// over k in BK steps with double-buffered shared memory.  Variants (the configuration's macros):
-// split powers (KM_SPLIT_PAIRS > 0, pow_split.cuh), the padded tail (KM_PADDED_TAIL) and the
-// k-contiguous loop (KM_K_CONTIGUOUS, kcontig_loop.cuh).  Reads the functors km_inner, km_reduce and
-// km_epilogue.
+// The register-tiled SIMT pairwise kernel: a block computes BM × BN outputs with its NT = 256 threads,
+// looping over k in BK steps with double-buffered shared memory.  Thread layout: TN threads along n,
+// NT / TN along m; a thread owns GM groups of VM rows (BM / GM apart) and GN groups of VN columns (BN /
+// GN apart), each group one 16-byte shared load per k.  Reads the functors km_inner, km_reduce and
+// km_epilogue, and these variants of the configuration:
+// - split powers (KM_SPLIT_PAIRS > 0, only for a float sum of |x − z|^b with b >= 1; pow_split.cuh):
+//   KM_SPLIT_PAIRS of a thread's pairs take |x − z|^b without the MUFU's ex2 (a polynomial, or with
+//   KM_POW_TABLE a table of 2^(e·b) times a polynomial of degree KM_POW_DEGREE), the others on the MUFU;
+// - the padded tail (KM_PADDED_TAIL: not split, inner(0, 0) the reduction's identity): every k tile, the
+//   partial one too, runs the unrolled loop; its features past D are staged as zeros in both operands,
+//   so their terms are the identity.  The next tile's loads go after KM_LOADS_AFTER of its BK steps (in
+//   a 16-deep tile, a shorter life for the staging registers);
+// - the k-contiguous loop (KM_K_CONTIGUOUS, kcontig_loop.cuh).
 #include "pairwise_epilogue.cuh"
 // Pair q of the thread's P = GM·VM·GN·VN is split iff floor((q + 1)·n / P) > floor(q·n / P): n of them, spread evenly.
 #define KM_IS_SPLIT(q, n) (((q) + 1) * (n) / (GM * VM * GN * VN) > (q) * (n) / (GM * VM * GN * VN))
@@ -31,7 +38,7 @@ kermac_pairwise(KM_PARAMS) {
   const int tx = tid % TN, ty = tid / TN;
 #include "pairwise_prologue.cuh"
 #if KM_SPLIT_PAIRS > 0
-    const km_t km_pb = KM_SPLIT_EXPONENT;                              // the exponent b of |x − z|^b
+    const km_t km_pb = KM_SPLIT_EXPONENT;                      // the exponent b of |x − z|^b
     const km_t km_plmin = km_t(-126) / km_pb;                  // lg2 clamp: b·lmin = −126
     const km_t km_plim = km_ex2(km_t(125) / km_pb - km_t(1));  // |x|, |z| <= lim: b·log2|x − z| <= 125
     // A tile holding an input beyond lim (or inf, NaN) runs all pairs on the MUFU: km_fallback.
