@@ -40,20 +40,33 @@ from pathlib import Path
 
 import torch
 
-#: Planner settings (module attributes of ``kermac_backend_nvrtc.plan``) under which every problem is
-#: planned, by label: the defaults, and every switch ``scripts/nvrtc_source_hashes.py`` varied.
+#: Planner settings under which every problem is planned, by label: the defaults, and every switch
+#: ``scripts/nvrtc_source_hashes.py`` varied, as fields of the NVRTC tuning (names of ``NvrtcTuning``).
 SETTINGS: dict[str, dict[str, object]] = {
     "default": {},
-    "simt": {"TENSOR_CORES": False},
-    "mma_sync": {"WGMMA": False},
-    "called_epilogue": {"INLINE_EXPENSIVE_EPILOGUE": False},
-    "ex2_poly_44": {"POW_TABLE": False, "POLY_PAIRS": 44},
-    "ex2_poly_64_no_ftz": {"FTZ": False, "POLY_PAIRS": 64},
-    "no_split": {"POW_TABLE": False, "POLY_PAIRS": 0},
-    "no_half_powers": {"HALF_POWERS": False},
-    "no_one_path": {"ONE_PATH": False},
-    "no_k_contiguous": {"K_CONTIGUOUS": False},
-    "no_k_contiguous_no_one_path": {"K_CONTIGUOUS": False, "ONE_PATH": False},
+    "simt": {"tensor_cores": False},
+    "mma_sync": {"wgmma": False},
+    "called_epilogue": {"inline_expensive_epilogue": False},
+    "ex2_poly_44": {"power_table": False, "ex2_polynomial_pairs": 44},
+    "ex2_poly_64_no_ftz": {"flush_subnormals": False, "ex2_polynomial_pairs": 64},
+    "no_split": {"power_table": False, "ex2_polynomial_pairs": 0},
+    "no_half_powers": {"half_powers": False},
+    "no_one_path": {"zero_padded_k_tail": False},
+    "no_k_contiguous": {"k_contiguous_tiles": False},
+    "no_k_contiguous_no_one_path": {"k_contiguous_tiles": False, "zero_padded_k_tail": False},
+}
+#: Where the planner reads each tuning field today: a module setting of ``kermac_backend_nvrtc.plan``
+#: (where the planner takes a tuning value instead, :func:`_settings` builds that value).
+_PLAN_SETTINGS = {
+    "tensor_cores": "TENSOR_CORES",
+    "wgmma": "WGMMA",
+    "inline_expensive_epilogue": "INLINE_EXPENSIVE_EPILOGUE",
+    "power_table": "POW_TABLE",
+    "ex2_polynomial_pairs": "POLY_PAIRS",
+    "flush_subnormals": "FTZ",
+    "half_powers": "HALF_POWERS",
+    "zero_padded_k_tail": "ONE_PATH",
+    "k_contiguous_tiles": "K_CONTIGUOUS",
 }
 ARCHS = ("sm_80", "sm_90")
 DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
@@ -123,8 +136,10 @@ def problems() -> Iterator[tuple[str, object]]:
 
 @contextlib.contextmanager
 def _settings(values: dict[str, object]) -> Iterator[None]:
+    """The planner set to the tuning fields ``values`` (the defaults elsewhere) while the block runs."""
     from kermac_backend_nvrtc import plan
 
+    values = {_PLAN_SETTINGS[k]: v for k, v in values.items()}
     old = {k: getattr(plan, k) for k in values}
     for k, v in values.items():
         setattr(plan, k, v)
