@@ -228,6 +228,7 @@ def test_nvrtc_plans_equivalent_programs_alike(case: str) -> None:
     the canonical program's, up to the program itself (planned on the CPU, for no device)."""
     plan = pytest.importorskip("kermac_backend_nvrtc.plan")
     tuning = pytest.importorskip("kermac_backend_nvrtc.tuning")
+    variants = pytest.importorskip("kermac_backend_nvrtc.variants")
     form, canon, _ = CASES[case]
     x_, z_ = _inputs("cpu", d=64)
     out = torch.empty(5, 7)  # one output: the launch arguments hold its address
@@ -242,11 +243,10 @@ def test_nvrtc_plans_equivalent_programs_alike(case: str) -> None:
                 )
                 for inner in (form, canon)
             )
-            # The plan sizes the SIMT k loop's unrolling by the written inner term's operations (pow
-            # costs more than a product); the tensor-core kernels both programs take do not read it.
-            same = dataclasses.replace(variant, program=canon_variant.program, k_unroll=canon_variant.k_unroll)
-            assert same == canon_variant and variant.tensor_cores == is_squared_difference_sum(canon_variant.program)
-            assert variant.k_unroll == canon_variant.k_unroll or variant.tensor_cores, (case, capability)
+            same = dataclasses.replace(variant, program=canon_variant.program)
+            assert same == canon_variant, (case, capability)
+            tensor_cores = isinstance(variant, variants.MmaPairwise | variants.WgmmaPairwise)
+            assert tensor_cores == is_squared_difference_sum(canon_variant.program), (case, capability)
             assert launch == canon_launch, (case, capability)
 
 

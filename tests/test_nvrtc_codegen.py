@@ -20,10 +20,12 @@ from kermac.hyperparams import HyperValue
 from kermac.lowering import cdist_program, grad_program
 from kermac.problem import grad_problem, pairwise_problem
 
-nvrtc_codegen = pytest.importorskip("kermac_backend_nvrtc.codegen")
+pytest.importorskip("kermac_backend_nvrtc.source")
 pytest.importorskip("cuda.core")
-from kermac_backend_nvrtc import codegen, compiler, kernels, launcher, plan, sign_grad, tc_grad, wgmma_pairwise  # noqa: E402
-from kermac_backend_nvrtc.tuning import NvrtcTuning  # noqa: E402
+from kermac import kernel_facts
+from kermac_backend_nvrtc import compiler, launcher, plan, render, tiles, variants
+from kermac_backend_nvrtc.source import EXP2_COEFFS, kernel_file, kernel_source
+from kermac_backend_nvrtc.tuning import NvrtcTuning
 
 try:
     compiler.nvrtc_version()
@@ -36,6 +38,46 @@ M, N, D = 37, 29, 13
 
 def _t(*shape: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
     return torch.randn(*shape, dtype=torch.float64).to(dtype)
+
+
+def _tensor_cores(v: object) -> bool:
+    return isinstance(v, variants.MmaPairwise | variants.WgmmaPairwise | variants.MmaGrad | variants.SignGrad)
+
+
+def _wgmma(v: object) -> bool:
+    return isinstance(v, variants.WgmmaPairwise | variants.SignGrad)
+
+
+def _padded_tail(v: object) -> bool:
+    return isinstance(v, variants.SimtPairwise) and v.padded_tail
+
+
+def _k_contiguous(v: object) -> bool:
+    return isinstance(v, variants.KContiguousPairwise)
+
+
+def _deep_k(v: object) -> bool:
+    return isinstance(v, variants.SimtPairwise) and v.deep_k
+
+
+def _split_pairs(v: object) -> int:
+    return v.split.pairs if isinstance(v, variants.SplitPowerPairwise) else 0
+
+
+def _table_degree(v: object) -> int:
+    return (
+        v.split.degree if isinstance(v, variants.SplitPowerPairwise) and isinstance(v.split, variants.PowerTable) else 0
+    )
+
+
+def _with_split(v: object, pairs: int, ftz: bool, degree: int) -> object:
+    """SIMT variant ``v`` with ``pairs`` split pairs (0: none) on the ex2 polynomial or the table of ``degree``."""
+    names = ("program", "tensor_hypers", "batch_dims", "hypers_at_least_one", "half_powers", "fixed_hypers")
+    common = {n: getattr(v, n) for n in (*names, "dtype", "x", "z", "k_unroll")} | {"flush_subnormals": ftz}
+    if not pairs:
+        return variants.SimtPairwise(**common)
+    split = variants.PowerTable(pairs, degree) if degree else variants.Ex2Polynomial(pairs)
+    return variants.SplitPowerPairwise(**common, split=split)
 
 
 def _hypers(**values: float | torch.Tensor) -> dict[str, HyperValue]:
@@ -210,8 +252,8 @@ def _plan_grad(problem, capability: int | None = None, **changes: object) -> tup
 
 def _source(problem, **changes: object) -> str:
     if isinstance(problem, kermac.problem.GradProblem):
-        return codegen.grad_source(_plan_grad(problem, **changes)[0])[0]
-    return codegen.pairwise_source(_plan_pairwise(problem, **changes)[0])[0]
+        return kernel_source(_plan_grad(problem, **changes)[0])[0]
+    return kernel_source(_plan_pairwise(problem, **changes)[0])[0]
 
 
 @pytest.fixture(autouse=True)
@@ -240,8 +282,8 @@ def test_variant_compiles_to_cubin(case: str, arch: str) -> None:
 def test_split_variants_compile(arch: str, pairs: int, ftz: bool, degree: int) -> None:
 
     for case in ("preset-lp_distance", "preset-laplace_lp", "lp-float16"):
-        variant = dataclasses.replace(_plan_pairwise(CASES[case])[0], poly_pairs=pairs, ftz=ftz, pow_degree=degree)
-        source, params = codegen.pairwise_source(variant)
+        variant = _with_split(_plan_pairwise(CASES[case])[0], pairs, ftz, degree)
+        source, params = kernel_source(variant)
         assert f"#define KM_POW_TABLE {int(degree > 0)}" in source and f"#define KM_POW_DEGREE {degree}" in source
         coefficient_params = [f"pc{j}" for j in range(degree + 1)] if degree else []
         assert [p.name for p in params if p.name.startswith("pc")] == coefficient_params
@@ -290,26 +332,24 @@ def test_pow_table_is_planned_for_p_in_its_range() -> None:
         return _plan_pairwise(pairwise_problem(lp, x, z, out=None, hypers={"p": HyperValue("p", p)}))
 
     (v13, l13), (v27, l27), (v46, l46), (v7, l7) = planned(1.3), planned(2.7), planned(4.6), planned(7.0)
-    assert v13.pow_degree == 5 and v13 == v27 and v13.poly_pairs == TUNING.power_table_pairs
-    assert v46.pow_degree == 6 and v46.poly_pairs == TUNING.power_table_pairs_high_p and "pc6" in l46.args
+    assert _table_degree(v13) == 5 and v13 == v27 and _split_pairs(v13) == TUNING.power_table_pairs
+    assert _table_degree(v46) == 6 and _split_pairs(v46) == TUNING.power_table_pairs_high_p and "pc6" in l46.args
     coeffs13 = [l13.args[f"pc{j}"] for j in range(6)]
     assert sum(coeffs13) == pytest.approx(1.0, abs=1e-6) and l13.args["pc1"] != l27.args["pc1"]  # 1^p
     assert "pc6" not in l13.args and coeffs13 == list(pow_table.coefficients(1.3))
-    assert not v7.pow_degree and v7.poly_pairs == TUNING.ex2_polynomial_pairs and "pc0" not in l7.args
-    with pytest.raises(ValueError, match="pow_degree"):
-        codegen.pairwise_source(dataclasses.replace(v13, ftz=False))
+    assert not _table_degree(v7) and _split_pairs(v7) == TUNING.ex2_polynomial_pairs and "pc0" not in l7.args
     const = kermac.PairwiseProgram(ir.pow(abs(ir.Var("x") - ir.Var("z")), 2.5), "sum", ir.Var("acc"))
     vc, lc = _plan_pairwise(pairwise_problem(const, x, z, out=None, hypers={}))  # a constant exponent
-    assert vc.pow_degree == 5 and lc.args["pc1"] == pytest.approx(pow_table_coefficients(2.5)[1])
+    assert _table_degree(vc) == 5 and lc.args["pc1"] == pytest.approx(pow_table_coefficients(2.5)[1])
 
 
 def test_split_needs_a_float_sum_of_powered_differences() -> None:
 
     ge1 = frozenset({"p"})
     lp = presets.lp_distance.lower()
-    assert codegen.split_exponent(lp, ge1) == ir.Hyper("p")
-    assert codegen.split_exponent(presets.laplace_lp.lower(), ge1) == ir.Hyper("p")
-    assert codegen.split_exponent(lp, frozenset()) is None  # p not known >= 1 (p < 1, tensor p)
+    assert render.split_exponent(lp, ge1) == ir.Hyper("p")
+    assert render.split_exponent(presets.laplace_lp.lower(), ge1) == ir.Hyper("p")
+    assert render.split_exponent(lp, frozenset()) is None  # p not known >= 1 (p < 1, tensor p)
     x, z = ir.Var("x"), ir.Var("z")
     for inner, reduction in [
         (ir.pow(abs(x * z), ir.Hyper("p")), "sum"),
@@ -317,20 +357,20 @@ def test_split_needs_a_float_sum_of_powered_differences() -> None:
         (ir.pow(abs(x - z), ir.Const(0.5)), "sum"),
         (abs(x - z), "sum"),
     ]:
-        assert codegen.split_exponent(kermac.PairwiseProgram(inner, reduction, ir.Var("acc")), ge1) is None
-    assert codegen.split_exponent(kermac.PairwiseProgram(ir.pow(abs(x - z), 3.0), "sum", ir.Var("acc")), ge1)
+        assert render.split_exponent(kermac.PairwiseProgram(inner, reduction, ir.Var("acc")), ge1) is None
+    assert render.split_exponent(kermac.PairwiseProgram(ir.pow(abs(x - z), 3.0), "sum", ir.Var("acc")), ge1)
     for case in ("lp-p<1", "lp-tensor-p-f32", "lp-float64", "preset-l1_distance"):
-        assert _plan_pairwise(CASES[case])[0].poly_pairs == 0, case
-    variant = dataclasses.replace(_plan_pairwise(CASES["preset-l1_distance"])[0], poly_pairs=8)
-    with pytest.raises(ValueError, match="split variant"):
-        codegen.pairwise_source(variant)
+        assert _split_pairs(_plan_pairwise(CASES[case])[0]) == 0, case
+    variant = _with_split(_plan_pairwise(CASES["preset-l1_distance"])[0], 8, True, 0)
+    with pytest.raises(ValueError, match="split power: needs a float sum of"):
+        kernel_source(variant)
 
 
 @pytest.mark.parametrize("arch", ARCHS)
 def test_simt_p2_variant_compiles(arch: str) -> None:
     variant = _plan_pairwise(CASES["preset-l2_distance"], tensor_cores=False)[0]  # the SIMT difference kernel
-    assert not variant.tensor_cores
-    built = compiler.compile_cubin(codegen.pairwise_source(variant)[0], arch, name="kermac_pairwise")
+    assert not _tensor_cores(variant)
+    built = compiler.compile_cubin(kernel_source(variant)[0], arch, name="kermac_pairwise")
     assert built.cubin[:4] == b"\x7fELF"
 
 
@@ -338,8 +378,8 @@ def test_simt_p2_variant_compiles(arch: str) -> None:
 @pytest.mark.parametrize("case", ["grad-p1", "grad-p1.5", "grad-p0.5-tensor", "grad-a-transposed"])
 def test_simt_grad_variant_compiles(arch: str, case: str) -> None:
     variant = _plan_grad(CASES[case], tensor_cores=False)[0]  # the SIMT float32 gradient
-    assert not variant.tensor_cores
-    built = compiler.compile_cubin(codegen.grad_source(variant)[0], arch, name="kermac_grad")
+    assert not _tensor_cores(variant)
+    built = compiler.compile_cubin(kernel_source(variant)[0], arch, name="kermac_grad")
     assert built.cubin[:4] == b"\x7fELF"
 
 
@@ -347,8 +387,8 @@ def test_simt_grad_variant_compiles(arch: str, case: str) -> None:
 def test_tc_grad_single_output_compiles(arch: str) -> None:
     # O = 1 on the tensor cores (one padded 8-wide chunk)
     variant, launch = _plan_grad(CASES["grad-p1-o1"], tensor_core_grad_min_o=1)
-    assert variant.tensor_cores and variant.ot == 8 and launch.args["ochunks"] == 1
-    built = compiler.compile_cubin(codegen.grad_source(variant)[0], arch, name="kermac_grad")
+    assert _tensor_cores(variant) and variant.ot == 8 and launch.args["ochunks"] == 1
+    built = compiler.compile_cubin(kernel_source(variant)[0], arch, name="kermac_grad")
     assert "registers" in built.ptxas
 
 
@@ -357,45 +397,45 @@ def test_plan_selects_tensor_cores_for_grad() -> None:
     expect |= {"grad-p1-o5": (8, 1), "tc-grad-batch-broadcast-tensor-p": (8, 1)}
     for case, (ot, ochunks) in expect.items():
         variant, launch = _plan_grad(CASES[case])
-        assert variant.tensor_cores and variant.ot == ot and launch.args["ochunks"] == ochunks, case
+        assert _tensor_cores(variant) and variant.ot == ot and launch.args["ochunks"] == ochunks, case
         assert "tiles_n" in launch.args and "tiles_m" not in launch.args
     for case in ("grad-p1-o1", "grad-p1-o3"):  # O below TUNING.tensor_core_grad_min_o
-        assert not _plan_grad(CASES[case])[0].tensor_cores, case
+        assert not _tensor_cores(_plan_grad(CASES[case])[0]), case
     for dtype in ("float64", "float16", "bfloat16"):
-        assert not _plan_grad(CASES[f"grad-p1.5-{dtype}"])[0].tensor_cores
+        assert not _tensor_cores(_plan_grad(CASES[f"grad-p1.5-{dtype}"])[0])
     variant, launch = _plan_grad(CASES["grad-p1"], tensor_cores=False)
-    assert not variant.tensor_cores and "tiles_m" in launch.args
+    assert not _tensor_cores(variant) and "tiles_m" in launch.args
 
 
 def test_plan_selects_tensor_cores_for_squared_differences() -> None:
     for name in ("l2_distance", "squared_l2_distance", "gaussian", "laplace_l2", "matern32", "matern52", "cauchy"):
-        assert _plan_pairwise(CASES[f"preset-{name}"])[0].tensor_cores, name
+        assert _tensor_cores(_plan_pairwise(CASES[f"preset-{name}"])[0]), name
     for name in ("preset-l1_distance", "preset-lp_distance", "preset-dot_product", "every-op-max"):
-        assert not _plan_pairwise(CASES[name])[0].tensor_cores, name
+        assert not _tensor_cores(_plan_pairwise(CASES[name])[0]), name
     for dtype in (torch.float64, torch.float16, torch.bfloat16):  # other dtypes keep the SIMT path
         problem = _pw(presets.l2_distance.lower(), _t(M, D, dtype=dtype), _t(N, D, dtype=dtype))
-        assert not _plan_pairwise(problem)[0].tensor_cores
+        assert not _tensor_cores(_plan_pairwise(problem)[0])
     user = kermac.PairwiseProgram(
         inner=(ir.Var("x") - ir.Var("z")) * (ir.Var("x") - ir.Var("z")),
         reduction="sum",
         epilogue=ir.exp(-ir.Var("acc")),
     )
-    assert _plan_pairwise(_pw(user))[0].tensor_cores  # structural match, any epilogue
+    assert _tensor_cores(_plan_pairwise(_pw(user))[0])  # structural match, any epilogue
     launch = _plan_pairwise(CASES["preset-l2_distance"])[1]
     assert launch.args["ovec"] == 0  # N = 29 columns: rows of odd stride, no paired stores
-    assert launch.args["guard"] == codegen.tc_guard(D)
+    assert launch.args["guard"] == kernel_facts.cancellation_guard(D)
 
 
 def test_tensor_core_epilogue_inlining_switch() -> None:
     """Inlined by default; inline_expensive_epilogue off calls div/exp/sqrt/pow/log epilogues (__noinline__)."""
-    assert _plan_pairwise(CASES["preset-gaussian"])[0].inline_epilogue
+    assert not _plan_pairwise(CASES["preset-gaussian"])[0].call_epilogue
     for name, inline in (("gaussian", False), ("l2_distance", False), ("squared_l2_distance", True)):
         variant = _plan_pairwise(CASES[f"preset-{name}"], inline_expensive_epilogue=False)[0]
-        assert variant.inline_epilogue is inline, name
-        source = codegen.pairwise_source(variant)[0]
-        assert f"__device__ {'__forceinline__' if inline else '__noinline__'} float km_epilogue(" in source
-    laplace_l1 = CASES["preset-laplace_l1"]
-    assert _plan_pairwise(laplace_l1, inline_expensive_epilogue=False)[0].inline_epilogue  # SIMT kernels always do
+        assert (not variant.call_epilogue) is inline, name
+        source = kernel_source(variant)[0]
+        assert f"__device__ {'__forceinline__' if inline else '__noinline__'} km_t km_epilogue(" in source
+    laplace_l1 = _plan_pairwise(CASES["preset-laplace_l1"], inline_expensive_epilogue=False)[0]
+    assert "__device__ __forceinline__ km_t km_epilogue(" in kernel_source(laplace_l1)[0]  # SIMT kernels always do
 
 
 def test_source_tensor_cores() -> None:
@@ -403,12 +443,12 @@ def test_source_tensor_cores() -> None:
     assert "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32" in src
     assert "__syncthreads_or(flagged)" in src and "km_t guard" in src
     src = _source(CASES["tc-laplace_l2-tensor-bandwidth"])
-    assert "hp_bandwidth[off_h_bandwidth]" in src and "diag_shift == (long long)n" in src
+    assert "hp_bandwidth[off_h_bandwidth]" in src and "diag_shift == (long long)(n)" in src
 
 
 def _tc_cases() -> list[str]:
     return sorted(
-        c for c, pr in CASES.items() if not c.startswith(("grad", "tc-grad")) and _plan_pairwise(pr)[0].tensor_cores
+        c for c, pr in CASES.items() if not c.startswith(("grad", "tc-grad")) and _tensor_cores(_plan_pairwise(pr)[0])
     )
 
 
@@ -416,8 +456,8 @@ def _tc_cases() -> list[str]:
 def test_wgmma_variant_compiles_to_cubin(case: str) -> None:
     """Planned for sm_90, every tensor-core pairwise case takes the wgmma kernel, built for sm_90a."""
     variant = _plan_pairwise(CASES[case], 90)[0]
-    assert variant.wgmma and codegen.target_arch(variant, 90) == "sm_90a"
-    built = compiler.compile_cubin(codegen.pairwise_source(variant)[0], "sm_90a", name="kermac_pairwise")
+    assert _wgmma(variant) and variant.target(90) == "sm_90a"
+    built = compiler.compile_cubin(kernel_source(variant)[0], "sm_90a", name="kermac_pairwise")
     assert built.cubin[:4] == b"\x7fELF" and "registers" in built.ptxas
 
 
@@ -425,19 +465,17 @@ def test_plan_selects_wgmma_on_sm90_only() -> None:
     l2 = CASES["preset-l2_distance"]
     for capability, wgmma in ((90, True), (80, False), (89, False), (100, False), (None, False)):
         variant = _plan_pairwise(l2, capability)[0]
-        assert variant.tensor_cores and variant.wgmma is wgmma, capability
-        assert codegen.dynamic_smem(variant) == (wgmma_pairwise.DYNAMIC_SMEM if wgmma else 0)
-        assert codegen.target_arch(variant, capability or 80) == ("sm_90a" if wgmma else f"sm_{capability or 80}")
-    assert not _plan_pairwise(CASES["preset-l1_distance"], 90)[0].wgmma  # SIMT programs
-    assert 48 * 1024 < wgmma_pairwise.DYNAMIC_SMEM <= 227 * 1024 // 2  # two blocks per SM
+        assert _tensor_cores(variant) and _wgmma(variant) is wgmma, capability
+        assert variant.dynamic_smem == (tiles.WGMMA_DYNAMIC_SMEM if wgmma else 0)
+        assert variant.target(capability or 80) == ("sm_90a" if wgmma else f"sm_{capability or 80}")
+    assert not _wgmma(_plan_pairwise(CASES["preset-l1_distance"], 90)[0])  # SIMT programs
+    assert 48 * 1024 < tiles.WGMMA_DYNAMIC_SMEM <= 227 * 1024 // 2  # two blocks per SM
     x, z = _t(M, 64), _t(64, 64)  # rows of 64 floats: 16-byte stores on the wgmma path, pairs on mma.sync
     problem = _pw(presets.l2_distance.lower(), x, z)
     assert _plan_pairwise(problem, 90)[1].args["ovec"] == 1
     assert _plan_pairwise(_pw(presets.l2_distance.lower(), x, _t(66, 64)), 90)[1].args["ovec"] == 0
     assert _plan_pairwise(_pw(presets.l2_distance.lower(), x, _t(66, 64)), 80)[1].args["ovec"] == 1
-    assert not _plan_pairwise(l2, 90, wgmma=False)[0].wgmma
-    with pytest.raises(ValueError, match="wgmma variant"):
-        wgmma_pairwise.wgmma_pairwise_source(_plan_pairwise(l2, 90, wgmma=False)[0])
+    assert not _wgmma(_plan_pairwise(l2, 90, wgmma=False)[0])
 
 
 def test_auto_prefers_nvrtc_where_its_wgmma_kernel_runs(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -469,11 +507,24 @@ def test_auto_prefers_nvrtc_where_its_wgmma_kernel_runs(monkeypatch: pytest.Monk
 
 
 def test_source_wgmma() -> None:
-    src = codegen.pairwise_source(_plan_pairwise(CASES["tc-laplace_l2-tensor-bandwidth"], 90)[0])[0]
+    src = kernel_source(_plan_pairwise(CASES["tc-laplace_l2-tensor-bandwidth"], 90)[0])[0]
     assert src.count("wgmma.mma_async.sync.aligned.m64n128k8.f32.tf32.tf32") == 1  # one helper
-    assert "fence.proxy.async.shared::cta" in src and "km_wg_wait<0>();" in src and kernels.WGMMA_SYNC in src
+    assert "fence.proxy.async.shared::cta" in src and "km_wg_wait<0>();" in src and kernel_file("wgmma_sync.cuh") in src
     assert "__syncthreads_or(flagged)" in src and "hp_bandwidth[off_h_bandwidth]" in src
     assert "mma.sync" not in src.split("kermac_pairwise(")[1]  # the kernel body uses wgmma only
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_source_is_one_self_contained_text(case: str) -> None:
+    """Every package file a kernel includes is expanded into its text (what NVRTC compiles and the JIT
+    cache key hashes): no include remains, and the kernel file and the shared epilogue are there."""
+    problem = CASES[case]
+    grad = isinstance(problem, kermac.problem.GradProblem)
+    variant = (_plan_grad if grad else _plan_pairwise)(problem, 90)[0]
+    src = kernel_source(variant)[0]
+    assert "#include" not in src
+    assert kernel_file("prelude.cuh") in src and kernel_file("loader.cuh") in src
+    assert (kernel_file("pairwise_epilogue.cuh") in src) is not grad
 
 
 def test_wgmma_swizzle_is_a_conflict_free_bijection() -> None:
@@ -484,7 +535,7 @@ def test_wgmma_swizzle_is_a_conflict_free_bijection() -> None:
     def sw64(p: int, k: int) -> int:
         return p * 64 + ((((k >> 2) ^ (p >> 1)) & 3) << 4) + ((k & 3) << 2)
 
-    src = wgmma_pairwise.WGMMA_HELPERS
+    src = kernel_file("wgmma_tf32.cuh")
     assert "p * KM_ROW + ((((k >> 2) ^ (p >> 1)) & 3) << 4) + ((k & 3) << 2)" in src
     offsets = {sw64(p, k) for p in range(128) for k in range(16)}
     assert offsets == set(range(0, 128 * 64, 4))
@@ -495,7 +546,7 @@ def test_wgmma_swizzle_is_a_conflict_free_bijection() -> None:
 
 
 def _tf32(a: np.ndarray) -> np.ndarray:
-    """kernels.MMA_TF32's km_tf32: round to nearest (ties away) to 10 mantissa bits."""
+    """cuda/mma_tf32.cuh's km_tf32: round to nearest (ties away) to 10 mantissa bits."""
     return ((a.astype(np.float32).view(np.uint32) + np.uint32(0x1000)) & np.uint32(0xFFFFE000)).view(np.float32)
 
 
@@ -515,7 +566,7 @@ def _tc_emulated(x: np.ndarray, z: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     xn, zn = (np.square(v).sum(1, dtype=f32) for v in (x, z))
     s = (xn[:, None] + zn[None, :]).astype(f32)
     d2 = (s - f32(2) * acc).astype(f32)
-    return d2, ~(d2 > f32(codegen.tc_guard(x.shape[1])) * s)
+    return d2, ~(d2 > f32(kernel_facts.cancellation_guard(x.shape[1])) * s)
 
 
 @pytest.mark.parametrize("d", [8, 32, 256, 1024])
@@ -556,7 +607,7 @@ def test_cache_hit_is_fast_and_identical() -> None:
 def test_long_k_tiles_for_cheap_programs() -> None:
     """BK = 16 exactly for float SIMT programs whose inner term and epilogue are both cheap."""
     pairwise_cases = {name: case for name, case in CASES.items() if isinstance(case.program, kermac.PairwiseProgram)}
-    long_k = {name: _plan_pairwise(case)[0].long_k for name, case in pairwise_cases.items()}
+    long_k = {name: _deep_k(_plan_pairwise(case)[0]) for name, case in pairwise_cases.items()}
     assert long_k["preset-l1_distance"] and long_k["l1-float16"] and long_k["l1-bfloat16"]
     assert not long_k["preset-laplace_l1"]  # exp epilogue
     assert not long_k["preset-lp_distance"]  # pow inner term
@@ -587,21 +638,21 @@ def test_one_path_for_float32_l1_sums_with_vector_loads() -> None:
         return _plan_pairwise(problem, k_contiguous_tiles=False, zero_padded_k_tail=zero_padded_k_tail)[0]
 
     laplace, l1 = presets.laplace_l1.lower(), presets.l1_distance.lower()
-    assert planned(laplace).one_path and planned(l1).one_path
-    assert planned(laplace, transposed=True).one_path and planned(l1, transposed=True).one_path
-    assert "#define KM_ONE_PATH 1\n#define KM_LOADS_AT 0" in codegen.pairwise_source(planned(laplace))[0]
-    assert "#define KM_ONE_PATH 1\n#define KM_LOADS_AT 4" in codegen.pairwise_source(planned(l1))[0]
-    assert not planned(laplace, d=13).one_path  # scalar loads: measured slower with it
-    assert not planned(l1, d=12).one_path  # 8-element vectors in 16-deep tiles: 12 is no multiple of 8
-    assert not planned(laplace, dtype=torch.float16).one_path  # half inputs measured level or slower
-    assert not planned(l1, dtype=torch.float64).one_path
+    assert _padded_tail(planned(laplace)) and _padded_tail(planned(l1))
+    assert _padded_tail(planned(laplace, transposed=True)) and _padded_tail(planned(l1, transposed=True))
+    assert "#define KM_PADDED_TAIL 1\n#define KM_LOADS_AFTER 0" in kernel_source(planned(laplace))[0]
+    assert "#define KM_PADDED_TAIL 1\n#define KM_LOADS_AFTER 4" in kernel_source(planned(l1))[0]
+    assert not _padded_tail(planned(laplace, d=13))  # scalar loads: measured slower with it
+    assert not _padded_tail(planned(l1, d=12))  # 8-element vectors in 16-deep tiles: 12 is no multiple of 8
+    assert not _padded_tail(planned(laplace, dtype=torch.float16))  # half inputs measured level or slower
+    assert not _padded_tail(planned(l1, dtype=torch.float64))
     sqrt = ir.sqrt(ir.Var("acc"))
-    assert planned(kermac.PairwiseProgram(ir.abs_(t), "sum", sqrt)).one_path
-    assert not planned(kermac.PairwiseProgram(ir.abs_(t), "max", sqrt)).one_path  # 0 is not max's identity
-    assert not planned(kermac.PairwiseProgram(t * t, "sum", sqrt)).one_path  # the SIMT p = 2 kernel: 1 % slower
-    assert not planned(presets.lp_distance.lower()).one_path  # split (power table)
-    assert not planned(laplace, zero_padded_k_tail=False).one_path
-    assert "#define KM_ONE_PATH 0" in codegen.pairwise_source(planned(laplace, zero_padded_k_tail=False))[0]
+    assert _padded_tail(planned(kermac.PairwiseProgram(ir.abs_(t), "sum", sqrt)))
+    assert not _padded_tail(planned(kermac.PairwiseProgram(ir.abs_(t), "max", sqrt)))  # 0 is not max's identity
+    assert not _padded_tail(planned(kermac.PairwiseProgram(t * t, "sum", sqrt)))  # SIMT p = 2: slower with it
+    assert not _padded_tail(planned(presets.lp_distance.lower()))  # split (power table)
+    assert not _padded_tail(planned(laplace, zero_padded_k_tail=False))
+    assert "#define KM_PADDED_TAIL 0" in kernel_source(planned(laplace, zero_padded_k_tail=False))[0]
 
 
 def test_k_contiguous_for_float32_l1_sums_with_row_major_aligned_x() -> None:
@@ -631,22 +682,26 @@ def test_k_contiguous_for_float32_l1_sums_with_row_major_aligned_x() -> None:
     laplace, l1 = presets.laplace_l1.lower(), presets.l1_distance.lower()
     for program in (laplace, l1, kermac.PairwiseProgram(ir.abs_(t), "sum", ir.sqrt(ir.Var("acc")))):
         v = planned(program)
-        assert v.k_contiguous and not v.one_path
-    assert planned(l1, d=4).k_contiguous and planned(l1, d=1028).k_contiguous and planned(l1, batch=(3,)).k_contiguous
-    assert planned(l1, z_shift=1).k_contiguous  # z is copied 4 bytes at a time
-    assert not planned(l1, x_shift=1).k_contiguous and not planned(l1, d=13).k_contiguous  # 16-byte x copies
-    assert not planned(l1, xt=True).k_contiguous and not planned(l1, zt=True).k_contiguous
-    assert not planned(l1, dtype=torch.float16).k_contiguous and not planned(l1, dtype=torch.float64).k_contiguous
-    assert not planned(kermac.PairwiseProgram(t * t, "sum", ir.sqrt(ir.Var("acc")))).k_contiguous
-    assert not planned(presets.lp_distance.lower()).k_contiguous
+        assert _k_contiguous(v) and not _padded_tail(v)
+    assert (
+        _k_contiguous(planned(l1, d=4))
+        and _k_contiguous(planned(l1, d=1028))
+        and _k_contiguous(planned(l1, batch=(3,)))
+    )
+    assert _k_contiguous(planned(l1, z_shift=1))  # z is copied 4 bytes at a time
+    assert not _k_contiguous(planned(l1, x_shift=1)) and not _k_contiguous(planned(l1, d=13))  # 16-byte x copies
+    assert not _k_contiguous(planned(l1, xt=True)) and not _k_contiguous(planned(l1, zt=True))
+    assert not _k_contiguous(planned(l1, dtype=torch.float16)) and not _k_contiguous(planned(l1, dtype=torch.float64))
+    assert not _k_contiguous(planned(kermac.PairwiseProgram(t * t, "sum", ir.sqrt(ir.Var("acc")))))
+    assert not _k_contiguous(planned(presets.lp_distance.lower()))
     far = torch.empty_strided((48, 16), (2**24, 1), device="meta")  # 128 rows span 2^31 elements
     near = torch.empty_strided((48, 16), (2**24 - 4, 1), device="meta")
     x = torch.empty(40, 16, device="meta")
-    assert not _plan_pairwise(pairwise_problem(l1, x, far, out=None, hypers={}))[0].k_contiguous
-    assert _plan_pairwise(pairwise_problem(l1, x, near, out=None, hypers={}))[0].k_contiguous
-    source = codegen.pairwise_source(planned(l1))[0]
+    assert not _k_contiguous(_plan_pairwise(pairwise_problem(l1, x, far, out=None, hypers={}))[0])
+    assert _k_contiguous(_plan_pairwise(pairwise_problem(l1, x, near, out=None, hypers={}))[0])
+    source = kernel_source(planned(l1))[0]
     assert (
-        "#define KM_KCONTIG 1" in source
+        "#define KM_K_CONTIGUOUS 1" in source
         and "(zk ^ 1)" in source
         and "#define TN 8\n#define GM 4\n#define GN 16" in source
     )
@@ -654,52 +709,42 @@ def test_k_contiguous_for_float32_l1_sums_with_row_major_aligned_x() -> None:
         assert compiler.compile_cubin(source, arch, name="kermac_pairwise").cubin[:4] == b"\x7fELF"
 
 
-def test_k_contiguous_refuses_other_variants() -> None:
-    """The k-contiguous loop only takes float32 variants that are neither split nor one-path and
-    whose zero padding is neutral; the setting off plans the one-path loop instead."""
-    variant = _plan_pairwise(CASES["preset-lp_distance"])[0]
-    with pytest.raises(ValueError, match="k_contiguous variant: needs a float32 variant that is neither split"):
-        codegen.pairwise_source(dataclasses.replace(variant, k_contiguous=True))
+def test_k_contiguous_setting_off_plans_the_padded_tail() -> None:
+    """With the k-contiguous loop off, a float32 Σ|x − z| with vector loads runs the padded-tail loop."""
     l1 = _plan_pairwise(pairwise_problem(presets.l1_distance.lower(), _t(40, 16), _t(48, 16), out=None, hypers={}))
-    assert l1[0].k_contiguous
-    with pytest.raises(ValueError, match="one_path=True"):
-        codegen.pairwise_source(dataclasses.replace(l1[0], one_path=True))
+    assert _k_contiguous(l1[0])
     off_problem = pairwise_problem(presets.l1_distance.lower(), _t(40, 16), _t(48, 16), out=None, hypers={})
     off = _plan_pairwise(off_problem, k_contiguous_tiles=False)
-    assert not off[0].k_contiguous and off[0].one_path
+    assert not _k_contiguous(off[0]) and _padded_tail(off[0])
 
 
 @pytest.mark.parametrize("steps", [0, 2, 15])
 def test_one_path_long_k_loads_anywhere_in_the_tile(monkeypatch: pytest.MonkeyPatch, steps: int) -> None:
-    """``codegen.LONG_K_LOADS_AT`` (a tuning setting) moves the 16-deep loop's loads; every position
+    """``tiles.DEEP_K_LOADS_AT`` (a tuning setting) moves the 16-deep loop's loads; every position
     compiles, one past the tile is refused."""
     problem = pairwise_problem(presets.l1_distance.lower(), _t(40, 16), _t(48, 16), out=None, hypers={})
     variant = _plan_pairwise(problem, k_contiguous_tiles=False)[0]
-    assert variant.one_path and variant.long_k
-    monkeypatch.setattr(codegen, "LONG_K_LOADS_AT", steps)
-    source = codegen.pairwise_source(variant)[0]
-    assert f"#define KM_LOADS_AT {steps}" in source
+    assert _padded_tail(variant) and _deep_k(variant)
+    monkeypatch.setattr(tiles, "DEEP_K_LOADS_AT", steps)
+    source = kernel_source(variant)[0]
+    assert f"#define KM_LOADS_AFTER {steps}" in source
     compiler.compile_cubin(source, "sm_90", name="kermac_pairwise")
-    monkeypatch.setattr(codegen, "LONG_K_LOADS_AT", 16)
-    with pytest.raises(ValueError, match=r"LONG_K_LOADS_AT: expected 0 <= steps < 16 \(the k tile's depth\), got 16"):
-        codegen.pairwise_source(variant)
+    monkeypatch.setattr(tiles, "DEEP_K_LOADS_AT", 16)
+    with pytest.raises(ValueError, match=r"DEEP_K_LOADS_AT: expected 0 <= steps < 16 \(the k tile's depth\), got 16"):
+        kernel_source(variant)
 
 
-def test_one_path_refuses_split_variants_and_non_neutral_padding() -> None:
-    variant = _plan_pairwise(CASES["preset-lp_distance"])[0]
-    assert variant.poly_pairs > 0
-    with pytest.raises(ValueError, match="one_path variant: needs a variant that is not split"):
-        codegen.pairwise_source(dataclasses.replace(variant, one_path=True))
+def test_padded_tail_refuses_non_neutral_padding() -> None:
     linf = _plan_pairwise(pairwise_problem(presets.linf_distance.lower(), _t(M, D), _t(40, D), out=None, hypers={}))
-    with pytest.raises(ValueError, match="inner term whose value at x = z = 0 is the reduction's identity"):
-        codegen.pairwise_source(dataclasses.replace(linf[0], one_path=True))  # max of |x − z|: 0 is not −inf
+    with pytest.raises(ValueError, match="padded tail: needs an inner term whose value at x = z = 0 is the reduction"):
+        kernel_source(dataclasses.replace(linf[0], padded_tail=True))  # max of |x − z|: 0 is not −inf
 
 
 @pytest.mark.parametrize("compute", ["float", "double"])
 @pytest.mark.parametrize("long_k", [False, True])
 def test_simt_thread_layout_covers_the_tile(compute: str, long_k: bool) -> None:
     """256 threads: TN along n, 256 / TN along m; GM·VM rows and GN·VN columns each cover the tile."""
-    cfg = codegen.pairwise_config(compute, long_k)
+    cfg = tiles.pairwise_config(compute, long_k)
     assert 256 % cfg.tn == 0
     assert cfg.gm * cfg.vm * (256 // cfg.tn) == cfg.bm
     assert cfg.gn * cfg.vn * cfg.tn == cfg.bn
@@ -724,36 +769,39 @@ def test_plan_vector_stores_need_aligned_unit_stride_rows() -> None:
 
 
 def test_plan_picks_load_modes() -> None:
-    assert _plan_pairwise(CASES["l1-vec-k"])[0].x == codegen.Operand(2, 8)  # BK = 16: 8 per thread
-    assert _plan_pairwise(CASES["l1-vec-p"])[0].x == codegen.Operand(3, 8)
-    assert _plan_pairwise(CASES["preset-laplace_l1"])[0].x == codegen.Operand(0, 4)  # BK = 8
-    assert _plan_pairwise(CASES["l1-scalar-p-fast"])[0].x.mode == 1  # 29 rows: no aligned vectors
-    assert _plan_pairwise(CASES["l1-sliced"])[0].x.mode == 0
-    assert _plan_pairwise(CASES["l1-float64"])[0].x.e == 2
+    def x_load(case: str) -> variants.TileLoad:  # k-contiguous tiles off: that kernel copies its tiles itself
+        return _plan_pairwise(CASES[case], k_contiguous_tiles=False)[0].x
+
+    assert x_load("l1-vec-k") == variants.TileLoad(variants.LoadMode.VECTOR_ALONG_K, 8)  # BK = 16: 8 per thread
+    assert x_load("l1-vec-p") == variants.TileLoad(variants.LoadMode.VECTOR_ALONG_P, 8)
+    assert x_load("preset-laplace_l1") == variants.TileLoad(variants.LoadMode.SCALAR_K_FASTEST, 4)  # BK = 8
+    assert x_load("l1-scalar-p-fast").mode == 1  # 29 rows: no aligned vectors
+    assert x_load("l1-sliced").mode == 0
+    assert x_load("l1-float64").count == 2
 
 
 def test_source_l1_is_a_plain_abs_difference() -> None:
     src = _source(CASES["preset-l1_distance"])
     assert "return km_abs((x - z));" in src
     assert "km_pow" not in src.split("kermac_pairwise(")[1]
-    assert "#define POLY_PAIRS 0" in src
+    assert "#define KM_SPLIT_PAIRS 0" in src
 
 
 def test_source_fractional_p_uses_fast_pow() -> None:
     lp = CASES["preset-lp_distance"]
     src = _source(lp, ex2_polynomial_pairs=44)  # p = 1.5 in [1, 5]: split pairs from the power table
-    assert f"#define POLY_PAIRS {TUNING.power_table_pairs}" in src and "#define KM_POW_TABLE 1" in src
+    assert f"#define KM_SPLIT_PAIRS {TUNING.power_table_pairs}" in src and "#define KM_POW_TABLE 1" in src
     assert "#define KM_POW_DEGREE 5" in src and "km_t pc5" in src and "pc6" not in src
     src = _source(lp, ex2_polynomial_pairs=44, power_table=False)  # p = 1.5: ex2(p·lg2|t|) without the p = 0 case
     assert "km_powabs_ftz(km_abs((x - z)), h_p)" in src and "lg2.approx.ftz.f32" in src
-    assert "#define POLY_PAIRS 44" in src and "const km_t km_pb = h_p;" in src
-    assert "fmaxf(km_lg2_ftz(a), lmin)" in src and "float km_powabs_split(" in src
+    assert "#define KM_SPLIT_PAIRS 44" in src and "#define KM_SPLIT_EXPONENT h_p" in src
+    assert "#define KM_SPLIT_LG2 km_lg2_ftz" in src and "float km_powabs_split(" in src
     assert "km_pow(acc, km_div_inv(km_t(1.0), h_p))" in src  # the root stays IEEE pow
     src = _source(lp, ex2_polynomial_pairs=0, flush_subnormals=False, power_table=False)
-    assert "km_powabs_nz(km_abs((x - z)), h_p)" in src and "#define POLY_PAIRS 0" in src
-    assert "float km_powabs_split(" not in src  # POW_POLY only in split kernels
+    assert "km_powabs_nz(km_abs((x - z)), h_p)" in src and "#define KM_SPLIT_PAIRS 0" in src
+    assert "float km_powabs_split(" not in src  # pow_split.cuh only in split kernels
     src = _source(CASES["lp-p<1"], ex2_polynomial_pairs=0, flush_subnormals=False, power_table=False)
-    assert "km_powabs(km_abs((x - z)), h_p)" in src and "#define POLY_PAIRS 0" in src
+    assert "km_powabs(km_abs((x - z)), h_p)" in src and "#define KM_SPLIT_PAIRS 0" in src
 
 
 def test_source_hyper_kinds() -> None:
@@ -767,7 +815,7 @@ def test_source_hyper_kinds() -> None:
 
 def test_source_diag_and_batch() -> None:
     src = _source(CASES["laplace_l2-regularized"])
-    assert "long long diag_shift" in src and "diag_shift == (long long)n" in src
+    assert "long long diag_shift" in src and "diag_shift == (long long)(n)" in src
     src = _source(CASES["l1-batch2-broadcast"])
     assert "long long bs1" in src and "off_x += q * bx1" in src
 
@@ -795,13 +843,13 @@ def test_source_grad() -> None:
 def test_smem_stride_is_conflict_free() -> None:
     """Fragment loads (8 consecutive p × 4 consecutive k rows) of every tile width hit 32 banks."""
     for p in (8, 16, 24, 32, 64, 128):
-        s = tc_grad.smem_stride(p)
+        s = tiles.smem_stride(p)
         assert s >= p and s % 4 == 0
         assert len({(k * s + g) % 32 for k in range(4) for g in range(8)}) == 32
 
 
 def _tc_grad_emulated(a, b, c, d, p: float) -> np.ndarray:
-    """float32 emulation of tc_grad.TC_GRAD: B' = a·φ in fp32, c split by rounding, B' into its
+    """float32 emulation of cuda/mma_grad.cuh: B' = a·φ in fp32, c split by rounding, B' into its
     truncation to TF32 + the exact fp32 residual, which the tensor core reads as TF32 (truncated
     here; rounding it gives the same errors to 1 %), the three products of each group of
     ``k_group`` 8-wide k steps summed (in float64 here; the tensor cores truncate) and added to fp32
@@ -815,7 +863,7 @@ def _tc_grad_emulated(a, b, c, d, p: float) -> np.ndarray:
     ch = _tf32(c)
     cl = _tf32((c - ch).astype(f32))
     acc = np.zeros((c.shape[0],) + v.shape[:2], f32)
-    group = 8 * tc_grad.TC_GRAD_CONFIG.k_group
+    group = 8 * tiles.TC_GRAD_CONFIG.k_group
     for k0 in range(0, c.shape[1], group):
         s = slice(k0, k0 + group)
         part = sum(
@@ -831,7 +879,7 @@ def _tc_grad_emulated(a, b, c, d, p: float) -> np.ndarray:
 def test_tc_grad_split_accuracy(p: float, data: str) -> None:
     """3×TF32 is as accurate as fp32 FMAs on random data (2e-7 relative Frobenius vs float64 here; the
     SIMT kernel's fp32 sums give 4e-7) and about 1e-5 (1.06e-5 with B' truncated to TF32, 9e-6
-    rounded; SIMT: 2.7e-6; PEERS.md allows 1e-4) for mixed-sign c whose terms cancel to 1 % of their
+    rounded; SIMT: 2.7e-6; the tolerance is 1e-4) for mixed-sign c whose terms cancel to 1 % of their
     magnitude, where the TF32 reading of B's residual and the dropped lo·lo products (≤ 2⁻²⁰ and
     2⁻²¹ of each term) show."""
     rng = np.random.default_rng(7)
@@ -855,7 +903,7 @@ def test_constants_are_rounded_to_the_compute_type() -> None:
     equal to what the reference backend computes with (float32 subnormals kept)."""
 
     def r(v: float, compute: str) -> str:
-        return codegen.render_expr(ir.Const(v), {}, compute=compute)
+        return render.render_expr(ir.Const(v), {}, compute=compute)
 
     assert r(1e39, "float") == "km_inf(km_t(0))" and r(-1e39, "float") == "(-km_inf(km_t(0)))"
     assert r(1e39, "double") == "km_t(1e+39)"
@@ -864,22 +912,22 @@ def test_constants_are_rounded_to_the_compute_type() -> None:
     assert r(1e-310, "double") == "km_t(1e-310)" and r(0.1, "double") == "km_t(0.1)"
     assert r(0.1, "float") == "km_t(0.10000000149011612)" and r(math.nan, "double") == "km_nan(km_t(0))"
     program = kermac.PairwiseProgram(ir.Var("x") * 1e39, "sum", ir.Var("acc") + 0.1)
-    f32 = codegen.pairwise_source(_plan_pairwise(_pw(program))[0])[0]
-    f64 = codegen.pairwise_source(
-        _plan_pairwise(_pw(program, _t(M, D, dtype=torch.float64), _t(N, D, dtype=torch.float64)))[0]
-    )[0]
+    f32 = kernel_source(_plan_pairwise(_pw(program))[0])[0]
+    f64 = kernel_source(_plan_pairwise(_pw(program, _t(M, D, dtype=torch.float64), _t(N, D, dtype=torch.float64)))[0])[
+        0
+    ]
     assert "(x * km_inf(km_t(0)))" in f32 and "(acc + km_t(0.10000000149011612))" in f32
     assert "(x * km_t(1e+39))" in f64 and "(acc + km_t(0.1))" in f64
 
 
 def test_render_semantics_table() -> None:
     names = {"x": "x", "z": "z"}
-    assert codegen.render_expr(ir.Const(math.inf) - ir.Var("x"), names) == "(km_inf(km_t(0)) - x)"
+    assert render.render_expr(ir.Const(math.inf) - ir.Var("x"), names) == "(km_inf(km_t(0)) - x)"
     assert (
-        codegen.render_expr(ir.select(ir.Var("x"), 1.0, ir.Const(math.nan)), names)
+        render.render_expr(ir.select(ir.Var("x"), 1.0, ir.Const(math.nan)), names)
         == "((x) != km_t(0) ? (km_t(1.0)) : (km_nan(km_t(0))))"
     )
-    assert set(codegen.CUDA_OPS) == set(ir.OPS)
+    assert set(render.CUDA_OPS) == set(ir.OPS)
 
 
 def _fma32(a: np.ndarray, b: np.ndarray | float, c: np.ndarray | float) -> np.ndarray:
@@ -888,7 +936,7 @@ def _fma32(a: np.ndarray, b: np.ndarray | float, c: np.ndarray | float) -> np.nd
 
 
 def _recip(b: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """float32 emulation of kernels.PRELUDE's km_recip: (b·s, 1/(b·s), s) with s a power of two
+    """float32 emulation of cuda/prelude.cuh's km_recip: (b·s, 1/(b·s), s) with s a power of two
     that scales b into [2^-126, 2^126]."""
     f32 = np.float32
     m = np.abs(b)
@@ -899,7 +947,7 @@ def _recip(b: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
 
 
 def _div_inv(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """float32 emulation of kernels.PRELUDE's km_div_inv: b scaled into [2^-126, 2^126], its
+    """float32 emulation of cuda/prelude.cuh's km_div_inv: b scaled into [2^-126, 2^126], its
     reciprocal, q = a·r, one Markstein step with exact remainders (both fma emulated exactly)."""
     bs, r, s = _recip(b)
     with np.errstate(all="ignore"):
@@ -935,11 +983,11 @@ def test_division_by_an_invariant_is_correctly_rounded() -> None:
     assert (np.abs(got[off].astype(np.float64) - want[off]) <= np.spacing(np.abs(want[off]))).all()
     assert "km_div_inv(acc, (h_bandwidth * h_bandwidth))" in _source(CASES["preset-cauchy"])
     varying = ir.Var("acc") / (1.0 + ir.Var("acc"))  # a divisor that varies per output stays IEEE
-    assert codegen.render_expr(varying, {"acc": "acc"}) == "(acc / (km_t(1.0) + acc))"
+    assert render.render_expr(varying, {"acc": "acc"}) == "(acc / (km_t(1.0) + acc))"
 
 
 def _exp_div(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """float32 emulation of kernels.PRELUDE's km_exp_div up to its ex2: the exponent a·f·s with
+    """float32 emulation of cuda/prelude.cuh's km_exp_div up to its ex2: the exponent a·f·s with
     f = log2(e)/b (b scaled by s as in km_div_inv) from a Markstein step on log2(e) in two floats,
     then ex2 exactly (float64 exp2, rounded)."""
     f32 = np.float32
@@ -982,11 +1030,11 @@ def test_exp_of_an_invariant_quotient() -> None:
     sqrt3 = torch.tensor(math.sqrt(3.0), dtype=torch.float32).item()  # √3 rounded to the compute type
     assert f"km_exp_div((km_t({sqrt3!r}) * km_sqrt(acc)), (-h_bandwidth))" in _source(CASES["preset-matern32"])
     varying = ir.exp(ir.Var("acc") / (1.0 + ir.Var("acc")))  # a divisor that varies stays exp of a quotient
-    assert codegen.render_expr(varying, {"acc": "acc"}) == "km_exp((acc / (km_t(1.0) + acc)))"
+    assert render.render_expr(varying, {"acc": "acc"}) == "km_exp((acc / (km_t(1.0) + acc)))"
 
 
 def _split_powabs(a: np.ndarray, b: float) -> np.ndarray:
-    """float32 emulation of kernels.POW_POLY's km_powabs_split (lg2.approx.ftz as a rounded log2)."""
+    """float32 emulation of cuda/pow_split.cuh's km_powabs_split (lg2.approx.ftz as a rounded log2)."""
     f32 = np.float32
     a = a.astype(f32)
     with np.errstate(divide="ignore"):
@@ -994,8 +1042,8 @@ def _split_powabs(a: np.ndarray, b: float) -> np.ndarray:
     lc = np.maximum(lg2, f32(-126.0) / f32(b))
     t = _fma32(lc, b, f32(12582912.0))
     r = _fma32(lc, b, f32(12582912.0) - t)
-    q = np.full_like(r, codegen._EXP2_COEFFS[-1])
-    for c in reversed(codegen._EXP2_COEFFS[:-1]):
+    q = np.full_like(r, EXP2_COEFFS[-1])
+    for c in reversed(EXP2_COEFFS[:-1]):
         q = _fma32(q, r, f32(c))
     return ((t.view(np.int32) << 23) + q.view(np.int32)).view(f32)
 
@@ -1029,7 +1077,7 @@ def test_precompile_in_worker_processes() -> None:
 
 def _sign_cases() -> list[str]:
     grads = {c: pr for c, pr in CASES.items() if isinstance(pr, kermac.problem.GradProblem)}
-    return sorted(c for c, pr in grads.items() if _plan_grad(pr, 90)[0].wgmma)
+    return sorted(c for c, pr in grads.items() if _wgmma(_plan_grad(pr, 90)[0]))
 
 
 def test_sign_cases_cover_the_layouts() -> None:
@@ -1040,8 +1088,8 @@ def test_sign_cases_cover_the_layouts() -> None:
 def test_sign_grad_variant_compiles_to_cubin(case: str) -> None:
     """Planned for sm_90, every float32 sign(d − b) gradient with O ≥ 3 is the bf16 sign product (sm_90a)."""
     variant, launch = _plan_grad(CASES[case], 90)
-    assert codegen.target_arch(variant, 90) == "sm_90a" and launch.block == sign_grad.THREADS
-    source = codegen.grad_source(variant)[0]
+    assert variant.target(90) == "sm_90a" and launch.block == tiles.SIGN_GRAD_TILE.threads
+    source = kernel_source(variant)[0]
     assert "wgmma.mma_async.sync.aligned.m64n" in source and "mma.sync" not in source.split("kermac_grad(")[1]
     built = compiler.compile_cubin(source, "sm_90a", name="kermac_grad")
     assert built.cubin[:4] == b"\x7fELF" and "registers" in built.ptxas
@@ -1050,23 +1098,23 @@ def test_sign_grad_variant_compiles_to_cubin(case: str) -> None:
 def test_plan_selects_sign_product_on_sm90_only() -> None:
     for capability, wgmma in ((90, True), (80, False), (89, False), (100, False), (None, False)):
         variant, launch = _plan_grad(CASES["grad-p1"], capability)
-        assert variant.tensor_cores and variant.wgmma is wgmma, capability
-        assert launch.block == (sign_grad.THREADS if wgmma else plan.NT)
-        assert codegen.dynamic_smem(variant) == (sign_grad.dynamic_smem(16) if wgmma else tc_grad.dynamic_smem(16))
-    assert 48 * 1024 < sign_grad.dynamic_smem(16) <= 227 * 1024
+        assert _tensor_cores(variant) and _wgmma(variant) is wgmma, capability
+        assert launch.block == (tiles.SIGN_GRAD_TILE.threads if wgmma else plan.NT)
+        assert variant.dynamic_smem == (
+            tiles.SIGN_GRAD_TILE.dynamic_smem(16) if wgmma else tiles.tc_grad_dynamic_smem(16)
+        )
+    assert 48 * 1024 < tiles.SIGN_GRAD_TILE.dynamic_smem(16) <= 227 * 1024
     # mma.sync gradient: two k tiles of a (64 m), b (8 n), c_hi and c_lo (16 o), rows padded to 72, 8, 24.
-    assert tc_grad.dynamic_smem(16) == 4 * 2 * tc_grad.TC_GRAD_CONFIG.bk * (72 + 8 + 2 * 24)
-    assert tc_grad.TC_GRAD_CONFIG.min_blocks * tc_grad.dynamic_smem(16) <= 163 * 1024  # sm_80's limit per SM
+    assert tiles.tc_grad_dynamic_smem(16) == 4 * 2 * tiles.TC_GRAD_CONFIG.bk * (72 + 8 + 2 * 24)
+    assert tiles.TC_GRAD_CONFIG.min_blocks * tiles.tc_grad_dynamic_smem(16) <= 163 * 1024  # sm_80's limit per SM
     for case in ("grad-p1.5", "grad-p2", "tc-grad-user-program", "grad-p1-o2", "grad-p1.5-float64"):
-        assert not _plan_grad(CASES[case], 90)[0].wgmma, case  # other programs, O < 3, other dtypes
+        assert not _wgmma(_plan_grad(CASES[case], 90)[0]), case  # other programs, O < 3, other dtypes
     assert _plan_grad(CASES["grad-p1-o3"], 90)[0].ot == 8
     assert _plan_grad(CASES["grad-p1-o33"], 90)[1].args["ochunks"] == 3
-    assert sign_grad.is_sign_product(grad_program(1.0))
+    assert render.is_sign_product(grad_program(1.0))
     flipped = kermac.GradProgram(ir.sign(ir.Var("b") - ir.Var("d")), ir.Var("acc"))
-    assert not sign_grad.is_sign_product(flipped) and not sign_grad.is_sign_product(grad_program(2.0))
-    assert not _plan_grad(CASES["grad-p1"], 90, wgmma=False)[0].wgmma
-    with pytest.raises(ValueError, match="sign-product gradient"):
-        sign_grad.sign_grad_source(_plan_grad(CASES["grad-p1"], 90, wgmma=False)[0])
+    assert not render.is_sign_product(flipped) and not render.is_sign_product(grad_program(2.0))
+    assert not _wgmma(_plan_grad(CASES["grad-p1"], 90, wgmma=False)[0])
 
 
 def test_sign_grad_copy_and_store_modes() -> None:
@@ -1102,7 +1150,7 @@ def test_sign_split_is_exact() -> None:
     lo = (r - mid).astype(np.float32)
     assert np.array_equal(_bf16_top(lo), lo)  # lo has at most 8 significant bits: exact in bf16
     assert np.array_equal(hi.astype(np.float64) + mid + lo, w.astype(np.float64))
-    assert "0x7632" in sign_grad.HELPERS and "0xFFFF0000u" in sign_grad.HELPERS
+    assert "0x7632" in kernel_file("sign_grad_helpers.cuh") and "0xFFFF0000u" in kernel_file("sign_grad_helpers.cuh")
 
 
 def test_sign_formula() -> None:
@@ -1114,4 +1162,4 @@ def test_sign_formula() -> None:
         u = np.clip(np.nan_to_num(ftz * np.float32(2.0**126) + np.float32(0.5), nan=0.0), 0.0, 1.0)
     s = 2.0 * u - 1.0
     assert s.tolist() == [1, -1, 1, -1, 1, -1, 1, 0, 0, 0, 0, -1]
-    assert "fma.rn.ftz.sat.f32 %0, %1, 0f7E800000, 0f3F000000" in sign_grad.HELPERS
+    assert "fma.rn.ftz.sat.f32 %0, %1, 0f7E800000, 0f3F000000" in kernel_file("sign_grad_helpers.cuh")

@@ -22,8 +22,8 @@ from kermac.problem import GradProblem, grad_problem, pairwise_problem
 from kermac.programs import PairwiseProgram
 
 pytest.importorskip("cuda.core")
-from kermac_backend_nvrtc import codegen, launcher, plan
-from kermac_backend_nvrtc.codegen import Param
+from kermac_backend_nvrtc import launcher, plan
+from kermac_backend_nvrtc.source import Param, kernel_source
 from kermac_backend_nvrtc.tuning import DEFAULT_TUNING, NvrtcTuning
 
 DEVICE, CAPABILITY = 0, 90
@@ -108,9 +108,7 @@ def _without_pointers(problem, planned: tuple) -> tuple:
 
 
 def _source_params(problem, variant) -> list[Param]:
-    if isinstance(problem, GradProblem):
-        return codegen.grad_source(variant)[1]
-    return codegen.pairwise_source(variant)[1]
+    return kernel_source(variant)[1]
 
 
 OFFSETS = (0, 1, 2, 4, 64, 65)  # elements; 64 float32 (256 bytes) from 0 must plan alike
@@ -213,7 +211,7 @@ def test_argument_buffer_of_every_generated_kernel() -> None:
     for problem in _pairwise_cases(0) + _grad_cases(0):
         variant, launch = _plan(problem)
         params = _source_params(problem, variant)
-        compute = codegen.INPUT_TYPES[variant.dtype][1]
+        compute = variant.compute
         layout = launcher.argument_layout(params, compute)
         values = {**launch.args, "zbase": 0}
         assert set(values) >= {p.name for p in params}

@@ -109,7 +109,7 @@ def test_k_contiguous_loop_copies_the_next_tile_first_without_bank_conflicts(sas
     except FileNotFoundError as exc:
         pytest.skip(str(exc))
     source, name, _ = sass_script.planned(arch, cdist_p=1.0, d=1024)
-    assert "#define KM_KCONTIG 1" in source
+    assert "#define KM_K_CONTIGUOUS 1" in source
     ptxas, sass = sass_script.kernel_sass(source, arch, name)
     assert " 0 bytes spill stores" in ptxas
     loop = sass_script.main_loop(sass_script.parse_sass(sass))

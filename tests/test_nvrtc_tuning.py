@@ -138,10 +138,10 @@ def test_no_module_reads_the_old_variables() -> None:
         g = grad_problem(grad_program(1.0), a, b, c, d, out=None, hypers={})
         v2, vp, v1 = (plan.plan_pairwise(pr, 90, backend.tuning)[0] for pr in (l2, lp, l1))
         vg = plan.plan_grad(g, 90, backend.tuning)[0]
-        assert v2.tensor_cores and v2.wgmma, v2
-        assert vp.pow_degree == 5 and vp.poly_pairs == 38 and vp.ftz and vp.half_powers, vp
-        assert v1.k_contiguous, v1
-        assert vg.wgmma, vg
+        assert type(v2).__name__ == "WgmmaPairwise", v2
+        assert vp.split.degree == 5 and vp.split.pairs == 38 and vp.flush_subnormals and vp.half_powers, vp
+        assert type(v1).__name__ == "KContiguousPairwise", v1
+        assert type(vg).__name__ == "SignGrad", vg
         assert backend.preference(l2) == backend.priority
         assert not read, read
         print("ok")
@@ -173,7 +173,7 @@ def test_backends_of_different_tuning_keep_their_own_plans(monkeypatch: pytest.M
     for _ in range(2):
         default.pairwise(problem)
         simt.pairwise(problem)
-    assert [v.tensor_cores for v in launched] == [True, False, True, False]
+    assert [type(v).__name__ in ("MmaPairwise", "WgmmaPairwise") for v in launched] == [True, False, True, False]
     assert len(default._plans) == len(simt._plans) == 1  # the second round came from the memos
 
 
@@ -220,12 +220,15 @@ def test_registered_checks_its_arguments() -> None:
 def test_plan_functions_take_the_tuning() -> None:
     """The SIMT, mma.sync and power-table-off variants are reachable through tuning values alone."""
     problem = _l2_problem()
-    assert plan.plan_pairwise(problem, 90, DEFAULT_TUNING)[0].wgmma
-    assert not plan.plan_pairwise(problem, 90, NvrtcTuning(wgmma=False))[0].wgmma
-    assert not plan.plan_pairwise(problem, 90, NvrtcTuning(tensor_cores=False))[0].tensor_cores
+    assert type(plan.plan_pairwise(problem, 90, DEFAULT_TUNING)[0]).__name__ == "WgmmaPairwise"
+    assert type(plan.plan_pairwise(problem, 90, NvrtcTuning(wgmma=False))[0]).__name__ == "MmaPairwise"
+    assert type(plan.plan_pairwise(problem, 90, NvrtcTuning(tensor_cores=False))[0]).__name__ == "SimtPairwise"
     x = torch.randn(40, 16)
     from kermac.hyperparams import HyperValue
 
     lp = pairwise_problem(cdist_program(1.3), x, x, out=None, hypers={"p": HyperValue("p", 1.3)})
-    assert plan.plan_pairwise(lp, 90, NvrtcTuning(power_table=False))[0].poly_pairs == 36
-    assert plan.plan_pairwise(lp, 90, NvrtcTuning(ex2_polynomial_pairs=0, power_table=False))[0].poly_pairs == 0
+    assert plan.plan_pairwise(lp, 90, NvrtcTuning(power_table=False))[0].split.pairs == 36
+    assert (
+        type(plan.plan_pairwise(lp, 90, NvrtcTuning(ex2_polynomial_pairs=0, power_table=False))[0]).__name__
+        == "SimtPairwise"
+    )

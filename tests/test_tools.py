@@ -12,7 +12,7 @@ from helpers import load_script
 from kermac import benchmarking as bm
 from kermac.costs import CostTable
 
-TOOLS = ("nvrtc_bench", "nvrtc_profile", "nvrtc_sass_report", "nvrtc_compile_times", "nvrtc_source_hashes")
+TOOLS = ("nvrtc_bench", "nvrtc_profile", "nvrtc_sass_report", "nvrtc_compile_times", "nvrtc_sass_digest")
 
 
 @pytest.mark.parametrize("name", [*TOOLS, "mg_eigh_bench", "triton_bench", "costs_from_bench"])

@@ -16,11 +16,11 @@ from helpers import BACKEND_DEVICES, require_backend
 
 import kermac
 from kermac import ir, presets
+from kermac import kernel_facts as facts
 from kermac.programs import GradProgram, PairwiseProgram
 
 expressions = pytest.importorskip("kermac_backend_triton.expressions")
 generated = pytest.importorskip("kermac_backend_triton.generated")
-facts = pytest.importorskip("kermac_backend_triton.kernel_facts")
 
 TRITON_DEVICES = [p for p in BACKEND_DEVICES if p.values[0] == "triton"]
 
@@ -315,10 +315,10 @@ def test_guard_threshold_follows_the_error_bound() -> None:
     def bound(d: int) -> float:
         return (math.sqrt(d) * 2.0**-24 + 3 * 2.0**-23) * 2.0**16
 
-    assert facts.guard_threshold(256) == pytest.approx(bound(256)) and 0.08 < facts.guard_threshold(256) < 0.09
-    assert facts.guard_threshold(1024) == pytest.approx(bound(1024))
-    assert facts.guard_threshold(0) == pytest.approx(bound(1))
-    assert facts.guard_threshold(10**8) == 0.5
+    assert facts.cancellation_guard(256) == pytest.approx(bound(256)) and 0.08 < facts.cancellation_guard(256) < 0.09
+    assert facts.cancellation_guard(1024) == pytest.approx(bound(1024))
+    assert facts.cancellation_guard(0) == pytest.approx(bound(1))
+    assert facts.cancellation_guard(10**8) == 0.5
 
 
 def test_selection_follows_dtype_and_tuning(monkeypatch: pytest.MonkeyPatch) -> None:

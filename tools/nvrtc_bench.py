@@ -16,8 +16,8 @@ combination of the listed settings, alternating ``--alternations`` times (compil
 forgotten between settings), each row labelled with its setting.  NAME is a field of
 ``kermac_backend_nvrtc.NvrtcTuning`` (``power_table_pairs``: the rows run on an NVRTC backend of
 that tuning, registered as ``nvrtc`` for the run), an attribute of a module of the backend
-(``codegen.LONG_K_LOADS_AT``), or a field of a dataclass held there
-(``tc_grad.TC_GRAD_CONFIG.k_group=1,2``, ``codegen.TC_CONFIG.min_blocks=1,2``); values take the
+(``tiles.DEEP_K_LOADS_AT``), or a field of a dataclass held there
+(``tiles.TC_GRAD_CONFIG.k_group=1,2``, ``tiles.TC_CONFIG.min_blocks=1,2``); values take the
 type of what they replace (0/1 for booleans).
 """
 
@@ -212,7 +212,7 @@ def main() -> None:
         return with_settings({"tensor_cores": False}, fn)
 
     def one_block(fn):  # the tensor-core kernel at 1 block/SM (no register cap: ~200 registers, no spills)
-        return with_settings({"codegen.TC_CONFIG.min_blocks": 1}, fn)
+        return with_settings({"tiles.TC_CONFIG.min_blocks": 1}, fn)
 
     tensor_core_rows = ("cdist 30000x30000x1024 p=2", "cdist 16384x16384x32 p=2", "laplace L2 16384x16384x128")
     plan += [(f"{label} tc-1block", one_block(row(label))) for label in tensor_core_rows]

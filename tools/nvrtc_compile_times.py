@@ -22,10 +22,11 @@ os.environ["KERMAC_CACHE_DIR"] = tempfile.mkdtemp(prefix="kermac-compile-times-"
 
 from kermac.problem import GradProblem
 from kermac.variants import common_problems
-from kermac_backend_nvrtc.codegen import arch_capability, grad_source, pairwise_source, target_arch
 from kermac_backend_nvrtc.compiler import compile_cubin
 from kermac_backend_nvrtc.plan import plan_grad, plan_pairwise
+from kermac_backend_nvrtc.source import kernel_source
 from kermac_backend_nvrtc.tuning import DEFAULT_TUNING
+from kermac_backend_nvrtc.variants import arch_capability
 
 
 def main() -> None:
@@ -40,14 +41,14 @@ def main() -> None:
         grad = isinstance(problem, GradProblem)
         planner = plan_grad if grad else plan_pairwise
         variant = planner(problem, capability, DEFAULT_TUNING)[0]
-        source = (grad_source if grad else pairwise_source)(variant)[0]
+        source = kernel_source(variant)[0]
         label = f"{'grad' if grad else 'pairwise'} {problem.program.key()}"
         if source in seen or args.match not in label:
             continue
         seen.add(source)
-        arch = target_arch(variant, capability)  # sm_90a for the wgmma kernel
+        arch = variant.target(capability)  # sm_90a for the wgmma kernel
         nonce = f"\n// cold compile {uuid.uuid4()}\n"
-        compiled = compile_cubin(source + nonce, arch, name="kermac_grad" if grad else "kermac_pairwise")
+        compiled = compile_cubin(source + nonce, arch, name=variant.kernel)
         assert not compiled.hit, "the private cache must start empty"
         times.append(compiled.seconds)
         print(f"{times[-1]:6.2f} s  {arch:7s} {label[:90]:90s}  {compiled.ptxas}", flush=True)

@@ -191,9 +191,10 @@ def planned(
     from kermac.lowering import cdist_program
     from kermac.problem import GradProblem, pairwise_problem
     from kermac.variants import common_problems
-    from kermac_backend_nvrtc.codegen import arch_capability, grad_source, pairwise_source
     from kermac_backend_nvrtc.plan import plan_grad, plan_pairwise
+    from kermac_backend_nvrtc.source import kernel_source
     from kermac_backend_nvrtc.tuning import DEFAULT_TUNING
+    from kermac_backend_nvrtc.variants import arch_capability
 
     tuning = DEFAULT_TUNING if tuning is None else tuning
     cap = arch_capability(arch)
@@ -208,14 +209,13 @@ def planned(
         x = torch.empty(64, d, device="meta")
         hypers = {n: HyperValue(n, values[n]) for n in program.hypers}
         variant = plan_pairwise(pairwise_problem(program, x, x, out=None, hypers=hypers), cap, tuning)[0]
-        return pairwise_source(variant)[0], "kermac_pairwise", label
+        return kernel_source(variant)[0], variant.kernel, label
     for problem in common_problems():
         grad = isinstance(problem, GradProblem)
         label = f"{'grad' if grad else 'pairwise'} {problem.program.key()}"
         if match in label:
             variant = (plan_grad if grad else plan_pairwise)(problem, cap, tuning)[0]
-            source = (grad_source if grad else pairwise_source)(variant)[0]
-            return source, "kermac_grad" if grad else "kermac_pairwise", label
+            return kernel_source(variant)[0], variant.kernel, label
     raise SystemExit(f"--match: no common variant's label contains {match!r}")
 
 

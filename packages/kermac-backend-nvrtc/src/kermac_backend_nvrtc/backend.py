@@ -1,7 +1,7 @@
 """The ``nvrtc`` backend: availability, per-problem checks, and running pairwise / gradient programs.
 
 Flow of a call: :mod:`.plan` picks the variant and arguments; the variant's source
-(:mod:`.codegen`) is compiled once per architecture (:mod:`.compiler`, cached on disk) and loaded
+(:mod:`.source`) is compiled once per architecture (:mod:`.compiler`, cached on disk) and loaded
 once per device (:mod:`.launcher`); the kernel is launched on torch's current stream.  Two
 process-level memos make a repeated call cheap: (device, variant) → the loaded kernel, and
 ``plan.plan_key`` (everything planning reads of a problem) → that kernel and its launch, so a call
@@ -158,26 +158,16 @@ class NvrtcBackend(Backend):
                     "nvrtc: %s of this variant already loaded on cuda:%d (%s)", found.name, device, found.resources
                 )
             return found
-        from kermac_backend_nvrtc.codegen import (
-            INPUT_TYPES,
-            GradVariant,
-            dynamic_smem,
-            grad_source,
-            pairwise_source,
-            target_arch,
-        )
         from kermac_backend_nvrtc.compiler import compile_cubin
         from kermac_backend_nvrtc.launcher import load_kernel
+        from kermac_backend_nvrtc.source import kernel_source
 
         start = time.perf_counter()
-        is_grad = isinstance(variant, GradVariant)
-        source, params = grad_source(variant) if is_grad else pairwise_source(variant)
-        name = "kermac_grad" if is_grad else "kermac_pairwise"
+        source, params = kernel_source(variant)
+        name = variant.kernel
         cap = torch.cuda.get_device_capability(device)
-        compiled = compile_cubin(source, target_arch(variant, 10 * cap[0] + cap[1]), name=name)
-        loaded = load_kernel(
-            device, compiled.key, compiled.cubin, name, params, INPUT_TYPES[variant.dtype][1], dynamic_smem(variant)
-        )
+        compiled = compile_cubin(source, variant.target(10 * cap[0] + cap[1]), name=name)
+        loaded = load_kernel(device, compiled.key, compiled.cubin, name, params, variant.compute, variant.dynamic_smem)
         if debug:
             logger.debug(
                 "nvrtc: %s variant %s: %s, loaded in %.1f ms; %s%s",
@@ -248,9 +238,10 @@ class NvrtcBackend(Backend):
         import multiprocessing
         from concurrent.futures import ProcessPoolExecutor
 
-        from kermac_backend_nvrtc.codegen import arch_capability, grad_source, pairwise_source, target_arch
         from kermac_backend_nvrtc.compiler import compile_cubin
         from kermac_backend_nvrtc.plan import plan_grad, plan_pairwise
+        from kermac_backend_nvrtc.source import kernel_source
+        from kermac_backend_nvrtc.variants import arch_capability
 
         jobs: dict[tuple[str, str, str], str] = {}
         for pr in problems:
@@ -265,13 +256,8 @@ class NvrtcBackend(Backend):
                 )
             for arch in targets:
                 capability = arch_capability(arch)
-                if isinstance(pr, GradProblem):
-                    variant, name = plan_grad(pr, capability, self._tuning)[0], "kermac_grad"
-                    source = grad_source(variant)[0]
-                else:
-                    variant, name = plan_pairwise(pr, capability, self._tuning)[0], "kermac_pairwise"
-                    source = pairwise_source(variant)[0]
-                target = target_arch(variant, capability)
+                variant = (plan_grad if isinstance(pr, GradProblem) else plan_pairwise)(pr, capability, self._tuning)[0]
+                source, name, target = kernel_source(variant)[0], variant.kernel, variant.target(capability)
                 jobs[(source, target, name)] = f"{name} {target} {pr.program.key()}"
         if len(jobs) <= 1:
             for source, arch, name in jobs:

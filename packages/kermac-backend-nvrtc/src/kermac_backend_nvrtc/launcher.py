@@ -5,7 +5,7 @@ name.  A launch packs the arguments into one buffer laid out as the kernel's par
 (each value at its C type's natural alignment: pointers and ``long long`` 8 bytes, ``int`` 4,
 ``km_t`` the compute type) and hands it to the driver's ``cuLaunchKernel`` directly (``extra``
 form).  That costs a few microseconds on the host where ``cuda.core.launch``'s per-argument
-conversion cost tens (docs/nvrtc-notes.md, Version 15).  Launching never synchronises.
+conversion cost tens.  Launching never synchronises.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from functools import cache
 import torch
 
 from kermac.logs import logger
-from kermac_backend_nvrtc.codegen import Param
+from kermac_backend_nvrtc.source import Param
 
 __all__ = ["LoadedKernel", "argument_layout", "launch", "load_kernel"]
 
@@ -57,7 +57,7 @@ def argument_layout(params: Sequence[Param], compute: str) -> struct.Struct:
     Offsets count from the start of the buffer, which the driver copies to the start of the
     kernel's parameter space; that start is only 16-byte aligned (``c[0x0][0x210]`` on sm_90), so
     a parameter aligned to more — a 64-byte ``CUtensorMap`` — would sit 48 bytes further in than
-    this layout puts it (docs/nvrtc-notes.md, Version 17).  Every type here aligns to 8 at most."""
+    this layout puts it.  Every type here aligns to 8 at most."""
     by_type = {"long long": "q", "int": "i", "km_t": "f" if compute == "float" else "d"}
     fmt, offset = "<", 0
     for p in params:

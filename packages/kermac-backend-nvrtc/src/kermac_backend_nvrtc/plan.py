@@ -17,26 +17,29 @@ from functools import cache, lru_cache
 import torch
 
 from kermac.ir import Call, Const, Expr, walk
+from kermac.kernel_facts import cancellation_guard, fits_int32, passed_by_value, tensor_core_eligible
 from kermac.layout import BatchLayout, batch_layout, grad_operands, pairwise_operands
 from kermac.problem import GradProblem, PairwiseProblem
 from kermac.programs import GradProgram, PairwiseProgram, is_abs_difference_sum
-from kermac_backend_nvrtc import pow_table, sign_grad, tc_grad
-from kermac_backend_nvrtc.codegen import (
-    INPUT_TYPES,
-    TC_CONFIG,
-    GradVariant,
-    Operand,
-    PairwiseVariant,
-    grad_config,
-    half_power_hypers,
-    half_steps,
-    is_squared_difference_sum,
-    pairwise_config,
-    rounded,
-    split_exponent,
-    tc_guard,
-)
+from kermac_backend_nvrtc import pow_table, tiles
+from kermac_backend_nvrtc.render import half_power_hypers, half_steps, is_sign_product, rounded, split_exponent
 from kermac_backend_nvrtc.tuning import NvrtcTuning
+from kermac_backend_nvrtc.variants import (
+    INPUT_TYPES,
+    Ex2Polynomial,
+    KContiguousPairwise,
+    KernelVariant,
+    LoadMode,
+    MmaGrad,
+    MmaPairwise,
+    PowerTable,
+    SignGrad,
+    SimtGrad,
+    SimtPairwise,
+    SplitPowerPairwise,
+    TileLoad,
+    WgmmaPairwise,
+)
 
 __all__ = [
     "MAX_GRID_Z",
@@ -55,7 +58,6 @@ __all__ = [
 
 NT = 256
 MAX_GRID_Z = 65535
-INT32_MAX = 2**31 - 1
 _EXPENSIVE = frozenset({"pow", "exp", "log", "sqrt", "div"})
 _TENSOR_TYPES = {torch.float32: "float", torch.float64: "double", torch.float16: "km_f16", torch.bfloat16: "km_bf16"}
 
@@ -77,13 +79,13 @@ class Launch:
 
 def size_problem(what: str, sizes: dict[str, int]) -> str | None:
     """A reason if any size exceeds the kernels' 32-bit row/column indices, else ``None``."""
-    big = {k: v for k, v in sizes.items() if v > INT32_MAX - 256}
+    big = {k: v for k, v in sizes.items() if not fits_int32(v)}
     if big:
         return f"{what} sizes {big} exceed the 32-bit index range of the nvrtc kernels"
     return None
 
 
-def _operand(t: torch.Tensor, layout: BatchLayout, name: str, pt: int, kt: int, p_dim: int, k_dim: int) -> Operand:
+def _operand(t: torch.Tensor, layout: BatchLayout, name: str, pt: int, kt: int, p_dim: int, k_dim: int) -> TileLoad:
     """Load mode for a tile of ``pt`` positions × ``kt`` k-values of ``t`` (dims ``p_dim``, ``k_dim``)."""
     e = max(1, -(-pt * kt // NT))
     sp, sk = t.stride(p_dim), t.stride(k_dim)
@@ -91,14 +93,14 @@ def _operand(t: torch.Tensor, layout: BatchLayout, name: str, pt: int, kt: int, 
     if pt * kt == NT * e and e > 1:
         aligned = t.data_ptr() % (e * t.element_size()) == 0 and all(s % e == 0 for s in layout.strides[name])
         if aligned and (sk == 1 or k_size == 1) and k_size % e == 0 and sp % e == 0:
-            return Operand(2, e)
+            return TileLoad(LoadMode.VECTOR_ALONG_K, e)
         if aligned and (sp == 1 or p_size == 1) and p_size % e == 0 and sk % e == 0:
-            return Operand(3, e)
-    return Operand(0 if abs(sk) <= abs(sp) else 1, e)
+            return TileLoad(LoadMode.VECTOR_ALONG_P, e)
+    return TileLoad(LoadMode.SCALAR_K_FASTEST if abs(sk) <= abs(sp) else LoadMode.SCALAR_P_FASTEST, e)
 
 
 def _k_contiguous_operands(problem: PairwiseProblem, layout: BatchLayout) -> bool:
-    """Whether ``kernels.KCONTIG_LOOP`` can read the operands: x rows 16-byte aligned with unit stride
+    """Whether ``cuda/kcontig_loop.cuh`` can read the operands: x rows 16-byte aligned with unit stride
     along k and D a multiple of 4 (whole 16-byte copies), z rows with unit stride along k and 128 rows
     within 2^31 elements (32-bit row offsets)."""
     z = problem.z
@@ -130,8 +132,8 @@ def _expensive(expr: Expr) -> bool:
 # (a program's hash is cached on it).
 @lru_cache(maxsize=256)
 def _pairwise_traits(prog: PairwiseProgram) -> tuple[bool, bool, bool]:
-    """(Σ (x − z)², inner has an expensive operation, epilogue has one)."""
-    return is_squared_difference_sum(prog), _expensive(prog.inner), _expensive(prog.epilogue)
+    """(Σ (x − z)² on tensor cores in float32, inner has an expensive operation, epilogue has one)."""
+    return tensor_core_eligible(prog, "float32"), _expensive(prog.inner), _expensive(prog.epilogue)
 
 
 @lru_cache(maxsize=256)
@@ -158,7 +160,7 @@ def _hypers(
     tensor, ge1, args = [], set(), {}
     for name in problem.program.hypers:
         hv = problem.hypers[name]
-        if hv.tensor is None:
+        if passed_by_value(hv):
             value = rounded(hv.scalar, compute)  # as the kernel reads it (1e300 is inf in float)
             if math.isfinite(value) and value >= 1.0:
                 ge1.add(name)
@@ -215,9 +217,28 @@ def uses_wgmma(program: PairwiseProgram, dtype: str, capability: int | None, tun
     return tuning.wgmma and capability == 90 and uses_tensor_cores(program, dtype, tuning)
 
 
+def _variant_fields(
+    prog: PairwiseProgram | GradProgram,
+    tensor_hypers: tuple[tuple[str, str], ...],
+    layout: BatchLayout,
+    ge1: frozenset[str],
+    known: tuple[tuple[str, float], ...],
+    tuning: NvrtcTuning,
+) -> dict:
+    """The fields every kernel variant holds (:class:`.variants.KernelVariant`)."""
+    return {
+        "program": prog,
+        "tensor_hypers": tensor_hypers,
+        "batch_dims": len(layout.shape),
+        "hypers_at_least_one": ge1,
+        "half_powers": tuning.half_powers,
+        "fixed_hypers": known,
+    }
+
+
 def plan_pairwise(
     problem: PairwiseProblem, capability: int | None, tuning: NvrtcTuning
-) -> tuple[PairwiseVariant, Launch]:
+) -> tuple[KernelVariant, Launch]:
     """Variant and launch of ``problem`` (which :func:`size_problem` accepted) for a device of
     ``capability`` (e.g. 90; ``None``: the problem's device — CPU problems plan for no particular
     architecture, which only decides whether the tensor-core programs use wgmma), chosen among
@@ -229,7 +250,7 @@ def plan_pairwise(
     _, expensive_inner, expensive_epilogue = _pairwise_traits(prog)
     tensor_cores = uses_tensor_cores(prog, dtype, tuning)
     long_k = compute == "float" and not tensor_cores and not expensive_inner and not expensive_epilogue
-    cfg = TC_CONFIG if tensor_cores else pairwise_config(compute, long_k)
+    cfg = tiles.TC_CONFIG if tensor_cores else tiles.pairwise_config(compute, long_k)
     ops = pairwise_operands(problem)
     layout = batch_layout(problem.batch_shape, ops)
     tensor_hypers, ge1, hyper_args = _hypers(problem, compute)
@@ -243,30 +264,30 @@ def plan_pairwise(
     table = degree > 0 and table_pairs > 0
     x_op = _operand(problem.x, layout, "x", cfg.bm, cfg.bk, -2, -1)
     z_op = _operand(problem.z, layout, "z", cfg.bn, cfg.bk, -2, -1)
-    vector_loads = x_op.mode >= 2 and z_op.mode >= 2
+    vector_loads = x_op.mode >= LoadMode.VECTOR_ALONG_K and z_op.mode >= LoadMode.VECTOR_ALONG_K
     abs_sum = dtype == "float32" and not tensor_cores and is_abs_difference_sum(prog)
-    k_contiguous = tuning.k_contiguous_tiles and abs_sum and _k_contiguous_operands(problem, layout)
-    variant = PairwiseVariant(
-        program=prog,
-        dtype=dtype,
-        tensor_hypers=tensor_hypers,
-        ge1_hypers=ge1,
-        batch_dims=len(layout.shape),
-        x=x_op,
-        z=z_op,
-        poly_pairs=(table_pairs if table else tuning.ex2_polynomial_pairs) if split else 0,
-        pow_degree=degree if table else 0,
-        k_unroll=2 if expensive_inner else cfg.bk,
-        one_path=tuning.zero_padded_k_tail and abs_sum and vector_loads and not k_contiguous,
-        k_contiguous=k_contiguous,
-        tensor_cores=tensor_cores,
-        ftz=tuning.flush_subnormals,
-        inline_epilogue=not tensor_cores or tuning.inline_expensive_epilogue or not expensive_epilogue,
-        long_k=long_k,
-        wgmma=uses_wgmma(prog, dtype, capability, tuning),
-        half_powers=tuning.half_powers,
-        known_hypers=known,
-    )
+    common = _variant_fields(prog, tensor_hypers, layout, ge1, known, tuning)
+    simt = {
+        "dtype": dtype,
+        "x": x_op,
+        "z": z_op,
+        "k_unroll": 2 if expensive_inner else cfg.bk,
+        "flush_subnormals": tuning.flush_subnormals,
+    }
+    variant: KernelVariant
+    if tensor_cores:
+        route = WgmmaPairwise if uses_wgmma(prog, dtype, capability, tuning) else MmaPairwise
+        call = not tuning.inline_expensive_epilogue and expensive_epilogue
+        variant = route(**common, x=x_op, z=z_op, call_epilogue=call)
+    elif tuning.k_contiguous_tiles and abs_sum and _k_contiguous_operands(problem, layout):
+        variant = KContiguousPairwise(**common)
+    elif split and (table or tuning.ex2_polynomial_pairs):
+        power = PowerTable(table_pairs, degree) if table else Ex2Polynomial(tuning.ex2_polynomial_pairs)
+        variant = SplitPowerPairwise(**common, **simt, split=power)
+    else:
+        variant = SimtPairwise(
+            **common, **simt, deep_k=long_k, padded_tail=tuning.zero_padded_k_tail and abs_sum and vector_loads
+        )
     m, n, d = problem.m, problem.n, problem.d
     tiles_m, tiles_n = -(-m // cfg.bm), -(-n // cfg.bn)
     x, z, out = problem.x, problem.z, problem.out
@@ -285,17 +306,17 @@ def plan_pairwise(
         "diag_shift": problem.offset_m - problem.offset_n,
     }
     # Vector stores: pairs of float32 columns on the mma.sync path, 16 bytes on the others.
-    pairs = tensor_cores and not variant.wgmma
+    pairs = isinstance(variant, MmaPairwise)
     args["ovec"] = _rows_aligned(out, layout, "out", 2 if pairs else max(1, 16 // out.element_size()))
     if tensor_cores:
-        args["guard"] = tc_guard(d)
+        args["guard"] = cancellation_guard(d)
     if table:
         args |= {f"pc{j}": c for j, c in enumerate(pow_table.coefficients(p_value))}
     args |= _batch_args(layout, _rename(list(ops))) | hyper_args
     return variant, Launch(tiles_m * tiles_n, layout.size, args)
 
 
-def plan_grad(problem: GradProblem, capability: int | None, tuning: NvrtcTuning) -> tuple[GradVariant, Launch]:
+def plan_grad(problem: GradProblem, capability: int | None, tuning: NvrtcTuning) -> tuple[KernelVariant, Launch]:
     """Variant and launch of ``problem`` (which :func:`size_problem` accepted) for a device of
     ``capability`` (``None``: the problem's; it decides whether a sign program runs on wgmma),
     chosen among equivalent kernels by ``tuning``."""
@@ -305,10 +326,10 @@ def plan_grad(problem: GradProblem, capability: int | None, tuning: NvrtcTuning)
     m, n, o, _ = problem.sizes
     prog = problem.program
     wgmma = tuning.tensor_cores and tuning.wgmma and capability == 90 and dtype == "float32"
-    if wgmma and o >= tuning.sign_product_min_o and sign_grad.is_sign_product(prog):
+    if wgmma and o >= tuning.sign_product_min_o and is_sign_product(prog):
         return _plan_sign_grad(problem)
     tensor_cores = tuning.tensor_cores and dtype == "float32" and o >= tuning.tensor_core_grad_min_o
-    cfg = tc_grad.TC_GRAD_CONFIG if tensor_cores else grad_config(compute)
+    cfg = tiles.TC_GRAD_CONFIG if tensor_cores else tiles.grad_config(compute)
     ot = min(cfg.max_ot, 1 << max(0, (o - 1).bit_length()))
     if tensor_cores:
         ot = max(ot, 8)
@@ -316,25 +337,21 @@ def plan_grad(problem: GradProblem, capability: int | None, tuning: NvrtcTuning)
     ops = grad_operands(problem)
     layout = batch_layout(problem.batch_shape, ops)
     tensor_hypers, ge1, hyper_args = _hypers(problem, compute)
-    variant = GradVariant(
-        program=prog,
-        dtype=dtype,
-        tensor_hypers=tensor_hypers,
-        ge1_hypers=ge1,
-        batch_dims=len(layout.shape),
-        ot=ot,
-        k_unroll=cfg.k_unroll if tensor_cores else 4,
-        a=_operand(problem.a, layout, "a", cfg.bmm, cfg.bk, -1, -2),
-        b=_operand(problem.b, layout, "b", cfg.bnn, cfg.bk, -2, -1),
-        c=_operand(problem.c, layout, "c", ot, cfg.bk, -2, -1),
-        tensor_cores=tensor_cores,
-        ftz=tuning.flush_subnormals and compute == "float",
-        # km_signpow_pos (p known > 1) drops km_signpow_ftz's two selects; the tensor-core kernel,
-        # limited by forming its operands, gains from that; the SIMT kernel measured slower with it.
-        gt1_hypers=frozenset(h for h in ge1 if problem.hypers[h].scalar > 1.0 and tensor_cores),
-        half_powers=tuning.half_powers,
-        known_hypers=_known_hypers(problem, tuning),
-    )
+    common = _variant_fields(prog, tensor_hypers, layout, ge1, _known_hypers(problem, tuning), tuning)
+    loads = {
+        "a": _operand(problem.a, layout, "a", cfg.bmm, cfg.bk, -1, -2),
+        "b": _operand(problem.b, layout, "b", cfg.bnn, cfg.bk, -2, -1),
+        "c": _operand(problem.c, layout, "c", ot, cfg.bk, -2, -1),
+    }
+    flush = tuning.flush_subnormals and compute == "float"
+    variant: KernelVariant
+    if tensor_cores:
+        # km_signpow_pos (p known > 1) is faster than km_signpow_ftz on the tensor-core kernel and slower
+        # on the SIMT one (docs/dev/).
+        above_one = frozenset(h for h in ge1 if problem.hypers[h].scalar > 1.0)
+        variant = MmaGrad(**common, **loads, eights=ot // 8, flush_subnormals=flush, hypers_above_one=above_one)
+    else:
+        variant = SimtGrad(**common, **loads, dtype=dtype, ot=ot, k_unroll=4, flush_subnormals=flush)
     tiles_m, tiles_n = -(-m // cfg.bmm), -(-n // cfg.bnn)
     args = _grad_args(problem, ochunks)
     if tensor_cores:
@@ -345,36 +362,28 @@ def plan_grad(problem: GradProblem, capability: int | None, tuning: NvrtcTuning)
     return variant, Launch(tiles_m * tiles_n, layout.size * ochunks, args)
 
 
-def _plan_sign_grad(problem: GradProblem) -> tuple[GradVariant, Launch]:
-    """A float32 sign(d − b) program on sm_90: the bf16 sign product (sign_grad.SIGN_GRAD)."""
+def _plan_sign_grad(problem: GradProblem) -> tuple[KernelVariant, Launch]:
+    """A float32 sign(d − b) program on sm_90: the bf16 sign product (``SignGrad``)."""
     m, n, o, k = problem.sizes
     ot = 8 if o <= 8 else 16
     ochunks = -(-o // ot)
     ops = grad_operands(problem)
     layout = batch_layout(problem.batch_shape, ops)
     tensor_hypers, ge1, hyper_args = _hypers(problem, "float")
-    any_mode = Operand(0, 1)  # the kernel copies its tiles itself (bvec below)
-    variant = GradVariant(
+    variant = SignGrad(
         program=problem.program,
-        dtype="float32",
         tensor_hypers=tensor_hypers,
-        ge1_hypers=ge1,
         batch_dims=len(layout.shape),
-        ot=ot,
-        k_unroll=1,
-        a=any_mode,
-        b=any_mode,
-        c=any_mode,
-        tensor_cores=True,
-        wgmma=True,
+        hypers_at_least_one=ge1,
+        eights=ot // 8,
     )
     b, out = problem.b, problem.out
-    tiles_m, tiles_n = -(-m // sign_grad.MB), -(-n // sign_grad.BNN)
+    tiles_m, tiles_n = -(-m // tiles.SIGN_GRAD_TILE.mb), -(-n // tiles.SIGN_GRAD_TILE.bnn)
     args = _grad_args(problem, ochunks) | {"tiles_n": tiles_n}
     args["bvec"] = int(_rows_aligned(b, layout, "b", 4) == 1 and k % 4 == 0)
     args["ovec"] = int(_rows_aligned(out, layout, "out", 2) == 1 and out.stride(-3) % 2 == 0)
     args |= _batch_args(layout, _rename(list(ops))) | hyper_args
-    return variant, Launch(tiles_m * tiles_n, layout.size * ochunks, args, sign_grad.THREADS)
+    return variant, Launch(tiles_m * tiles_n, layout.size * ochunks, args, tiles.SIGN_GRAD_TILE.threads)
 
 
 def _grad_args(problem: GradProblem, ochunks: int) -> dict[str, int | float]:
@@ -434,7 +443,7 @@ def plan_key(problem: PairwiseProblem | GradProblem, device: int, tuning: NvrtcT
     shape, strides and address modulo :data:`_ALIGNMENT`, the hyperparameters (scalars by their
     exact bits, tensors like operands), the diagonal offsets, and the tuning (required, so that
     backends of different tuning never share a plan).  The tile configurations of
-    ``codegen``/``tc_grad`` are not in it: whoever replaces one clears the memo
+    ``tiles`` are not in it: whoever replaces one clears the memo
     (``NvrtcBackend.forget``).
     """
     if isinstance(problem, PairwiseProblem):

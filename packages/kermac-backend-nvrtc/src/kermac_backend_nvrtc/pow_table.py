@@ -9,7 +9,7 @@ FADD less per term).  Its relative error, float32 Horner evaluation included, st
 degree 5 (p <= 3) and 4.5e-7 with degree 6 (3.1e-7 for p <= 4) — an lg2/ex2 term has 2^-22 from each
 of ``lg2``/``ex2.approx`` and grows with p·|log2 t| — up to :data:`MAX_EXPONENT`; beyond, the
 interpolation error grows with p (2e-5 at p = 6.5), so larger p keep the ex2 polynomial
-(``kernels.POW_POLY``).
+(``cuda/pow_split.cuh``).
 :func:`coefficients` runs on the host, once per value of p, in float64; the kernel receives them as
 arguments, so a new p reuses the compiled kernel.
 """

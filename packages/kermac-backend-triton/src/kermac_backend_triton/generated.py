@@ -31,9 +31,9 @@ import re
 from dataclasses import dataclass
 
 from kermac.ir import free_vars
+from kermac.kernel_facts import tensor_core_eligible
 from kermac.programs import GradProgram, PairwiseProgram, signed_power
 from kermac_backend_triton.expressions import COMPUTE_TYPES, hyper_arg, nonnegative, render_expr
-from kermac_backend_triton.kernel_facts import tensor_core_eligible
 
 __all__ = ["GRAD_ENTRY", "KERNELS", "PAIRWISE_ENTRY", "GradSpec", "PairwiseSpec", "kernel_source"]
 
@@ -51,7 +51,7 @@ class PairwiseSpec:
     ``compute``: ``"float32"`` or ``"float64"``; ``nbatch``: coalesced batch dimensions;
     ``tensor_hypers``: hyperparameters passed as per-batch tensors; ``int64``: 64-bit indices;
     ``kernel``: one of :data:`KERNELS` (tensor cores only for
-    :func:`~kermac_backend_triton.kernel_facts.tensor_core_eligible` programs, Gluon only in float32).
+    :func:`~kermac.kernel_facts.tensor_core_eligible` programs, Gluon only in float32).
     """
 
     program: PairwiseProgram

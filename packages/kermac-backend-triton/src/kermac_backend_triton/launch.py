@@ -17,12 +17,12 @@ from typing import Any
 
 import torch
 
+from kermac.kernel_facts import INT32_MAX, TILE_SLACK, cancellation_guard, tensor_core_eligible
 from kermac.layout import BatchLayout, batch_layout, grad_operands, pairwise_operands
 from kermac.problem import GradProblem, PairwiseProblem
 from kermac_backend_triton import configs
 from kermac_backend_triton.generated import GRAD_ENTRY, PAIRWISE_ENTRY, GradSpec, PairwiseSpec, kernel_source
 from kermac_backend_triton.interpreter import interpreting
-from kermac_backend_triton.kernel_facts import INT32_MAX, TILE_SLACK, guard_threshold, tensor_core_eligible
 from kermac_backend_triton.modules import load_module
 from kermac_backend_triton.tuning import DEFAULT_TUNING, TritonTuning
 
@@ -210,7 +210,7 @@ def run_pairwise(
     batch = layout.size
     tc = spec.kernel == "tensor_cores"
     if tc:
-        args.append(guard_threshold(d))
+        args.append(cancellation_guard(d))
 
     def grid(meta_: dict[str, int]) -> tuple[int]:
         if spec.kernel == "simt":

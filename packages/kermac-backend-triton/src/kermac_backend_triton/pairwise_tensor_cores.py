@@ -1,6 +1,6 @@
 """The tensor-core pairwise kernel: float32 ``Σ_k (x − z)²`` programs, any epilogue.
 
-For the programs :func:`kermac_backend_triton.kernel_facts.tensor_core_eligible` accepts.  One
+For the programs :func:`kermac.kernel_facts.tensor_core_eligible` accepts.  One
 program computes a ``BM × BN`` tile of d² = ‖x‖² + ‖z‖² − 2·x·zᵀ.  A first k loop sums the norms
 ‖x‖², ‖z‖² in float32 (kept out of the main loop: there they would hold a second register copy
 of each tile, since the dot needs another layout, and cost occupancy); the main loop forms
@@ -12,7 +12,7 @@ between the products).  The launcher specialises N and D on divisibility by 16 s
 the store mask keep 16-byte vectors.
 
 Cancellation guard: an entry is *flagged* where d² ≤ ``GUARD``·(‖x‖² + ‖z‖²) or d² is not finite
-(``GUARD`` from :func:`kermac_backend_triton.kernel_facts.guard_threshold`); if any entry of the
+(``GUARD`` from :func:`kermac.kernel_facts.cancellation_guard`); if any entry of the
 tile is flagged, the program recomputes the whole tile from differences with a register-lean
 SIMT tile (:func:`kermac_backend_triton.pairwise_simt.simt_tile`: 128 threads of
 ``BM/8 × BN/16`` outputs, 2 features per step — the branch must not raise the kernel's register

@@ -1,39 +1,19 @@
-"""The (x − z)² sums on tensor cores with ``mma.sync`` (sm_80 and newer): template and builder.
+// float32 Σ(x − z)² on the tensor cores with mma.sync (sm_80 and newer): d² = ‖x‖² + ‖z‖² − 2·x·z with
+// the cross term in 3×TF32 — each operand split into a TF32 high part and a TF32 residual,
+// x·z ≈ xl·zh + xh·zl + xh·zh — and the norms summed in fp32 from the same fragments.  A block
+// computes 128×128 outputs with 8 warps of 64×32 (4×4 mma tiles).  Where d² <= guard·(‖x‖² + ‖z‖²)
+// (cancellation) or is not finite, the whole block tile is recomputed exactly as Σ(x − z)² from
+// differences (pairwise_epilogue.cuh).  Reads the functor km_epilogue.
+#include "pairwise_epilogue.cuh"
+// Every accumulator (i, j, c) of the warp's 4 × 4 mma tiles: acc[i][j][c] is row wm·64 + 16i + g + 8(c >> 1),
+// column wn·32 + 8j + 2q + (c & 1).
+#define KM_EACH_ACC(i, j, c)                          \
+  _Pragma("unroll") for (int i = 0; i < 4; ++i)       \
+  _Pragma("unroll") for (int j = 0; j < 4; ++j)       \
+  _Pragma("unroll") for (int c = 0; c < 4; ++c)
 
-Pairwise programs whose term is (x − z)² with a sum (l2, squared l2, gaussian, laplace_l2, matern,
-cauchy), float32 only: d² = ‖x‖² + ‖z‖² − 2·x·z with the cross term on the tensor cores
-(``mma.sync`` m16n8k8 TF32) in 3×TF32 — each operand split into a TF32 high part and a TF32
-residual, x·z ≈ xl·zh + xh·zl + xh·zh — and the norms summed in fp32 from the same fragments.
-A block computes 128×128 outputs with 8 warps of 64×32 (4×4 mma tiles).  Guard: where
-d² ≤ guard·(‖x‖² + ‖z‖²) (cancellation; ``guard`` from the error bound, a kernel argument), or
-d² is not finite, the whole block tile is recomputed exactly as Σ(x − z)² from differences.
-
-On sm_90 the same math runs on ``wgmma`` instead (:mod:`.wgmma_pairwise`); this kernel serves
-every other architecture and ``KERMAC_NVRTC_WGMMA=0``.
-"""
-
-from __future__ import annotations
-
-from string import Template
-
-from kermac.programs import is_squared_difference_sum
-from kermac_backend_nvrtc import codegen, kernels
-from kermac_backend_nvrtc.codegen import PairwiseVariant, Param, _pairwise_names, _pairwise_parts, _prelude
-
-__all__ = ["TC_PAIRWISE", "tc_pairwise_source"]
-
-TC_PAIRWISE = Template(
-    r"""
-#define NT 256
-#define BM $BM
-#define BN $BN
-#define BK $BK
-#define SPAD $SPAD
-
-__device__ $EPILOGUE_INLINE float km_epilogue(float acc, float diag$HYPER_FORMALS) { return $EPILOGUE; }
-
-extern "C" __global__ void __launch_bounds__(NT, $MIN_BLOCKS)
-kermac_pairwise($PARAMS) {
+extern "C" __global__ void __launch_bounds__(NT, KM_MIN_BLOCKS)
+kermac_pairwise(KM_PARAMS) {
   __shared__ __align__(16) float Xs[2][BK][BM + SPAD];
   __shared__ __align__(16) float Zs[2][BK][BN + SPAD];
   __shared__ float xn_s[BM], zn_s[BN];
@@ -41,12 +21,11 @@ kermac_pairwise($PARAMS) {
   const int lane = tid & 31, warp = tid >> 5;
   const int wm = warp >> 2, wn = warp & 3;   // warp tile: rows wm·64.., columns wn·32..
   const int g = lane >> 2, q = lane & 3;     // mma fragment coordinates
-"""
-    + kernels.TILE_PROLOGUE
-    + r"""    const float* xb = x + off_x + (long long)m0 * sxm;
+#include "pairwise_prologue.cuh"
+    const float* xb = x + off_x + (long long)m0 * sxm;
     const float* zb = z + off_z + (long long)n0 * szn;
-    KmTile<float, NT, BM, BK, BM + SPAD, $XMODE, $XE> xt;
-    KmTile<float, NT, BN, BK, BN + SPAD, $ZMODE, $ZE> zt;
+    KmTile<float, NT, BM, BK, BM + SPAD, KM_X_MODE, KM_X_VEC> xt;
+    KmTile<float, NT, BN, BK, BN + SPAD, KM_Z_MODE, KM_Z_VEC> zt;
     float acc[4][4][4];
     float xsq[4][2], zsq[4];
 #pragma unroll
@@ -139,26 +118,13 @@ kermac_pairwise($PARAMS) {
 
     // ---- d² = ‖x‖² + ‖z‖² − 2·x·z, and the cancellation guard -----------------------------
     int flagged = 0;
-#pragma unroll
-    for (int i = 0; i < 4; ++i)
-#pragma unroll
-      for (int j = 0; j < 4; ++j)
-#pragma unroll
-        for (int c = 0; c < 4; ++c) {
+    KM_EACH_ACC(i, j, c) {
           const int r = wm * 64 + i * 16 + g + (c >> 1) * 8, s = wn * 32 + j * 8 + 2 * q + (c & 1);
-          const float norms = xn_s[r] + zn_s[s];
-          const float d2 = fmaf(-2.0f, acc[i][j][c], norms);
-          acc[i][j][c] = d2;
-          flagged |= !(d2 > guard * norms) && m0 + r < M && n0 + s < N;
+          flagged |= km_cancelled(acc[i][j][c], xn_s[r] + zn_s[s], guard) && m0 + r < M && n0 + s < N;
         }
     if (__syncthreads_or(flagged)) {
       // Exact recomputation of the whole tile: Σ(x − z)² from differences, in fp32.
-#pragma unroll
-      for (int i = 0; i < 4; ++i)
-#pragma unroll
-        for (int j = 0; j < 4; ++j)
-#pragma unroll
-          for (int c = 0; c < 4; ++c) acc[i][j][c] = 0.0f;
+      KM_EACH_ACC(i, j, c) acc[i][j][c] = 0.0f;
       KM_FIRST_TILE
       for (int t = 0; t < ntiles; ++t) {
         const int cur = t & 1;
@@ -174,15 +140,7 @@ kermac_pairwise($PARAMS) {
             zv[i][0] = zz.x;
             zv[i][1] = zz.y;
           }
-#pragma unroll
-          for (int i = 0; i < 4; ++i)
-#pragma unroll
-            for (int j = 0; j < 4; ++j)
-#pragma unroll
-              for (int c = 0; c < 4; ++c) {
-                const float d = xv[i][c >> 1] - zv[j][c & 1];
-                acc[i][j][c] = fmaf(d, d, acc[i][j][c]);
-              }
+          KM_EACH_ACC(i, j, c) acc[i][j][c] = km_add_sq(acc[i][j][c], xv[i][c >> 1], zv[j][c & 1]);
         }
         if (t + 1 < ntiles) KM_STORE(cur ^ 1)
         __syncthreads();
@@ -205,11 +163,7 @@ kermac_pairwise($PARAMS) {
           const int nb = n0 + wn * 32 + j * 8 + 2 * q;
           float v[2];
 #pragma unroll
-          for (int c = 0; c < 2; ++c) {
-            const int n = nb + c;
-            const float diag = $DIAG;
-            v[c] = km_epilogue(acc[i][j][2 * h + c], diag$HYPER_ACTUALS);
-          }
+          for (int c = 0; c < 2; ++c) v[c] = KM_OUTPUT(acc[i][j][2 * h + c], m, nb + c);
           float* o = ob + (long long)m * som + (long long)nb * son;
           if (ovec && nb + 1 < N) {
             *reinterpret_cast<float2*>(o) = make_float2(v[0], v[1]);
@@ -221,26 +175,3 @@ kermac_pairwise($PARAMS) {
       }
   }
 }
-"""
-)
-
-
-def tc_pairwise_source(v: PairwiseVariant) -> tuple[str, list[Param]]:
-    """CUDA source of :data:`TC_PAIRWISE` for a float32 (x − z)²-sum program: its epilogue, hyperparameters,
-    batch; the tile is ``codegen.TC_CONFIG``, read at each call (so a benchmark can vary it)."""
-    prog = v.program
-    if v.dtype != "float32" or not is_squared_difference_sum(prog):
-        raise ValueError(f"tensor-core variant: needs a float32 sum of (x - z)^2; got {v.dtype} {prog.key()}")
-    cfg = codegen.TC_CONFIG
-    extra = [Param("guard", "km_t"), Param("ovec", "int")]
-    params, shared = _pairwise_parts(v, "float", extra, _pairwise_names(prog))
-    source = TC_PAIRWISE.substitute(
-        BM=cfg.bm,
-        BN=cfg.bn,
-        BK=cfg.bk,
-        SPAD=cfg.spad,
-        MIN_BLOCKS=cfg.min_blocks,
-        EPILOGUE_INLINE="__forceinline__" if v.inline_epilogue else "__noinline__",
-        **shared,
-    )
-    return _prelude("float", False) + kernels.MMA_TF32 + source, params
