@@ -1,15 +1,15 @@
-"""The ``nvrtc`` backend: availability, per-problem checks, and running pairwise / gradient programs.
+"""The `nvrtc` backend: availability, per-problem checks, and running pairwise / gradient programs.
 
-Flow of a call: :mod:`.plan` picks the variant and arguments; the variant's source
-(:mod:`.source`) is compiled once per architecture (:mod:`.compiler`, cached on disk) and loaded
-once per device (:mod:`.launcher`); the kernel is launched on torch's current stream.  Two
+Flow of a call: `.plan` picks the variant and arguments; the variant's source
+(`.source`) is compiled once per architecture (`.compiler`, cached on disk) and loaded
+once per device (`.launcher`); the kernel is launched on torch's current stream.  Two
 process-level memos make a repeated call cheap: (device, variant) → the loaded kernel, and
-``plan.plan_key`` (everything planning reads of a problem) → that kernel and its launch, so a call
+`plan.plan_key` (everything planning reads of a problem) → that kernel and its launch, so a call
 like an earlier one skips planning and only refreshes the operands' addresses.
 
 Where several kernels compute the same program, the backend's
-:class:`~kermac_backend_nvrtc.tuning.NvrtcTuning` chooses; the registered ``nvrtc`` backend holds
-the measured defaults, and ``NvrtcBackend(tuning=...)`` builds one with another choice (its memos
+`NvrtcTuning` chooses; the registered `nvrtc` backend holds
+the measured defaults, and `NvrtcBackend(tuning=...)` builds one with another choice (its memos
 are its own).
 """
 
@@ -30,21 +30,22 @@ from kermac_backend_nvrtc.tuning import DEFAULT_TUNING, NvrtcTuning
 __all__ = ["MAX_PLANS", "MIN_CAPABILITY", "WGMMA_PREFERENCE", "NvrtcBackend"]
 
 MIN_CAPABILITY = (8, 0)
-#: Plans remembered per process (keyed by ``plan.plan_key``); the memo starts over when full.
 MAX_PLANS = 1024
-#: ``auto``'s preference for the float32 (x − z)² programs (cdist p = 2, Gaussian, Laplace-L2, ...)
-#: on sm_90, where they run the wgmma kernel: above Triton's tensor-core preference (25), which
-#: beat NVRTC's ``mma.sync`` kernel but not this one — H100, ms, NVRTC / Triton: 30000²×1024 22.7–23.1
-#: / 23.1–23.9, 8192²×256 0.53 / 0.56, 16384²×32 0.65–0.66 / 0.72, Laplace-L2 16384²×128 1.32–1.41 /
-#: 1.39–1.42, and 256²×32 (host-bound) 0.085 / 0.22 (docs/benchmarks.md, sessions 6–14).  Other
-#: devices run ``mma.sync`` and keep the priority.
+"""Plans remembered per process (keyed by `plan.plan_key`); the memo starts over when full."""
 WGMMA_PREFERENCE = 30
+"""`auto`'s preference for the float32 (x − z)² programs (cdist p = 2, Gaussian, Laplace-L2, ...)
+on sm_90, where they run the wgmma kernel: above Triton's tensor-core preference (25), which
+beat NVRTC's `mma.sync` kernel but not this one — H100, ms, NVRTC / Triton: 30000²×1024 22.7–23.1
+/ 23.1–23.9, 8192²×256 0.53 / 0.56, 16384²×32 0.65–0.66 / 0.72, Laplace-L2 16384²×128 1.32–1.41 /
+1.39–1.42, and 256²×32 (host-bound) 0.085 / 0.22 (docs/benchmarks.md, sessions 6–14).  Other
+devices run `mma.sync` and keep the priority.
+"""
 _INSTALL_HINT = "pip install 'kermac-backend-nvrtc[cu13]' (or [cu12] for a CUDA 12 driver)"
 
 
 @cache
 def _cuda_device_reason(index: int) -> str | None:
-    """Why CUDA device ``index`` cannot run these kernels, or None (decided once per device)."""
+    """Why CUDA device `index` cannot run these kernels, or None (decided once per device)."""
     from kermac_backend_nvrtc.compiler import supported_archs
     from kermac_backend_nvrtc.plan import cuda_capability
 
@@ -59,11 +60,11 @@ def _cuda_device_reason(index: int) -> str | None:
 class NvrtcBackend(Backend):
     """CUDA C++ kernels generated from core's IR, compiled by NVRTC; CUDA devices of sm_80 and newer.
 
-    ``tuning`` chooses among kernels that compute the same program (default: the measured
-    :data:`~kermac_backend_nvrtc.tuning.DEFAULT_TUNING`).  ``name`` is what ``backend=`` calls it;
-    under any other name than ``nvrtc`` the backend is opt-in (priority −1: ``auto`` never picks
+    `tuning` chooses among kernels that compute the same program (default: the measured
+    `DEFAULT_TUNING`).  `name` is what `backend=` calls it;
+    under any other name than `nvrtc` the backend is opt-in (priority −1: `auto` never picks
     it), so that one of other tuning runs beside the registered one only where named
-    (:func:`kermac_backend_nvrtc.tuned.registered` registers it in process).
+    (`kermac_backend_nvrtc.tuned.registered` registers it in process).
     """
 
     name = "nvrtc"
@@ -126,7 +127,7 @@ class NvrtcBackend(Backend):
         )
 
     def preference(self, problem: PairwiseProblem | GradProblem) -> int:
-        """:data:`WGMMA_PREFERENCE` for pairwise problems that run the wgmma kernel, else the priority."""
+        """`WGMMA_PREFERENCE` for pairwise problems that run the wgmma kernel, else the priority."""
         if isinstance(problem, PairwiseProblem):
             from kermac_backend_nvrtc.plan import device_capability, uses_wgmma
 
@@ -183,7 +184,7 @@ class NvrtcBackend(Backend):
         return loaded
 
     def _run(self, problem: PairwiseProblem | GradProblem, planner: Callable) -> None:
-        """Plan ``problem`` (or find its plan in the memo), load the kernel and launch it."""
+        """Plan `problem` (or find its plan in the memo), load the kernel and launch it."""
         from kermac_backend_nvrtc.launcher import launch as launch_kernel
         from kermac_backend_nvrtc.plan import plan_key, pointer_args
 
@@ -226,11 +227,11 @@ class NvrtcBackend(Backend):
     def precompile(
         self, problems: list[PairwiseProblem | GradProblem], *, archs: Sequence[str] | None = None
     ) -> list[str]:
-        """Compile (into the disk cache, without loading) the variants of ``problems``.
+        """Compile (into the disk cache, without loading) the variants of `problems`.
 
-        ``archs`` (e.g. ``["sm_80", "sm_90"]``) are the targets; by default each problem's CUDA
-        device (problems on the ``meta`` device, as ``kermac precompile`` builds without a GPU,
-        then need ``archs``).
+        `archs` (e.g. `["sm_80", "sm_90"]`) are the targets; by default each problem's CUDA
+        device (problems on the `meta` device, as `kermac precompile` builds without a GPU,
+        then need `archs`).
 
         NVRTC holds the GIL, so several variants compile in worker processes (spawned: they
         never touch the GPU).  Returns one line per distinct variant and architecture.

@@ -1,8 +1,8 @@
-"""NVRTC through ``cuda.core``: CUDA C++ source → cubin for one architecture, via kermac's JIT cache.
+"""NVRTC through `cuda.core`: CUDA C++ source → cubin for one architecture, via kermac's JIT cache.
 
-The cache key (:func:`kermac.jit_cache.cache_key`) covers the full source, the options, the
+The cache key ([`kermac.jit_cache.cache_key`][kermac.jit_cache.cache_key]) covers the full source, the options, the
 NVRTC version and the target architecture, so a new NVRTC or a changed kernel never reuses a
-stale binary.  ptxas runs with ``-v``; its report (registers, spills, shared memory) is kept in
+stale binary.  ptxas runs with `-v`; its report (registers, spills, shared memory) is kept in
 the entry's metadata and logged at debug level.  Compiling needs no GPU.
 """
 
@@ -20,8 +20,8 @@ from kermac.logs import logger
 
 __all__ = ["OPTIONS", "Compiled", "compile_cubin", "nvrtc_version", "supported_archs"]
 
-#: NVRTC options besides the architecture (IEEE division and square root; FMA contraction on).
 OPTIONS = ("-std=c++17", "-Xptxas=-v")
+"""NVRTC options besides the architecture (IEEE division and square root; FMA contraction on)."""
 
 _memo: dict[str, bytes] = {}
 _memo_lock = threading.Lock()
@@ -40,7 +40,7 @@ class Compiled:
 
 @cache
 def nvrtc_version() -> tuple[int, int]:
-    """(major, minor) of the NVRTC library that ``cuda.bindings`` loads (asked once per process)."""
+    """(major, minor) of the NVRTC library that `cuda.bindings` loads (asked once per process)."""
     from cuda.bindings import nvrtc
 
     err, major, minor = nvrtc.nvrtcVersion()
@@ -82,7 +82,7 @@ def _build(source: str, arch: str, name: str, meta: dict) -> bytes:
 
 
 def compile_cubin(source: str, arch: str, *, name: str) -> Compiled:
-    """The cubin of ``source`` for ``arch`` (e.g. ``"sm_90"``), from memory, the disk cache or NVRTC."""
+    """The cubin of `source` for `arch` (e.g. `"sm_90"`), from memory, the disk cache or NVRTC."""
     start = time.perf_counter()
     major, minor = nvrtc_version()
     key = cache_key(source=source, options=OPTIONS, compiler="nvrtc", compiler_version=f"{major}.{minor}", arch=arch)

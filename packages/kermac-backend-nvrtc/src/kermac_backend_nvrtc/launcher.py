@@ -1,10 +1,10 @@
 """Load cubins per device and launch kernels on PyTorch's current stream.
 
-A cubin is loaded once per (device, cache key) through ``cuda.core``; kernels are looked up by
+A cubin is loaded once per (device, cache key) through `cuda.core`; kernels are looked up by
 name.  A launch packs the arguments into one buffer laid out as the kernel's parameter list
-(each value at its C type's natural alignment: pointers and ``long long`` 8 bytes, ``int`` 4,
-``km_t`` the compute type) and hands it to the driver's ``cuLaunchKernel`` directly (``extra``
-form).  That costs a few microseconds on the host where ``cuda.core.launch``'s per-argument
+(each value at its C type's natural alignment: pointers and `long long` 8 bytes, `int` 4,
+`km_t` the compute type) and hands it to the driver's `cuLaunchKernel` directly (`extra`
+form).  That costs a few microseconds on the host where `cuda.core.launch`'s per-argument
 conversion cost tens.  Launching never synchronises.
 """
 
@@ -27,7 +27,7 @@ __all__ = ["LoadedKernel", "argument_layout", "launch", "load_kernel"]
 _lock = threading.Lock()
 _kernels: dict[tuple[int, str, str], LoadedKernel] = {}
 
-# cuLaunchKernel's ``extra`` markers (cuda.h).
+# cuLaunchKernel's `extra` markers (cuda.h).
 _PARAM_BUFFER_POINTER = 1
 _PARAM_BUFFER_SIZE = 2
 _PARAM_END = 0
@@ -46,17 +46,17 @@ class LoadedKernel:
     function: int  # the CUfunction handle in the device's primary context
     context: int  # that context's handle
     packer: struct.Struct  # the argument buffer's layout, in parameter order
-    buffer_size: ctypes.c_size_t  # packer.size, as cuLaunchKernel's ``extra`` reads it
+    buffer_size: ctypes.c_size_t  # packer.size, as cuLaunchKernel's `extra` reads it
     shmem: int = 0  # dynamic shared memory per block, bytes
 
 
 def argument_layout(params: Sequence[Param], compute: str) -> struct.Struct:
     """The layout of a kernel's argument buffer: each parameter at its C type's natural alignment
-    (pointers and ``long long`` as 8-byte integers, ``int`` 4, ``km_t`` as ``compute``).
+    (pointers and `long long` as 8-byte integers, `int` 4, `km_t` as `compute`).
 
     Offsets count from the start of the buffer, which the driver copies to the start of the
-    kernel's parameter space; that start is only 16-byte aligned (``c[0x0][0x210]`` on sm_90), so
-    a parameter aligned to more — a 64-byte ``CUtensorMap`` — would sit 48 bytes further in than
+    kernel's parameter space; that start is only 16-byte aligned (`c[0x0][0x210]` on sm_90), so
+    a parameter aligned to more — a 64-byte `CUtensorMap` — would sit 48 bytes further in than
     this layout puts it.  Every type here aligns to 8 at most."""
     by_type = {"long long": "q", "int": "i", "km_t": "f" if compute == "float" else "d"}
     fmt, offset = "<", 0
@@ -102,7 +102,7 @@ def _check(result: int, what: str) -> None:
 
 
 def _allow_dynamic_smem(kernel: object, device: int, nbytes: int) -> None:
-    """Raise ``kernel``'s dynamic shared-memory limit to ``nbytes`` (above the default 48 KB)."""
+    """Raise `kernel`'s dynamic shared-memory limit to `nbytes` (above the default 48 KB)."""
     from cuda.bindings import driver
 
     attr = driver.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
@@ -136,8 +136,8 @@ def _current_context() -> int:
 def load_kernel(
     device: int, key: str, cubin: bytes, name: str, params: Sequence[Param], compute: str, shmem: int = 0
 ) -> LoadedKernel:
-    """The kernel ``name`` of ``cubin`` on CUDA device ``device`` (loaded on first use), allowed
-    ``shmem`` bytes of dynamic shared memory per block."""
+    """The kernel `name` of `cubin` on CUDA device `device` (loaded on first use), allowed
+    `shmem` bytes of dynamic shared memory per block."""
     cache_id = (device, key, name)
     with _lock:
         found = _kernels.get(cache_id)
@@ -170,15 +170,16 @@ def load_kernel(
     return loaded
 
 
-#: The raw handle of a device's current stream (what torch.cuda.current_stream(i).cuda_stream
-#: returns, without building a Stream object; Triton's launcher reads it the same way).
 _current_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None) or (
     lambda index: torch.cuda.current_stream(index).cuda_stream
 )
+"""The raw handle of a device's current stream (what torch.cuda.current_stream(i).cuda_stream
+returns, without building a Stream object; Triton's launcher reads it the same way).
+"""
 
 
 def launch(k: LoadedKernel, grid: tuple[int, int, int], block: int, values: dict[str, int | float]) -> None:
-    """Launch ``k`` on the current stream of its device with parameter ``values`` by name.
+    """Launch `k` on the current stream of its device with parameter `values` by name.
 
     The kernel runs in its device's primary context: where another context is current on this
     thread (another device's, or none yet), the kernel's is pushed for the launch and popped after."""

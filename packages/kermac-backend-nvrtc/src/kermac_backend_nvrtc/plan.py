@@ -1,11 +1,11 @@
 """Problem → kernel variant, launch grid and argument values (no CUDA calls, no host sync).
 
-:func:`plan_pairwise` and :func:`plan_grad` read a normalised problem (shapes, strides,
+`plan_pairwise` and `plan_grad` read a normalised problem (shapes, strides,
 alignment, which hyperparameters are numbers and which tensors) and choose the variant of the
 generated kernel, the grid, and the value of every kernel parameter by name.  Where several
-kernels compute the same program, the :class:`~kermac_backend_nvrtc.tuning.NvrtcTuning` passed
+kernels compute the same program, the `NvrtcTuning` passed
 in chooses (the backend passes its own).  Batches larger than the 65535 blocks a grid's z
-dimension allows are split into several launches (``zbase``).
+dimension allows are split into several launches (`zbase`).
 """
 
 from __future__ import annotations
@@ -73,12 +73,12 @@ class Launch:
     block: int = NT
 
     def chunks(self) -> list[tuple[int, int]]:
-        """(zbase, grid_z) of each launch covering ``grid_z_total`` z-blocks."""
+        """(zbase, grid_z) of each launch covering `grid_z_total` z-blocks."""
         return [(z0, min(MAX_GRID_Z, self.grid_z_total - z0)) for z0 in range(0, self.grid_z_total, MAX_GRID_Z)]
 
 
 def size_problem(what: str, sizes: dict[str, int]) -> str | None:
-    """A reason if any size exceeds the kernels' 32-bit row/column indices, else ``None``."""
+    """A reason if any size exceeds the kernels' 32-bit row/column indices, else `None`."""
     big = {k: v for k, v in sizes.items() if not fits_int32(v)}
     if big:
         return f"{what} sizes {big} exceed the 32-bit index range of the nvrtc kernels"
@@ -86,7 +86,7 @@ def size_problem(what: str, sizes: dict[str, int]) -> str | None:
 
 
 def _operand(t: torch.Tensor, layout: BatchLayout, name: str, pt: int, kt: int, p_dim: int, k_dim: int) -> TileLoad:
-    """Load mode for a tile of ``pt`` positions × ``kt`` k-values of ``t`` (dims ``p_dim``, ``k_dim``)."""
+    """Load mode for a tile of `pt` positions × `kt` k-values of `t` (dims `p_dim`, `k_dim`)."""
     e = max(1, -(-pt * kt // NT))
     sp, sk = t.stride(p_dim), t.stride(k_dim)
     p_size, k_size = t.shape[p_dim], t.shape[k_dim]
@@ -100,7 +100,7 @@ def _operand(t: torch.Tensor, layout: BatchLayout, name: str, pt: int, kt: int, 
 
 
 def _k_contiguous_operands(problem: PairwiseProblem, layout: BatchLayout) -> bool:
-    """Whether ``cuda/kcontig_loop.cuh`` can read the operands: x rows 16-byte aligned with unit stride
+    """Whether `cuda/kcontig_loop.cuh` can read the operands: x rows 16-byte aligned with unit stride
     along k and D a multiple of 4 (whole 16-byte copies), z rows with unit stride along k and 128 rows
     within 2^31 elements (32-bit row offsets)."""
     z = problem.z
@@ -113,8 +113,8 @@ def _k_contiguous_operands(problem: PairwiseProblem, layout: BatchLayout) -> boo
 
 
 def _rows_aligned(t: torch.Tensor, layout: BatchLayout, name: str, e: int) -> int:
-    """1 if every row (last dimension) of operand ``name`` = ``t`` in every batch entry starts
-    ``e``-element aligned and has unit stride along it."""
+    """1 if every row (last dimension) of operand `name` = `t` in every batch entry starts
+    `e`-element aligned and has unit stride along it."""
     return int(
         t.stride(-1) == 1
         and t.stride(-2) % e == 0
@@ -150,7 +150,7 @@ def _half_power_hypers(
 
 
 def _exponent_value(b: Expr, problem: PairwiseProblem) -> float:
-    """The value of a split exponent (a constant or a scalar hyperparameter, see ``split_exponent``)."""
+    """The value of a split exponent (a constant or a scalar hyperparameter, see `split_exponent`)."""
     return b.value if isinstance(b, Const) else problem.hypers[b.name].scalar
 
 
@@ -171,7 +171,7 @@ def _hypers(
 
 
 def _known_hypers(problem: PairwiseProblem | GradProblem, tuning: NvrtcTuning) -> tuple[tuple[str, float], ...]:
-    """The scalar hyperparameters whose values go into the source (``tuning.half_powers``)."""
+    """The scalar hyperparameters whose values go into the source (`tuning.half_powers`)."""
     if not tuning.half_powers:
         return ()
     hypers = problem.hypers
@@ -201,19 +201,19 @@ def device_capability(problem: PairwiseProblem | GradProblem) -> int | None:
 
 @cache
 def cuda_capability(index: int) -> int:
-    """Compute capability of CUDA device ``index`` as one number (asked once per device and process)."""
+    """Compute capability of CUDA device `index` as one number (asked once per device and process)."""
     major, minor = torch.cuda.get_device_capability(index)
     return 10 * major + minor
 
 
 def uses_tensor_cores(program: PairwiseProgram, dtype: str, tuning: NvrtcTuning) -> bool:
-    """Whether a pairwise program in ``dtype`` (e.g. ``"float32"``) runs on a tensor-core kernel:
-    float32 sums of (x − z)² (``tuning.tensor_cores``)."""
+    """Whether a pairwise program in `dtype` (e.g. `"float32"`) runs on a tensor-core kernel:
+    float32 sums of (x − z)² (`tuning.tensor_cores`)."""
     return tuning.tensor_cores and dtype == "float32" and _pairwise_traits(program)[0]
 
 
 def uses_wgmma(program: PairwiseProgram, dtype: str, capability: int | None, tuning: NvrtcTuning) -> bool:
-    """Whether that tensor-core kernel is the wgmma one (sm_90, ``tuning.wgmma``) on a device of ``capability``."""
+    """Whether that tensor-core kernel is the wgmma one (sm_90, `tuning.wgmma`) on a device of `capability`."""
     return tuning.wgmma and capability == 90 and uses_tensor_cores(program, dtype, tuning)
 
 
@@ -225,7 +225,7 @@ def _variant_fields(
     known: tuple[tuple[str, float], ...],
     tuning: NvrtcTuning,
 ) -> dict:
-    """The fields every kernel variant holds (:class:`.variants.KernelVariant`)."""
+    """The fields every kernel variant holds (`.variants.KernelVariant`)."""
     return {
         "program": prog,
         "tensor_hypers": tensor_hypers,
@@ -239,10 +239,10 @@ def _variant_fields(
 def plan_pairwise(
     problem: PairwiseProblem, capability: int | None, tuning: NvrtcTuning
 ) -> tuple[KernelVariant, Launch]:
-    """Variant and launch of ``problem`` (which :func:`size_problem` accepted) for a device of
-    ``capability`` (e.g. 90; ``None``: the problem's device — CPU problems plan for no particular
+    """Variant and launch of `problem` (which `size_problem` accepted) for a device of
+    `capability` (e.g. 90; `None`: the problem's device — CPU problems plan for no particular
     architecture, which only decides whether the tensor-core programs use wgmma), chosen among
-    equivalent kernels by ``tuning`` (``tuning.DEFAULT_TUNING``: the measured defaults)."""
+    equivalent kernels by `tuning` (`tuning.DEFAULT_TUNING`: the measured defaults)."""
     capability = device_capability(problem) if capability is None else capability
     dtype = str(problem.dtype).removeprefix("torch.")
     compute = INPUT_TYPES[dtype][1]
@@ -317,9 +317,9 @@ def plan_pairwise(
 
 
 def plan_grad(problem: GradProblem, capability: int | None, tuning: NvrtcTuning) -> tuple[KernelVariant, Launch]:
-    """Variant and launch of ``problem`` (which :func:`size_problem` accepted) for a device of
-    ``capability`` (``None``: the problem's; it decides whether a sign program runs on wgmma),
-    chosen among equivalent kernels by ``tuning``."""
+    """Variant and launch of `problem` (which `size_problem` accepted) for a device of
+    `capability` (`None`: the problem's; it decides whether a sign program runs on wgmma),
+    chosen among equivalent kernels by `tuning`."""
     capability = device_capability(problem) if capability is None else capability
     dtype = str(problem.dtype).removeprefix("torch.")
     compute = INPUT_TYPES[dtype][1]
@@ -363,7 +363,7 @@ def plan_grad(problem: GradProblem, capability: int | None, tuning: NvrtcTuning)
 
 
 def _plan_sign_grad(problem: GradProblem) -> tuple[KernelVariant, Launch]:
-    """A float32 sign(d − b) program on sm_90: the bf16 sign product (``SignGrad``)."""
+    """A float32 sign(d − b) program on sm_90: the bf16 sign product (`SignGrad`)."""
     m, n, o, k = problem.sizes
     ot = 8 if o <= 8 else 16
     ochunks = -(-o // ot)
@@ -412,8 +412,8 @@ def _grad_args(problem: GradProblem, ochunks: int) -> dict[str, int | float]:
 
 
 def pointer_args(problem: PairwiseProblem | GradProblem) -> dict[str, int]:
-    """The arguments that are device addresses: the operands, ``out`` and tensor hyperparameters
-    (``hp_<name>``) — the only ones that differ between calls with equal :func:`plan_key`."""
+    """The arguments that are device addresses: the operands, `out` and tensor hyperparameters
+    (`hp_<name>`) — the only ones that differ between calls with equal `plan_key`."""
     if isinstance(problem, PairwiseProblem):
         named = {"x": problem.x, "z": problem.z, "out": problem.out}
     else:
@@ -423,10 +423,11 @@ def pointer_args(problem: PairwiseProblem | GradProblem) -> dict[str, int]:
     return args
 
 
-#: Every alignment the planner tests (a vector of e elements per thread: e · element size bytes,
-#: 64 at most in today's tile configurations) divides this many bytes, so addresses equal modulo it
-#: plan alike.
 _ALIGNMENT = 256
+"""Every alignment the planner tests (a vector of e elements per thread: e · element size bytes,
+64 at most in today's tile configurations) divides this many bytes, so addresses equal modulo it
+plan alike.
+"""
 
 
 def _tensor_key(t: torch.Tensor) -> tuple:
@@ -435,16 +436,16 @@ def _tensor_key(t: torch.Tensor) -> tuple:
 
 def plan_key(problem: PairwiseProblem | GradProblem, device: int, tuning: NvrtcTuning) -> tuple:
     """A key under which a plan can be remembered: two problems with equal keys get the same variant
-    and the same arguments from :func:`plan_pairwise` / :func:`plan_grad` (with ``tuning``) but for
-    :func:`pointer_args` (problems that plan alike may still differ in key, e.g. addresses of
+    and the same arguments from `plan_pairwise` / `plan_grad` (with `tuning`) but for
+    `pointer_args` (problems that plan alike may still differ in key, e.g. addresses of
     different alignment).
 
     It holds what planning reads: the program, dtype and device (its capability), every tensor's
-    shape, strides and address modulo :data:`_ALIGNMENT`, the hyperparameters (scalars by their
+    shape, strides and address modulo `_ALIGNMENT`, the hyperparameters (scalars by their
     exact bits, tensors like operands), the diagonal offsets, and the tuning (required, so that
     backends of different tuning never share a plan).  The tile configurations of
-    ``tiles`` are not in it: whoever replaces one clears the memo
-    (``NvrtcBackend.forget``).
+    `tiles` are not in it: whoever replaces one clears the memo
+    (`NvrtcBackend.forget`).
     """
     if isinstance(problem, PairwiseProblem):
         tensors = (problem.x, problem.z, problem.out)

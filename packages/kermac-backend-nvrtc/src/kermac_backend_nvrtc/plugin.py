@@ -1,4 +1,4 @@
-"""Entry point of the ``nvrtc`` backend (import-light: cuda.core loads on first use)."""
+"""Entry point of the `nvrtc` backend (import-light: cuda.core loads on first use)."""
 
 from __future__ import annotations
 

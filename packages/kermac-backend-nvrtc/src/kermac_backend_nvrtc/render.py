@@ -1,14 +1,14 @@
 """IR → CUDA C++ expressions: what the generated functors of a kernel variant return.
 
-Expressions go through :func:`kermac.ir.render` with :data:`CUDA_OPS` (the ``km_*`` overloads of
-``cuda/prelude.cuh`` cover float and double); peepholes first replace sub-trees by faster equivalents
-with the same semantics: ``pow(abs(e), b)`` → ``km_powabs`` (``ex2(b·lg2|e|)``, no sign handling
-needed; ``km_powabs_ftz`` for a known ``b >= 1`` when subnormals may be flushed),
-``select(ne(e, 0), sign(e)·pow(abs(e), b), 0)`` (:func:`kermac.programs.signed_power`) →
-``km_signpow`` (a copysign instead of a sign times a product), powers whose exponent is a known
+Expressions go through [`kermac.ir.render`][kermac.ir.render] with `CUDA_OPS` (the `km_*` overloads of
+`cuda/prelude.cuh` cover float and double); peepholes first replace sub-trees by faster equivalents
+with the same semantics: `pow(abs(e), b)` → `km_powabs` (`ex2(b·lg2|e|)`, no sign handling
+needed; `km_powabs_ftz` for a known `b >= 1` when subnormals may be flushed),
+`select(ne(e, 0), sign(e)·pow(abs(e), b), 0)` ([`kermac.programs.signed_power`][kermac.programs.signed_power]) →
+`km_signpow` (a copysign instead of a sign times a product), powers whose exponent is a known
 multiple of 1/2 → products and a square root, and divisions by (exponentials of quotients of)
 hyperparameter expressions → one reciprocal per thread.  Also here: the exponent facts planning
-reads off a program (:func:`split_exponent`, :func:`half_steps`, :func:`half_power_hypers`).
+reads off a program (`split_exponent`, `half_steps`, `half_power_hypers`).
 """
 
 from __future__ import annotations
@@ -33,7 +33,6 @@ __all__ = [
     "split_exponent",
 ]
 
-#: IR operation → CUDA C++ format (overloads in ``cuda/prelude.cuh`` cover float and double).
 CUDA_OPS: dict[str, str] = {
     "add": "({0} + {1})",
     "sub": "({0} - {1})",
@@ -56,19 +55,20 @@ CUDA_OPS: dict[str, str] = {
     "ne": "km_ne({0}, {1})",
     "select": "(({0}) != km_t(0) ? ({1}) : ({2}))",
 }
+"""IR operation → CUDA C++ format (overloads in `cuda/prelude.cuh` cover float and double)."""
 
-#: Compute type name → the torch dtype that rounds constants to it.
 _COMPUTE_DTYPES = {"float": torch.float32, "double": torch.float64}
+"""Compute type name → the torch dtype that rounds constants to it."""
 
 
 def rounded(v: float, compute: str) -> float:
-    """``v`` rounded to compute type ``compute`` ("float" or "double"): to nearest, float32
+    """`v` rounded to compute type `compute` ("float" or "double"): to nearest, float32
     subnormals kept, ±inf past the range (what the reference backend computes with)."""
     return torch.tensor(v, dtype=torch.float64).to(_COMPUTE_DTYPES[compute]).item()
 
 
 def cuda_constant(v: float, compute: str) -> str:
-    """The constant ``v`` in compute type ``compute`` ("float" or "double"), exactly.
+    """The constant `v` in compute type `compute` ("float" or "double"), exactly.
 
     The value is rounded to the compute type here (to nearest, float32 subnormals kept, ±inf past
     the range), so the literal the source holds is exactly representable: converting a double
@@ -84,13 +84,13 @@ def cuda_constant(v: float, compute: str) -> str:
 
 
 def _exponent_ge1(b: Expr, ge1: frozenset[str]) -> bool:
-    """Whether exponent ``b`` is known finite and >= 1: a constant, or a hyperparameter in ``ge1``."""
+    """Whether exponent `b` is known finite and >= 1: a constant, or a hyperparameter in `ge1`."""
     return (isinstance(b, Hyper) and b.name in ge1) or (isinstance(b, Const) and 1.0 <= b.value < math.inf)
 
 
 def _exponent_sign(b: Expr, ge1: frozenset[str], gt1: frozenset[str]) -> int | None:
-    """1 if exponent ``b`` is known finite and > 0, 0 if known finite and >= 0, else None: a constant,
-    a hyperparameter known >= 1, or ``h − c`` with c <= 1 and ``h`` known > 1 (``gt1``) or >= 1
+    """1 if exponent `b` is known finite and > 0, 0 if known finite and >= 0, else None: a constant,
+    a hyperparameter known >= 1, or `h − c` with c <= 1 and `h` known > 1 (`gt1`) or >= 1
     (the gradient's p − 1)."""
     if isinstance(b, Const):
         return None if not 0.0 <= b.value < math.inf else int(b.value > 0.0)
@@ -106,8 +106,8 @@ _ARITHMETIC = {"add": lambda a, b: a + b, "sub": lambda a, b: a - b, "mul": lamb
 
 
 def _constant_value(e: Expr, known: Mapping[str, float]) -> float | None:
-    """The value of ``e`` if it is built from constants and ``known`` hyperparameters with + − ×,
-    else ``None``."""
+    """The value of `e` if it is built from constants and `known` hyperparameters with + − ×,
+    else `None`."""
     if isinstance(e, Const):
         return e.value
     if isinstance(e, Hyper):
@@ -119,9 +119,9 @@ def _constant_value(e: Expr, known: Mapping[str, float]) -> float | None:
 
 
 def half_steps(b: Expr, known: Mapping[str, float]) -> int | None:
-    """N if exponent ``b`` is known (constants and ``known`` hyperparameters) to be N/2 with
+    """N if exponent `b` is known (constants and `known` hyperparameters) to be N/2 with
     1 <= N <= 8 — a power the kernels take as products and at most one square root
-    (``km_powhalf``) — else ``None``."""
+    (`km_powhalf`) — else `None`."""
     v = _constant_value(b, known)
     if v is None or not 0.5 <= v <= 4.0 or 2 * v != round(2 * v):  # range first: 2·v may overflow
         return None
@@ -129,15 +129,15 @@ def half_steps(b: Expr, known: Mapping[str, float]) -> int | None:
 
 
 def _exponents(expr: Expr) -> Iterator[Expr]:
-    """The exponents of ``expr``'s powers of an absolute value (signed powers included)."""
+    """The exponents of `expr`'s powers of an absolute value (signed powers included)."""
     for node in ir.walk(expr):
         if isinstance(node, Call) and node.op == "pow" and isinstance(node.args[0], Call) and node.args[0].op == "abs":
             yield node.args[1]
 
 
 def half_power_hypers(exprs: Iterable[Expr], scalars: Mapping[str, float]) -> tuple[tuple[str, float], ...]:
-    """The scalar hyperparameters (name, value) that make an exponent of ``exprs`` a known multiple of
-    1/2 (:func:`half_steps`): their values go into the generated source, the other hyperparameters'
+    """The scalar hyperparameters (name, value) that make an exponent of `exprs` a known multiple of
+    1/2 (`half_steps`): their values go into the generated source, the other hyperparameters'
     stay kernel arguments (one kernel for every value)."""
     found = {}
     for b in (b for e in exprs for b in _exponents(e)):
@@ -148,8 +148,8 @@ def half_power_hypers(exprs: Iterable[Expr], scalars: Mapping[str, float]) -> tu
 
 
 def split_exponent(program: object, ge1: frozenset[str]) -> Expr | None:
-    """The exponent ``b`` if ``program`` is ``Σ_k |x − z|^b`` with ``b`` known finite and >= 1 (any
-    epilogue), else ``None``: the programs whose pairwise kernel may split ex2 onto the FMA pipe."""
+    """The exponent `b` if `program` is `Σ_k |x − z|^b` with `b` known finite and >= 1 (any
+    epilogue), else `None`: the programs whose pairwise kernel may split ex2 onto the FMA pipe."""
     inner = program.inner
     if program.reduction != "sum" or not (isinstance(inner, Call) and inner.op == "pow"):
         return None
@@ -170,20 +170,20 @@ def render_expr(
     half_powers: bool = False,
     known: Mapping[str, float] = {},
 ) -> str:
-    """CUDA C++ for ``expr`` computed in ``compute`` ("float" or "double"); ``names`` maps Var and
-    Hyper names to C identifiers.  Constants are rounded to ``compute`` (:func:`cuda_constant`).
+    """CUDA C++ for `expr` computed in `compute` ("float" or "double"); `names` maps Var and
+    Hyper names to C identifiers.  Constants are rounded to `compute` (`cuda_constant`).
 
-    ``half_powers``: a power of an absolute value (signed or not) whose exponent constants and
-    ``known`` (hyperparameter values fixed in the source) make a multiple of 1/2 in [1/2, 4]
-    (:func:`half_steps`) is ``km_powhalf``/``km_signpowhalf`` (products and at most one square root).
+    `half_powers`: a power of an absolute value (signed or not) whose exponent constants and
+    `known` (hyperparameter values fixed in the source) make a multiple of 1/2 in [1/2, 4]
+    (`half_steps`) is `km_powhalf`/`km_signpowhalf` (products and at most one square root).
 
-    ``ge1``: hyperparameters known to be finite and >= 1 (``|a|^h`` then needs no ``h = 0`` case,
-    and with ``ftz`` uses ``km_powabs_ftz``, which flushes terms below 2^-126 to 0; a signed power
-    with an exponent known >= 0 uses ``km_signpow_ftz``, which gives ±0 for |x| < 2^-126, and
-    ``km_signpow_pos`` where ``gt1`` — hyperparameters known > 1 — makes it known > 0).  A division
-    by an expression of hyperparameters and constants only is ``km_div_inv`` (one reciprocal per
+    `ge1`: hyperparameters known to be finite and >= 1 (`|a|^h` then needs no `h = 0` case,
+    and with `ftz` uses `km_powabs_ftz`, which flushes terms below 2^-126 to 0; a signed power
+    with an exponent known >= 0 uses `km_signpow_ftz`, which gives ±0 for |x| < 2^-126, and
+    `km_signpow_pos` where `gt1` — hyperparameters known > 1 — makes it known > 0).  A division
+    by an expression of hyperparameters and constants only is `km_div_inv` (one reciprocal per
     thread, then a product and a correction step per value, correctly rounded); the exponential of
-    such a quotient (also negated) is ``km_exp_div`` (one ex2 of a·log2(e)/b, the factor per thread).
+    such a quotient (also negated) is `km_exp_div` (one ex2 of a·log2(e)/b, the factor per thread).
     """
     peeps: dict[str, str] = {}
 
@@ -231,8 +231,8 @@ def render_expr(
 
 
 def _exp_of_quotient(e: Call) -> tuple[Expr, Expr] | None:
-    """``(a, b)`` where ``e`` is ``exp(a / b)`` or ``exp(−(a / b))`` (then ``b`` is ``−b``) with ``b``
-    free of variables (built from hyperparameters and constants), else ``None``."""
+    """`(a, b)` where `e` is `exp(a / b)` or `exp(−(a / b))` (then `b` is `−b`) with `b`
+    free of variables (built from hyperparameters and constants), else `None`."""
     if e.op != "exp" or not isinstance(e.args[0], Call):
         return None
     arg, negate = e.args[0], False
@@ -247,6 +247,6 @@ _SIGN = ir.sign(ir.Var("d") - ir.Var("b"))
 
 
 def is_sign_product(program: object) -> bool:
-    """Whether a gradient program's multiply is exactly ``sign(d − b)`` (p = 1): the programs the
-    bf16 sign-product kernel (``cuda/sign_grad.cuh``) computes."""
+    """Whether a gradient program's multiply is exactly `sign(d − b)` (p = 1): the programs the
+    bf16 sign-product kernel (`cuda/sign_grad.cuh`) computes."""
     return program.multiply == _SIGN

@@ -1,18 +1,18 @@
-"""Variant → CUDA C++ source: the kernel files of ``cuda/`` behind a short generated header.
+"""Variant → CUDA C++ source: the kernel files of `cuda/` behind a short generated header.
 
 Every kernel is one translation unit, compiled by one NVRTC call:
 
-1. a generated *configuration*: the compute type ``km_t``, the tile and route ``#define``s, and the
-   kernel's interface as macros — ``KM_PARAMS`` (the parameter list), ``KM_HYPER_FORMALS`` /
-   ``KM_HYPER_ACTUALS`` (the hyperparameters passed to the functors), ``KM_HYPER_LOADS`` and
-   ``KM_BATCH_OFFSETS`` (statements run once per block for its batch entry), ``KM_DIAG(m, n)``;
-2. the library parts the route needs (``prelude.cuh``, ``loader.cuh``, tensor-core helpers);
+1. a generated *configuration*: the compute type `km_t`, the tile and route `#define`s, and the
+   kernel's interface as macros — `KM_PARAMS` (the parameter list), `KM_HYPER_FORMALS` /
+   `KM_HYPER_ACTUALS` (the hyperparameters passed to the functors), `KM_HYPER_LOADS` and
+   `KM_BATCH_OFFSETS` (statements run once per block for its batch entry), `KM_DIAG(m, n)`;
+2. the library parts the route needs (`prelude.cuh`, `loader.cuh`, tensor-core helpers);
 3. the generated *functors*: one-line device functions returning the IR's expressions
-   (``km_inner``, ``km_reduce``, ``km_epilogue``, ``km_multiply``; :mod:`.render`);
+   (`km_inner`, `km_reduce`, `km_epilogue`, `km_multiply`; `.render`);
 4. the route's kernel file.
 
-``#include "name.cuh"`` lines of the package files are expanded in place here, so the
-text NVRTC compiles — and the JIT cache key hashes — is the whole kernel.  :func:`kernel_source` returns
+`#include "name.cuh"` lines of the package files are expanded in place here, so the
+text NVRTC compiles — and the JIT cache key hashes — is the whole kernel.  `kernel_source` returns
 it with the kernel's parameters in order.
 """
 
@@ -29,16 +29,17 @@ from kermac_backend_nvrtc.render import cuda_constant, is_sign_product, render_e
 
 __all__ = ["EXP2_COEFFS", "Param", "kernel_file", "kernel_source"]
 
-#: 2^r on [−0.5, 0.5], relative minimax of degree 4 (float32 Horner: max 2.7e-6, mean 4e-8), for the
-#: split kernels' ``km_powabs_split`` (``cuda/pow_split.cuh``).
 EXP2_COEFFS = (0.9999992847442627, 0.6931217908859253, 0.240247443318367, 0.05591785907745361, 0.009570101276040077)
+"""2^r on [−0.5, 0.5], relative minimax of degree 4 (float32 Horner: max 2.7e-6, mean 4e-8), for the
+split kernels' `km_powabs_split` (`cuda/pow_split.cuh`).
+"""
 
 _INCLUDE = re.compile(r'^#include "([\w.]+)"$', re.MULTILINE)
 
 
 @dataclass(frozen=True)
 class Param:
-    """One kernel parameter: its name and C type (a ``*`` type is a device pointer)."""
+    """One kernel parameter: its name and C type (a `*` type is a device pointer)."""
 
     name: str
     ctype: str
@@ -51,7 +52,7 @@ class Param:
 
 @cache
 def kernel_file(name: str) -> str:
-    """The text of package file ``cuda/<name>`` with its ``#include "..."`` lines expanded."""
+    """The text of package file `cuda/<name>` with its `#include "..."` lines expanded."""
     text = resources.files("kermac_backend_nvrtc").joinpath("cuda", name).read_text(encoding="utf-8")
     return _INCLUDE.sub(lambda m: kernel_file(m.group(1)).rstrip("\n"), text)
 
@@ -68,9 +69,9 @@ def _assemble(
     kernel: str,
     part_config: dict[str, object] | None = None,
 ) -> str:
-    """The compute type, ``part_config`` (macros the library parts read), the library ``parts``, the
-    variant's ``config`` macros (after the parts: names such as ``NT`` are template parameters there),
-    the generated ``functors`` and the kernel file."""
+    """The compute type, `part_config` (macros the library parts read), the library `parts`, the
+    variant's `config` macros (after the parts: names such as `NT` are template parameters there),
+    the generated `functors` and the kernel file."""
     head = [f"typedef {compute} km_t;", *_defines(part_config or {})]
     return "\n".join([*head, *map(kernel_file, parts), *_defines(config), *functors, kernel_file(kernel)])
 
@@ -79,12 +80,12 @@ def _interface(
     hypers: tuple[str, ...], tensor_hypers: dict[str, str], operands: list[str], batch_dims: int
 ) -> tuple[list[Param], list[Param], dict[str, str]]:
     """What every kernel takes from its hyperparameters and batch dimensions: the hyperparameter and
-    batch-stride parameters, and the macros passing and loading them (``operands`` name the pointers
-    that move per batch entry; a tensor hyperparameter moves too, as ``h_<name>``).
+    batch-stride parameters, and the macros passing and loading them (`operands` name the pointers
+    that move per batch entry; a tensor hyperparameter moves too, as `h_<name>`).
 
-    A number is a ``km_t`` argument ``hv_<name>``; a tensor a pointer ``hp_<name>`` read at the batch
-    entry's offset ``off_h_<name>``.  The batch entry ``bidx`` is decoded innermost dimension first:
-    per dimension ``i`` (size ``bs<i>``), its index adds ``index · b<operand><i>`` to each offset."""
+    A number is a `km_t` argument `hv_<name>`; a tensor a pointer `hp_<name>` read at the batch
+    entry's offset `off_h_<name>`.  The batch entry `bidx` is decoded innermost dimension first:
+    per dimension `i` (size `bs<i>`), its index adds `index · b<operand><i>` to each offset."""
     operands = list(operands)
     hyper_params, loads = [], []
     for h in hypers:
@@ -116,7 +117,7 @@ def _interface(
 
 
 def _render_options(v: variants.KernelVariant, **facts: object) -> dict:
-    """render_expr's arguments for variant ``v``: compute type, half powers, hyperparameter facts."""
+    """render_expr's arguments for variant `v`: compute type, half powers, hyperparameter facts."""
     fixed = dict(v.fixed_hypers)
     return {"compute": v.compute, "half_powers": v.half_powers, "known": fixed, "ge1": v.hypers_at_least_one, **facts}
 
@@ -127,7 +128,7 @@ def _pairwise_names(prog: object) -> dict[str, str]:
 
 
 def _loads(**operands: variants.TileLoad) -> dict[str, int]:
-    """``KM_<operand>_MODE`` / ``KM_<operand>_VEC``: the loader's template arguments per operand."""
+    """`KM_<operand>_MODE` / `KM_<operand>_VEC`: the loader's template arguments per operand."""
     out = {}
     for name, load in operands.items():
         out |= {f"KM_{name.upper()}_MODE": int(load.mode), f"KM_{name.upper()}_VEC": load.count}
@@ -137,9 +138,9 @@ def _loads(**operands: variants.TileLoad) -> dict[str, int]:
 def _pairwise_interface(
     v: variants.KernelVariant, tin: str, extra: list[Param]
 ) -> tuple[list[Param], dict[str, object]]:
-    """Parameters of a pairwise kernel in order — operands, sizes and strides, ``extra``, the diagonal
-    shift if the epilogue reads ``diag``, batch strides, hyperparameters — and the configuration every
-    pairwise route shares (interface macros and the diagonal indicator ``KM_DIAG(m, n)``)."""
+    """Parameters of a pairwise kernel in order — operands, sizes and strides, `extra`, the diagonal
+    shift if the epilogue reads `diag`, batch strides, hyperparameters — and the configuration every
+    pairwise route shares (interface macros and the diagonal indicator `KM_DIAG(m, n)`)."""
     prog = v.program
     hyper_params, batch_params, macros = _interface(prog.hypers, dict(v.tensor_hypers), ["x", "z", "o"], v.batch_dims)
     params = [Param("x", f"const {tin}*"), Param("z", f"const {tin}*"), Param("out", f"{tin}*")]
@@ -171,7 +172,7 @@ def _simt_pairwise_source(
     loads: dict[str, int],
     split: variants.Ex2Polynomial | variants.PowerTable | None = None,
 ) -> tuple[str, list[Param]]:
-    """The SIMT pairwise kernel (``cuda/simt_pairwise.cuh``) on tile ``cfg`` with operand ``loads``."""
+    """The SIMT pairwise kernel (`cuda/simt_pairwise.cuh`) on tile `cfg` with operand `loads`."""
     prog = v.program
     tin, compute = variants.INPUT_TYPES[v.dtype]
     names = _pairwise_names(prog)
@@ -227,7 +228,7 @@ def _simt_pairwise_source(
 
 
 def _tensor_core_pairwise_source(v: variants.MmaPairwise | variants.WgmmaPairwise) -> tuple[str, list[Param]]:
-    """A float32 (x − z)²-sum variant on ``mma.sync`` or ``wgmma``."""
+    """A float32 (x − z)²-sum variant on `mma.sync` or `wgmma`."""
     params, config = _pairwise_interface(v, "float", [Param("guard", "km_t"), Param("ovec", "int")])
     config |= _loads(x=v.x, z=v.z)
     wgmma = isinstance(v, variants.WgmmaPairwise)
@@ -244,10 +245,10 @@ def _grad_interface(
     v: variants.SimtGrad | variants.MmaGrad | variants.SignGrad, tin: str, tiles: str, **facts: object
 ) -> tuple[list[Param], dict[str, object], list[str]]:
     """Parameters (in order) of a gradient kernel, its shared configuration, and its functors
-    (``facts``: render_expr's gt1 and ftz).
+    (`facts`: render_expr's gt1 and ftz).
 
-    Parameters: operands a, b, c, d, out; sizes M, N, O, K; ``tiles`` (the tile count along the
-    grid's fastest dimension: ``tiles_m`` or ``tiles_n``); ``ochunks``; ``zbase``; the strides; batch
+    Parameters: operands a, b, c, d, out; sizes M, N, O, K; `tiles` (the tile count along the
+    grid's fastest dimension: `tiles_m` or `tiles_n`); `ochunks`; `zbase`; the strides; batch
     strides; hyperparameters.
     """
     prog = v.program
@@ -270,7 +271,7 @@ def _grad_interface(
 
 
 def _simt_grad_source(v: variants.SimtGrad) -> tuple[str, list[Param]]:
-    """The SIMT gradient kernel (``cuda/simt_grad.cuh``)."""
+    """The SIMT gradient kernel (`cuda/simt_grad.cuh`)."""
     tin, compute = variants.INPUT_TYPES[v.dtype]
     cfg = tiles.grad_config(compute)
     params, shared, functors = _grad_interface(v, tin, "tiles_m", ftz=v.flush_subnormals)
@@ -289,7 +290,7 @@ def _simt_grad_source(v: variants.SimtGrad) -> tuple[str, list[Param]]:
 
 
 def _mma_grad_source(v: variants.MmaGrad) -> tuple[str, list[Param]]:
-    """The float32 gradient on ``mma.sync`` with the tile :data:`.tiles.TC_GRAD_CONFIG`."""
+    """The float32 gradient on `mma.sync` with the tile `.tiles.TC_GRAD_CONFIG`."""
     cfg = tiles.TC_GRAD_CONFIG
     params, shared, functors = _grad_interface(v, "float", "tiles_n", ftz=v.flush_subnormals, gt1=v.hypers_above_one)
     config = {
@@ -315,8 +316,8 @@ def _mma_grad_source(v: variants.MmaGrad) -> tuple[str, list[Param]]:
 
 
 def _wgmma_bf16(n: int) -> str:
-    """``km_wgmma``: d[0..n/2) (+)= A·B, one m64{n}k16 bf16 wgmma, A from registers, B the shared-memory
-    descriptor whose low word is ``b`` (the high word is ``KM_DESC_HI``): its operand lists depend on n."""
+    """`km_wgmma`: d[0..n/2) (+)= A·B, one m64{n}k16 bf16 wgmma, A from registers, B the shared-memory
+    descriptor whose low word is `b` (the high word is `KM_DESC_HI`): its operand lists depend on n."""
     nacc = n // 2
     acc = ", ".join(f"%{i}" for i in range(nacc))
     outs = ", ".join(f'"+f"(d[{i}])' for i in range(nacc))
@@ -334,9 +335,9 @@ def _wgmma_bf16(n: int) -> str:
 
 
 def _sign_grad_source(v: variants.SignGrad) -> tuple[str, list[Param]]:
-    """The float32 sign(d − b) gradient as the bf16 sign product (``cuda/sign_grad.cuh``); its parameters
-    are :func:`_grad_interface`'s, then ``bvec`` (b's tile rows can be copied 16 bytes at a time) and
-    ``ovec`` (8-byte stores of 2 consecutive m)."""
+    """The float32 sign(d − b) gradient as the bf16 sign product (`cuda/sign_grad.cuh`); its parameters
+    are `_grad_interface`'s, then `bvec` (b's tile rows can be copied 16 bytes at a time) and
+    `ovec` (8-byte stores of 2 consecutive m)."""
     if not is_sign_product(v.program):  # the kernel computes sign(d − b) itself: no km_multiply
         raise ValueError(f"sign-product gradient: needs the multiply sign(d - b); got {v.program.multiply}")
     tile = tiles.SIGN_GRAD_TILE
@@ -358,7 +359,7 @@ def _sign_grad_source(v: variants.SignGrad) -> tuple[str, list[Param]]:
 
 
 def kernel_source(v: variants.KernelVariant) -> tuple[str, list[Param]]:
-    """CUDA source of variant ``v``'s kernel (named ``v.kernel``) and its parameters in order."""
+    """CUDA source of variant `v`'s kernel (named `v.kernel`) and its parameters in order."""
     if isinstance(v, variants.SimtPairwise):
         return _simt_pairwise_source(v, tiles.pairwise_config(v.compute, v.deep_k), _loads(x=v.x, z=v.z))
     if isinstance(v, variants.SplitPowerPairwise):

@@ -1,20 +1,22 @@
 """NVRTC backends of other tuning, registered in process beside the installed backends (A/B work).
 
 kermac's operations take a backend by name, and backends come from plugins
-(:mod:`kermac.hookspecs`).  :func:`registered` makes the given
-:class:`~kermac_backend_nvrtc.backend.NvrtcBackend` objects a plugin of this process for the
-duration of a ``with`` block: discovery runs again over the installed entry points plus one
-in-process entry point that provides them (``kermac.registry.reset``), and once more without it at
-the end::
+([`kermac.hookspecs`][kermac.hookspecs]).  `registered` makes the given
+`NvrtcBackend` objects a plugin of this process for the
+duration of a `with` block: discovery runs again over the installed entry points plus one
+in-process entry point that provides them (`kermac.registry.reset`), and once more without it at
+the end:
 
-    from kermac_backend_nvrtc import NvrtcBackend, NvrtcTuning
-    from kermac_backend_nvrtc.tuned import registered
+```text
+from kermac_backend_nvrtc import NvrtcBackend, NvrtcTuning
+from kermac_backend_nvrtc.tuned import registered
 
-    with registered(NvrtcBackend(NvrtcTuning(tensor_cores=False), name="nvrtc-simt")):
-        kermac.cdist(x, z, backend="nvrtc-simt")   # the SIMT kernels
-        kermac.cdist(x, z, backend="nvrtc")        # the installed backend, default tuning
+with registered(NvrtcBackend(NvrtcTuning(tensor_cores=False), name="nvrtc-simt")):
+    kermac.cdist(x, z, backend="nvrtc-simt")   # the SIMT kernels
+    kermac.cdist(x, z, backend="nvrtc")        # the installed backend, default tuning
+```
 
-A backend named ``nvrtc`` takes the installed one's place inside the block.  Registration is
+A backend named `nvrtc` takes the installed one's place inside the block.  Registration is
 process-wide (the registry is): do not use it while other threads call kermac.
 """
 
@@ -32,7 +34,7 @@ __all__ = ["registered"]
 
 
 class _Plugin:
-    """The in-process plugin: the backends of the innermost :func:`registered` block."""
+    """The in-process plugin: the backends of the innermost `registered` block."""
 
     def __init__(self) -> None:
         self.backends: list[NvrtcBackend] = []
@@ -48,7 +50,7 @@ _ENTRY_POINT = "kermac-backend-nvrtc-tuned"
 
 @contextlib.contextmanager
 def registered(*backends: NvrtcBackend) -> Iterator[None]:
-    """Inside the block, ``backend=<name>`` runs the given backends (the installed ones run too,
+    """Inside the block, `backend=<name>` runs the given backends (the installed ones run too,
     but for one named like a given one); the installed set is back afterwards.  Blocks do not nest."""
     for i, b in enumerate(backends):
         if not isinstance(b, NvrtcBackend):

@@ -1,11 +1,11 @@
 """How the NVRTC planner chooses among kernels that compute the same thing: one frozen value.
 
-Every field of :class:`NvrtcTuning` selects between kernels for the same program, so changing
-one changes speed, compile time or (``flush_subnormals``) how float32 subnormal terms are
+Every field of `NvrtcTuning` selects between kernels for the same program, so changing
+one changes speed, compile time or (`flush_subnormals`) how float32 subnormal terms are
 treated, never what a program means.  The defaults are the measured choices.  A backend holds one
-tuning (``NvrtcBackend(tuning=...)``) and passes it to the planner; nothing reads the
+tuning (`NvrtcBackend(tuning=...)`) and passes it to the planner; nothing reads the
 environment, so backends with different tuning run side by side in one process for an A/B
-comparison (``docs/dev/nvrtc-tuning.md``).
+comparison (`docs/dev/nvrtc-tuning.md`).
 """
 
 from __future__ import annotations
@@ -14,9 +14,10 @@ from dataclasses import dataclass, fields
 
 __all__ = ["DEFAULT_TUNING", "THREAD_PAIRS", "NvrtcTuning"]
 
-#: Output pairs each thread of the SIMT pairwise kernels holds (8 × 8 or 4 × 16): the whole that
-#: the ``*_pairs`` fields divide between the special-function unit and the FMA pipe.
 THREAD_PAIRS = 64
+"""Output pairs each thread of the SIMT pairwise kernels holds (8 × 8 or 4 × 16): the whole that
+the `*_pairs` fields divide between the special-function unit and the FMA pipe.
+"""
 
 _PAIR_COUNTS = ("power_table_pairs", "power_table_pairs_high_p", "ex2_polynomial_pairs")
 _MIN_OUTPUTS = ("tensor_core_grad_min_o", "sign_product_min_o")
@@ -26,26 +27,26 @@ _MIN_OUTPUTS = ("tensor_core_grad_min_o", "sign_product_min_o")
 class NvrtcTuning:
     """The planner's choices among equivalent kernels (frozen and hashable: plans are keyed by it).
 
-    ``NvrtcTuning()`` holds the defaults; ``dataclasses.replace(tuning, field=value)`` or
-    ``NvrtcTuning(field=value)`` another setting.  Switches are ``bool``, pair counts ``int`` in
-    0 to :data:`THREAD_PAIRS`, output counts ``int`` ≥ 1; anything else raises ``TypeError`` or
-    ``ValueError`` naming the field.
+    `NvrtcTuning()` holds the defaults; `dataclasses.replace(tuning, field=value)` or
+    `NvrtcTuning(field=value)` another setting.  Switches are `bool`, pair counts `int` in
+    0 to `THREAD_PAIRS`, output counts `int` ≥ 1; anything else raises `TypeError` or
+    `ValueError` naming the field.
     """
 
     tensor_cores: bool = True
     """Float32 sums of (x − z)² (cdist p = 2, Gaussian, Laplace-L2, Matérn, user programs of that
     shape) compute ‖x‖² + ‖z‖² − 2·x·z with the cross term on the tensor cores in 3×TF32 and a
     cancellation guard that recomputes doubtful tiles from differences; float32 gradients with at
-    least ``tensor_core_grad_min_o`` outputs contract on the tensor cores too.  The matrix units
+    least `tensor_core_grad_min_o` outputs contract on the tensor cores too.  The matrix units
     do the bulk of the work that the SIMT kernels spend one FMA per term on.  False: the SIMT
     kernels everywhere."""
 
     wgmma: bool = True
     """On sm_90, the tensor-core pairwise programs use asynchronous warpgroup MMAs (a cubin for
-    sm_90a, operands read from shared memory) instead of ``mma.sync``, and float32 sign(d − b)
-    gradients (p = 1) with at least ``sign_product_min_o`` outputs run as an exact bf16 sign
-    product: wgmma keeps the tensor cores busier than ``mma.sync`` can on that architecture.
-    Takes effect only with ``tensor_cores``."""
+    sm_90a, operands read from shared memory) instead of `mma.sync`, and float32 sign(d − b)
+    gradients (p = 1) with at least `sign_product_min_o` outputs run as an exact bf16 sign
+    product: wgmma keeps the tensor cores busier than `mma.sync` can on that architecture.
+    Takes effect only with `tensor_cores`."""
 
     half_powers: bool = True
     """Powers of |·| (signed too) whose exponent a constant or a scalar hyperparameter makes a
@@ -55,15 +56,15 @@ class NvrtcTuning:
 
     flush_subnormals: bool = True
     """In float32 with a known p ≥ 1, |t|^p and the gradient's sgn(t)·|t|^(p−1) use the flushing
-    lg2/ex2 (``.ftz``): terms below 2^-126 become 0 and the kernels carry no denormal fix-up code.
+    lg2/ex2 (`.ftz`): terms below 2^-126 become 0 and the kernels carry no denormal fix-up code.
     False keeps those terms exact, and with them the power table off (it flushes)."""
 
     power_table: bool = True
     """Float32 sums of |x − z|^p with a number p in [1, 5] take the power of
-    ``power_table_pairs`` (``power_table_pairs_high_p``) pairs as 2^(e·p) from a shared table
+    `power_table_pairs` (`power_table_pairs_high_p`) pairs as 2^(e·p) from a shared table
     times a polynomial in the mantissa, on the FMA pipe only, instead of lg2 on the
     special-function unit and ex2 as a polynomial: no special-function operation at all on those
-    pairs.  Needs ``flush_subnormals``.  False: ``ex2_polynomial_pairs`` applies instead."""
+    pairs.  Needs `flush_subnormals`.  False: `ex2_polynomial_pairs` applies instead."""
 
     power_table_pairs: int = 38
     """Pairs of a thread's 64 that take the power table for 1 ≤ p ≤ 3 (a degree-5 polynomial, 11
@@ -100,7 +101,7 @@ class NvrtcTuning:
     multiple of 4) and whose z rows have unit stride fill k-contiguous shared-memory tiles by
     cp.async, z's pairs landing swapped so that no difference x − z reads two registers of one
     bank (register-bank conflicts cost FADD issue slots in the zero-padded loop).  Same sums in
-    the same order: bit-identical results.  Takes precedence over ``zero_padded_k_tail``."""
+    the same order: bit-identical results.  Takes precedence over `zero_padded_k_tail`."""
 
     tensor_core_grad_min_o: int = 5
     """Smallest number of outputs O for which a float32 gradient runs on the tensor cores.  The
@@ -109,7 +110,7 @@ class NvrtcTuning:
 
     sign_product_min_o: int = 3
     """Smallest O for which a float32 sign(d − b) gradient (p = 1) runs as the bf16 sign product
-    on sm_90 (``wgmma``).  Its cost is the same for every O ≤ 8 while the SIMT kernel's grows
+    on sm_90 (`wgmma`).  Its cost is the same for every O ≤ 8 while the SIMT kernel's grows
     with O: it wins from this O on."""
 
     def __post_init__(self) -> None:
@@ -128,5 +129,5 @@ class NvrtcTuning:
                 raise TypeError(f"NvrtcTuning.{f.name}: expected a bool, got {type(value).__name__} {value!r}")
 
 
-#: The measured defaults: what the registered ``nvrtc`` backend plans with.
 DEFAULT_TUNING = NvrtcTuning()
+"""The measured defaults: what the registered `nvrtc` backend plans with."""

@@ -2,17 +2,17 @@
 
 Every variant holds the program, which hyperparameters are tensors (pointer + batch strides; the
 others are numbers, kernel arguments, so a new value needs no recompile), the number of coalesced
-batch dimensions, and the half-power facts (:class:`KernelVariant`).  Each family adds only its own
+batch dimensions, and the half-power facts (`KernelVariant`).  Each family adds only its own
 fields, so a combination no kernel implements cannot be built:
 
-- ``SimtPairwise`` (``cuda/simt_pairwise.cuh``): every pairwise program;
-- ``SplitPowerPairwise`` (the same with ``cuda/pow_split.cuh``): float ``Σ |x − z|^p``, p >= 1;
-- ``KContiguousPairwise`` (the same with ``cuda/kcontig_loop.cuh``): float32 ``Σ |x − z|``, row-major x;
-- ``MmaPairwise`` (``cuda/mma_pairwise.cuh``): float32 ``Σ (x − z)²``;
-- ``WgmmaPairwise`` (``cuda/wgmma_pairwise.cuh``, sm_90a): float32 ``Σ (x − z)²`` on sm_90;
-- ``SimtGrad`` (``cuda/simt_grad.cuh``): every gradient program;
-- ``MmaGrad`` (``cuda/mma_grad.cuh``): float32 gradients with O >= 5;
-- ``SignGrad`` (``cuda/sign_grad.cuh``, sm_90a): float32 ``sign(d − b)`` gradients on sm_90.
+- `SimtPairwise` (`cuda/simt_pairwise.cuh`): every pairwise program;
+- `SplitPowerPairwise` (the same with `cuda/pow_split.cuh`): float `Σ |x − z|^p`, p >= 1;
+- `KContiguousPairwise` (the same with `cuda/kcontig_loop.cuh`): float32 `Σ |x − z|`, row-major x;
+- `MmaPairwise` (`cuda/mma_pairwise.cuh`): float32 `Σ (x − z)²`;
+- `WgmmaPairwise` (`cuda/wgmma_pairwise.cuh`, sm_90a): float32 `Σ (x − z)²` on sm_90;
+- `SimtGrad` (`cuda/simt_grad.cuh`): every gradient program;
+- `MmaGrad` (`cuda/mma_grad.cuh`): float32 gradients with O >= 5;
+- `SignGrad` (`cuda/sign_grad.cuh`, sm_90a): float32 `sign(d − b)` gradients on sm_90.
 
 Sizes, strides, pointers and hyperparameter values are kernel arguments, not variant fields.
 """
@@ -43,18 +43,18 @@ __all__ = [
     "arch_capability",
 ]
 
-#: torch dtype name → (CUDA storage type, compute type).
 INPUT_TYPES: dict[str, tuple[str, str]] = {
     "float32": ("float", "float"),
     "float64": ("double", "double"),
     "float16": ("km_f16", "float"),
     "bfloat16": ("km_bf16", "float"),
 }
+"""torch dtype name → (CUDA storage type, compute type)."""
 
 
 class LoadMode(IntEnum):
     """How a block's threads load an operand tile of P positions (rows) × K features
-    (``cuda/loader.cuh``'s ``MODE``)."""
+    (`cuda/loader.cuh`'s `MODE`)."""
 
     SCALAR_K_FASTEST = 0  # one element per load, consecutive threads along k
     SCALAR_P_FASTEST = 1  # one element per load, consecutive threads along the positions
@@ -64,7 +64,7 @@ class LoadMode(IntEnum):
 
 @dataclass(frozen=True)
 class TileLoad:
-    """How one operand tile is loaded: the mode and the ``count`` of elements each thread loads (the
+    """How one operand tile is loaded: the mode and the `count` of elements each thread loads (the
     vector length for the vector modes)."""
 
     mode: LoadMode
@@ -75,11 +75,11 @@ class TileLoad:
 class KernelVariant:
     """What every variant holds.
 
-    ``tensor_hypers``: (name, CUDA element type) of the hyperparameters given as tensors.
-    ``half_powers``: powers of |·| whose exponents are known multiples of 1/2 are products and a square
-    root; ``fixed_hypers``: the scalar hyperparameters whose values the source holds for that purpose.
-    ``hypers_at_least_one``: the scalar hyperparameters known finite and >= 1 (``|a|^h`` then needs no
-    ``h = 0`` case)."""
+    `tensor_hypers`: (name, CUDA element type) of the hyperparameters given as tensors.
+    `half_powers`: powers of |·| whose exponents are known multiples of 1/2 are products and a square
+    root; `fixed_hypers`: the scalar hyperparameters whose values the source holds for that purpose.
+    `hypers_at_least_one`: the scalar hyperparameters known finite and >= 1 (`|a|^h` then needs no
+    `h = 0` case)."""
 
     program: object  # kermac.programs.PairwiseProgram or GradProgram
     tensor_hypers: tuple[tuple[str, str], ...]
@@ -88,10 +88,10 @@ class KernelVariant:
     half_powers: bool = False
     fixed_hypers: tuple[tuple[str, float], ...] = ()
 
-    #: The kernel's name in its source.
     kernel: ClassVar[str]
-    #: Whether the kernel uses sm_90's architecture-specific instructions (compiled for ``sm_90a``).
+    """The kernel's name in its source."""
     sm90a_only: ClassVar[bool] = False
+    """Whether the kernel uses sm_90's architecture-specific instructions (compiled for `sm_90a`)."""
 
     @property
     def compute(self) -> str:
@@ -104,7 +104,7 @@ class KernelVariant:
         return 0
 
     def target(self, capability: int) -> str:
-        """NVRTC target on a device of ``capability`` (90 → ``sm_90``; ``sm_90a`` where required)."""
+        """NVRTC target on a device of `capability` (90 → `sm_90`; `sm_90a` where required)."""
         return "sm_90a" if self.sm90a_only else f"sm_{capability}"
 
 
@@ -115,10 +115,10 @@ class KernelVariant:
 class SimtPairwise(KernelVariant):
     """The register-tiled SIMT pairwise kernel for any program and input type.
 
-    ``deep_k``: 16 k-values per staged tile instead of 8 (float programs whose inner term and
-    epilogue are cheap).  ``padded_tail``: every k tile, the partial one zero-padded, runs the
+    `deep_k`: 16 k-values per staged tile instead of 8 (float programs whose inner term and
+    epilogue are cheap).  `padded_tail`: every k tile, the partial one zero-padded, runs the
     unrolled loop with no branch to a tail loop — for programs whose term of two zero features is
-    the reduction's identity.  ``flush_subnormals``: powers with exponents known >= 1 skip the
+    the reduction's identity.  `flush_subnormals`: powers with exponents known >= 1 skip the
     denormal fix-ups (terms below 2^-126 become 0)."""
 
     dtype: str
@@ -134,15 +134,15 @@ class SimtPairwise(KernelVariant):
 
 @dataclass(frozen=True)
 class Ex2Polynomial:
-    """``pairs`` of a thread's 64 pairs take |x − z|^p's ex2 as a polynomial on the FMA pipe."""
+    """`pairs` of a thread's 64 pairs take |x − z|^p's ex2 as a polynomial on the FMA pipe."""
 
     pairs: int
 
 
 @dataclass(frozen=True)
 class PowerTable:
-    """``pairs`` of a thread's 64 pairs take |x − z|^p from a shared table of 2^(e·p) times a mantissa
-    polynomial of ``degree`` (``pow_table``); the table flushes terms below 2^-126."""
+    """`pairs` of a thread's 64 pairs take |x − z|^p from a shared table of 2^(e·p) times a mantissa
+    polynomial of `degree` (`pow_table`); the table flushes terms below 2^-126."""
 
     pairs: int
     degree: int
@@ -150,8 +150,8 @@ class PowerTable:
 
 @dataclass(frozen=True, kw_only=True)
 class SplitPowerPairwise(KernelVariant):
-    """The SIMT pairwise kernel for a float (32- or 16-bit input) ``Σ |x − z|^p`` with p known finite
-    and >= 1: part of each thread's pairs (``split``) skip the special-function unit, so both pipes
+    """The SIMT pairwise kernel for a float (32- or 16-bit input) `Σ |x − z|^p` with p known finite
+    and >= 1: part of each thread's pairs (`split`) skip the special-function unit, so both pipes
     work; the others, and every tile holding an input too large for the split, take lg2 and ex2."""
 
     dtype: str
@@ -166,8 +166,8 @@ class SplitPowerPairwise(KernelVariant):
 
 @dataclass(frozen=True, kw_only=True)
 class KContiguousPairwise(KernelVariant):
-    """The SIMT pairwise kernel on k-contiguous tiles filled by cp.async, for float32 ``Σ |x − z|`` with
-    row-major aligned x and unit-stride z rows (``cuda/kcontig_loop.cuh``)."""
+    """The SIMT pairwise kernel on k-contiguous tiles filled by cp.async, for float32 `Σ |x − z|` with
+    row-major aligned x and unit-stride z rows (`cuda/kcontig_loop.cuh`)."""
 
     dtype: ClassVar[str] = "float32"
     kernel: ClassVar[str] = "kermac_pairwise"
@@ -175,8 +175,8 @@ class KContiguousPairwise(KernelVariant):
 
 @dataclass(frozen=True, kw_only=True)
 class MmaPairwise(KernelVariant):
-    """float32 ``Σ (x − z)²`` as ‖x‖² + ‖z‖² − 2·x·z with the cross term in 3×TF32 on ``mma.sync``.
-    ``call_epilogue``: the epilogue is a called function instead of inlined (faster compiles, slower
+    """float32 `Σ (x − z)²` as ‖x‖² + ‖z‖² − 2·x·z with the cross term in 3×TF32 on `mma.sync`.
+    `call_epilogue`: the epilogue is a called function instead of inlined (faster compiles, slower
     kernel)."""
 
     x: TileLoad
@@ -189,7 +189,7 @@ class MmaPairwise(KernelVariant):
 
 @dataclass(frozen=True, kw_only=True)
 class WgmmaPairwise(KernelVariant):
-    """The same math as :class:`MmaPairwise` on sm_90's warpgroup tensor cores (``wgmma``)."""
+    """The same math as `MmaPairwise` on sm_90's warpgroup tensor cores (`wgmma`)."""
 
     x: TileLoad
     z: TileLoad
@@ -209,8 +209,8 @@ class WgmmaPairwise(KernelVariant):
 
 @dataclass(frozen=True, kw_only=True)
 class SimtGrad(KernelVariant):
-    """The SIMT gradient kernel for any program and input type: ``ot`` outputs per pair in registers.
-    ``flush_subnormals``: signed powers with exponents known >= 0 flush subnormals."""
+    """The SIMT gradient kernel for any program and input type: `ot` outputs per pair in registers.
+    `flush_subnormals`: signed powers with exponents known >= 0 flush subnormals."""
 
     dtype: str
     a: TileLoad
@@ -225,8 +225,8 @@ class SimtGrad(KernelVariant):
 
 @dataclass(frozen=True, kw_only=True)
 class MmaGrad(KernelVariant):
-    """The float32 gradient as a 3×TF32 matrix product on ``mma.sync``: ``eights`` groups of 8 outputs
-    per block (1 or 2).  ``hypers_above_one``: scalar hyperparameters known finite and > 1 (the
+    """The float32 gradient as a 3×TF32 matrix product on `mma.sync`: `eights` groups of 8 outputs
+    per block (1 or 2).  `hypers_above_one`: scalar hyperparameters known finite and > 1 (the
     signed power then needs no zero case)."""
 
     a: TileLoad
@@ -251,8 +251,8 @@ class MmaGrad(KernelVariant):
 
 @dataclass(frozen=True, kw_only=True)
 class SignGrad(KernelVariant):
-    """A float32 ``sign(d − b)`` gradient (p = 1) as a bf16 sign product on sm_90's warpgroup tensor
-    cores: ``eights`` groups of 8 outputs per block (1 or 2).  The kernel copies its own tiles."""
+    """A float32 `sign(d − b)` gradient (p = 1) as a bf16 sign product on sm_90's warpgroup tensor
+    cores: `eights` groups of 8 outputs per block (1 or 2).  The kernel copies its own tiles."""
 
     eights: int
 
@@ -271,5 +271,5 @@ class SignGrad(KernelVariant):
 
 
 def arch_capability(arch: str) -> int:
-    """Compute capability named by an NVRTC target as one number (``sm_90`` and ``sm_90a`` → 90)."""
+    """Compute capability named by an NVRTC target as one number (`sm_90` and `sm_90a` → 90)."""
     return int(arch.removeprefix("sm_").rstrip("a"))

@@ -1,11 +1,11 @@
-"""The ``triton`` backend: every pairwise and gradient program compiled from core's IR by Triton.
+"""The `triton` backend: every pairwise and gradient program compiled from core's IR by Triton.
 
 Available where triton imports and a CUDA GPU of compute capability ≥ 8.0 is visible, or where
-``TRITON_INTERPRET=1`` is set: then kernels run in Triton's CPU interpreter (for tests), CPU
-tensors are accepted, and the backend ranks below the reference backend so ``auto`` never picks
+`TRITON_INTERPRET=1` is set: then kernels run in Triton's CPU interpreter (for tests), CPU
+tensors are accepted, and the backend ranks below the reference backend so `auto` never picks
 the slow interpreter.  Inputs may be float32, float16, bfloat16 (computed in float32) or float64.
-Its choices of kernel and autotuning are a :class:`~kermac_backend_triton.tuning.TritonTuning`
-(``TritonBackend(tuning=...)``; the registered backend takes the defaults).
+Its choices of kernel and autotuning are a `TritonTuning`
+(`TritonBackend(tuning=...)`; the registered backend takes the defaults).
 """
 
 from __future__ import annotations
@@ -24,10 +24,11 @@ if TYPE_CHECKING:
 __all__ = ["MIN_CAPABILITY", "TENSOR_CORE_PREFERENCE", "TritonBackend"]
 
 MIN_CAPABILITY = (8, 0)
-#: ``auto``'s preference for the float32 p = 2 family on Triton's tensor-core kernel, above NVRTC's
-#: priority (20): measured at 0.71–0.97× NVRTC's time on every such row of the benchmark (H100,
-#: 2026-11-23, docs/triton-notes.md "Version 3").  Everything else keeps the priority (10).
 TENSOR_CORE_PREFERENCE = 25
+"""`auto`'s preference for the float32 p = 2 family on Triton's tensor-core kernel, above NVRTC's
+priority (20): measured at 0.71–0.97× NVRTC's time on every such row of the benchmark (H100,
+2026-11-23, docs/triton-notes.md "Version 3").  Everything else keeps the priority (10).
+"""
 
 
 class TritonBackend(Backend):
@@ -85,7 +86,7 @@ class TritonBackend(Backend):
         return self._check_device(problem.device) or grid_size_problem(problem)
 
     def preference(self, problem: PairwiseProblem | GradProblem) -> int:
-        """:data:`TENSOR_CORE_PREFERENCE` where the tensor-core kernel runs on a GPU, else the priority."""
+        """`TENSOR_CORE_PREFERENCE` where the tensor-core kernel runs on a GPU, else the priority."""
         if isinstance(problem, PairwiseProblem) and uses_tensor_cores(problem, self.tuning) and not interpreting():
             return TENSOR_CORE_PREFERENCE
         return self.priority

@@ -5,19 +5,19 @@ fastest; the key here is a *bucket* of the problem shape (the bit lengths of the
 similar shapes share one decision and a new shape rarely re-tunes.  Each configuration is a
 separate compilation, so the spaces stay small (compile time matters).  Under the interpreter a
 single small configuration is used (no timing is possible there).  With
-:class:`~kermac_backend_triton.tuning.TritonTuning` ``autotune=False`` every launch on a GPU takes
-the default configuration (:data:`DEFAULT_PAIRWISE`, :func:`default_pairwise_tc`,
-:data:`DEFAULT_GLUON_PAIRWISE`, :data:`DEFAULT_GRAD`), compiling one kernel per program instead of
+`TritonTuning` `autotune=False` every launch on a GPU takes
+the default configuration (`DEFAULT_PAIRWISE`, `default_pairwise_tc`,
+`DEFAULT_GLUON_PAIRWISE`, `DEFAULT_GRAD`), compiling one kernel per program instead of
 one per configuration.
 
-Pairwise meta-parameters (see :mod:`kermac_backend_triton.pairwise_simt`): ``BK`` features per
-step; ``MI × NI`` outputs per thread; ``MT × NT`` threads (``MT·NT / 32`` warps); ``PF`` chunks
-loaded ahead; ``GROUP_M``.
-Tensor-core pairwise kernel (float32 p = 2 family): ``BM × BN`` outputs per program, ``BK`` per
+Pairwise meta-parameters (see `kermac_backend_triton.pairwise_simt`): `BK` features per
+step; `MI × NI` outputs per thread; `MT × NT` threads (`MT·NT / 32` warps); `PF` chunks
+loaded ahead; `GROUP_M`.
+Tensor-core pairwise kernel (float32 p = 2 family): `BM × BN` outputs per program, `BK` per
 step, from one of two spaces chosen by D (the autotuner prunes to it, so a program compiles
 two configurations).
-Gradient: ``BN × BM`` (n, m) pairs and ``BO`` outputs rows per program, ``BK`` per step.
-The spaces were chosen by sweeps on an H100 (the decision records in ``docs/dev/``); each comment
+Gradient: `BN × BM` (n, m) pairs and `BO` outputs rows per program, `BK` per step.
+The spaces were chosen by sweeps on an H100 (the decision records in `docs/dev/`); each comment
 says what each entry is for.
 """
 
@@ -45,78 +45,84 @@ __all__ = [
     "prune_pairwise_tc",
 ]
 
-#: (meta-parameters, num_warps, num_stages) of the pairwise kernel on a GPU.
-#: ``PF`` is the prefetch depth in k chunks (0: none).  One entry per kind of problem that preferred
-#: it in the sweep: BK 8 with PF 1 short D, BK 4 with PF 2 long D, BK 4 with PF 1 the Laplace
-#: kernel, the 4×4 micro-tile without prefetch fractional p (its pow raises register pressure).
 PAIRWISE_SPACE: tuple[tuple[dict[str, int], int, int], ...] = (
     ({"BK": 8, "MI": 8, "NI": 8, "MT": 8, "NT": 16, "PF": 1, "GROUP_M": 8}, 4, 3),
     ({"BK": 4, "MI": 8, "NI": 8, "MT": 8, "NT": 16, "PF": 2, "GROUP_M": 8}, 4, 3),
     ({"BK": 4, "MI": 8, "NI": 8, "MT": 8, "NT": 16, "PF": 1, "GROUP_M": 8}, 4, 3),
     ({"BK": 8, "MI": 4, "NI": 4, "MT": 8, "NT": 16, "PF": 0, "GROUP_M": 8}, 4, 3),
 )
+"""(meta-parameters, num_warps, num_stages) of the pairwise kernel on a GPU.
+`PF` is the prefetch depth in k chunks (0: none).  One entry per kind of problem that preferred
+it in the sweep: BK 8 with PF 1 short D, BK 4 with PF 2 long D, BK 4 with PF 1 the Laplace
+kernel, the 4×4 micro-tile without prefetch fractional p (its pow raises register pressure).
+"""
 
-#: Smallest reduction length D that takes the tensor-core kernel: from D = 16 on it beats the
-#: SIMT kernel; below, one ``tl.dot`` step is mostly padding.
 TC_MIN_D = 16
+"""Smallest reduction length D that takes the tensor-core kernel: from D = 16 on it beats the
+SIMT kernel; below, one `tl.dot` step is mostly padding.
+"""
 
-#: Tensor-core pairwise spaces, (meta-parameters, num_warps, num_stages, maxnreg), one per range
-#: of D; the first entry of each is the default.  ``maxnreg`` = 128 lets two 8-warp (or four
-#: 4-warp) programs share a multiprocessor; ptxas's spills then lie outside the k loop.  Kept from
-#: a 16-configuration sweep: 128×128×32 at 8 warps won every row with D ≥ 64, the 64×64 tiles are
-#: there for problems with few tiles; BK = 16 won at D = 16 and 32.
 PAIRWISE_TC_SPACE_LONG: tuple[tuple[dict[str, int], int, int, int | None], ...] = (
     ({"BM": 128, "BN": 128, "BK": 32, "GROUP_M": 8}, 8, 3, 128),
     ({"BM": 64, "BN": 64, "BK": 32, "GROUP_M": 8}, 4, 3, None),
 )
+"""Tensor-core pairwise spaces, (meta-parameters, num_warps, num_stages, maxnreg), one per range
+of D; the first entry of each is the default.  `maxnreg` = 128 lets two 8-warp (or four
+4-warp) programs share a multiprocessor; ptxas's spills then lie outside the k loop.  Kept from
+a 16-configuration sweep: 128×128×32 at 8 warps won every row with D ≥ 64, the 64×64 tiles are
+there for problems with few tiles; BK = 16 won at D = 16 and 32.
+"""
 PAIRWISE_TC_SPACE_SHORT: tuple[tuple[dict[str, int], int, int, int | None], ...] = (
     ({"BM": 128, "BN": 64, "BK": 16, "GROUP_M": 8}, 4, 4, 128),
     ({"BM": 128, "BN": 128, "BK": 16, "GROUP_M": 8}, 8, 4, 128),
 )
-#: D below which :data:`PAIRWISE_TC_SPACE_SHORT` applies (a bit-length boundary of the
-#: autotuning key, so one key never spans both spaces).
 TC_SHORT_D = 64
+"""D below which `PAIRWISE_TC_SPACE_SHORT` applies (a bit-length boundary of the
+autotuning key, so one key never spans both spaces).
+"""
 PAIRWISE_TC_SPACE = PAIRWISE_TC_SPACE_LONG + PAIRWISE_TC_SPACE_SHORT
 
-#: Gradient kernel space, (meta-parameters, num_warps, num_stages, maxnreg); ``BO`` is chosen
-#: from O (:func:`grad_block_o`), not tuned.  The tile's ``w`` operand stays in registers (the
-#: A operand of the tensor-core product), so registers set the occupancy: at 8 warps
-#: ``maxnreg`` = 128 lets two programs share a multiprocessor (ptxas for sm_90 allocates more
-#: without the cap; with it, a few spills).
 GRAD_SPACE: tuple[tuple[dict[str, int], int, int, int | None], ...] = (
     ({"BN": 8, "BM": 32, "BK": 32}, 8, 3, 128),
     ({"BN": 8, "BM": 32, "BK": 32}, 8, 3, None),
     ({"BN": 8, "BM": 32, "BK": 16}, 4, 4, None),
 )
+"""Gradient kernel space, (meta-parameters, num_warps, num_stages, maxnreg); `BO` is chosen
+from O (`grad_block_o`), not tuned.  The tile's `w` operand stays in registers (the
+A operand of the tensor-core product), so registers set the occupancy: at 8 warps
+`maxnreg` = 128 lets two programs share a multiprocessor (ptxas for sm_90 allocates more
+without the cap; with it, a few spills).
+"""
 
-#: Gluon SIMT pairwise space (the GPU's kernel for programs off the tensor cores,
-#: :mod:`kermac_backend_triton.gluon_pairwise`), (meta-parameters, num_warps, num_stages,
-#: maxnreg); the first entry is the default.  ``num_stages`` is unused (the kernel pipelines by
-#: hand).  Kept from an 8-configuration sweep: 128×128 with 4 × 16 outputs per thread won at
-#: D ≥ 256, capped at 128 registers (two programs per multiprocessor) for Laplace-L1, 64×128 at
-#: D = 32 and for fractional p; BK 4 and BK 16 were never best.
 GLUON_PAIRWISE_SPACE: tuple[tuple[dict[str, int], int, int, int | None], ...] = (
     ({"BM": 128, "BN": 128, "BK": 8, "TM": 4, "GROUP_M": 8}, 8, 1, None),
     ({"BM": 64, "BN": 128, "BK": 8, "TM": 2, "GROUP_M": 8}, 4, 1, None),
     ({"BM": 128, "BN": 128, "BK": 8, "TM": 4, "GROUP_M": 8}, 8, 1, 128),
 )
+"""Gluon SIMT pairwise space (the GPU's kernel for programs off the tensor cores,
+`kermac_backend_triton.gluon_pairwise`), (meta-parameters, num_warps, num_stages,
+maxnreg); the first entry is the default.  `num_stages` is unused (the kernel pipelines by
+hand).  Kept from an 8-configuration sweep: 128×128 with 4 × 16 outputs per thread won at
+D ≥ 256, capped at 128 registers (two programs per multiprocessor) for Laplace-L1, 64×128 at
+D = 32 and for fractional p; BK 4 and BK 16 were never best.
+"""
 
-#: Configurations used when autotuning is off (launch options included).
 DEFAULT_PAIRWISE = dict(PAIRWISE_SPACE[1][0], num_warps=PAIRWISE_SPACE[1][1], num_stages=PAIRWISE_SPACE[1][2])
+"""Configurations used when autotuning is off (launch options included)."""
 
-#: The interpreter's only configurations: small tiles so CPU tests stay fast.
 INTERPRET_PAIRWISE = {"BK": 8, "MI": 2, "NI": 2, "MT": 4, "NT": 4, "PF": 2, "GROUP_M": 2}
+"""The interpreter's only configurations: small tiles so CPU tests stay fast."""
 INTERPRET_PAIRWISE_TC = {"BM": 16, "BN": 16, "BK": 16, "GROUP_M": 2}
 INTERPRET_GRAD = {"BN": 2, "BM": 8, "BK": 16}
 
 
 def pairwise_tc_space(d: int) -> tuple[tuple[dict[str, int], int, int, int | None], ...]:
-    """The tensor-core configurations for reduction length ``d``."""
+    """The tensor-core configurations for reduction length `d`."""
     return PAIRWISE_TC_SPACE_SHORT if d < TC_SHORT_D else PAIRWISE_TC_SPACE_LONG
 
 
 def default_pairwise_tc(d: int) -> dict:
-    """The tensor-core configuration used without autotuning, for reduction length ``d``."""
+    """The tensor-core configuration used without autotuning, for reduction length `d`."""
     return launch_options(pairwise_tc_space(d)[0])
 
 
@@ -132,36 +138,36 @@ def _entry(config: object) -> tuple:
 
 
 def pairwise_tc_configs() -> list:
-    """Both tensor-core spaces as ``triton.Config`` objects (see :func:`prune_pairwise_tc`)."""
+    """Both tensor-core spaces as `triton.Config` objects (see `prune_pairwise_tc`)."""
     return [_config(entry) for entry in PAIRWISE_TC_SPACE]
 
 
 def prune_pairwise_tc(configs: list, named_args: dict, **kwargs: object) -> list:
-    """The autotuner's ``early_config_prune``: keep the space of the launch's D (2 compilations, not 4)."""
+    """The autotuner's `early_config_prune`: keep the space of the launch's D (2 compilations, not 4)."""
     keep = pairwise_tc_space(int(named_args["D"]))
     return [c for c in configs if _entry(c) in keep]
 
 
 def gluon_pairwise_configs() -> list:
-    """The Gluon pairwise space as ``triton.Config`` objects."""
+    """The Gluon pairwise space as `triton.Config` objects."""
     return [_config(entry) for entry in GLUON_PAIRWISE_SPACE]
 
 
 def pairwise_configs() -> list:
-    """The pairwise space as ``triton.Config`` objects."""
+    """The pairwise space as `triton.Config` objects."""
     import triton
 
     return [triton.Config(dict(meta), num_warps=w, num_stages=s) for meta, w, s in PAIRWISE_SPACE]
 
 
 def grad_configs() -> list:
-    """The gradient space as ``triton.Config`` objects."""
+    """The gradient space as `triton.Config` objects."""
 
     return [_config(entry) for entry in GRAD_SPACE]
 
 
 def launch_options(entry: tuple) -> dict:
-    """Meta-parameters and launch options of one space entry, as ``run_pairwise(meta=…)`` takes them."""
+    """Meta-parameters and launch options of one space entry, as `run_pairwise(meta=…)` takes them."""
     meta, warps, stages, *rest = entry
     options = dict(meta, num_warps=warps, num_stages=stages)
     if rest and rest[0] is not None:
@@ -169,19 +175,19 @@ def launch_options(entry: tuple) -> dict:
     return options
 
 
-#: The gradient configuration used when autotuning is off.
 DEFAULT_GRAD = launch_options(GRAD_SPACE[0])
-#: The Gluon pairwise configuration used when autotuning is off.
+"""The gradient configuration used when autotuning is off."""
 DEFAULT_GLUON_PAIRWISE = launch_options(GLUON_PAIRWISE_SPACE[0])
+"""The Gluon pairwise configuration used when autotuning is off."""
 
 
 def grad_block_o(o: int) -> int:
-    """Rows of ``o`` per program: the next power of two ≥ O, at least 16 (``tl.dot``), at most 64."""
+    """Rows of `o` per program: the next power of two ≥ O, at least 16 (`tl.dot`), at most 64."""
     return min(64, max(16, 1 << max(0, o - 1).bit_length()))
 
 
 def bucket(*sizes: int) -> int:
-    """One integer naming the bit lengths of ``sizes`` (the autotuning key)."""
+    """One integer naming the bit lengths of `sizes` (the autotuning key)."""
     key = 0
     for s in sizes:
         key = key * 64 + min(63, int(s).bit_length())

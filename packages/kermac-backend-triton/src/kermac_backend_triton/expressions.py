@@ -1,27 +1,28 @@
 """Lower core's expression IR to Triton expression text.
 
-Every expression of a program (:mod:`kermac.programs`) is rendered with :func:`kermac.ir.render`
-and the operation table :func:`op_table`; this module adds only what Triton needs around it:
+Every expression of a program ([`kermac.programs`][kermac.programs]) is rendered with
+[`kermac.ir.render`][kermac.ir.render] and the operation table `op_table`; this module adds only what Triton needs
+around it:
 
-* the compute type: ``float32`` (also for float16/bfloat16 inputs) or ``float64``.  Every leaf
-  of an expression is a value of that type: constants are 0-d tensors ``tl.full([], c, T)`` (the
+* the compute type: `float32` (also for float16/bfloat16 inputs) or `float64`.  Every leaf
+  of an expression is a value of that type: constants are 0-d tensors `tl.full([], c, T)` (the
   Python float rounded once to T: exact in float64, subnormals kept, ±inf and NaN spelled without a
   NaN-valued global), scalar hyperparameters are cast to T on entry
-  (:mod:`kermac_backend_triton.generated`), and comparisons give T's 1.0 / 0.0.  Nothing is left
+  (`kermac_backend_triton.generated`), and comparisons give T's 1.0 / 0.0.  Nothing is left
   to Triton's typing of Python scalars, which computes a subexpression of scalars only in float32
   (under the interpreter also a float64 kernel argument) and cannot broadcast a bare Python float
   to a tile;
-* ``pow(a, b)`` as ``exp2(b·log2 a)`` (the special-function unit, one ``lg2`` and one ``ex2``)
-  with the IEEE special cases restored, in two forms: ``pow_nonneg`` where ``a`` is provably
-  never negative (``|t|``, ``t·t``, sums of those — see :func:`nonnegative`), and the general
-  ``pow_ieee`` (negative bases: integer exponents keep the sign, others give NaN);
-* ``sign`` with sign(±0) = +0 (torch.sign) and NaN → NaN, comparisons as 1.0 / 0.0, ``min``/``max``
-  that propagate NaN, ``sqrt`` correctly rounded (``sqrt_rn`` in float32).
+* `pow(a, b)` as `exp2(b·log2 a)` (the special-function unit, one `lg2` and one `ex2`)
+  with the IEEE special cases restored, in two forms: `pow_nonneg` where `a` is provably
+  never negative (`|t|`, `t·t`, sums of those — see `nonnegative`), and the general
+  `pow_ieee` (negative bases: integer exponents keep the sign, others give NaN);
+* `sign` with sign(±0) = +0 (torch.sign) and NaN → NaN, comparisons as 1.0 / 0.0, `min`/`max`
+  that propagate NaN, `sqrt` correctly rounded (`sqrt_rn` in float32).
 
-The functions named here are the ``@triton.jit`` functions of
-:mod:`kermac_backend_triton.kernel_math`.  Inner-loop expressions (``fast``) take ``log2`` from the
-special-function unit (``lg2.approx``, relative error 2⁻²²) instead of Triton's float32 software
-``log2``.
+The functions named here are the `@triton.jit` functions of
+`kermac_backend_triton.kernel_math`.  Inner-loop expressions (`fast`) take `log2` from the
+special-function unit (`lg2.approx`, relative error 2⁻²²) instead of Triton's float32 software
+`log2`.
 """
 
 from __future__ import annotations
@@ -34,14 +35,14 @@ from kermac.ir import Call, Const, Expr, Hyper, Var
 
 __all__ = ["COMPUTE_TYPES", "const", "hyper_arg", "nonnegative", "op_table", "render_expr"]
 
-#: Compute type name → the Triton dtype expression used in generated source.
 COMPUTE_TYPES: Mapping[str, str] = {"float32": "tl.float32", "float64": "tl.float64"}
+"""Compute type name → the Triton dtype expression used in generated source."""
 
-#: Compute type → (same-width unsigned type, its sign bit): −0 is spelled as its bits.
 _SIGN_BIT: Mapping[str, tuple[str, str]] = {
     "float32": ("tl.uint32", "0x80000000"),
     "float64": ("tl.uint64", "0x8000000000000000"),
 }
+"""Compute type → (same-width unsigned type, its sign bit): −0 is spelled as its bits."""
 
 _COMMON_OPS: Mapping[str, str] = {
     "add": "({0} + {1})",
@@ -57,17 +58,17 @@ _COMMON_OPS: Mapping[str, str] = {
     "select": "tl.where({0} != 0, {1}, {2})",
 }
 
-#: Comparisons as the compute type's 1.0 / 0.0 (``{T}``: the compute type).
 _COMPARISONS: Mapping[str, str] = {"lt": "<", "le": "<=", "gt": ">", "ge": ">=", "eq": "==", "ne": "!="}
+"""Comparisons as the compute type's 1.0 / 0.0 (`{T}`: the compute type)."""
 
 
 def op_table(compute: str, *, fast: bool = False) -> dict[str, str]:
-    """The IR operation → Triton template table for compute type ``compute``.
+    """The IR operation → Triton template table for compute type `compute`.
 
-    float32 uses the correctly rounded ``sqrt_rn`` (Triton's plain ``sqrt`` is approximate) and
-    Triton's ``/`` (``div.full``, within 2 ulp: a correctly rounded ``div_rn`` is measurably slower
+    float32 uses the correctly rounded `sqrt_rn` (Triton's plain `sqrt` is approximate) and
+    Triton's `/` (`div.full`, within 2 ulp: a correctly rounded `div_rn` is measurably slower
     on large kernel matrices); in float64 the plain forms are correctly rounded.
-    ``exp`` is ``exp_accurate`` (subnormal results kept) except in ``fast`` inner loops.
+    `exp` is `exp_accurate` (subnormal results kept) except in `fast` inner loops.
     """
     if compute not in COMPUTE_TYPES:
         raise ValueError(f"compute: expected one of {sorted(COMPUTE_TYPES)}, got {compute!r}")
@@ -83,10 +84,10 @@ def op_table(compute: str, *, fast: bool = False) -> dict[str, str]:
 
 
 def nonnegative(expr: Expr, known: frozenset[str] = frozenset()) -> bool:
-    """Whether ``expr`` is provably ≥ +0 or NaN (never negative, never −0).
+    """Whether `expr` is provably ≥ +0 or NaN (never negative, never −0).
 
-    ``known`` names variables with that property (e.g. ``acc`` of a sum of non-negative terms).
-    The analysis is conservative: ``False`` means "not proven".
+    `known` names variables with that property (e.g. `acc` of a sum of non-negative terms).
+    The analysis is conservative: `False` means "not proven".
     """
     if isinstance(expr, Const):
         return expr.value >= 0 and math.copysign(1.0, expr.value) > 0
@@ -112,13 +113,13 @@ def nonnegative(expr: Expr, known: frozenset[str] = frozenset()) -> bool:
 
 
 def const(value: float, compute: str, lang: str = "tl") -> str:
-    """Source of the constant ``value`` as a 0-d tensor of compute type ``compute``.
+    """Source of the constant `value` as a 0-d tensor of compute type `compute`.
 
-    ``repr`` gives back the exact double, which Triton rounds once to the compute type (float32
+    `repr` gives back the exact double, which Triton rounds once to the compute type (float32
     subnormals included).  NaN is ∞·0: a NaN-valued global is not possible (Triton re-checks the
-    globals a kernel uses with ``!=`` at every launch, and NaN != NaN); −0 is the sign bit alone, bitcast
-    (Triton's compiled ``full(−0.0)`` is +0).  ``lang`` is the kernel's
-    language module: ``tl``, or ``gl`` in Gluon (whose ``full`` takes an optional layout, ``tl.full``
+    globals a kernel uses with `!=` at every launch, and NaN != NaN); −0 is the sign bit alone, bitcast
+    (Triton's compiled `full(−0.0)` is +0).  `lang` is the kernel's
+    language module: `tl`, or `gl` in Gluon (whose `full` takes an optional layout, `tl.full`
     none).
     """
     cdt = COMPUTE_TYPES[compute]
@@ -133,12 +134,12 @@ def const(value: float, compute: str, lang: str = "tl") -> str:
 
 
 def hyper_arg(name: str) -> str:
-    """The kernel-local name holding hyperparameter ``name``."""
+    """The kernel-local name holding hyperparameter `name`."""
     return f"h_{name}"
 
 
 def _mark_fast_pows(expr: Expr, known: frozenset[str], pows: dict[str, tuple[Expr, Expr]]) -> Expr:
-    """``expr`` with its ``pow`` nodes of provably non-negative base replaced by placeholder variables."""
+    """`expr` with its `pow` nodes of provably non-negative base replaced by placeholder variables."""
     if not isinstance(expr, Call):
         return expr
     args = tuple(_mark_fast_pows(a, known, pows) for a in expr.args)
@@ -158,13 +159,13 @@ def render_expr(
     fast: bool = False,
     lang: str = "tl",
 ) -> str:
-    """Triton source of ``expr``.
+    """Triton source of `expr`.
 
-    ``variables`` maps each IR variable name to the kernel-local expression holding it;
-    hyperparameters render as :func:`hyper_arg` names.  ``pow`` with a provably non-negative base
-    (``known`` lists non-negative variables) skips the negative-base cases (``pow_nonneg``); with
-    ``fast`` (inner loops) it also takes its logarithm from the special-function unit.  ``lang``:
-    the kernel's language module (:func:`const`).
+    `variables` maps each IR variable name to the kernel-local expression holding it;
+    hyperparameters render as `hyper_arg` names.  `pow` with a provably non-negative base
+    (`known` lists non-negative variables) skips the negative-base cases (`pow_nonneg`); with
+    `fast` (inner loops) it also takes its logarithm from the special-function unit.  `lang`:
+    the kernel's language module (`const`).
     """
     pows: dict[str, tuple[Expr, Expr]] = {}
     lowered = _mark_fast_pows(expr, known, pows)

@@ -1,25 +1,25 @@
 """The per-program module: the few lines of each kernel that come from the IR, as Python source.
 
-The kernels themselves are ordinary ``@triton.jit`` code (:mod:`~kermac_backend_triton.pairwise_simt`,
-:mod:`~kermac_backend_triton.pairwise_tensor_cores`, :mod:`~kermac_backend_triton.gluon_pairwise`,
-:mod:`~kermac_backend_triton.gradient`).  What varies with the program and the launch's layout is
-generated here, as a small module (:func:`kernel_source`, loaded by
-:func:`kermac_backend_triton.modules.load_module`) holding:
+The kernels themselves are ordinary `@triton.jit` code (`pairwise_simt`,
+`pairwise_tensor_cores`, `gluon_pairwise`,
+`gradient`).  What varies with the program and the launch's layout is
+generated here, as a small module (`kernel_source`, loaded by
+`kermac_backend_triton.modules.load_module`) holding:
 
-* the program's expressions as ``@triton.jit`` functions of their variables and the tuple
-  ``hypers`` of hyperparameter values — ``inner(x, z, hypers)`` and ``epilogue(acc, diag, hypers)``
-  (pairwise), ``multiply(d, b, hypers)``, ``epilogue(acc, hypers)`` and, for a signed power,
-  ``signed_base`` / ``signed_exponent`` (gradient), rendered by
-  :mod:`kermac_backend_triton.expressions`;
+* the program's expressions as `@triton.jit` functions of their variables and the tuple
+  `hypers` of hyperparameter values — `inner(x, z, hypers)` and `epilogue(acc, diag, hypers)`
+  (pairwise), `multiply(d, b, hypers)`, `epilogue(acc, hypers)` and, for a signed power,
+  `signed_base` / `signed_exponent` (gradient), rendered by
+  `kermac_backend_triton.expressions`;
 * the entry kernel, whose parameter list depends on the program's hyperparameters (a typed
-  scalar ``h_<name>``, or a pointer ``H_<name>`` per batch entry) and on the number of coalesced
-  batch dimensions of :func:`kermac.layout.batch_layout` (sizes ``BS<i>``, per-operand strides
-  ``SB_<operand>_<i>``).  Its body finds its tile, decodes its batch entry and moves each base
+  scalar `h_<name>`, or a pointer `H_<name>` per batch entry) and on the number of coalesced
+  batch dimensions of `kermac.layout.batch_layout` (sizes `BS<i>`, per-operand strides
+  `SB_<operand>_<i>`).  Its body finds its tile, decodes its batch entry and moves each base
   pointer to it, loads the hyperparameters, and calls the kernel's tile function.
 
-Argument order of the entry kernels (what :mod:`kermac_backend_triton.launch` passes): operand
+Argument order of the entry kernels (what `kermac_backend_triton.launch` passes): operand
 pointers, hyperparameters in the program's order, sizes, offsets (pairwise), operand strides,
-batch sizes and strides, the guard threshold (tensor cores), ``KEY`` (the autotuning bucket,
+batch sizes and strides, the guard threshold (tensor cores), `KEY` (the autotuning bucket,
 never specialised), then the meta-parameters.  Sizes that only bound loops (M, D, the offsets) are
 never specialised; N (and D on tensor cores) are, on divisibility by 16, so the store (and k)
 masks keep 16-byte vectors: at most two compilations per configuration.
@@ -40,18 +40,18 @@ __all__ = ["GRAD_ENTRY", "KERNELS", "PAIRWISE_ENTRY", "GradSpec", "PairwiseSpec"
 PAIRWISE_ENTRY = "kermac_pairwise"
 GRAD_ENTRY = "kermac_grad"
 
-#: The pairwise kernels: the ``tl`` SIMT kernel, the tensor-core one, the Gluon SIMT one.
 KERNELS = ("simt", "tensor_cores", "gluon")
+"""The pairwise kernels: the `tl` SIMT kernel, the tensor-core one, the Gluon SIMT one."""
 
 
 @dataclass(frozen=True)
 class PairwiseSpec:
     """Everything a pairwise kernel's generated module depends on.
 
-    ``compute``: ``"float32"`` or ``"float64"``; ``nbatch``: coalesced batch dimensions;
-    ``tensor_hypers``: hyperparameters passed as per-batch tensors; ``int64``: 64-bit indices;
-    ``kernel``: one of :data:`KERNELS` (tensor cores only for
-    :func:`~kermac.kernel_facts.tensor_core_eligible` programs, Gluon only in float32).
+    `compute`: `"float32"` or `"float64"`; `nbatch`: coalesced batch dimensions;
+    `tensor_hypers`: hyperparameters passed as per-batch tensors; `int64`: 64-bit indices;
+    `kernel`: one of `KERNELS` (tensor cores only for
+    `tensor_core_eligible` programs, Gluon only in float32).
     """
 
     program: PairwiseProgram
@@ -76,7 +76,7 @@ class PairwiseSpec:
 
 @dataclass(frozen=True)
 class GradSpec:
-    """Everything the gradient kernel's generated module depends on (fields as :class:`PairwiseSpec`)."""
+    """Everything the gradient kernel's generated module depends on (fields as `PairwiseSpec`)."""
 
     program: GradProgram
     compute: str
@@ -107,22 +107,22 @@ _SKELETON_IMPORTS = {
     "grad": "from kermac_backend_triton.gradient import gradient_tile, grid_order\n",
 }
 
-#: Parameters of each entry kernel between the hyperparameters and the batch layout.
 _SIZES_AND_STRIDES = {
     "pairwise": "M, N, D, OFF_M, OFF_N,\n    SXM, SXK, SZN, SZK, SOM, SON, ",
     "grad": "M, N, O, K,\n    SAK, SAM, SBN, SBK, SCO, SCK, SDN, SDM, SOO, SON, SOM, ",
 }
-#: Meta-parameters of each kernel (after ``KEY``), and the sizes never specialised on.
+"""Parameters of each entry kernel between the hyperparameters and the batch layout."""
 _META = {
     "simt": ("BK MI NI MT NT PF GROUP_M", '"M", "D", "OFF_M", "OFF_N", "KEY"'),
     "tensor_cores": ("BM BN BK GROUP_M", '"M", "OFF_M", "OFF_N", "GUARD", "KEY"'),
     "gluon": ("BM BN BK TM GROUP_M XT ZT", '"M", "D", "OFF_M", "OFF_N", "KEY"'),
     "grad": ("BN BM BK BO", '"M", "N", "O", "K", "KEY"'),
 }
+"""Meta-parameters of each kernel (after `KEY`), and the sizes never specialised on."""
 
 
 def kernel_source(spec: PairwiseSpec | GradSpec) -> str:
-    """Python source of the module for ``spec``: imports, the program's functions, the entry kernel."""
+    """Python source of the module for `spec`: imports, the program's functions, the entry kernel."""
     if isinstance(spec, PairwiseSpec):
         kind, operands, pointers = spec.kernel, ("x", "z", "out"), "X, Z, OUT"
         functions = _pairwise_functions(spec)
@@ -157,14 +157,13 @@ def kernel_source(spec: PairwiseSpec | GradSpec) -> str:
     return imports + "".join(f"\n\n{f}" for f in functions) + "\n\n" + entry
 
 
-#: The first line of each entry kernel's body: its tile and batch entry.
 _TILE_ORDER = {
     "simt": "bat, pm, pn = grouped_tile(M, N, MI * MT, NI * NT, GROUP_M, {int64})",
     "tensor_cores": "bat, pm, pn = grouped_tile(M, N, BM, BN, GROUP_M, {int64})",
     "gluon": "bat, pm, pn = grouped_tile(M, N, BM, BN, GROUP_M, {int64})",
     "grad": "bat, po, pn, pm = grid_order(M, N, O, BN, BM, BO, {int64})",
 }
-#: The last line of each entry kernel's body: the call of its tile function.
+"""The first line of each entry kernel's body: its tile and batch entry."""
 _CALL = {
     "simt": "simt_tile(\n"
     "        X, Z, OUT, M, N, D, OFF_M, OFF_N, SXM, SXK, SZN, SZK, SOM, SON, pm, pn, {hypers}, inner, epilogue,\n"
@@ -180,6 +179,7 @@ _CALL = {
     "        {hypers}, multiply, epilogue, {signed_base}, {signed_exponent}, {signed}, {cdt}, BN, BM, BK, BO,\n"
     "        INT64={int64},\n    )",
 }
+"""The last line of each entry kernel's body: the call of its tile function."""
 
 
 def _program_constants(spec: PairwiseSpec | GradSpec) -> dict[str, object]:
@@ -191,8 +191,8 @@ def _program_constants(spec: PairwiseSpec | GradSpec) -> dict[str, object]:
 
 
 def _batch_decoding(nbatch: int, pointer_keys: list[str]) -> list[str]:
-    """Lines that decode batch entry ``bat`` (row-major over ``BS0 … BS<n-1>``) and move each base
-    pointer (``X``; ``H_<name>`` for tensor hyperparameter ``name``) to it."""
+    """Lines that decode batch entry `bat` (row-major over `BS0 … BS<n-1>`) and move each base
+    pointer (`X`; `H_<name>` for tensor hyperparameter `name`) to it."""
     if nbatch == 0:
         return []
     lines = ["rest = bat"]
@@ -207,12 +207,12 @@ def _batch_decoding(nbatch: int, pointer_keys: list[str]) -> list[str]:
 
 
 def _hyper_loads(names: tuple[str, ...], tensor: frozenset[str], cdt: str, lang: str) -> list[str]:
-    """Lines giving each hyperparameter's kernel-local value in the compute type ``cdt``.
+    """Lines giving each hyperparameter's kernel-local value in the compute type `cdt`.
 
     Tensors are loaded at the batch entry's offset.  Scalar arguments are cast on entry: a no-op
     on a GPU, where the typed parameter already has the compute type, but the interpreter passes
     the Python float itself, which Triton would take as float32 wherever no tensor is involved.
-    ``lang``: the kernel's language module (``tl``, or ``gl`` in Gluon, whose ``full`` this is).
+    `lang`: the kernel's language module (`tl`, or `gl` in Gluon, whose `full` this is).
     """
     h = hyper_arg
     return [
@@ -222,7 +222,7 @@ def _hyper_loads(names: tuple[str, ...], tensor: frozenset[str], cdt: str, lang:
 
 
 def _function(name: str, params: str, hypers: tuple[str, ...], body: str, used: set[str], gluon: bool) -> str:
-    """A ``@triton.jit`` (``@gluon.jit``) function returning ``body``, unpacking the hyperparameters it uses."""
+    """A `@triton.jit` (`@gluon.jit`) function returning `body`, unpacking the hyperparameters it uses."""
     lines = [f"@{'gluon' if gluon else 'triton'}.jit", f"def {name}({params}):"]
     lines += [f"    {hyper_arg(n)} = hypers[{i}]" for i, n in enumerate(hypers) if hyper_arg(n) in used]
     lines.append(f"    return {body}")
@@ -230,16 +230,16 @@ def _function(name: str, params: str, hypers: tuple[str, ...], body: str, used: 
 
 
 def _hypers_in(text: str, hypers: tuple[str, ...]) -> set[str]:
-    """The hyperparameter variables ``text`` reads."""
+    """The hyperparameter variables `text` reads."""
     return {hyper_arg(n) for n in hypers if re.search(rf"\b{re.escape(hyper_arg(n))}\b", text)}
 
 
 def _pairwise_functions(spec: PairwiseSpec) -> list[str]:
-    """``inner`` and ``epilogue`` of a pairwise program.
+    """`inner` and `epilogue` of a pairwise program.
 
-    The accumulator is known to be non-negative (simpler ``pow``) when the reduction is a sum or
+    The accumulator is known to be non-negative (simpler `pow`) when the reduction is a sum or
     a min of non-negative inner terms: every term, and the identity (0 or +inf), is then ≥ 0.
-    The inner term runs in the k loop (``fast``: ``log2`` from the special-function unit).
+    The inner term runs in the k loop (`fast`: `log2` from the special-function unit).
     """
     prog, gluon = spec.program, spec.kernel == "gluon"
     lang = "gl" if gluon else "tl"
@@ -263,8 +263,8 @@ def _scalar_signed_power(prog: GradProgram) -> tuple | None:
 
 
 def _grad_functions(spec: GradSpec) -> list[str]:
-    """``multiply`` (the k loop's, ``fast``) and ``epilogue`` of a gradient program, and for a signed
-    power with a scalar exponent its base ``t`` and exponent ``e``."""
+    """`multiply` (the k loop's, `fast`) and `epilogue` of a gradient program, and for a signed
+    power with a scalar exponent its base `t` and exponent `e`."""
     prog, hypers = spec.program, spec.program.hypers
     texts = {
         ("multiply", "d, b, hypers"): render_expr(prog.multiply, {"d": "d", "b": "b"}, spec.compute, fast=True),

@@ -1,32 +1,32 @@
 """The SIMT pairwise kernel on a GPU in Gluon: operands staged through shared memory.
 
-``out[b,m,n] = epilogue(REDUCE_k inner(x[b,m,k], z[b,n,k]), diag)`` for the programs that do not
-take the tensor-core kernel, written in Gluon, Triton's explicit-layout dialect.  The ``tl`` SIMT
-kernel (:mod:`kermac_backend_triton.pairwise_simt`) must move every operand chunk through a
+`out[b,m,n] = epilogue(REDUCE_k inner(x[b,m,k], z[b,n,k]), diag)` for the programs that do not
+take the tensor-core kernel, written in Gluon, Triton's explicit-layout dialect.  The `tl` SIMT
+kernel (`kermac_backend_triton.pairwise_simt`) must move every operand chunk through a
 shared-memory layout conversion of the compiler's choosing (a store, a barrier and a load per
 operand, four barriers per chunk); here the staging is explicit, as in the NVRTC kernel:
 
 * float32 programs only (float16/bfloat16 inputs computed in float32); one program computes a
-  ``BM × BN`` tile with ``W`` warps.  The accumulator layout ``ACC`` gives
-  each thread blocks of 4 × 4 outputs (``TM × TN`` = 32 threads per warp, warps stacked along m,
+  `BM × BN` tile with `W` warps.  The accumulator layout `ACC` gives
+  each thread blocks of 4 × 4 outputs (`TM × TN` = 32 threads per warp, warps stacked along m,
   blocks repeated to cover the tile), so every operand fragment is one 16-byte shared load.
-* Each ``BK`` chunk of x and z is loaded from global memory with 4 consecutive elements per
+* Each `BK` chunk of x and z is loaded from global memory with 4 consecutive elements per
   thread along the operand's contiguous dimension (k for row-major operands, m or n where the
-  operand is transposed: the ``XT``/``ZT`` constexprs) and stored k-major into one of two
-  shared buffers ``[BK, BM]`` / ``[BK, BN]``.
+  operand is transposed: the `XT`/`ZT` constexprs) and stored k-major into one of two
+  shared buffers `[BK, BM]` / `[BK, BN]`.
 * The k loop computes from one buffer while the next chunk's global loads are in flight, then
-  stores that chunk into the other buffer: **one barrier per chunk**.  Per feature ``k`` a thread
-  reads its x column fragment ``[BM, 1]`` and z row fragment ``[1, BN]`` (the buffers' row k, in
-  ``ACC``) and combines ``inner`` of their broadcast into the accumulator.
-* ``D mod BK`` features take one masked chunk after the loop (masked terms become the reduction's
+  stores that chunk into the other buffer: **one barrier per chunk**.  Per feature `k` a thread
+  reads its x column fragment `[BM, 1]` and z row fragment `[1, BN]` (the buffers' row k, in
+  `ACC`) and combines `inner` of their broadcast into the accumulator.
+* `D mod BK` features take one masked chunk after the loop (masked terms become the reduction's
   identity); the epilogue and the streaming, masked store read the accumulator in place.
 
-``tl`` builtins and ``@triton.jit`` functions work inside Gluon kernels, so the program's
-``inner(x, z, hypers)`` and ``epilogue(acc, diag, hypers)`` are rendered by the same code as for
-the ``tl`` kernels (:mod:`kermac_backend_triton.generated`).  float64 programs keep the ``tl``
-kernel: with the accurate ``pow`` inlined per output, the Gluon tile compiles for over a minute.
-Gluon has no CPU interpreter: the interpreter tier runs the ``tl`` kernel, and CI compiles this
-one to cubin (``tests/test_triton_codegen.py``).
+`tl` builtins and `@triton.jit` functions work inside Gluon kernels, so the program's
+`inner(x, z, hypers)` and `epilogue(acc, diag, hypers)` are rendered by the same code as for
+the `tl` kernels (`kermac_backend_triton.generated`).  float64 programs keep the `tl`
+kernel: with the accurate `pow` inlined per output, the Gluon tile compiles for over a minute.
+Gluon has no CPU interpreter: the interpreter tier runs the `tl` kernel, and CI compiles this
+one to cubin (`tests/test_triton_codegen.py`).
 """
 
 from __future__ import annotations
@@ -47,9 +47,9 @@ _barrier = getattr(gl, "barrier", None) or gl.thread_barrier
 
 @triton.constexpr_function
 def load_layout(block: int, BK: int, warps: int, transposed: bool):
-    """The global-load layout of one operand chunk ``[block, BK]``: 4 contiguous elements per thread.
+    """The global-load layout of one operand chunk `[block, BK]`: 4 contiguous elements per thread.
 
-    Row-major operands (unit k stride) are read along k (``BK // 4`` threads per row);
+    Row-major operands (unit k stride) are read along k (`BK // 4` threads per row);
     transposed ones (unit row stride) along the rows, warps across k.
     """
     if transposed:
@@ -60,7 +60,7 @@ def load_layout(block: int, BK: int, warps: int, transposed: bool):
 
 @triton.jit
 def fold_term(acc, t, REDUCTION: tl.constexpr):
-    """``acc`` combined elementwise with the terms ``t`` of one feature."""
+    """`acc` combined elementwise with the terms `t` of one feature."""
     if REDUCTION == "sum":
         return acc + t
     elif REDUCTION == "max":
@@ -72,7 +72,7 @@ def fold_term(acc, t, REDUCTION: tl.constexpr):
 
 @gluon.jit
 def _stage(xs, zs, buffer, xg, zg, COMPUTE: gl.constexpr):
-    """Store one chunk of x and z, k-major, into shared buffer ``buffer``."""
+    """Store one chunk of x and z, k-major, into shared buffer `buffer`."""
     xs.index(buffer).permute([1, 0]).store(xg.to(COMPUTE))
     zs.index(buffer).permute([1, 0]).store(zg.to(COMPUTE))
 
@@ -80,8 +80,8 @@ def _stage(xs, zs, buffer, xg, zg, COMPUTE: gl.constexpr):
 @gluon.jit
 def _combine_buffer(acc, xs, zs, buffer, hypers, inner, k0, D, REDUCTION: gl.constexpr, BK: gl.constexpr,
                     ACC: gl.constexpr, MASKED: gl.constexpr):  # fmt: skip
-    """``acc`` combined with the terms of every feature of shared buffer ``buffer`` (``MASKED``:
-    features ``k0 + kk`` ≥ D give the reduction's identity)."""
+    """`acc` combined with the terms of every feature of shared buffer `buffer` (`MASKED`:
+    features `k0 + kk` ≥ D give the reduction's identity)."""
     for kk in gl.static_range(BK):
         xk = xs.index(buffer).slice(kk, 1, 0).permute([1, 0]).load(ACC)
         zk = zs.index(buffer).slice(kk, 1, 0).load(ACC)
@@ -98,11 +98,11 @@ def gluon_tile(
     REDUCTION: gl.constexpr, USES_DIAG: gl.constexpr, COMPUTE: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr,
     BK: gl.constexpr, TM: gl.constexpr, XT: gl.constexpr, ZT: gl.constexpr, INT64: gl.constexpr,
 ):  # fmt: skip
-    """Reduce, apply the epilogue to and store output tile ``(pm, pn)`` (see the module docs).
+    """Reduce, apply the epilogue to and store output tile `(pm, pn)` (see the module docs).
 
-    Meta-parameters (:data:`kermac_backend_triton.configs.GLUON_PAIRWISE_SPACE`): ``BM``, ``BN``,
-    ``BK`` (a multiple of 4), ``TM`` (threads of a warp along m, ``32 / TM`` along n: ``BM`` must be
-    a multiple of 4·``TM``·warps, ``BN`` of 128 / ``TM``); ``XT`` / ``ZT``: the operand's unit stride
+    Meta-parameters (`kermac_backend_triton.configs.GLUON_PAIRWISE_SPACE`): `BM`, `BN`,
+    `BK` (a multiple of 4), `TM` (threads of a warp along m, `32 / TM` along n: `BM` must be
+    a multiple of 4·`TM`·warps, `BN` of 128 / `TM`); `XT` / `ZT`: the operand's unit stride
     is along its rows.
     """
     W: gl.constexpr = gl.num_warps()

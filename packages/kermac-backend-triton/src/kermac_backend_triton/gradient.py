@@ -1,23 +1,23 @@
-"""The gradient kernel: ``out[o, n, m] = epilogue(Σ_k c[o,k]·a[k,m]·multiply(d[n,m], b[n,k]))``.
+"""The gradient kernel: `out[o, n, m] = epilogue(Σ_k c[o,k]·a[k,m]·multiply(d[n,m], b[n,k]))`.
 
-One program owns a ``BN × BM`` tile of ``(n, m)`` pairs and ``BO`` rows of ``o``.  Per ``BK``
-chunk it forms ``w[n,m,k] = a[k,m]·multiply(d[n,m], b[n,k])`` elementwise and contracts it with
-``c`` on the tensor cores: ``acc[(n,m), o] += w[(n,m), k] @ cᵀ[k, o]`` — in float32 as 3×TF32 by
-hand (:func:`contract`), ``ieee`` in float64.  ``w`` stays in registers as the A operand of the
+One program owns a `BN × BM` tile of `(n, m)` pairs and `BO` rows of `o`.  Per `BK`
+chunk it forms `w[n,m,k] = a[k,m]·multiply(d[n,m], b[n,k])` elementwise and contracts it with
+`c` on the tensor cores: `acc[(n,m), o] += w[(n,m), k] @ cᵀ[k, o]` — in float32 as 3×TF32 by
+hand (`contract`), `ieee` in float64.  `w` stays in registers as the A operand of the
 products, provided Triton can form it in that register layout: every leaf of the chain that
-computes ``w`` must be a load or a constant (a splatted scalar, such as a hyperparameter, sends
-``w`` through shared memory).
+computes `w` must be a load or a constant (a splatted scalar, such as a hyperparameter, sends
+`w` through shared memory).
 
-A multiply that is a signed power sgn(t)·|t|^e (:func:`kermac.programs.signed_power`, the
-fractional-p gradient) with a scalar ``e`` gets a second k loop, taken when 0 < e < ∞: one
-copysigned power per term (:func:`~kermac_backend_triton.kernel_math.signed_pow_positive`, no
-selects) with ``e`` entering as a tile derived from the loaded ``d`` (exactly ``e``, and no
-splatted scalar in the chain that forms ``w``); other ``e``, and the masked tail, use the general
+A multiply that is a signed power sgn(t)·|t|^e ([`kermac.programs.signed_power`][kermac.programs.signed_power], the
+fractional-p gradient) with a scalar `e` gets a second k loop, taken when 0 < e < ∞: one
+copysigned power per term (`signed_pow_positive`, no
+selects) with `e` entering as a tile derived from the loaded `d` (exactly `e`, and no
+splatted scalar in the chain that forms `w`); other `e`, and the masked tail, use the general
 form.
 
-``multiply(d, b, hypers)``, ``epilogue(acc, hypers)`` and, for signed powers,
-``signed_base(d, b, hypers)`` (t) and ``signed_exponent(hypers)`` (e) are the program's
-``@triton.jit`` functions (:mod:`kermac_backend_triton.generated`).
+`multiply(d, b, hypers)`, `epilogue(acc, hypers)` and, for signed powers,
+`signed_base(d, b, hypers)` (t) and `signed_exponent(hypers)` (e) are the program's
+`@triton.jit` functions (`kermac_backend_triton.generated`).
 """
 
 from __future__ import annotations
@@ -49,13 +49,13 @@ def grid_order(M, N, O, BN: tl.constexpr, BM: tl.constexpr, BO: tl.constexpr, IN
 
 @triton.jit
 def contract(acc, w, cv):
-    """``acc + w[(n,m), k] @ cv[k, o]``.
+    """`acc + w[(n,m), k] @ cv[k, o]`.
 
-    float64: one ``ieee`` dot.  float32: 3×TF32 by hand, as in the tensor-core pairwise kernel:
-    hi = :func:`~kermac_backend_triton.kernel_math.to_tf32` rounding, lo = the remainder (``w``'s
+    float64: one `ieee` dot.  float32: 3×TF32 by hand, as in the tensor-core pairwise kernel:
+    hi = `to_tf32` rounding, lo = the remainder (`w`'s
     lo goes in unrounded: the tensor cores truncate it, an error ≤ 2⁻²¹·|w| that saves two
     instructions per term), the products wl·ch + wh·cl + wh·ch summed into a fresh accumulator
-    ``part`` that is added to ``acc`` in float32 — the tensor cores truncate their own sums, which
+    `part` that is added to `acc` in float32 — the tensor cores truncate their own sums, which
     over all of K would grow the error linearly with K.
     """
     if acc.dtype == tl.float64:
@@ -76,7 +76,7 @@ def _full_steps(
     acc, brow, acol, crow, kr, k_full, dv, e_tile, SBK, SAK, SCK, hypers, multiply, signed_base,
     SIGNED: tl.constexpr, BN: tl.constexpr, BM: tl.constexpr, BK: tl.constexpr,
 ):  # fmt: skip
-    """The unmasked k loop over full ``BK`` chunks; ``SIGNED``: terms sgn(t)·|t|^e with e = ``e_tile``."""
+    """The unmasked k loop over full `BK` chunks; `SIGNED`: terms sgn(t)·|t|^e with e = `e_tile`."""
     for k0 in range(0, k_full, BK):
         kk = k0 + kr
         bk = tl.load(brow + kk[None, :] * SBK).to(acc.dtype)
@@ -98,10 +98,10 @@ def gradient_tile(
     multiply, epilogue, signed_base, signed_exponent, SIGNED_POWER: tl.constexpr, COMPUTE: tl.constexpr,
     BN: tl.constexpr, BM: tl.constexpr, BK: tl.constexpr, BO: tl.constexpr, INT64: tl.constexpr,
 ):  # fmt: skip
-    """Compute and store the ``(o, n, m)`` tile ``(po, pn, pm)`` (see the module docs).
+    """Compute and store the `(o, n, m)` tile `(po, pn, pm)` (see the module docs).
 
-    ``SIGNED_POWER``: the multiply is sgn(t)·|t|^e with a scalar e (``signed_base``,
-    ``signed_exponent``; otherwise those are unused).
+    `SIGNED_POWER`: the multiply is sgn(t)·|t|^e with a scalar e (`signed_base`,
+    `signed_exponent`; otherwise those are unused).
     """
     rn = pn * BN + tl.arange(0, BN)
     rm = pm * BM + tl.arange(0, BM)

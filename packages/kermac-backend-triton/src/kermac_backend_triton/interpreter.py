@@ -1,9 +1,9 @@
-"""Whether Triton runs kernels in its CPU interpreter (``TRITON_INTERPRET=1``), as Triton itself decides.
+"""Whether Triton runs kernels in its CPU interpreter (`TRITON_INTERPRET=1`), as Triton itself decides.
 
-``TRITON_INTERPRET`` is Triton's switch: Triton reads it (through ``triton.knobs``) when it
-decorates a ``@triton.jit`` function and when it compiles one.  The backend asks Triton rather
+`TRITON_INTERPRET` is Triton's switch: Triton reads it (through `triton.knobs`) when it
+decorates a `@triton.jit` function and when it compiles one.  The backend asks Triton rather
 than parsing the variable again, so the backend's choices (CPU tensors, tile configurations), the
-kernels' compile-time choices (:func:`kermac_backend_triton.kernel_math.native_float32`) and the
+kernels' compile-time choices (`kermac_backend_triton.kernel_math.native_float32`) and the
 kind of function Triton created always agree.
 """
 
@@ -13,7 +13,7 @@ __all__ = ["interpreting"]
 
 
 def interpreting() -> bool:
-    """Whether Triton runs kernels in its CPU interpreter; ``False`` where triton cannot be imported."""
+    """Whether Triton runs kernels in its CPU interpreter; `False` where triton cannot be imported."""
     try:
         from triton import knobs
     except Exception:  # an unusable triton interprets nothing; availability() reports why

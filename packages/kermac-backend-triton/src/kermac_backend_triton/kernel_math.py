@@ -1,16 +1,16 @@
-"""Scalar math every kernel shares, as ``@triton.jit`` functions (inlined by Triton).
+"""Scalar math every kernel shares, as `@triton.jit` functions (inlined by Triton).
 
 The IR's operations that Triton lacks or computes differently from torch are spelled here once:
-IEEE ``pow`` (general and for bases known to be ≥ 0), ``sign`` with sign(±0) = +0, ``min``/``max``
+IEEE `pow` (general and for bases known to be ≥ 0), `sign` with sign(±0) = +0, `min`/`max`
 that propagate NaN, the sign-bit tricks they use, and the 3×TF32 split of the tensor-core
-kernels.  Generated expressions (:mod:`kermac_backend_triton.expressions`) call them by name;
+kernels.  Generated expressions (`kermac_backend_triton.expressions`) call them by name;
 the kernel skeletons import them.
 
-Two platforms: float32 on a GPU takes ``log2`` from the special-function unit (``lg2.approx``)
-in inner loops and ``exp``/``exp2`` from libdevice (Triton's ``tl.exp`` flushes subnormal results
+Two platforms: float32 on a GPU takes `log2` from the special-function unit (`lg2.approx`)
+in inner loops and `exp`/`exp2` from libdevice (Triton's `tl.exp` flushes subnormal results
 to 0, which loses kernel values below 1.2e-38 that torch keeps); float64, and everything under
 Triton's CPU interpreter (which runs no PTX and has no libdevice), uses Triton's accurate
-functions.  :func:`native_float32` makes that choice when a kernel is compiled.
+functions.  `native_float32` makes that choice when a kernel is compiled.
 """
 
 from __future__ import annotations
@@ -41,14 +41,14 @@ __all__ = [
 ]
 
 # Infinities as constexprs; no NaN-valued global: Triton re-checks the globals a kernel uses
-# with ``!=`` at every launch, and NaN != NaN.
+# with `!=` at every launch, and NaN != NaN.
 INF = tl.constexpr(float("inf"))
 NINF = tl.constexpr(float("-inf"))
 
 
 @triton.constexpr_function
 def native_float32(dtype) -> bool:
-    """Whether values of ``dtype`` take the GPU's float32 instructions (not the interpreter, not float64)."""
+    """Whether values of `dtype` take the GPU's float32 instructions (not the interpreter, not float64)."""
     # Triton's own switch (kermac_backend_triton.interpreter reads the same): a plain function
     # cannot be called here, only modules and @triton.jit / constexpr functions are allowed.
     return dtype == tl.float32 and not knobs.runtime.interpret
@@ -56,7 +56,7 @@ def native_float32(dtype) -> bool:
 
 @triton.constexpr_function
 def _unsigned_twin(dtype):
-    """The unsigned integer type of ``dtype``'s width, for bitwise sign operations."""
+    """The unsigned integer type of `dtype`'s width, for bitwise sign operations."""
     return tl.uint64 if dtype == tl.float64 else tl.uint32
 
 

@@ -43,7 +43,7 @@ _kernels: dict[tuple[PairwiseSpec | GradSpec, bool], Callable[..., Any]] = {}
 
 @functools.cache
 def gluon_available() -> str | None:
-    """``None`` if this Triton has the Gluon features the Gluon kernel uses, else what is missing."""
+    """`None` if this Triton has the Gluon features the Gluon kernel uses, else what is missing."""
     try:
         from triton.experimental.gluon import language as gl
     except ImportError as exc:
@@ -78,7 +78,7 @@ def _layout_args(layout: BatchLayout, operands: list[str]) -> list[int]:
 
 
 def _kernel(spec: PairwiseSpec | GradSpec, autotune: bool, debug: bool) -> Callable[..., Any]:
-    """The compiled-on-demand kernel of ``spec``: autotuned on a GPU if ``autotune``, else plain."""
+    """The compiled-on-demand kernel of `spec`: autotuned on a GPU if `autotune`, else plain."""
     autotune = autotune and not interpreting()
     key = (spec, autotune)
     with _lock:
@@ -119,7 +119,7 @@ def _hyper_args(problem: PairwiseProblem | GradProblem, names: tuple[str, ...]) 
 
 
 def _rows_contiguous(t: torch.Tensor) -> int:
-    """1 where ``t``'s unit stride is along its rows (a transposed operand), else 0."""
+    """1 where `t`'s unit stride is along its rows (a transposed operand), else 0."""
     return int(t.stride(-1) != 1 and t.stride(-2) == 1)
 
 
@@ -128,7 +128,7 @@ def _cdiv(a: int, b: int) -> int:
 
 
 def grid_size_problem(problem: PairwiseProblem | GradProblem) -> str | None:
-    """``None`` if the launch grid fits CUDA's limit with the smallest tiles, else why not."""
+    """`None` if the launch grid fits CUDA's limit with the smallest tiles, else why not."""
     batch = math.prod(problem.batch_shape)
     if isinstance(problem, PairwiseProblem):
         space = configs.PAIRWISE_SPACE
@@ -143,7 +143,7 @@ def grid_size_problem(problem: PairwiseProblem | GradProblem) -> str | None:
 
 
 def uses_tensor_cores(problem: PairwiseProblem, tuning: TritonTuning = DEFAULT_TUNING) -> bool:
-    """Whether ``problem`` runs on the tensor-core kernel (float32 p = 2 family, D ≥ ``TC_MIN_D``)."""
+    """Whether `problem` runs on the tensor-core kernel (float32 p = 2 family, D ≥ `TC_MIN_D`)."""
     return (
         tuning.tensor_cores
         and problem.d >= configs.TC_MIN_D
@@ -152,7 +152,7 @@ def uses_tensor_cores(problem: PairwiseProblem, tuning: TritonTuning = DEFAULT_T
 
 
 def _pairwise_kernel(problem: PairwiseProblem, compute: str, tuning: TritonTuning) -> str:
-    """Which pairwise kernel runs ``problem`` (one of :data:`kermac_backend_triton.generated.KERNELS`)."""
+    """Which pairwise kernel runs `problem` (one of `kermac_backend_triton.generated.KERNELS`)."""
     if uses_tensor_cores(problem, tuning):
         return "tensor_cores"
     gpu_float32 = compute == "float32" and not interpreting()
@@ -198,7 +198,7 @@ def grad_spec(problem: GradProblem) -> tuple[GradSpec, BatchLayout]:
 def run_pairwise(
     problem: PairwiseProblem, meta: dict[str, int] | None = None, *, tuning: TritonTuning = DEFAULT_TUNING
 ) -> None:
-    """Launch the pairwise kernel of ``problem`` (``meta`` forces a tile configuration)."""
+    """Launch the pairwise kernel of `problem` (`meta` forces a tile configuration)."""
     spec, layout = pairwise_spec(problem, tuning)
     kernel = _kernel(spec, tuning.autotune, problem.debug)
     x, z, out = problem.x, problem.z, problem.out
@@ -237,7 +237,7 @@ def run_pairwise(
 def run_grad(
     problem: GradProblem, meta: dict[str, int] | None = None, *, tuning: TritonTuning = DEFAULT_TUNING
 ) -> None:
-    """Launch the gradient kernel of ``problem`` (``meta`` forces a tile configuration)."""
+    """Launch the gradient kernel of `problem` (`meta` forces a tile configuration)."""
     spec, layout = grad_spec(problem)
     kernel = _kernel(spec, tuning.autotune, problem.debug)
     a, b, c, d, out = problem.a, problem.b, problem.c, problem.d, problem.out

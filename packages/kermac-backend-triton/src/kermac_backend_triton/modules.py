@@ -1,19 +1,19 @@
-"""Turn generated kernel source into ``@triton.jit`` functions, once per source per process.
+"""Turn generated kernel source into `@triton.jit` functions, once per source per process.
 
-Generated source never touches the disk: :func:`load_module` compiles exactly the text it is
-given with :func:`compile` and executes it in a fresh module registered in :data:`sys.modules`.
-No file is read and no bytecode cache (``__pycache__/*.pyc``) is consulted, so nothing another
+Generated source never touches the disk: `load_module` compiles exactly the text it is
+given with `compile` and executes it in a fresh module registered in `sys.modules`.
+No file is read and no bytecode cache (`__pycache__/*.pyc`) is consulted, so nothing another
 user could plant in a cache or temporary directory can run in its place (the import system
-prefers an unchecked-hash ``.pyc`` to the source it was checked against).
+prefers an unchecked-hash `.pyc` to the source it was checked against).
 
-``triton.jit`` reads a kernel's source with :func:`inspect.getsourcelines`, when it decorates the
-function and, under ``TRITON_INTERPRET=1``, again when it first runs it; the source is therefore
-registered in :data:`linecache.cache` under the pseudo file name ``<kermac-triton SHA-256>``
-with no modification time.  :func:`linecache.checkcache` never drops such an entry and
-:mod:`linecache` never looks a ``<...>`` name up on disk, so the text inspect returns is the
-text that was compiled; every :func:`load_module` call registers it again in case something
-emptied the cache (:func:`linecache.clearcache`).  Triton's own on-disk cache of compiled
-binaries (``~/.triton/cache`` or ``TRITON_CACHE_DIR``, Triton's to manage) is keyed by the
+`triton.jit` reads a kernel's source with `inspect.getsourcelines`, when it decorates the
+function and, under `TRITON_INTERPRET=1`, again when it first runs it; the source is therefore
+registered in `linecache.cache` under the pseudo file name `<kermac-triton SHA-256>`
+with no modification time.  `linecache.checkcache` never drops such an entry and
+`linecache` never looks a `<...>` name up on disk, so the text inspect returns is the
+text that was compiled; every `load_module` call registers it again in case something
+emptied the cache (`linecache.clearcache`).  Triton's own on-disk cache of compiled
+binaries (`~/.triton/cache` or `TRITON_CACHE_DIR`, Triton's to manage) is keyed by the
 function's source text and line numbers, not its file, so a second process compiles nothing.
 """
 
@@ -35,12 +35,12 @@ _modules: dict[str, ModuleType] = {}
 
 
 def _register_source(filename: str, source: str) -> None:
-    """Make ``source`` what :mod:`inspect` finds for ``filename`` (never invalidated: mtime None)."""
+    """Make `source` what `inspect` finds for `filename` (never invalidated: mtime None)."""
     linecache.cache[filename] = (len(source), None, source.splitlines(keepends=True), filename)
 
 
 def load_module(source: str, *, debug: bool = False) -> ModuleType:
-    """The module executing ``source`` (cached per process by the source's SHA-256)."""
+    """The module executing `source` (cached per process by the source's SHA-256)."""
     digest = hashlib.sha256(source.encode("utf-8")).hexdigest()
     filename = f"<kermac-triton {digest}>"
     with _lock:

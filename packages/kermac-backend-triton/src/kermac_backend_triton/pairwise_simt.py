@@ -1,22 +1,22 @@
-"""The SIMT pairwise kernel: ``out[m, n] = epilogue(REDUCE_k inner(x[m, k], z[n, k]), diag)``.
+"""The SIMT pairwise kernel: `out[m, n] = epilogue(REDUCE_k inner(x[m, k], z[n, k]), diag)`.
 
-The ``tl`` kernel of the CPU interpreter, of float64 and of :class:`~kermac_backend_triton.tuning.TritonTuning`
-``gluon=False`` (float32 programs on a GPU run :mod:`kermac_backend_triton.gluon_pairwise`, which
-stages operands explicitly).  One program computes a ``BM × BN`` output tile, ``BM = MI·MT`` and
-``BN = NI·NT``, held as a 4-d accumulator ``[MI, NI, MT, NT]``.  Triton's default layouts give
-threads to the fastest dimensions, so the ``MT × NT`` dimensions are spread over threads and each
-thread keeps an ``MI × NI`` micro-tile in registers: the SIMT register blocking of a GEMM.  Each
-step of the ``k`` loop loads ``x`` and ``z`` tiles ``[BK, MI, MT]`` and ``[BK, NI, NT]``, evaluates
-``inner`` on their broadcast ``[BK, MI, NI, MT, NT]`` and reduces axis 0 — inside each thread, so
-the reduction costs no shuffles.  Full ``BK`` chunks run unmasked, their loads issued ``PF``
+The `tl` kernel of the CPU interpreter, of float64 and of `TritonTuning`
+`gluon=False` (float32 programs on a GPU run `kermac_backend_triton.gluon_pairwise`, which
+stages operands explicitly).  One program computes a `BM × BN` output tile, `BM = MI·MT` and
+`BN = NI·NT`, held as a 4-d accumulator `[MI, NI, MT, NT]`.  Triton's default layouts give
+threads to the fastest dimensions, so the `MT × NT` dimensions are spread over threads and each
+thread keeps an `MI × NI` micro-tile in registers: the SIMT register blocking of a GEMM.  Each
+step of the `k` loop loads `x` and `z` tiles `[BK, MI, MT]` and `[BK, NI, NT]`, evaluates
+`inner` on their broadcast `[BK, MI, NI, MT, NT]` and reduces axis 0 — inside each thread, so
+the reduction costs no shuffles.  Full `BK` chunks run unmasked, their loads issued `PF`
 steps ahead (software pipelining by hand: Triton's pipeliner leaves loads that feed no
-``tl.dot`` where they are, so their latency would show at every step); one masked step handles
-``D mod BK`` (masked terms are replaced by the reduction's identity).  Row indices are clamped
-(``m mod M``) so loads need no masks; the store is masked and streaming (``.cs``: the output is
+`tl.dot` where they are, so their latency would show at every step); one masked step handles
+`D mod BK` (masked terms are replaced by the reduction's identity).  Row indices are clamped
+(`m mod M`) so loads need no masks; the store is masked and streaming (`.cs`: the output is
 not re-read).
 
-``inner(x, z, hypers)`` and ``epilogue(acc, diag, hypers)`` are the program's ``@triton.jit``
-functions (generated from the IR by :mod:`kermac_backend_triton.generated`); ``hypers`` is the
+`inner(x, z, hypers)` and `epilogue(acc, diag, hypers)` are the program's `@triton.jit`
+functions (generated from the IR by `kermac_backend_triton.generated`); `hypers` is the
 tuple of hyperparameter values they read.
 """
 
@@ -29,19 +29,19 @@ from kermac_backend_triton.kernel_math import INF, NINF, max_nan, min_nan
 
 __all__ = ["PREFETCH_DEPTHS", "combine_chunk", "grouped_tile", "index_type", "reduction_identity", "simt_tile"]
 
-#: Values of the SIMT kernel's ``PF`` meta-parameter: how many k chunks ahead it loads.
 PREFETCH_DEPTHS = (0, 1, 2)
+"""Values of the SIMT kernel's `PF` meta-parameter: how many k chunks ahead it loads."""
 
 
 @triton.constexpr_function
 def reduction_identity(reduction: str) -> float:
-    """The value a masked-off term takes: the identity of ``reduction``."""
+    """The value a masked-off term takes: the identity of `reduction`."""
     return {"sum": 0.0, "max": NINF.value, "min": INF.value}[reduction]
 
 
 @triton.jit
 def index_type(i, INT64: tl.constexpr):
-    """``i`` as 64-bit indices where ``INT64`` (operands past 2³¹ elements), else unchanged."""
+    """`i` as 64-bit indices where `INT64` (operands past 2³¹ elements), else unchanged."""
     if INT64:
         return i.to(tl.int64)
     else:
@@ -52,8 +52,8 @@ def index_type(i, INT64: tl.constexpr):
 def grouped_tile(M, N, BM: tl.constexpr, BN: tl.constexpr, GROUP_M: tl.constexpr, INT64: tl.constexpr):
     """(batch entry, row tile, column tile) of this program.
 
-    Tiles are taken in groups of ``GROUP_M`` row tiles so that consecutive programs share operand
-    rows in L2; the batch entry is the slowest index.  ``INT64``: 64-bit indices from here on.
+    Tiles are taken in groups of `GROUP_M` row tiles so that consecutive programs share operand
+    rows in L2; the batch entry is the slowest index.  `INT64`: 64-bit indices from here on.
     """
     pid = index_type(tl.program_id(0), INT64)
     tiles_m = tl.cdiv(M, BM)
@@ -71,7 +71,7 @@ def grouped_tile(M, N, BM: tl.constexpr, BN: tl.constexpr, GROUP_M: tl.constexpr
 
 @triton.jit
 def combine_chunk(acc, t, REDUCTION: tl.constexpr):
-    """``acc`` combined with the terms ``t`` reduced over axis 0 (the chunk's features)."""
+    """`acc` combined with the terms `t` reduced over axis 0 (the chunk's features)."""
     if REDUCTION == "sum":
         return acc + tl.sum(t, 0)
     elif REDUCTION == "max":
@@ -83,14 +83,14 @@ def combine_chunk(acc, t, REDUCTION: tl.constexpr):
 
 @triton.jit
 def _step(acc, xv, zv, hypers, inner, REDUCTION: tl.constexpr, FULL: tl.constexpr):
-    """One unmasked chunk: x ``[BK, MI, 1, MT, 1]`` and z ``[BK, 1, NI, 1, NT]``, terms of shape ``FULL``."""
+    """One unmasked chunk: x `[BK, MI, 1, MT, 1]` and z `[BK, 1, NI, 1, NT]`, terms of shape `FULL`."""
     t = tl.broadcast_to(inner(xv, zv, hypers), FULL)
     return combine_chunk(acc, t, REDUCTION)
 
 
 @triton.jit
 def _masked_step(acc, xrow, zrow, kk, D, SXK, SZK, hypers, inner, REDUCTION: tl.constexpr, FULL: tl.constexpr):
-    """One chunk at features ``kk``, those ≥ D masked to the reduction's identity."""
+    """One chunk at features `kk`, those ≥ D masked to the reduction's identity."""
     km = kk < D
     xv = tl.load(xrow + kk * SXK, mask=km, other=0.0).to(acc.dtype)[:, :, None, :, None]
     zv = tl.load(zrow + kk * SZK, mask=km, other=0.0).to(acc.dtype)[:, None, :, None, :]
@@ -105,11 +105,11 @@ def simt_tile(
     BK: tl.constexpr, MI: tl.constexpr, NI: tl.constexpr, MT: tl.constexpr, NT: tl.constexpr,
     PF: tl.constexpr, SPLIT_TAIL: tl.constexpr, INT64: tl.constexpr,
 ):  # fmt: skip
-    """Reduce, apply the epilogue to and store output tile ``(pm, pn)`` (see the module docs).
+    """Reduce, apply the epilogue to and store output tile `(pm, pn)` (see the module docs).
 
-    ``SPLIT_TAIL``: unmasked full ``BK`` steps (loads ``PF`` chunks ahead, one of
-    :data:`PREFETCH_DEPTHS`) and one masked step for ``D mod BK``; otherwise one masked loop
-    (half the code, for the tensor-core kernel's rarely taken recompute).  ``COMPUTE``: the
+    `SPLIT_TAIL`: unmasked full `BK` steps (loads `PF` chunks ahead, one of
+    `PREFETCH_DEPTHS`) and one masked step for `D mod BK`; otherwise one masked loop
+    (half the code, for the tensor-core kernel's rarely taken recompute).  `COMPUTE`: the
     compute type.
     """
     BM: tl.constexpr = MI * MT

@@ -1,21 +1,21 @@
-"""The tensor-core pairwise kernel: float32 ``Σ_k (x − z)²`` programs, any epilogue.
+"""The tensor-core pairwise kernel: float32 `Σ_k (x − z)²` programs, any epilogue.
 
-For the programs :func:`kermac.kernel_facts.tensor_core_eligible` accepts.  One
-program computes a ``BM × BN`` tile of d² = ‖x‖² + ‖z‖² − 2·x·zᵀ.  A first k loop sums the norms
+For the programs `kermac.kernel_facts.tensor_core_eligible` accepts.  One
+program computes a `BM × BN` tile of d² = ‖x‖² + ‖z‖² − 2·x·zᵀ.  A first k loop sums the norms
 ‖x‖², ‖z‖² in float32 (kept out of the main loop: there they would hold a second register copy
 of each tile, since the dot needs another layout, and cost occupancy); the main loop forms
-``x·zᵀ`` in 3×TF32: each operand is split as hi = tf32(a), lo = tf32(a − hi) (round to nearest,
-:func:`~kermac_backend_triton.kernel_math.to_tf32`) and three chained
-``tl.dot(..., input_precision="tf32")`` add hi·lo + lo·hi + hi·hi, the low products first
-(float32 accuracy; the same products as Triton's ``tf32x3``, without its serialising NaN fix-ups
+`x·zᵀ` in 3×TF32: each operand is split as hi = tf32(a), lo = tf32(a − hi) (round to nearest,
+`to_tf32`) and three chained
+`tl.dot(..., input_precision="tf32")` add hi·lo + lo·hi + hi·hi, the low products first
+(float32 accuracy; the same products as Triton's `tf32x3`, without its serialising NaN fix-ups
 between the products).  The launcher specialises N and D on divisibility by 16 so the k mask and
 the store mask keep 16-byte vectors.
 
-Cancellation guard: an entry is *flagged* where d² ≤ ``GUARD``·(‖x‖² + ‖z‖²) or d² is not finite
-(``GUARD`` from :func:`kermac.kernel_facts.cancellation_guard`); if any entry of the
+Cancellation guard: an entry is *flagged* where d² ≤ `GUARD`·(‖x‖² + ‖z‖²) or d² is not finite
+(`GUARD` from `kermac.kernel_facts.cancellation_guard`); if any entry of the
 tile is flagged, the program recomputes the whole tile from differences with a register-lean
-SIMT tile (:func:`kermac_backend_triton.pairwise_simt.simt_tile`: 128 threads of
-``BM/8 × BN/16`` outputs, 2 features per step — the branch must not raise the kernel's register
+SIMT tile (`kermac_backend_triton.pairwise_simt.simt_tile`: 128 threads of
+`BM/8 × BN/16` outputs, 2 features per step — the branch must not raise the kernel's register
 count, which sets how many programs share a multiprocessor) and stores that instead, so
 near-duplicate rows (and x = z) are as exact as the SIMT kernel; otherwise it applies the
 epilogue to d² and stores it streaming.
@@ -45,9 +45,9 @@ def tensor_core_tile(
     X, Z, OUT, M, N, D, OFF_M, OFF_N, SXM, SXK, SZN, SZK, SOM, SON, GUARD, pm, pn, hypers, inner, epilogue,
     USES_DIAG: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, INT64: tl.constexpr,
 ):  # fmt: skip
-    """Compute and store output tile ``(pm, pn)`` of a (x − z)²-sum program (see the module docs).
+    """Compute and store output tile `(pm, pn)` of a (x − z)²-sum program (see the module docs).
 
-    ``inner`` is the program's (x − z)² (the recompute's term), ``epilogue(d2, diag, hypers)`` its epilogue.
+    `inner` is the program's (x − z)² (the recompute's term), `epilogue(d2, diag, hypers)` its epilogue.
     """
     om = pm * BM + index_type(tl.arange(0, BM), INT64)
     on = pn * BN + index_type(tl.arange(0, BN), INT64)

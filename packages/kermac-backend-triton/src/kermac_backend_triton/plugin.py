@@ -1,4 +1,4 @@
-"""Entry point of the Triton backend (``kermac.backends``); imports neither triton nor torch.cuda."""
+"""Entry point of the Triton backend (`kermac.backends`); imports neither triton nor torch.cuda."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """The Triton backend's tuning: which kernels run and whether launches autotune, as one frozen value.
 
-``TritonBackend(tuning=TritonTuning(...))`` gives a backend with other choices (A/B measurements,
+`TritonBackend(tuning=TritonTuning(...))` gives a backend with other choices (A/B measurements,
 tests of one kernel); the registered backend uses the defaults.  Nothing here reads the environment.
 """
 
@@ -13,16 +13,16 @@ __all__ = ["DEFAULT_TUNING", "TritonTuning"]
 
 @dataclass(frozen=True)
 class TritonTuning:
-    """Choices of the Triton backend on a GPU (the interpreter always runs one small ``tl`` tile).
+    """Choices of the Triton backend on a GPU (the interpreter always runs one small `tl` tile).
 
-    ``autotune``: time every tile configuration of a kernel the first time a shape bucket is seen
-    (:mod:`kermac_backend_triton.configs`); off, every launch takes the default configuration,
+    `autotune`: time every tile configuration of a kernel the first time a shape bucket is seen
+    (`kermac_backend_triton.configs`); off, every launch takes the default configuration,
     one compilation per program instead of one per configuration.
-    ``tensor_cores``: float32 (x − z)²-sum programs with D ≥ ``TC_MIN_D`` take the guarded
-    tensor-core expansion (:mod:`kermac_backend_triton.pairwise_tensor_cores`); off, the SIMT
+    `tensor_cores`: float32 (x − z)²-sum programs with D ≥ `TC_MIN_D` take the guarded
+    tensor-core expansion (`kermac_backend_triton.pairwise_tensor_cores`); off, the SIMT
     difference kernel.
-    ``gluon``: float32 SIMT programs take the Gluon kernel
-    (:mod:`kermac_backend_triton.gluon_pairwise`) where this Triton has it; off, the ``tl`` kernel.
+    `gluon`: float32 SIMT programs take the Gluon kernel
+    (`kermac_backend_triton.gluon_pairwise`) where this Triton has it; off, the `tl` kernel.
     """
 
     autotune: bool = True
@@ -36,5 +36,5 @@ class TritonTuning:
                 raise TypeError(f"{field.name}: expected a bool, got {type(value).__name__} {value!r}")
 
 
-#: The measured defaults: autotuned, tensor cores and Gluon where they apply.
 DEFAULT_TUNING = TritonTuning()
+"""The measured defaults: autotuned, tensor cores and Gluon where they apply."""

@@ -1,9 +1,10 @@
 """kermac: fused GPU kernels for kernel machines, for PyTorch.
 
-Pairwise p-norm distances (:func:`cdist`), fused kernel matrices (:func:`run_kernel` with a
-:class:`KernelDescriptor` or a preset), the gradient contraction behind AGOP
-(:func:`cdist_grad`), semiring programs written in :mod:`kermac.ir` (:func:`run_program`), and
-cuSOLVER linear algebra (:mod:`kermac.linalg`, from the ``kermac-linalg`` package).
+Pairwise p-norm distances ([`cdist`][kermac.cdist]), fused kernel matrices ([`run_kernel`][kermac.run_kernel] with a
+[`KernelDescriptor`][kermac.KernelDescriptor] or a preset), the gradient contraction behind AGOP
+([`cdist_grad`][kermac.cdist_grad]), semiring programs written in [`kermac.ir`][kermac.ir]
+([`run_program`][kermac.run_program]), and cuSOLVER linear algebra ([`kermac.linalg`][kermac_linalg], from the
+`kermac-linalg` package).
 
 Importing kermac is cheap: backends (NVRTC, Triton) load their heavy modules on first use.
 """

@@ -1,4 +1,4 @@
-"""``python -m kermac``: the ``kermac`` command line."""
+"""`python -m kermac`: the `kermac` command line."""
 
 from kermac.cli import main
 

@@ -1,9 +1,10 @@
-"""The public operations: :func:`cdist`, :func:`run_kernel`, :func:`cdist_grad`, :func:`run_program`.
+"""The public operations: [`cdist`][kermac.api.cdist], [`run_kernel`][kermac.api.run_kernel],
+[`cdist_grad`][kermac.api.cdist_grad], [`run_program`][kermac.api.run_program].
 
-Each call validates its arguments, lowers them to a semiring program (:mod:`kermac.programs`),
-normalises the problem (:mod:`kermac.problem`) and runs it on the backend :mod:`kermac.dispatch`
-picks, through :mod:`kermac.autograd` where an input requires grad.  Nothing here synchronises
-with the host unless ``debug`` is on.  On the ``meta`` device the output is returned as soon as
+Each call validates its arguments, lowers them to a semiring program ([`kermac.programs`][kermac.programs]),
+normalises the problem (`kermac.problem`) and runs it on the backend `kermac.dispatch`
+picks, through [`kermac.autograd`][kermac.autograd] where an input requires grad.  Nothing here synchronises
+with the host unless `debug` is on.  On the `meta` device the output is returned as soon as
 it is validated (meta tensors hold no values).
 """
 
@@ -51,34 +52,36 @@ def cdist(
     backend: str = "auto",
     debug: bool = False,
 ) -> torch.Tensor:
-    r"""p-norm distance between every row of ``x`` and every row of ``z``, like :func:`torch.cdist`.
+    r"""p-norm distance between every row of `x` and every row of `z`, like `torch.cdist`.
 
-    .. math:: \mathrm{out}[\dots, m, n] = \Big(\sum_k |x[\dots, m, k] - z[\dots, n, k]|^p\Big)^{1/p}
+    $$
+    \mathrm{out}[\dots, m, n] = \Big(\sum_k |x[\dots, m, k] - z[\dots, n, k]|^p\Big)^{1/p}
+    $$
 
     Args:
-        x: ``[..., M, D]`` floating tensor.
-        z: ``[..., N, D]``, same dtype and device; batch dimensions broadcast with ``x``'s.
-        p: in [0, ∞].  ``p = 0`` counts differing coordinates, ``p = ∞`` takes the maximum;
+        x: `[..., M, D]` floating tensor.
+        z: `[..., N, D]`, same dtype and device; batch dimensions broadcast with `x`'s.
+        p: in [0, ∞].  `p = 0` counts differing coordinates, `p = ∞` takes the maximum;
             1 and 2 have fast paths (2 is computed from differences, exact for near-duplicate
-            rows); numbers above :func:`~kermac.lowering.plain_power_limit` (about 3.96 for
+            rows); numbers above [`plain_power_limit`][kermac.lowering.plain_power_limit] (about 3.96 for
             float32, 18.7 for float64) are guarded against under- and overflow, and from
-            :func:`~kermac.lowering.linf_threshold` computed as the maximum (``docs/formulas.md``).
-            A tensor gives one ``p`` per batch entry (values must be > 0 and at most
-            ``plain_power_limit(x.dtype)``: an invalid one makes its batch entry NaN, or raises
-            with ``debug``; see :mod:`kermac.hyperparams` for the broadcasting rule).
-        out: optional ``[..., M, N]`` output of the inputs' dtype and device, any strides; its
-            elements must not overlap each other nor any input (``ValueError`` naming ``out``).
-        skip_epilogue: return the inner reduction ``Σ_k |x − z|^p`` without the ``1/p`` root
-            (squared distances for ``p = 2``; no effect for ``p`` in {0, 1, ∞}).
-        backend: ``"auto"`` or a backend name (``"torch"``, ``"nvrtc"``, ``"triton"``).
-        debug: log backend choice and compilation through the ``kermac`` logger.
+            [`linf_threshold`][kermac.lowering.linf_threshold] computed as the maximum (`docs/formulas.md`).
+            A tensor gives one `p` per batch entry (values must be > 0 and at most
+            `plain_power_limit(x.dtype)`: an invalid one makes its batch entry NaN, or raises
+            with `debug`; see [`kermac.hyperparams`][kermac.hyperparams] for the broadcasting rule).
+        out: optional `[..., M, N]` output of the inputs' dtype and device, any strides; its
+            elements must not overlap each other nor any input (`ValueError` naming `out`).
+        skip_epilogue: return the inner reduction `Σ_k |x − z|^p` without the `1/p` root
+            (squared distances for `p = 2`; no effect for `p` in {0, 1, ∞}).
+        backend: `"auto"` or a backend name (`"torch"`, `"nvrtc"`, `"triton"`).
+        debug: log backend choice and compilation through the `kermac` logger.
 
     Returns:
-        ``out``, shape ``[*broadcast(batch), M, N]``.
+        `out`, shape `[*broadcast(batch), M, N]`.
 
-    Differentiable: where ``x`` or ``z`` requires grad (and grad mode is on), the result has a
-    backward that runs :func:`cdist_grad` on the same backend (:mod:`kermac.autograd`; p = ∞ takes
-    a subgradient; second derivatives for p = 2; no ``out``; no gradient for a tensor ``p``).
+    Differentiable: where `x` or `z` requires grad (and grad mode is on), the result has a
+    backward that runs [`cdist_grad`][kermac.api.cdist_grad] on the same backend ([`kermac.autograd`][kermac.autograd];
+    p = ∞ takes a subgradient; second derivatives for p = 2; no `out`; no gradient for a tensor `p`).
     """
     debug = debug_enabled(debug)
     x = check_tensor("x", x)
@@ -106,36 +109,38 @@ def run_kernel(
     backend: str = "auto",
     debug: bool = False,
 ) -> torch.Tensor:
-    r"""One fused pass computing the kernel matrix named by ``descriptor``.
+    r"""One fused pass computing the kernel matrix named by `descriptor`.
 
-    .. math:: \mathrm{out}[\dots, m, n] = \kappa\big(d(x_m, z_n)\big) + \lambda\,[m + o_m = n + o_n]
+    $$
+    \mathrm{out}[\dots, m, n] = \kappa\big(d(x_m, z_n)\big) + \lambda\,[m + o_m = n + o_n]
+    $$
 
-    where ``d`` is the distance (or dot product) the descriptor defines and ``κ`` its kernel
-    function (identity if none); see ``docs/formulas.md`` for every formula.
+    where `d` is the distance (or dot product) the descriptor defines and `κ` its kernel
+    function (identity if none); see `docs/formulas.md` for every formula.
 
     Args:
-        descriptor: a :class:`~kermac.descriptor.KernelDescriptor` or the name of a preset in
-            :mod:`kermac.presets` (e.g. ``"laplace_l2"``).
-        x: ``[..., M, D]``.
-        z: ``[..., N, D]`` (batch dimensions broadcast with ``x``'s).
+        descriptor: a [`KernelDescriptor`][kermac.descriptor.KernelDescriptor] or the name of a preset in
+            [`kermac.presets`][kermac.presets] (e.g. `"laplace_l2"`).
+        x: `[..., M, D]`.
+        z: `[..., N, D]` (batch dimensions broadcast with `x`'s).
         p: the norm exponent, required exactly when the descriptor uses it: > 0 and at most
-            :func:`~kermac.lowering.plain_power_limit` of the inputs' dtype (about 3.96 for float32,
+            [`plain_power_limit`][kermac.lowering.plain_power_limit] of the inputs' dtype (about 3.96 for float32,
             18.7 for float64), beyond which the powers |x − z|^p lose accuracy; use
-            :func:`cdist` for larger p.
+            [`cdist`][kermac.api.cdist] for larger p.
         bandwidth: σ > 0, required exactly when the descriptor has a kernel function.
-        regularization: λ added on the shifted diagonal ``m + offset_m == n + offset_n``;
-            ``None`` (default) adds nothing.
+        regularization: λ added on the shifted diagonal `m + offset_m == n + offset_n`;
+            `None` (default) adds nothing.
         offset_m: row offset of the diagonal, e.g. the row origin of a tile of a larger kernel
             matrix; an integer in the int64 range.
         offset_n: column offset of the diagonal, likewise.
-        out: optional ``[..., M, N]`` output, as in :func:`cdist`.
-        backend: as in :func:`cdist`.
-        debug: as in :func:`cdist`.
+        out: optional `[..., M, N]` output, as in [`cdist`][kermac.api.cdist].
+        backend: as in [`cdist`][kermac.api.cdist].
+        debug: as in [`cdist`][kermac.api.cdist].
 
     Every hyperparameter may be a number or a tensor broadcasting against the batch dimensions
     (one value per batch entry computes a batch of kernel matrices in one launch).  Numbers are
     range-checked at once; an invalid tensor value makes every entry of its batch entry NaN (it
-    raises under ``debug``).
+    raises under `debug`).
     """
     debug = debug_enabled(debug)
     descriptor = _descriptor(descriptor)
@@ -169,7 +174,8 @@ def run_kernel(
 
 def _p_per_batch(dtype: torch.dtype) -> Check:
     """The range of a p that runs the plain (Σ|t|^p)^(1/p): up to where its powers stay accurate
-    in ``dtype`` (:func:`kermac.lowering.plain_power_limit`; ``cdist`` guards a larger number p)."""
+    in `dtype` ([`kermac.lowering.plain_power_limit`][kermac.lowering.plain_power_limit]; `cdist` guards a larger
+    number p)."""
     return positive_up_to(plain_power_limit(dtype), f"the largest p whose powers stay accurate in {dtype}")
 
 
@@ -200,23 +206,24 @@ def cdist_grad(
 ) -> torch.Tensor:
     r"""The gradient contraction behind AGOP and kernel-predictor gradients.
 
-    .. math::
-        \mathrm{out}[o, n, m] = \sum_k c[o, k]\, a[k, m]\,
-            \operatorname{sgn}(d[n, m] - b[n, k])\, |d[n, m] - b[n, k]|^{p - 1}
+    $$
+    \mathrm{out}[o, n, m] = \sum_k c[o, k]\, a[k, m]\,
+        \operatorname{sgn}(d[n, m] - b[n, k])\, |d[n, m] - b[n, k]|^{p - 1}
+    $$
 
-    with sgn(0) = 0, so a term with ``d[n, m] == b[n, k]`` is 0 for every p (also 0 < p < 1).
+    with sgn(0) = 0, so a term with `d[n, m] == b[n, k]` is 0 for every p (also 0 < p < 1).
 
     Args:
-        a: ``[..., K, M]`` (e.g. the kernel matrix's derivative factor).
-        b: ``[..., N, K]`` (e.g. the centres, features × points).
-        c: ``[..., O, K]`` (e.g. the coefficients).
-        d: ``[..., N, M]`` (e.g. the evaluation points, features × points).
+        a: `[..., K, M]` (e.g. the kernel matrix's derivative factor).
+        b: `[..., N, K]` (e.g. the centres, features × points).
+        c: `[..., O, K]` (e.g. the coefficients).
+        d: `[..., N, M]` (e.g. the evaluation points, features × points).
         p: > 0 and finite; a tensor gives one p per batch entry (an invalid value makes its batch
-            entry NaN, or raises with ``debug``).  1 and 2 have fast paths.
-        out: optional ``[..., O, N, M]`` output of the inputs' dtype and device, any strides,
+            entry NaN, or raises with `debug`).  1 and 2 have fast paths.
+        out: optional `[..., O, N, M]` output of the inputs' dtype and device, any strides,
             sharing no memory with the inputs.
-        backend: as in :func:`cdist`.
-        debug: as in :func:`cdist`.
+        backend: as in [`cdist`][kermac.api.cdist].
+        debug: as in [`cdist`][kermac.api.cdist].
     """
     debug = debug_enabled(debug)
     a = check_tensor("a", a)
@@ -235,9 +242,9 @@ def run_program(
     backend: str = "auto",
     debug: bool = False,
 ) -> torch.Tensor:
-    """Run a pairwise semiring program written directly in :mod:`kermac.ir`.
+    """Run a pairwise semiring program written directly in [`kermac.ir`][kermac.ir].
 
-    ``hypers`` maps every :class:`~kermac.ir.Hyper` name the program reads to a number or tensor
+    `hypers` maps every [`Hyper`][kermac.ir.Hyper] name the program reads to a number or tensor
     (any value but NaN; tensors broadcast against the batch dimensions).
     """
     debug = debug_enabled(debug)
@@ -262,7 +269,8 @@ def run_grad_program(
     backend: str = "auto",
     debug: bool = False,
 ) -> torch.Tensor:
-    """Run a gradient program written directly in :mod:`kermac.ir` (shapes as in :func:`cdist_grad`)."""
+    """Run a gradient program written directly in [`kermac.ir`][kermac.ir] (shapes as in
+    [`cdist_grad`][kermac.api.cdist_grad])."""
     debug = debug_enabled(debug)
     if not isinstance(program, GradProgram):
         raise TypeError(f"program: expected a kermac.programs.GradProgram, got {type(program).__name__}")
@@ -297,7 +305,7 @@ def _pairwise(
     debug: bool,
     op: str,
 ) -> torch.Tensor:
-    """Run a pairwise program; through :mod:`kermac.autograd` where x or z requires grad."""
+    """Run a pairwise program; through [`kermac.autograd`][kermac.autograd] where x or z requires grad."""
     if torch.is_grad_enabled() and isinstance(z, torch.Tensor) and (x.requires_grad or z.requires_grad):
         return differentiable_pairwise(
             program, x, z, out=out, hypers=hypers, offset_m=offsets[0], offset_n=offsets[1],

@@ -1,43 +1,44 @@
-r"""Autograd for pairwise programs: ``cdist``, ``run_kernel`` and ``run_program`` are differentiable.
+r"""Autograd for pairwise programs: `cdist`, `run_kernel` and `run_program` are differentiable.
 
-A pairwise program computes ``out[m, n] = e(acc[m, n], diag)`` with ``acc = ⊕_j τ(x[m, j], z[n, j])``.
-For the inner terms kermac can differentiate — ``τ = |x − z|^P`` (P a number or the hyperparameter
-``p``; ``|x − z|`` and ``(x − z)²`` are P = 1 and 2) and, under a sum, ``τ = x·z`` — and an upstream
-gradient ``g = ∂L/∂out``:
+A pairwise program computes `out[m, n] = e(acc[m, n], diag)` with `acc = ⊕_j τ(x[m, j], z[n, j])`.
+For the inner terms kermac can differentiate — `τ = |x − z|^P` (P a number or the hyperparameter
+`p`; `|x − z|` and `(x − z)²` are P = 1 and 2) and, under a sum, `τ = x·z` — and an upstream
+gradient `g = ∂L/∂out`:
 
-.. math::
-    G = g \cdot e'(\mathrm{acc}),\qquad
-    \frac{\partial L}{\partial x[m, j]} = \sum_n G[m, n]\, w[m, n, j]\, P\, \operatorname{sgn}(t)\, |t|^{P-1},\qquad
-    \frac{\partial L}{\partial z[n, j]} = -\sum_m G[m, n]\, w[m, n, j]\, P\, \operatorname{sgn}(t)\, |t|^{P-1}
+$$
+G = g \cdot e'(\mathrm{acc}),\qquad
+\frac{\partial L}{\partial x[m, j]} = \sum_n G[m, n]\, w[m, n, j]\, P\, \operatorname{sgn}(t)\, |t|^{P-1},\qquad
+\frac{\partial L}{\partial z[n, j]} = -\sum_m G[m, n]\, w[m, n, j]\, P\, \operatorname{sgn}(t)\, |t|^{P-1}
+$$
 
-with ``t = x[m, j] − z[n, j]`` and the term 0 where ``t = 0`` (for ``x·z``: ``∂L/∂x = G z``,
-``∂L/∂z = Gᵀ x``).  ``G`` is 0 where ``acc = 0`` for ``|x − z|^P`` terms (the subgradient torch.cdist
-takes at zero distance, where ``e'`` may be infinite).  The weight ``w`` is 1 for a sum; for a
-maximum or minimum (``cdist`` with p = ∞) it is ``1/k`` on the ``k`` coordinates whose ``τ`` attains
+with `t = x[m, j] − z[n, j]` and the term 0 where `t = 0` (for `x·z`: `∂L/∂x = G z`,
+`∂L/∂z = Gᵀ x`).  `G` is 0 where `acc = 0` for `|x − z|^P` terms (the subgradient torch.cdist
+takes at zero distance, where `e'` may be infinite).  The weight `w` is 1 for a sum; for a
+maximum or minimum (`cdist` with p = ∞) it is `1/k` on the `k` coordinates whose `τ` attains
 the extreme and 0 elsewhere: a subgradient (torch.cdist gives each tied coordinate the whole
 gradient, which is not one; away from ties the two agree), NaN for a pair whose extreme is NaN
-(``cdist``'s p = ∞ skips NaN differences, so a NaN coordinate there gets no gradient).
+(`cdist`'s p = ∞ skips NaN differences, so a NaN coordinate there gets no gradient).
 
-* ``e'(acc)`` comes from torch's autograd through the reference evaluator of the epilogue
-  (:func:`kermac.ir_eval.evaluate`); when the epilogue is ``acc`` itself nothing is
-  recomputed, otherwise ``acc`` is recomputed by one fused pass of the program without its epilogue.
-* For a sum, each sum over ``n`` (or ``m``) is :func:`kermac.cdist_grad` with ``O = 1``, ``c = 1``:
-  ``a = Gᵀ [N, M]``, ``b = zᵀ``, ``d = xᵀ`` → ``[1, D, M]`` for x; ``a = G``, ``b = xᵀ``, ``d = zᵀ``
-  for z — on the same backend as the forward, never building ``[M, N, D]``.
+* `e'(acc)` comes from torch's autograd through the reference evaluator of the epilogue
+  ([`kermac.ir_eval.evaluate`][kermac.ir_eval.evaluate]); when the epilogue is `acc` itself nothing is
+  recomputed, otherwise `acc` is recomputed by one fused pass of the program without its epilogue.
+* For a sum, each sum over `n` (or `m`) is [`kermac.cdist_grad`][kermac.cdist_grad] with `O = 1`, `c = 1`:
+  `a = Gᵀ [N, M]`, `b = zᵀ`, `d = xᵀ` → `[1, D, M]` for x; `a = G`, `b = xᵀ`, `d = zᵀ`
+  for z — on the same backend as the forward, never building `[M, N, D]`.
 * For a maximum or minimum the weights need every coordinate of a pair at once: torch operations on
-  blocks of at most :data:`~kermac.reference.backend.CHUNK_ELEMENTS` ``(m, n, j)`` elements (the
+  blocks of at most `CHUNK_ELEMENTS` `(m, n, j)` elements (the
   documented workspace of this backward), not a fused kernel.
-* A count (L0, ``cdist`` with p = 0) has zero gradient.
+* A count (L0, `cdist` with p = 0) has zero gradient.
 
-Second derivatives (``create_graph=True``) are exact for ``Σ (x − z)²`` programs (cdist p = 2,
-squared distances, Gaussian, Laplace-L2, Matérn, Cauchy) and ``x·z`` programs, any epilogue: the
+Second derivatives (`create_graph=True`) are exact for `Σ (x − z)²` programs (cdist p = 2,
+squared distances, Gaussian, Laplace-L2, Matérn, Cauchy) and `x·z` programs, any epilogue: the
 backward is then itself differentiable, built from the fused first derivative, matrix products
 and autograd of the epilogue (to any order).  For every other program the gradients carry a
-``grad_fn`` that raises ``NotImplementedError`` when differentiated — never a silent zero.
+`grad_fn` that raises `NotImplementedError` when differentiated — never a silent zero.
 
-Hyperparameters are constants (a tensor that requires grad is refused by :mod:`kermac.hyperparams`);
-``out=`` is refused while autograd records.  Other programs run forward as usual and raise
-``NotImplementedError`` naming the program when their backward runs.  Broadcast batches are summed
+Hyperparameters are constants (a tensor that requires grad is refused by [`kermac.hyperparams`][kermac.hyperparams]);
+`out=` is refused while autograd records.  Other programs run forward as usual and raise
+`NotImplementedError` naming the program when their backward runs.  Broadcast batches are summed
 back to each input's shape.
 """
 
@@ -63,11 +64,11 @@ DOT = "dot"
 
 
 def inner_power(program: PairwiseProgram) -> float | str:
-    """``P`` of a program reducing ``|x − z|^P`` (a number, or ``"p"`` for ``Hyper("p")``), ``0.0`` for a
-    count of differing coordinates, or ``"dot"`` for ``Σ x·z``.
+    """`P` of a program reducing `|x − z|^P` (a number, or `"p"` for `Hyper("p")`), `0.0` for a
+    count of differing coordinates, or `"dot"` for `Σ x·z`.
 
-    Decided on the normal form of the inner term (:mod:`kermac.canonical`), as the backends' fast
-    paths are.  Raises ``NotImplementedError`` for programs autograd does not cover.
+    Decided on the normal form of the inner term ([`kermac.canonical`][kermac.canonical]), as the backends' fast
+    paths are.  Raises `NotImplementedError` for programs autograd does not cover.
     """
     if is_product_sum(program):
         return DOT
@@ -95,7 +96,7 @@ def differentiable_pairwise(
     debug: bool,
     op: str,
 ) -> torch.Tensor:
-    """The pairwise program's result with a backward for ``x`` and ``z`` (see the module docstring).
+    """The pairwise program's result with a backward for `x` and `z` (see the module docstring).
 
     The forward runs for every program; a program autograd does not cover raises when its backward runs."""
     if out is not None:
@@ -132,7 +133,7 @@ class _Setup:
         return self.program.reduction == "sum" and self.power in (2.0, DOT)
 
     def inner_only(self) -> _Setup:
-        """This setup for the program without its epilogue (``out = acc``)."""
+        """This setup for the program without its epilogue (`out = acc`)."""
         program = PairwiseProgram(self.program.inner, self.program.reduction, ir.Var("acc"))
         return replace(self, program=program, hypers={n: self.hypers[n] for n in program.hypers})
 
@@ -168,7 +169,7 @@ class _Pairwise(torch.autograd.Function):
 
 
 class _FirstOrderOnly(torch.autograd.Function):
-    """Passes a first derivative through; differentiating it raises ``NotImplementedError``."""
+    """Passes a first derivative through; differentiating it raises `NotImplementedError`."""
 
     @staticmethod
     def forward(ctx, grad, reason: str, *inputs):  # type: ignore[override]
@@ -181,13 +182,13 @@ class _FirstOrderOnly(torch.autograd.Function):
 
 
 class _Gradient(torch.autograd.Function):
-    r"""``(∂L/∂x, ∂L/∂z)`` as a function of ``(g, x, z)``, for second derivatives of Σ (x − z)² and x·z.
+    r"""`(∂L/∂x, ∂L/∂z)` as a function of `(g, x, z)`, for second derivatives of Σ (x − z)² and x·z.
 
     Its forward is the fused first derivative.  Its backward differentiates
-    ``h = Σ u_x·∂L/∂x + Σ u_z·∂L/∂z = Σ_{m,n} G[m, n] W[m, n]`` with torch's autograd, where
-    ``W = 2 Σ_j (x_m − z_n)_j (u_x[m] − u_z[n])_j`` (matrix products) for Σ (x − z)² and
-    ``W = u_x zᵀ + x u_zᵀ`` for x·z, and ``G = g·e'(acc)`` with ``acc`` from :class:`_Pairwise` (so the
-    path through ``acc`` is the first derivative again, fused, and the result is differentiable too).
+    `h = Σ u_x·∂L/∂x + Σ u_z·∂L/∂z = Σ_{m,n} G[m, n] W[m, n]` with torch's autograd, where
+    `W = 2 Σ_j (x_m − z_n)_j (u_x[m] − u_z[n])_j` (matrix products) for Σ (x − z)² and
+    `W = u_x zᵀ + x u_zᵀ` for x·z, and `G = g·e'(acc)` with `acc` from `_Pairwise` (so the
+    path through `acc` is the first derivative again, fused, and the result is differentiable too).
     """
 
     @staticmethod
@@ -225,7 +226,7 @@ class _Gradient(torch.autograd.Function):
 def _gradients(
     s: _Setup, x: torch.Tensor, z: torch.Tensor, g: torch.Tensor, want: tuple[bool, bool]
 ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
-    """The first derivatives ``(∂L/∂x, ∂L/∂z)`` (``None`` where not wanted), by the fused path."""
+    """The first derivatives `(∂L/∂x, ∂L/∂z)` (`None` where not wanted), by the fused path."""
     want_x, want_z = want
     power = s.power
     if power == 0.0:
@@ -253,10 +254,10 @@ def _gradients(
 def _outer_factor(
     s: _Setup, x: torch.Tensor, z: torch.Tensor, g: torch.Tensor, *, differentiable: bool = False
 ) -> torch.Tensor:
-    """``G = g · e'(acc)`` (0 where ``acc = 0`` for ``|x − z|^P`` terms); ``[..., M, N]`` in the inputs' dtype.
+    """`G = g · e'(acc)` (0 where `acc = 0` for `|x − z|^P` terms); `[..., M, N]` in the inputs' dtype.
 
-    ``differentiable``: ``G`` as a differentiable function of ``g``, ``x`` and ``z`` (``acc`` through
-    :class:`_Pairwise`, ``e'`` with ``create_graph``)."""
+    `differentiable`: `G` as a differentiable function of `g`, `x` and `z` (`acc` through
+    `_Pairwise`, `e'` with `create_graph`)."""
     program, hypers = s.program, s.hypers
     if program.epilogue == ir.Var("acc"):
         return g
@@ -295,7 +296,7 @@ def _outer_factor(
 def _contract(
     a: torch.Tensor, other: torch.Tensor, own: torch.Tensor, p: float | torch.Tensor, s: _Setup
 ) -> torch.Tensor:
-    """``Σ_k a[k, m] sgn(t)|t|^{p−1}``, ``t = own[m, j] − other[k, j]``, as ``[..., rows of own, D]``."""
+    """`Σ_k a[k, m] sgn(t)|t|^{p−1}`, `t = own[m, j] − other[k, j]`, as `[..., rows of own, D]`."""
     ones = torch.ones(1, other.shape[-2], dtype=own.dtype, device=own.device)
     out = grad_contraction(a, other.mT, ones, own.mT, p=p, out=None, backend=s.backend, debug=s.debug, op="cdist_grad")
     return out[..., 0, :, :].mT
@@ -304,8 +305,8 @@ def _contract(
 def _extreme_gradients(
     s: _Setup, x: torch.Tensor, z: torch.Tensor, G: torch.Tensor, p: HyperValue, want: tuple[bool, bool]
 ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
-    """The gradients of a maximum or minimum of ``τ = |x − z|^P`` (see the module docstring), in blocks
-    of at most ``CHUNK_ELEMENTS`` ``(m, n, j)`` elements; ``[*batch, M, D]`` and ``[*batch, N, D]``."""
+    """The gradients of a maximum or minimum of `τ = |x − z|^P` (see the module docstring), in blocks
+    of at most `CHUNK_ELEMENTS` `(m, n, j)` elements; `[*batch, M, D]` and `[*batch, N, D]`."""
     batch, (m, n), d = G.shape[:-2], G.shape[-2:], x.shape[-1]
     cdtype = compute_dtype(x.dtype)
     grad_x = torch.zeros(batch + (m, d), dtype=cdtype, device=x.device) if want[0] else None

@@ -1,14 +1,14 @@
 """The interface every kermac backend implements.
 
-A backend is an object registered through the ``kermac.backends`` entry-point group (see
-:mod:`kermac.hookspecs`).  Core normalises every call into a problem object
-(:class:`kermac.problem.PairwiseProblem` or :class:`kermac.problem.GradProblem`) and hands it to
-the best-ranked backend that is available and supports it (:func:`kermac.registry.select_backend`).
-Backends write into ``problem.out``; they never allocate other memory except documented
-workspaces, and never synchronise with the host.
+A backend is an object registered through the `kermac.backends` entry-point group (see
+[`kermac.hookspecs`][kermac.hookspecs]).  Core normalises every call into a problem object
+(`kermac.problem.PairwiseProblem` or `kermac.problem.GradProblem`) and hands it to
+the best-ranked backend that is available and supports it
+([`kermac.registry.select_backend`][kermac.registry.select_backend]). Backends write into `problem.out`; they never
+allocate other memory except documented workspaces, and never synchronise with the host.
 
 Importing the module that defines a backend class must be cheap: heavy dependencies (triton,
-cuda-core, ...) are imported inside :meth:`Backend.availability` and the run methods.
+cuda-core, ...) are imported inside [`Backend.availability`][kermac.backend.Backend.availability] and the run methods.
 """
 
 from __future__ import annotations
@@ -44,17 +44,18 @@ class Availability:
 class Backend(abc.ABC):
     """Base class of kermac backends.
 
-    Subclasses set :attr:`name` (what users pass as ``backend=``: letters, digits, ``_``, ``-``,
-    ``.``; not ``auto`` nor a built-in name of :data:`kermac.hookspecs.RESERVED`) and
-    :attr:`priority` (an int; where no cost table ranks it, ``auto`` tries higher priorities first;
-    a negative priority marks an opt-in backend, e.g. an emulator, that ``auto`` never picks and
-    ``kermac bench`` does not time unless named), and implement the methods below.
+    Subclasses set `name` (what users pass as `backend=`: letters, digits, `_`, `-`,
+    `.`; not `auto` nor a built-in name of [`kermac.hookspecs.RESERVED`][kermac.hookspecs.RESERVED]) and
+    `priority` (an int; where no cost table ranks it, `auto` tries higher priorities first;
+    a negative priority marks an opt-in backend, e.g. an emulator, that `auto` never picks and
+    `kermac bench` does not time unless named), and implement the methods below.
 
-    The hooks ``priority``, :meth:`availability`, :meth:`preference`, :meth:`check_pairwise` and
-    :meth:`check_grad` must not raise and must return the documented types; one that does not is
-    a plugin error, which :mod:`kermac.registry` reports once and survives (``auto`` skips the
-    backend for that decision).  :func:`kermac.testing.assert_pairwise_conforms` and
-    :func:`~kermac.testing.assert_grad_conforms` check a backend's values against the reference.
+    The hooks `priority`, [`availability`][kermac.backend.Backend.availability],
+    [`preference`][kermac.backend.Backend.preference], [`check_pairwise`][kermac.backend.Backend.check_pairwise] and
+    [`check_grad`][kermac.backend.Backend.check_grad] must not raise and must return the documented types; one that does
+    not is a plugin error, which [`kermac.registry`][kermac.registry] reports once and survives (`auto` skips the
+    backend for that decision).  [`kermac.testing.assert_pairwise_conforms`][kermac.testing.assert_pairwise_conforms]
+    and [`assert_grad_conforms`][kermac.testing.assert_grad_conforms] check a backend's values against the reference.
     """
 
     name: ClassVar[str]
@@ -67,25 +68,26 @@ class Backend(abc.ABC):
 
     @abc.abstractmethod
     def check_pairwise(self, problem: PairwiseProblem) -> str | None:
-        """``None`` if :meth:`pairwise` can run ``problem``, else the reason it cannot (a str)."""
+        """`None` if [`pairwise`][kermac.backend.Backend.pairwise] can run `problem`, else the reason it cannot (a
+        str)."""
 
     @abc.abstractmethod
     def pairwise(self, problem: PairwiseProblem) -> None:
-        """Compute the fused pairwise kernel of ``problem`` into ``problem.out`` (every element of it)."""
+        """Compute the fused pairwise kernel of `problem` into `problem.out` (every element of it)."""
 
     @abc.abstractmethod
     def check_grad(self, problem: GradProblem) -> str | None:
-        """``None`` if :meth:`grad` can run ``problem``, else the reason it cannot (a str)."""
+        """`None` if [`grad`][kermac.backend.Backend.grad] can run `problem`, else the reason it cannot (a str)."""
 
     @abc.abstractmethod
     def grad(self, problem: GradProblem) -> None:
-        """Compute the gradient contraction of ``problem`` into ``problem.out`` (every element of it)."""
+        """Compute the gradient contraction of `problem` into `problem.out` (every element of it)."""
 
     def preference(self, problem: PairwiseProblem | GradProblem) -> int:
-        """How strongly ``auto`` should prefer this backend for ``problem`` (default: :attr:`priority`).
+        """How strongly `auto` should prefer this backend for `problem` (default: `priority`).
 
-        ``auto`` ranks first the backends that the cost table of the problem's device lists for
-        its class (:mod:`kermac.costs`), cheapest first, then the others by this value (ties go
+        `auto` ranks first the backends that the cost table of the problem's device lists for
+        its class ([`kermac.costs`][kermac.costs]), cheapest first, then the others by this value (ties go
         to the higher priority), and runs the first that accepts; so this is asked of every
         available backend the table does not list, also for problems it will refuse. Where no
         table covers the device or class, this order alone decides: a backend may override it
@@ -97,10 +99,10 @@ class Backend(abc.ABC):
     def precompile(
         self, problems: list[PairwiseProblem | GradProblem], *, archs: Sequence[str] | None = None
     ) -> list[str]:
-        """Compile ahead of time whatever running ``problems`` would compile; names what was built.
+        """Compile ahead of time whatever running `problems` would compile; names what was built.
 
-        ``archs`` names target architectures (e.g. ``"sm_90"``) where the problems' device does
-        not (``kermac precompile`` builds problems on the ``meta`` device when there is no GPU).
+        `archs` names target architectures (e.g. `"sm_90"`) where the problems' device does
+        not (`kermac precompile` builds problems on the `meta` device when there is no GPU).
         Backends that compile nothing ahead of time keep this default.
         """
         return []

@@ -1,27 +1,27 @@
-"""The benchmark harness shared by ``kermac bench`` and the asv suites in ``benchmarks/``.
+"""The benchmark harness shared by `kermac bench` and the asv suites in `benchmarks/`.
 
-A :class:`BenchCase` names one problem -- an operation, its sizes, ``p``, the kernel function --
-and builds its inputs; :func:`kermac_fn` and :func:`torch_fn` give the callables to time (kermac
-through a chosen backend writing into a preallocated ``out``, and PyTorch's own way of computing
-the same thing); :func:`reference` computes the float64 answer with the reference backend and
-:func:`max_rel_error` compares against it; :func:`time_ms` times a callable.
+A `BenchCase` names one problem -- an operation, its sizes, `p`, the kernel function --
+and builds its inputs; `kermac_fn` and `torch_fn` give the callables to time (kermac
+through a chosen backend writing into a preallocated `out`, and PyTorch's own way of computing
+the same thing); `reference` computes the float64 answer with the reference backend and
+`max_rel_error` compares against it; `time_ms` times a callable.
 
-Operations and shapes (all float32 ``torch.randn`` inputs):
+Operations and shapes (all float32 `torch.randn` inputs):
 
-* ``"cdist"``, sizes ``(M, N, D)``: ``x [M, D]``, ``z [N, D]`` → ``[M, N]``, the p-norm distance.
-* ``"kernel"``, sizes ``(M, N, D)``: the same shapes; ``kernel`` is ``"laplace"``
-  (``exp(−‖x−z‖_p/σ)``) or ``"gaussian"`` (``exp(−‖x−z‖₂²/(2σ²))``, p = 2).
-* ``"grad"``, sizes ``(M, N, O, K)``: ``a [K, M]``, ``b [N, K]``, ``c [O, K]``, ``d [N, M]`` →
-  ``out [O, N, M] = Σ_k c[o,k]·a[k,m]·sgn(d[n,m]−b[n,k])·|d[n,m]−b[n,k]|^(p−1)``.
+* `"cdist"`, sizes `(M, N, D)`: `x [M, D]`, `z [N, D]` → `[M, N]`, the p-norm distance.
+* `"kernel"`, sizes `(M, N, D)`: the same shapes; `kernel` is `"laplace"`
+  (`exp(−‖x−z‖_p/σ)`) or `"gaussian"` (`exp(−‖x−z‖₂²/(2σ²))`, p = 2).
+* `"grad"`, sizes `(M, N, O, K)`: `a [K, M]`, `b [N, K]`, `c [O, K]`, `d [N, M]` →
+  `out [O, N, M] = Σ_k c[o,k]·a[k,m]·sgn(d[n,m]−b[n,k])·|d[n,m]−b[n,k]|^(p−1)`.
 
-This is the one table of benchmark cases: ``kermac bench``, the asv suites in ``benchmarks/`` and
-the development tools in ``tools/`` all read it.  The case lists: :data:`CPU_CASES` (small, for
-machines without a GPU), :data:`CPU_QUICK_CASES`, :data:`PEERS_CASES` (the peer table: every
+This is the one table of benchmark cases: `kermac bench`, the asv suites in `benchmarks/` and
+the development tools in `tools/` all read it.  The case lists: `CPU_CASES` (small, for
+machines without a GPU), `CPU_QUICK_CASES`, `PEERS_CASES` (the peer table: every
 problem other systems published H100 timings for, with those timings and the project's targets),
-:data:`GPU_CASES` (the subset ``kermac bench`` runs by default, < 1 minute on an H100),
-:data:`GPU_QUICK_CASES` and :data:`SMALL_CASES` (problems so small that on a GPU a call's time is
-mostly the host's per-call work: checks, planning, the launch).  :attr:`BenchCase.problem_class`
-is the class of :mod:`kermac.costs` a case measures.
+`GPU_CASES` (the subset `kermac bench` runs by default, < 1 minute on an H100),
+`GPU_QUICK_CASES` and `SMALL_CASES` (problems so small that on a GPU a call's time is
+mostly the host's per-call work: checks, planning, the launch).  `BenchCase.problem_class`
+is the class of [`kermac.costs`][kermac.costs] a case measures.
 """
 
 from __future__ import annotations
@@ -60,8 +60,8 @@ __all__ = [
     "torch_fn",
 ]
 
-#: The backend whose float64 results are the oracle (kermac's pure-PyTorch reference backend).
 REFERENCE_BACKEND = "torch"
+"""The backend whose float64 results are the oracle (kermac's pure-PyTorch reference backend)."""
 
 Op = Literal["cdist", "kernel", "grad"]
 _OPS = ("cdist", "kernel", "grad")
@@ -73,11 +73,11 @@ class BenchCase:
     """One benchmark problem.
 
     Attributes:
-        op: ``"cdist"``, ``"kernel"`` or ``"grad"`` (see the module docstring for shapes).
-        sizes: ``(M, N, D)`` for cdist and kernel, ``(M, N, O, K)`` for grad.
+        op: `"cdist"`, `"kernel"` or `"grad"` (see the module docstring for shapes).
+        sizes: `(M, N, D)` for cdist and kernel, `(M, N, O, K)` for grad.
         p: the norm exponent (> 0).
-        kernel: ``"laplace"`` or ``"gaussian"`` for op ``"kernel"``, else ``None``.
-        device: where inputs are created (``"cpu"``, ``"cuda"``, ``"cuda:1"``, ...).
+        kernel: `"laplace"` or `"gaussian"` for op `"kernel"`, else `None`.
+        device: where inputs are created (`"cpu"`, `"cuda"`, `"cuda:1"`, ...).
         peers: other systems' published timings in ms on an H100, by system name.
         floor_ms: the hardware floor of this case on an H100 (bytes or flops at peak), if any.
         target_ms: the project's target for this case on an H100, if any.
@@ -113,7 +113,7 @@ class BenchCase:
 
     @property
     def label(self) -> str:
-        """A short human-readable name, e.g. ``cdist 8192x8192x256 p=1.3``."""
+        """A short human-readable name, e.g. `cdist 8192x8192x256 p=1.3`."""
         p = f"p={self.p:g}"
         if self.op == "grad":
             m, n, o, k = self.sizes
@@ -125,12 +125,12 @@ class BenchCase:
 
     @property
     def bandwidth(self) -> float:
-        """σ of a kernel case: the typical ‖x−z‖_p of randn rows, ``√2·D^(1/p)``, so values stay O(1)."""
+        """σ of a kernel case: the typical ‖x−z‖_p of randn rows, `√2·D^(1/p)`, so values stay O(1)."""
         return math.sqrt(2.0) * self.sizes[2] ** (1.0 / self.p)
 
     @property
     def out_shape(self) -> tuple[int, ...]:
-        """``(M, N)``, or ``(O, N, M)`` for grad."""
+        """`(M, N)`, or `(O, N, M)` for grad."""
         if self.op == "grad":
             m, n, o, _ = self.sizes
             return (o, n, m)
@@ -138,7 +138,7 @@ class BenchCase:
 
     @property
     def input_shapes(self) -> tuple[tuple[int, ...], ...]:
-        """``(x, z)`` shapes, or ``(a, b, c, d)`` for grad."""
+        """`(x, z)` shapes, or `(a, b, c, d)` for grad."""
         if self.op == "grad":
             m, n, o, k = self.sizes
             return ((k, m), (n, k), (o, k), (n, m))
@@ -152,7 +152,7 @@ class BenchCase:
 
     @property
     def program(self) -> PairwiseProgram | GradProgram:
-        """The program :func:`kermac_fn` runs for this case."""
+        """The program `kermac_fn` runs for this case."""
         from kermac import presets
         from kermac.lowering import cdist_program, grad_program
 
@@ -166,17 +166,17 @@ class BenchCase:
 
     @property
     def problem_class(self) -> ProblemClass:
-        """The class of :mod:`kermac.costs` this case measures (its inputs are float32)."""
+        """The class of [`kermac.costs`][kermac.costs] this case measures (its inputs are float32)."""
         from kermac.costs import classify
 
         return classify(self.program, torch.float32, self.sizes)
 
     def on(self, device: str | torch.device) -> BenchCase:
-        """The same case with inputs on ``device``."""
+        """The same case with inputs on `device`."""
         return dataclasses.replace(self, device=str(device))
 
     def make_inputs(self, seed: int = 0) -> tuple[torch.Tensor, ...]:
-        """Fresh float32 ``torch.randn`` inputs on :attr:`device`, reproducible from ``seed``."""
+        """Fresh float32 `torch.randn` inputs on `device`, reproducible from `seed`."""
         device = torch.device(self.device)
         gen = torch.Generator(device=device)
         gen.manual_seed(seed)
@@ -185,7 +185,7 @@ class BenchCase:
         )
 
     def make_out(self) -> torch.Tensor:
-        """An uninitialised float32 output of :attr:`out_shape` on :attr:`device`."""
+        """An uninitialised float32 output of `out_shape` on `device`."""
         return torch.empty(self.out_shape, device=self.device, dtype=torch.float32)
 
 
@@ -223,7 +223,6 @@ def _grad(
     )
 
 
-#: The peer table (float32, one H100 80GB): other systems' published timings, floors and targets.
 PEERS_CASES: tuple[BenchCase, ...] = (
     _cdist((30000, 30000, 1024), 1.0, 58.7, 64.0, 2144.0, 73.5, 77.8),
     _cdist((30000, 30000, 1024), 1.3, 440.0, 300.0, 4060.0, 449.0, 453.0),
@@ -259,18 +258,19 @@ PEERS_CASES: tuple[BenchCase, ...] = (
     _grad((8192, 768, 16, 8192), 1.0, 30.0, 74.2, 73.3),
     _grad((8192, 768, 16, 8192), 1.5, 35.0, None, 84.4),
 )
+"""The peer table (float32, one H100 80GB): other systems' published timings, floors and targets."""
 
-#: The default GPU subset: every PEERS row except the 30000² cdist and the 8192 gradient ones.
 GPU_CASES: tuple[BenchCase, ...] = tuple(
     c for c in PEERS_CASES if c.sizes[0] != 30000 and not (c.op == "grad" and c.sizes[0] == 8192)
 )
+"""The default GPU subset: every PEERS row except the 30000² cdist and the 8192 gradient ones."""
 
-#: ``kermac bench --quick`` on a GPU: one case per operation.
 GPU_QUICK_CASES: tuple[BenchCase, ...] = (
     next(c for c in PEERS_CASES if c.op == "cdist" and c.sizes == (8192, 8192, 256) and c.p == 1.3),
     next(c for c in PEERS_CASES if c.op == "kernel" and c.p == 2.0),
     next(c for c in PEERS_CASES if c.op == "grad" and c.sizes[0] == 4096 and c.p == 1.0),
 )
+"""`kermac bench --quick` on a GPU: one case per operation."""
 
 
 def _small(mnd: tuple[int, int, int], grad: tuple[int, int, int, int]) -> tuple[BenchCase, ...]:
@@ -285,22 +285,23 @@ def _small(mnd: tuple[int, int, int], grad: tuple[int, int, int, int]) -> tuple[
     )
 
 
-#: Machines without a GPU: 1024x1024x64 distances and Laplace kernels, a small gradient.
 CPU_CASES: tuple[BenchCase, ...] = _small((1024, 1024, 64), (1024, 64, 8, 512))
-#: ``kermac bench --quick`` without a GPU (a few seconds on two cores).
+"""Machines without a GPU: 1024x1024x64 distances and Laplace kernels, a small gradient."""
 CPU_QUICK_CASES: tuple[BenchCase, ...] = _small((256, 256, 32), (256, 32, 4, 128))
+"""`kermac bench --quick` without a GPU (a few seconds on two cores)."""
 
 
-#: ``kermac bench --small``: 256² distances and Laplace kernels of 32 features and a 256, 32, 4, 128
-#: gradient on any device; a GPU finishes each kernel in a few microseconds, so these time the host.
 SMALL_CASES: tuple[BenchCase, ...] = CPU_QUICK_CASES
+"""`kermac bench --small`: 256² distances and Laplace kernels of 32 features and a 256, 32, 4, 128
+gradient on any device; a GPU finishes each kernel in a few microseconds, so these time the host.
+"""
 
 
 def cases_for(
     device: str | torch.device, *, full: bool = False, quick: bool = False, small: bool = False
 ) -> list[BenchCase]:
-    """The cases ``kermac bench`` runs on ``device``: CPU or GPU lists, ``full`` = the whole peer
-    table (a CUDA device only: ``ValueError`` otherwise), ``small`` = :data:`SMALL_CASES` on either."""
+    """The cases `kermac bench` runs on `device`: CPU or GPU lists, `full` = the whole peer
+    table (a CUDA device only: `ValueError` otherwise), `small` = `SMALL_CASES` on either."""
     device = torch.device(device)
     if full and device.type != "cuda":
         raise ValueError(f"full: the peer-table cases need a CUDA device, got {device}")
@@ -317,7 +318,7 @@ def cases_for(
 
 
 def kermac_fn(case: BenchCase, backend: str) -> Callable[..., torch.Tensor]:
-    """``fn(*inputs, out)``: the case's kermac operation through ``backend``, writing into ``out``."""
+    """`fn(*inputs, out)`: the case's kermac operation through `backend`, writing into `out`."""
     import kermac
 
     if case.op == "cdist":
@@ -337,15 +338,15 @@ def kermac_fn(case: BenchCase, backend: str) -> Callable[..., torch.Tensor]:
 
 
 def _laplace_preset(p: float) -> str:
-    """The preset of a Laplace kernel case: ``laplace_l1``, ``laplace_l2`` or ``laplace_lp``."""
+    """The preset of a Laplace kernel case: `laplace_l1`, `laplace_l2` or `laplace_lp`."""
     return {1.0: "laplace_l1", 2.0: "laplace_l2"}.get(p, "laplace_lp")
 
 
 def torch_fn(case: BenchCase) -> Callable[..., torch.Tensor] | None:
-    """``fn(*inputs)``: how plain PyTorch computes the case (it allocates its output).
+    """`fn(*inputs)`: how plain PyTorch computes the case (it allocates its output).
 
-    cdist: :func:`torch.cdist`; kernel: ``torch.cdist`` then ``exp``; grad: only for p = 2,
-    ``d[n,m]·(c a)[o,m] − Σ_k c[o,k] a[k,m] b[n,k]`` with two matrix products (``None`` for
+    cdist: `torch.cdist`; kernel: `torch.cdist` then `exp`; grad: only for p = 2,
+    `d[n,m]·(c a)[o,m] − Σ_k c[o,k] a[k,m] b[n,k]` with two matrix products (`None` for
     other p: PyTorch has no memory-bounded way to compute it).
     """
     p = case.p
@@ -368,7 +369,7 @@ def torch_fn(case: BenchCase) -> Callable[..., torch.Tensor] | None:
 
 
 def reference(case: BenchCase, inputs: Sequence[torch.Tensor]) -> torch.Tensor:
-    """The float64 answer for ``inputs`` (upcast), from :data:`REFERENCE_BACKEND`."""
+    """The float64 answer for `inputs` (upcast), from `REFERENCE_BACKEND`."""
     wide = [t.double() for t in inputs]
     out = torch.empty(case.out_shape, device=wide[0].device, dtype=torch.float64)
     return kermac_fn(case, REFERENCE_BACKEND)(*wide, out)
@@ -377,12 +378,12 @@ def reference(case: BenchCase, inputs: Sequence[torch.Tensor]) -> torch.Tensor:
 def corner(
     case: BenchCase, inputs: Sequence[torch.Tensor], out: torch.Tensor, *, size: int = 256
 ) -> tuple[BenchCase, tuple[torch.Tensor, ...], torch.Tensor]:
-    """A corner of ``case`` whose float64 reference is cheap, for checking a problem too large to check whole.
+    """A corner of `case` whose float64 reference is cheap, for checking a problem too large to check whole.
 
-    Pairwise: the first ``size`` rows of x against the last ``size`` rows of z, ``out[:size, -size:]``;
-    gradient: the first ``size`` columns m of a and d and the first 8 rows n of b and d,
-    ``out[:, :8, :size]`` (the whole reduction either way).  Returns (the corner as a case, its
-    inputs, the view of ``out`` that holds its answer).
+    Pairwise: the first `size` rows of x against the last `size` rows of z, `out[:size, -size:]`;
+    gradient: the first `size` columns m of a and d and the first 8 rows n of b and d,
+    `out[:, :8, :size]` (the whole reduction either way).  Returns (the corner as a case, its
+    inputs, the view of `out` that holds its answer).
     """
     if case.op == "grad":
         a, b, c, d = inputs
@@ -396,10 +397,10 @@ def corner(
 
 
 def max_rel_error(result: torch.Tensor, ref: torch.Tensor, *, chunk_elems: int = 1 << 26) -> float:
-    """``max |result − ref| / max |ref|`` (relative error in the max norm), in float64.
+    """`max |result − ref| / max |ref|` (relative error in the max norm), in float64.
 
-    Computed over chunks of at most ``chunk_elems`` elements so it needs no full-size temporary.
-    NaN anywhere in ``result`` gives NaN.  Shapes must match.
+    Computed over chunks of at most `chunk_elems` elements so it needs no full-size temporary.
+    NaN anywhere in `result` gives NaN.  Shapes must match.
     """
     if result.shape != ref.shape:
         raise ValueError(f"result: expected shape {tuple(ref.shape)} (the reference's), got {tuple(result.shape)}")
@@ -419,7 +420,7 @@ def max_rel_error(result: torch.Tensor, ref: torch.Tensor, *, chunk_elems: int =
 
 
 def tolerance(case: BenchCase) -> float:
-    """Largest :func:`max_rel_error` an fp32 result may show before ``kermac bench`` flags it."""
+    """Largest `max_rel_error` an fp32 result may show before `kermac bench` flags it."""
     return 1e-3 if case.op == "grad" else 1e-4
 
 
@@ -434,8 +435,8 @@ def _l2_bytes(device: torch.device) -> int:
 def rotation_count(case: BenchCase, *, l2_bytes: int | None = None, max_sets: int = 32) -> int:
     """How many input sets to rotate among so the inputs are not L2-resident between calls.
 
-    On CUDA, when one input set is smaller than twice the L2 cache (``l2_bytes``, default: the
-    device's), ``ceil(2·L2 / input_bytes)`` sets (at most ``max_sets``); otherwise, and on the
+    On CUDA, when one input set is smaller than twice the L2 cache (`l2_bytes`, default: the
+    device's), `ceil(2·L2 / input_bytes)` sets (at most `max_sets`); otherwise, and on the
     CPU, 1.
     """
     device = torch.device(case.device)
@@ -448,7 +449,7 @@ def rotation_count(case: BenchCase, *, l2_bytes: int | None = None, max_sets: in
 
 
 def input_sets(case: BenchCase, *, seed: int = 0, rotate: bool = True) -> list[tuple[torch.Tensor, ...]]:
-    """Input sets for timing: one, or :func:`rotation_count` of them if ``rotate``."""
+    """Input sets for timing: one, or `rotation_count` of them if `rotate`."""
     n = rotation_count(case) if rotate else 1
     return [case.make_inputs(seed + i) for i in range(n)]
 
@@ -462,14 +463,14 @@ def time_ms(
     args: Sequence[Sequence[object]] | None = None,
     max_seconds: float | None = None,
 ) -> list[float]:
-    """Milliseconds of each of ``repeat`` calls of ``fn`` after ``warmup`` untimed calls.
+    """Milliseconds of each of `repeat` calls of `fn` after `warmup` untimed calls.
 
-    Call ``i`` (warm-up included) is ``fn(*args[i % len(args)])``, so several input sets can be
-    rotated; ``args=None`` calls ``fn()``.  On CUDA each call is bracketed by CUDA events on the
+    Call `i` (warm-up included) is `fn(*args[i % len(args)])`, so several input sets can be
+    rotated; `args=None` calls `fn()`.  On CUDA each call is bracketed by CUDA events on the
     current stream and the host synchronises only after the warm-up and after the last call; on
-    the CPU ``time.perf_counter`` is used.  With ``max_seconds``, the last warm-up call's time
-    estimates the cost and ``repeat`` is lowered (to no fewer than 3 calls) so the timed calls
-    take about ``max_seconds``.  Report the median with :func:`statistics.median`.
+    the CPU `time.perf_counter` is used.  With `max_seconds`, the last warm-up call's time
+    estimates the cost and `repeat` is lowered (to no fewer than 3 calls) so the timed calls
+    take about `max_seconds`.  Report the median with `statistics.median`.
     """
     if warmup < 0 or repeat < 1:
         raise ValueError(f"warmup, repeat: expected warmup >= 0 and repeat >= 1, got warmup={warmup}, repeat={repeat}")

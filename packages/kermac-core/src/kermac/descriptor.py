@@ -1,27 +1,30 @@
 """Kernel descriptors: a structured, validated way to name a fused distance/kernel computation.
 
-A :class:`KernelDescriptor` chooses, for the pairwise program of :mod:`kermac.programs`,
+A [`KernelDescriptor`][kermac.descriptor.KernelDescriptor] chooses, for the pairwise program of
+[`kermac.programs`][kermac.programs],
 
-1. the **inner operation** on one coordinate pair: ``"difference"`` t = x − z or ``"product"`` t = x·z;
-2. the **inner power** applied to t: ``"abs"`` |t|, ``"square"`` t², ``"pow"`` |t|ᵖ (p > 0),
-   ``"nonzero"`` [t ≠ 0] (counts differing coordinates; NaN for a NaN t), ``"identity"`` t;
-3. the **reduction** over the feature index k: ``"sum"``, ``"max"`` or ``"min"`` (a maximum of
-   |t| skips NaN differences, as torch.cdist's p = ∞ does; see ``docs/formulas.md``);
-4. the **outer power** giving the distance d from the reduced value s: ``"identity"`` d = s,
-   ``"sqrt"`` d = √s, ``"root"`` d = s^(1/p);
-5. an optional **kernel function** of d with bandwidth σ (see :data:`KERNEL_FUNCTIONS`).
+1. the **inner operation** on one coordinate pair: `"difference"` t = x − z or `"product"` t = x·z;
+2. the **inner power** applied to t: `"abs"` |t|, `"square"` t², `"pow"` |t|ᵖ (p > 0),
+   `"nonzero"` [t ≠ 0] (counts differing coordinates; NaN for a NaN t), `"identity"` t;
+3. the **reduction** over the feature index k: `"sum"`, `"max"` or `"min"` (a maximum of
+   |t| skips NaN differences, as torch.cdist's p = ∞ does; see `docs/formulas.md`);
+4. the **outer power** giving the distance d from the reduced value s: `"identity"` d = s,
+   `"sqrt"` d = √s, `"root"` d = s^(1/p);
+5. an optional **kernel function** of d with bandwidth σ (see [`KERNEL_FUNCTIONS`][kermac.descriptor.KERNEL_FUNCTIONS]).
 
-Regularisation (``K + λI`` on a shifted diagonal) is not part of the descriptor: it is switched on
-by passing ``regularization=`` to :func:`kermac.run_kernel`, and :meth:`KernelDescriptor.lower`
-adds it to the program.  Hyperparameters are named ``p``, ``bandwidth`` and ``regularization``.
+Regularisation (`K + λI` on a shifted diagonal) is not part of the descriptor: it is switched on
+by passing `regularization=` to [`kermac.run_kernel`][kermac.run_kernel], and
+[`KernelDescriptor.lower`][kermac.descriptor.KernelDescriptor.lower] adds it to the program.  Hyperparameters are named
+`p`, `bandwidth` and `regularization`.
 
-A NaN hyperparameter (what an invalid tensor value becomes, :mod:`kermac.hyperparams`) makes every
+A NaN hyperparameter (what an invalid tensor value becomes, [`kermac.hyperparams`][kermac.hyperparams]) makes every
 output of its batch entry NaN: the bandwidth divides the distance in every kernel function, and the
-epilogue is wrapped in :func:`~kermac.hyperparams.nan_where_nan` for ``p`` (``pow(1, NaN) = 1``
-would let it through) and for ``λ`` (read on the diagonal only), which leaves it unchanged for
+epilogue is wrapped in [`nan_where_nan`][kermac.hyperparams.nan_where_nan] for `p` (`pow(1, NaN) = 1`
+would let it through) and for `λ` (read on the diagonal only), which leaves it unchanged for
 every value that is not NaN.
 
-Descriptors are frozen and hashable; :meth:`KernelDescriptor.key` is a canonical string.
+Descriptors are frozen and hashable; [`KernelDescriptor.key`][kermac.descriptor.KernelDescriptor.key] is a canonical
+string.
 """
 
 from __future__ import annotations
@@ -73,9 +76,6 @@ def _cauchy(d: Expr, d2: Expr) -> Expr:
     return 1.0 / (1.0 + d2 / (BANDWIDTH * BANDWIDTH))
 
 
-#: Kernel function name → builder ``f(d, d²) -> Expr``; each formula is in ``docs/formulas.md``:
-#: laplace e^(−d/σ); gaussian e^(−d²/(2σ²)); matern32 (1+√3d/σ)e^(−√3d/σ);
-#: matern52 (1+√5d/σ+5d²/(3σ²))e^(−√5d/σ); cauchy 1/(1+d²/σ²).
 KERNEL_FUNCTIONS: dict[str, Callable[[Expr, Expr], Expr]] = {
     "laplace": _laplace,
     "gaussian": _gaussian,
@@ -83,6 +83,10 @@ KERNEL_FUNCTIONS: dict[str, Callable[[Expr, Expr], Expr]] = {
     "matern52": _matern52,
     "cauchy": _cauchy,
 }
+"""Kernel function name → builder `f(d, d²) -> Expr`; each formula is in `docs/formulas.md`:
+laplace e^(−d/σ); gaussian e^(−d²/(2σ²)); matern32 (1+√3d/σ)e^(−√3d/σ);
+matern52 (1+√5d/σ+5d²/(3σ²))e^(−√5d/σ); cauchy 1/(1+d²/σ²).
+"""
 
 
 def _choice(name: str, value: object, allowed: tuple[str, ...]) -> None:
@@ -118,12 +122,12 @@ class KernelDescriptor:
 
     @property
     def needs_p(self) -> bool:
-        """Whether the hyperparameter ``p`` must be given."""
+        """Whether the hyperparameter `p` must be given."""
         return self.power == "pow" or self.outer == "root"
 
     @property
     def needs_bandwidth(self) -> bool:
-        """Whether the hyperparameter ``bandwidth`` must be given."""
+        """Whether the hyperparameter `bandwidth` must be given."""
         return self.kernel is not None
 
     def replace(self, **changes: object) -> KernelDescriptor:
@@ -135,8 +139,8 @@ class KernelDescriptor:
         return ";".join(f"{f.name}={getattr(self, f.name)}" for f in fields(self))
 
     def lower(self, *, regularized: bool = False) -> PairwiseProgram:
-        """The pairwise program of this descriptor (plus ``+ λ·[on diagonal]`` if ``regularized``),
-        NaN throughout for a NaN ``p`` or ``λ`` (see the module documentation).
+        """The pairwise program of this descriptor (plus `+ λ·[on diagonal]` if `regularized`),
+        NaN throughout for a NaN `p` or `λ` (see the module documentation).
 
         Built once per descriptor and flag (both immutable): repeated calls return the same program."""
         return _lowered(self, regularized)

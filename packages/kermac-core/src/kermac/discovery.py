@@ -1,26 +1,26 @@
-"""Backend discovery: the entry points of ``kermac.backends`` -> backends, and every problem found.
+"""Backend discovery: the entry points of `kermac.backends` -> backends, and every problem found.
 
-Each entry point is a *plugin*.  :func:`discover` loads the plugins one by one and refuses, as a
-:class:`Problem` naming the plugin and its distribution, whatever would let one plugin break
-kermac or another plugin (the rules are listed in :mod:`kermac.hookspecs`):
+Each entry point is a *plugin*.  [`discover`][kermac.discovery.discover] loads the plugins one by one and refuses, as a
+[`Problem`][kermac.discovery.Problem] naming the plugin and its distribution, whatever would let one plugin break
+kermac or another plugin (the rules are listed in [`kermac.hookspecs`][kermac.hookspecs]):
 
-* an entry-point or backend name of :data:`~kermac.hookspecs.RESERVED` claimed by a distribution
-  that does not own it (the owner's plugin keeps working, whatever the order on ``sys.path``);
+* an entry-point or backend name of [`RESERVED`][kermac.hookspecs.RESERVED] claimed by a distribution
+  that does not own it (the owner's plugin keeps working, whatever the order on `sys.path`);
 * an entry-point name declared by two distributions (the first one is loaded; the same
   distribution found twice, e.g. an editable and a site install, is one plugin);
 * a backend name registered twice, or not a valid name;
-* a plugin whose import or ``kermac_backends()`` raises -- any exception, ``SystemExit``
-  included; only ``KeyboardInterrupt`` propagates -- returns something other than backends, or
+* a plugin whose import or `kermac_backends()` raises -- any exception, `SystemExit`
+  included; only `KeyboardInterrupt` propagates -- returns something other than backends, or
   takes longer than the load time limit.
 
 The time limit: each plugin is imported, and its hook called, in a daemon thread that discovery
-waits for at most :func:`load_timeout` seconds; a plugin still running then is recorded (with the
-line it was at) and abandoned (its thread finishes, or not, on its own; its result is never
+waits for at most [`load_timeout`][kermac.discovery.load_timeout] seconds; a plugin still running then is recorded (with
+the line it was at) and abandoned (its thread finishes, or not, on its own; its result is never
 used).  The thread costs about 0.1 ms per plugin.  Two cases load in the calling thread, without
 a limit: no thread can be started, and kermac is first used from the body of a module being
 imported (the caller holds that module's import lock; a loader thread needing the same module
 would wait for it, maybe for good).  A plugin that calls kermac while it loads gets a
-``RuntimeError`` (discovery is in progress; waiting for it would deadlock).
+`RuntimeError` (discovery is in progress; waiting for it would deadlock).
 """
 
 from __future__ import annotations
@@ -58,16 +58,16 @@ ENV_LOAD_TIMEOUT = "KERMAC_PLUGIN_LOAD_TIMEOUT"
 DEFAULT_LOAD_TIMEOUT = 5.0  # seconds; a light plugin module imports in milliseconds
 
 _VALID_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
-#: What ``backend=`` takes to let kermac choose; no backend may be named so.
 AUTO = "auto"
+"""What `backend=` takes to let kermac choose; no backend may be named so."""
 
 
 @dataclass(frozen=True)
 class Plugin:
-    """One entry point: its ``name``, what it loads (``value``) and the distribution declaring it.
+    """One entry point: its `name`, what it loads (`value`) and the distribution declaring it.
 
-    ``distribution`` is the normalised project name (``kermac-core``), or ``None`` for an entry
-    point built by hand and handed to :func:`discover` (only in-process code does that, so it is
+    `distribution` is the normalised project name (`kermac-core`), or `None` for an entry
+    point built by hand and handed to [`discover`][kermac.discovery.discover] (only in-process code does that, so it is
     trusted with any name).
     """
 
@@ -77,7 +77,7 @@ class Plugin:
 
     @property
     def label(self) -> str:
-        """How messages name the plugin: ``plugin 'x' of distribution y`` (or ``of module v``)."""
+        """How messages name the plugin: `plugin 'x' of distribution y` (or `of module v`)."""
         where = f"distribution {self.distribution}" if self.distribution is not None else f"module {self.value}"
         return f"plugin {self.name!r} of {where}"
 
@@ -87,14 +87,14 @@ class Plugin:
         return self.distribution if self.distribution is not None else self.value
 
     def may_use(self, name: str) -> bool:
-        """Whether this plugin may use ``name`` (entry-point or backend name): not another's reserved one."""
+        """Whether this plugin may use `name` (entry-point or backend name): not another's reserved one."""
         owner = hookspecs.RESERVED.get(name)
         return owner is None or self.distribution is None or self.distribution == owner
 
 
 @dataclass(frozen=True)
 class Problem:
-    """Why (part of) a plugin was skipped; ``message`` names the plugin and its distribution."""
+    """Why (part of) a plugin was skipped; `message` names the plugin and its distribution."""
 
     plugin: Plugin
     message: str
@@ -110,7 +110,7 @@ class Loaded:
 
 @dataclass
 class Discovery:
-    """What :func:`discover` found: backends by name, and every problem in discovery order."""
+    """What [`discover`][kermac.discovery.discover] found: backends by name, and every problem in discovery order."""
 
     backends: dict[str, Loaded] = field(default_factory=dict)
     problems: list[Problem] = field(default_factory=list)
@@ -126,10 +126,10 @@ _loader = _LoaderState()
 
 
 def load_timeout() -> float | None:
-    """Seconds to wait for each plugin (``KERMAC_PLUGIN_LOAD_TIMEOUT``, default 5); ``None``: no limit.
+    """Seconds to wait for each plugin (`KERMAC_PLUGIN_LOAD_TIMEOUT`, default 5); `None`: no limit.
 
-    The variable takes a number of seconds > 0, or ``inf`` for no limit; anything else is a
-    ``ValueError`` naming it.
+    The variable takes a number of seconds > 0, or `inf` for no limit; anything else is a
+    `ValueError` naming it.
     """
     text = os.environ.get(ENV_LOAD_TIMEOUT, "").strip()
     if not text:
@@ -144,7 +144,7 @@ def load_timeout() -> float | None:
 
 
 def check_not_loading() -> None:
-    """Raise ``RuntimeError`` in a thread that is loading a plugin (it must not use kermac yet)."""
+    """Raise `RuntimeError` in a thread that is loading a plugin (it must not use kermac yet)."""
     plugin = _loader.plugin
     if plugin is not None:
         raise RuntimeError(
@@ -154,7 +154,7 @@ def check_not_loading() -> None:
 
 
 def describe_exception(exc: BaseException) -> str:
-    """``'TypeName: message'``, even for an exception whose ``__str__`` raises."""
+    """`'TypeName: message'`, even for an exception whose `__str__` raises."""
     try:
         text = str(exc)
     except Exception:
@@ -163,10 +163,10 @@ def describe_exception(exc: BaseException) -> str:
 
 
 def discover(entry_points: Iterable[metadata.EntryPoint], timeout: float | None) -> Discovery:
-    """Load every plugin of ``entry_points`` (in order), each within ``timeout`` seconds (``None``: no limit).
+    """Load every plugin of `entry_points` (in order), each within `timeout` seconds (`None`: no limit).
 
-    Runs plugin code (imports, ``kermac_backends()``, the backends' ``name``); raises only
-    ``KeyboardInterrupt`` (re-raised from a plugin untouched).
+    Runs plugin code (imports, `kermac_backends()`, the backends' `name`); raises only
+    `KeyboardInterrupt` (re-raised from a plugin untouched).
     """
     found = Discovery()
     threaded = not _importing()
@@ -181,7 +181,7 @@ def discover(entry_points: Iterable[metadata.EntryPoint], timeout: float | None)
 
 
 def discover_installed(timeout: float | None) -> Discovery:
-    """:func:`discover` over the installed distributions' entry points of ``kermac.backends``.
+    """[`discover`][kermac.discovery.discover] over the installed distributions' entry points of `kermac.backends`.
 
     A distribution whose entry-point metadata cannot be read (not UTF-8, malformed) is a problem
     of its own, not the end of discovery: the other distributions' plugins still load.
@@ -208,7 +208,7 @@ def discover_installed(timeout: float | None) -> Discovery:
 
 
 def _distribution_name(dist: metadata.Distribution) -> str:
-    """The normalised project name of ``dist`` (``"<unnamed distribution>"`` if unreadable)."""
+    """The normalised project name of `dist` (`"<unnamed distribution>"` if unreadable)."""
     try:
         name = dist.name
     except Exception:  # unreadable metadata: a distribution, but not one that owns anything
@@ -290,7 +290,7 @@ def _importing() -> bool:
 def _load_with_limit(
     plugin: Plugin, ep: metadata.EntryPoint, timeout: float | None, threaded: bool
 ) -> list[tuple[object, Backend]] | str:
-    """:func:`_load`, in a daemon thread if ``threaded``; its result, or what went wrong (``'failed to load: ...'``)."""
+    """`_load`, in a daemon thread if `threaded`; its result, or what went wrong (`'failed to load: ...'`)."""
     box: dict[str, object] = {}
     done = threading.Event()
 
@@ -323,7 +323,7 @@ def _load_with_limit(
 
 
 def _where(thread: threading.Thread) -> str:
-    """``'; it was at file:line'``: the plugin code a loader thread is running (outside importlib)."""
+    """`'; it was at file:line'`: the plugin code a loader thread is running (outside importlib)."""
     frame = sys._current_frames().get(thread.ident)  # type: ignore[arg-type]
     while frame is not None and frame.f_code.co_filename.startswith("<frozen "):
         frame = frame.f_back

@@ -1,11 +1,11 @@
 """Running normalised problems on a backend: what the public operations and autograd share.
 
-:mod:`kermac.api` (the public operations) and :mod:`kermac.autograd` (their backward) both run
+[`kermac.api`][kermac.api] (the public operations) and [`kermac.autograd`][kermac.autograd] (their backward) both run
 problems through here, so neither needs the other's internals: this module imports neither.
 
-* :func:`run_pairwise` / :func:`run_grad` pick a backend (:mod:`kermac.registry`) for a problem of
-  :mod:`kermac.problem`, log the choice under ``debug`` and let the backend write ``problem.out``.
-* :func:`grad_contraction` is the contraction behind :func:`kermac.cdist_grad`: ``p`` lowered to
+* `run_pairwise` / `run_grad` pick a backend ([`kermac.registry`][kermac.registry]) for a problem of
+  `kermac.problem`, log the choice under `debug` and let the backend write `problem.out`.
+* `grad_contraction` is the contraction behind [`kermac.cdist_grad`][kermac.cdist_grad]: `p` lowered to
   its program, validated and run.
 """
 
@@ -27,8 +27,8 @@ __all__ = ["grad_contraction", "run_grad", "run_pairwise"]
 
 
 def run_pairwise(problem: PairwiseProblem, backend: str, op: str) -> torch.Tensor:
-    """``problem.out`` written by the backend ``backend`` (a name or ``"auto"``) chooses; ``op``
-    names the public operation in log messages.  Empty and ``meta`` outputs are returned as they are."""
+    """`problem.out` written by the backend `backend` (a name or `"auto"`) chooses; `op`
+    names the public operation in log messages.  Empty and `meta` outputs are returned as they are."""
     if problem.out.numel() == 0 or problem.device.type == "meta":
         return problem.out
     chosen = registry.select_backend(backend, problem, lambda b, pr: b.check_pairwise(pr), "pairwise problem")
@@ -50,7 +50,7 @@ def run_pairwise(problem: PairwiseProblem, backend: str, op: str) -> torch.Tenso
 
 
 def run_grad(problem: GradProblem, backend: str, op: str) -> torch.Tensor:
-    """As :func:`run_pairwise`, for a gradient problem."""
+    """As `run_pairwise`, for a gradient problem."""
     if problem.out.numel() == 0 or problem.device.type == "meta":
         return problem.out
     chosen = registry.select_backend(backend, problem, lambda b, pr: b.check_grad(pr), "gradient problem")
@@ -85,11 +85,11 @@ def grad_contraction(
     debug: bool,
     op: str,
 ) -> torch.Tensor:
-    """``out[o, n, m] = Σ_k c[o, k] a[k, m] sgn(d[n, m] − b[n, k]) |d[n, m] − b[n, k]|^(p − 1)``, the
-    contraction of :func:`kermac.cdist_grad` (which documents the arguments); ``a`` a tensor.
+    """`out[o, n, m] = Σ_k c[o, k] a[k, m] sgn(d[n, m] − b[n, k]) |d[n, m] − b[n, k]|^(p − 1)`, the
+    contraction of [`kermac.cdist_grad`][kermac.cdist_grad] (which documents the arguments); `a` a tensor.
 
-    ``p`` must be > 0 and finite: a number is checked at once; an invalid tensor value makes its
-    batch entry NaN, or raises with ``debug``."""
+    `p` must be > 0 and finite: a number is checked at once; an invalid tensor value makes its
+    batch entry NaN, or raises with `debug`."""
     hypers: dict[str, HyperValue] = prepare_hypers({"p": (p, positive_finite)}, a.device, debug)
     program = grad_program(hypers["p"].scalar)
     if "p" not in program.hypers:
@@ -98,8 +98,8 @@ def grad_contraction(
 
 
 def _run_backend(backend: Backend, method: Callable[[object], None], problem: PairwiseProblem | GradProblem) -> None:
-    """``method(problem)``; a plugin's ``SystemExit`` (or another non-``Exception`` but
-    ``KeyboardInterrupt``) becomes a :class:`~kermac.errors.BackendError` naming the backend, so
+    """`method(problem)`; a plugin's `SystemExit` (or another non-`Exception` but
+    `KeyboardInterrupt`) becomes a [`BackendError`][kermac.errors.BackendError] naming the backend, so
     a backend cannot end the user's process.  Ordinary exceptions propagate as they are."""
     try:
         method(problem)

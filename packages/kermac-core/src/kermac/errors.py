@@ -1,7 +1,7 @@
 """Exception types raised by kermac.
 
-Bad arguments raise the built-in ``TypeError``/``ValueError`` with a message naming the argument,
-the expectation and what was received.  Backend problems raise :class:`BackendError`.
+Bad arguments raise the built-in `TypeError`/`ValueError` with a message naming the argument,
+the expectation and what was received.  Backend problems raise [`BackendError`][kermac.errors.BackendError].
 """
 
 from __future__ import annotations

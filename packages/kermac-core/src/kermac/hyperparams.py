@@ -1,25 +1,25 @@
 """Hyperparameters: numbers or per-batch tensors, validated and placed without a host sync.
 
-A hyperparameter (``p``, ``bandwidth``, ``regularization``, or a user-named one) is given as
+A hyperparameter (`p`, `bandwidth`, `regularization`, or a user-named one) is given as
 
-* a real number: a Python ``int``/``float``, a numpy scalar, any :class:`numbers.Real`
-  (``bool``, numpy's ``bool_`` and complex numbers are refused) — range-checked at once;
+* a real number: a Python `int`/`float`, a numpy scalar, any `numbers.Real`
+  (`bool`, numpy's `bool_` and complex numbers are refused) — range-checked at once;
 * a 0-d tensor on the CPU — read as a number (reading host memory does not sync the GPU);
 * a floating tensor on the inputs' device whose shape broadcasts, by torch's rules, against the
   inputs' batch dimensions — typically 1-d of length 1 or L.  The output's batch shape is the
-  broadcast of the inputs' and every hyperparameter's shapes, so ``p=torch.tensor([1., 1.5, 2.])``
+  broadcast of the inputs' and every hyperparameter's shapes, so `p=torch.tensor([1., 1.5, 2.])`
   with 2-d inputs computes three distance matrices in one launch.
 
 A tensor that requires grad is refused while grad mode is on (gradients with respect to
 hyperparameters are not supported), whichever of the two tensor forms it has.
 
-Tensor values cannot be range-checked without a host sync.  With ``debug=True`` they are checked
-(and an invalid one raises); otherwise :func:`poison_invalid` replaces every invalid value by NaN
-on the device — a range test and one ``torch.where`` per tensor hyperparameter, whose tiny results
+Tensor values cannot be range-checked without a host sync.  With `debug=True` they are checked
+(and an invalid one raises); otherwise [`poison_invalid`][kermac.hyperparams.poison_invalid] replaces every invalid
+value by NaN on the device — a range test and one `torch.where` per tensor hyperparameter, whose tiny results
 (tensors of the hyperparameter's own shape) are the only allocations — and the programs are built
-so that a NaN hyperparameter makes every entry of its batch entry NaN (:func:`nan_where_nan`).
-The hyperparameters of user programs (``run_program``, ``run_grad_program``) take any value but
-NaN and are used as given.
+so that a NaN hyperparameter makes every entry of its batch entry NaN
+([`nan_where_nan`][kermac.hyperparams.nan_where_nan]). The hyperparameters of user programs (`run_program`,
+`run_grad_program`) take any value but NaN and are used as given.
 """
 
 from __future__ import annotations
@@ -55,7 +55,7 @@ __all__ = [
 class Check:
     """A range check: the expectation in words, its test on a number and the same test on a tensor.
 
-    ``valid`` is never given NaN (NaN is refused before it is asked); ``valid_tensor`` is False
+    `valid` is never given NaN (NaN is refused before it is asked); `valid_tensor` is False
     where a value is NaN.
     """
 
@@ -64,39 +64,39 @@ class Check:
     valid_tensor: Callable[[torch.Tensor], torch.Tensor]
 
     def problem(self, v: float) -> str | None:
-        """``None`` if ``v`` passes, else what was expected."""
+        """`None` if `v` passes, else what was expected."""
         if math.isnan(v):
             return "a number, not NaN"
         return None if self.valid(v) else self.expected
 
 
-#: p-style check: 0 ≤ v ≤ ∞.
 nonnegative = Check("a number >= 0 (inf allowed)", lambda v: v >= 0, lambda t: t >= 0)
-#: 0 < v ≤ ∞.
+"""p-style check: 0 ≤ v ≤ ∞."""
 positive = Check("a number > 0", lambda v: v > 0, lambda t: t > 0)
-#: 0 < v < ∞.
+"""0 < v ≤ ∞."""
 positive_finite = Check("a finite number > 0", lambda v: 0 < v < math.inf, lambda t: (t > 0) & (t < math.inf))
-#: −∞ < v < ∞.
+"""0 < v < ∞."""
 finite = Check("a finite number", math.isfinite, torch.isfinite)
+"""−∞ < v < ∞."""
 
 
 def positive_up_to(limit: float, why: str) -> Check:
-    """0 < v ≤ ``limit``; ``why`` says where the limit comes from (it is part of the error message)."""
+    """0 < v ≤ `limit`; `why` says where the limit comes from (it is part of the error message)."""
     return Check(f"a number > 0 and <= {limit:.6g} ({why})", lambda v: 0 < v <= limit, lambda t: (t > 0) & (t <= limit))
 
 
-#: Any value but NaN (the hyperparameters of user programs).
 ANY_VALUE = Check("a number, not NaN", lambda v: True, lambda t: ~torch.isnan(t))
+"""Any value but NaN (the hyperparameters of user programs)."""
 
 
 def nan_where_nan(expr: ir.Expr, name: str) -> ir.Expr:
-    """``select(h == h, expr, NaN)`` for the hyperparameter ``h = Hyper(name)``: ``expr`` itself
-    (bit for bit) wherever ``h`` is a number, NaN wherever ``h`` is NaN.
+    """`select(h == h, expr, NaN)` for the hyperparameter `h = Hyper(name)`: `expr` itself
+    (bit for bit) wherever `h` is a number, NaN wherever `h` is NaN.
 
     Programs apply it to their epilogue for each hyperparameter whose NaN would not reach every
-    output by itself (``pow(1, NaN) = 1``; ``λ`` is read on the diagonal only), so that an invalid
-    tensor value, which :func:`poison_invalid` turns into NaN, shows in every entry of its batch
-    entry.  A valid value that the compute type rounds to ±inf (``λ = 1e39`` in float32) is a
+    output by itself (`pow(1, NaN) = 1`; `λ` is read on the diagonal only), so that an invalid
+    tensor value, which [`poison_invalid`][kermac.hyperparams.poison_invalid] turns into NaN, shows in every entry of
+    its batch entry.  A valid value that the compute type rounds to ±inf (`λ = 1e39` in float32) is a
     number, not NaN: it leaves the other entries alone.
     """
     h = ir.Hyper(name)
@@ -105,12 +105,13 @@ def nan_where_nan(expr: ir.Expr, name: str) -> ir.Expr:
 
 @dataclass(frozen=True, eq=False)
 class HyperValue:
-    """A normalised hyperparameter: exactly one of ``scalar`` and ``tensor`` is set.
+    """A normalised hyperparameter: exactly one of `scalar` and `tensor` is set.
 
-    ``tensor`` is on the problem's device with a floating dtype; after
-    :func:`kermac.problem` normalisation it is expanded (a stride-0 view, no copy) to the
-    problem's batch shape.  ``given`` is the caller's tensor where ``tensor`` is a checked copy of
-    it (:func:`poison_invalid`), so that ``out`` is also checked against the caller's memory.
+    `tensor` is on the problem's device with a floating dtype; after
+    `kermac.problem` normalisation it is expanded (a stride-0 view, no copy) to the
+    problem's batch shape.  `given` is the caller's tensor where `tensor` is a checked copy of
+    it ([`poison_invalid`][kermac.hyperparams.poison_invalid]), so that `out` is also checked against the caller's
+    memory.
     """
 
     name: str
@@ -123,7 +124,7 @@ class HyperValue:
         return self.tensor is None
 
     def expanded(self, batch_shape: tuple[int, ...]) -> HyperValue:
-        """This value with its tensor broadcast (as a view) to ``batch_shape``."""
+        """This value with its tensor broadcast (as a view) to `batch_shape`."""
         if self.tensor is None:
             return self
         return HyperValue(self.name, None, self.tensor.expand(batch_shape), self.given)
@@ -173,9 +174,9 @@ def check_values(hv: HyperValue, check: Check) -> None:
 
 
 def poison_invalid(hv: HyperValue, check: Check) -> HyperValue:
-    """``hv`` with every tensor value that fails ``check`` replaced by NaN, without a host sync.
+    """`hv` with every tensor value that fails `check` replaced by NaN, without a host sync.
 
-    A few element-wise operations on the device (the range test and one ``torch.where``); their
+    A few element-wise operations on the device (the range test and one `torch.where`); their
     results, of the hyperparameter's own shape (not the batch's), are the only allocations.
     Numbers pass through (they were checked at once)."""
     t = hv.tensor
@@ -187,9 +188,9 @@ def poison_invalid(hv: HyperValue, check: Check) -> HyperValue:
 def prepare_hypers(
     specs: Mapping[str, tuple[object, Check]], device: torch.device, debug: bool, *, poison: bool = True
 ) -> dict[str, HyperValue]:
-    """Every ``name → (value, check)`` of ``specs`` normalised (:func:`normalize_hyper`).  Tensor values
-    are range-checked with ``debug`` (a host sync); otherwise, with ``poison``, an invalid value
-    becomes NaN on the device (:func:`poison_invalid`)."""
+    """Every `name → (value, check)` of `specs` normalised ([`normalize_hyper`][kermac.hyperparams.normalize_hyper]).
+    Tensor values are range-checked with `debug` (a host sync); otherwise, with `poison`, an invalid value
+    becomes NaN on the device ([`poison_invalid`][kermac.hyperparams.poison_invalid])."""
     out = {}
     for name, (value, check) in specs.items():
         hv = normalize_hyper(name, value, device=device, check=check)

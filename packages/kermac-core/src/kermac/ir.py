@@ -4,13 +4,13 @@ Every operation kermac runs is a *semiring program*: a per-element expression ev
 the reduction loop, a reduction (sum, max or min) over the contracted index, and an epilogue
 applied to the reduced value.  The expressions are small immutable trees built from
 
-* :class:`Const` — a float literal,
-* :class:`Var` — a per-element input whose meaning the program defines (``x``, ``z``, ``acc``, ...),
-* :class:`Hyper` — a named hyperparameter (a number or a per-batch tensor at run time),
-* :class:`Call` — an operation from :data:`OPS` applied to sub-expressions.
+* [`Const`][kermac.ir.Const] — a float literal,
+* [`Var`][kermac.ir.Var] — a per-element input whose meaning the program defines (`x`, `z`, `acc`, ...),
+* [`Hyper`][kermac.ir.Hyper] — a named hyperparameter (a number or a per-batch tensor at run time),
+* [`Call`][kermac.ir.Call] — an operation from [`OPS`][kermac.ir.OPS] applied to sub-expressions.
 
-Expressions support Python's arithmetic operators, so ``exp(-abs(x - z) / Hyper("bandwidth"))``
-builds a tree.  Comparisons are functions (:func:`lt`, :func:`eq`, ...) because ``==`` on
+Expressions support Python's arithmetic operators, so `exp(-abs(x - z) / Hyper("bandwidth"))`
+builds a tree.  Comparisons are functions ([`lt`][kermac.ir.lt], [`eq`][kermac.ir.eq], ...) because `==` on
 expressions means structural equality (expressions are hashable and compare by value).
 
 Programs compute in a compute type: float32 for float16, bfloat16 and float32 inputs, float64 for
@@ -19,28 +19,26 @@ used, as the reference evaluator does; every backend renders it that way.
 
 Semantics of every operation (all in floating point; a comparison yields 1.0 or 0.0):
 
-==========  =====  ==================================================================
-op          arity  value
-==========  =====  ==================================================================
-add         2      a + b
-sub         2      a − b
-mul         2      a · b
-div         2      a / b
-neg         1      −a
-abs         1      |a|
-sqrt        1      √a
-exp         1      eᵃ
-log         1      ln a
-pow         2      aᵇ  (IEEE ``pow``: 0ᵇ = 0 for b > 0, 0⁰ = 1)
-min, max    2      minimum / maximum (NaN propagates)
-sign        1      −1, +0 or 1 (sign(±0) = +0 as torch.sign; NaN → NaN)
-lt le gt    2      a < b, a ≤ b, a > b
-ge eq ne    2      a ≥ b, a = b, a ≠ b
-select      3      b if a ≠ 0 else c
-==========  =====  ==================================================================
+| op | arity | value |
+|---|---|---|
+| add | 2 | a + b |
+| sub | 2 | a − b |
+| mul | 2 | a · b |
+| div | 2 | a / b |
+| neg | 1 | −a |
+| abs | 1 | \\|a\\| |
+| sqrt | 1 | √a |
+| exp | 1 | eᵃ |
+| log | 1 | ln a |
+| pow | 2 | aᵇ  (IEEE `pow`: 0ᵇ = 0 for b > 0, 0⁰ = 1) |
+| min, max | 2 | minimum / maximum (NaN propagates) |
+| sign | 1 | −1, +0 or 1 (sign(±0) = +0 as torch.sign; NaN → NaN) |
+| lt le gt | 2 | a < b, a ≤ b, a > b |
+| ge eq ne | 2 | a ≥ b, a = b, a ≠ b |
+| select | 3 | b if a ≠ 0 else c |
 
 Backends generate code from these trees (CUDA C, Triton) or evaluate them (the reference
-backend); :func:`render` walks a tree with a backend-supplied table of formats so no backend
+backend); [`render`][kermac.ir.render] walks a tree with a backend-supplied table of formats so no backend
 re-implements the traversal.
 """
 
@@ -84,7 +82,6 @@ __all__ = [
 
 Number = int | float
 
-#: Operation name → arity.  The table above gives their semantics.
 OPS: Mapping[str, int] = {
     "add": 2,
     "sub": 2,
@@ -107,6 +104,7 @@ OPS: Mapping[str, int] = {
     "ne": 2,
     "select": 3,
 }
+"""Operation name → arity.  The table above gives their semantics."""
 
 
 class Expr:
@@ -158,8 +156,8 @@ class Expr:
 class Const(Expr):
     """A floating-point literal.
 
-    Constants compare and hash by their IEEE bits, with one NaN: ``Const(0.0) != Const(-0.0)``
-    (they are different programs: 1/−0 = −∞) and ``Const(nan) == Const(nan)`` (so a program with a
+    Constants compare and hash by their IEEE bits, with one NaN: `Const(0.0) != Const(-0.0)`
+    (they are different programs: 1/−0 = −∞) and `Const(nan) == Const(nan)` (so a program with a
     NaN constant equals itself and is compiled once).
     """
 
@@ -182,7 +180,7 @@ class Const(Expr):
 
 @dataclass(frozen=True, slots=True)
 class Var(Expr):
-    """A per-element input; its meaning (``x``, ``z``, ``acc``, ...) is defined by the program."""
+    """A per-element input; its meaning (`x`, `z`, `acc`, ...) is defined by the program."""
 
     name: str
 
@@ -202,7 +200,7 @@ class Hyper(Expr):
 
 @dataclass(frozen=True, slots=True)
 class Call(Expr):
-    """An operation of :data:`OPS` applied to argument expressions."""
+    """An operation of [`OPS`][kermac.ir.OPS] applied to argument expressions."""
 
     op: str
     args: tuple[Expr, ...]
@@ -224,7 +222,7 @@ def _check_identifier(what: str, name: object) -> None:
 
 
 def as_expr(value: Expr | Number) -> Expr:
-    """Wrap a Python number as :class:`Const`; pass expressions through."""
+    """Wrap a Python number as [`Const`][kermac.ir.Const]; pass expressions through."""
     if isinstance(value, Expr):
         return value
     if isinstance(value, bool) or not isinstance(value, (int, float)):
@@ -237,7 +235,7 @@ def _call(op: str, *args: Expr | Number) -> Expr:
 
 
 def abs_(a: Expr | Number) -> Expr:
-    """|a| (also available as the builtin ``abs(expr)``)."""
+    """|a| (also available as the builtin `abs(expr)`)."""
     return _call("abs", a)
 
 
@@ -257,7 +255,7 @@ def log(a: Expr | Number) -> Expr:
 
 
 def pow(a: Expr | Number, b: Expr | Number) -> Expr:
-    """aᵇ (also ``a ** b``)."""
+    """aᵇ (also `a ** b`)."""
     return _call("pow", a, b)
 
 
@@ -277,7 +275,7 @@ def sign(a: Expr | Number) -> Expr:
 
 
 def select(cond: Expr | Number, if_true: Expr | Number, if_false: Expr | Number) -> Expr:
-    """``if_true`` where ``cond ≠ 0``, else ``if_false``."""
+    """`if_true` where `cond ≠ 0`, else `if_false`."""
     return _call("select", cond, if_true, if_false)
 
 
@@ -312,7 +310,7 @@ def ne(a: Expr | Number, b: Expr | Number) -> Expr:
 
 
 def walk(expr: Expr) -> Iterator[Expr]:
-    """Every node of ``expr``, parents before children."""
+    """Every node of `expr`, parents before children."""
     stack = [expr]
     while stack:
         node = stack.pop()
@@ -322,17 +320,17 @@ def walk(expr: Expr) -> Iterator[Expr]:
 
 
 def free_vars(expr: Expr) -> frozenset[str]:
-    """Names of the :class:`Var` nodes in ``expr``."""
+    """Names of the [`Var`][kermac.ir.Var] nodes in `expr`."""
     return frozenset(n.name for n in walk(expr) if isinstance(n, Var))
 
 
 def hyper_names(expr: Expr) -> frozenset[str]:
-    """Names of the :class:`Hyper` nodes in ``expr``."""
+    """Names of the [`Hyper`][kermac.ir.Hyper] nodes in `expr`."""
     return frozenset(n.name for n in walk(expr) if isinstance(n, Hyper))
 
 
 def substitute(expr: Expr, mapping: Mapping[str, Expr]) -> Expr:
-    """``expr`` with every ``Var(name)`` for ``name`` in ``mapping`` replaced by ``mapping[name]``."""
+    """`expr` with every `Var(name)` for `name` in `mapping` replaced by `mapping[name]`."""
     if isinstance(expr, Var):
         return mapping.get(expr.name, expr)
     if isinstance(expr, Call):
@@ -348,11 +346,11 @@ def render(
     hyper: Callable[[str], str],
     ops: Mapping[str, str],
 ) -> str:
-    """Render ``expr`` as source text.
+    """Render `expr` as source text.
 
-    ``ops`` maps each operation name to a ``str.format`` template over its arguments ``{0}``,
-    ``{1}``, ``{2}`` (e.g. ``"({0} + {1})"`` or ``"fabsf({0})"``).  A backend that lacks an
-    operation gets a ``KeyError`` naming it.
+    `ops` maps each operation name to a `str.format` template over its arguments `{0}`,
+    `{1}`, `{2}` (e.g. `"({0} + {1})"` or `"fabsf({0})"`).  A backend that lacks an
+    operation gets a `KeyError` naming it.
     """
     if isinstance(expr, Const):
         return const(expr.value)
@@ -378,7 +376,7 @@ def _const_sexpr(v: float) -> str:
 
 
 def to_sexpr(expr: Expr) -> str:
-    """Canonical text of ``expr`` (an s-expression); equal trees give equal text."""
+    """Canonical text of `expr` (an s-expression); equal trees give equal text."""
     return render(
         expr,
         const=_const_sexpr,

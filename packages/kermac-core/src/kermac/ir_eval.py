@@ -1,9 +1,9 @@
-"""Evaluate :mod:`kermac.ir` expressions with broadcasting torch operations.
+"""Evaluate [`kermac.ir`][kermac.ir] expressions with broadcasting torch operations.
 
-The executable statement of the IR's semantics (the table in :mod:`kermac.ir`): the reference
+The executable statement of the IR's semantics (the table in [`kermac.ir`][kermac.ir]): the reference
 backend computes programs with it, autograd differentiates epilogues through it, and core facts
-about programs (:func:`kermac.programs.zero_padding_is_neutral`) evaluate terms with it.  It
-lives beside the IR, not in a backend, so that the IR depends on no backend.
+about programs ([`kermac.programs.zero_padding_is_neutral`][kermac.programs.zero_padding_is_neutral]) evaluate terms
+with it.  It lives beside the IR, not in a backend, so that the IR depends on no backend.
 """
 
 from __future__ import annotations
@@ -41,10 +41,10 @@ _TORCH_OPS: dict[str, Callable[..., torch.Tensor]] = {
 
 
 def evaluate(expr: Expr, env: Mapping[str, torch.Tensor | float], *, like: torch.Tensor) -> torch.Tensor:
-    """Value of ``expr`` with ``Var``/``Hyper`` names looked up in ``env``.
+    """Value of `expr` with `Var`/`Hyper` names looked up in `env`.
 
-    Numbers become 0-d tensors of ``like``'s dtype and device; comparisons give 0/1 in that
-    dtype; ``select`` is ``torch.where``.  The result broadcasts the shapes of its inputs.
+    Numbers become 0-d tensors of `like`'s dtype and device; comparisons give 0/1 in that
+    dtype; `select` is `torch.where`.  The result broadcasts the shapes of its inputs.
     """
     if isinstance(expr, Const):
         return torch.tensor(expr.value, dtype=like.dtype, device=like.device)

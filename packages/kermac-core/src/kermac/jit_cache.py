@@ -1,34 +1,36 @@
 """On-disk cache of compiled GPU kernels, shared by every process of a user.
 
-Location: ``$KERMAC_CACHE_DIR`` if set, else the platform's user cache directory
-(``platformdirs.user_cache_dir("kermac")``).  Entries live under a versioned subdirectory
-``v<LAYOUT_VERSION>/``, so a change of the on-disk format never reads files of another format::
+Location: `$KERMAC_CACHE_DIR` if set, else the platform's user cache directory
+(`platformdirs.user_cache_dir("kermac")`).  Entries live under a versioned subdirectory
+`v<LAYOUT_VERSION>/`, so a change of the on-disk format never reads files of another format:
 
-    <root>/v1/<key[:2]>/<key>.bin    header + payload (the compiled cubin, PTX, ...)
-    <root>/v1/<key[:2]>/<key>.json   metadata sidecar (options, arch, compile time, ...)
+```text
+<root>/v1/<key[:2]>/<key>.bin    header + payload (the compiled cubin, PTX, ...)
+<root>/v1/<key[:2]>/<key>.json   metadata sidecar (options, arch, compile time, ...)
+```
 
-Keys are content addresses (:func:`cache_key`): the SHA-256 of everything that determines the
+Keys are content addresses ([`cache_key`][kermac.jit_cache.cache_key]): the SHA-256 of everything that determines the
 compiled bytes.  Two processes that compile the same key produce interchangeable payloads, so
 concurrent writers need no lock: each writes a private temporary file in the entry's directory,
-flushes and fsyncs it, and renames it over the entry with :func:`os.replace` (atomic on POSIX and
+flushes and fsyncs it, and renames it over the entry with `os.replace` (atomic on POSIX and
 Windows).  A reader therefore sees either no entry or a complete one.
 
-Each ``.bin`` file starts with a fixed header -- magic string, layout version, payload length and
-the payload's SHA-256 -- that :meth:`JitCache.get` verifies; a truncated or corrupted entry counts
-as a miss, is deleted and reported with ``logger.warning``.
+Each `.bin` file starts with a fixed header -- magic string, layout version, payload length and
+the payload's SHA-256 -- that [`JitCache.get`][kermac.jit_cache.JitCache.get] verifies; a truncated or corrupted entry
+counts as a miss, is deleted and reported with `logger.warning`.
 
-Safety: the root, ``v1/`` and every shard directory are private to the user (created
-``0o700``; an existing one must be a real directory owned by the user and not writable by others,
-see :mod:`kermac.private_dir`).  A root or ``v1/`` that is not is refused -- kernels are compiled
+Safety: the root, `v1/` and every shard directory are private to the user (created
+`0o700`; an existing one must be a real directory owned by the user and not writable by others,
+see `kermac.private_dir`).  A root or `v1/` that is not is refused -- kernels are compiled
 without the cache, with a warning -- and never replaced by a shared location.  Inside the
-cache only regular files are opened (``O_NOFOLLOW``, and ``O_NONBLOCK`` so a FIFO cannot block);
+cache only regular files are opened (`O_NOFOLLOW`, and `O_NONBLOCK` so a FIFO cannot block);
 anything else found where kermac writes (a symbolic link, a FIFO, a directory, a shard that is
 not private) is reported, removed and rebuilt, and symbolic links are removed themselves, never
-followed.  Sidecars are validated: non-finite numbers read as ``None``, and ``created``,
-``size`` and ``build_seconds`` outside their ranges as unknown.
+followed.  Sidecars are validated: non-finite numbers read as `None`, and `created`,
+`size` and `build_seconds` outside their ranges as unknown.
 
-Size: the cache holds at most :func:`cache_max_bytes` bytes (``$KERMAC_CACHE_MAX_BYTES``, 2 GiB
-by default).  Every hit sets the entry's modification time to now; after every store the least
+Size: the cache holds at most [`cache_max_bytes`][kermac.jit_cache.cache_max_bytes] bytes (`$KERMAC_CACHE_MAX_BYTES`, 2
+GiB by default).  Every hit sets the entry's modification time to now; after every store the least
 recently used entries are deleted until the cache fits.  A reader reads an entry whole and checks
 its checksum, so an entry another process evicts meanwhile is a plain miss; temporary files of
 live writers are never evicted.
@@ -72,8 +74,8 @@ __all__ = [
 
 ENV_CACHE_DIR = "KERMAC_CACHE_DIR"
 ENV_CACHE_MAX_BYTES = "KERMAC_CACHE_MAX_BYTES"
-#: The size cap when ``KERMAC_CACHE_MAX_BYTES`` is unset: 2 GiB (a cubin is 10 KiB to 1 MiB).
 DEFAULT_MAX_BYTES = 2 * 1024**3
+"""The size cap when `KERMAC_CACHE_MAX_BYTES` is unset: 2 GiB (a cubin is 10 KiB to 1 MiB)."""
 LAYOUT_VERSION = 1
 
 _MAGIC = b"KERMACJIT\x00"
@@ -102,7 +104,7 @@ _OPEN_FLAGS = (
 
 
 def cache_root() -> Path:
-    """The cache's root directory: ``$KERMAC_CACHE_DIR`` or the user cache directory."""
+    """The cache's root directory: `$KERMAC_CACHE_DIR` or the user cache directory."""
     env = os.environ.get(ENV_CACHE_DIR, "").strip()
     if env:
         return Path(env).expanduser()
@@ -112,11 +114,11 @@ def cache_root() -> Path:
 
 
 def cache_max_bytes() -> int | None:
-    """The cache's size cap in bytes from ``$KERMAC_CACHE_MAX_BYTES``; ``None`` means no cap.
+    """The cache's size cap in bytes from `$KERMAC_CACHE_MAX_BYTES`; `None` means no cap.
 
-    The variable holds a whole number of bytes (``_`` separators allowed); ``0`` switches the cap
-    off; unset or empty gives :data:`DEFAULT_MAX_BYTES`.  Anything else is reported once with
-    ``logger.warning`` and the default applies.
+    The variable holds a whole number of bytes (`_` separators allowed); `0` switches the cap
+    off; unset or empty gives [`DEFAULT_MAX_BYTES`][kermac.jit_cache.DEFAULT_MAX_BYTES].  Anything else is reported once
+    with `logger.warning` and the default applies.
     """
     raw = os.environ.get(ENV_CACHE_MAX_BYTES, "").strip()
     if not raw:
@@ -143,9 +145,9 @@ def cache_key(
 ) -> str:
     """The content address (64 lowercase hex digits) of one compilation.
 
-    It is the SHA-256 of a canonical encoding of: the kernel ``source``; every included header
-    (name -> contents; order-independent); the compiler ``options`` (order matters, as it does for
-    compilers); the ``compiler`` name and ``compiler_version``; the target ``arch``; any ``extra``
+    It is the SHA-256 of a canonical encoding of: the kernel `source`; every included header
+    (name -> contents; order-independent); the compiler `options` (order matters, as it does for
+    compilers); the `compiler` name and `compiler_version`; the target `arch`; any `extra`
     string pairs a backend needs (e.g. the driver's PTX ISA); kermac's version and the cache
     layout version.  The encoding is JSON with sorted keys, so no two different inputs can
     produce the same byte string.
@@ -179,10 +181,10 @@ def cache_key(
 
 @dataclass(frozen=True)
 class CacheEntry:
-    """One cached compilation: its key, payload size in bytes and metadata (``None`` if unreadable).
+    """One cached compilation: its key, payload size in bytes and metadata (`None` if unreadable).
 
-    The metadata is the validated sidecar: JSON values only, no NaN or infinity, and ``created``
-    (Unix time), ``size`` and ``build_seconds`` either valid or ``None``.
+    The metadata is the validated sidecar: JSON values only, no NaN or infinity, and `created`
+    (Unix time), `size` and `build_seconds` either valid or `None`.
     """
 
     key: str
@@ -194,11 +196,12 @@ class CacheEntry:
 class CacheInfo:
     """Summary of a cache.
 
-    ``path`` is its directory, ``count`` the number of entries, ``total_bytes`` the bytes its files
-    use on disk (including what earlier kermac versions left, see :meth:`JitCache.clear`),
-    ``max_bytes`` its size cap (``None``: no cap) and ``problems`` one line per thing found that
+    `path` is its directory, `count` the number of entries, `total_bytes` the bytes its files
+    use on disk (including what earlier kermac versions left, see [`JitCache.clear`][kermac.jit_cache.JitCache.clear]),
+    `max_bytes` its size cap (`None`: no cap) and `problems` one line per thing found that
     kermac did not write or does not trust (a symbolic link, a FIFO, a directory that is not
-    private); :meth:`JitCache.get` and :meth:`JitCache.clear` remove them.
+    private); [`JitCache.get`][kermac.jit_cache.JitCache.get] and [`JitCache.clear`][kermac.jit_cache.JitCache.clear]
+    remove them.
     """
 
     path: Path
@@ -225,18 +228,18 @@ class _Entry:
 
 @dataclass
 class _Scan:
-    """Regular files under ``v1/`` as ``(path, lstat)``, and the problems found on the way."""
+    """Regular files under `v1/` as `(path, lstat)`, and the problems found on the way."""
 
     files: list[tuple[Path, os.stat_result]] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
 
 
 class JitCache:
-    """A directory of compiled kernels addressed by :func:`cache_key`.
+    """A directory of compiled kernels addressed by [`cache_key`][kermac.jit_cache.cache_key].
 
-    ``root`` defaults to :func:`cache_root`; entries go to ``root / f"v{LAYOUT_VERSION}"``
-    (:attr:`path`).  Directories are created on the first :meth:`put`.  ``max_bytes`` caps the
-    cache's size (``0``: no cap); ``None`` reads :func:`cache_max_bytes` at every store.
+    `root` defaults to [`cache_root`][kermac.jit_cache.cache_root]; entries go to `root / f"v{LAYOUT_VERSION}"`
+    (`path`).  Directories are created on the first [`put`][kermac.jit_cache.JitCache.put].  `max_bytes` caps the
+    cache's size (`0`: no cap); `None` reads [`cache_max_bytes`][kermac.jit_cache.cache_max_bytes] at every store.
     """
 
     def __init__(self, root: str | os.PathLike[str] | None = None, *, max_bytes: int | None = None) -> None:
@@ -253,7 +256,7 @@ class JitCache:
 
     @property
     def max_bytes(self) -> int | None:
-        """The size cap in bytes now in force (``None``: no cap)."""
+        """The size cap in bytes now in force (`None`: no cap)."""
         if self._max_bytes is None:
             return cache_max_bytes()
         return self._max_bytes or None
@@ -261,10 +264,10 @@ class JitCache:
     # -- entries ----------------------------------------------------------------------------
 
     def get(self, key: str) -> bytes | None:
-        """The payload stored under ``key``, or ``None`` if absent, truncated or corrupted.
+        """The payload stored under `key`, or `None` if absent, truncated or corrupted.
 
         A damaged entry, or anything but a regular file in its place, is deleted (with its
-        metadata) and reported through ``logger.warning``.  A hit marks the entry as used now.
+        metadata) and reported through `logger.warning`.  A hit marks the entry as used now.
         """
         payload_path = self._payload_path(key)
         try:
@@ -296,12 +299,12 @@ class JitCache:
         return None
 
     def put(self, key: str, data: bytes, meta: Mapping[str, object] | None = None) -> None:
-        """Store ``data`` under ``key`` atomically, with ``meta`` as a JSON sidecar, then enforce the cap.
+        """Store `data` under `key` atomically, with `meta` as a JSON sidecar, then enforce the cap.
 
-        The sidecar also records ``key``, ``size`` and ``created`` (Unix time).  Values of ``meta``
-        that JSON cannot encode are stored as their ``str``; NaN and infinities as ``null``.
-        Raises :class:`~kermac.private_dir.UnsafeDirectoryError` if the cache directory is not
-        private to the user, and :class:`OSError` if it cannot be written.
+        The sidecar also records `key`, `size` and `created` (Unix time).  Values of `meta`
+        that JSON cannot encode are stored as their `str`; NaN and infinities as `null`.
+        Raises `UnsafeDirectoryError` if the cache directory is not
+        private to the user, and `OSError` if it cannot be written.
         """
         if not isinstance(data, (bytes, bytearray, memoryview)):
             raise TypeError(f"data: expected bytes, got {type(data).__name__}")
@@ -320,9 +323,9 @@ class JitCache:
     def get_or_build(
         self, key: str, build: Callable[[], bytes], *, meta: Mapping[str, object] | None = None
     ) -> tuple[bytes, bool]:
-        """``(payload, hit)``: the cached payload, or ``build()``'s result stored under ``key``.
+        """`(payload, hit)`: the cached payload, or `build()`'s result stored under `key`.
 
-        On a miss the metadata gains ``build_seconds``.  A failure to store (read-only or full
+        On a miss the metadata gains `build_seconds`.  A failure to store (read-only or full
         disk, a directory that is not private) is logged as a warning and the freshly built
         payload is still returned.
         """
@@ -351,7 +354,7 @@ class JitCache:
     def entries(self) -> list[CacheEntry]:
         """Every entry of this cache (key, payload size, validated metadata), sorted by key.
 
-        Empty if the cache directory cannot be used (:meth:`info` says why).
+        Empty if the cache directory cannot be used ([`info`][kermac.jit_cache.JitCache.info] says why).
         """
         try:
             files = self._scan().files
@@ -381,8 +384,8 @@ class JitCache:
         to rename them into place.  Anything that is not a regular file where kermac writes (a
         symbolic link, a FIFO, a directory, a shard directory that is not private) is removed
         and reported -- a symbolic link itself, never what it points to.  The generated Triton
-        modules that earlier kermac versions wrote to ``<root>/triton/`` are removed too.
-        Raises :class:`~kermac.private_dir.UnsafeDirectoryError` if the root or :attr:`path` is not
+        modules that earlier kermac versions wrote to `<root>/triton/` are removed too.
+        Raises `UnsafeDirectoryError` if the root or `path` is not
         private to the user: kermac deletes nothing in a directory it does not trust.
         """
         scan = self._scan(repair=True)
@@ -414,10 +417,10 @@ class JitCache:
         return self.path / key[:2] / (key + _META_SUFFIX)
 
     def _check_dirs(self, shard: Path, *, create: bool) -> None:
-        """Make sure the root, :attr:`path` and ``shard`` are private (creating them if ``create``).
+        """Make sure the root, `path` and `shard` are private (creating them if `create`).
 
         A shard that is not private lies inside the user's own private directory, so it is debris:
-        it is reported and removed (and recreated if ``create``; else FileNotFoundError, a miss).
+        it is reported and removed (and recreated if `create`; else FileNotFoundError, a miss).
         """
         ensure_private_dir(self.root, create=create)
         ensure_private_dir(self.path, create=create)
@@ -432,17 +435,17 @@ class JitCache:
             ensure_private_dir(shard, create=True)
 
     def _discard(self, key: str) -> None:
-        """Remove ``key``'s payload and sidecar, whatever kind of file they are."""
+        """Remove `key`'s payload and sidecar, whatever kind of file they are."""
         for p in (self._payload_path(key), self._meta_path(key)):
             _remove_any(p)
 
     def _scan(self, *, repair: bool = False) -> _Scan:
-        """The regular files in the shards of :attr:`path`, and what else was found there.
+        """The regular files in the shards of `path`, and what else was found there.
 
         Nothing is followed: a shard that is a symbolic link or not private, and anything in a
-        shard that is not a regular file, is listed in ``problems`` -- and, if ``repair``,
+        shard that is not a regular file, is listed in `problems` -- and, if `repair`,
         removed (a shard its owner cannot open gets its permissions back instead).  Raises
-        :class:`~kermac.private_dir.UnsafeDirectoryError` if the root or :attr:`path` is not
+        `UnsafeDirectoryError` if the root or `path` is not
         private.
         """
         scan = _Scan()
@@ -577,7 +580,8 @@ _warned_lock = threading.Lock()
 
 
 def default_cache() -> JitCache:
-    """The process-wide cache at :func:`cache_root` (a new one if ``KERMAC_CACHE_DIR`` changed)."""
+    """The process-wide cache at [`cache_root`][kermac.jit_cache.cache_root] (a new one if `KERMAC_CACHE_DIR`
+    changed)."""
     global _default
     root = cache_root()
     with _default_lock:
@@ -603,10 +607,10 @@ def _kind(mode: int) -> str:
 
 
 def _read_regular(path: Path, *, touch: bool = False, limit: int | None = None) -> bytes:
-    """The whole content of the regular file ``path``, read through one descriptor.
+    """The whole content of the regular file `path`, read through one descriptor.
 
-    Raises :class:`_NotRegularError` for anything else (never following a symbolic link, never
-    waiting on a FIFO), :class:`ValueError` if it is longer than ``limit``.  ``touch`` sets its
+    Raises `_NotRegularError` for anything else (never following a symbolic link, never
+    waiting on a FIFO), `ValueError` if it is longer than `limit`.  `touch` sets its
     access and modification times to now (its last use, for eviction) where the file allows.
     """
     try:
@@ -644,14 +648,14 @@ def _mtime(path: Path) -> float | None:
 
 
 def _listdir(directory: Path) -> list[Path]:
-    """The entries of ``directory``, sorted by name."""
+    """The entries of `directory`, sorted by name."""
     with os.scandir(directory) as it:
         return sorted(Path(e.path) for e in it)
 
 
 def _remove_any(path: Path) -> None:
-    """Remove ``path`` whatever it is; a symbolic link itself, a directory with what it holds
-    (:func:`shutil.rmtree` does not follow links inside it).  Failures are logged, not raised."""
+    """Remove `path` whatever it is; a symbolic link itself, a directory with what it holds
+    (`shutil.rmtree` does not follow links inside it).  Failures are logged, not raised."""
     try:
         st = os.lstat(path)
         if stat.S_ISDIR(st.st_mode):
@@ -665,7 +669,7 @@ def _remove_any(path: Path) -> None:
 
 
 def _key_of(name: str, suffix: str) -> str | None:
-    """The key in a file name ``<key><suffix>``, or ``None`` if ``name`` is not one."""
+    """The key in a file name `<key><suffix>`, or `None` if `name` is not one."""
     if not name.endswith(suffix):
         return None
     key = name[: -len(suffix)]
@@ -678,7 +682,7 @@ def _finite_float(text: str) -> float | None:
 
 
 def _jsonable(value: object) -> object:
-    """``value`` with NaN and infinities (anywhere in dicts, lists and tuples) replaced by ``None``."""
+    """`value` with NaN and infinities (anywhere in dicts, lists and tuples) replaced by `None`."""
     if isinstance(value, float):
         return value if math.isfinite(value) else None
     if isinstance(value, Mapping):
@@ -693,7 +697,7 @@ def _real(value: object) -> bool:
 
 
 def _clean_meta(document: dict[str, object]) -> dict[str, object]:
-    """A sidecar with its fields that kermac interprets made ``None`` when out of range."""
+    """A sidecar with its fields that kermac interprets made `None` when out of range."""
     checks: dict[str, Callable[[object], bool]] = {
         "created": lambda v: _real(v) and 0 <= v <= _MAX_TIMESTAMP,
         "build_seconds": lambda v: _real(v) and 0 <= v < math.inf,
@@ -703,7 +707,7 @@ def _clean_meta(document: dict[str, object]) -> dict[str, object]:
 
 
 def _warn_once(message: str) -> None:
-    """``logger.warning(message)``, once per process (a bad setting would otherwise repeat per kernel)."""
+    """`logger.warning(message)`, once per process (a bad setting would otherwise repeat per kernel)."""
     with _warned_lock:
         if message in _warned:
             return
@@ -712,7 +716,7 @@ def _warn_once(message: str) -> None:
 
 
 def _verify(blob: bytes) -> str | None:
-    """``None`` if ``blob`` is a well-formed entry, else what is wrong with it."""
+    """`None` if `blob` is a well-formed entry, else what is wrong with it."""
     if len(blob) < _HEADER.size:
         return f"truncated ({len(blob)} bytes, shorter than the {_HEADER.size}-byte header)"
     magic, version, length, digest = _HEADER.unpack_from(blob)
@@ -728,9 +732,9 @@ def _verify(blob: bytes) -> str | None:
 
 
 def _atomic_write(path: Path, chunks: Sequence[bytes]) -> None:
-    """Write ``chunks`` to ``path`` so that readers see the old file or the complete new one.
+    """Write `chunks` to `path` so that readers see the old file or the complete new one.
 
-    A directory in the way (which :func:`os.replace` cannot replace) is reported and removed.
+    A directory in the way (which `os.replace` cannot replace) is reported and removed.
     """
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=_TEMP_SUFFIX, dir=path.parent)
     try:

@@ -1,12 +1,14 @@
 """Batch layout for code-generating backends: coalesced batch dimensions and per-tensor strides.
 
-A normalised problem has every operand expanded to a common batch shape ``B`` (broadcast
-dimensions have stride 0).  A GPU kernel walks the batch with one flat index ``b`` and needs,
-for each operand, the element offset of batch entry ``b``.  :func:`batch_layout` merges adjacent
+A normalised problem has every operand expanded to a common batch shape `B` (broadcast
+dimensions have stride 0).  A GPU kernel walks the batch with one flat index `b` and needs,
+for each operand, the element offset of batch entry `b`.  `batch_layout` merges adjacent
 batch dimensions wherever every operand's strides allow it, drops size-1 dimensions, and returns
-the few dimensions that remain, so kernels decompose ``b`` with as few divisions as possible::
+the few dimensions that remain, so kernels decompose `b` with as few divisions as possible:
 
-    offset(t, b) = Σ_i ((b // inner_i) % shape_i) · strides[t][i],   inner_i = Π_{j > i} shape_j
+```text
+offset(t, b) = Σ_i ((b // inner_i) % shape_i) · strides[t][i],   inner_i = Π_{j > i} shape_j
+```
 """
 
 from __future__ import annotations
@@ -37,7 +39,7 @@ class BatchLayout:
         return n
 
     def offsets(self, name: str, index: int) -> int:
-        """Element offset of batch entry ``index`` in operand ``name`` (for tests and CPU use)."""
+        """Element offset of batch entry `index` in operand `name` (for tests and CPU use)."""
         off = 0
         for size, stride in zip(reversed(self.shape), reversed(self.strides[name]), strict=True):
             off += (index % size) * stride
@@ -46,7 +48,7 @@ class BatchLayout:
 
 
 def batch_layout(batch_shape: tuple[int, ...], operands: Mapping[str, torch.Tensor]) -> BatchLayout:
-    """Coalesce ``batch_shape`` over ``operands`` (each with ``batch_shape`` as leading dims)."""
+    """Coalesce `batch_shape` over `operands` (each with `batch_shape` as leading dims)."""
     nb = len(batch_shape)
     dims = [(batch_shape[i], {k: t.stride(i) for k, t in operands.items()}) for i in range(nb) if batch_shape[i] != 1]
     merged: list[tuple[int, dict[str, int]]] = []

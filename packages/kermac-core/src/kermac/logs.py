@@ -1,7 +1,7 @@
-"""Logging for kermac: one logger, ``kermac``, switched on by ``debug=True`` or ``KERMAC_DEBUG=1``.
+"""Logging for kermac: one logger, `kermac`, switched on by `debug=True` or `KERMAC_DEBUG=1`.
 
 Every diagnostic (which backend ran, what was compiled and how long it took, cache hits) goes to
-``logger.debug``.  Enabling debug output sets the logger's level to ``DEBUG`` and, if the
+`logger.debug`.  Enabling debug output sets the logger's level to `DEBUG` and, if the
 application configured no handler for it, attaches one that writes to standard error.
 """
 
@@ -18,7 +18,7 @@ _handler: logging.Handler | None = None
 
 
 def debug_enabled(debug: bool = False) -> bool:
-    """True if ``debug`` is set or ``KERMAC_DEBUG`` is a true value; enables the output if so."""
+    """True if `debug` is set or `KERMAC_DEBUG` is a true value; enables the output if so."""
     on = bool(debug) or os.environ.get(ENV_DEBUG, "").strip().lower() in {"1", "true", "yes", "on"}
     if on:
         enable_debug_logging()
@@ -26,7 +26,7 @@ def debug_enabled(debug: bool = False) -> bool:
 
 
 def enable_debug_logging() -> None:
-    """Make ``kermac`` debug messages visible (stderr handler unless the app configured one)."""
+    """Make `kermac` debug messages visible (stderr handler unless the app configured one)."""
     global _handler
     logger.setLevel(logging.DEBUG)
     if _handler is None and not logger.handlers:

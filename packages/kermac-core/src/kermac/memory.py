@@ -1,24 +1,26 @@
 r"""What kernels may assume about the memory behind a tensor: that it is addressable, and where it overlaps.
 
-Kernels read and write a tensor's memory at its strides.  :func:`check_addressable` refuses the
+Kernels read and write a tensor's memory at its strides.  `check_addressable` refuses the
 tensors whose values are not that memory: other layouts than strided, and the negative bit of a
-real view such as ``c.conj().imag`` (whose memory holds the negated values).
+real view such as `c.conj().imag` (whose memory holds the negated values).
 
 Overlap tests are exact, from sizes, strides and addresses only.
-A strided tensor's element at index ``(y_1, …, y_r)`` starts at byte address
-``base + Σ_i s_i y_i`` (``base = data_ptr()``, ``s_i`` = stride × element size,
-``0 ≤ y_i < n_i``) and covers ``element_size`` bytes.  Whether two tensors share a byte, or one
+A strided tensor's element at index `(y_1, …, y_r)` starts at byte address
+`base + Σ_i s_i y_i` (`base = data_ptr()`, `s_i` = stride × element size,
+`0 ≤ y_i < n_i`) and covers `element_size` bytes.  Whether two tensors share a byte, or one
 tensor has two indices on the same element, is a bounded linear Diophantine problem
 
-.. math:: \sum_i a_i y_i = r, \qquad 0 \le y_i \le u_i,\quad a_i > 0,
+$$
+\sum_i a_i y_i = r, \qquad 0 \le y_i \le u_i,\quad a_i > 0,
+$$
 
-NP-hard in general but tiny here (one term per dimension).  :func:`_solvable` decides it exactly
+NP-hard in general but tiny here (one term per dimension).  `_solvable` decides it exactly
 by a depth-first search that branches on the term with the fewest feasible values (bounds and
 divisibility prune the rest) and solves two-term problems in closed form; a search that would
-take more than :data:`WORK_LIMIT` steps answers ``None`` ("undecided"), which callers treat as
+take more than `WORK_LIMIT` steps answers `None` ("undecided"), which callers treat as
 an overlap.  Nothing here reads device memory or synchronises: only Python integers.
 
-Meta tensors have no memory (every ``data_ptr()`` is 0): :func:`overlap` reports none for them.
+Meta tensors have no memory (every `data_ptr()` is 0): `overlap` reports none for them.
 """
 
 from __future__ import annotations
@@ -29,13 +31,14 @@ import torch
 
 __all__ = ["WORK_LIMIT", "check_addressable", "internal_overlap", "overlap"]
 
-#: Search steps after which a test gives up and answers ``None`` (never reached by the layouts of
-#: real programs: disjoint ranges, slices, transposes and interleaved columns need a few steps).
 WORK_LIMIT = 100_000
+"""Search steps after which a test gives up and answers `None` (never reached by the layouts of
+real programs: disjoint ranges, slices, transposes and interleaved columns need a few steps).
+"""
 
 
 def check_addressable(name: str, t: torch.Tensor) -> None:
-    """Raise unless kernels can read (or write) the values of ``t`` as its memory at its strides."""
+    """Raise unless kernels can read (or write) the values of `t` as its memory at its strides."""
     if t.layout != torch.strided:
         raise TypeError(f"{name}: expected a dense (strided) tensor, got layout {t.layout}")
     if t.is_neg():
@@ -46,11 +49,11 @@ def check_addressable(name: str, t: torch.Tensor) -> None:
 
 
 class _Undecided(Exception):
-    """The search exceeded :data:`WORK_LIMIT`."""
+    """The search exceeded `WORK_LIMIT`."""
 
 
 def _two_terms(a: int, u: int, b: int, v: int, r: int) -> bool:
-    """Whether ``a·y + b·w = r`` has a solution with ``0 ≤ y ≤ u``, ``0 ≤ w ≤ v`` (closed form)."""
+    """Whether `a·y + b·w = r` has a solution with `0 ≤ y ≤ u`, `0 ≤ w ≤ v` (closed form)."""
     g = math.gcd(a, b)
     if r % g:
         return False
@@ -62,7 +65,7 @@ def _two_terms(a: int, u: int, b: int, v: int, r: int) -> bool:
 
 
 def _search(terms: list[tuple[int, int]], r: int, budget: list[int]) -> bool:
-    """Whether ``Σ a·y = r`` has a solution with ``0 ≤ y ≤ u`` for every ``(a, u)`` in ``terms``."""
+    """Whether `Σ a·y = r` has a solution with `0 ≤ y ≤ u` for every `(a, u)` in `terms`."""
     budget[0] -= 1
     if budget[0] < 0:
         raise _Undecided
@@ -98,7 +101,7 @@ def _search(terms: list[tuple[int, int]], r: int, budget: list[int]) -> bool:
 
 
 def _solvable(terms: list[tuple[int, int]], r: int) -> bool | None:
-    """``Σ a·y = r`` with ``0 ≤ y ≤ u`` (all ``a > 0``): solvable, not, or ``None`` if undecided."""
+    """`Σ a·y = r` with `0 ≤ y ≤ u` (all `a > 0`): solvable, not, or `None` if undecided."""
     merged: dict[int, int] = {}
     for a, u in terms:  # equal coefficients add up: a·y + a·y' = a·(y + y'), bounds add
         if u > 0:
@@ -110,18 +113,18 @@ def _solvable(terms: list[tuple[int, int]], r: int) -> bool | None:
 
 
 def _dims(t: torch.Tensor) -> list[tuple[int, int]]:
-    """``(stride, size)`` of the dimensions of ``t`` that have more than one index."""
+    """`(stride, size)` of the dimensions of `t` that have more than one index."""
     return [(st, n) for st, n in zip(t.stride(), t.shape, strict=True) if n > 1]
 
 
 def internal_overlap(t: torch.Tensor) -> bool | None:
-    """Whether two different indices of ``t`` address the same element (``None``: undecided).
+    """Whether two different indices of `t` address the same element (`None`: undecided).
 
     With the dimensions in decreasing stride order, an overlap is a nonzero index difference
-    ``δ`` with ``Σ s_i δ_i = 0``, ``|δ_i| ≤ n_i − 1``; let ``k`` be its first nonzero entry, made
-    positive by symmetry.  Writing ``δ_k = 1 + (n_k − 2 − v)`` and ``δ_i = n_i − 1 − w_i``
-    (``i > k``) gives the bounded problem ``s_k v + Σ_{i>k} s_i w_i = Σ_{i≥k} s_i (n_i − 1)``
-    with ``0 ≤ v ≤ n_k − 2``, ``0 ≤ w_i ≤ 2(n_i − 1)``, one per ``k``.
+    `δ` with `Σ s_i δ_i = 0`, `|δ_i| ≤ n_i − 1`; let `k` be its first nonzero entry, made
+    positive by symmetry.  Writing `δ_k = 1 + (n_k − 2 − v)` and `δ_i = n_i − 1 − w_i`
+    (`i > k`) gives the bounded problem `s_k v + Σ_{i>k} s_i w_i = Σ_{i≥k} s_i (n_i − 1)`
+    with `0 ≤ v ≤ n_k − 2`, `0 ≤ w_i ≤ 2(n_i − 1)`, one per `k`.
     """
     if t.numel() == 0:
         return False
@@ -147,13 +150,13 @@ def internal_overlap(t: torch.Tensor) -> bool | None:
 
 
 def overlap(a: torch.Tensor, b: torch.Tensor) -> bool | None:
-    """Whether some byte of memory lies in an element of ``a`` and in an element of ``b``
-    (``None``: undecided).  Different dtypes and views of one buffer are compared byte-exactly.
+    """Whether some byte of memory lies in an element of `a` and in an element of `b`
+    (`None`: undecided).  Different dtypes and views of one buffer are compared byte-exactly.
 
-    Elements at ``α`` and ``β`` share a byte iff ``−e_a < α − β < e_b``; with
-    ``α − β = −e_a + 1 + w``, ``0 ≤ w ≤ e_a + e_b − 2``, and ``b``'s indices reflected
-    (``y → n − 1 − y``) every coefficient is positive:
-    ``Σ s_i x_i + Σ t_j y_j' + w' = β_0 − α_0 + e_b − 1 + Σ t_j (m_j − 1)``.
+    Elements at `α` and `β` share a byte iff `−e_a < α − β < e_b`; with
+    `α − β = −e_a + 1 + w`, `0 ≤ w ≤ e_a + e_b − 2`, and `b`'s indices reflected
+    (`y → n − 1 − y`) every coefficient is positive:
+    `Σ s_i x_i + Σ t_j y_j' + w' = β_0 − α_0 + e_b − 1 + Σ t_j (m_j − 1)`.
     """
     if a.numel() == 0 or b.numel() == 0 or a.device.type == "meta" or b.device.type == "meta":
         return False

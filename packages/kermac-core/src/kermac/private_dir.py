@@ -2,17 +2,17 @@
 
 kermac loads compiled kernels from its cache, so a directory another local user could write
 would let them choose code that runs in this process.  Every directory kermac writes to goes
-through :func:`ensure_private_dir`:
+through `ensure_private_dir`:
 
-- a missing one is created with mode ``0o700`` (its missing parents with the default mode);
+- a missing one is created with mode `0o700` (its missing parents with the default mode);
 - an existing one must be a real directory (not a symbolic link), owned by this process's user
-  (``os.getuid()``) and writable by neither its group nor others; otherwise
-  :class:`UnsafeDirectoryError` names the path, its owner and its mode;
-- one that passes but that its owner cannot use (``chmod 000``) is restored to ``0o700`` and
-  the repair reported with ``logger.warning``: it is the user's own directory, so nothing of
+  (`os.getuid()`) and writable by neither its group nor others; otherwise
+  `UnsafeDirectoryError` names the path, its owner and its mode;
+- one that passes but that its owner cannot use (`chmod 000`) is restored to `0o700` and
+  the repair reported with `logger.warning`: it is the user's own directory, so nothing of
   anyone else's is trusted by doing so.
 
-On Windows (no ``os.getuid``) only the directory and symbolic-link checks apply; who may write
+On Windows (no `os.getuid`) only the directory and symbolic-link checks apply; who may write
 there is the ACLs' business.
 """
 
@@ -31,7 +31,7 @@ _POSIX = hasattr(os, "getuid")
 
 
 class UnsafeDirectoryError(PermissionError):
-    """A directory kermac would use is not private to the user: ``path`` and what is wrong, ``problem``."""
+    """A directory kermac would use is not private to the user: `path` and what is wrong, `problem`."""
 
     def __init__(self, path: Path, problem: str) -> None:
         super().__init__(
@@ -44,7 +44,7 @@ class UnsafeDirectoryError(PermissionError):
 
 
 def _describe_owner(uid: int) -> str:
-    """``"uid 1000 (alice)"``: the number and, where the system knows it, the user name."""
+    """`"uid 1000 (alice)"`: the number and, where the system knows it, the user name."""
     try:
         import pwd
 
@@ -54,7 +54,7 @@ def _describe_owner(uid: int) -> str:
 
 
 def private_problem(st: os.stat_result) -> str | None:
-    """Why a directory with ``lstat`` result ``st`` is not private to this user, or ``None``."""
+    """Why a directory with `lstat` result `st` is not private to this user, or `None`."""
     if stat.S_ISLNK(st.st_mode):
         return "is a symbolic link"
     if not stat.S_ISDIR(st.st_mode):
@@ -70,10 +70,10 @@ def private_problem(st: os.stat_result) -> str | None:
 
 
 def ensure_private_dir(path: Path, *, create: bool = True) -> None:
-    """Check that ``path`` is a directory private to this user, creating it (``0o700``) if ``create``.
+    """Check that `path` is a directory private to this user, creating it (`0o700`) if `create`.
 
-    Raises :class:`FileNotFoundError` if it is missing and ``create`` is false,
-    :class:`NotADirectoryError` if it is a file (not a link) and :class:`UnsafeDirectoryError` if it
+    Raises `FileNotFoundError` if it is missing and `create` is false,
+    `NotADirectoryError` if it is a file (not a link) and `UnsafeDirectoryError` if it
     is not private (see the module documentation).
     """
     if create:

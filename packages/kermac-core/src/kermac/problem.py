@@ -1,11 +1,11 @@
 """Problem normalisation: turn a user call into one validated object every backend consumes.
 
-Shapes follow :func:`torch.cdist`: trailing matrix dimensions, leading batch dimensions that
+Shapes follow `torch.cdist`: trailing matrix dimensions, leading batch dimensions that
 broadcast.  Inputs are expanded to the common batch shape as views (broadcast dimensions get
 stride 0); nothing is copied, so backends read the caller's memory with whatever strides it has.
-Backends write into ``problem.out``, which is either the caller's ``out`` (any strides; no two
+Backends write into `problem.out`, which is either the caller's `out` (any strides; no two
 of its elements overlap and it shares no memory with anything the operation reads, both tested
-exactly by :mod:`kermac.memory`) or a fresh contiguous tensor.
+exactly by `kermac.memory`) or a fresh contiguous tensor.
 """
 
 from __future__ import annotations
@@ -36,21 +36,22 @@ SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
 
 def compute_dtype(dtype: torch.dtype) -> torch.dtype:
-    """The type kermac computes ``dtype`` inputs in: float64 stays float64, every narrower type float32."""
+    """The type kermac computes `dtype` inputs in: float64 stays float64, every narrower type float32."""
     return torch.float64 if dtype == torch.float64 else torch.float32
 
 
-#: The values ``offset_m`` and ``offset_n`` may take: torch's index type, int64.  Backends never see
-#: them: a problem holds the same diagonal in the form of :func:`diagonal_offsets`.
 OFFSET_RANGE = (-(2**63), 2**63 - 1)
+"""The values `offset_m` and `offset_n` may take: torch's index type, int64.  Backends never see
+them: a problem holds the same diagonal in the form of `diagonal_offsets`.
+"""
 
 
 @dataclass(frozen=True, eq=False)
 class PairwiseProblem:
-    """``out[*B, M, N] = program(x[*B, M, D], z[*B, N, D], hypers)``; see :mod:`kermac.programs`.
+    """`out[*B, M, N] = program(x[*B, M, D], z[*B, N, D], hypers)`; see [`kermac.programs`][kermac.programs].
 
-    ``offset_m``, ``offset_n`` place the diagonal (``m + offset_m == n + offset_n``) in the form of
-    :func:`diagonal_offsets`: at most one is nonzero and both lie in ``[0, max(M, N)]``, so a
+    `offset_m`, `offset_n` place the diagonal (`m + offset_m == n + offset_n`) in the form of
+    `diagonal_offsets`: at most one is nonzero and both lie in `[0, max(M, N)]`, so a
     backend may add them to row and column indices in the indices' own integer type.
     """
 
@@ -87,7 +88,7 @@ class PairwiseProblem:
 
 @dataclass(frozen=True, eq=False)
 class GradProblem:
-    """``out[*B, O, N, M] = program(a[*B, K, M], b[*B, N, K], c[*B, O, K], d[*B, N, M])``."""
+    """`out[*B, O, N, M] = program(a[*B, K, M], b[*B, N, K], c[*B, O, K], d[*B, N, M])`."""
 
     program: GradProgram
     a: torch.Tensor
@@ -114,7 +115,7 @@ class GradProblem:
 
 
 def check_tensor(name: str, t: object, *, min_dim: int = 2) -> torch.Tensor:
-    """``t`` if it is a dense tensor of a supported floating dtype with at least ``min_dim`` dims."""
+    """`t` if it is a dense tensor of a supported floating dtype with at least `min_dim` dims."""
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
     if t.dtype not in SUPPORTED_DTYPES:
@@ -165,7 +166,7 @@ def _prepare_out(
     operands: Mapping[str, torch.Tensor],
     hypers: Mapping[str, HyperValue],
 ) -> torch.Tensor:
-    """``out`` validated (or a fresh tensor); ``operands`` and ``hypers`` are what the operation reads."""
+    """`out` validated (or a fresh tensor); `operands` and `hypers` are what the operation reads."""
     if out is None:
         return torch.empty(shape, dtype=like.dtype, device=like.device)
     if not isinstance(out, torch.Tensor):
@@ -186,9 +187,9 @@ def _prepare_out(
 def _check_no_overlap(
     out: torch.Tensor, operands: Mapping[str, torch.Tensor], hypers: Mapping[str, HyperValue]
 ) -> None:
-    """Refuse an ``out`` whose elements overlap or that shares memory with a tensor the kernel reads
-    (a kernel that writes tiles of ``out`` while other tiles still read the input computes garbage).
-    A layout too intricate for :mod:`kermac.memory` to decide is refused too, saying so."""
+    """Refuse an `out` whose elements overlap or that shares memory with a tensor the kernel reads
+    (a kernel that writes tiles of `out` while other tiles still read the input computes garbage).
+    A layout too intricate for `kermac.memory` to decide is refused too, saying so."""
     found = internal_overlap(out)
     if found is not False:
         why = "" if found else " (a layout too intricate to prove its elements distinct)"
@@ -209,12 +210,13 @@ def _check_no_overlap(
 
 
 def _expand(t: torch.Tensor, shape: tuple[int, ...]) -> torch.Tensor:
-    """``t`` broadcast to ``shape`` as a view (``t`` itself where it has that shape already)."""
+    """`t` broadcast to `shape` as a view (`t` itself where it has that shape already)."""
     return t if t.shape == shape else t.expand(shape)
 
 
 def _hyper_shapes(hypers: Mapping[str, HyperValue]) -> dict[str, tuple[int, ...]]:
-    """The shapes of the tensor hyperparameters (checked readable by :func:`kermac.hyperparams.normalize_hyper`)."""
+    """The shapes of the tensor hyperparameters (checked readable by
+    [`kermac.hyperparams.normalize_hyper`][kermac.hyperparams.normalize_hyper])."""
     return {name: tuple(h.tensor.shape) for name, h in hypers.items() if h.tensor is not None}
 
 
@@ -229,10 +231,10 @@ def _offset(name: str, off: object) -> int:
 
 
 def diagonal_offsets(offset_m: int, offset_n: int, m: int, n: int) -> tuple[int, int]:
-    """Offsets with the same diagonal on an ``m × n`` matrix: at most one nonzero, both in ``[0, max(m, n)]``.
+    """Offsets with the same diagonal on an `m × n` matrix: at most one nonzero, both in `[0, max(m, n)]`.
 
-    Entry ``(i, j)`` is on the diagonal iff ``j − i = offset_m − offset_n``; ``j − i`` lies in
-    ``[1 − m, n − 1]``, so a shift beyond ``[−m, n]`` is clamped to it (no entry either way).
+    Entry `(i, j)` is on the diagonal iff `j − i = offset_m − offset_n`; `j − i` lies in
+    `[1 − m, n − 1]`, so a shift beyond `[−m, n]` is clamped to it (no entry either way).
     """
     shift = min(max(offset_m - offset_n, -m), n)
     return (shift, 0) if shift >= 0 else (0, -shift)
@@ -249,7 +251,7 @@ def pairwise_problem(
     offset_n: int = 0,
     debug: bool = False,
 ) -> PairwiseProblem:
-    """Validate and normalise a pairwise call (shapes, dtypes, devices, batch, ``out``)."""
+    """Validate and normalise a pairwise call (shapes, dtypes, devices, batch, `out`)."""
     x = check_tensor("x", x)
     z = check_tensor("z", z)
     _same(("x", "z"), (x, z))

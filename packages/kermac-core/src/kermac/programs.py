@@ -1,31 +1,35 @@
 """Semiring programs: the complete per-element description of a fused kernel, in IR.
 
-A *pairwise program* computes, for every batch entry ``b`` and every pair ``(m, n)``::
+A *pairwise program* computes, for every batch entry `b` and every pair `(m, n)`:
 
-    acc          = REDUCE_{k < D} inner(x = x[b, m, k], z = z[b, n, k])
-    out[b, m, n] = epilogue(acc = acc, diag = [m + offset_m == n + offset_n])
+```text
+acc          = REDUCE_{k < D} inner(x = x[b, m, k], z = z[b, n, k])
+out[b, m, n] = epilogue(acc = acc, diag = [m + offset_m == n + offset_n])
+```
 
-with ``REDUCE`` one of sum / max / min (identities 0, −∞, +∞).  ``diag`` is 1.0 on the shifted
-diagonal and 0.0 elsewhere (it implements ``K + λI``).
+with `REDUCE` one of sum / max / min (identities 0, −∞, +∞).  `diag` is 1.0 on the shifted
+diagonal and 0.0 elsewhere (it implements `K + λI`).
 
-A *gradient program* computes, for every batch entry ``b`` and every ``(o, n, m)``::
+A *gradient program* computes, for every batch entry `b` and every `(o, n, m)`:
 
-    acc             = Σ_{k < K} c[b, o, k] · a[b, k, m] · multiply(d = d[b, n, m], b = b[b, n, k])
-    out[b, o, n, m] = epilogue(acc = acc)
+```text
+acc             = Σ_{k < K} c[b, o, k] · a[b, k, m] · multiply(d = d[b, n, m], b = b[b, n, k])
+out[b, o, n, m] = epilogue(acc = acc)
+```
 
-The product structure ``c · a · multiply(d, b)`` is fixed (it is what lets a backend turn the
-contraction over ``k`` into matrix products); ``multiply`` and ``epilogue`` are free.
+The product structure `c · a · multiply(d, b)` is fixed (it is what lets a backend turn the
+contraction over `k` into matrix products); `multiply` and `epilogue` are free.
 
-Both are frozen and hashable; :meth:`key` is their canonical text, used in JIT cache keys.  What a
+Both are frozen and hashable; `key` is their canonical text, used in JIT cache keys.  What a
 program derives from its expressions (hash, hyperparameter names) is computed on first use and kept
 on the instance, so the per-call path of an operation does not walk the expression trees again.
 
-The facts backends choose their fast paths by (:func:`is_squared_difference_sum`,
-:func:`is_abs_difference_sum`, :func:`is_product_sum`, :func:`difference_power`,
-:func:`signed_power`) are decided on the normal form of :mod:`kermac.canonical`, so the
-rewritings it lists take the same path as the form they rewrite (:func:`zero_padding_is_neutral`
-evaluates the term, which no rewriting changes); the program itself, and what a backend renders
-from it, stay as written.
+The facts backends choose their fast paths by ([`is_squared_difference_sum`][kermac.programs.is_squared_difference_sum],
+[`is_abs_difference_sum`][kermac.programs.is_abs_difference_sum], [`is_product_sum`][kermac.programs.is_product_sum],
+[`difference_power`][kermac.programs.difference_power], [`signed_power`][kermac.programs.signed_power]) are decided on
+the normal form of [`kermac.canonical`][kermac.canonical], so the rewritings it lists take the same path as the form
+they rewrite ([`zero_padding_is_neutral`][kermac.programs.zero_padding_is_neutral] evaluates the term, which no
+rewriting changes); the program itself, and what a backend renders from it, stay as written.
 """
 
 from __future__ import annotations
@@ -56,15 +60,15 @@ __all__ = [
     "zero_padding_is_neutral",
 ]
 
-#: Reduction name → identity element.
 REDUCTIONS: dict[str, float] = {"sum": 0.0, "max": -math.inf, "min": math.inf}
+"""Reduction name → identity element."""
 
 
 _UNSET = object()
 
 
 def _derived(program: object, name: str, compute: Callable[[], object]) -> object:
-    """``program``'s derived value ``name``, computed once.  Kept in the instance ``__dict__`` (the
+    """`program`'s derived value `name`, computed once.  Kept in the instance `__dict__` (the
     dataclass is frozen) and left out of its pickled state, where a hash would not survive."""
     value = program.__dict__.get(name, _UNSET)
     if value is _UNSET:
@@ -87,7 +91,7 @@ def _check_vars(what: str, expr: Expr, allowed: frozenset[str]) -> None:
 
 @dataclass(frozen=True)
 class PairwiseProgram:
-    """``out[b,m,n] = epilogue(REDUCE_k inner(x[b,m,k], z[b,n,k]), diag)``; see the module docs."""
+    """`out[b,m,n] = epilogue(REDUCE_k inner(x[b,m,k], z[b,n,k]), diag)`; see the module docs."""
 
     inner: Expr
     reduction: str
@@ -120,7 +124,7 @@ class PairwiseProgram:
 
     @property
     def uses_diag(self) -> bool:
-        """Whether the epilogue reads ``diag`` (the backend must then compute it)."""
+        """Whether the epilogue reads `diag` (the backend must then compute it)."""
         return _derived(self, "_uses_diag", lambda: "diag" in free_vars(self.epilogue))
 
     def key(self) -> str:
@@ -130,7 +134,7 @@ class PairwiseProgram:
 
 @dataclass(frozen=True)
 class GradProgram:
-    """``out[b,o,n,m] = epilogue(Σ_k c[b,o,k]·a[b,k,m]·multiply(d[b,n,m], b[b,n,k]))``."""
+    """`out[b,o,n,m] = epilogue(Σ_k c[b,o,k]·a[b,k,m]·multiply(d[b,n,m], b[b,n,k]))`."""
 
     multiply: Expr
     epilogue: Expr
@@ -158,19 +162,21 @@ class GradProgram:
         return f"grad;{to_sexpr(self.multiply)};{to_sexpr(self.epilogue)}"
 
 
-#: t = x − z, |t|, [t = t] (0 only for NaN) and [t ≠ 0]: the pieces of the forms recognised below.
 _T = Call("sub", (Var("x"), Var("z")))
+"""t = x − z, |t|, [t = t] (0 only for NaN) and [t ≠ 0]: the pieces of the forms recognised below."""
 _ABS_T = Call("abs", (_T,))
 _T_IS_NUMBER = Call("eq", (_T, _T))
 _T_NONZERO = Call("ne", (_T, Const(0.0)))
 _SQUARED = Call("mul", (_T, _T))
 _PRODUCT = Call("mul", (Var("x"), Var("z")))
-#: [t ≠ 0], NaN where t is NaN: the term of ``cdist`` with p = 0 (torch.cdist's count of differing
-#: coordinates is NaN for a NaN coordinate, and for ∞ − ∞).
 L0_TERM = Call("select", (_T_IS_NUMBER, _T_NONZERO, _T))
-#: |t|, 0 where t is NaN: the term of ``cdist`` with p = ∞ (torch.cdist's maximum skips NaN; a
-#: maximum of non-negative terms is unchanged by a 0).
+"""[t ≠ 0], NaN where t is NaN: the term of `cdist` with p = 0 (torch.cdist's count of differing
+coordinates is NaN for a NaN coordinate, and for ∞ − ∞).
+"""
 LINF_TERM = Call("select", (_T_IS_NUMBER, _ABS_T, Const(0.0)))
+"""|t|, 0 where t is NaN: the term of `cdist` with p = ∞ (torch.cdist's maximum skips NaN; a
+maximum of non-negative terms is unchanged by a 0).
+"""
 
 # The recognised forms in normal form (kermac.canonical), against which normal forms are compared.
 _CANONICAL_ABS_T = canonical(_ABS_T)
@@ -182,20 +188,21 @@ _CANONICAL_FIRST_POWERS = (_CANONICAL_ABS_T, canonical(LINF_TERM))
 
 
 def canonical_inner(program: PairwiseProgram) -> Expr:
-    """The normal form (:func:`kermac.canonical.canonical`) of ``program``'s inner term, computed once."""
+    """The normal form ([`kermac.canonical.canonical`][kermac.canonical.canonical]) of `program`'s inner term,
+    computed once."""
     return _derived(program, "_canonical_inner", lambda: canonical(program.inner))
 
 
 def _is_sum_of(program: PairwiseProgram, name: str, term: Expr) -> bool:
-    """Whether ``program`` sums the canonical ``term``; kept on the program as ``name``."""
+    """Whether `program` sums the canonical `term`; kept on the program as `name`."""
     return _derived(program, name, lambda: program.reduction == "sum" and canonical_inner(program) == term)
 
 
 def is_squared_difference_sum(program: PairwiseProgram) -> bool:
-    """Whether ``program`` is ``Σ_k (x − z)²``, with any epilogue.
+    """Whether `program` is `Σ_k (x − z)²`, with any epilogue.
 
-    Decided on the normal form (:mod:`kermac.canonical`): ``(x − z)·(x − z)``, ``(z − x)·(z − x)``,
-    ``pow(x − z, 2)``, ``|x − z|·|x − z|`` and the other exact rewritings qualify; ``(x − z)·(z − x)``
+    Decided on the normal form ([`kermac.canonical`][kermac.canonical]): `(x − z)·(x − z)`, `(z − x)·(z − x)`,
+    `pow(x − z, 2)`, `|x − z|·|x − z|` and the other exact rewritings qualify; `(x − z)·(z − x)`
     (that is −(x − z)²) does not.  Such programs (l2, squared l2, Gaussian, Laplace-L2, Matérn,
     Cauchy, user programs of that shape) reduce d² = Σ_k (x_k − z_k)², which a backend may expand
     into ‖x‖² + ‖z‖² − 2·x·z and compute on tensor cores.
@@ -204,37 +211,37 @@ def is_squared_difference_sum(program: PairwiseProgram) -> bool:
 
 
 def is_abs_difference_sum(program: PairwiseProgram) -> bool:
-    """Whether ``program`` is ``Σ_k |x − z|`` (also written ``|z − x|``, ``|−(x − z)|``), with any
+    """Whether `program` is `Σ_k |x − z|` (also written `|z − x|`, `|−(x − z)|`), with any
     epilogue (cdist p = 1, Laplace-L1); decided on the normal form."""
     return _is_sum_of(program, "_abs_diff_sum", _CANONICAL_ABS_T)
 
 
 def is_product_sum(program: PairwiseProgram) -> bool:
-    """Whether ``program`` is ``Σ_k x·z`` (also written ``z·x``), with any epilogue (the dot-product
+    """Whether `program` is `Σ_k x·z` (also written `z·x`), with any epilogue (the dot-product
     kernels); decided on the normal form."""
     return _is_sum_of(program, "_product_sum", _CANONICAL_PRODUCT)
 
 
 def difference_power(inner: Expr) -> Expr | None:
-    """The exponent P if ``inner`` is a form of |x − z|^P kermac lowers programs to, else ``None``.
+    """The exponent P if `inner` is a form of |x − z|^P kermac lowers programs to, else `None`.
 
     With t = x − z, decided on the normal form (so t may also be written z − x where the sign
-    cannot matter): ``|t|`` and :data:`LINF_TERM` (P = 1), ``t·t`` (P = 2), ``pow(|t|, P)`` and the
-    guarded ``select(overflow, NaN, max(pow(|t|, P), c·[t ≠ 0]))`` (any P; see
-    :func:`kermac.lowering.guarded_lp_program`), and the counts ``[t ≠ 0]`` and :data:`L0_TERM`
-    (P = 0).  All have the derivative P·sgn(t)|t|^(P−1) (0 for a count) wherever they are
-    differentiable, which is what automatic differentiation needs.
+    cannot matter): `|t|` and [`LINF_TERM`][kermac.programs.LINF_TERM] (P = 1), `t·t` (P = 2), `pow(|t|, P)` and the
+    guarded `select(overflow, NaN, max(pow(|t|, P), c·[t ≠ 0]))` (any P; see
+    [`kermac.lowering.guarded_lp_program`][kermac.lowering.guarded_lp_program]), and the counts `[t ≠ 0]` and
+    [`L0_TERM`][kermac.programs.L0_TERM] (P = 0).  All have the derivative P·sgn(t)|t|^(P−1) (0 for a count) wherever
+    they are differentiable, which is what automatic differentiation needs.
     """
     return _canonical_difference_power(canonical(inner))
 
 
 def inner_difference_power(program: PairwiseProgram) -> Expr | None:
-    """:func:`difference_power` of ``program``'s inner term, computed once per program."""
+    """[`difference_power`][kermac.programs.difference_power] of `program`'s inner term, computed once per program."""
     return _derived(program, "_difference_power", lambda: _canonical_difference_power(canonical_inner(program)))
 
 
 def _canonical_difference_power(inner: Expr) -> Expr | None:
-    """:func:`difference_power` of an inner term in normal form."""
+    """[`difference_power`][kermac.programs.difference_power] of an inner term in normal form."""
     if inner in _CANONICAL_COUNTS:
         return Const(0.0)
     if isinstance(inner, Call) and inner.op == "select" and inner.args[1] == Const(math.nan):
@@ -257,7 +264,7 @@ def _canonical_difference_power(inner: Expr) -> Expr | None:
 
 
 def zero_padding_is_neutral(program: PairwiseProgram) -> bool:
-    """Whether the term of two zero features, ``inner(0, 0)``, is the reduction's identity.
+    """Whether the term of two zero features, `inner(0, 0)`, is the reduction's identity.
 
     Then a backend may pad the feature dimension with zeros in both operands and reduce the padding
     with the other terms: |0 − 0| = (0 − 0)² = [0 ≠ 0] = 0·0 = 0 for a sum.  Inner terms that read a
@@ -274,14 +281,14 @@ def zero_padding_is_neutral(program: PairwiseProgram) -> bool:
 
 
 def signed_power(expr: Expr) -> tuple[Expr, Expr] | None:
-    """``(t, e)`` if ``expr`` is ``select(ne(t, 0), sign(t)·pow(abs(t), e), 0)``, else ``None``.
+    """`(t, e)` if `expr` is `select(ne(t, 0), sign(t)·pow(abs(t), e), 0)`, else `None`.
 
     That is sgn(t)·|t|^e with the term 0 where t = 0 (also for e ≤ 0): the multiply of the
-    fractional-p gradient (:func:`kermac.lowering.grad_program`), which a backend may compute as
-    a copysign of one power instead of a product with a sign.  The test and the power's base are
-    compared with ``t`` on the normal form (:mod:`kermac.canonical`: ``ne(0, t)``, ``pow(abs(−t), e)``
-    and the factors in either order qualify); ``t`` and ``e`` are returned as written in ``expr``,
-    ``t`` with the orientation of its ``sign``.
+    fractional-p gradient ([`kermac.lowering.grad_program`][kermac.lowering.grad_program]), which a backend may compute
+    as a copysign of one power instead of a product with a sign.  The test and the power's base are
+    compared with `t` on the normal form ([`kermac.canonical`][kermac.canonical]: `ne(0, t)`, `pow(abs(−t), e)`
+    and the factors in either order qualify); `t` and `e` are returned as written in `expr`,
+    `t` with the orientation of its `sign`.
     """
     if not (isinstance(expr, Call) and expr.op == "select" and expr.args[2] == Const(0.0)):
         return None

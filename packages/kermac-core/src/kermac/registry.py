@@ -1,23 +1,24 @@
 """The backend registry: plugins discovered once, on first use, and the choice of backend for a problem.
 
-``auto`` ranks the available backends that accept a problem by the cost table of its device
-(:mod:`kermac.costs`: measured milliseconds per problem class), then by ``preference()`` for the
-backends the table does not list (see :func:`select_backend`).
+`auto` ranks the available backends that accept a problem by the cost table of its device
+([`kermac.costs`][kermac.costs]: measured milliseconds per problem class), then by `preference()` for the
+backends the table does not list (see [`select_backend`][kermac.registry.select_backend]).
 
-Discovery (:mod:`kermac.discovery`) loads each entry point of ``kermac.backends`` on its own,
+Discovery ([`kermac.discovery`][kermac.discovery]) loads each entry point of `kermac.backends` on its own,
 within a time limit; every plugin it refuses or that fails is reported once -- a
-``RuntimeWarning`` and a ``broken`` row of :func:`backend_statuses` (``kermac info``) naming the
+`RuntimeWarning` and a `broken` row of [`backend_statuses`][kermac.registry.backend_statuses] (`kermac info`) naming the
 plugin, its distribution and why -- and skipped, never fatal to the others.
 
-The backends' hooks are plugin code too: ``priority``, ``availability()``, ``preference()``,
-``check_pairwise()`` and ``check_grad()``.  One that raises (anything but ``KeyboardInterrupt``,
+The backends' hooks are plugin code too: `priority`, `availability()`, `preference()`,
+`check_pairwise()` and `check_grad()`.  One that raises (anything but `KeyboardInterrupt`,
 which propagates untouched) or returns a value of the wrong type is a *plugin error*: reported
-once per backend and hook as a ``RuntimeWarning``, after which
+once per backend and hook as a `RuntimeWarning`, after which
 
-* ``auto`` skips that backend for the decision at hand (a failing ``preference()`` only ranks it
-  by its priority; a failing ``availability()`` counts as unavailable, for the process);
-* a backend named explicitly raises :class:`BackendUnavailableError` (``availability()``) or
-  :class:`UnsupportedProblemError` (its check), naming the plugin and chaining the exception.
+* `auto` skips that backend for the decision at hand (a failing `preference()` only ranks it
+  by its priority; a failing `availability()` counts as unavailable, for the process);
+* a backend named explicitly raises [`BackendUnavailableError`][kermac.registry.BackendUnavailableError]
+  (`availability()`) or [`UnsupportedProblemError`][kermac.registry.UnsupportedProblemError] (its check), naming the
+  plugin and chaining the exception.
 """
 
 from __future__ import annotations
@@ -66,12 +67,12 @@ T = TypeVar("T")
 
 @dataclass(frozen=True)
 class BackendStatus:
-    """One row of :func:`kermac.backends`: a backend (or a plugin with a problem) and whether it can run.
+    """One row of [`kermac.backends`][kermac.backends]: a backend (or a plugin with a problem) and whether it can run.
 
-    ``broken`` marks a plugin error: a plugin that was refused or failed to load (``name`` is the
+    `broken` marks a plugin error: a plugin that was refused or failed to load (`name` is the
     entry-point name, qualified by the distribution where a backend has that name too), or a
-    backend whose ``priority`` or ``availability()`` failed.  ``reason`` says why.
-    ``distribution`` is the distribution that declared the plugin (``None`` for a hand-made entry
+    backend whose `priority` or `availability()` failed.  `reason` says why.
+    `distribution` is the distribution that declared the plugin (`None` for a hand-made entry
     point).
     """
 
@@ -86,7 +87,7 @@ class BackendStatus:
 
 
 class _PluginError(Exception):
-    """A backend hook raised or returned a value of the wrong type; ``hook`` names it."""
+    """A backend hook raised or returned a value of the wrong type; `hook` names it."""
 
     def __init__(self, hook: str, message: str) -> None:
         super().__init__(message)
@@ -106,7 +107,7 @@ _registry: _Registry | None = None
 
 
 def _warn(found: Discovery) -> None:
-    """One ``RuntimeWarning`` per problem of discovery (after the registry is in place: a warning
+    """One `RuntimeWarning` per problem of discovery (after the registry is in place: a warning
     turned into an error by a filter then fails one call, not every call)."""
     for problem in found.problems:
         warnings.warn(f"kermac: {problem.message}; skipped", RuntimeWarning, stacklevel=4)
@@ -126,8 +127,8 @@ def _get_registry() -> _Registry:
 
 
 def reset(entry_points: Iterable[metadata.EntryPoint] | None = None, *, costs: CostTables | None = None) -> None:
-    """Forget discovered backends (tests use this); ``entry_points`` replaces discovery if given,
-    ``costs`` the shipped cost tables (:mod:`kermac.costs`) if given."""
+    """Forget discovered backends (tests use this); `entry_points` replaces discovery if given,
+    `costs` the shipped cost tables ([`kermac.costs`][kermac.costs]) if given."""
     global _registry
     with _lock:
         if entry_points is None and costs is None:
@@ -147,7 +148,7 @@ def registered_backends() -> dict[str, Backend]:
 
 
 def _hook(hook: str, call: Callable[..., T], args: tuple, valid: Callable[[object], bool], expected: str) -> T:
-    """``call(*args)``, a backend hook; :class:`_PluginError` if it raises or returns what ``valid`` refuses."""
+    """`call(*args)`, a backend hook; `_PluginError` if it raises or returns what `valid` refuses."""
     try:
         value = call(*args)
         ok = valid(value)
@@ -161,7 +162,7 @@ def _hook(hook: str, call: Callable[..., T], args: tuple, valid: Callable[[objec
 
 
 def _method(obj: object, name: str, *args: object) -> object:
-    """``obj.name(*args)``: through :func:`_hook`, the lookup is guarded too (it may be plugin code)."""
+    """`obj.name(*args)`: through `_hook`, the lookup is guarded too (it may be plugin code)."""
     return getattr(obj, name)(*args)
 
 
@@ -219,7 +220,7 @@ def _availability(reg: _Registry, name: str, entry: Loaded) -> tuple[Availabilit
 
 
 def _preference(reg: _Registry, name: str, entry: Loaded, problem: object, priority: int) -> int:
-    """``preference(problem)``; a plugin error is reported and the backend ranked by ``priority``."""
+    """`preference(problem)`; a plugin error is reported and the backend ranked by `priority`."""
     try:
         return _hook("preference()", _method, (entry.backend, "preference", problem), _is_int, "an int")
     except _PluginError as err:
@@ -228,7 +229,7 @@ def _preference(reg: _Registry, name: str, entry: Loaded, problem: object, prior
 
 
 def _check_hook(problem: object) -> str:
-    """The name of the hook that ``check`` calls for ``problem`` (for messages)."""
+    """The name of the hook that `check` calls for `problem` (for messages)."""
     return "check_grad()" if isinstance(problem, GradProblem) else "check_pairwise()"
 
 
@@ -274,12 +275,12 @@ def _problem_rows(reg: _Registry) -> list[BackendStatus]:
 
 
 def cost_tables() -> CostTables:
-    """The cost tables ``auto`` ranks by (:mod:`kermac.costs`)."""
+    """The cost tables `auto` ranks by ([`kermac.costs`][kermac.costs])."""
     return _get_registry().costs
 
 
 def get_backend(name: str) -> Backend:
-    """The backend registered as ``name``; ``ValueError`` listing the known names otherwise."""
+    """The backend registered as `name`; `ValueError` listing the known names otherwise."""
     return _entry(_get_registry(), name).backend
 
 
@@ -294,7 +295,7 @@ def _entry(reg: _Registry, name: str) -> Loaded:
 
 
 def requested_backend(backend: str) -> str:
-    """Apply the ``KERMAC_BACKEND`` override to the default ``'auto'``."""
+    """Apply the `KERMAC_BACKEND` override to the default `'auto'`."""
     if not isinstance(backend, str):
         raise TypeError(f"backend: expected a str ('auto' or a backend name), got {type(backend).__name__}")
     if backend == AUTO:
@@ -303,16 +304,17 @@ def requested_backend(backend: str) -> str:
 
 
 def select_backend(backend: str, problem: object, check: Callable[[Backend, object], str | None], what: str) -> Backend:
-    """Choose the backend that runs ``problem``.
+    """Choose the backend that runs `problem`.
 
-    ``backend='auto'`` takes, among the backends that are available and whose ``check`` accepts
+    `backend='auto'` takes, among the backends that are available and whose `check` accepts
     the problem (never one of negative priority: those are opt-in), the cheapest by the cost table
-    of the problem's device and class (:mod:`kermac.costs`); backends the table does not list for
-    that class come after those it lists, by :meth:`~kermac.backend.Backend.preference` (their
+    of the problem's device and class ([`kermac.costs`][kermac.costs]); backends the table does not list for
+    that class come after those it lists, by [`preference`][kermac.backend.Backend.preference] (their
     priority unless they know better; ties go to the higher priority).  A name forces that backend
-    and raises :class:`BackendUnavailableError` or :class:`UnsupportedProblemError` (naming the
-    backends that would work) if it cannot.  Plugin errors are handled as the module docstring
-    says; a malformed cost table raises :class:`kermac.costs.CostTableError`.
+    and raises [`BackendUnavailableError`][kermac.registry.BackendUnavailableError] or
+    [`UnsupportedProblemError`][kermac.registry.UnsupportedProblemError] (naming the backends that would work) if it
+    cannot.  Plugin errors are handled as the module docstring says; a malformed cost table raises
+    [`kermac.costs.CostTableError`][kermac.costs.CostTableError].
     """
     name = requested_backend(backend)
     reg = _get_registry()
@@ -379,7 +381,7 @@ def _forced(
 def _alternatives(
     reg: _Registry, failed: str, problem: object, check: Callable[[Backend, object], str | None], what: str
 ) -> str:
-    """`` Backends that can run this <what>: a, b.`` (every other available backend whose check accepts)."""
+    """` Backends that can run this <what>: a, b.` (every other available backend whose check accepts)."""
     ok = []
     for name, entry in reg.found.backends.items():
         if name == failed or not _availability(reg, name, entry)[0].available:

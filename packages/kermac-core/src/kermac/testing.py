@@ -1,14 +1,16 @@
 """Conformance checks a backend -- kermac's own or a third party's -- must pass.
 
-Each check runs one program on the backend under test into an ``out`` *poisoned* with NaN, and
-compares it with the reference backend (``torch``, whose name no plugin may take) evaluated on
-the inputs upcast to float64.  A backend that leaves part of ``out`` unwritten fails: the poison
+Each check runs one program on the backend under test into an `out` *poisoned* with NaN, and
+compares it with the reference backend (`torch`, whose name no plugin may take) evaluated on
+the inputs upcast to float64.  A backend that leaves part of `out` unwritten fails: the poison
 shows where the reference has a number.  Entries must agree in their NaN and infinite values and
-otherwise within ``rtol`` relative to the largest finite reference entry::
+otherwise within `rtol` relative to the largest finite reference entry:
 
-    from kermac import presets, testing
+```text
+from kermac import presets, testing
 
-    testing.assert_pairwise_conforms("mybackend", presets.l1_distance.lower(), x, z)
+testing.assert_pairwise_conforms("mybackend", presets.l1_distance.lower(), x, z)
+```
 
 The checks synchronise with the host (they are tests, not a hot path).
 """
@@ -25,13 +27,13 @@ from kermac.programs import GradProgram, PairwiseProgram
 
 __all__ = ["TOLERANCE", "assert_grad_conforms", "assert_matches_reference", "assert_pairwise_conforms"]
 
-#: Default ``rtol`` per dtype: ``max |result − reference| / max |reference|`` allowed.
 TOLERANCE: Mapping[torch.dtype, float] = {
     torch.float64: 1e-11,
     torch.float32: 1e-5,
     torch.float16: 2e-3,
     torch.bfloat16: 1.6e-2,
 }
+"""Default `rtol` per dtype: `max |result − reference| / max |reference|` allowed."""
 
 Hypers = Mapping[str, float | torch.Tensor] | None
 
@@ -49,7 +51,7 @@ def assert_pairwise_conforms(
     hypers: Hypers = None,
     rtol: float | None = None,
 ) -> None:
-    """``run_program(program, x, z)`` on ``backend`` matches the float64 reference (``AssertionError`` if not)."""
+    """`run_program(program, x, z)` on `backend` matches the float64 reference (`AssertionError` if not)."""
     ref = kermac.run_program(program, x.double(), z.double(), hypers=_wide(hypers), backend=REFERENCE_BACKEND)
     out = torch.full(ref.shape, torch.nan, dtype=x.dtype, device=x.device)
     kermac.run_program(program, x, z, hypers=hypers, out=out, backend=backend)
@@ -67,7 +69,7 @@ def assert_grad_conforms(
     hypers: Hypers = None,
     rtol: float | None = None,
 ) -> None:
-    """``run_grad_program(program, a, b, c, d)`` on ``backend`` matches the float64 reference."""
+    """`run_grad_program(program, a, b, c, d)` on `backend` matches the float64 reference."""
     wide = (t.double() for t in (a, b, c, d))
     ref = kermac.run_grad_program(program, *wide, hypers=_wide(hypers), backend=REFERENCE_BACKEND)
     out = torch.full(ref.shape, torch.nan, dtype=a.dtype, device=a.device)
@@ -76,10 +78,10 @@ def assert_grad_conforms(
 
 
 def assert_matches_reference(result: torch.Tensor, ref: torch.Tensor, *, rtol: float | None, what: str) -> None:
-    """``result`` equals ``ref`` (float64) in NaN and infinite entries, and elsewhere within ``rtol``.
+    """`result` equals `ref` (float64) in NaN and infinite entries, and elsewhere within `rtol`.
 
-    ``rtol`` (default :data:`TOLERANCE` of ``result``'s dtype) bounds ``|result − ref|`` divided by
-    the largest finite ``|ref|`` (1 if there is none).  The error names ``what``, how many entries
+    `rtol` (default [`TOLERANCE`][kermac.testing.TOLERANCE] of `result`'s dtype) bounds `|result − ref|` divided by
+    the largest finite `|ref|` (1 if there is none).  The error names `what`, how many entries
     differ and the first one.
     """
     if result.shape != ref.shape:

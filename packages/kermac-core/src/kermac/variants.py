@@ -1,12 +1,12 @@
-"""The common problems whose kernels ``kermac precompile`` compiles ahead of time.
+"""The common problems whose kernels `kermac precompile` compiles ahead of time.
 
-Every distance of :func:`kermac.cdist` (p in {0, 1, 2, ∞}, a fractional p as a number and as a
-per-batch tensor, with and without ``skip_epilogue``), every preset of :mod:`kermac.presets`
-(with and without regularisation), and :func:`kermac.cdist_grad` for p in {1, 2} and a fractional
+Every distance of [`kermac.cdist`][kermac.cdist] (p in {0, 1, 2, ∞}, a fractional p as a number and as a
+per-batch tensor, with and without `skip_epilogue`), every preset of [`kermac.presets`][kermac.presets]
+(with and without regularisation), and [`kermac.cdist_grad`][kermac.cdist_grad] for p in {1, 2} and a fractional
 p, on contiguous, aligned operands — the layout most calls have.  The fractional p is 1.3, not a
 multiple of 1/2: a backend may compile such exponents into kernels of their own (the NVRTC
 backend's square-root powers), while the kernel for 1.3 serves every other p.  Problems can be
-built on the ``meta`` device, so no GPU is needed to describe them.
+built on the `meta` device, so no GPU is needed to describe them.
 """
 
 from __future__ import annotations
@@ -23,11 +23,11 @@ from kermac.problem import GradProblem, PairwiseProblem, grad_problem, pairwise_
 
 __all__ = ["common_problems"]
 
-#: Sizes of the representative operands: multiples of every tile size, so vector loads apply.
 M = N = D = 256
+"""Sizes of the representative operands: multiples of every tile size, so vector loads apply."""
 GRAD_SIZES = {"m": 256, "n": 64, "o": 16, "k": 256}
-#: The fractional p of the common problems (see the module documentation).
 FRACTIONAL_P = 1.3
+"""The fractional p of the common problems (see the module documentation)."""
 
 
 def _hypers(names: Sequence[str], device: torch.device) -> dict[str, HyperValue]:
@@ -38,7 +38,7 @@ def _hypers(names: Sequence[str], device: torch.device) -> dict[str, HyperValue]
 def common_problems(
     device: torch.device | str = "meta", dtypes: Sequence[torch.dtype] = (torch.float32,)
 ) -> list[PairwiseProblem | GradProblem]:
-    """The problems listed in the module documentation, for each dtype, on ``device``."""
+    """The problems listed in the module documentation, for each dtype, on `device`."""
     device = torch.device(device)
     problems: list[PairwiseProblem | GradProblem] = []
     for dtype in dtypes:

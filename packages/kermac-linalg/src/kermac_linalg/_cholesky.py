@@ -25,23 +25,23 @@ __all__ = ["cholesky", "cholesky_solve", "potrf_workspace"]
 def cholesky(
     A: torch.Tensor, *, upper: bool = False, overwrite_a: bool = False, check: bool = False
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Cholesky factor of symmetric positive-definite matrices: ``A = L Lᵀ`` (or ``A = Uᵀ U``).
+    """Cholesky factor of symmetric positive-definite matrices: `A = L Lᵀ` (or `A = Uᵀ U`).
 
     Args:
-        A: ``[..., N, N]`` float32/float64, CPU or CUDA. Only the lower triangle is read
-            (like ``torch.linalg.cholesky``, also with ``upper=True``).
-        upper: return ``U = Lᵀ`` (upper triangular) instead of ``L``.
-        overwrite_a: factor in A's memory: ``L`` is ``A`` itself (``U`` is ``A.mT``), no copy.
+        A: `[..., N, N]` float32/float64, CPU or CUDA. Only the lower triangle is read
+            (like `torch.linalg.cholesky`, also with `upper=True`).
+        upper: return `U = Lᵀ` (upper triangular) instead of `L`.
+        overwrite_a: factor in A's memory: `L` is `A` itself (`U` is `A.mT`), no copy.
             Possible when each entry of A is row- or column-major with no two entries
             overlapping; otherwise (an expanded batch, a strided view) a copy is factored and
             A is untouched. Refused (ValueError) for an A that requires grad.
-        check: synchronise and raise :class:`~kermac_linalg.LinalgError` listing the entries
+        check: synchronise and raise [`LinalgError`][kermac_linalg.LinalgError] listing the entries
             whose factorisation failed.
 
     Returns:
-        ``(L, info)``: ``L [..., N, N]`` triangular, the other triangle zero; ``info [...]``
-        int32 on A's device, 0 where the entry succeeded, ``i > 0`` where its leading minor of
-        order i is not positive definite, ``NONFINITE_INPUT`` where A's lower triangle holds a
+        `(L, info)`: `L [..., N, N]` triangular, the other triangle zero; `info [...]`
+        int32 on A's device, 0 where the entry succeeded, `i > 0` where its leading minor of
+        order i is not positive definite, `NONFINITE_INPUT` where A's lower triangle holds a
         NaN or an infinity (a failed entry of L is NaN; the others are valid).
     """
     n = check_matrix("A", A)
@@ -65,30 +65,31 @@ def cholesky_solve(
     overwrite_b: bool = False,
     check: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Solve ``A X = B`` for symmetric positive-definite A: factor A (xpotrf), then substitute.
+    """Solve `A X = B` for symmetric positive-definite A: factor A (xpotrf), then substitute.
 
     The substitution runs on cuBLAS, every right-hand-side entry of the batch at once, blocked on
     inverted diagonal blocks of the factor (several times faster than xpotrs for few right-hand
-    sides, see ``docs/linalg.md``).
+    sides, see `docs/linalg.md`).
 
     Args:
-        A: ``[..., N, N]`` float32/float64 (its lower triangle is read), CPU or CUDA.
-        B: ``[..., N, K]``, same dtype and device; batch dimensions broadcast with A's
-            (``torch.linalg.solve``'s rule); each distinct matrix of A is factored once.
+        A: `[..., N, N]` float32/float64 (its lower triangle is read), CPU or CUDA.
+        B: `[..., N, K]`, same dtype and device; batch dimensions broadcast with A's
+            (`torch.linalg.solve`'s rule); each distinct matrix of A is factored once.
         overwrite_a: factor in A's memory (A then holds its Cholesky factor in the lower
-            triangle); same conditions as :func:`cholesky`. On the CPU A is left untouched.
-        overwrite_b: write X over B: ``X`` is ``B``, no copy. Possible when each entry of B is
-            column-major (``B.stride(-2) == 1``, e.g. ``B = C.mT`` for a contiguous ``C [..., K, N]``,
+            triangle); same conditions as [`cholesky`][kermac_linalg._cholesky.cholesky]. On the CPU A is left
+            untouched.
+        overwrite_b: write X over B: `X` is `B`, no copy. Possible when each entry of B is
+            column-major (`B.stride(-2) == 1`, e.g. `B = C.mT` for a contiguous `C [..., K, N]`,
             or K = 1), B spans the whole broadcast batch and its entries do not overlap;
             otherwise X is a new tensor and B is untouched. Both flags are refused
             (ValueError) for an input that requires grad.
-        check: synchronise and raise :class:`~kermac_linalg.LinalgError` on failed entries.
+        check: synchronise and raise [`LinalgError`][kermac_linalg.LinalgError] on failed entries.
 
     Returns:
-        ``(X, info)``: ``X [*batch, N, K]`` (column-major entries, like ``torch.linalg.solve``);
-        ``info [*batch]`` int32 on the device, non-zero (NaN in X) where A is not positive
-        definite (``i > 0``) or where A's lower triangle or B holds a NaN or an infinity
-        (``NONFINITE_INPUT``).
+        `(X, info)`: `X [*batch, N, K]` (column-major entries, like `torch.linalg.solve`);
+        `info [*batch]` int32 on the device, non-zero (NaN in X) where A is not positive
+        definite (`i > 0`) or where A's lower triangle or B holds a NaN or an infinity
+        (`NONFINITE_INPUT`).
     """
     n = check_matrix("A", A)
     batch, _k = check_rhs(A, B)
@@ -106,16 +107,16 @@ def cholesky_solve(
 def potrf_workspace(
     device: torch.device, dtype: torch.dtype, n: int, lda: int, uplo: int | None = None
 ) -> tuple[int, int]:
-    """``(device_bytes, host_bytes)`` one xpotrf of an ``N x N`` matrix needs."""
+    """`(device_bytes, host_bytes)` one xpotrf of an `N x N` matrix needs."""
     x, dt = api(), data_type(dtype)
     fill = x.lower if uplo is None else uplo
     return query(device, lambda h, p: x.dn.xpotrf_buffer_size(h, p, fill, n, dt, 0, lda, dt))
 
 
 def _factor(buf: torch.Tensor, layout: Layout, n: int, info: torch.Tensor) -> list[int]:
-    """xpotrf on every entry of ``buf`` (in place, over the stream pool); the entries' addresses.
+    """xpotrf on every entry of `buf` (in place, over the stream pool); the entries' addresses.
 
-    ``info`` (shape of ``buf``'s batch, int32) receives each entry's status.
+    `info` (shape of `buf`'s batch, int32) receives each entry's status.
     """
     a_ptrs = entry_pointers(buf)
     if n == 0 or not a_ptrs:

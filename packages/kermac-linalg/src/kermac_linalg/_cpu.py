@@ -1,9 +1,9 @@
-"""The CPU path: the same operations and semantics through ``torch.linalg`` (LAPACK).
+"""The CPU path: the same operations and semantics through `torch.linalg` (LAPACK).
 
-Same results, status tensors and aliasing rules as the GPU path: with ``overwrite_*`` the
+Same results, status tensors and aliasing rules as the GPU path: with `overwrite_*` the
 results are written into the input's memory (and alias it) exactly when the GPU path would work
 there in place. The public functions then mark non-finite inputs and fill failed entries with
-NaN for both paths (``_status.finish``). LAPACK's own workspaces stay inside torch, so on the
+NaN for both paths (`_status.finish`). LAPACK's own workspaces stay inside torch, so on the
 CPU this keeps the aliasing contract but saves no memory. Solves leave A untouched.
 """
 
@@ -109,7 +109,7 @@ def eigh_range(A: torch.Tensor, sel: EigenRange, overwrite_a: bool) -> tuple[tor
 
 
 def _select_values(W: torch.Tensor, V: torch.Tensor, vl: float, vu: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """Eigenpairs with ``vl < w <= vu`` (ascending), NaN-padded to the largest count in the batch."""
+    """Eigenpairs with `vl < w <= vu` (ascending), NaN-padded to the largest count in the batch."""
     first = (W <= vl).sum(-1, keepdim=True)
     count = ((W > vl) & (W <= vu)).sum(-1, keepdim=True)
     m = int(count.max()) if count.numel() else 0

@@ -1,6 +1,6 @@
 """cuSOLVER through nvmath-python, imported on first GPU use, and per-thread solver slots.
 
-A :class:`Slot` is one CUDA stream of a device with a cusolverDn handle (and default params)
+A `Slot` is one CUDA stream of a device with a cusolverDn handle (and default params)
 bound to it for its whole life; the handle is never switched to another stream, so no two
 streams ever share a handle's internal state. Slots belong to the thread that created them
 (cusolverDn handles are not safe to use from two threads at once) and to one device.
@@ -65,14 +65,14 @@ def data_type(dtype: torch.dtype) -> int:
 def lower_uplo(transposed: bool) -> int:
     """The cuSOLVER fill mode that reads torch's lower triangle of a matrix entry.
 
-    cuSOLVER sees a row-major (``transposed``) entry as its transpose, whose upper triangle is
+    cuSOLVER sees a row-major (`transposed`) entry as its transpose, whose upper triangle is
     torch's lower one.
     """
     return api().upper if transposed else api().lower
 
 
 class Slot:
-    """A stream of ``device`` with a cusolverDn handle and params bound to it, plus host workspace."""
+    """A stream of `device` with a cusolverDn handle and params bound to it, plus host workspace."""
 
     def __init__(self, device: torch.device):
         dn = api().dn
@@ -85,7 +85,7 @@ class Slot:
         self._host = torch.empty(0, dtype=torch.uint8)
 
     def host_workspace(self, nbytes: int) -> int:
-        """Pointer to at least ``nbytes`` of host workspace owned by this slot (0 if none needed).
+        """Pointer to at least `nbytes` of host workspace owned by this slot (0 if none needed).
 
         Kept across calls: work queued on the slot's stream may still use it, and the next user
         of the same slot is ordered after that work by the stream.
@@ -111,7 +111,7 @@ _local = threading.local()
 
 
 def thread_slots(device: torch.device, count: int) -> list[Slot]:
-    """The first ``count`` slots of this thread on ``device``, created on first use."""
+    """The first `count` slots of this thread on `device`, created on first use."""
     per_device = getattr(_local, "slots", None)
     if per_device is None:
         per_device = _local.slots = {}
@@ -122,9 +122,9 @@ def thread_slots(device: torch.device, count: int) -> list[Slot]:
 
 
 def query(device: torch.device, ask: Callable[[int, int], tuple[int, int]]) -> tuple[int, int]:
-    """Run a ``*_buffer_size`` query ``ask(handle, params)`` on this thread's first slot of ``device``.
+    """Run a `*_buffer_size` query `ask(handle, params)` on this thread's first slot of `device`.
 
-    Returns ``(device_bytes, host_bytes)``.
+    Returns `(device_bytes, host_bytes)`.
     """
     with torch.cuda.device(device):
         slot = thread_slots(device, 1)[0]

@@ -1,13 +1,13 @@
-"""cusolverMg through ctypes: the multi-GPU symmetric eigensolver ``cusolverMgSyevd``.
+"""cusolverMg through ctypes: the multi-GPU symmetric eigensolver `cusolverMgSyevd`.
 
-nvmath-python binds cusolverDn but not cusolverMg, so this module loads ``libcusolverMg`` (shipped
+nvmath-python binds cusolverDn but not cusolverMg, so this module loads `libcusolverMg` (shipped
 in the nvidia-cusolver wheel) through cuda-pathfinder and declares the few entry points it needs.
 Every call here is synchronous: cusolverMg takes host eigenvalue and status buffers and returns
 when the devices are done.
 
-cusolverMg's handle has a known defect: a second ``cusolverMgSyevd`` in the same CUDA context can
+cusolverMg's handle has a known defect: a second `cusolverMgSyevd` in the same CUDA context can
 fail or return garbage, even with a fresh handle (see seed 003 of the project).  Callers that need
-more than one call per process run each call in a fresh process (:mod:`._mg_worker`).
+more than one call per process run each call in a fresh process (`._mg_worker`).
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ _vp = ctypes.c_void_p
 
 
 def library() -> ctypes.CDLL:
-    """``libcusolverMg`` with the prototypes declared (loaded once)."""
+    """`libcusolverMg` with the prototypes declared (loaded once)."""
     global _lib
     if _lib is None:
         with _lock:
@@ -98,7 +98,7 @@ def _check(call: str, status: int) -> None:
 
 @dataclass(frozen=True)
 class MgResult:
-    """What one ``cusolverMgSyevd`` returned: eigenvalues (host), status and workspace size."""
+    """What one `cusolverMgSyevd` returned: eigenvalues (host), status and workspace size."""
 
     eigenvalues: torch.Tensor
     info: int
@@ -179,19 +179,19 @@ def _synchronize(device_ids: list[int]) -> None:
 
 
 def query(device_ids: list[int], local: list[torch.Tensor], n: int, block: int) -> MgResult:
-    """``cusolverMgSyevd_bufferSize`` alone: the workspace elements (of the matrix dtype) per device.
+    """`cusolverMgSyevd_bufferSize` alone: the workspace elements (of the matrix dtype) per device.
 
-    ``local`` are the devices' arrays as for :func:`syevd`; only their addresses are passed. The
+    `local` are the devices' arrays as for `syevd`; only their addresses are passed. The
     result's eigenvalues are NaN.
     """
     return _run(device_ids, local, n, block, solve=False)
 
 
 def syevd(device_ids: list[int], local: list[torch.Tensor], n: int, block: int) -> MgResult:
-    """Eigen-decompose the block-cyclic matrix held in ``local`` (one tensor per device) in place.
+    """Eigen-decompose the block-cyclic matrix held in `local` (one tensor per device) in place.
 
-    ``local[g]`` is device ``device_ids[g]``'s ``[rows, n]`` row-major array (see
-    :class:`~kermac_linalg._mg_layout.BlockCyclic`); cuSOLVER reads the lower triangle of the
+    `local[g]` is device `device_ids[g]`'s `[rows, n]` row-major array (see
+    `BlockCyclic`); cuSOLVER reads the lower triangle of the
     column-major matrix they form and overwrites it with eigenvectors, one per column.  Allocates the
     workspace on each device, waits for the devices, and returns the eigenvalues on the host.
     """

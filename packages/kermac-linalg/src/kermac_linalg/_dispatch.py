@@ -1,14 +1,14 @@
 """Fork a batch of cuSOLVER calls over a bounded pool of streams and join it back.
 
-``fork_join`` runs task ``t`` (one batch entry, or one factorisation and its solves) on slot
-``t mod S`` of at most :func:`max_streams` slots. Each slot's stream first waits on an event
-recorded on torch's current stream (so it sees every earlier write to the inputs); each slot
+`fork_join` runs task `t` (one batch entry, or one factorisation and its solves) on slot
+`t mod S` of at most [`max_streams`][kermac_linalg._dispatch.max_streams] slots. Each slot's stream first waits on an
+event recorded on torch's current stream (so it sees every earlier write to the inputs); each slot
 gets its device workspace from torch's caching allocator *on its own stream* (so the block is
 reused only in that stream's order); at the end torch's current stream waits on an event of
 every slot.
 
-The calls of a batch are issued from one worker thread per slot (``threads=True``) or all from
-the calling thread; :func:`use_threads` picks per operation. Measured on an H100
+The calls of a batch are issued from one worker thread per slot (`threads=True`) or all from
+the calling thread; `use_threads` picks per operation. Measured on an H100
 (docs/linalg.md): xsyevd/xsyevdx return only once their own stream is done, so from one thread
 the entries of a batch run one after another (eigh of 8 x 2048: 210 ms from one thread, 168 ms
 from threads); xgetrf+xgetrs take 0.7 ms of host time per entry at N = 2048, which worker
@@ -34,7 +34,7 @@ ENV_DISPATCH = "KERMAC_LINALG_DISPATCH"
 _DEFAULT_STREAMS = 8
 
 Issue = Callable[[int, Slot, int, int], None]
-"""``issue(task, slot, device_workspace_ptr, host_workspace_ptr)`` queues one task's calls."""
+"""`issue(task, slot, device_workspace_ptr, host_workspace_ptr)` queues one task's calls."""
 
 
 def _initial_streams() -> int:
@@ -61,7 +61,7 @@ def max_streams() -> int:
 
 
 def set_max_streams(count: int) -> None:
-    """Bound the streams a batched call uses (each holds one workspace). Also ``KERMAC_LINALG_STREAMS``."""
+    """Bound the streams a batched call uses (each holds one workspace). Also `KERMAC_LINALG_STREAMS`."""
     global _max_streams
     if isinstance(count, bool) or not isinstance(count, int):
         raise TypeError(f"count must be an int, got {type(count).__name__}")
@@ -73,10 +73,10 @@ def set_max_streams(count: int) -> None:
 def use_threads(default: bool) -> bool:
     """Whether a batch is issued from worker threads (one per stream) or from the calling thread.
 
-    ``KERMAC_LINALG_DISPATCH=threads`` or ``=streams`` decides for every operation; ``auto``
-    (or unset) takes ``default``, the operation's measured better choice (``docs/linalg.md``):
-    threads for ``eigh``/``eigh_range`` (their cuSOLVER calls wait on the host) and ``solve``,
-    the calling thread for ``cholesky``/``cholesky_solve``.
+    `KERMAC_LINALG_DISPATCH=threads` or `=streams` decides for every operation; `auto`
+    (or unset) takes `default`, the operation's measured better choice (`docs/linalg.md`):
+    threads for `eigh`/`eigh_range` (their cuSOLVER calls wait on the host) and `solve`,
+    the calling thread for `cholesky`/`cholesky_solve`.
     """
     mode = os.environ.get(ENV_DISPATCH, "").strip().lower()
     if mode not in ("", "auto", "threads", "streams"):
@@ -93,10 +93,11 @@ def fork_join(
     *,
     threads: bool = True,
 ) -> None:
-    """Queue ``tasks`` tasks over at most :func:`max_streams` streams of ``device``; join them.
+    """Queue `tasks` tasks over at most [`max_streams`][kermac_linalg._dispatch.max_streams] streams of `device`; join
+    them.
 
-    Each stream gets one device workspace of ``device_bytes`` and its slot's host workspace of
-    ``host_bytes``; tasks sharing a stream run one after another and reuse them. If issuing
+    Each stream gets one device workspace of `device_bytes` and its slot's host workspace of
+    `host_bytes`; tasks sharing a stream run one after another and reuse them. If issuing
     raises, torch's current stream still waits for everything already queued, then the first
     error is raised.
     """
@@ -133,7 +134,7 @@ Outcome = tuple[torch.cuda.Event, Exception | None]
 def _issue_chunk(
     slot: Slot, start: torch.cuda.Event, chunk: range, device_bytes: int, host_bytes: int, issue: Issue
 ) -> Outcome:
-    """Queue ``chunk``'s tasks on ``slot``; the event after them, and the error that stopped them."""
+    """Queue `chunk`'s tasks on `slot`; the event after them, and the error that stopped them."""
     slot.stream.wait_event(start)
     done = torch.cuda.Event()
     try:

@@ -25,22 +25,22 @@ __all__ = ["eigh", "eigh_range", "syevd_workspace", "syevdx_workspace"]
 def eigh(
     A: torch.Tensor, *, overwrite_a: bool = False, check: bool = False
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Eigenvalues and eigenvectors of symmetric matrices: ``A = V diag(L) Vᵀ`` (xsyevd).
+    """Eigenvalues and eigenvectors of symmetric matrices: `A = V diag(L) Vᵀ` (xsyevd).
 
     Args:
-        A: ``[..., N, N]`` float32/float64, CPU or CUDA; only the lower triangle is read
-            (like ``torch.linalg.eigh``).
-        overwrite_a: compute in A's memory: ``V`` is a view of A (``A.mT`` for a row-major A,
-            ``A`` itself for a column-major one), no copy. Possible when each entry is row- or
+        A: `[..., N, N]` float32/float64, CPU or CUDA; only the lower triangle is read
+            (like `torch.linalg.eigh`).
+        overwrite_a: compute in A's memory: `V` is a view of A (`A.mT` for a row-major A,
+            `A` itself for a column-major one), no copy. Possible when each entry is row- or
             column-major and no two overlap; otherwise a copy is used and A is untouched.
             Refused (ValueError) for an A that requires grad.
-        check: synchronise and raise :class:`~kermac_linalg.LinalgError` on failed entries.
+        check: synchronise and raise [`LinalgError`][kermac_linalg.LinalgError] on failed entries.
 
     Returns:
-        ``(L, V, info)``: eigenvalues ``L [..., N]`` ascending; orthonormal eigenvectors in the
-        columns of ``V [..., N, N]`` (column-major entries, like ``torch.linalg.eigh``);
-        ``info [...]`` int32 on the device, non-zero (NaN in L and V) where the solver did not
-        converge (``i > 0``) or A's lower triangle holds a NaN or an infinity (``NONFINITE_INPUT``).
+        `(L, V, info)`: eigenvalues `L [..., N]` ascending; orthonormal eigenvectors in the
+        columns of `V [..., N, N]` (column-major entries, like `torch.linalg.eigh`);
+        `info [...]` int32 on the device, non-zero (NaN in L and V) where the solver did not
+        converge (`i > 0`) or A's lower triangle holds a NaN or an infinity (`NONFINITE_INPUT`).
     """
     n = check_matrix("A", A)
     check_overwrite("overwrite_a", overwrite_a, "A", A)
@@ -69,35 +69,35 @@ def eigh_range(
 
     Give exactly one selection:
 
-    * ``il``, ``iu``: the eigenvalues with ascending indices ``il..iu``, 0-based and inclusive
+    * `il`, `iu`: the eigenvalues with ascending indices `il..iu`, 0-based and inclusive
       (either may be left out: 0 and N-1);
-    * ``vl``, ``vu``: the eigenvalues in the half-open interval ``(vl, vu]`` (either may be left
+    * `vl`, `vu`: the eigenvalues in the half-open interval `(vl, vu]` (either may be left
       out: unbounded);
-    * ``top_k``: the k largest, i.e. ``il = N - k``, ``iu = N - 1`` (still ascending: the
+    * `top_k`: the k largest, i.e. `il = N - k`, `iu = N - 1` (still ascending: the
       largest last), e.g. the leading eigenpairs of a kernel matrix.
 
     Args:
-        A: ``[..., N, N]`` float32/float64, CPU or CUDA; only the lower triangle is read.
-        method: ``"direct"``: cuSOLVER's xsyevdx (CPU: LAPACK through torch.linalg.eigh);
-            ``"iterative"``: block subspace iteration with a certificate (for the k largest or
-            smallest pairs, ``2k + 32 < N``), falling back to the direct solver for an entry it
-            cannot certify; ``"auto"`` (default): iterative for such ranges when N >= 4096 and
+        A: `[..., N, N]` float32/float64, CPU or CUDA; only the lower triangle is read.
+        method: `"direct"`: cuSOLVER's xsyevdx (CPU: LAPACK through torch.linalg.eigh);
+            `"iterative"`: block subspace iteration with a certificate (for the k largest or
+            smallest pairs, `2k + 32 < N`), falling back to the direct solver for an entry it
+            cannot certify; `"auto"` (default): iterative for such ranges when N >= 4096 and
             k <= N / 32, else direct. See docs/linalg.md.
-        overwrite_a: direct method: compute in A's memory, ``V`` is a view of its first M
-            columns (of ``A.mT`` for a row-major A), no copy, under :func:`eigh`'s conditions.
+        overwrite_a: direct method: compute in A's memory, `V` is a view of its first M
+            columns (of `A.mT` for a row-major A), no copy, under [`eigh`][kermac_linalg._eigh.eigh]'s conditions.
             Iterative method: V is returned in that same view of A (A's contents are lost), but
             a working copy is made all the same. Without it the result is a compact
-            ``[..., N, M]`` tensor and no ``N x N`` working memory stays referenced. Refused
+            `[..., N, M]` tensor and no `N x N` working memory stays referenced. Refused
             (ValueError) for an A that requires grad.
-        check: synchronise and raise :class:`~kermac_linalg.LinalgError` on failed entries.
+        check: synchronise and raise [`LinalgError`][kermac_linalg.LinalgError] on failed entries.
 
     Returns:
-        ``(L, V, info)``: ``L [..., M]`` ascending, ``V [..., N, M]`` eigenvectors in columns,
-        ``info [...]`` int32 on the device (non-zero: NaN in that entry; ``NONFINITE_INPUT``
+        `(L, V, info)`: `L [..., M]` ascending, `V [..., N, M]` eigenvectors in columns,
+        `info [...]` int32 on the device (non-zero: NaN in that entry; `NONFINITE_INPUT`
         where A's lower triangle holds a NaN or an infinity). M is known beforehand
         for index ranges. For a value range cuSOLVER reports each entry's count on the host;
         M is the largest count in the batch and entries with fewer eigenvalues are padded with
-        NaN (count them with ``(~L.isnan()).sum(-1)``). cuSOLVER's xsyevdx and the iterative
+        NaN (count them with `(~L.isnan()).sum(-1)`). cuSOLVER's xsyevdx and the iterative
         method both wait on the host.
     """
     n = check_matrix("A", A)
@@ -118,7 +118,7 @@ def eigh_range(
 def syevd_workspace(
     device: torch.device, dtype: torch.dtype, n: int, lda: int, uplo: int | None = None
 ) -> tuple[int, int]:
-    """``(device_bytes, host_bytes)`` one xsyevd (with eigenvectors) of an ``N x N`` matrix needs."""
+    """`(device_bytes, host_bytes)` one xsyevd (with eigenvectors) of an `N x N` matrix needs."""
     x, dt = api(), data_type(dtype)
     fill = x.lower if uplo is None else uplo
     return query(device, lambda h, p: x.dn.xsyevd_buffer_size(h, p, x.vectors, fill, n, dt, 0, lda, dt, 0, dt))
@@ -144,7 +144,7 @@ class _Bounds:
 def syevdx_workspace(
     device: torch.device, dtype: torch.dtype, n: int, lda: int, sel: EigenRange, uplo: int | None = None
 ) -> tuple[int, int]:
-    """``(device_bytes, host_bytes)`` one xsyevdx of an ``N x N`` matrix needs for ``sel``."""
+    """`(device_bytes, host_bytes)` one xsyevdx of an `N x N` matrix needs for `sel`."""
     x, dt = api(), data_type(dtype)
     fill = x.lower if uplo is None else uplo
     b = _Bounds(dtype, sel)
@@ -174,13 +174,13 @@ def syevdx_workspace(
 
 
 def _entries_to_skip(bad: torch.Tensor) -> list[bool]:
-    """The flat batch entries holding NaN or inf (``bad``), read on the host.
+    """The flat batch entries holding NaN or inf (`bad`), read on the host.
 
     Only for routes that wait on the host anyway (xsyevd and xsyevdx return when their stream is
     done; the iteration synchronises at every step), so the read adds no wait of its own. Those
     entries are never handed to the solver, which may fail on them with an error status
-    (CUSOLVER_STATUS_EXECUTION_FAILED) instead of an ``info``, or iterate on NaN; their outputs
-    stay unwritten, and ``_status.finish`` fills them with NaN.
+    (CUSOLVER_STATUS_EXECUTION_FAILED) instead of an `info`, or iterate on NaN; their outputs
+    stay unwritten, and `_status.finish` fills them with NaN.
     """
     return bad.reshape(-1).tolist()
 
@@ -300,9 +300,9 @@ def _unravel(flat: int, shape: torch.Size) -> tuple[int, ...]:
 def _eigh_range_iterative(
     A: torch.Tensor, n: int, sel: EigenRange, overwrite_a: bool, skip: list[bool]
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """``eigh_range`` by certified subspace iteration, entry by entry; direct where it fails.
+    """`eigh_range` by certified subspace iteration, entry by entry; direct where it fails.
 
-    Entries marked in ``skip`` (NaN or inf) are left unwritten.
+    Entries marked in `skip` (NaN or inf) are left unwritten.
     """
     batch, k = A.shape[:-2], sel.count
     largest = sel.iu == n - 1
@@ -336,6 +336,6 @@ def _factor_in_place(C: torch.Tensor) -> torch.Tensor:
     """Status of the Cholesky factorisation of C, computed in C's memory (the certificate).
 
     C is a working matrix, never the caller's; detached, since it derives from an A that may
-    require grad, and ``overwrite_a`` is refused for tensors that autograd tracks.
+    require grad, and `overwrite_a` is refused for tensors that autograd tracks.
     """
     return cholesky(C.detach(), overwrite_a=True)[1]

@@ -1,7 +1,7 @@
 """Multi-GPU symmetric eigendecomposition (cusolverMgSyevd) of one large matrix.
 
-The matrix is dealt to the devices in column blocks (:mod:`._mg_layout`), decomposed in place by
-cusolverMg (:mod:`._cusolvermg`) — by default in a fresh process (:mod:`._mg_worker`), because
+The matrix is dealt to the devices in column blocks (`._mg_layout`), decomposed in place by
+cusolverMg (`._cusolvermg`) — by default in a fresh process (`._mg_worker`), because
 cusolverMg cannot be called twice in one CUDA context — and the eigenvectors are gathered back.
 """
 
@@ -40,39 +40,39 @@ def eigh_multi_gpu(
     overwrite_a: bool = False,
     check: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """All eigenpairs ``A = V diag(L) Vᵀ`` of one symmetric matrix, computed on several GPUs.
+    """All eigenpairs `A = V diag(L) Vᵀ` of one symmetric matrix, computed on several GPUs.
 
-    cuSOLVER's multi-GPU ``cusolverMgSyevd``: the matrix is split into column blocks of
-    ``block_size`` dealt to ``devices`` in turn (each device holds ``≈ N²/G`` elements plus its
-    workspace, see :func:`eigh_multi_gpu_workspace`), and the devices work together over NVLink or
-    PCIe. Use it for matrices too large or too slow for :func:`eigh` on one GPU.
+    cuSOLVER's multi-GPU `cusolverMgSyevd`: the matrix is split into column blocks of
+    `block_size` dealt to `devices` in turn (each device holds `≈ N²/G` elements plus its
+    workspace, see [`eigh_multi_gpu_workspace`][kermac_linalg._eigh_mg.eigh_multi_gpu_workspace]), and the devices work
+    together over NVLink or PCIe. Use it for matrices too large or too slow for [`eigh`][kermac_linalg.eigh] on one GPU.
 
     Unlike the other operations this one **waits on the host** (cusolverMg is synchronous and
     returns eigenvalues and status in host memory).
 
     Args:
-        A: ``[N, N]`` float32/float64 on the CPU or any CUDA device (not necessarily one of
-            ``devices``); only the lower triangle is read, like ``torch.linalg.eigh``.
-        devices: CUDA devices to use (indices, ``"cuda:1"`` or ``torch.device``), distinct; default
-            every visible device. Only the first ``ceil(N / block_size)`` take part (each needs a
+        A: `[N, N]` float32/float64 on the CPU or any CUDA device (not necessarily one of
+            `devices`); only the lower triangle is read, like `torch.linalg.eigh`.
+        devices: CUDA devices to use (indices, `"cuda:1"` or `torch.device`), distinct; default
+            every visible device. Only the first `ceil(N / block_size)` take part (each needs a
             block).
         block_size: columns per block of the block-cyclic distribution.
         isolate: run cusolverMg in a fresh child process (default). cusolverMg's handle cannot be
             reused within one CUDA context, and a second call in the same process can fail or
-            return wrong results; ``isolate=False`` calls it in this process, which is safe for
+            return wrong results; `isolate=False` calls it in this process, which is safe for
             the first call of a process only. The child shares the matrix blocks with this
             process through CUDA IPC (no host copy); it costs about a second of start-up.
-        overwrite_a: write the eigenvectors into A's memory (``V`` is then ``A.mT``) when A is
-            contiguous, saving an ``N²`` output allocation; otherwise A is untouched. Refused
+        overwrite_a: write the eigenvectors into A's memory (`V` is then `A.mT`) when A is
+            contiguous, saving an `N²` output allocation; otherwise A is untouched. Refused
             (ValueError) for an A that requires grad.
-        check: raise :class:`~kermac_linalg.LinalgError` if the solver did not converge or A's
+        check: raise [`LinalgError`][kermac_linalg.LinalgError] if the solver did not converge or A's
             lower triangle is not finite.
 
     Returns:
-        ``(L, V, info)`` on A's device: eigenvalues ``L [N]`` ascending, orthonormal eigenvectors
-        in the columns of ``V [N, N]`` (column-major, like ``torch.linalg.eigh``), and ``info``,
-        a 0-d int32 status (non-zero: L and V are NaN; ``i > 0``: not converged,
-        ``NONFINITE_INPUT``: A's lower triangle holds a NaN or an infinity, found before
+        `(L, V, info)` on A's device: eigenvalues `L [N]` ascending, orthonormal eigenvectors
+        in the columns of `V [N, N]` (column-major, like `torch.linalg.eigh`), and `info`,
+        a 0-d int32 status (non-zero: L and V are NaN; `i > 0`: not converged,
+        `NONFINITE_INPUT`: A's lower triangle holds a NaN or an infinity, found before
         cusolverMg is called, which then is not).
     """
     n = check_matrix("A", A)
@@ -114,14 +114,14 @@ def eigh_multi_gpu(
 
 @dataclass(frozen=True)
 class MultiGpuWorkspace:
-    """Device memory one :func:`eigh_multi_gpu` call allocates, per device.
+    """Device memory one [`eigh_multi_gpu`][kermac_linalg._eigh_mg.eigh_multi_gpu] call allocates, per device.
 
     Attributes:
         devices: the device indices taking part, in distribution order.
         block_size: columns per block.
         matrix_bytes: bytes of each device's share of the matrix (whole blocks, padding included).
         workspace_bytes: cuSOLVER's workspace, the same on every device.
-        total_bytes: ``matrix_bytes[g] + workspace_bytes`` for each device.
+        total_bytes: `matrix_bytes[g] + workspace_bytes` for each device.
     """
 
     devices: tuple[int, ...]
@@ -142,10 +142,12 @@ def eigh_multi_gpu_workspace(
     block_size: int = DEFAULT_BLOCK,
     isolate: bool = True,
 ) -> MultiGpuWorkspace:
-    """What :func:`eigh_multi_gpu` allocates per device for an ``N × N`` matrix (asks cusolverMg).
+    """What [`eigh_multi_gpu`][kermac_linalg._eigh_mg.eigh_multi_gpu] allocates per device for an `N × N` matrix (asks
+    cusolverMg).
 
-    The outputs (``L``, and ``V`` unless ``overwrite_a``) and A itself come on top, on A's device.
-    ``isolate`` as for :func:`eigh_multi_gpu` (the query creates a cusolverMg handle too).
+    The outputs (`L`, and `V` unless `overwrite_a`) and A itself come on top, on A's device.
+    `isolate` as for [`eigh_multi_gpu`][kermac_linalg._eigh_mg.eigh_multi_gpu] (the query creates a cusolverMg handle
+    too).
     """
     if isinstance(n, bool) or not isinstance(n, numbers.Integral) or n < 1:
         raise ValueError(f"n must be a positive int, got {n!r}")
@@ -162,7 +164,7 @@ def eigh_multi_gpu_workspace(
 
 
 def _distribution(n: int, devices: DeviceList, block_size: object) -> tuple[list[int], BlockCyclic]:
-    """The devices that get at least one block (the first ``ceil(n / block)``) and their layout."""
+    """The devices that get at least one block (the first `ceil(n / block)`) and their layout."""
     ids = _device_ids(devices)
     block = _block_size(block_size)
     ids = ids[: max(1, -(-n // block))]
@@ -197,7 +199,7 @@ def _describe(layout: BlockCyclic, ids: list[int], workspace: int, itemsize: int
 
 
 def _device_ids(devices: DeviceList) -> list[int]:
-    """Distinct CUDA device indices from ``devices`` (default: all visible)."""
+    """Distinct CUDA device indices from `devices` (default: all visible)."""
     count = torch.cuda.device_count() if torch.cuda.is_available() else 0
     if count == 0:
         raise RuntimeError("eigh_multi_gpu needs CUDA devices, but torch sees none (torch.cuda.device_count() == 0)")

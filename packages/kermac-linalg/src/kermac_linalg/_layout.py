@@ -1,14 +1,14 @@
 """Memory layouts: how cuSOLVER (column-major) addresses torch tensors, and when work can be in place.
 
-A torch matrix entry ``[R, C]`` with strides ``(sr, sc)`` is, to cuSOLVER:
+A torch matrix entry `[R, C]` with strides `(sr, sc)` is, to cuSOLVER:
 
-* *column-major* when ``sr == 1`` and ``sc >= R``: the matrix itself, leading dimension ``sc``;
-* *transposed* when ``sc == 1`` and ``sr >= C`` (torch's default row-major layout): cuSOLVER sees
-  its transpose ``[C, R]`` with leading dimension ``sr``.
+* *column-major* when `sr == 1` and `sc >= R`: the matrix itself, leading dimension `sc`;
+* *transposed* when `sc == 1` and `sr >= C` (torch's default row-major layout): cuSOLVER sees
+  its transpose `[C, R]` with leading dimension `sr`.
 
 Symmetric inputs (Cholesky, eigh) work in either layout, swapping the triangle read. LU works in
 either too, solving with the transposed factor. Right-hand sides must be column-major, because
-xpotrs/xgetrs have no transposed form for B: ``torch.linalg.solve`` returns its solution in this
+xpotrs/xgetrs have no transposed form for B: `torch.linalg.solve` returns its solution in this
 same column-major layout.
 """
 
@@ -36,14 +36,14 @@ __all__ = [
 
 @dataclass(frozen=True)
 class Layout:
-    """How cuSOLVER sees each matrix entry: ``transposed`` (rows contiguous) and leading dim ``ld``."""
+    """How cuSOLVER sees each matrix entry: `transposed` (rows contiguous) and leading dim `ld`."""
 
     transposed: bool
     ld: int
 
 
 def matrix_layout(t: torch.Tensor) -> Layout | None:
-    """The layout cuSOLVER can use on ``t [..., R, C]`` without a copy, or None if there is none."""
+    """The layout cuSOLVER can use on `t [..., R, C]` without a copy, or None if there is none."""
     r, c = t.shape[-2:]
     sr, sc = t.stride()[-2:]
     if (c == 1 or sc == 1) and (r == 1 or sr >= max(1, c)):
@@ -53,7 +53,7 @@ def matrix_layout(t: torch.Tensor) -> Layout | None:
 
 
 def column_major_ld(t: torch.Tensor) -> int | None:
-    """Leading dimension of ``t [..., R, C]`` read as column-major, or None if it is not."""
+    """Leading dimension of `t [..., R, C]` read as column-major, or None if it is not."""
     r, c = t.shape[-2:]
     sr, sc = t.stride()[-2:]
     if (r == 1 or sr == 1) and (c == 1 or sc >= max(1, r)):
@@ -62,7 +62,7 @@ def column_major_ld(t: torch.Tensor) -> int | None:
 
 
 def entries_disjoint(t: torch.Tensor) -> bool:
-    """True if no two batch entries of ``t [..., R, C]`` share memory (so each can be written)."""
+    """True if no two batch entries of `t [..., R, C]` share memory (so each can be written)."""
     r, c = t.shape[-2:]
     sr, sc = t.stride()[-2:]
     extent = 1 + (r - 1) * sr + (c - 1) * sc
@@ -89,9 +89,9 @@ def entry_pointers(t: torch.Tensor) -> list[int]:
 
 
 def broadcast_index_strides(shape: torch.Size, batch: torch.Size) -> tuple[int, ...]:
-    """Strides mapping a batch index of ``batch`` to the flat entry index of ``shape``.
+    """Strides mapping a batch index of `batch` to the flat entry index of `shape`.
 
-    ``shape`` broadcasts to ``batch`` (torch's rule); with :func:`batch_offsets` this gives, for
+    `shape` broadcasts to `batch` (torch's rule); with `batch_offsets` this gives, for
     every entry of the broadcast batch, which entry of the smaller batch it reads.
     """
     strides = [0] * len(batch)
@@ -104,21 +104,21 @@ def broadcast_index_strides(shape: torch.Size, batch: torch.Size) -> tuple[int, 
 
 
 def broadcast_reads(a_batch: torch.Size, batch: torch.Size) -> list[int]:
-    """For every entry of the broadcast ``batch`` (row-major order), the flat entry of ``a_batch`` it reads."""
+    """For every entry of the broadcast `batch` (row-major order), the flat entry of `a_batch` it reads."""
     return batch_offsets(batch, broadcast_index_strides(a_batch, batch))
 
 
 def working_matrix(
     A: torch.Tensor, overwrite: bool, *, column_major: bool = False
 ) -> tuple[torch.Tensor, Layout, bool]:
-    """The buffer cuSOLVER factors in place: ``A`` itself if allowed and possible, else a copy.
+    """The buffer cuSOLVER factors in place: `A` itself if allowed and possible, else a copy.
 
-    Returns ``(buffer, layout, aliased)``. ``A`` is used in place when ``overwrite`` is set, its
+    Returns `(buffer, layout, aliased)`. `A` is used in place when `overwrite` is set, its
     entries are column- or row-major with a usable leading dimension, and no two entries share
-    memory (an expanded batch, say); otherwise a copy is made and ``A`` is untouched: row-major
-    (a plain copy of a contiguous A), or column-major with ``column_major`` (cuSOLVER's own
+    memory (an expanded batch, say); otherwise a copy is made and `A` is untouched: row-major
+    (a plain copy of a contiguous A), or column-major with `column_major` (cuSOLVER's own
     layout, which some routines run faster on; made from row-major CUDA entries by cuBLAS's
-    transposing ``geam``, 2.8× faster than an elementwise copy).
+    transposing `geam`, 2.8× faster than an elementwise copy).
     """
     if overwrite:
         layout = matrix_layout(A)
@@ -140,7 +140,7 @@ def working_matrix(
 
 
 def rhs_alias_ok(B: torch.Tensor, batch: torch.Size) -> bool:
-    """True if the solution can be written over ``B`` itself (see :func:`working_rhs`)."""
+    """True if the solution can be written over `B` itself (see `working_rhs`)."""
     return B.shape[:-2] == batch and column_major_ld(B) is not None and entries_disjoint(B)
 
 
@@ -149,10 +149,10 @@ def working_rhs(
 ) -> tuple[torch.Tensor, int, bool]:
     """The column-major buffer that receives the solution, and its leading dimension.
 
-    ``B`` itself when ``overwrite`` is set and it is column-major per entry (``B.stride(-2) == 1``,
-    or a single column), spans the whole broadcast ``batch``, has disjoint entries and shares no
-    memory with ``factors`` (the matrices factored in place); otherwise a column-major copy of B
-    broadcast to ``batch`` and ``B`` is untouched. Returns ``(buffer, ld, aliased)``.
+    `B` itself when `overwrite` is set and it is column-major per entry (`B.stride(-2) == 1`,
+    or a single column), spans the whole broadcast `batch`, has disjoint entries and shares no
+    memory with `factors` (the matrices factored in place); otherwise a column-major copy of B
+    broadcast to `batch` and `B` is untouched. Returns `(buffer, ld, aliased)`.
     """
     n, k = B.shape[-2:]
     if overwrite and rhs_alias_ok(B, batch) and not _share_memory(B, factors):
@@ -167,5 +167,5 @@ def _share_memory(a: torch.Tensor, b: torch.Tensor) -> bool:
 
 
 def vectors_view(buffer: torch.Tensor, layout: Layout) -> torch.Tensor:
-    """The torch view of the column-major matrix cuSOLVER wrote into ``buffer`` (eigenvectors)."""
+    """The torch view of the column-major matrix cuSOLVER wrote into `buffer` (eigenvectors)."""
     return buffer.mT if layout.transposed else buffer

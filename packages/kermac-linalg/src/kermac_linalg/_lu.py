@@ -1,12 +1,12 @@
 """General solves by LU with partial pivoting: cuSOLVER xgetrf batched over streams, then substitution.
 
 cuSOLVER is column-major. A column-major working matrix (a copy of A, or A itself with
-``overwrite_a``) is factored as ``A = P L U``; B's rows are interchanged on each entry's stream
-(laswp) and, after the join, ``X = U⁻¹ L⁻¹ Pᵀ B`` is substituted on cuBLAS for the whole batch
-at once (:mod:`._trsolve`, several times faster than xgetrs for few right-hand sides). A
-row-major A factored in place is ``Aᵀ`` to cuSOLVER: its LU is that of ``Aᵀ`` and the solve is
-cuSOLVER's transposed xgetrs, ``(Aᵀ)ᵀ X = A X = B``. Either way the system solved is
-``A X = B`` for the torch matrix A.
+`overwrite_a`) is factored as `A = P L U`; B's rows are interchanged on each entry's stream
+(laswp) and, after the join, `X = U⁻¹ L⁻¹ Pᵀ B` is substituted on cuBLAS for the whole batch
+at once (`._trsolve`, several times faster than xgetrs for few right-hand sides). A
+row-major A factored in place is `Aᵀ` to cuSOLVER: its LU is that of `Aᵀ` and the solve is
+cuSOLVER's transposed xgetrs, `(Aᵀ)ᵀ X = A X = B`. Either way the system solved is
+`A X = B` for the torch matrix A.
 """
 
 from __future__ import annotations
@@ -34,27 +34,27 @@ def solve(
     overwrite_b: bool = False,
     check: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Solve ``A X = B`` for general square A by LU with partial pivoting (xgetrf + xgetrs).
+    """Solve `A X = B` for general square A by LU with partial pivoting (xgetrf + xgetrs).
 
     Args:
-        A: ``[..., N, N]`` float32/float64, CPU or CUDA.
-        B: ``[..., N, K]``, same dtype and device; batch dimensions broadcast with A's
-            (``torch.linalg.solve``'s rule); each distinct matrix of A is factored once.
+        A: `[..., N, N]` float32/float64, CPU or CUDA.
+        B: `[..., N, K]`, same dtype and device; batch dimensions broadcast with A's
+            (`torch.linalg.solve`'s rule); each distinct matrix of A is factored once.
         overwrite_a: factor in A's memory (A then holds the LU factors of A or Aᵀ, depending
             on its layout) when each entry is row- or column-major and no two overlap;
             otherwise a copy is factored. On the CPU A is left untouched.
-        overwrite_b: write X over B (``X`` is ``B``) when each entry of B is column-major
-            (``B.stride(-2) == 1`` or K = 1), B spans the whole broadcast batch and its
+        overwrite_b: write X over B (`X` is `B`) when each entry of B is column-major
+            (`B.stride(-2) == 1` or K = 1), B spans the whole broadcast batch and its
             entries do not overlap; otherwise X is a new tensor and B is untouched. Both flags
             are refused (ValueError) for an input that requires grad.
-        check: synchronise and raise :class:`~kermac_linalg.LinalgError` on failed entries.
+        check: synchronise and raise [`LinalgError`][kermac_linalg.LinalgError] on failed entries.
 
     Returns:
-        ``(X, info)``: ``X [*batch, N, K]`` (column-major entries, like ``torch.linalg.solve``);
-        ``info [*batch]`` int32 on the device, non-zero where the entry failed (NaN in X):
-        ``i > 0`` where A is singular, pivot i of the LU factorisation being exactly zero (on
-        CUDA with ``overwrite_a`` and row-major entries, of the LU of Aᵀ that cuSOLVER factors
-        in place, so i may differ from LAPACK's); ``NONFINITE_INPUT`` where A or B holds a NaN
+        `(X, info)`: `X [*batch, N, K]` (column-major entries, like `torch.linalg.solve`);
+        `info [*batch]` int32 on the device, non-zero where the entry failed (NaN in X):
+        `i > 0` where A is singular, pivot i of the LU factorisation being exactly zero (on
+        CUDA with `overwrite_a` and row-major entries, of the LU of Aᵀ that cuSOLVER factors
+        in place, so i may differ from LAPACK's); `NONFINITE_INPUT` where A or B holds a NaN
         or an infinity.
     """
     n = check_matrix("A", A)
@@ -71,7 +71,7 @@ def solve(
 
 
 def getrf_workspace(device: torch.device, dtype: torch.dtype, n: int, lda: int) -> tuple[int, int]:
-    """``(device_bytes, host_bytes)`` one xgetrf of an ``N x N`` matrix needs (pivots not included)."""
+    """`(device_bytes, host_bytes)` one xgetrf of an `N x N` matrix needs (pivots not included)."""
     x, dt = api(), data_type(dtype)
     return query(device, lambda h, p: x.dn.xgetrf_buffer_size(h, p, n, n, dt, 0, lda, dt))
 

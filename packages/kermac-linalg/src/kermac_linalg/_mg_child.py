@@ -1,8 +1,8 @@
-"""The child side of :mod:`._mg_worker`: one cusolverMg call in a fresh process.
+"""The child side of `._mg_worker`: one cusolverMg call in a fresh process.
 
-``python -m kermac_linalg._mg_child RESULT_PATH`` reads the pickled request (device ids, the
+`python -m kermac_linalg._mg_child RESULT_PATH` reads the pickled request (device ids, the
 per-device arrays as CUDA IPC handles, N, block, solve or query) from stdin, runs it, and pickles
-``{"eigenvalues", "info", "workspace_elements"}`` or ``{"error": traceback}`` to RESULT_PATH.
+`{"eigenvalues", "info", "workspace_elements"}` or `{"error": traceback}` to RESULT_PATH.
 """
 
 from __future__ import annotations

@@ -1,12 +1,12 @@
 """One cusolverMg call in a fresh process, the workaround for cusolverMg's handle defect.
 
 The parent keeps every byte of the matrix on its devices: it shares the per-device arrays with the
-child through CUDA IPC (:mod:`torch.multiprocessing`'s reductions), the child runs
-:func:`kermac_linalg._cusolvermg.syevd` (or the workspace query) on them in place and writes the
+child through CUDA IPC (`torch.multiprocessing`'s reductions), the child runs
+`kermac_linalg._cusolvermg.syevd` (or the workspace query) on them in place and writes the
 eigenvalues, status and workspace size to a file the parent reads back.  A fresh process means a
 fresh CUDA context, so no cusolverMg state survives from one call to the next.
 
-The child is ``python -m kermac_linalg._mg_child RESULT_PATH`` with the pickled request on stdin.
+The child is `python -m kermac_linalg._mg_child RESULT_PATH` with the pickled request on stdin.
 """
 
 from __future__ import annotations
@@ -30,10 +30,10 @@ _STDERR_TAIL = 4000
 
 
 def run_isolated(device_ids: list[int], local: list[torch.Tensor], n: int, block: int, *, solve: bool) -> MgResult:
-    """:func:`~kermac_linalg._cusolvermg.syevd` (``solve``) or the workspace query, in a child process.
+    """`syevd` (`solve`) or the workspace query, in a child process.
 
-    The devices must be idle with respect to ``local`` (the caller synchronised them).  Raises
-    ``RuntimeError`` with the child's error and the tail of its stderr if it fails.
+    The devices must be idle with respect to `local` (the caller synchronised them).  Raises
+    `RuntimeError` with the child's error and the tail of its stderr if it fails.
     """
     request = {"devices": device_ids, "local": local, "n": n, "block": block, "solve": solve}
     payload = bytes(ForkingPickler.dumps(request))

@@ -19,7 +19,7 @@ __all__ = ["SolveCall", "solve_plan"]
 
 @dataclass(frozen=True)
 class SolveCall:
-    """One xpotrs/xgetrs call: ``columns`` right-hand sides starting at ``rhs``; status at ``info``."""
+    """One xpotrs/xgetrs call: `columns` right-hand sides starting at `rhs`; status at `info`."""
 
     rhs: int
     columns: int
@@ -29,10 +29,10 @@ class SolveCall:
 def solve_plan(
     a_batch: torch.Size, batch: torch.Size, X: torch.Tensor, ldb: int, info: torch.Tensor
 ) -> list[list[SolveCall]]:
-    """For each entry of A's batch, the solve calls on the entries of ``X`` that read it.
+    """For each entry of A's batch, the solve calls on the entries of `X` that read it.
 
-    ``X [*batch, N, K]`` is column-major per entry with leading dimension ``ldb``; ``info`` is a
-    contiguous int32 tensor of shape ``batch`` that receives each call's status.
+    `X [*batch, N, K]` is column-major per entry with leading dimension `ldb`; `info` is a
+    contiguous int32 tensor of shape `batch` that receives each call's status.
     """
     k = X.shape[-1]
     groups: list[list[int]] = [[] for _ in range(_numel(a_batch))]

@@ -1,10 +1,10 @@
-"""Per-batch-entry status (``info``) tensors: combining, poisoning failed entries, ``check=True``.
+"""Per-batch-entry status (`info`) tensors: combining, poisoning failed entries, `check=True`.
 
-``info`` follows LAPACK/cuSOLVER: 0 is success, ``i > 0`` a numerical failure of the entry
-(see :data:`MEANINGS`), ``-i`` an invalid i-th argument. kermac adds :data:`NONFINITE_INPUT`
+`info` follows LAPACK/cuSOLVER: 0 is success, `i > 0` a numerical failure of the entry
+(see `MEANINGS`), `-i` an invalid i-th argument. kermac adds [`NONFINITE_INPUT`][kermac_linalg._status.NONFINITE_INPUT]
 for an entry whose input holds a NaN or an infinity where the operation reads it (see
-:data:`NONFINITE_MEANINGS`). Everything here stays on the device except
-:func:`raise_for_info`, which is what ``check=True`` asks for and synchronises.
+`NONFINITE_MEANINGS`). Everything here stays on the device except
+`raise_for_info`, which is what `check=True` asks for and synchronises.
 """
 
 from __future__ import annotations
@@ -25,8 +25,8 @@ __all__ = [
 ]
 
 NONFINITE_INPUT = -(2**31)
-"""``info`` of an entry whose input holds NaN or ±inf where the operation reads it: -2³¹, the
-smallest int32. LAPACK/cuSOLVER codes are ``i > 0`` (an order, a pivot or a count) or ``-i`` (an
+"""`info` of an entry whose input holds NaN or ±inf where the operation reads it: -2³¹, the
+smallest int32. LAPACK/cuSOLVER codes are `i > 0` (an order, a pivot or a count) or `-i` (an
 argument position, at most a few dozen), and -2³¹ is neither: no positive int32 negates to it."""
 
 MEANINGS = {
@@ -48,10 +48,10 @@ _LISTED = 20
 
 
 class LinalgError(torch.linalg.LinAlgError):
-    """A factorisation failed in some batch entries (raised only with ``check=True``).
+    """A factorisation failed in some batch entries (raised only with `check=True`).
 
-    ``failed`` lists ``(batch_index, info)`` for every failing entry; ``info`` is the full status
-    tensor on the CPU. A subclass of ``torch.linalg.LinAlgError``, so code that catches torch's
+    `failed` lists `(batch_index, info)` for every failing entry; `info` is the full status
+    tensor on the CPU. A subclass of `torch.linalg.LinAlgError`, so code that catches torch's
     errors catches this one too.
     """
 
@@ -62,13 +62,13 @@ class LinalgError(torch.linalg.LinAlgError):
 
 
 def combine_info(factor: torch.Tensor, solve: torch.Tensor, batch: torch.Size) -> torch.Tensor:
-    """Status of each solve: the factorisation's when non-zero (broadcast to ``batch``), else the solve's."""
+    """Status of each solve: the factorisation's when non-zero (broadcast to `batch`), else the solve's."""
     factor = factor.expand(batch)
     return torch.where(factor != 0, factor, solve.reshape(batch))
 
 
 def poison_failed(info: torch.Tensor, *outputs: torch.Tensor) -> None:
-    """Fill every entry of ``outputs`` (shape ``info.shape + [...]``) whose info is non-zero with NaN."""
+    """Fill every entry of `outputs` (shape `info.shape + [...]`) whose info is non-zero with NaN."""
     failed = info != 0
     for out in outputs:
         mask = failed.reshape(failed.shape + (1,) * (out.dim() - failed.dim()))
@@ -78,13 +78,14 @@ def poison_failed(info: torch.Tensor, *outputs: torch.Tensor) -> None:
 def finish(
     op: str, info: torch.Tensor, nonfinite: torch.Tensor, outputs: tuple[torch.Tensor, ...], check: bool
 ) -> torch.Tensor:
-    """The call's final status: ``info`` with :data:`NONFINITE_INPUT` where ``nonfinite`` is set.
+    """The call's final status: `info` with [`NONFINITE_INPUT`][kermac_linalg._status.NONFINITE_INPUT] where `nonfinite`
+    is set.
 
-    ``info [*batch]`` is the solver's status (the call's own tensor, updated in place);
-    ``nonfinite`` (bool, broadcasting to ``batch``) marks entries whose input was not finite;
+    `info [*batch]` is the solver's status (the call's own tensor, updated in place);
+    `nonfinite` (bool, broadcasting to `batch`) marks entries whose input was not finite;
     their code replaces the solver's, which is meaningless on such input. Every failed entry
-    of ``outputs`` is then NaN (:func:`poison_failed`); ``check`` raises for them
-    (:func:`raise_for_info`, which synchronises).
+    of `outputs` is then NaN (`poison_failed`); `check` raises for them
+    (`raise_for_info`, which synchronises).
     """
     info.masked_fill_(nonfinite, NONFINITE_INPUT)
     poison_failed(info, *outputs)
@@ -94,7 +95,8 @@ def finish(
 
 
 def raise_for_info(op: str, info: torch.Tensor) -> None:
-    """Synchronise, and raise :class:`LinalgError` listing every entry whose info is non-zero."""
+    """Synchronise, and raise [`LinalgError`][kermac_linalg._status.LinalgError] listing every entry whose info is
+    non-zero."""
     host = info.cpu()
     bad = torch.nonzero(host, as_tuple=False)  # [failures, info.dim()]: [1, 0] for a failed 0-d info
     if bad.shape[0] == 0:

@@ -2,20 +2,20 @@
 
 A direct solver (xsyevd, xsyevdx) first reduces the whole N x N matrix to tridiagonal form, which
 costs O(N³) memory-bound work whatever k is. For k ≪ N this module needs matrix products with a
-block of ``b = 2k + 32`` columns instead, a few dozen times, and certifies its answer:
+block of `b = 2k + 32` columns instead, a few dozen times, and certifies its answer:
 
-1. Shift. 24 Lanczos steps from a random vector estimate the extreme eigenvalues of ``M``
-   (``M = S`` for the largest pairs, ``-S`` for the smallest); iterating with ``M - σI``, σ the
+1. Shift. 24 Lanczos steps from a random vector estimate the extreme eigenvalues of `M`
+   (`M = S` for the largest pairs, `-S` for the smallest); iterating with `M - σI`, σ the
    lower estimate, makes the wanted eigenvalues the dominant ones.
-2. Subspace iteration with Rayleigh–Ritz: ``X ← orth(Z)``, ``Z ← (M - σI) X``,
-   ``XᵀZ = U Θ Uᵀ``, ``X ← XU``, ``Z ← ZU``; the Ritz pair ``(θ_i, x_i)`` has residual
-   ``‖z_i - θ_i x_i‖``. Stop when the k wanted residuals are at most
-   ``tol = ε (λ_max - λ_min) max(8, √N / 8)`` (ε of the dtype; about what the direct solver
+2. Subspace iteration with Rayleigh–Ritz: `X ← orth(Z)`, `Z ← (M - σI) X`,
+   `XᵀZ = U Θ Uᵀ`, `X ← XU`, `Z ← ZU`; the Ritz pair `(θ_i, x_i)` has residual
+   `‖z_i - θ_i x_i‖`. Stop when the k wanted residuals are at most
+   `tol = ε (λ_max - λ_min) max(8, √N / 8)` (ε of the dtype; about what the direct solver
    reaches), or, once they stop decreasing for 10 steps (rounding), if they are at most 4 tol;
    give up otherwise, or after 100 steps.
 3. Certificate: the pairs found are eigenpairs (small residuals), and they must be the k
    *largest*: with τ the smallest of them (plus twice the residual),
-   ``τI - (M - σI) + V (Θ - τ + ‖M - σI‖) Vᵀ`` moves the found eigenvalues ‖M - σI‖ below τ
+   `τI - (M - σI) + V (Θ - τ + ‖M - σI‖) Vᵀ` moves the found eigenvalues ‖M - σI‖ below τ
    and is positive definite exactly when no other eigenvalue exceeds τ. One Cholesky
    factorisation checks it.
 
@@ -38,22 +38,22 @@ _SEED = 0x6B65726D
 
 
 def block_size(n: int, k: int) -> int:
-    """Columns of the iterated block for k wanted pairs: ``min(N, 2k + 32)``."""
+    """Columns of the iterated block for k wanted pairs: `min(N, 2k + 32)`."""
     return min(n, 2 * k + BLOCK_EXTRA)
 
 
 def symmetrized(A: torch.Tensor) -> torch.Tensor:
-    """``[N, N]`` symmetric matrix from A's lower triangle (like torch.linalg.eigh reads it)."""
+    """`[N, N]` symmetric matrix from A's lower triangle (like torch.linalg.eigh reads it)."""
     n = A.shape[-1]
     index = torch.arange(n, device=A.device)
     return torch.where(index[:, None] >= index[None, :], A, A.mT)
 
 
 def extreme_eigenpairs(A: torch.Tensor, k: int, largest: bool, cholesky) -> tuple[torch.Tensor, torch.Tensor] | None:
-    """The k largest (or smallest) eigenpairs of the symmetric ``A [N, N]`` (lower triangle read).
+    """The k largest (or smallest) eigenpairs of the symmetric `A [N, N]` (lower triangle read).
 
-    Returns ``(W [k] ascending, V [N, k])`` or None when not converged or not certified.
-    ``cholesky(C) -> info`` factors C in place and returns its status (a 0-d tensor).
+    Returns `(W [k] ascending, V [N, k])` or None when not converged or not certified.
+    `cholesky(C) -> info` factors C in place and returns its status (a 0-d tensor).
     """
     n = A.shape[-1]
     b = block_size(n, k)
@@ -83,7 +83,7 @@ def extreme_eigenpairs(A: torch.Tensor, k: int, largest: bool, cholesky) -> tupl
 
 
 def _matmul(S: torch.Tensor, sign: float, X: torch.Tensor, shift: float) -> torch.Tensor:
-    """``(sign·S - shift·I) X``."""
+    """`(sign·S - shift·I) X`."""
     Z = S @ X
     if sign < 0:
         Z.neg_()
@@ -91,9 +91,9 @@ def _matmul(S: torch.Tensor, sign: float, X: torch.Tensor, shift: float) -> torc
 
 
 def _lanczos_bounds(S: torch.Tensor, sign: float, gen: torch.Generator) -> tuple[float, float]:
-    """Estimates of the smallest and largest eigenvalue of ``sign·S`` from a few Lanczos steps.
+    """Estimates of the smallest and largest eigenvalue of `sign·S` from a few Lanczos steps.
 
-    Each estimate is widened by its Ritz residual ``|β_m s_m|``, a bound that holds for the
+    Each estimate is widened by its Ritz residual `|β_m s_m|`, a bound that holds for the
     eigenvalue the Ritz value approximates (usually the extreme one). NaN for both when the
     steps do not stay finite (the norms overflow for a large S; LAPACK would refuse T).
     """
@@ -124,7 +124,7 @@ def _lanczos_bounds(S: torch.Tensor, sign: float, gen: torch.Generator) -> tuple
 def _iterate(
     S: torch.Tensor, sign: float, shift: float, k: int, b: int, tol: float, gen: torch.Generator
 ) -> tuple[torch.Tensor, torch.Tensor, float] | None:
-    """Subspace iteration with Rayleigh–Ritz on ``sign·S - shift·I``.
+    """Subspace iteration with Rayleigh–Ritz on `sign·S - shift·I`.
 
     Returns the k dominant Ritz values (ascending, on the CPU), their vectors and their largest
     residual, or None.
@@ -165,10 +165,10 @@ def _certify(
     norm: float,
     cholesky,
 ) -> bool:
-    """True if no eigenvalue of ``sign·S - shift·I`` but the found ones exceeds ``min(θ) + 2 residual``.
+    """True if no eigenvalue of `sign·S - shift·I` but the found ones exceeds `min(θ) + 2 residual`.
 
-    Builds ``C = τI - (sign·S - shift·I) + V (Θ - τ + norm) Vᵀ`` in S's memory (S is not used
-    afterwards): the found eigenvalues move to ``τ - norm``, so C is positive definite exactly when
+    Builds `C = τI - (sign·S - shift·I) + V (Θ - τ + norm) Vᵀ` in S's memory (S is not used
+    afterwards): the found eigenvalues move to `τ - norm`, so C is positive definite exactly when
     every other eigenvalue is below τ.
     """
     tau = float(theta.min()) + 2.0 * residual

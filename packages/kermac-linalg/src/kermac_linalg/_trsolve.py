@@ -1,21 +1,21 @@
-"""Triangular substitution ``X ← U⁻¹ L⁻¹ X`` with few right-hand sides: inverted diagonal blocks, cuBLAS.
+"""Triangular substitution `X ← U⁻¹ L⁻¹ X` with few right-hand sides: inverted diagonal blocks, cuBLAS.
 
-Both solves of a factored system go through here: Cholesky (``L``, ``Lᵀ``) and LU (unit ``L``,
-``U``, after the row interchanges). cuSOLVER's xpotrs/xgetrs run triangular solves whose kernels,
+Both solves of a factored system go through here: Cholesky (`L`, `Lᵀ`) and LU (unit `L`,
+`U`, after the row interchanges). cuSOLVER's xpotrs/xgetrs run triangular solves whose kernels,
 for a few right-hand sides, wait on one another: 10.3 ms for N = 16384 and K = 16 on an H100,
 about 1 ms per N = 2048 entry (a tenth of the bandwidth bound). Here the diagonal blocks
-``T_ss`` (``nb × nb``, see :func:`block_size`; the last one smaller) of each triangle are
+`T_ss` (`nb × nb`, see `block_size`; the last one smaller) of each triangle are
 inverted once, in one batched triangular solve against identities, and the substitutions become
 matrix products, every entry of a batch in one call per step:
 
     forward,  s = 0 … S−1:   Y_s = L_ss⁻¹ X_s;       X_{>s} −= L_{>s,s} Y_s
     backward, s = S−1 … 0:   X_s = U_ss⁻¹ Y_s;       Y_{<s} −= U_{<s,s} X_s
 
-``X`` holds the right-hand sides and receives the solution; ``Y`` is a scratch of the same shape
+`X` holds the right-hand sides and receives the solution; `Y` is a scratch of the same shape
 (cuBLAS products cannot write over an input, so the two alternate as input and output). Each
-triangle is read where cuSOLVER left it (:class:`Triangle`). When ``U = Lᵀ`` (Cholesky) the
+triangle is read where cuSOLVER left it (`Triangle`). When `U = Lᵀ` (Cholesky) the
 inverted blocks of L serve U too. Inverting diagonal blocks is what blocked triangular solvers
-for GPUs do (MAGMA's trsm); its error is bounded by the conditioning of ``T_ss``, never worse
+for GPUs do (MAGMA's trsm); its error is bounded by the conditioning of `T_ss`, never worse
 than the triangle's.
 """
 
@@ -32,9 +32,9 @@ __all__ = ["Triangle", "block_size", "solve_workspace_bytes", "substitute"]
 
 
 def block_size(n: int) -> int:
-    """Diagonal block size ``nb`` for triangles of order ``n``.
+    """Diagonal block size `nb` for triangles of order `n`.
 
-    Measured on an H100 (float32, K = 16, ``docs/linalg.md``): nb = 128/256/512 took 4.33/4.37/
+    Measured on an H100 (float32, K = 16, `docs/linalg.md`): nb = 128/256/512 took 4.33/4.37/
     4.52 ms for a Cholesky solve of a batch of 8 × 2048 and 45.4/45.3/44.3 ms for one 16384
     (factorisation included): fewer, larger steps pay off only once the products are large.
     """
@@ -43,10 +43,10 @@ def block_size(n: int) -> int:
 
 @dataclass(frozen=True)
 class Triangle:
-    """A triangular matrix ``T`` in cuSOLVER's column-major factors, one per batch entry.
+    """A triangular matrix `T` in cuSOLVER's column-major factors, one per batch entry.
 
-    ``T`` is the ``upper`` (else lower) triangle of the stored matrices at ``pointers`` (leading
-    dimension ``ld``), or its transpose when ``transposed``; ``unit``: its diagonal is ones
+    `T` is the `upper` (else lower) triangle of the stored matrices at `pointers` (leading
+    dimension `ld`), or its transpose when `transposed`; `unit`: its diagonal is ones
     (not stored).
     """
 
@@ -57,7 +57,7 @@ class Triangle:
     unit: bool = False
 
     def at(self, pointer: int, row: int, col: int, itemsize: int) -> int:
-        """Address of ``T[row, col]`` in the entry stored at ``pointer``."""
+        """Address of `T[row, col]` in the entry stored at `pointer`."""
         if self.transposed:
             row, col = col, row
         return pointer + itemsize * (row + col * self.ld)
@@ -69,9 +69,9 @@ class Triangle:
 
 
 def solve_workspace_bytes(n: int, k: int, factors: int, solves: int, itemsize: int, triangles: int = 1) -> int:
-    """Device scratch of :func:`substitute`: inverted diagonal blocks, ``Y`` and the pointer arrays.
+    """Device scratch of `substitute`: inverted diagonal blocks, `Y` and the pointer arrays.
 
-    ``triangles``: 1 when ``U = Lᵀ`` (Cholesky), 2 otherwise (LU).
+    `triangles`: 1 when `U = Lᵀ` (Cholesky), 2 otherwise (LU).
     """
     if n == 0 or k == 0 or solves == 0:
         return 0
@@ -82,10 +82,10 @@ def solve_workspace_bytes(n: int, k: int, factors: int, solves: int, itemsize: i
 
 
 def substitute(lower: Triangle, upper: Triangle, n: int, X: torch.Tensor, ldb: int, reads: list[int]) -> None:
-    """Overwrite ``X [*batch, N, K]`` (column-major entries, leading dimension ``ldb``) with ``U⁻¹ L⁻¹ X``.
+    """Overwrite `X [*batch, N, K]` (column-major entries, leading dimension `ldb`) with `U⁻¹ L⁻¹ X`.
 
-    ``lower`` is ``L`` and ``upper`` is ``U`` (``N × N``, one per factored entry); entry ``j`` of
-    X (row-major order of the batch) is solved with the triangles of entry ``reads[j]``. Queued
+    `lower` is `L` and `upper` is `U` (`N × N`, one per factored entry); entry `j` of
+    X (row-major order of the batch) is solved with the triangles of entry `reads[j]`. Queued
     on torch's current stream of X's device; no host synchronisation.
     """
     k, solves = X.shape[-1], len(reads)

@@ -1,6 +1,6 @@
 """Argument checks shared by every operation.
 
-Bad input raises ``TypeError`` (wrong Python type or dtype) or ``ValueError`` (wrong shape, device
+Bad input raises `TypeError` (wrong Python type or dtype) or `ValueError` (wrong shape, device
 or range) with a message naming the argument, what was expected and what was received.
 """
 
@@ -27,21 +27,21 @@ __all__ = [
 
 DTYPES = (torch.float32, torch.float64)
 METHODS = ("auto", "direct", "iterative")
-#: ``method="auto"`` iterates for end ranges of at most N / AUTO_FRACTION pairs when N >= AUTO_MIN_N.
 AUTO_MIN_N = 4096
+"""`method="auto"` iterates for end ranges of at most N / AUTO_FRACTION pairs when N >= AUTO_MIN_N."""
 AUTO_FRACTION = 32
 
 
 def check_flag(name: str, value: object) -> bool:
-    """``value`` must be a Python bool (``overwrite_a``, ``check``, ``upper``, ...)."""
+    """`value` must be a Python bool (`overwrite_a`, `check`, `upper`, ...)."""
     if not isinstance(value, bool):
         raise TypeError(f"{name} must be a bool, got {type(value).__name__} ({value!r})")
     return value
 
 
 def check_overwrite(name: str, value: object, target: str, t: torch.Tensor) -> bool:
-    """``value`` of the flag ``name`` (``overwrite_a``, ...) must be a bool, and may be True only
-    if tensor ``target`` (already checked) does not require grad.
+    """`value` of the flag `name` (`overwrite_a`, ...) must be a bool, and may be True only
+    if tensor `target` (already checked) does not require grad.
 
     Writing over a tensor that autograd tracks would fail inside torch for a leaf, or silently
     corrupt the gradients that depend on its values (cuSOLVER writes past autograd's version
@@ -67,7 +67,7 @@ def _check_tensor(name: str, t: object) -> torch.Tensor:
 
 
 def check_matrix(name: str, t: object) -> int:
-    """``t`` must be a float32/float64 CPU or CUDA tensor of shape ``[..., N, N]``; returns N."""
+    """`t` must be a float32/float64 CPU or CUDA tensor of shape `[..., N, N]`; returns N."""
     t = _check_tensor(name, t)
     if t.dim() < 2 or t.shape[-1] != t.shape[-2]:
         raise ValueError(
@@ -77,7 +77,7 @@ def check_matrix(name: str, t: object) -> int:
 
 
 def check_rhs(A: torch.Tensor, B: object) -> tuple[torch.Size, int]:
-    """Right-hand sides ``B [..., N, K]`` for ``A [..., N, N]`` (already checked).
+    """Right-hand sides `B [..., N, K]` for `A [..., N, N]` (already checked).
 
     Returns the broadcast batch shape of A and B (torch.linalg.solve's rule) and K.
     """
@@ -109,10 +109,10 @@ def check_rhs(A: torch.Tensor, B: object) -> tuple[torch.Size, int]:
 
 @dataclass(frozen=True)
 class EigenRange:
-    """Which eigenpairs ``eigh_range`` returns.
+    """Which eigenpairs `eigh_range` returns.
 
-    ``by_index``: the eigenvalues with ascending indices ``il..iu`` (0-based, inclusive);
-    otherwise those in the half-open interval ``(vl, vu]`` (infinite bounds allowed).
+    `by_index`: the eigenvalues with ascending indices `il..iu` (0-based, inclusive);
+    otherwise those in the half-open interval `(vl, vu]` (infinite bounds allowed).
     """
 
     by_index: bool
@@ -150,7 +150,7 @@ def check_range(
     vu: object = None,
     top_k: object = None,
 ) -> EigenRange:
-    """Exactly one selection: indices ``il``/``iu``, values ``vl``/``vu``, or ``top_k``."""
+    """Exactly one selection: indices `il`/`iu`, values `vl`/`vu`, or `top_k`."""
     by_index = il is not None or iu is not None
     by_value = vl is not None or vu is not None
     chosen = [name for name, on in (("il/iu", by_index), ("vl/vu", by_value), ("top_k", top_k is not None)) if on]
@@ -182,10 +182,10 @@ def check_range(
 
 
 def check_method(method: object, sel: EigenRange, n: int) -> bool:
-    """Whether ``eigh_range`` iterates (True) or calls the direct solver, for ``method``.
+    """Whether `eigh_range` iterates (True) or calls the direct solver, for `method`.
 
-    Iteration applies to index ranges at one end of the spectrum (``top_k``, ``il = 0`` or
-    ``iu = N - 1``) whose block of ``2k + 32`` columns is narrower than N.
+    Iteration applies to index ranges at one end of the spectrum (`top_k`, `il = 0` or
+    `iu = N - 1`) whose block of `2k + 32` columns is narrower than N.
     """
     if not isinstance(method, str):
         raise TypeError(f"method must be a str, one of {', '.join(METHODS)}; got {type(method).__name__}")

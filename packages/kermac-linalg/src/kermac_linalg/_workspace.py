@@ -22,7 +22,7 @@ OPERATIONS = ("cholesky", "cholesky_solve", "solve", "eigh", "eigh_range")
 
 @dataclass(frozen=True)
 class WorkspaceSize:
-    """Memory one call of ``op`` needs for matrices of one shape, dtype and device.
+    """Memory one call of `op` needs for matrices of one shape, dtype and device.
 
     Attributes:
         op: the operation.
@@ -31,17 +31,17 @@ class WorkspaceSize:
         device_bytes_per_entry: cuSOLVER's device workspace for one matrix.
         host_bytes_per_entry: cuSOLVER's host workspace for one matrix.
         device_bytes: everything a call allocates on the device besides its inputs and
-            outputs: ``streams * device_bytes_per_entry``, plus the pivots of ``solve``
+            outputs: `streams * device_bytes_per_entry`, plus the pivots of `solve`
             (12 N bytes per entry: cuSOLVER's int64 and laswp's int32), the substitution
-            scratch of ``cholesky_solve`` and ``solve`` (the inverted diagonal blocks, 256²
-            or 512² from N = 8192, of each triangle of every factor, an ``N × K`` matrix and
+            scratch of `cholesky_solve` and `solve` (the inverted diagonal blocks, 256²
+            or 512² from N = 8192, of each triangle of every factor, an `N × K` matrix and
             the pointer arrays per right-hand-side entry), the int32 status per entry and the
-            check for NaN and infinities in the inputs (``(V (itemsize + 1) + 1)`` bytes per
-            entry and matrix read, V = 1 for a whole matrix and at most ``⌊log₂ N⌋ + 2`` for a
+            check for NaN and infinities in the inputs (`(V (itemsize + 1) + 1)` bytes per
+            entry and matrix read, V = 1 for a whole matrix and at most `⌊log₂ N⌋ + 2` for a
             lower triangle; one more byte per entry for a solve, which checks A and B).
-        host_bytes: ``streams * host_bytes_per_entry``.
-        copy_bytes: the working copy of A, made unless ``overwrite_a`` lets the call work in
-            A's memory (add it to ``device_bytes`` for a call without ``overwrite_a``).
+        host_bytes: `streams * host_bytes_per_entry`.
+        copy_bytes: the working copy of A, made unless `overwrite_a` lets the call work in
+            A's memory (add it to `device_bytes` for a call without `overwrite_a`).
     """
 
     op: str
@@ -67,22 +67,22 @@ def workspace_size(
     top_k: int | None = None,
     k: int = 1,
 ) -> WorkspaceSize:
-    """Workspace of ``op`` for A (a CUDA tensor, or a shape ``[..., N, N]`` with dtype and device).
+    """Workspace of `op` for A (a CUDA tensor, or a shape `[..., N, N]` with dtype and device).
 
     Args:
-        op: one of ``"cholesky"``, ``"cholesky_solve"``, ``"solve"``, ``"eigh"``, ``"eigh_range"``.
+        op: one of `"cholesky"`, `"cholesky_solve"`, `"solve"`, `"eigh"`, `"eigh_range"`.
         A: the matrix (only its shape, dtype and device are used) or its shape.
         dtype: with a shape: torch.float32 (default) or torch.float64.
         device: with a shape: a CUDA device (default: the current one).
-        il: for ``"eigh_range"``: the first eigenpair index (as in ``eigh_range``).
-        iu: for ``"eigh_range"``: the last eigenpair index.
-        vl: for ``"eigh_range"``: the lower end of the eigenvalue interval (vl, vu].
-        vu: for ``"eigh_range"``: the upper end of the eigenvalue interval.
-        top_k: for ``"eigh_range"``: the k largest eigenpairs.
-        k: for ``"cholesky_solve"`` and ``"solve"``: the right-hand sides per entry (columns
+        il: for `"eigh_range"`: the first eigenpair index (as in `eigh_range`).
+        iu: for `"eigh_range"`: the last eigenpair index.
+        vl: for `"eigh_range"`: the lower end of the eigenvalue interval (vl, vu].
+        vu: for `"eigh_range"`: the upper end of the eigenvalue interval.
+        top_k: for `"eigh_range"`: the k largest eigenpairs.
+        k: for `"cholesky_solve"` and `"solve"`: the right-hand sides per entry (columns
             of B); the batch of B is taken to be A's.
 
-    The streams counted are the ones a call uses now (``min(entries, max_streams())``). CPU
+    The streams counted are the ones a call uses now (`min(entries, max_streams())`). CPU
     tensors go through torch.linalg, whose LAPACK workspaces torch manages: not reported here.
     """
     if op not in OPERATIONS:

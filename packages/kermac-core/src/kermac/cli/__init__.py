@@ -1,7 +1,7 @@
-"""The ``kermac`` command line: ``kermac info``, ``bench``, ``cache info|clear``, ``precompile``.
+"""The `kermac` command line: `kermac info`, `bench`, `cache info|clear`, `precompile`.
 
-Also reachable as ``python -m kermac``.  Each command lives in its own module exposing
-``register(subparsers)`` (adds its parser) and ``run(args) -> int`` (the exit code).
+Also reachable as `python -m kermac`.  Each command lives in its own module exposing
+`register(subparsers)` (adds its parser) and `run(args) -> int` (the exit code).
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ __all__ = ["build_parser", "main"]
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """The argument parser of ``kermac`` with every sub-command."""
+    """The argument parser of `kermac` with every sub-command."""
     from kermac.cli import bench, cache, info, precompile
 
     parser = argparse.ArgumentParser(
@@ -34,7 +34,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run ``kermac`` with ``argv`` (default: ``sys.argv[1:]``); returns the exit code.
+    """Run `kermac` with `argv` (default: `sys.argv[1:]`); returns the exit code.
 
     Usage errors exit with 2 (argparse's convention); a command's own failures with 1.
     """

@@ -8,7 +8,7 @@ __all__ = ["format_bytes", "render_table"]
 
 
 def format_bytes(n: int) -> str:
-    """``1536`` → ``'1.5 KiB'`` (binary units, one decimal from KiB up)."""
+    """`1536` → `'1.5 KiB'` (binary units, one decimal from KiB up)."""
     if n < 1024:
         return f"{n} B"
     units = ("KiB", "MiB", "GiB", "TiB")
@@ -19,7 +19,7 @@ def format_bytes(n: int) -> str:
 
 
 def render_table(headers: Sequence[str], rows: Sequence[Sequence[str]], *, left: int = 1) -> str:
-    """Columns padded to their widest cell; the first ``left`` columns left-aligned, others right."""
+    """Columns padded to their widest cell; the first `left` columns left-aligned, others right."""
     widths = [max(len(str(r[i])) for r in [headers, *rows]) for i in range(len(headers))]
 
     def line(cells: Sequence[str]) -> str:

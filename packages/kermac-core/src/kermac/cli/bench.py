@@ -1,15 +1,15 @@
-"""``kermac bench``: time kermac's backends against PyTorch and check every answer.
+"""`kermac bench`: time kermac's backends against PyTorch and check every answer.
 
-For each case of :mod:`kermac.benchmarking` it times every selected kermac backend (writing into
-a preallocated ``out``) and PyTorch's own way (``torch.cdist``; then ``exp`` for kernels; two
+For each case of `kermac.benchmarking` it times every selected kermac backend (writing into
+a preallocated `out`) and PyTorch's own way (`torch.cdist`; then `exp` for kernels; two
 matrix products for the p = 2 gradient), checks each result against the float64 answer of the
 reference backend, and prints one row per case: the median time of each implementation, the
 speed-up of the fastest kermac backend over PyTorch, and each implementation's max-norm relative
-error.  An error above the tolerance is flagged with ``!`` and makes the exit code 1.
+error.  An error above the tolerance is flagged with `!` and makes the exit code 1.
 
-The table calls kermac's reference backend (``backend="torch"``) ``reference``: it is the
-correctness oracle, never the ``best`` of a row.  ``--write-costs PATH`` turns the run into a cost
-table for ``auto`` (:mod:`kermac.costs`).
+The table calls kermac's reference backend (`backend="torch"`) `reference`: it is the
+correctness oracle, never the `best` of a row.  `--write-costs PATH` turns the run into a cost
+table for `auto` ([`kermac.costs`][kermac.costs]).
 """
 
 from __future__ import annotations
@@ -41,8 +41,8 @@ if TYPE_CHECKING:
 __all__ = ["register", "run"]
 
 BASELINE = "torch.cdist"
-#: What the table calls the reference backend (its name, ``torch``, reads as PyTorch itself).
 REFERENCE_LABEL = "reference"
+"""What the table calls the reference backend (its name, `torch`, reads as PyTorch itself)."""
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -158,7 +158,7 @@ class CaseResult:
 
 
 class Progress:
-    """One status line on ``stream``: rewritten in place with ``\\r`` on a terminal, else one line per step."""
+    """One status line on `stream`: rewritten in place with `\\r` on a terminal, else one line per step."""
 
     def __init__(self, total: int, stream: TextIO) -> None:
         self.total = total
@@ -264,11 +264,11 @@ def _refusal(
 
 
 def default_backends(statuses: list[BackendStatus], device: torch.device) -> tuple[list[str], dict[str, str]]:
-    """The backends to time when ``--backends`` is not given, and why each other one is not.
+    """The backends to time when `--backends` is not given, and why each other one is not.
 
     Every available backend except opt-in ones (negative priority, e.g. Triton's CPU interpreter);
     but on a GPU, where another backend is available, the reference
-    backend is only the oracle of the err column (it is slow there; ``--backends`` can add it).
+    backend is only the oracle of the err column (it is slow there; `--backends` can add it).
     """
     backends = [s.name for s in statuses if s.available and not s.broken and s.priority >= 0]
     skipped = {
@@ -322,7 +322,7 @@ def _describe(exc: BaseException) -> str:
 def _run_case(
     case: bm.BenchCase, backends: list[str], statuses: dict[str, BackendStatus], s: _Settings, progress: Progress
 ) -> CaseResult:
-    """Time every backend and the baseline on ``case``, checking each answer against the reference."""
+    """Time every backend and the baseline on `case`, checking each answer against the reference."""
     result = CaseResult(case, {})
     progress.step(f"{case.label}: inputs and float64 reference")
     try:
@@ -366,7 +366,7 @@ def _measure(
     *,
     out: torch.Tensor | None,
 ) -> Measurement:
-    """Time ``fn`` over the input sets, then check its answer on the first set (``out`` poisoned first)."""
+    """Time `fn` over the input sets, then check its answer on the first set (`out` poisoned first)."""
     try:
         times = bm.time_ms(fn, device=s.device, warmup=s.warmup, repeat=s.repeat, args=sets, max_seconds=s.max_seconds)
         if out is not None:
@@ -420,7 +420,7 @@ def _fmt_err(case: bm.BenchCase, m: Measurement) -> str:
 
 
 def _label(name: str) -> str:
-    """What the table calls an implementation: the reference backend is ``reference``."""
+    """What the table calls an implementation: the reference backend is `reference`."""
     return REFERENCE_LABEL if name == bm.REFERENCE_BACKEND else name
 
 

@@ -1,7 +1,7 @@
-"""``kermac cache info|clear``: inspect or empty the JIT cache of compiled kernels.
+"""`kermac cache info|clear`: inspect or empty the JIT cache of compiled kernels.
 
 The cache is everything kermac writes to disk (generated Triton modules stay in memory);
-Triton's own cache of compiled binaries (``~/.triton/cache`` or ``TRITON_CACHE_DIR``) is
+Triton's own cache of compiled binaries (`~/.triton/cache` or `TRITON_CACHE_DIR`) is
 Triton's, and neither counted nor cleared here.
 """
 

@@ -1,8 +1,8 @@
-"""``kermac info``: versions, CUDA GPUs, backends with their availability, cost tables and the JIT cache.
+"""`kermac info`: versions, CUDA GPUs, backends with their availability, cost tables and the JIT cache.
 
-The backend table has a row per backend and a ``BROKEN`` row per plugin error -- a plugin refused
-(a reserved or duplicate name), failed or too slow to load, or a backend whose ``priority`` or
-``availability()`` failed -- whose reason names the plugin, its distribution and what went wrong.
+The backend table has a row per backend and a `BROKEN` row per plugin error -- a plugin refused
+(a reserved or duplicate name), failed or too slow to load, or a backend whose `priority` or
+`availability()` failed -- whose reason names the plugin, its distribution and what went wrong.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def collect() -> dict[str, object]:
-    """Everything ``kermac info`` reports, as JSON-ready data."""
+    """Everything `kermac info` reports, as JSON-ready data."""
     import torch
 
     import kermac

@@ -1,8 +1,8 @@
-"""``kermac precompile``: compile the common kernel variants into the JIT cache ahead of time.
+"""`kermac precompile`: compile the common kernel variants into the JIT cache ahead of time.
 
 Useful before a job starts (or when building an image): the first call of each common
 operation then finds its kernel in the cache.  Without a GPU the problems are described on the
-``meta`` device and compiled for ``--arch`` (default sm_80 and sm_90).
+`meta` device and compiled for `--arch` (default sm_80 and sm_90).
 """
 
 from __future__ import annotations

@@ -1,35 +1,37 @@
-"""Measured costs of the backends: what ``backend="auto"`` ranks by.
+"""Measured costs of the backends: what `backend="auto"` ranks by.
 
-A **cost table** is a JSON file per device class (``sm_90.json`` for every GPU of compute
-capability 9.0, ``cpu.json`` for the CPU) holding, per **problem class**, the milliseconds each
+A **cost table** is a JSON file per device class (`sm_90.json` for every GPU of compute
+capability 9.0, `cpu.json` for the CPU) holding, per **problem class**, the milliseconds each
 backend took on the benchmark cases of that class.  Among the backends that are available and
-accept a problem, :func:`kermac.registry.select_backend` runs the one of lowest cost; a backend
-the table does not list for that class ranks after those it lists, by its
-:meth:`~kermac.backend.Backend.preference`; with no table for the device, or no entry for the
+accept a problem, [`kermac.registry.select_backend`][kermac.registry.select_backend] runs the one of lowest cost; a
+backend the table does not list for that class ranks after those it lists, by its
+[`preference`][kermac.backend.Backend.preference]; with no table for the device, or no entry for the
 class, the order is the preference order alone.
 
-A problem class (:class:`ProblemClass`) is
+A problem class ([`ProblemClass`][kermac.costs.ProblemClass]) is
 
-* ``op``: ``"pairwise"`` (cdist, kernels, every pairwise program) or ``"grad"``;
-* ``family``: the inner term, which sets a kernel's cost far more than its epilogue: ``"l1"``
-  (Σ|x − z|), ``"l2"`` (Σ(x − z)², the tensor-core family: l2, Gaussian, Laplace-L2, Matérn,
-  Cauchy), ``"lp"`` (Σ|x − z|ᵖ for any other p), ``"l0"`` (count of differences), ``"linf"``
-  (max |x − z|), ``"other"``; for gradients the multiply of p = 1, p = 2 or any other p
-  (``"l1"``, ``"l2"``, ``"lp"``), else ``"other"``;
-* ``dtype``: the inputs' dtype (``"float32"``, ...);
-* ``size``: ``"narrow"`` (pairwise with D < :data:`NARROW_FEATURES`), ``"small"`` (work below
-  :data:`SMALL_WORK`: batch·M·N·D, or batch·M·N·O·K for gradients, where a call's time is mostly
-  host work) or ``"large"``.
+* `op`: `"pairwise"` (cdist, kernels, every pairwise program) or `"grad"`;
+* `family`: the inner term, which sets a kernel's cost far more than its epilogue: `"l1"`
+  (Σ|x − z|), `"l2"` (Σ(x − z)², the tensor-core family: l2, Gaussian, Laplace-L2, Matérn,
+  Cauchy), `"lp"` (Σ|x − z|ᵖ for any other p), `"l0"` (count of differences), `"linf"`
+  (max |x − z|), `"other"`; for gradients the multiply of p = 1, p = 2 or any other p
+  (`"l1"`, `"l2"`, `"lp"`), else `"other"`;
+* `dtype`: the inputs' dtype (`"float32"`, ...);
+* `size`: `"narrow"` (pairwise with D < [`NARROW_FEATURES`][kermac.costs.NARROW_FEATURES]), `"small"` (work below
+  [`SMALL_WORK`][kermac.costs.SMALL_WORK]: batch·M·N·D, or batch·M·N·O·K for gradients, where a call's time is mostly
+  host work) or `"large"`.
 
-File format (``format`` 1)::
+File format (`format` 1):
 
-    {"format": 1, "device_class": "sm_90", "device": "NVIDIA H100 80GB HBM3",
-     "source": "how the numbers were made",
-     "costs": [{"op": "pairwise", "family": "l2", "dtype": "float32", "size": "large",
-                "ms": {"nvrtc": 0.53, "triton": 0.56}}, ...]}
+```text
+{"format": 1, "device_class": "sm_90", "device": "NVIDIA H100 80GB HBM3",
+ "source": "how the numbers were made",
+ "costs": [{"op": "pairwise", "family": "l2", "dtype": "float32", "size": "large",
+            "ms": {"nvrtc": 0.53, "triton": 0.56}}, ...]}
+```
 
-:func:`table_from_bench` makes a table from ``kermac bench --json`` reports (``kermac bench
---write-costs PATH`` does it in one step; ``tools/costs_from_bench.py`` from saved reports).
+[`table_from_bench`][kermac.costs.table_from_bench] makes a table from `kermac bench --json` reports (`kermac bench
+--write-costs PATH` does it in one step; `tools/costs_from_bench.py` from saved reports).
 """
 
 from __future__ import annotations
@@ -67,16 +69,18 @@ __all__ = [
     "table_from_bench",
 ]
 
-#: The version of the file format this module reads and writes.
 FORMAT = 1
-#: Where the shipped tables live (package data of kermac core).
+"""The version of the file format this module reads and writes."""
 DIRECTORY = Path(__file__).resolve().parent
-#: Pairwise problems with fewer features than this form their own size class: tensor-core kernels
-#: need a few k-steps of 8 to pay off, so a measurement at D = 256 says little about D = 8.
+"""Where the shipped tables live (package data of kermac core)."""
 NARROW_FEATURES = 16
-#: Work (multiply-adds) below which a problem is "small": about where a GPU kernel's time stops
-#: being the host's per-call work (checks, planning, the launch).
+"""Pairwise problems with fewer features than this form their own size class: tensor-core kernels
+need a few k-steps of 8 to pay off, so a measurement at D = 256 says little about D = 8.
+"""
 SMALL_WORK = 2**27
+"""Work (multiply-adds) below which a problem is "small": about where a GPU kernel's time stops
+being the host's per-call work (checks, planning, the launch).
+"""
 
 OPS = ("pairwise", "grad")
 FAMILIES = {"pairwise": ("l1", "l2", "lp", "l0", "linf", "other"), "grad": ("l1", "l2", "lp", "other")}
@@ -129,7 +133,7 @@ def _family(program: PairwiseProgram | GradProgram) -> str:
 
 
 def _size(work: int, features: int | None) -> str:
-    """The size class of ``work`` multiply-adds; ``features`` is D for pairwise problems, else None."""
+    """The size class of `work` multiply-adds; `features` is D for pairwise problems, else None."""
     if features is not None and features < NARROW_FEATURES:
         return "narrow"
     return "small" if work < SMALL_WORK else "large"
@@ -138,7 +142,7 @@ def _size(work: int, features: int | None) -> str:
 def classify(
     program: PairwiseProgram | GradProgram, dtype: torch.dtype, sizes: Sequence[int], batch: int = 1
 ) -> ProblemClass:
-    """The class of a problem: ``sizes`` is (M, N, D) for a pairwise program, (M, N, O, K) for a gradient."""
+    """The class of a problem: `sizes` is (M, N, D) for a pairwise program, (M, N, O, K) for a gradient."""
     features = sizes[2] if len(sizes) == 3 else None
     return _problem_class(program, dtype, _size(batch * math.prod(sizes), features))
 
@@ -152,7 +156,7 @@ def _problem_class(program: PairwiseProgram | GradProgram, dtype: torch.dtype, s
 
 
 def problem_class(problem: PairwiseProblem | GradProblem) -> ProblemClass:
-    """:func:`classify` of a normalised problem (``auto`` asks this on every call: kept cheap)."""
+    """[`classify`][kermac.costs.classify] of a normalised problem (`auto` asks this on every call: kept cheap)."""
     batch = math.prod(problem.batch_shape)
     if isinstance(problem, GradProblem):
         return _problem_class(problem.program, problem.a.dtype, _size(batch * math.prod(problem.sizes), None))
@@ -163,7 +167,7 @@ def problem_class(problem: PairwiseProblem | GradProblem) -> ProblemClass:
 
 @functools.lru_cache(maxsize=64)
 def device_class(device: torch.device) -> str | None:
-    """``"sm_90"`` for a CUDA device of compute capability 9.0, ``"cpu"``; ``None`` for other devices."""
+    """`"sm_90"` for a CUDA device of compute capability 9.0, `"cpu"`; `None` for other devices."""
     if device.type == "cuda":
         major, minor = torch.cuda.get_device_capability(device)
         return f"sm_{major}{minor}"
@@ -175,7 +179,7 @@ def device_class(device: torch.device) -> str | None:
 
 @dataclass(frozen=True)
 class CostTable:
-    """The measured costs on one device class: ``costs[problem class][backend name]`` in ms."""
+    """The measured costs on one device class: `costs[problem class][backend name]` in ms."""
 
     device_class: str
     device: str
@@ -197,12 +201,13 @@ class CostTable:
         }
 
     def write(self, path: str | Path) -> None:
-        """Write the table as JSON to ``path``."""
+        """Write the table as JSON to `path`."""
         Path(path).write_text(json.dumps(self.to_json(), indent=1) + "\n", encoding="utf-8")
 
     @classmethod
     def from_json(cls, data: object, origin: str) -> CostTable:
-        """Validate parsed JSON; :class:`CostTableError` naming ``origin`` and the fault otherwise."""
+        """Validate parsed JSON; [`CostTableError`][kermac.costs.CostTableError] naming `origin` and the fault
+        otherwise."""
 
         def fail(what: str) -> CostTableError:
             return CostTableError(f"cost table {origin}: {what}")
@@ -240,7 +245,7 @@ class CostTable:
 
     @classmethod
     def load(cls, path: str | Path) -> CostTable:
-        """Read and validate the table in ``path``."""
+        """Read and validate the table in `path`."""
         path = Path(path)
         try:
             data = json.loads(path.read_text(encoding="utf-8"))
@@ -250,7 +255,7 @@ class CostTable:
 
 
 class CostTables:
-    """The tables of one directory (``<device class>.json``), each read on first use."""
+    """The tables of one directory (`<device class>.json`), each read on first use."""
 
     def __init__(self, directory: str | Path = DIRECTORY) -> None:
         self.directory = Path(directory)
@@ -258,7 +263,8 @@ class CostTables:
         self._lock = threading.Lock()
 
     def table(self, device_cls: str) -> CostTable | None:
-        """The table of ``device_cls``, ``None`` if there is none; :class:`CostTableError` if it is malformed."""
+        """The table of `device_cls`, `None` if there is none; [`CostTableError`][kermac.costs.CostTableError] if it
+        is malformed."""
         try:
             return self._tables[device_cls]
         except KeyError:
@@ -272,7 +278,7 @@ class CostTables:
         return table
 
     def costs(self, problem: PairwiseProblem | GradProblem) -> Mapping[str, float]:
-        """Milliseconds per backend for ``problem``'s class on its device; empty where nothing was measured."""
+        """Milliseconds per backend for `problem`'s class on its device; empty where nothing was measured."""
         cls = device_class(problem.device)
         table = None if cls is None else self.table(cls)
         if table is None:
@@ -284,11 +290,11 @@ class CostTables:
 
 
 def table_from_bench(reports: Sequence[Mapping[str, object]]) -> CostTable:
-    """A table from ``kermac bench --json`` reports of one device class.
+    """A table from `kermac bench --json` reports of one device class.
 
     Per problem class, a backend's cost is the geometric mean of its median times over the class's
     cases; a backend enters a class only if it ran each of its cases with an answer within the
-    tolerance (a failed or wrong run says nothing about its speed).  The baseline (``torch.cdist``)
+    tolerance (a failed or wrong run says nothing about its speed).  The baseline (`torch.cdist`)
     is not a kermac backend and is left out.
     """
     if not reports:

@@ -1,8 +1,8 @@
 """The reference backend: chunked evaluation of semiring programs with torch operations.
 
 Memory stays bounded: the per-element expression is evaluated on blocks of at most
-:data:`CHUNK_ELEMENTS` elements (batch × rows × columns × features), never on the whole
-``M·N·D`` cube.  Half-precision inputs are computed in float32 and float64 inputs in float64;
+`CHUNK_ELEMENTS` elements (batch × rows × columns × features), never on the whole
+`M·N·D` cube.  Half-precision inputs are computed in float32 and float64 inputs in float64;
 results are cast to the output's dtype when copied into it.
 """
 
@@ -19,27 +19,28 @@ from kermac.programs import REDUCTIONS
 
 __all__ = ["CHUNK_ELEMENTS", "REDUCE", "ReferenceBackend", "blocks", "hyper_env", "tile"]
 
-#: Upper bound on the elements of one evaluated block (~16 MB in float32).
 CHUNK_ELEMENTS = 1 << 22
+"""Upper bound on the elements of one evaluated block (~16 MB in float32)."""
 
-#: The reductions as torch functions (NaN-propagating maximum and minimum, as the IR defines them).
 REDUCE = {"sum": torch.sum, "max": torch.amax, "min": torch.amin}
+"""The reductions as torch functions (NaN-propagating maximum and minimum, as the IR defines them)."""
 
 
 def blocks(size: int, block: int) -> list[tuple[int, int]]:
-    """``[start, stop)`` ranges of at most ``block`` covering ``range(size)``."""
+    """`[start, stop)` ranges of at most `block` covering `range(size)`."""
     return [(i, min(i + block, size)) for i in range(0, size, block)]
 
 
 def tile(rows: int, cols: int, per_pair: int) -> tuple[int, int]:
-    """Rows × columns of a block whose ``rows·cols·per_pair`` stays near CHUNK_ELEMENTS."""
+    """Rows × columns of a block whose `rows·cols·per_pair` stays near CHUNK_ELEMENTS."""
     pairs = max(1, CHUNK_ELEMENTS // max(1, per_pair))
     r = max(1, min(rows, math.isqrt(pairs)))
     return r, max(1, min(cols, pairs // r))
 
 
 def hyper_env(problem_hypers: dict, cdtype: torch.dtype, trailing: int) -> dict[str, torch.Tensor | float]:
-    """Hyperparameter values for :func:`evaluate`: scalars, or tensors with ``trailing`` unit dims."""
+    """Hyperparameter values for [`evaluate`][kermac.ir_eval.evaluate]: scalars, or tensors with `trailing` unit
+    dims."""
     env: dict[str, torch.Tensor | float] = {}
     for name, hv in problem_hypers.items():
         env[name] = hv.scalar if hv.tensor is None else hv.tensor.to(cdtype).reshape(hv.tensor.shape + (1,) * trailing)
@@ -47,7 +48,7 @@ def hyper_env(problem_hypers: dict, cdtype: torch.dtype, trailing: int) -> dict[
 
 
 class ReferenceBackend(Backend):
-    """Pure PyTorch; every device, dtype and program.  Priority 0: the fallback of ``auto``."""
+    """Pure PyTorch; every device, dtype and program.  Priority 0: the fallback of `auto`."""
 
     name = "torch"
     priority = 0
