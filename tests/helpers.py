@@ -69,7 +69,7 @@ def require_backend(name: str, device: str, op: str = "pairwise") -> None:
 
 
 def tolerance(dtype: torch.dtype) -> float:
-    """Relative Frobenius tolerance of an output in ``dtype`` (fp32: the PEERS.md bound)."""
+    """Relative Frobenius tolerance of an output in ``dtype`` (fp32: the project's accuracy bound, 1e-4 relative)."""
     return TOLERANCE[dtype]
 
 

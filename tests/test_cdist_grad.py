@@ -11,7 +11,7 @@ from helpers import BACKEND_DEVICES, assert_close, randn, ref_grad, require_back
 import kermac
 from kermac import ir
 
-GRAD_TOL = 1e-4  # PEERS.md: gradients to 1e-4 relative in float32
+GRAD_TOL = 1e-4  # the project's bound: gradients to 1e-4 relative in float32
 
 
 def grad_sizes(device: str) -> tuple[int, int, int, int]:

@@ -82,7 +82,7 @@ def test_simt_loops_issue_the_next_tiles_loads_before_the_math(sass_script, kind
     Laplace-L1 with k-contiguous tiles off, as for layouts those cannot read) must load the next tile
     in the first third of the k loop (at the top, or after 4 of 16 steps in p = 1's one-path loop) and
     store it at the bottom: with the loads sunk to their stores the loop lost 8 % on the H100
-    (docs/nvrtc-notes.md, Versions 14 and 16)."""
+    (docs/dev/simt-pairwise-loops.md)."""
     from kermac_backend_nvrtc import NvrtcTuning
 
     try:

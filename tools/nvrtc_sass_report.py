@@ -10,12 +10,12 @@ exact recomputation of the guard rather than the tensor-core loop.  Printed: ptx
 line, the loop's length and instruction mix, where in the loop (0 = top, 1 = bottom) the global
 loads, shared stores and barriers sit, how many instructions separate each shared load from
 the first use of its registers, and how many of its fp32 instructions read two operands from one
-register bank (a TMA-fed p = 1 prototype that ran 12–15 % slower had 1.5–2.5 times the production
-loop's count: Version 17 of docs/nvrtc-notes.md).
+register bank (a TMA-fed p = 1 prototype that ran slower had 1.5–2.5 times the production loop's
+count: docs/dev/simt-pairwise-loops.md).
 
 Why: the k loops are sensitive to where ptxas places the next tile's global loads.  A loop whose
-loads were sunk to their shared stores after the math no longer overlaps them with it (Version 14
-of docs/nvrtc-notes.md: the one-path SIMT loop lost 8 % that way), and an instruction count alone
+loads were sunk to their shared stores after the math no longer overlaps them with it (the one-path
+SIMT loop lost that way once: docs/dev/simt-pairwise-loops.md), and an instruction count alone
 does not show it.
 
     python tools/nvrtc_sass_report.py --cdist-p 1 --d 1024 [--arch sm_90]

@@ -33,12 +33,9 @@ MIN_CAPABILITY = (8, 0)
 MAX_PLANS = 1024
 """Plans remembered per process (keyed by `plan.plan_key`); the memo starts over when full."""
 WGMMA_PREFERENCE = 30
-"""`auto`'s preference for the float32 (x − z)² programs (cdist p = 2, Gaussian, Laplace-L2, ...)
-on sm_90, where they run the wgmma kernel: above Triton's tensor-core preference (25), which
-beat NVRTC's `mma.sync` kernel but not this one — H100, ms, NVRTC / Triton: 30000²×1024 22.7–23.1
-/ 23.1–23.9, 8192²×256 0.53 / 0.56, 16384²×32 0.65–0.66 / 0.72, Laplace-L2 16384²×128 1.32–1.41 /
-1.39–1.42, and 256²×32 (host-bound) 0.085 / 0.22 (docs/benchmarks.md, sessions 6–14).  Other
-devices run `mma.sync` and keep the priority.
+"""`auto`'s fallback preference (used where no cost table decides, `kermac.costs`) for the float32
+(x − z)² programs on sm_90, where they run the wgmma kernel, which measured faster than Triton's
+tensor-core kernel (docs/dev/wgmma-sm90.md); other devices run `mma.sync` and keep the priority.
 """
 _INSTALL_HINT = "pip install 'kermac-backend-nvrtc[cu13]' (or [cu12] for a CUDA 12 driver)"
 

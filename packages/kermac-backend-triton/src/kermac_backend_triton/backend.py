@@ -25,9 +25,9 @@ __all__ = ["MIN_CAPABILITY", "TENSOR_CORE_PREFERENCE", "TritonBackend"]
 
 MIN_CAPABILITY = (8, 0)
 TENSOR_CORE_PREFERENCE = 25
-"""`auto`'s preference for the float32 p = 2 family on Triton's tensor-core kernel, above NVRTC's
-priority (20): measured at 0.71–0.97× NVRTC's time on every such row of the benchmark (H100,
-2026-11-23, docs/triton-notes.md "Version 3").  Everything else keeps the priority (10).
+"""`auto`'s fallback preference (used where no cost table decides, `kermac.costs`) for the float32
+p = 2 family on Triton's tensor-core kernel: above NVRTC's priority, because it measured faster than
+NVRTC's `mma.sync` kernel (docs/dev/triton-kernels.md).  Everything else keeps the priority (10).
 """
 
 

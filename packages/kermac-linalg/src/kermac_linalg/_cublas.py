@@ -90,9 +90,9 @@ def transpose_copy(
 ) -> None:
     """Copy row-major `rows × cols` matrices (row stride `ld_src`) into column-major ones (ld `rows`).
 
-    One `geam` (`C = Aᵀ` of the column-major view) per matrix, on torch's current stream:
-    about 2.8× faster than a strided elementwise copy for one 16384² float32 matrix on an H100
-    (0.78 ms against 2.23 ms).
+    One `geam` (`C = Aᵀ` of the column-major view) per matrix, on torch's current stream: cuBLAS's
+    tiled transpose reads and writes coalesced, where a strided elementwise copy does not
+    (docs/linalg.md has the measurement).
     """
     h, b = handle(device), calls(dtype)
     ld = max(1, rows)

@@ -8,12 +8,10 @@ reused only in that stream's order); at the end torch's current stream waits on 
 every slot.
 
 The calls of a batch are issued from one worker thread per slot (`threads=True`) or all from
-the calling thread; `use_threads` picks per operation. Measured on an H100
-(docs/linalg.md): xsyevd/xsyevdx return only once their own stream is done, so from one thread
-the entries of a batch run one after another (eigh of 8 x 2048: 210 ms from one thread, 168 ms
-from threads); xgetrf+xgetrs take 0.7 ms of host time per entry at N = 2048, which worker
-threads overlap (LU solve of 8 x 2048: 14.9 against 17.0 ms); xpotrf alone is faster issued
-from the calling thread (Cholesky solve of 8 x 2048: 4.37 against 4.77 ms).
+the calling thread; `use_threads` picks per operation (measurements in docs/linalg.md):
+xsyevd/xsyevdx return only once their own stream is done, so from one thread the entries of a
+batch would run one after another; xgetrf+xgetrs spend host time per entry, which worker
+threads overlap; xpotrf alone is cheaper issued from the calling thread.
 """
 
 from __future__ import annotations

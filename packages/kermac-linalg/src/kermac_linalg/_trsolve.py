@@ -2,8 +2,8 @@
 
 Both solves of a factored system go through here: Cholesky (`L`, `Lᵀ`) and LU (unit `L`,
 `U`, after the row interchanges). cuSOLVER's xpotrs/xgetrs run triangular solves whose kernels,
-for a few right-hand sides, wait on one another: 10.3 ms for N = 16384 and K = 16 on an H100,
-about 1 ms per N = 2048 entry (a tenth of the bandwidth bound). Here the diagonal blocks
+for a few right-hand sides, wait on one another and reach about a tenth of the bandwidth bound
+(docs/linalg.md). Here the diagonal blocks
 `T_ss` (`nb × nb`, see `block_size`; the last one smaller) of each triangle are
 inverted once, in one batched triangular solve against identities, and the substitutions become
 matrix products, every entry of a batch in one call per step:
@@ -34,9 +34,8 @@ __all__ = ["Triangle", "block_size", "solve_workspace_bytes", "substitute"]
 def block_size(n: int) -> int:
     """Diagonal block size `nb` for triangles of order `n`.
 
-    Measured on an H100 (float32, K = 16, `docs/linalg.md`): nb = 128/256/512 took 4.33/4.37/
-    4.52 ms for a Cholesky solve of a batch of 8 × 2048 and 45.4/45.3/44.3 ms for one 16384
-    (factorisation included): fewer, larger steps pay off only once the products are large.
+    Fewer, larger steps pay off only once the products are large (the sweep over nb = 128, 256 and
+    512 is in `docs/linalg.md`).
     """
     return 256 if n < 8192 else 512
 
