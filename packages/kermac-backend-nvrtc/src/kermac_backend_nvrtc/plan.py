@@ -249,8 +249,8 @@ def plan_pairwise(
     prog = problem.program
     _, expensive_inner, expensive_epilogue = _pairwise_traits(prog)
     tensor_cores = uses_tensor_cores(prog, dtype, tuning)
-    long_k = compute == "float" and not tensor_cores and not expensive_inner and not expensive_epilogue
-    cfg = tiles.TC_CONFIG if tensor_cores else tiles.pairwise_config(compute, long_k)
+    deep_k = compute == "float" and not tensor_cores and not expensive_inner and not expensive_epilogue
+    cfg = tiles.TC_CONFIG if tensor_cores else tiles.pairwise_config(compute, deep_k)
     ops = pairwise_operands(problem)
     layout = batch_layout(problem.batch_shape, ops)
     tensor_hypers, ge1, hyper_args = _hypers(problem, compute)
@@ -286,7 +286,7 @@ def plan_pairwise(
         variant = SplitPowerPairwise(**common, **simt, split=power)
     else:
         variant = SimtPairwise(
-            **common, **simt, deep_k=long_k, padded_tail=tuning.zero_padded_k_tail and abs_sum and vector_loads
+            **common, **simt, deep_k=deep_k, padded_tail=tuning.zero_padded_k_tail and abs_sum and vector_loads
         )
     m, n, d = problem.m, problem.n, problem.d
     tiles_m, tiles_n = -(-m // cfg.bm), -(-n // cfg.bn)
