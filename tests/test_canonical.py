@@ -194,6 +194,7 @@ CASES = {
     "|z-x|": (abs(u), abs(t), True),
     "|-(x-z)|": (abs(-t), abs(t), True),
     "z*x": (z * x, x * z, True),
+    "|z-x|**1.3": (ir.pow(abs(u), 1.3), ir.pow(abs(t), 1.3), True),
 }
 
 
@@ -257,6 +258,8 @@ def _reference(inner: ir.Expr, x_: torch.Tensor, z_: torch.Tensor) -> torch.Tens
         return ((x64 - z64) ** 2).sum(-1)
     if inner == abs(t):
         return (x64 - z64).abs().sum(-1)
+    if inner == ir.pow(abs(t), 1.3):
+        return ((x64 - z64).abs() ** 1.3).sum(-1)
     return (x64 * z64).sum(-1)
 
 

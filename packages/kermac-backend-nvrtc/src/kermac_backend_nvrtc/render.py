@@ -20,7 +20,7 @@ import torch
 
 from kermac import ir
 from kermac.ir import Call, Const, Expr, Hyper, Var
-from kermac.programs import signed_power
+from kermac.programs import canonical_inner, signed_power
 
 __all__ = [
     "CUDA_OPS",
@@ -147,16 +147,23 @@ def half_power_hypers(exprs: Iterable[Expr], scalars: Mapping[str, float]) -> tu
     return tuple(sorted(found.items()))
 
 
+_ABS_DIFFERENCE = Call("abs", (Call("sub", (Var("x"), Var("z"))),))
+
+
 def split_exponent(program: object, ge1: frozenset[str]) -> Expr | None:
     """The exponent `b` if `program` is `Σ_k |x − z|^b` with `b` known finite and >= 1 (any
-    epilogue), else `None`: the programs whose pairwise kernel may split ex2 onto the FMA pipe."""
-    inner = program.inner
+    epilogue), else `None`: the programs whose pairwise kernel may split ex2 onto the FMA pipe.
+
+    Decided on the normal form of the inner term (`kermac.programs.canonical_inner`), so `|z − x|^b`
+    qualifies too (the kernel forms |x − z| itself, the same value); `b` is returned as written."""
+    inner = canonical_inner(program)
     if program.reduction != "sum" or not (isinstance(inner, Call) and inner.op == "pow"):
         return None
     base, b = inner.args
-    if base != Call("abs", (Call("sub", (Var("x"), Var("z"))),)) or not _exponent_ge1(b, ge1):
+    if base != _ABS_DIFFERENCE or not _exponent_ge1(b, ge1):
         return None
-    return b
+    written = program.inner
+    return written.args[1] if isinstance(written, Call) and written.op == "pow" else b
 
 
 def render_expr(
