@@ -356,6 +356,15 @@ def test_bench_quick_table(capsys):
     # Not a TTY under pytest: one progress line per step.
     steps = [line for line in err.splitlines() if line.startswith("[")]
     assert len(steps) == 3 * len(bm.CPU_QUICK_CASES) and steps[-1].startswith(f"[{len(steps)}/{len(steps)}]")
+    # The progress lines name what they time as the table does: "reference", never a bare "torch".
+    assert all(not line.endswith(": torch") for line in steps)
+    assert sum(line.endswith(": reference") for line in steps) == len(bm.CPU_QUICK_CASES)
+
+
+def test_bench_backends_accepts_the_reference_label(capsys):
+    code, out, err = run_cli(capsys, "bench", "--quick", "--device", "cpu", "--backends", "reference", "--json")
+    assert code == 0, err
+    assert "torch" in json.loads(out)["backends"]
 
 
 def test_bench_small_runs_the_small_cases(capsys):

@@ -192,7 +192,9 @@ def run(args: argparse.Namespace) -> int:
         warnings.simplefilter("ignore", RuntimeWarning)  # broken plugins are reported below
         statuses = {s.name: s for s in kermac.backends()}
     if args.backends:
-        backends = [b.strip() for b in args.backends.split(",") if b.strip()]
+        # "reference" (the name the table prints) selects the reference backend, whose registry name is torch.
+        names = [b.strip() for b in args.backends.split(",") if b.strip()]
+        backends = [bm.REFERENCE_BACKEND if b == REFERENCE_LABEL else b for b in names]
         unknown = [b for b in backends if b not in statuses or statuses[b].broken]
         if unknown:
             known = ", ".join(n for n, s in statuses.items() if not s.broken) or "none"
@@ -280,7 +282,7 @@ def default_backends(statuses: list[BackendStatus], device: torch.device) -> tup
     }
     if device.type == "cuda" and bm.REFERENCE_BACKEND in backends and len(backends) > 1:
         backends.remove(bm.REFERENCE_BACKEND)
-        why = f"it computes the float64 reference; time it with --backends {bm.REFERENCE_BACKEND},..."
+        why = f"it computes the float64 reference; time it with --backends {REFERENCE_LABEL},..."
         skipped[bm.REFERENCE_BACKEND] = why
     return backends, skipped
 
@@ -339,7 +341,7 @@ def _run_case(
         ref = None
         result.reference_error = _describe(exc)
     for name in backends:
-        progress.step(f"{case.label}: {name}")
+        progress.step(f"{case.label}: {_label(name)}")
         status = statuses[name]
         if not status.available:
             result.results[name] = Measurement(error=f"backend unavailable: {status.reason}")
