@@ -13,7 +13,7 @@ samples and those of cycles where no warp issued — largest first.  The full nc
     python tools/nvrtc_profile.py kernel:laplace_l1:16384:128  # a preset kernel, σ = 10
     python tools/nvrtc_profile.py grad:4096:256:16:4096:1.5   # cdist_grad (M, N, O, K), p
 
-    python scripts/nvrtc_profile.py cdist:8192:1024:1.3 --tuning power_table_pairs=36 --tuning power_table=1
+    python tools/nvrtc_profile.py cdist:8192:1024:1.3 --tuning power_table_pairs=36 --tuning power_table=1
 
 ``--tuning FIELD=VALUE`` profiles an NVRTC backend whose tuning (``kermac_backend_nvrtc.NvrtcTuning``)
 differs from the defaults in that field (0/1 for switches), registered as ``nvrtc`` in the child.

@@ -5,7 +5,7 @@ lowered by `kermac` into a small expression IR; this package turns it into self-
 CUDA C++, compiles it with NVRTC through `cuda-core` for the GPU's architecture (sm_80 and
 newer), stores the binaries in kermac's on-disk JIT cache and launches them on PyTorch's current
 CUDA stream.  It registers itself with kermac through the `kermac.backends` entry-point group
-and is selected with `backend="nvrtc"` (or automatically, by priority).
+and is selected with `backend="nvrtc"` (or by `auto`: the cost table of `kermac.costs`, then preference).
 
 `NvrtcTuning` holds the backend's choices among equivalent kernels; `NvrtcBackend(tuning=...)`
 builds a backend with other choices for A/B comparisons.

@@ -37,7 +37,7 @@ WGMMA_PREFERENCE = 30
 (x − z)² programs on sm_90, where they run the wgmma kernel, which measured faster than Triton's
 tensor-core kernel (docs/dev/wgmma-sm90.md); other devices run `mma.sync` and keep the priority.
 """
-_INSTALL_HINT = "pip install 'kermac-backend-nvrtc[cu13]' (or [cu12] for a CUDA 12 driver)"
+_INSTALL_HINT = "install kermac-backend-nvrtc with its [cu13] extra ([cu12] for a CUDA 12 driver; docs/installation.md)"
 
 
 @cache

@@ -45,9 +45,7 @@ def __getattr__(name: str) -> Any:
         try:
             import kermac_linalg
         except ImportError as exc:
-            raise AttributeError(
-                "kermac.linalg needs the kermac-linalg package: pip install 'kermac-core[linalg]'"
-            ) from exc
+            raise AttributeError("kermac.linalg needs the kermac-linalg package (docs/installation.md)") from exc
         globals()["linalg"] = kermac_linalg
         return kermac_linalg
     raise AttributeError(f"module 'kermac' has no attribute {name!r}")

@@ -16,7 +16,7 @@ kermac or another plugin (the rules are listed in [`kermac.hookspecs`][kermac.ho
 The time limit: each plugin is imported, and its hook called, in a daemon thread that discovery
 waits for at most [`load_timeout`][kermac.discovery.load_timeout] seconds; a plugin still running then is recorded (with
 the line it was at) and abandoned (its thread finishes, or not, on its own; its result is never
-used).  The thread costs about 0.1 ms per plugin.  Two cases load in the calling thread, without
+used).  Two cases load in the calling thread, without
 a limit: no thread can be started, and kermac is first used from the body of a module being
 imported (the caller holds that module's import lock; a loader thread needing the same module
 would wait for it, maybe for good).  A plugin that calls kermac while it loads gets a

@@ -38,7 +38,7 @@ def _load() -> SimpleNamespace:
     except ImportError as err:
         raise ImportError(
             "kermac_linalg needs nvmath-python for CUDA tensors "
-            '(pip install "kermac-linalg[cu13]" or "kermac-linalg[cu12]"); '
+            "(install kermac-linalg with its [cu13] or [cu12] extra, docs/installation.md); "
             "CPU tensors work without it"
         ) from err
     return SimpleNamespace(

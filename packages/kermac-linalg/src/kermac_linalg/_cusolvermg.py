@@ -63,7 +63,7 @@ def _load() -> ctypes.CDLL:
     except Exception as err:
         raise ImportError(
             "multi-GPU eigh needs libcusolverMg from the nvidia-cusolver wheel "
-            f'(pip install "kermac-linalg[cu13]" or "kermac-linalg[cu12]"): {err}'
+            f"(install kermac-linalg with its [cu13] or [cu12] extra, docs/installation.md): {err}"
         ) from err
     i32, i64 = ctypes.c_int32, ctypes.c_int64
     arr = ctypes.POINTER(_vp)

@@ -118,7 +118,7 @@ def working_matrix(
     memory (an expanded batch, say); otherwise a copy is made and `A` is untouched: row-major
     (a plain copy of a contiguous A), or column-major with `column_major` (cuSOLVER's own
     layout, which some routines run faster on; made from row-major CUDA entries by cuBLAS's
-    transposing `geam`, 2.8× faster than an elementwise copy).
+    transposing `geam`, faster than an elementwise copy: docs/linalg.md).
     """
     if overwrite:
         layout = matrix_layout(A)
