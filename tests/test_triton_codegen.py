@@ -620,3 +620,16 @@ def test_the_backend_reads_triton_interpret_as_triton_does(value: str, monkeypat
     knobs = pytest.importorskip("triton").knobs
     monkeypatch.setenv("TRITON_INTERPRET", value)
     assert interpreter.interpreting() == knobs.runtime.interpret == (value in ("1", "true", "on"))
+
+
+@pytest.mark.parametrize(("backend", "device"), TRITON_DEVICES)
+@pytest.mark.parametrize("reduction", ["sum", "min"])
+def test_an_epilogue_of_the_diagonal_alone_computes_in_float64(backend: str, device: str, reduction: str) -> None:
+    """`exp(diag)` in a float64 program is e to float64 precision on the diagonal (the diagonal
+    indicator is in the compute type, not a float32 constant)."""
+    require_backend(backend, device)
+    x = torch.randn(5, 3, dtype=torch.float64, device=device)
+    program = PairwiseProgram(abs(ir.Var("x") - ir.Var("z")), reduction, ir.exp(ir.Var("diag")))
+    got = kermac.run_program(program, x, x, backend=backend).cpu()
+    expected = torch.ones(5, 5, dtype=torch.float64).fill_diagonal_(math.e)
+    assert torch.equal(got, expected)

@@ -163,7 +163,8 @@ def simt_tile(
     on4 = on[None, :, None, :]
     diag = 0.0
     if USES_DIAG:
-        diag = tl.where(om4 + OFF_M == on4 + OFF_N, 1.0, 0.0)
+        # In the compute type: an epilogue of `diag` alone (e.g. exp(diag)) is computed in its type.
+        diag = tl.where(om4 + OFF_M == on4 + OFF_N, 1.0, 0.0).to(COMPUTE)
     val = tl.broadcast_to(epilogue(acc, diag, hypers), [MI, NI, MT, NT])
     tl.store(
         OUT + om4 * SOM + on4 * SON,
