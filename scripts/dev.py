@@ -265,27 +265,27 @@ print("wheels import from", sys.prefix, "kermac", kermac.__version__)
 """
 
 
+def purelib(python: Path) -> str:
+    """The site-packages directory of the interpreter ``python``."""
+    return subprocess.run(
+        [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
+
+
 def check_wheels(py: Path, wheels: list[Path]) -> None:
     """Install ``wheels`` (``--no-deps``) into a fresh environment that reuses .venv's packages; smoke-test them."""
     missing = missing_from_wheels(wheels)
     if missing:
         fail(f"files of the source trees missing from the wheels: {', '.join(missing)}")
-    deps = subprocess.run(
-        [str(py), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout.strip()
+    deps = purelib(py)
     with tempfile.TemporaryDirectory(prefix="kermac-wheels-") as tmp:
         env = Path(tmp) / "venv"
         run([sys.executable, "-m", "venv", "--without-pip", str(env)], "creating the environment for the wheels")
         env_py = env / ("Scripts/python.exe" if os.name == "nt" else "bin/python")
-        site = subprocess.run(
-            [str(env_py), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-            capture_output=True,
-            text=True,
-            check=True,
-        ).stdout.strip()
+        site = purelib(env_py)
         # A plain path line: .venv's packages come after the environment's own, and .venv's .pth files
         # (its editable installs of these packages) are not processed.
         (Path(site) / "kermac-dev-dependencies.pth").write_text(deps + "\n")
