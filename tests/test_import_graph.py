@@ -61,8 +61,8 @@ def _reachable(graph: dict[str, set[str]], start: str) -> set[str]:
 
 def test_the_graph_is_read() -> None:
     graph = _graph()
-    assert {"kermac.api", "kermac.autograd", "kermac.dispatch", "kermac.reference.backend"} <= graph.keys()
-    assert "kermac.dispatch" in graph["kermac.api"] and "kermac.ir" in graph["kermac.programs"]
+    assert {"kermac.api", "kermac.autograd", "kermac.ops", "kermac.dispatch", "kermac.reference.backend"} <= graph.keys()
+    assert "kermac.ops" in graph["kermac.api"] and "kermac.ir" in graph["kermac.programs"]
 
 
 def test_kermac_core_has_no_import_circle() -> None:
@@ -71,13 +71,16 @@ def test_kermac_core_has_no_import_circle() -> None:
     assert not circles, f"modules on an import circle: {circles}"
 
 
-def test_api_and_autograd_run_problems_through_dispatch() -> None:
-    """autograd (the backward of the public operations) runs problems through dispatch, never through
-    the public operations; dispatch knows neither of them."""
+def test_api_and_autograd_run_problems_through_the_ops() -> None:
+    """The public operations and their backward (autograd) both run kermac's torch.library operations
+    (ops), which run problems through dispatch; autograd never calls the public operations, and
+    neither ops nor dispatch knows the public operations or autograd."""
     graph = _graph()
-    assert "kermac.dispatch" in graph["kermac.api"] and "kermac.dispatch" in graph["kermac.autograd"]
+    assert "kermac.ops" in graph["kermac.api"] and "kermac.ops" in graph["kermac.autograd"]
+    assert "kermac.dispatch" in graph["kermac.ops"]
     assert "kermac.api" not in _reachable(graph, "kermac.autograd")
-    assert not {"kermac.api", "kermac.autograd"} & _reachable(graph, "kermac.dispatch")
+    for lower in ("kermac.ops", "kermac.dispatch"):
+        assert not {"kermac.api", "kermac.autograd"} & _reachable(graph, lower), lower
 
 
 def test_the_ir_depends_on_no_backend() -> None:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from kermac import autograd as _autograd  # registers the backward of kermac's torch.library operations
 from kermac import ir, presets
 from kermac._version import __version__
 from kermac.api import backends, cdist, cdist_grad, run_grad_program, run_kernel, run_program
@@ -42,10 +43,10 @@ __all__ = [
 
 def __getattr__(name: str) -> Any:
     if name == "linalg":
+        import importlib
+
         try:
-            import kermac_linalg
+            return importlib.import_module("kermac.linalg")
         except ImportError as exc:
-            raise AttributeError("kermac.linalg needs the kermac-linalg package (docs/installation.md)") from exc
-        globals()["linalg"] = kermac_linalg
-        return kermac_linalg
+            raise AttributeError(str(exc)) from exc
     raise AttributeError(f"module 'kermac' has no attribute {name!r}")

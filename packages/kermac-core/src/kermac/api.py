@@ -1,23 +1,24 @@
 """The public operations: [`cdist`][kermac.api.cdist], [`run_kernel`][kermac.api.run_kernel],
 [`cdist_grad`][kermac.api.cdist_grad], [`run_program`][kermac.api.run_program].
 
-Each call validates its arguments, lowers them to a semiring program ([`kermac.programs`][kermac.programs]),
-normalises the problem (`kermac.problem`) and runs it on the backend `kermac.dispatch`
-picks, through [`kermac.autograd`][kermac.autograd] where an input requires grad.  Nothing here synchronises
-with the host unless `debug` is on.  On the `meta` device the output is returned as soon as
-it is validated (meta tensors hold no values).
+Each call validates its arguments, lowers them to a semiring program ([`kermac.programs`][kermac.programs])
+and runs it through [`kermac.ops`][kermac.ops]: one `torch.library` operation (`kermac::pairwise` or
+`kermac::grad`) that normalises the problem (`kermac.problem`), picks the backend
+(`kermac.dispatch`) and runs it, with its backward in [`kermac.autograd`][kermac.autograd].  The lowering is a
+constant of the call's Python arguments (`torch.compile` evaluates it once while tracing).  Nothing
+here synchronises with the host unless `debug` is on.  On the `meta` device the output is returned
+as soon as it is validated (meta tensors hold no values).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from functools import lru_cache
 
 import torch
 
-from kermac import presets, registry
-from kermac.autograd import differentiable_pairwise
+from kermac import ops, presets, registry
 from kermac.descriptor import KernelDescriptor
-from kermac.dispatch import grad_contraction, run_grad, run_pairwise
 from kermac.hyperparams import (
     ANY_VALUE,
     Check,
@@ -30,8 +31,9 @@ from kermac.hyperparams import (
     prepare_hypers,
 )
 from kermac.logs import debug_enabled
-from kermac.lowering import cdist_program, plain_power_limit
-from kermac.problem import check_tensor, grad_problem, pairwise_problem
+from kermac.ops import constant_for_compile
+from kermac.lowering import cdist_program, grad_program, plain_power_limit
+from kermac.problem import check_tensor
 from kermac.programs import GradProgram, PairwiseProgram
 
 __all__ = ["backends", "cdist", "cdist_grad", "run_grad_program", "run_kernel", "run_program"]
@@ -46,6 +48,7 @@ def cdist(
     x: torch.Tensor,
     z: torch.Tensor,
     p: float | torch.Tensor = 2.0,
+    compute_mode: str = "use_mm_for_euclid_dist_if_necessary",
     *,
     out: torch.Tensor | None = None,
     skip_epilogue: bool = False,
@@ -69,6 +72,10 @@ def cdist(
             A tensor gives one `p` per batch entry (values must be > 0 and at most
             `plain_power_limit(x.dtype)`: an invalid one makes its batch entry NaN, or raises
             with `debug`; see [`kermac.hyperparams`][kermac.hyperparams] for the broadcasting rule).
+        compute_mode: accepted for `torch.cdist` compatibility: `"donot_use_mm_for_euclid_dist"` is what
+            kermac always does (p = 2 from differences, exact for near-duplicate rows, and fast);
+            `"use_mm_for_euclid_dist_if_necessary"` (the default) and `"use_mm_for_euclid_dist"` get the
+            same exact route.  Any other value is a `ValueError`, as in `torch.cdist`.
         out: optional `[..., M, N]` output of the inputs' dtype and device, any strides; its
             elements must not overlap each other nor any input (`ValueError` naming `out`).
         skip_epilogue: return the inner reduction `Σ_k |x − z|^p` without the `1/p` root
@@ -84,15 +91,28 @@ def cdist(
     p = ∞ takes a subgradient; second derivatives for p = 2; no `out`; no gradient for a tensor `p`).
     """
     debug = debug_enabled(debug)
+    if compute_mode not in _COMPUTE_MODES:
+        raise ValueError(f"compute_mode: expected one of {', '.join(map(repr, _COMPUTE_MODES))}; got {compute_mode!r}")
     x = check_tensor("x", x)
     if isinstance(p, torch.Tensor) and not (p.dim() == 0 and p.device.type == "cpu"):
-        program = cdist_program(None, skip_epilogue=skip_epilogue, dtype=x.dtype)
+        program, reads_p = _cdist_key(None, skip_epilogue, x.dtype)
         hypers = prepare_hypers({"p": (p, _p_per_batch(x.dtype))}, x.device, debug)
     else:
         hv = normalize_hyper("p", p, device=x.device, check=nonnegative)
-        program = cdist_program(hv.scalar, skip_epilogue=skip_epilogue, dtype=x.dtype)
-        hypers = {"p": hv} if "p" in program.hypers else {}
+        program, reads_p = _cdist_key(hv.scalar, skip_epilogue, x.dtype)
+        hypers = {"p": hv} if reads_p else {}
     return _pairwise(program, x, z, out=out, hypers=hypers, backend=backend, debug=debug, op="cdist")
+
+
+_COMPUTE_MODES = ("use_mm_for_euclid_dist_if_necessary", "use_mm_for_euclid_dist", "donot_use_mm_for_euclid_dist")
+
+
+@constant_for_compile
+@lru_cache(maxsize=256)
+def _cdist_key(p: float | None, skip_epilogue: bool, dtype: torch.dtype) -> tuple[str, bool]:
+    """The key of `cdist`'s program and whether it reads `p` (constants of the Python arguments)."""
+    program = cdist_program(p, skip_epilogue=skip_epilogue, dtype=dtype)
+    return program.key(), "p" in program.hypers
 
 
 def run_kernel(
@@ -158,9 +178,8 @@ def run_kernel(
         "regularization": (regularization, finite),
     }
     hypers = prepare_hypers({k: v for k, v in checks.items() if v[0] is not None}, x.device, debug)
-    program = descriptor.lower(regularized=regularization is not None)
     return _pairwise(
-        program,
+        _kernel_key(descriptor, regularization is not None),
         x,
         z,
         out=out,
@@ -170,6 +189,13 @@ def run_kernel(
         debug=debug,
         op="run_kernel",
     )
+
+
+@constant_for_compile
+@lru_cache(maxsize=256)
+def _kernel_key(descriptor: KernelDescriptor, regularized: bool) -> str:
+    """The key of the descriptor's program (a constant of the Python arguments)."""
+    return descriptor.lower(regularized=regularized).key()
 
 
 def _p_per_batch(dtype: torch.dtype) -> Check:
@@ -224,10 +250,25 @@ def cdist_grad(
             sharing no memory with the inputs.
         backend: as in [`cdist`][kermac.api.cdist].
         debug: as in [`cdist`][kermac.api.cdist].
+
+    Differentiable for p = 2 ([`kermac.autograd`][kermac.autograd]); for other p a backward raises
+    `NotImplementedError`.
     """
     debug = debug_enabled(debug)
     a = check_tensor("a", a)
-    return grad_contraction(a, b, c, d, p=p, out=out, backend=backend, debug=debug, op="cdist_grad")
+    hypers = prepare_hypers({"p": (p, positive_finite)}, a.device, debug)
+    program, reads_p = _grad_key(hypers["p"].scalar)
+    return ops.grad(
+        program, a, b, c, d, hypers if reads_p else {}, out=out, backend=backend, debug=debug, op="cdist_grad"
+    )
+
+
+@constant_for_compile
+@lru_cache(maxsize=16)
+def _grad_key(p: float | None) -> tuple[str, bool]:
+    """The key of `cdist_grad`'s program and whether it reads `p`."""
+    program = grad_program(p)
+    return program.key(), "p" in program.hypers
 
 
 def run_program(
@@ -253,8 +294,9 @@ def run_program(
     x = check_tensor("x", x)
     hv = _program_hypers(program.hypers, hypers, x.device, debug)
     return _pairwise(
-        program, x, z, out=out, hypers=hv, offsets=(offset_m, offset_n), backend=backend, debug=debug, op="run_program"
-    )
+        _program_key(program), x, z, out=out, hypers=hv, offsets=(offset_m, offset_n), backend=backend, debug=debug,
+        op="run_program",
+    )  # fmt: skip
 
 
 def run_grad_program(
@@ -276,8 +318,13 @@ def run_grad_program(
         raise TypeError(f"program: expected a kermac.programs.GradProgram, got {type(program).__name__}")
     a = check_tensor("a", a)
     hv = _program_hypers(program.hypers, hypers, a.device, debug)
-    problem = grad_problem(program, a, b, c, d, out=out, hypers=hv, debug=debug)
-    return run_grad(problem, backend, "run_grad_program")
+    return ops.grad(_program_key(program), a, b, c, d, hv, out=out, backend=backend, debug=debug, op="run_grad_program")
+
+
+@constant_for_compile
+def _program_key(program: PairwiseProgram | GradProgram) -> str:
+    """`program.key()`, a constant of the program."""
+    return program.key()
 
 
 def _program_hypers(
@@ -294,7 +341,7 @@ def _program_hypers(
 
 
 def _pairwise(
-    program: PairwiseProgram,
+    program: str,
     x: torch.Tensor,
     z: torch.Tensor,
     *,
@@ -305,12 +352,11 @@ def _pairwise(
     debug: bool,
     op: str,
 ) -> torch.Tensor:
-    """Run a pairwise program; through [`kermac.autograd`][kermac.autograd] where x or z requires grad."""
-    if torch.is_grad_enabled() and isinstance(z, torch.Tensor) and (x.requires_grad or z.requires_grad):
-        return differentiable_pairwise(
-            program, x, z, out=out, hypers=hypers, offset_m=offsets[0], offset_n=offsets[1],
-            backend=backend, debug=debug, op=op,
-        )  # fmt: skip
+    """Run the pairwise program with key `program` ([`kermac.ops.pairwise`][kermac.ops.pairwise])."""
+    if out is not None and torch.is_grad_enabled() and isinstance(z, torch.Tensor) and (x.requires_grad or z.requires_grad):
+        raise RuntimeError(
+            f"{op}: out= is not supported when x or z requires grad (autograd needs an output of its own); "
+            "drop out=, or call under torch.no_grad()"
+        )
     m0, n0 = offsets
-    problem = pairwise_problem(program, x, z, out=out, hypers=hypers, offset_m=m0, offset_n=n0, debug=debug)
-    return run_pairwise(problem, backend, op)
+    return ops.pairwise(program, x, z, hypers, out=out, offset_m=m0, offset_n=n0, backend=backend, debug=debug, op=op)

@@ -1,4 +1,9 @@
-r"""Autograd for pairwise programs: `cdist`, `run_kernel` and `run_program` are differentiable.
+r"""Autograd of kermac's operations, registered on the custom operations of [`kermac.ops`][kermac.ops].
+
+`cdist`, `run_kernel` and `run_program` (the `kermac::pairwise` operation) are differentiable in
+`x` and `z`; `cdist_grad` (`kermac::grad`) with p = 2 in all four inputs.  Each backward is built
+from kermac's operations and torch operations only, so it is itself differentiable where its pieces
+are, and a trace (`torch.compile`) records it like any other.
 
 A pairwise program computes `out[m, n] = e(acc[m, n], diag)` with `acc = ⊕_j τ(x[m, j], z[n, j])`.
 For the inner terms kermac can differentiate — `τ = |x − z|^P` (P a number or the hyperparameter
@@ -19,9 +24,10 @@ the extreme and 0 elsewhere: a subgradient (torch.cdist gives each tied coordina
 gradient, which is not one; away from ties the two agree), NaN for a pair whose extreme is NaN
 (`cdist`'s p = ∞ skips NaN differences, so a NaN coordinate there gets no gradient).
 
-* `e'(acc)` comes from torch's autograd through the reference evaluator of the epilogue
-  ([`kermac.ir_eval.evaluate`][kermac.ir_eval.evaluate]); when the epilogue is `acc` itself nothing is
-  recomputed, otherwise `acc` is recomputed by one fused pass of the program without its epilogue.
+* `e'(acc)` is the epilogue's symbolic derivative ([`kermac.ir_diff.derivative`][kermac.ir_diff.derivative])
+  evaluated with torch operations ([`kermac.ir_eval.evaluate`][kermac.ir_eval.evaluate]); when the epilogue is
+  `acc` itself nothing is recomputed, otherwise `acc` is recomputed by one fused pass of the program
+  without its epilogue.
 * For a sum, each sum over `n` (or `m`) is [`kermac.cdist_grad`][kermac.cdist_grad] with `O = 1`, `c = 1`:
   `a = Gᵀ [N, M]`, `b = zᵀ`, `d = xᵀ` → `[1, D, M]` for x; `a = G`, `b = xᵀ`, `d = zᵀ`
   for z — on the same backend as the forward, never building `[M, N, D]`.
@@ -30,35 +36,40 @@ gradient, which is not one; away from ties the two agree), NaN for a pair whose 
   documented workspace of this backward), not a fused kernel.
 * A count (L0, `cdist` with p = 0) has zero gradient.
 
-Second derivatives (`create_graph=True`) are exact for `Σ (x − z)²` programs (cdist p = 2,
+Derivatives of any order (`create_graph=True`) are exact for `Σ (x − z)²` programs (cdist p = 2,
 squared distances, Gaussian, Laplace-L2, Matérn, Cauchy) and `x·z` programs, any epilogue: the
-backward is then itself differentiable, built from the fused first derivative, matrix products
-and autograd of the epilogue (to any order).  For every other program the gradients carry a
-`grad_fn` that raises `NotImplementedError` when differentiated — never a silent zero.
+backward is built from the fused pass (`acc`), the epilogue's derivative in torch operations, matrix
+products and `cdist_grad` with p = 2, whose own backward is a few matrix products.  For every other
+program the gradients carry a `grad_fn` that raises `NotImplementedError` when differentiated (the
+operation `kermac::no_gradient`) — never a silent zero.
 
 Hyperparameters are constants (a tensor that requires grad is refused by [`kermac.hyperparams`][kermac.hyperparams]);
 `out=` is refused while autograd records.  Other programs run forward as usual and raise
-`NotImplementedError` naming the program when their backward runs.  Broadcast batches are summed
-back to each input's shape.
+`NotImplementedError` naming the program when their backward runs; so does `cdist_grad` with p ≠ 2
+and `run_grad_program`.  Broadcast batches are summed back to each input's shape.
+
+`cdist_grad` with p = 2 is the bilinear `out[o, n, m] = d[n, m]·(c a)[o, m] − Σ_k c[o, k] a[k, m] b[n, k]`;
+its backward is that formula's matrix products (einsum) in the compute type.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
 from dataclasses import dataclass, replace
+from functools import cache
 
 import torch
 
-from kermac import ir
-from kermac.dispatch import grad_contraction, run_pairwise
+from kermac import ir, ops
 from kermac.hyperparams import HyperValue
+from kermac.ir_diff import derivative
 from kermac.ir_eval import evaluate
-from kermac.problem import compute_dtype, diagonal_offsets, pairwise_problem
-from kermac.programs import PairwiseProgram, inner_difference_power, is_product_sum
+from kermac.lowering import grad_program
+from kermac.problem import compute_dtype, diagonal_offsets
+from kermac.programs import PairwiseProgram, inner_difference_power, is_product_sum, program_from_key
 from kermac.reference.backend import REDUCE, blocks, hyper_env, tile
 
-__all__ = ["differentiable_pairwise", "inner_power"]
+__all__ = ["inner_power"]
 
 DOT = "dot"
 
@@ -83,152 +94,68 @@ def inner_power(program: PairwiseProgram) -> float | str:
     )
 
 
-def differentiable_pairwise(
-    program: PairwiseProgram,
-    x: torch.Tensor,
-    z: torch.Tensor,
-    *,
-    out: torch.Tensor | None,
-    hypers: Mapping[str, HyperValue],
-    offset_m: int,
-    offset_n: int,
-    backend: str,
-    debug: bool,
-    op: str,
-) -> torch.Tensor:
-    """The pairwise program's result with a backward for `x` and `z` (see the module docstring).
-
-    The forward runs for every program; a program autograd does not cover raises when its backward runs."""
-    if out is not None:
-        raise RuntimeError(
-            f"{op}: out= is not supported when x or z requires grad (autograd needs an output of its own); "
-            "drop out=, or call under torch.no_grad()"
-        )
-    try:
-        power: float | str | None = inner_power(program)
-        unsupported = None
-    except NotImplementedError as exc:
-        power, unsupported = None, f"{op}: {exc}"
-    setup = _Setup(program, dict(hypers), offset_m, offset_n, power, unsupported, backend, debug, op)
-    return _Pairwise.apply(x, z, setup)
-
-
 @dataclass(frozen=True)
 class _Setup:
-    """What the forward ran, kept for the backward."""
+    """What the forward of `kermac::pairwise` ran, kept for the backward."""
 
     program: PairwiseProgram
     hypers: dict[str, HyperValue]
     offset_m: int
     offset_n: int
-    power: float | str | None
-    unsupported: str | None  # why the backward cannot run, if it cannot
     backend: str
     debug: bool
     op: str
 
     @property
-    def second_order(self) -> bool:
-        """Whether the backward is differentiable: Σ (x − z)² and Σ x·z programs."""
-        return self.program.reduction == "sum" and self.power in (2.0, DOT)
+    def power(self) -> float | str:
+        return inner_power(self.program)
 
     def inner_only(self) -> _Setup:
         """This setup for the program without its epilogue (`out = acc`)."""
-        program = PairwiseProgram(self.program.inner, self.program.reduction, ir.Var("acc"))
+        program = _inner_only(self.program)
         return replace(self, program=program, hypers={n: self.hypers[n] for n in program.hypers})
 
 
-class _Pairwise(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x, z, s: _Setup):  # type: ignore[override]
-        problem = pairwise_problem(s.program, x, z, out=None, hypers=s.hypers, offset_m=s.offset_m, offset_n=s.offset_n)
-        result = run_pairwise(problem, s.backend, s.op)
-        ctx.setup = s
-        # Tensor hyperparameters are saved too: torch then refuses a backward after one was changed in place.
-        ctx.save_for_backward(x, z, *(h.tensor for h in s.hypers.values() if h.tensor is not None))
-        return result
-
-    @staticmethod
-    def backward(ctx, g):  # type: ignore[override]
-        x, z = ctx.saved_tensors[:2]
-        s: _Setup = ctx.setup
-        if s.unsupported is not None:
-            raise NotImplementedError(s.unsupported)
-        want = tuple(ctx.needs_input_grad[:2])
-        if not torch.is_grad_enabled():  # create_graph=False: no graph to record
-            return (*_gradients(s, x, z, g, want), None)
-        if s.second_order:
-            return (*_Gradient.apply(g, x, z, s, want), None)
-        with torch.no_grad():
-            grads = _gradients(s, x, z, g, want)
-        reason = (
-            f"{s.op}: second derivatives are implemented for programs summing (x − z)² (cdist p = 2, Gaussian, "
-            f"Laplace-L2, Matérn, Cauchy) or x·z; program {s.program.key()} has first derivatives only"
-        )
-        return (*(None if t is None else _FirstOrderOnly.apply(t, reason, g, x, z) for t in grads), None)
+@cache
+def _inner_only(program: PairwiseProgram) -> PairwiseProgram:
+    return PairwiseProgram(program.inner, program.reduction, ir.Var("acc"))
 
 
-class _FirstOrderOnly(torch.autograd.Function):
-    """Passes a first derivative through; differentiating it raises `NotImplementedError`."""
-
-    @staticmethod
-    def forward(ctx, grad, reason: str, *inputs):  # type: ignore[override]
-        ctx.reason = reason
-        return grad
-
-    @staticmethod
-    def backward(ctx, *_):  # type: ignore[override]
-        raise NotImplementedError(ctx.reason)
+@cache
+def _epilogue_slope(program: PairwiseProgram) -> ir.Expr:
+    """`e'(acc)`: the derivative of the program's epilogue with respect to `acc`."""
+    return derivative(program.epilogue, "acc")
 
 
-class _Gradient(torch.autograd.Function):
-    r"""`(∂L/∂x, ∂L/∂z)` as a function of `(g, x, z)`, for second derivatives of Σ (x − z)² and x·z.
+def _setup_pairwise(ctx, inputs, output) -> None:  # noqa: ANN001
+    x, z, program, names, numbers, tensors, offset_m, offset_n, backend, debug, op = inputs
+    # Tensor hyperparameters are saved too: torch then refuses a backward after one was changed in place.
+    ctx.save_for_backward(x, z, *(t for t in tensors if t is not None))
+    ctx.call = (program, names, list(numbers), [t is not None for t in tensors], offset_m, offset_n, backend, debug, op)
+    ctx.list_grads = _no_list_grads(numbers, tensors)
 
-    Its forward is the fused first derivative.  Its backward differentiates
-    `h = Σ u_x·∂L/∂x + Σ u_z·∂L/∂z = Σ_{m,n} G[m, n] W[m, n]` with torch's autograd, where
-    `W = 2 Σ_j (x_m − z_n)_j (u_x[m] − u_z[n])_j` (matrix products) for Σ (x − z)² and
-    `W = u_x zᵀ + x u_zᵀ` for x·z, and `G = g·e'(acc)` with `acc` from `_Pairwise` (so the
-    path through `acc` is the first derivative again, fused, and the result is differentiable too).
-    """
 
-    @staticmethod
-    def forward(ctx, g, x, z, s: _Setup, want: tuple[bool, bool]):  # type: ignore[override]
-        ctx.setup = s
-        ctx.save_for_backward(g, x, z)
-        return _gradients(s, x, z, g, want)
-
-    @staticmethod
-    def backward(ctx, ux, uz):  # type: ignore[override]
-        s: _Setup = ctx.setup
-        create = torch.is_grad_enabled()
-        wanted = tuple(ctx.needs_input_grad[:3])
-        with torch.enable_grad():
-            saved = zip(ctx.saved_tensors, wanted, strict=True)  # (g, x, z)
-            g, x, z = (t if create else t.detach().requires_grad_(w) for t, w in saved)
-            cdtype = compute_dtype(x.dtype)
-            G = _outer_factor(s, x, z, g, differentiable=True).to(cdtype)
-            xc, zc = x.to(cdtype), z.to(cdtype)
-            W = torch.zeros((), dtype=cdtype, device=G.device)
-            if ux is not None:
-                uxc = ux.to(cdtype)
-                W = W + (uxc @ zc.mT if s.power == DOT else (xc * uxc).sum(-1)[..., :, None] - uxc @ zc.mT)
-            if uz is not None:
-                uzc = uz.to(cdtype)
-                W = W + (xc @ uzc.mT if s.power == DOT else (zc * uzc).sum(-1)[..., None, :] - xc @ uzc.mT)
-            if s.power != DOT:
-                W = 2.0 * W
-            h = (G * W).sum()
-            inputs = [t for t, w in zip((g, x, z), wanted, strict=True) if w]
-            found = iter(torch.autograd.grad(h, inputs, create_graph=create, allow_unused=True, materialize_grads=True))
-        return (*(next(found) if w else None for w in wanted), None, None)
+def _backward_pairwise(ctx, g):  # noqa: ANN001, ANN202
+    x, z, *saved = ctx.saved_tensors
+    program, names, numbers, present, offset_m, offset_n, backend, debug, op = ctx.call
+    found = iter(saved)
+    tensors = [next(found) if p else None for p in present]
+    hypers = ops.hypers_from_args(names, numbers, tensors)
+    s = _Setup(program_from_key(program), hypers, offset_m, offset_n, backend, debug, op)
+    grad_x, grad_z = _gradients(s, x, z, g, tuple(ctx.needs_input_grad[:2]))
+    return grad_x, grad_z, None, None, *ctx.list_grads, None, None, None, None, None
 
 
 def _gradients(
     s: _Setup, x: torch.Tensor, z: torch.Tensor, g: torch.Tensor, want: tuple[bool, bool]
 ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
-    """The first derivatives `(∂L/∂x, ∂L/∂z)` (`None` where not wanted), by the fused path."""
+    """The first derivatives `(∂L/∂x, ∂L/∂z)` (`None` where not wanted)."""
     want_x, want_z = want
-    power = s.power
+    try:
+        power = s.power
+    except NotImplementedError as exc:
+        reason = f"{s.op}: {exc}"
+        return (_no_gradient(x, reason) if want_x else None), (_no_gradient(z, reason) if want_z else None)
     if power == 0.0:
         return torch.zeros_like(x) if want_x else None, torch.zeros_like(z) if want_z else None
     G = _outer_factor(s, x, z, g)
@@ -239,66 +166,75 @@ def _gradients(
         p = s.hypers["p"] if power == "p" else HyperValue("p", power)
         if s.program.reduction != "sum":
             grad_x, grad_z = _extreme_gradients(s, x, z, G, p, want)
+            reason = _first_order_only(s.op, f"program {s.program.key()} (a maximum or minimum over coordinates)")
+            grad_x = None if grad_x is None else torch.ops.kermac.first_order_only(grad_x, reason)
+            grad_z = None if grad_z is None else torch.ops.kermac.first_order_only(grad_z, reason)
         else:
             G = G * (p.scalar if p.tensor is None else p.tensor[..., None, None].to(G.dtype))
             if 0 in G.stride():  # an expanded upstream gradient (e.g. from .sum())
                 G = G.contiguous()
-            exponent = p.scalar if p.tensor is None else p.tensor
-            grad_x = _contract(G.mT, z, x, exponent, s) if want_x else None
-            grad_z = _contract(G, x, z, exponent, s) if want_z else None
+            grad_x = _contract(G.mT, z, x, p, s) if want_x else None
+            grad_z = _contract(G, x, z, p, s) if want_z else None
     grad_x = grad_x.to(x.dtype).sum_to_size(x.shape) if want_x else None
     grad_z = grad_z.to(z.dtype).sum_to_size(z.shape) if want_z else None
     return grad_x, grad_z
 
 
-def _outer_factor(
-    s: _Setup, x: torch.Tensor, z: torch.Tensor, g: torch.Tensor, *, differentiable: bool = False
-) -> torch.Tensor:
+def _no_list_grads(*lists: list) -> tuple[list[None] | None, ...]:
+    """The (absent) gradients of an operation's list arguments, in the structure `torch.library`
+    expects: a list whose entries are all tensors (an empty one too) gets one `None` per entry,
+    any other list a single `None`."""
+    return tuple([None] * len(v) if all(isinstance(t, torch.Tensor) for t in v) else None for v in lists)
+
+
+def _first_order_only(op: str, what: str) -> str:
+    """Why `what` cannot be differentiated again."""
+    return (
+        f"{op}: second derivatives are implemented for programs summing (x − z)² (cdist p = 2, Gaussian, "
+        f"Laplace-L2, Matérn, Cauchy) or x·z; {what} has first derivatives only"
+    )
+
+
+def _no_gradient(like: torch.Tensor, reason: str) -> torch.Tensor:
+    """A gradient that raises `NotImplementedError(reason)` when it is computed."""
+    return torch.ops.kermac.no_gradient(like, reason)
+
+
+def _outer_factor(s: _Setup, x: torch.Tensor, z: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
     """`G = g · e'(acc)` (0 where `acc = 0` for `|x − z|^P` terms); `[..., M, N]` in the inputs' dtype.
 
-    `differentiable`: `G` as a differentiable function of `g`, `x` and `z` (`acc` through
-    `_Pairwise`, `e'` with `create_graph`)."""
-    program, hypers = s.program, s.hypers
+    A differentiable function of `g`, `x` and `z` where grad mode is on (a `create_graph` backward)."""
+    program = s.program
     if program.epilogue == ir.Var("acc"):
         return g
-    if differentiable:
-        acc = _Pairwise.apply(x, z, s.inner_only())
-    else:
-        inner = s.inner_only()
-        problem = pairwise_problem(inner.program, x, z, out=None, hypers=inner.hypers, debug=s.debug)
-        acc = run_pairwise(problem, s.backend, s.op)
-    cdtype = compute_dtype(acc.dtype)
-    with torch.enable_grad():
-        a = acc.to(cdtype)
-        if not a.requires_grad:
-            a = a.detach().requires_grad_()
-        zero = a == 0 if s.power != DOT else None  # every t = 0: the inner derivative is 0, e' may be infinite
-        safe = a if zero is None else torch.where(zero, torch.ones((), dtype=cdtype, device=a.device), a)
-        env: dict[str, torch.Tensor | float] = {"acc": safe, **hyper_env(hypers, cdtype, 2)}
-        if "diag" in ir.free_vars(program.epilogue):
-            m, n = acc.shape[-2:]
-            om, on = diagonal_offsets(int(s.offset_m), int(s.offset_n), m, n)  # validated by the forward
-            rows = torch.arange(m, device=acc.device) + om
-            cols = torch.arange(n, device=acc.device) + on
-            env["diag"] = (rows[:, None] == cols[None, :]).to(cdtype)
-        value = evaluate(program.epilogue, env, like=a)
-        G = None
-        if value.requires_grad:
-            upstream = g.to(cdtype).expand(value.shape)
-            (G,) = torch.autograd.grad(value, a, upstream, create_graph=differentiable, allow_unused=True)
-    if G is None:  # the epilogue does not depend on acc
+    slope = _epilogue_slope(program)
+    inner = s.inner_only()
+    acc = ops.pairwise(inner.program.key(), x, z, inner.hypers, backend=s.backend, debug=s.debug, op=s.op)
+    if slope == ir.Const(0.0):  # the epilogue does not depend on acc
         return torch.zeros_like(acc)
+    cdtype = compute_dtype(acc.dtype)
+    a = acc.to(cdtype)
+    zero = a == 0 if s.power != DOT else None  # every t = 0: the inner derivative is 0, e' may be infinite
+    safe = a if zero is None else torch.where(zero, torch.ones((), dtype=cdtype, device=a.device), a)
+    env: dict[str, torch.Tensor | float] = {"acc": safe, **hyper_env(s.hypers, cdtype, 2)}
+    if "diag" in ir.free_vars(slope):
+        m, n = acc.shape[-2:]
+        om, on = diagonal_offsets(int(s.offset_m), int(s.offset_n), m, n)  # validated by the forward
+        rows = torch.arange(m, device=acc.device) + om
+        cols = torch.arange(n, device=acc.device) + on
+        env["diag"] = (rows[:, None] == cols[None, :]).to(cdtype)
+    G = g.to(cdtype) * evaluate(slope, env, like=a)
     if zero is not None:
         G = torch.where(zero, torch.zeros((), dtype=cdtype, device=G.device), G)
     return G.to(x.dtype)
 
 
-def _contract(
-    a: torch.Tensor, other: torch.Tensor, own: torch.Tensor, p: float | torch.Tensor, s: _Setup
-) -> torch.Tensor:
+def _contract(a: torch.Tensor, other: torch.Tensor, own: torch.Tensor, p: HyperValue, s: _Setup) -> torch.Tensor:
     """`Σ_k a[k, m] sgn(t)|t|^{p−1}`, `t = own[m, j] − other[k, j]`, as `[..., rows of own, D]`."""
     ones = torch.ones(1, other.shape[-2], dtype=own.dtype, device=own.device)
-    out = grad_contraction(a, other.mT, ones, own.mT, p=p, out=None, backend=s.backend, debug=s.debug, op="cdist_grad")
+    program = grad_program(p.scalar)
+    hypers = {"p": p} if "p" in program.hypers else {}
+    out = ops.grad(program.key(), a, other.mT, ones, own.mT, hypers, backend=s.backend, debug=s.debug, op=s.op)
     return out[..., 0, :, :].mT
 
 
@@ -333,3 +269,56 @@ def _extreme_gradients(
             if grad_z is not None:
                 grad_z[..., n0:n1, :] -= terms.sum(-3)
     return grad_x, grad_z
+
+
+def _setup_grad(ctx, inputs, output) -> None:  # noqa: ANN001
+    a, b, c, d, program, _, numbers, tensors, *_, op = inputs
+    ctx.save_for_backward(a, b, c, d)
+    ctx.list_grads = _no_list_grads(numbers, tensors)
+    ctx.bilinear = program_from_key(program) == grad_program(2.0)
+    ctx.op = op
+
+
+def _backward_grad(ctx, g):  # noqa: ANN001, ANN202
+    a, b, c, d = ctx.saved_tensors
+    want = ctx.needs_input_grad[:4]
+    if not ctx.bilinear:
+        reason = _first_order_only(ctx.op, "a gradient contraction with p ≠ 2 (cdist_grad is differentiable for p = 2 only)")
+        grads = tuple(_no_gradient(t, reason) if w else None for t, w in zip((a, b, c, d), want, strict=True))
+    else:
+        grads = _bilinear_gradients(a, b, c, d, g, want)
+    return *grads, None, None, *ctx.list_grads, None, None, None
+
+
+def _bilinear_gradients(
+    a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, d: torch.Tensor, g: torch.Tensor, want: tuple[bool, ...]
+) -> tuple[torch.Tensor | None, ...]:
+    """Gradients of `out[o, n, m] = d[n, m]·C[o, m] − Σ_k c[o, k] a[k, m] b[n, k]`, `C = c a`."""
+    cdtype = compute_dtype(a.dtype)
+    ac, bc, cc, dc, gc = (t.to(cdtype) for t in (a, b, c, d, g))
+    C = cc @ ac
+    grad_c_of = (gc * dc[..., None, :, :]).sum(-2)  # ∂L/∂C [..., O, M]
+    grads = (
+        cc.mT @ grad_c_of - torch.einsum("...ok,...nk,...onm->...km", cc, bc, gc) if want[0] else None,
+        -torch.einsum("...ok,...onm,...km->...nk", cc, gc, ac) if want[1] else None,
+        grad_c_of @ ac.mT - torch.einsum("...onm,...km,...nk->...ok", gc, ac, bc) if want[2] else None,
+        (gc * C[..., :, None, :]).sum(-3) if want[3] else None,
+    )
+    return tuple(
+        None if t is None else t.to(ref.dtype).sum_to_size(ref.shape) for t, ref in zip(grads, (a, b, c, d), strict=True)
+    )
+
+
+def _setup_first_order_only(ctx, inputs, output) -> None:  # noqa: ANN001
+    ctx.reason = inputs[1]
+
+
+def _backward_first_order_only(ctx, g):  # noqa: ANN001, ANN202
+    return _no_gradient(g, ctx.reason), None
+
+
+torch.library.register_autograd("kermac::pairwise", _backward_pairwise, setup_context=_setup_pairwise)
+torch.library.register_autograd("kermac::grad", _backward_grad, setup_context=_setup_grad)
+torch.library.register_autograd(
+    "kermac::first_order_only", _backward_first_order_only, setup_context=_setup_first_order_only
+)

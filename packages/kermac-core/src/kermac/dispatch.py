@@ -1,12 +1,8 @@
 """Running normalised problems on a backend: what the public operations and autograd share.
 
-[`kermac.api`][kermac.api] (the public operations) and [`kermac.autograd`][kermac.autograd] (their backward) both run
-problems through here, so neither needs the other's internals: this module imports neither.
-
-* `run_pairwise` / `run_grad` pick a backend ([`kermac.registry`][kermac.registry]) for a problem of
-  `kermac.problem`, log the choice under `debug` and let the backend write `problem.out`.
-* `grad_contraction` is the contraction behind [`kermac.cdist_grad`][kermac.cdist_grad]: `p` lowered to
-  its program, validated and run.
+The operations of [`kermac.ops`][kermac.ops] run their problems through here: `run_pairwise` /
+`run_grad` pick a backend ([`kermac.registry`][kermac.registry]) for a problem of `kermac.problem`, log the
+choice under `debug` and let the backend write `problem.out`.
 """
 
 from __future__ import annotations
@@ -18,12 +14,10 @@ import torch
 from kermac import registry
 from kermac.backend import Backend
 from kermac.errors import BackendError
-from kermac.hyperparams import HyperValue, positive_finite, prepare_hypers
 from kermac.logs import logger
-from kermac.lowering import grad_program
-from kermac.problem import GradProblem, PairwiseProblem, grad_problem
+from kermac.problem import GradProblem, PairwiseProblem
 
-__all__ = ["grad_contraction", "run_grad", "run_pairwise"]
+__all__ = ["run_grad", "run_pairwise"]
 
 
 def run_pairwise(problem: PairwiseProblem, backend: str, op: str) -> torch.Tensor:
@@ -71,30 +65,6 @@ def run_grad(problem: GradProblem, backend: str, op: str) -> torch.Tensor:
         )
     _run_backend(chosen, chosen.grad, problem)
     return problem.out
-
-
-def grad_contraction(
-    a: torch.Tensor,
-    b: torch.Tensor,
-    c: torch.Tensor,
-    d: torch.Tensor,
-    *,
-    p: float | torch.Tensor,
-    out: torch.Tensor | None,
-    backend: str,
-    debug: bool,
-    op: str,
-) -> torch.Tensor:
-    """`out[o, n, m] = Σ_k c[o, k] a[k, m] sgn(d[n, m] − b[n, k]) |d[n, m] − b[n, k]|^(p − 1)`, the
-    contraction of [`kermac.cdist_grad`][kermac.cdist_grad] (which documents the arguments); `a` a tensor.
-
-    `p` must be > 0 and finite: a number is checked at once; an invalid tensor value makes its
-    batch entry NaN, or raises with `debug`."""
-    hypers: dict[str, HyperValue] = prepare_hypers({"p": (p, positive_finite)}, a.device, debug)
-    program = grad_program(hypers["p"].scalar)
-    if "p" not in program.hypers:
-        hypers = {}
-    return run_grad(grad_problem(program, a, b, c, d, out=out, hypers=hypers, debug=debug), backend, op)
 
 
 def _run_backend(backend: Backend, method: Callable[[object], None], problem: PairwiseProblem | GradProblem) -> None:

@@ -45,6 +45,7 @@ re-implements the traversal.
 from __future__ import annotations
 
 import math
+import re
 import struct
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
@@ -62,6 +63,7 @@ __all__ = [
     "eq",
     "exp",
     "free_vars",
+    "from_sexpr",
     "ge",
     "gt",
     "hyper_names",
@@ -384,3 +386,45 @@ def to_sexpr(expr: Expr) -> str:
         hyper=lambda n: f"${n}",
         ops={op: "(" + op + "".join(f" {{{i}}}" for i in range(k)) + ")" for op, k in OPS.items()},
     )
+
+
+_SEXPR_TOKEN = re.compile(r"\(|\)|[^\s()]+")
+
+
+def from_sexpr(text: str) -> Expr:
+    """The expression whose [`to_sexpr`][kermac.ir.to_sexpr] is `text` (`from_sexpr(to_sexpr(e)) == e`).
+
+    Program keys are s-expressions, so a program travels as text (e.g. as a string argument of
+    kermac's `torch.library` operations) and is rebuilt exactly.  Raises `ValueError` naming the
+    position of the first token it cannot read.
+    """
+    tokens = _SEXPR_TOKEN.findall(text)
+    expr, end = _parse(tokens, 0, text)
+    if end != len(tokens):
+        raise ValueError(f"s-expression: unexpected {tokens[end]!r} after a complete expression in {text!r}")
+    return expr
+
+
+def _parse(tokens: list[str], i: int, text: str) -> tuple[Expr, int]:
+    if i >= len(tokens):
+        raise ValueError(f"s-expression: ended early in {text!r}")
+    token = tokens[i]
+    if token == "(":
+        if i + 1 >= len(tokens):
+            raise ValueError(f"s-expression: ended after '(' in {text!r}")
+        op, i = tokens[i + 1], i + 2
+        args = []
+        while i < len(tokens) and tokens[i] != ")":
+            arg, i = _parse(tokens, i, text)
+            args.append(arg)
+        if i >= len(tokens):
+            raise ValueError(f"s-expression: missing ')' for {op!r} in {text!r}")
+        return Call(op, tuple(args)), i + 1
+    if token == ")":
+        raise ValueError(f"s-expression: unexpected ')' (token {i}) in {text!r}")
+    if token.startswith("$"):
+        return Hyper(token[1:]), i + 1
+    try:
+        return Const(float(token)), i + 1
+    except ValueError:
+        return Var(token), i + 1

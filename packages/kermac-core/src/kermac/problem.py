@@ -25,6 +25,7 @@ __all__ = [
     "SUPPORTED_DTYPES",
     "GradProblem",
     "PairwiseProblem",
+    "check_out_type",
     "check_tensor",
     "compute_dtype",
     "diagonal_offsets",
@@ -138,25 +139,21 @@ def _same(names: tuple[str, ...], tensors: tuple[torch.Tensor, ...]) -> None:
             )
 
 
-def _no_autograd(names: tuple[str, ...], tensors: tuple[torch.Tensor, ...]) -> None:
-    if torch.is_grad_enabled():
-        for name, t in zip(names, tensors, strict=True):
-            if t.requires_grad:
-                raise ValueError(
-                    f"{name}: requires grad, but this kermac operation is not differentiable "
-                    "(cdist, run_kernel and run_program are); call under torch.no_grad() or pass a detached tensor"
-                )
-
-
 def _batch_shape(named: Mapping[str, tuple[int, ...]]) -> tuple[int, ...]:
-    shapes = set(named.values())
-    if len(shapes) == 1:  # the common case (no batch, or the same batch everywhere): nothing to broadcast
-        return shapes.pop()
+    shapes = list(named.values())
+    if all(s == shapes[0] for s in shapes[1:]):  # the common case (no batch, or the same batch everywhere)
+        return shapes[0]
     try:
         return tuple(torch.broadcast_shapes(*named.values()))
     except RuntimeError:
         desc = ", ".join(f"{k} {list(v)}" for k, v in named.items())
         raise ValueError(f"batch dimensions do not broadcast: {desc}") from None
+
+
+def check_out_type(out: object) -> None:
+    """Raise unless `out` is a tensor or None (its shape, dtype and memory are checked with the problem)."""
+    if out is not None and not isinstance(out, torch.Tensor):
+        raise TypeError(f"out: expected a torch.Tensor or None, got {type(out).__name__}")
 
 
 def _prepare_out(
@@ -169,8 +166,7 @@ def _prepare_out(
     """`out` validated (or a fresh tensor); `operands` and `hypers` are what the operation reads."""
     if out is None:
         return torch.empty(shape, dtype=like.dtype, device=like.device)
-    if not isinstance(out, torch.Tensor):
-        raise TypeError(f"out: expected a torch.Tensor or None, got {type(out).__name__}")
+    check_out_type(out)
     if tuple(out.shape) != shape:
         raise ValueError(f"out: expected shape {list(shape)}, got {list(out.shape)}")
     if out.dtype != like.dtype:
@@ -255,7 +251,6 @@ def pairwise_problem(
     x = check_tensor("x", x)
     z = check_tensor("z", z)
     _same(("x", "z"), (x, z))
-    _no_autograd(("x", "z"), (x, z))
     if x.shape[-1] != z.shape[-1]:
         raise ValueError(
             f"z: expected {x.shape[-1]} features in the last dimension (as x), "
@@ -293,7 +288,6 @@ def grad_problem(
     names = ("a", "b", "c", "d")
     ts = tuple(check_tensor(nm, t) for nm, t in zip(names, (a, b, c, d), strict=True))
     _same(names, ts)
-    _no_autograd(names, ts)
     a, b, c, d = ts
     k, m = a.shape[-2], a.shape[-1]
     n, o = b.shape[-2], c.shape[-2]

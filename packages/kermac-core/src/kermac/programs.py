@@ -41,7 +41,7 @@ from dataclasses import dataclass, fields
 import torch
 
 from kermac.canonical import canonical, equivalent
-from kermac.ir import Call, Const, Expr, Var, free_vars, hyper_names, to_sexpr
+from kermac.ir import Call, Const, Expr, Var, free_vars, from_sexpr, hyper_names, to_sexpr
 from kermac.ir_eval import evaluate
 
 __all__ = [
@@ -56,6 +56,7 @@ __all__ = [
     "is_abs_difference_sum",
     "is_product_sum",
     "is_squared_difference_sum",
+    "program_from_key",
     "signed_power",
     "zero_padding_is_neutral",
 ]
@@ -160,6 +161,29 @@ class GradProgram:
     def key(self) -> str:
         """Canonical text of the program."""
         return f"grad;{to_sexpr(self.multiply)};{to_sexpr(self.epilogue)}"
+
+
+_BY_KEY: dict[str, PairwiseProgram | GradProgram] = {}
+"""Programs rebuilt from their keys (a few per process: the programs a process runs)."""
+
+
+def program_from_key(key: str) -> PairwiseProgram | GradProgram:
+    """The program whose [`key`][kermac.programs.PairwiseProgram.key] is `key`, rebuilt once per process.
+
+    kermac's `torch.library` operations ([`kermac.ops`][kermac.ops]) take a program as its key, the only form
+    a string argument can carry; this is how they get the program back.
+    """
+    program = _BY_KEY.get(key)
+    if program is None:
+        kind, *parts = key.split(";")
+        if kind == "pairwise" and len(parts) == 3:
+            program = PairwiseProgram(from_sexpr(parts[1]), parts[0], from_sexpr(parts[2]))
+        elif kind == "grad" and len(parts) == 2:
+            program = GradProgram(from_sexpr(parts[0]), from_sexpr(parts[1]))
+        else:
+            raise ValueError(f"program: expected the key of a PairwiseProgram or GradProgram, got {key!r}")
+        _BY_KEY[key] = program
+    return program
 
 
 _T = Call("sub", (Var("x"), Var("z")))

@@ -1,0 +1,241 @@
+"""kermac's fused passes as `torch.library` custom operations.
+
+Every public operation ([`kermac.api`][kermac.api]) ends in one of two fused passes, each registered as a
+custom operation in the `kermac` namespace, with a fake (meta) implementation and, in
+[`kermac.autograd`][kermac.autograd], its backward:
+
+| operation | computes |
+|---|---|
+| `kermac::pairwise(x, z, program, hyper_names, numbers, tensors, offset_m, offset_n, backend, debug, op) -> Tensor` | a pairwise program ([`kermac.programs`][kermac.programs]) |
+| `kermac::pairwise_out(..., Tensor(a!) out) -> ()` | the same into `out` |
+| `kermac::grad(a, b, c, d, program, hyper_names, numbers, tensors, backend, debug, op) -> Tensor` | a gradient program |
+| `kermac::grad_out(..., Tensor(a!) out) -> ()` | the same into `out` |
+| `kermac::no_gradient(like, reason) -> Tensor` | raises `NotImplementedError(reason)` when run |
+| `kermac::first_order_only(value, reason) -> Tensor` | a copy of `value` whose own backward is `no_gradient` |
+
+A program travels as its key (its canonical text, [`program_from_key`][kermac.programs.program_from_key]);
+hyperparameters as `hyper_names` (comma-separated, the order of the two lists) with, per name, a number
+(`numbers[i]`) or a tensor (`tensors[i]`, which then wins).  The backend is chosen inside the
+operation, so a trace (`torch.compile`, `torch.export`, `make_fx`) records one opaque call whose
+fake implementation gives the exact output shape, dtype, device and (contiguous) strides, after the
+same validation the real one runs.
+
+[`pairwise`][kermac.ops.pairwise] and [`grad`][kermac.ops.grad] are what the public operations call: for plain tensors on
+a real device with no autograd to record, outside any trace or dispatch mode, they run the pass
+directly (the dispatcher would add its own host time to every small call and change nothing);
+otherwise they call the registered operation.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping, Sequence
+from typing import TypeVar
+
+import torch
+
+from kermac.dispatch import run_grad, run_pairwise
+from kermac.hyperparams import HyperValue
+from kermac.problem import check_out_type, grad_problem, pairwise_problem
+from kermac.programs import GradProgram, PairwiseProgram, program_from_key
+
+__all__ = ["constant_for_compile", "grad", "pairwise", "runs_directly"]
+
+_PAIRWISE_ARGS = (
+    "Tensor x, Tensor z, str program, str hyper_names, float[] numbers, Tensor?[] tensors, "
+    "int offset_m, int offset_n, str backend, bool debug, str op"
+)
+_GRAD_ARGS = (
+    "Tensor a, Tensor b, Tensor c, Tensor d, str program, str hyper_names, float[] numbers, Tensor?[] tensors, "
+    "str backend, bool debug, str op"
+)
+
+
+F = TypeVar("F", bound=Callable[..., object])
+
+
+def constant_for_compile(fn: F) -> F:
+    """Mark `fn` as `torch.compiler.assume_constant_result` does: `torch.compile` calls it once while
+    tracing and keeps its result as a constant instead of tracing its body.
+
+    Set here as the attribute that function sets, because calling it imports `torch._dynamo`, which
+    would add about a second to `import kermac` (tests/test_ops.py checks that the two agree).
+    """
+    fn._dynamo_marked_constant = True  # type: ignore[attr-defined]
+    return fn
+
+
+def runs_directly(*tensors: torch.Tensor) -> bool:
+    """Whether a call on `tensors` may skip the dispatcher: no trace, no dispatch or function mode, no
+    autograd to record, and every tensor a plain `torch.Tensor` (no subclass, no fake tensor) off `meta`."""
+    if torch.compiler.is_compiling() or torch._C._len_torch_dispatch_stack() or torch._C._is_torch_function_mode_enabled():
+        return False
+    grad = torch.is_grad_enabled()
+    for t in tensors:
+        if type(t) is not torch.Tensor or t.is_meta or (grad and t.requires_grad):
+            return False
+    return True
+
+
+def hypers_from_args(names: str, numbers: Sequence[float], tensors: Sequence[torch.Tensor | None]) -> dict[str, HyperValue]:
+    """The hyperparameters an operation received, as [`HyperValue`][kermac.hyperparams.HyperValue]s."""
+    if not names:
+        return {}
+    split = names.split(",")
+    if not len(split) == len(numbers) == len(tensors):
+        raise ValueError(f"hyper_names: {len(split)} names for {len(numbers)} numbers and {len(tensors)} tensors")
+    return {
+        name: HyperValue(name, None, t) if t is not None else HyperValue(name, float(v))
+        for name, v, t in zip(split, numbers, tensors, strict=True)
+    }
+
+
+def hypers_to_args(hypers: Mapping[str, HyperValue]) -> tuple[str, list[float], list[torch.Tensor | None]]:
+    """`(hyper_names, numbers, tensors)` for an operation: the inverse of `hypers_from_args`."""
+    values = list(hypers.values())
+    numbers = [math.nan if h.scalar is None else h.scalar for h in values]
+    return ",".join(hypers), numbers, [h.tensor for h in values]
+
+
+def pairwise(
+    program: str,
+    x: torch.Tensor,
+    z: torch.Tensor,
+    hypers: Mapping[str, HyperValue],
+    *,
+    out: torch.Tensor | None = None,
+    offset_m: int = 0,
+    offset_n: int = 0,
+    backend: str = "auto",
+    debug: bool = False,
+    op: str = "run_program",
+) -> torch.Tensor:
+    """The pairwise program with key `program` on `x`, `z` (into `out` if given); see the module docstring."""
+    check_out_type(out)
+    tensors = [h.tensor for h in hypers.values() if h.tensor is not None]
+    if runs_directly(x, z, *tensors, *(() if out is None else (out,))):
+        problem = pairwise_problem(
+            _pairwise_program(program), x, z, out=out, hypers=hypers, offset_m=offset_m, offset_n=offset_n, debug=debug
+        )
+        return run_pairwise(problem, backend, op)
+    args = (x, z, program, *hypers_to_args(hypers), offset_m, offset_n, backend, debug, op)
+    if out is None:
+        return torch.ops.kermac.pairwise(*args)
+    torch.ops.kermac.pairwise_out(*args, out)
+    return out
+
+
+def grad(
+    program: str,
+    a: torch.Tensor,
+    b: torch.Tensor,
+    c: torch.Tensor,
+    d: torch.Tensor,
+    hypers: Mapping[str, HyperValue],
+    *,
+    out: torch.Tensor | None = None,
+    backend: str = "auto",
+    debug: bool = False,
+    op: str = "run_grad_program",
+) -> torch.Tensor:
+    """The gradient program with key `program` on `a, b, c, d` (into `out` if given)."""
+    check_out_type(out)
+    tensors = [h.tensor for h in hypers.values() if h.tensor is not None]
+    if runs_directly(a, b, c, d, *tensors, *(() if out is None else (out,))):
+        problem = grad_problem(_grad_program(program), a, b, c, d, out=out, hypers=hypers, debug=debug)
+        return run_grad(problem, backend, op)
+    args = (a, b, c, d, program, *hypers_to_args(hypers), backend, debug, op)
+    if out is None:
+        return torch.ops.kermac.grad(*args)
+    torch.ops.kermac.grad_out(*args, out)
+    return out
+
+
+def _pairwise_program(key: str) -> PairwiseProgram:
+    program = program_from_key(key)
+    if not isinstance(program, PairwiseProgram):
+        raise ValueError(f"program: expected the key of a pairwise program, got {key!r}")
+    return program
+
+
+def _grad_program(key: str) -> GradProgram:
+    program = program_from_key(key)
+    if not isinstance(program, GradProgram):
+        raise ValueError(f"program: expected the key of a gradient program, got {key!r}")
+    return program
+
+
+def _pairwise_problem(x, z, program, names, numbers, tensors, offset_m, offset_n, debug, out=None):  # noqa: ANN001, ANN202
+    hypers = hypers_from_args(names, numbers, tensors)
+    return pairwise_problem(
+        _pairwise_program(program), x, z, out=out, hypers=hypers, offset_m=offset_m, offset_n=offset_n, debug=debug
+    )
+
+
+def _grad_problem(a, b, c, d, program, names, numbers, tensors, debug, out=None):  # noqa: ANN001, ANN202
+    hypers = hypers_from_args(names, numbers, tensors)
+    return grad_problem(_grad_program(program), a, b, c, d, out=out, hypers=hypers, debug=debug)
+
+
+@torch.library.custom_op("kermac::pairwise", mutates_args=(), schema=f"({_PAIRWISE_ARGS}) -> Tensor")
+def _pairwise_op(x, z, program, hyper_names, numbers, tensors, offset_m, offset_n, backend, debug, op):  # noqa: ANN001, ANN202
+    problem = _pairwise_problem(x, z, program, hyper_names, numbers, tensors, offset_m, offset_n, debug)
+    return run_pairwise(problem, backend, op)
+
+
+@_pairwise_op.register_fake
+def _(x, z, program, hyper_names, numbers, tensors, offset_m, offset_n, backend, debug, op):  # noqa: ANN001, ANN202
+    return _pairwise_problem(x, z, program, hyper_names, numbers, tensors, offset_m, offset_n, debug).out
+
+
+@torch.library.custom_op(
+    "kermac::pairwise_out", mutates_args=("out",), schema=f"({_PAIRWISE_ARGS}, Tensor(a!) out) -> ()"
+)
+def _pairwise_out_op(x, z, program, hyper_names, numbers, tensors, offset_m, offset_n, backend, debug, op, out):  # noqa: ANN001, ANN202
+    problem = _pairwise_problem(x, z, program, hyper_names, numbers, tensors, offset_m, offset_n, debug, out)
+    run_pairwise(problem, backend, op)
+
+
+@_pairwise_out_op.register_fake
+def _(x, z, program, hyper_names, numbers, tensors, offset_m, offset_n, backend, debug, op, out):  # noqa: ANN001, ANN202
+    _pairwise_problem(x, z, program, hyper_names, numbers, tensors, offset_m, offset_n, debug, out)
+
+
+@torch.library.custom_op("kermac::grad", mutates_args=(), schema=f"({_GRAD_ARGS}) -> Tensor")
+def _grad_op(a, b, c, d, program, hyper_names, numbers, tensors, backend, debug, op):  # noqa: ANN001, ANN202
+    return run_grad(_grad_problem(a, b, c, d, program, hyper_names, numbers, tensors, debug), backend, op)
+
+
+@_grad_op.register_fake
+def _(a, b, c, d, program, hyper_names, numbers, tensors, backend, debug, op):  # noqa: ANN001, ANN202
+    return _grad_problem(a, b, c, d, program, hyper_names, numbers, tensors, debug).out
+
+
+@torch.library.custom_op("kermac::grad_out", mutates_args=("out",), schema=f"({_GRAD_ARGS}, Tensor(a!) out) -> ()")
+def _grad_out_op(a, b, c, d, program, hyper_names, numbers, tensors, backend, debug, op, out):  # noqa: ANN001, ANN202
+    run_grad(_grad_problem(a, b, c, d, program, hyper_names, numbers, tensors, debug, out), backend, op)
+
+
+@_grad_out_op.register_fake
+def _(a, b, c, d, program, hyper_names, numbers, tensors, backend, debug, op, out):  # noqa: ANN001, ANN202
+    _grad_problem(a, b, c, d, program, hyper_names, numbers, tensors, debug, out)
+
+
+@torch.library.custom_op("kermac::no_gradient", mutates_args=(), schema="(Tensor like, str reason) -> Tensor")
+def _no_gradient_op(like, reason):  # noqa: ANN001, ANN202
+    raise NotImplementedError(reason)
+
+
+@_no_gradient_op.register_fake
+def _(like, reason):  # noqa: ANN001, ANN202
+    return torch.empty_like(like)
+
+
+@torch.library.custom_op("kermac::first_order_only", mutates_args=(), schema="(Tensor value, str reason) -> Tensor")
+def _first_order_only_op(value, reason):  # noqa: ANN001, ANN202
+    return value.clone()
+
+
+@_first_order_only_op.register_fake
+def _(value, reason):  # noqa: ANN001, ANN202
+    return torch.empty_like(value)
