@@ -108,9 +108,13 @@ _COMPUTE_MODES = ("use_mm_for_euclid_dist_if_necessary", "use_mm_for_euclid_dist
 
 
 @constant_for_compile
-@lru_cache(maxsize=256)
 def _cdist_key(p: float | None, skip_epilogue: bool, dtype: torch.dtype) -> tuple[str, bool]:
     """The key of `cdist`'s program and whether it reads `p` (constants of the Python arguments)."""
+    return _cdist_key_cached(p, skip_epilogue, dtype)
+
+
+@lru_cache(maxsize=256)
+def _cdist_key_cached(p: float | None, skip_epilogue: bool, dtype: torch.dtype) -> tuple[str, bool]:
     program = cdist_program(p, skip_epilogue=skip_epilogue, dtype=dtype)
     return program.key(), "p" in program.hypers
 
@@ -192,7 +196,6 @@ def run_kernel(
 
 
 @constant_for_compile
-@lru_cache(maxsize=256)
 def _kernel_key(descriptor: KernelDescriptor, regularized: bool) -> str:
     """The key of the descriptor's program (a constant of the Python arguments)."""
     return descriptor.lower(regularized=regularized).key()
@@ -264,10 +267,9 @@ def cdist_grad(
 
 
 @constant_for_compile
-@lru_cache(maxsize=16)
 def _grad_key(p: float | None) -> tuple[str, bool]:
     """The key of `cdist_grad`'s program and whether it reads `p`."""
-    program = grad_program(p)
+    program = grad_program(p)  # built once per kind of p
     return program.key(), "p" in program.hypers
 
 

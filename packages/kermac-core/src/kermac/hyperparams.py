@@ -32,7 +32,6 @@ from dataclasses import dataclass
 import torch
 
 from kermac import ir
-from kermac.memory import check_addressable
 
 __all__ = [
     "ANY_VALUE",
@@ -150,7 +149,6 @@ def normalize_hyper(name: str, value: object, *, device: torch.device, check: Ch
 def _normalize_tensor(name: str, value: torch.Tensor, device: torch.device, check: Check) -> HyperValue:
     if not value.is_floating_point():
         raise TypeError(f"{name}: expected a floating-point tensor, got dtype {value.dtype}")
-    check_addressable(name, value)
     if value.requires_grad and torch.is_grad_enabled():
         raise ValueError(f"{name}: gradients with respect to hyperparameters are not supported; pass {name}.detach()")
     if value.dim() == 0 and value.device.type == "cpu":

@@ -165,16 +165,17 @@ def _grad_program(key: str) -> GradProgram:
     return program
 
 
-def _pairwise_problem(x, z, program, names, numbers, tensors, offset_m, offset_n, debug, out=None):  # noqa: ANN001, ANN202
+def _pairwise_problem(x, z, program, names, numbers, tensors, offset_m, offset_n, debug, out=None, fake=False):  # noqa: ANN001, ANN202
     hypers = hypers_from_args(names, numbers, tensors)
     return pairwise_problem(
-        _pairwise_program(program), x, z, out=out, hypers=hypers, offset_m=offset_m, offset_n=offset_n, debug=debug
-    )
+        _pairwise_program(program), x, z, out=out, hypers=hypers, offset_m=offset_m, offset_n=offset_n, debug=debug,
+        fake=fake,
+    )  # fmt: skip
 
 
-def _grad_problem(a, b, c, d, program, names, numbers, tensors, debug, out=None):  # noqa: ANN001, ANN202
+def _grad_problem(a, b, c, d, program, names, numbers, tensors, debug, out=None, fake=False):  # noqa: ANN001, ANN202
     hypers = hypers_from_args(names, numbers, tensors)
-    return grad_problem(_grad_program(program), a, b, c, d, out=out, hypers=hypers, debug=debug)
+    return grad_problem(_grad_program(program), a, b, c, d, out=out, hypers=hypers, debug=debug, fake=fake)
 
 
 @torch.library.custom_op("kermac::pairwise", mutates_args=(), schema=f"({_PAIRWISE_ARGS}) -> Tensor")
@@ -185,7 +186,7 @@ def _pairwise_op(x, z, program, hyper_names, numbers, tensors, offset_m, offset_
 
 @_pairwise_op.register_fake
 def _(x, z, program, hyper_names, numbers, tensors, offset_m, offset_n, backend, debug, op):  # noqa: ANN001, ANN202
-    return _pairwise_problem(x, z, program, hyper_names, numbers, tensors, offset_m, offset_n, debug).out
+    return _pairwise_problem(x, z, program, hyper_names, numbers, tensors, offset_m, offset_n, debug, fake=True).out
 
 
 @torch.library.custom_op(
@@ -198,7 +199,7 @@ def _pairwise_out_op(x, z, program, hyper_names, numbers, tensors, offset_m, off
 
 @_pairwise_out_op.register_fake
 def _(x, z, program, hyper_names, numbers, tensors, offset_m, offset_n, backend, debug, op, out):  # noqa: ANN001, ANN202
-    _pairwise_problem(x, z, program, hyper_names, numbers, tensors, offset_m, offset_n, debug, out)
+    _pairwise_problem(x, z, program, hyper_names, numbers, tensors, offset_m, offset_n, debug, out, fake=True)
 
 
 @torch.library.custom_op("kermac::grad", mutates_args=(), schema=f"({_GRAD_ARGS}) -> Tensor")
@@ -208,7 +209,7 @@ def _grad_op(a, b, c, d, program, hyper_names, numbers, tensors, backend, debug,
 
 @_grad_op.register_fake
 def _(a, b, c, d, program, hyper_names, numbers, tensors, backend, debug, op):  # noqa: ANN001, ANN202
-    return _grad_problem(a, b, c, d, program, hyper_names, numbers, tensors, debug).out
+    return _grad_problem(a, b, c, d, program, hyper_names, numbers, tensors, debug, fake=True).out
 
 
 @torch.library.custom_op("kermac::grad_out", mutates_args=("out",), schema=f"({_GRAD_ARGS}, Tensor(a!) out) -> ()")
@@ -218,7 +219,7 @@ def _grad_out_op(a, b, c, d, program, hyper_names, numbers, tensors, backend, de
 
 @_grad_out_op.register_fake
 def _(a, b, c, d, program, hyper_names, numbers, tensors, backend, debug, op, out):  # noqa: ANN001, ANN202
-    _grad_problem(a, b, c, d, program, hyper_names, numbers, tensors, debug, out)
+    _grad_problem(a, b, c, d, program, hyper_names, numbers, tensors, debug, out, fake=True)
 
 
 @torch.library.custom_op("kermac::no_gradient", mutates_args=(), schema="(Tensor like, str reason) -> Tensor")

@@ -116,13 +116,13 @@ class GradProblem:
 
 
 def check_tensor(name: str, t: object, *, min_dim: int = 2) -> torch.Tensor:
-    """`t` if it is a dense tensor of a supported floating dtype with at least `min_dim` dims."""
+    """`t` if it is a tensor of a supported floating dtype with at least `min_dim` dims (its memory is
+    checked with the problem, `check_addressable`)."""
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
     if t.dtype not in SUPPORTED_DTYPES:
         names = ", ".join(str(d) for d in SUPPORTED_DTYPES)
         raise TypeError(f"{name}: expected dtype {names}; got {t.dtype}")
-    check_addressable(name, t)
     if t.dim() < min_dim:
         raise ValueError(f"{name}: expected at least {min_dim} dimensions [..., rows, cols], got shape {list(t.shape)}")
     return t
@@ -137,6 +137,15 @@ def _same(names: tuple[str, ...], tensors: tuple[torch.Tensor, ...]) -> None:
             raise ValueError(
                 f"{name}: expected a tensor on {first.device} (the device of {first_name}), got {t.device}"
             )
+
+
+def _check_memory(operands: Mapping[str, torch.Tensor], hypers: Mapping[str, HyperValue]) -> None:
+    """Every tensor the kernel reads is addressable ([`check_addressable`][kermac.memory.check_addressable])."""
+    for name, t in operands.items():
+        check_addressable(name, t)
+    for name, h in hypers.items():
+        if h.tensor is not None:
+            check_addressable(name, h.tensor)
 
 
 def _batch_shape(named: Mapping[str, tuple[int, ...]]) -> tuple[int, ...]:
@@ -162,8 +171,10 @@ def _prepare_out(
     like: torch.Tensor,
     operands: Mapping[str, torch.Tensor],
     hypers: Mapping[str, HyperValue],
+    fake: bool,
 ) -> torch.Tensor:
-    """`out` validated (or a fresh tensor); `operands` and `hypers` are what the operation reads."""
+    """`out` validated (or a fresh tensor); `operands` and `hypers` are what the operation reads;
+    overlaps are checked unless the tensors are `fake`."""
     if out is None:
         return torch.empty(shape, dtype=like.dtype, device=like.device)
     check_out_type(out)
@@ -176,7 +187,8 @@ def _prepare_out(
     check_addressable("out", out)
     if out.requires_grad and torch.is_grad_enabled():
         raise ValueError("out: must not require grad")
-    _check_no_overlap(out, operands, hypers)
+    if not fake:
+        _check_no_overlap(out, operands, hypers)
     return out
 
 
@@ -246,10 +258,15 @@ def pairwise_problem(
     offset_m: int = 0,
     offset_n: int = 0,
     debug: bool = False,
+    fake: bool = False,
 ) -> PairwiseProblem:
-    """Validate and normalise a pairwise call (shapes, dtypes, devices, batch, `out`)."""
+    """Validate and normalise a pairwise call (shapes, dtypes, devices, batch, `out`).
+
+    `fake`: the tensors are a trace's fake tensors, whose addresses mean nothing: `out`'s overlaps
+    are not checked (the real call checks them)."""
     x = check_tensor("x", x)
     z = check_tensor("z", z)
+    _check_memory({"x": x, "z": z}, hypers)
     _same(("x", "z"), (x, z))
     if x.shape[-1] != z.shape[-1]:
         raise ValueError(
@@ -264,7 +281,7 @@ def pairwise_problem(
         program=program,
         x=_expand(x, batch + (m, d)),
         z=_expand(z, batch + (n, d)),
-        out=_prepare_out(out, batch + (m, n), x, {"x": x, "z": z}, hypers),
+        out=_prepare_out(out, batch + (m, n), x, {"x": x, "z": z}, hypers, fake),
         hypers={k: h.expanded(batch) for k, h in hypers.items()},
         offset_m=offset_m,
         offset_n=offset_n,
@@ -283,10 +300,13 @@ def grad_problem(
     out: torch.Tensor | None,
     hypers: Mapping[str, HyperValue],
     debug: bool = False,
+    fake: bool = False,
 ) -> GradProblem:
-    """Validate and normalise a gradient contraction: a [..,K,M], b [..,N,K], c [..,O,K], d [..,N,M]."""
+    """Validate and normalise a gradient contraction: a [..,K,M], b [..,N,K], c [..,O,K], d [..,N,M]
+    (`fake` as in `pairwise_problem`)."""
     names = ("a", "b", "c", "d")
     ts = tuple(check_tensor(nm, t) for nm, t in zip(names, (a, b, c, d), strict=True))
+    _check_memory(dict(zip(names, ts, strict=True)), hypers)
     _same(names, ts)
     a, b, c, d = ts
     k, m = a.shape[-2], a.shape[-1]
@@ -310,7 +330,7 @@ def grad_problem(
         b=_expand(b, batch + (n, k)),
         c=_expand(c, batch + (o, k)),
         d=_expand(d, batch + (n, m)),
-        out=_prepare_out(out, batch + (o, n, m), a, dict(zip(names, ts, strict=True)), hypers),
+        out=_prepare_out(out, batch + (o, n, m), a, dict(zip(names, ts, strict=True)), hypers, fake),
         hypers={nm: h.expanded(batch) for nm, h in hypers.items()},
         batch_shape=batch,
         debug=debug,

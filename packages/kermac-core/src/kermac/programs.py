@@ -129,8 +129,8 @@ class PairwiseProgram:
         return _derived(self, "_uses_diag", lambda: "diag" in free_vars(self.epilogue))
 
     def key(self) -> str:
-        """Canonical text of the program."""
-        return f"pairwise;{self.reduction};{to_sexpr(self.inner)};{to_sexpr(self.epilogue)}"
+        """Canonical text of the program (computed once)."""
+        return _derived(self, "_key", lambda: f"pairwise;{self.reduction};{to_sexpr(self.inner)};{to_sexpr(self.epilogue)}")
 
 
 @dataclass(frozen=True)
@@ -159,8 +159,8 @@ class GradProgram:
         return _derived(self, "_hypers", lambda: tuple(sorted(hyper_names(self.multiply) | hyper_names(self.epilogue))))
 
     def key(self) -> str:
-        """Canonical text of the program."""
-        return f"grad;{to_sexpr(self.multiply)};{to_sexpr(self.epilogue)}"
+        """Canonical text of the program (computed once)."""
+        return _derived(self, "_key", lambda: f"grad;{to_sexpr(self.multiply)};{to_sexpr(self.epilogue)}")
 
 
 _BY_KEY: dict[str, PairwiseProgram | GradProgram] = {}

@@ -1,0 +1,151 @@
+"""One table of sample calls of kermac's `torch.library` operations, shared by every test that
+iterates them (opcheck in ``test_ops.py``, ``torch.compile`` in ``test_compile.py``, CUDA graphs in
+``test_cuda_graphs.py``), for any backend and device.
+
+Each :class:`Sample` is one public call (``kermac.cdist``, ``run_kernel``, ``cdist_grad``,
+``run_program``, ``run_grad_program``) on fresh random inputs whose sizes are not tile multiples,
+with broadcast batches, views and tensor hyperparameters among them; :meth:`Sample.op_args` gives
+the arguments of the operation it lowers to, for ``torch.library.opcheck``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+import kermac
+from kermac import ir, presets
+from kermac.lowering import cdist_program, grad_program
+from kermac.programs import GradProgram, PairwiseProgram
+
+X, Z = ir.Var("x"), ir.Var("z")
+SOFT_L1 = PairwiseProgram(ir.sqrt((X - Z) * (X - Z) + ir.Hyper("eps")), "sum", ir.exp(-ir.Var("acc")))
+"""A user program: Σ √((x − z)² + ε), then e^−acc."""
+HUBER_GRAD = GradProgram(ir.minimum(ir.maximum(ir.Var("d") - ir.Var("b"), -1.0), 1.0), ir.Var("acc"))
+"""A user gradient program: Σ c·a·clip(d − b, −1, 1)."""
+
+
+@dataclass(frozen=True)
+class Sample:
+    """A public call (`run(*inputs, backend=...)`) and the operation call it lowers to (`op`,
+    `op_args(inputs, backend)`); `inputs` are the operands and then any tensor hyperparameters."""
+
+    name: str
+    run: Callable[..., torch.Tensor]
+    inputs: tuple[torch.Tensor, ...]
+    op: str  # "pairwise" or "grad"
+    op_args: Callable[[tuple[torch.Tensor, ...], str], tuple]
+    differentiable: bool  # whether the backward of every operand is implemented
+
+    @property
+    def operands(self) -> int:
+        """How many of `inputs` are operands (the rest are hyperparameters)."""
+        return 2 if self.op == "pairwise" else 4
+
+    def __call__(self, *inputs: torch.Tensor, backend: str = "auto") -> torch.Tensor:
+        return self.run(*inputs, backend=backend)
+
+
+@dataclass(frozen=True)
+class Input:
+    """A tensor hyperparameter that is the call's input number `index`."""
+
+    index: int
+
+
+def _pairwise_args(program: PairwiseProgram, hypers: dict, offsets: tuple[int, int] = (0, 0)) -> Callable:
+    names = ",".join(hypers)
+    numbers = [math.nan if isinstance(v, Input) else float(v) for v in hypers.values()]
+
+    def build(inputs: tuple[torch.Tensor, ...], backend: str) -> tuple:
+        tensors = [inputs[v.index] if isinstance(v, Input) else None for v in hypers.values()]
+        return (*inputs[:2], program.key(), names, numbers, tensors, *offsets, backend, False, "test")
+
+    return build
+
+
+def _grad_args(program: GradProgram, hypers: dict) -> Callable:
+    names = ",".join(hypers)
+    numbers = [float(v) for v in hypers.values()]
+
+    def build(inputs: tuple[torch.Tensor, ...], backend: str) -> tuple:
+        return (*inputs, program.key(), names, numbers, [None] * len(hypers), backend, False, "test")
+
+    return build
+
+
+def samples(device: str, dtype: torch.dtype = torch.float64, seed: int = 0) -> list[Sample]:
+    """The sample calls on `device` in `dtype`, from `seed`."""
+    gen = torch.Generator().manual_seed(seed)
+
+    def randn(*shape: int) -> torch.Tensor:
+        return torch.randn(*shape, generator=gen, dtype=dtype).to(device)
+
+    x, z = randn(7, 5), randn(2, 9, 5)  # broadcast batch: x has none
+    xt = randn(5, 6).mT  # a transposed view
+    bw = torch.tensor([0.7, 1.9], dtype=dtype, device=device)
+    a, b, c, d = randn(9, 7), randn(5, 9), randn(2, 9), randn(5, 7)
+    kernel = presets.ALL["matern52"].lower(regularized=True)
+    return [
+        Sample(
+            "cdist_p1.5",
+            lambda x, z, backend: kermac.cdist(x, z, 1.5, backend=backend),
+            (x, z),
+            "pairwise",
+            _pairwise_args(cdist_program(1.5, dtype=dtype), {"p": 1.5}),
+            True,
+        ),
+        Sample(
+            "cdist_p2_view",
+            lambda x, z, backend: kermac.cdist(x, z, backend=backend),
+            (xt, z[0]),
+            "pairwise",
+            _pairwise_args(cdist_program(2.0, dtype=dtype), {}),
+            True,
+        ),
+        Sample(
+            "matern52_batched_bandwidth_ridge",
+            lambda x, z, bw, backend: kermac.run_kernel(
+                "matern52", x, z, bandwidth=bw, regularization=0.1, offset_n=1, backend=backend
+            ),
+            (x, z, bw),
+            "pairwise",
+            _pairwise_args(kernel, {"bandwidth": Input(2), "regularization": 0.1}, (0, 1)),
+            True,
+        ),
+        Sample(
+            "run_program_user",
+            lambda x, z, backend: kermac.run_program(SOFT_L1, x, z, hypers={"eps": 0.25}, backend=backend),
+            (x, z),
+            "pairwise",
+            _pairwise_args(SOFT_L1, {"eps": 0.25}),
+            False,
+        ),
+        Sample(
+            "cdist_grad_p2",
+            lambda a, b, c, d, backend: kermac.cdist_grad(a, b, c, d, p=2.0, backend=backend),
+            (a, b, c, d),
+            "grad",
+            _grad_args(grad_program(2.0), {}),
+            True,
+        ),
+        Sample(
+            "cdist_grad_p1.5",
+            lambda a, b, c, d, backend: kermac.cdist_grad(a, b, c, d, p=1.5, backend=backend),
+            (a, b, c, d),
+            "grad",
+            _grad_args(grad_program(1.5), {"p": 1.5}),
+            False,
+        ),
+        Sample(
+            "run_grad_program_user",
+            lambda a, b, c, d, backend: kermac.run_grad_program(HUBER_GRAD, a, b, c, d, backend=backend),
+            (a, b, c, d),
+            "grad",
+            _grad_args(HUBER_GRAD, {}),
+            False,
+        ),
+    ]
