@@ -9,7 +9,8 @@ error.  An error above the tolerance is flagged with `!` and makes the exit code
 
 The table calls kermac's reference backend (`backend="torch"`) `reference`: it is the
 correctness oracle, never the `best` of a row.  `--write-costs PATH` turns the run into a cost
-table for `auto` ([`kermac.costs`][kermac.costs]).
+table for `auto` ([`kermac.costs`][kermac.costs]).  `--calls` runs the small-calls section
+instead: the host time per call of each operation (`kermac.cli.bench_calls`).
 """
 
 from __future__ import annotations
