@@ -6,8 +6,8 @@ from __future__ import annotations
 import datetime
 import math
 import platform
-from collections.abc import Callable, Sequence
-from typing import TextIO
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, TextIO
 
 import torch
 
@@ -20,9 +20,11 @@ __all__ = [
     "REFERENCE_LABEL",
     "Progress",
     "check_answer",
+    "cpu_why",
     "describe",
     "finite_or_none",
     "header",
+    "idle_backends",
     "label",
     "title",
 ]
@@ -65,6 +67,24 @@ def check_answer(
     if out is not None:
         answer = out
     return None if ref is None else bm.max_rel_error(answer, ref)
+
+
+def cpu_why() -> str:
+    """Why a run is on the CPU, for the header's note."""
+    return "no CUDA GPU visible" if not torch.cuda.is_available() else "--device cpu"
+
+
+def idle_backends(
+    names: Sequence[str], results: Sequence[Mapping[str, Any]], timed: Callable[[Any], bool], what: str
+) -> dict[str, str]:
+    """Each of `names` that no row of `results` (implementation → measurement with an `error`)
+    timed, with the first reason met; `what` names a row ("case", "call") in the default reason."""
+    idle = {}
+    for name in names:
+        found = [row[name] for row in results]
+        if not any(timed(m) for m in found):
+            idle[name] = next((m.error for m in found if m.error), f"no {what} was timed")
+    return idle
 
 
 def header(device: torch.device, warmup: int, repeat: int, note: str | None) -> dict[str, object]:

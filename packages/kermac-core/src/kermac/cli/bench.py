@@ -36,9 +36,11 @@ from kermac.cli._bench_common import (
     REFERENCE_LABEL,
     Progress,
     check_answer,
+    cpu_why,
     describe,
     finite_or_none,
     header,
+    idle_backends,
     label,
     title,
 )
@@ -228,11 +230,10 @@ def run(args: argparse.Namespace) -> int:
         print(_report(head, backends, skipped, results, verbose=args.verbose))
     code = 1 if any(not r.ok(name) for r in results for name in r.results) else 0
     if args.backends:
-        for name in backends:
-            if all(r.results[name].median_ms is None for r in results):
-                why = next((r.results[name].error for r in results if r.results[name].error), "no case was timed")
-                print(f"kermac bench: backend {name!r} ran none of the cases: {why}", file=sys.stderr)
-                code = 1
+        timed = [r.results for r in results]
+        for name, why in idle_backends(backends, timed, lambda m: m.median_ms is not None, "case").items():
+            print(f"kermac bench: backend {name!r} ran none of the cases: {why}", file=sys.stderr)
+            code = 1
     if args.write_costs:
         try:
             table = costs.table_from_bench([_to_json(head, backends, skipped, results)])
@@ -378,8 +379,7 @@ def _note(device: torch.device, small: bool) -> str | None:
     """The header's note on what the numbers of the cases say on `device`."""
     if device.type == "cuda":
         return "--small: kernels of a few microseconds; the times are mostly each call's host work" if small else None
-    why = "no CUDA GPU visible" if not torch.cuda.is_available() else "--device cpu"
-    return f"{why}: small cases on the CPU; the GPU backends and the peer-table sizes need a CUDA GPU"
+    return f"{cpu_why()}: small cases on the CPU; the GPU backends and the peer-table sizes need a CUDA GPU"
 
 
 def _fmt_ms(m: Measurement) -> str:

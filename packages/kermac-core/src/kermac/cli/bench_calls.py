@@ -27,9 +27,11 @@ from kermac.cli._bench_common import (
     REFERENCE_LABEL,
     Progress,
     check_answer,
+    cpu_why,
     describe,
     finite_or_none,
     header,
+    idle_backends,
     label,
     title,
 )
@@ -150,20 +152,18 @@ def run(
         print(_report(head, named, skipped, rows, verbose=args.verbose))
     code = 1 if any(not r.ok(n) for r in rows for n in r.results) else 0
     if args.backends:
-        for name in named:
-            if all(r.results[name].best_us is None for r in rows):
-                why = next((r.results[name].error for r in rows if r.results[name].error), "no call was timed")
-                print(f"kermac bench: backend {name!r} ran none of the calls: {why}", file=sys.stderr)
-                code = 1
+        timed = [r.results for r in rows]
+        for name, why in idle_backends(named, timed, lambda m: m.best_us is not None, "call").items():
+            print(f"kermac bench: backend {name!r} ran none of the calls: {why}", file=sys.stderr)
+            code = 1
     return code
 
 
 def _note(device: torch.device) -> str | None:
     if device.type == "cuda":
         return None
-    why = "no CUDA GPU visible" if not torch.cuda.is_available() else "--device cpu"
     m, n, d = small_calls.CPU_CALL_SIZES
-    return f"{why}: {m}x{n}x{d} problems on the CPU; the GPU backends' host time needs a CUDA GPU"
+    return f"{cpu_why()}: {m}x{n}x{d} problems on the CPU; the GPU backends' host time needs a CUDA GPU"
 
 
 def _run_case(
