@@ -35,6 +35,7 @@ def test_call_cases_cover_every_operation_at_the_device_size():
         "program 30x20x4",
     ]
     assert {c.device for c in cpu} == {"cpu"}
+    assert all(bm.torch_fn(c) is not None for c in [*gpu, *cpu])  # each row has PyTorch's time beside kermac's
 
 
 @pytest.mark.parametrize("case", small_calls.call_cases("cpu"), ids=lambda c: c.label)

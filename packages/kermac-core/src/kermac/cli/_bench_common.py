@@ -18,6 +18,7 @@ from kermac import costs
 __all__ = [
     "BASELINE",
     "REFERENCE_LABEL",
+    "WRONG_NOTE",
     "Progress",
     "check_answer",
     "cpu_why",
@@ -32,6 +33,8 @@ __all__ = [
 BASELINE = "torch.cdist"
 REFERENCE_LABEL = "reference"
 """What the table calls the reference backend (its name, `torch`, reads as PyTorch itself)."""
+WRONG_NOTE = "! = error above tolerance (1e-4; 1e-3 for gradients): that result is WRONG"
+"""The table's note on the `!` of a wrong answer (the tolerances of `kermac.benchmarking.tolerance`)."""
 
 
 def label(name: str) -> str:

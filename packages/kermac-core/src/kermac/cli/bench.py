@@ -34,6 +34,7 @@ from kermac.cli import bench_calls
 from kermac.cli._bench_common import (
     BASELINE,
     REFERENCE_LABEL,
+    WRONG_NOTE,
     Progress,
     check_answer,
     cpu_why,
@@ -439,7 +440,7 @@ def _report(
     if targets:
         lines.append("targets are the project's goals on an NVIDIA H100")
     if any(not r.ok(n) for r in results for n in r.results):
-        lines.append("! = error above tolerance (1e-4; 1e-3 for gradients): that result is WRONG")
+        lines.append(WRONG_NOTE)
     if skipped:
         lines.append("not timed: " + "; ".join(f"{label(n)} ({why})" for n, why in skipped.items()))
     reasons = [(r.case.label, label(n), m.error) for r in results for n, m in r.results.items() if m.error]

@@ -25,6 +25,7 @@ from kermac import small_calls
 from kermac.cli._bench_common import (
     BASELINE,
     REFERENCE_LABEL,
+    WRONG_NOTE,
     Progress,
     check_answer,
     cpu_why,
@@ -186,13 +187,9 @@ def _run_case(
                 row.results[name] = CallMeasurement(error=f"backend unavailable: {statuses[name].reason}")
                 continue
             row.results[name] = _measure(bm.kermac_fn(case, name), (*inputs, out), ref, s, out=out)
-        if out_kind == "new":
+        if out_kind == "new":  # every call case has a PyTorch equivalent (`torch_fn`), which allocates
             progress.step(f"{case.label}, out new: {BASELINE}")
-            baseline = bm.torch_fn(case)
-            if baseline is None:
-                row.results[BASELINE] = CallMeasurement(error="PyTorch has no memory-bounded equivalent of this case")
-            else:
-                row.results[BASELINE] = _measure(baseline, inputs, ref, s, out=None)
+            row.results[BASELINE] = _measure(bm.torch_fn(case), inputs, ref, s, out=None)
         rows.append(row)
     return rows
 
@@ -256,7 +253,7 @@ def _report(head: dict, named: list[str], skipped: dict[str, str], rows: list[Ca
     if bm.REFERENCE_BACKEND in named:
         lines.append(f"{REFERENCE_LABEL} = kermac's pure-PyTorch reference backend (backend='{bm.REFERENCE_BACKEND}')")
     if any(not r.ok(n) for r in rows for n in r.results):
-        lines.append("! = error above tolerance (1e-4; 1e-3 for gradients): that result is WRONG")
+        lines.append(WRONG_NOTE)
     if skipped:
         lines.append("not timed: " + "; ".join(f"{label(n)} ({why})" for n, why in skipped.items()))
     cells = [(label(n), m.error, f"{r.case.label}, out {r.out}") for r in rows for n, m in r.results.items() if m.error]
