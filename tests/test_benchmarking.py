@@ -38,6 +38,8 @@ def brute(case: BenchCase, inputs) -> torch.Tensor:
     dist = brute_cdist(*inputs, case.p)
     if case.op == "cdist":
         return dist
+    if case.op == "program":
+        return 1.0 / (1.0 + dist.square() / case.bandwidth**2)
     if case.kernel == "laplace":
         return torch.exp(-dist / case.bandwidth)
     return torch.exp(-dist.square() / (2 * case.bandwidth**2))
@@ -51,6 +53,7 @@ SMALL = [
     BenchCase("kernel", (9, 11, 6), 2.0, "laplace"),
     BenchCase("kernel", (9, 11, 6), 1.5, "laplace"),
     BenchCase("kernel", (9, 11, 6), 2.0, "gaussian"),
+    BenchCase("program", (9, 11, 6)),
     BenchCase("grad", (10, 6, 3, 8), 1.0),
     BenchCase("grad", (10, 6, 3, 8), 1.5),
     BenchCase("grad", (10, 6, 3, 8), 2.0),
@@ -73,6 +76,8 @@ SMALL = [
         (dict(op="kernel", sizes=(4, 4, 4), kernel="rbf"), "kernel"),
         (dict(op="kernel", sizes=(4, 4, 4), p=1.0, kernel="gaussian"), "p"),
         (dict(op="cdist", sizes=(4, 4, 4), kernel="laplace"), "kernel"),
+        (dict(op="program", sizes=(4, 4, 4), kernel="laplace"), "kernel"),
+        (dict(op="program", sizes=(4, 4, 4), p=1.0), "p"),
     ],
 )
 def test_case_validation_names_the_field(kwargs, needle):
@@ -97,6 +102,14 @@ def test_labels():
     assert BenchCase("cdist", (8192, 8192, 256), 1.3).label == "cdist 8192x8192x256 p=1.3"
     assert BenchCase("kernel", (16, 16, 4), 1.0, "laplace").label == "laplace L1 16x16x4"
     assert BenchCase("grad", (4096, 256, 16, 4096), 2.0).label == "grad M=4096 N=256 O=16 K=4096 p=2"
+    assert BenchCase("program", (300, 200, 40)).label == "program 300x200x40"
+
+
+def test_user_program_is_the_cauchy_kernel_with_one_hyperparameter():
+    program = bm.user_program()
+    assert program == bm.user_program() and hash(program) == hash(bm.user_program())  # equal programs share plans
+    assert program.hypers == ("gamma",) and program.reduction == "sum" and not program.uses_diag
+    assert BenchCase("program", (4, 4, 4)).program == program
 
 
 def test_bandwidth_keeps_kernel_values_order_one():

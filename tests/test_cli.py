@@ -18,8 +18,8 @@ import torch
 
 import kermac
 from kermac import benchmarking as bm
-from kermac import jit_cache, registry
-from kermac.cli import main
+from kermac import jit_cache, registry, small_calls
+from kermac.cli import bench_calls, main
 from kermac.cli.bench import CaseResult, Measurement, Progress, default_backends
 from kermac.costs import CostTable, CostTables
 
@@ -564,3 +564,183 @@ def test_progress_rewrites_one_line_on_a_terminal():
         "\r[1/2] a long first step\r[2/2] short" + " " * (len("[1/2] a long first step") - len("[2/2] short"))
     )
     assert text.endswith("\r")
+
+
+# -- bench --calls ---------------------------------------------------------------------------
+
+CALLS = ("--calls", "3", "--repeat", "2", "--warmup", "1", "--device", "cpu")
+CALLS_PLUGIN = """
+from kermac.hookspecs import hookimpl
+from kermac_cli_fake_plugin import Missing, Right
+
+
+@hookimpl
+def kermac_backends():
+    return [Right(), Missing()]
+"""
+
+
+@pytest.fixture
+def right_and_missing(tmp_path, monkeypatch):
+    """The reference backend, a correct backend ('right') and one installed but unavailable here ('missing')."""
+    (tmp_path / "kermac_cli_fake_plugin.py").write_text(textwrap.dedent(PLUGIN))
+    (tmp_path / "kermac_cli_calls_plugin.py").write_text(textwrap.dedent(CALLS_PLUGIN))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    registry.reset(
+        [REFERENCE_EP, metadata.EntryPoint(name="calls", value="kermac_cli_calls_plugin", group="kermac.backends")]
+    )
+    yield
+    registry.reset()
+
+
+def _calls_rows() -> list[tuple[str, str]]:
+    return [(c.label, out) for c in small_calls.call_cases("cpu") for out in bench_calls.OUTS]
+
+
+def test_bench_calls_json(capsys):
+    code, out, err = run_cli(capsys, "bench", *CALLS, "--json")
+    assert code == 0, err
+    data = json.loads(out)
+    assert data["section"] == "calls" and data["device"] == "cpu" and data["baseline"] == "torch.cdist"
+    assert data["calls_per_run"] == 3 and data["repeat"] == 2 and data["warmup"] == 1
+    assert data["kermac"] == kermac.__version__ and "torch" in data["backends"] and "auto" not in data["backends"]
+    assert [(r["label"], r["out"]) for r in data["calls"]] == _calls_rows()
+    ops = [(c.op, list(c.sizes), c.p, c.kernel) for c in small_calls.call_cases("cpu")]
+    assert [(r["op"], r["sizes"], r["p"], r["kernel"]) for r in data["calls"][::2]] == ops
+    for row in data["calls"]:
+        timed = ["torch", "auto"] + (["torch.cdist"] if row["out"] == "new" else [])
+        assert set(timed) <= set(row["results"]) and ("torch.cdist" in row["results"]) == (row["out"] == "new")
+        for name in timed:
+            m = row["results"][name]
+            assert m["error"] is None and m["ok"] and m["max_rel_err"] < row["tolerance"]
+            assert m["calls"] == 3 and len(m["runs_us"]) == 2 and all(us > 0 for us in m["runs_us"])
+            assert m["us_per_call"] == min(m["runs_us"])
+        assert row["fastest"] == "torch" and row["reference_error"] is None
+        auto, ref = row["results"]["auto"]["us_per_call"], row["results"]["torch"]["us_per_call"]
+        assert row["auto_minus_fastest_us"] == pytest.approx(auto - ref)
+    for name in set(data["backends"]) - {"torch"}:  # installed GPU backends cannot run without a GPU
+        assert all(r["results"][name]["us_per_call"] is None for r in data["calls"]) or torch.cuda.is_available()
+
+
+def test_bench_calls_table(capsys):
+    code, out, err = run_cli(capsys, "bench", *CALLS, "--backends", "reference")
+    assert code == 0, err
+    lines = out.splitlines()
+    assert lines[0].startswith("kermac bench --calls  ")
+    assert "the best of 2 runs of up to 3 back-to-back calls and one synchronisation, after 1 warm-up call(s)" in out
+    head = next(line for line in lines if line.startswith("call "))
+    assert head.split("  ")[0:1] == ["call"] and [c.strip() for c in re.split(r"\s{2,}", head)] == [
+        "call",
+        "out",
+        "reference µs",
+        "auto µs",
+        "auto - fastest µs",
+        "torch.cdist µs",
+    ]
+    for label, kind in _calls_rows():
+        row = next(line for line in lines if re.match(rf"{re.escape(label)}\s+{kind}\s", line))
+        cells = row[len(label) :].split()
+        assert cells[0] == kind and float(cells[1]) > 0 and float(cells[2]) > 0
+        assert re.fullmatch(r"[+-]\d+\.\d", cells[3])  # auto - fastest, signed
+        assert cells[4] == "-" if kind == "given" else float(cells[4]) > 0
+    assert "!" not in out and "n/a" not in out
+    # One progress line per case for its inputs, then one per implementation and output.
+    steps = [line for line in err.splitlines() if line.startswith("[")]
+    assert len(steps) == len(small_calls.call_cases("cpu")) * (1 + 2 + 3)
+
+
+def test_bench_calls_shows_an_unavailable_backend_as_na_with_its_reason(capsys, right_and_missing):
+    code, out, err = run_cli(capsys, "bench", *CALLS, "--json")
+    assert code == 0, err
+    data = json.loads(out)
+    assert data["backends"] == ["right", "missing", "torch"] and data["skipped"] == {}  # the registry's order
+    for row in data["calls"]:
+        missing = row["results"]["missing"]
+        assert missing["us_per_call"] is None and missing["runs_us"] == [] and missing["ok"]
+        assert missing["error"] == "backend unavailable: needs the FakeAccelerator 3000"
+        assert row["results"]["right"]["us_per_call"] > 0 and row["fastest"] in ("torch", "right")
+    code, out, _ = run_cli(capsys, "bench", *CALLS)
+    assert code == 0
+    label = small_calls.call_cases("cpu")[0].label
+    cells = next(line for line in out.splitlines() if line.startswith(label))[len(label) :].split()
+    assert cells[0] == "given" and cells[2] == "n/a"  # right, missing, reference
+    assert f"{2 * len(small_calls.call_cases('cpu'))} cell(s) n/a: run with -v for the reasons" in out
+    code, out, _ = run_cli(capsys, "bench", *CALLS, "-v")
+    assert code == 0 and "  missing: backend unavailable: needs the FakeAccelerator 3000 (every row)" in out
+
+
+def test_bench_calls_with_named_backends_times_only_those(capsys, right_and_missing):
+    code, out, _ = run_cli(capsys, "bench", *CALLS, "--backends", "right", "--json")
+    data = json.loads(out)
+    assert code == 0 and data["backends"] == ["right"]
+    assert data["skipped"] == {"torch": "not in --backends", "missing": "needs the FakeAccelerator 3000"}
+    assert all(
+        set(r["results"]) == {"right", "auto"} | ({"torch.cdist"} if r["out"] == "new" else set())
+        for r in data["calls"]
+    )
+    code, out, err = run_cli(capsys, "bench", *CALLS, "--backends", "right,missing")
+    assert code == 2 and out == "" and "backend 'missing' is unavailable here: needs the FakeAccelerator 3000" in err
+
+
+def test_bench_calls_flags_wrong_answers(capsys, fake_plugins):
+    code, out, err = run_cli(capsys, "bench", *CALLS, "--backends", "wrong,lazy,right,picky", "--json")
+    assert code == 1
+    data = json.loads(out)
+    first = data["calls"][0]
+    assert first["results"]["wrong"]["ok"] is False and first["results"]["wrong"]["max_rel_err"] == pytest.approx(1.0)
+    assert first["results"]["lazy"]["ok"] is False and first["results"]["lazy"]["max_rel_err"] is None  # NaN
+    assert first["fastest"] == "right"  # never a wrong answer, however fast
+    grad = next(r for r in data["calls"] if r["op"] == "grad")
+    assert grad["results"]["wrong"]["error"].startswith("UnsupportedProblemError: backend 'wrong' cannot run")
+    assert "kermac bench: backend 'picky' ran none of the calls: UnsupportedProblemError: " in err
+    code, out, _ = run_cli(capsys, "bench", *CALLS, "--backends", "wrong,right")
+    label = small_calls.call_cases("cpu")[0].label
+    row = next(line for line in out.splitlines() if line.startswith(label))
+    assert code == 1 and row[len(label) :].split()[2] == "!" and "that result is WRONG" in out
+
+
+@pytest.mark.parametrize(
+    ("argv", "needle"),
+    [
+        (("--calls", "0"), "--calls"),
+        (("--calls", "--small"), "not allowed with"),
+        (("--calls", "--quick"), "not allowed with"),
+        (("--calls", "--write-costs", "cpu.json"), "--write-costs: a cost table is made from the timed cases"),
+    ],
+)
+def test_bench_calls_rejects_bad_options(capsys, argv, needle):
+    code, out, err = run_cli(capsys, "bench", "--device", "cpu", *argv)
+    assert code == 2 and out == "" and needle in err
+
+
+def test_bench_calls_defaults_per_device():
+    assert bench_calls.defaults(torch.device("cuda", 0)) == (1000, 5, 100)
+    assert bench_calls.defaults(torch.device("cpu")) == (200, 5, 10)
+
+
+def test_calls_columns_add_installed_unavailable_backends_unless_named():
+    def status(name: str, available: bool = True, broken: bool = False) -> registry.BackendStatus:
+        return registry.BackendStatus(name, available, None if available else "no driver", 0, name, None, broken)
+
+    statuses = {
+        s.name: s for s in [status("nvrtc", False), status("triton"), status("torch"), status("bad", False, True)]
+    }
+    skipped = {"nvrtc": "no driver", "bad": "no driver", "triton": "opt-in backend"}
+    named, left = bench_calls.columns(["torch"], skipped, statuses, named=False)
+    assert named == ["nvrtc", "torch"] and left == {"bad": "no driver", "triton": "opt-in backend"}
+    assert bench_calls.columns(["torch"], skipped, statuses, named=True) == (["torch"], skipped)
+
+
+def test_call_row_auto_minus_fastest():
+    case = small_calls.call_cases("cpu")[0]
+
+    def row(**us: float | None) -> bench_calls.CallRow:
+        results = {n: bench_calls.CallMeasurement([] if v is None else [v + 1.0, v], 3, 0.0) for n, v in us.items()}
+        return bench_calls.CallRow(case, "given", results)
+
+    r = row(a=10.0, b=7.0, auto=8.5)
+    assert r.fastest(["a", "b"]) == "b" and r.auto_minus_fastest(["a", "b"]) == pytest.approx(1.5)
+    r.results["b"].max_rel_err = 1.0  # a wrong answer is never the fastest
+    assert r.fastest(["a", "b"]) == "a" and r.auto_minus_fastest(["a", "b"]) == pytest.approx(-1.5)
+    assert row(a=None, auto=1.0).auto_minus_fastest(["a"]) is None
+    assert row(a=1.0, auto=None).auto_minus_fastest(["a"]) is None

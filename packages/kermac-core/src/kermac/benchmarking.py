@@ -13,6 +13,9 @@ Operations and shapes (all float32 `torch.randn` inputs):
   (`exp(−‖x−z‖_p/σ)`) or `"gaussian"` (`exp(−‖x−z‖₂²/(2σ²))`, p = 2).
 * `"grad"`, sizes `(M, N, O, K)`: `a [K, M]`, `b [N, K]`, `c [O, K]`, `d [N, M]` →
   `out [O, N, M] = Σ_k c[o,k]·a[k,m]·sgn(d[n,m]−b[n,k])·|d[n,m]−b[n,k]|^(p−1)`.
+* `"program"`, sizes `(M, N, D)`, p = 2: the shapes of cdist; a program written in the IR as a
+  user would ([`user_program`][kermac.benchmarking.user_program], the Cauchy kernel
+  `1/(1 + γ‖x−z‖₂²)` with `γ = 1/σ²`), run by `kermac.run_program`.
 
 This is the one table of benchmark cases: `kermac bench`, the asv suites in `benchmarks/` and
 the development tools in `tools/` all read it.  The case lists: `CPU_CASES` (small, for
@@ -58,13 +61,14 @@ __all__ = [
     "time_ms",
     "tolerance",
     "torch_fn",
+    "user_program",
 ]
 
 REFERENCE_BACKEND = "torch"
 """The backend whose float64 results are the oracle (kermac's pure-PyTorch reference backend)."""
 
-Op = Literal["cdist", "kernel", "grad"]
-_OPS = ("cdist", "kernel", "grad")
+Op = Literal["cdist", "kernel", "grad", "program"]
+_OPS = ("cdist", "kernel", "grad", "program")
 _KERNELS = ("laplace", "gaussian")
 
 
@@ -73,8 +77,8 @@ class BenchCase:
     """One benchmark problem.
 
     Attributes:
-        op: `"cdist"`, `"kernel"` or `"grad"` (see the module docstring for shapes).
-        sizes: `(M, N, D)` for cdist and kernel, `(M, N, O, K)` for grad.
+        op: `"cdist"`, `"kernel"`, `"grad"` or `"program"` (see the module docstring for shapes).
+        sizes: `(M, N, D)` for cdist, kernel and program, `(M, N, O, K)` for grad.
         p: the norm exponent (> 0).
         kernel: `"laplace"` or `"gaussian"` for op `"kernel"`, else `None`.
         device: where inputs are created (`"cpu"`, `"cuda"`, `"cuda:1"`, ...).
@@ -110,6 +114,8 @@ class BenchCase:
             raise ValueError(
                 f"kernel: only op 'kernel' takes a kernel function, got kernel={self.kernel!r} for op {self.op!r}"
             )
+        if self.op == "program" and self.p != 2:
+            raise ValueError(f"p: the user program is defined on the L2 distance (p=2), got p={self.p!r}")
 
     @property
     def label(self) -> str:
@@ -121,11 +127,13 @@ class BenchCase:
         dims = "x".join(str(s) for s in self.sizes)
         if self.op == "kernel":
             return f"{self.kernel} L{self.p:g} {dims}"
+        if self.op == "program":
+            return f"program {dims}"
         return f"cdist {dims} {p}"
 
     @property
     def bandwidth(self) -> float:
-        """σ of a kernel case: the typical ‖x−z‖_p of randn rows, `√2·D^(1/p)`, so values stay O(1)."""
+        """σ of a kernel or program case: the typical ‖x−z‖_p of randn rows, `√2·D^(1/p)`, so values stay O(1)."""
         return math.sqrt(2.0) * self.sizes[2] ** (1.0 / self.p)
 
     @property
@@ -160,6 +168,8 @@ class BenchCase:
             return cdist_program(self.p, dtype=torch.float32)
         if self.op == "grad":
             return grad_program(self.p)
+        if self.op == "program":
+            return user_program()
         if self.kernel == "gaussian":
             return presets.gaussian.lower()
         return presets.ALL[_laplace_preset(self.p)].lower()
@@ -328,6 +338,9 @@ def kermac_fn(case: BenchCase, backend: str) -> Callable[..., torch.Tensor]:
         p = case.p
         return lambda a, b, c, d, out: kermac.cdist_grad(a, b, c, d, p=p, out=out, backend=backend)
     sigma = case.bandwidth
+    if case.op == "program":
+        program, hypers = user_program(), {"gamma": sigma**-2}
+        return lambda x, z, out: kermac.run_program(program, x, z, hypers=hypers, out=out, backend=backend)
     if case.kernel == "gaussian":
         return lambda x, z, out: kermac.run_kernel("gaussian", x, z, out=out, bandwidth=sigma, backend=backend)
     preset = _laplace_preset(case.p)
@@ -335,6 +348,16 @@ def kermac_fn(case: BenchCase, backend: str) -> Callable[..., torch.Tensor]:
         return lambda x, z, out: kermac.run_kernel(preset, x, z, out=out, bandwidth=sigma, backend=backend)
     p = case.p
     return lambda x, z, out: kermac.run_kernel(preset, x, z, out=out, p=p, bandwidth=sigma, backend=backend)
+
+
+def user_program() -> PairwiseProgram:
+    """The program of op `"program"`: `out[m, n] = 1 / (1 + γ·Σ_k (x[m,k] − z[n,k])²)`, the Cauchy
+    kernel with the hyperparameter `γ`, built from [`kermac.ir`][kermac.ir] nodes as a user would."""
+    from kermac import ir
+    from kermac.programs import PairwiseProgram
+
+    t = ir.Var("x") - ir.Var("z")
+    return PairwiseProgram(inner=t * t, reduction="sum", epilogue=1.0 / (1.0 + ir.Hyper("gamma") * ir.Var("acc")))
 
 
 def _laplace_preset(p: float) -> str:
@@ -345,13 +368,17 @@ def _laplace_preset(p: float) -> str:
 def torch_fn(case: BenchCase) -> Callable[..., torch.Tensor] | None:
     """`fn(*inputs)`: how plain PyTorch computes the case (it allocates its output).
 
-    cdist: `torch.cdist`; kernel: `torch.cdist` then `exp`; grad: only for p = 2,
+    cdist: `torch.cdist`; kernel: `torch.cdist` then `exp`; program: `torch.cdist`, then the
+    Cauchy kernel's arithmetic in place; grad: only for p = 2,
     `d[n,m]·(c a)[o,m] − Σ_k c[o,k] a[k,m] b[n,k]` with two matrix products (`None` for
     other p: PyTorch has no memory-bounded way to compute it).
     """
     p = case.p
     if case.op == "cdist":
         return lambda x, z: torch.cdist(x, z, p)
+    if case.op == "program":
+        gamma = case.bandwidth**-2
+        return lambda x, z: torch.cdist(x, z).square_().mul_(gamma).add_(1.0).reciprocal_()
     if case.op == "kernel":
         sigma = case.bandwidth
         if case.kernel == "gaussian":

@@ -9,28 +9,42 @@ error.  An error above the tolerance is flagged with `!` and makes the exit code
 
 The table calls kermac's reference backend (`backend="torch"`) `reference`: it is the
 correctness oracle, never the `best` of a row.  `--write-costs PATH` turns the run into a cost
-table for `auto` ([`kermac.costs`][kermac.costs]).
+table for `auto` ([`kermac.costs`][kermac.costs]).  `--calls` runs the small-calls section
+instead: the host time per call of each operation (`kermac.cli.bench_calls`).
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
-import datetime
 import json
 import math
-import platform
 import statistics
 import sys
 import warnings
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, TextIO
+from typing import TYPE_CHECKING
 
 import torch
 
 import kermac
 from kermac import benchmarking as bm
 from kermac import costs
+from kermac.cli import bench_calls
+from kermac.cli._bench_common import (
+    BASELINE,
+    REFERENCE_LABEL,
+    WRONG_NOTE,
+    Progress,
+    check_answer,
+    cpu_why,
+    describe,
+    finite_or_none,
+    header,
+    idle_backends,
+    label,
+    title,
+)
 from kermac.cli._format import render_table
 
 if TYPE_CHECKING:
@@ -39,10 +53,6 @@ if TYPE_CHECKING:
     from kermac.registry import BackendStatus
 
 __all__ = ["register", "run"]
-
-BASELINE = "torch.cdist"
-REFERENCE_LABEL = "reference"
-"""What the table calls the reference backend (its name, `torch`, reads as PyTorch itself)."""
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -57,18 +67,22 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--device", help="cpu, cuda or cuda:N (default: cuda if a CUDA GPU is visible, else cpu)")
     p.add_argument("--backends", help="comma-separated kermac backends to time (default: every available one)")
     p.add_argument(
-        "--repeat", type=_positive_int, help="timed calls per measurement (default 10 on GPU, 5 on CPU; 3 with --quick)"
+        "--repeat",
+        type=_positive_int,
+        help="timed calls per measurement (default 10 on GPU, 5 on CPU; 3 with --quick); "
+        "with --calls, runs of N calls, of which the best is shown (default 5)",
     )
     p.add_argument(
         "--warmup",
         type=_nonnegative_int,
-        help="untimed calls first, including JIT compilation (default 2 on GPU, 1 on CPU)",
+        help="untimed calls first, including JIT compilation (default 2 on GPU, 1 on CPU; with --calls 100 and 10)",
     )
     p.add_argument(
         "--max-seconds",
         type=_nonnegative_float,
         default=2.0,
-        help="lower --repeat (to no fewer than 3) so one measurement takes about this long (default 2; 0 disables)",
+        help="lower --repeat (to no fewer than 3), with --calls N (to no fewer than 10), so one measurement takes "
+        "about this long (default 2; 0 disables)",
     )
     p.add_argument(
         "--no-rotate", action="store_true", help="reuse one input set even when it fits in the GPU's L2 cache"
@@ -84,6 +98,16 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--small",
         action="store_true",
         help="256x256x32 problems: on a GPU their time is mostly each call's host work (checks, planning, launch)",
+    )
+    sizes.add_argument(
+        "--calls",
+        nargs="?",
+        const=0,  # a bare --calls: the device's default number (bench_calls.defaults); N itself is >= 1
+        type=_positive_int,
+        metavar="N",
+        help="the small-calls section: host time per call of each operation at 300x200x40 (30x20x4 on the CPU), "
+        "with out= and without, for every backend and auto; N back-to-back calls per run "
+        "(default 1000 on GPU, 200 on CPU)",
     )
     p.add_argument("--json", action="store_true", help="print the results as JSON instead of a table")
     p.add_argument("-v", "--verbose", action="store_true", help="explain every n/a cell")
@@ -157,32 +181,6 @@ class CaseResult:
         return base / self.results[best].median_ms
 
 
-class Progress:
-    """One status line on `stream`: rewritten in place with `\\r` on a terminal, else one line per step."""
-
-    def __init__(self, total: int, stream: TextIO) -> None:
-        self.total = total
-        self.done = 0
-        self.stream = stream
-        self.tty = stream.isatty()
-        self._width = 0
-
-    def step(self, what: str) -> None:
-        self.done += 1
-        text = f"[{self.done}/{self.total}] {what}"
-        if self.tty:
-            self.stream.write("\r" + text.ljust(self._width))
-            self._width = len(text)
-        else:
-            self.stream.write(text + "\n")
-        self.stream.flush()
-
-    def close(self) -> None:
-        if self.tty and self._width:
-            self.stream.write("\r" + " " * self._width + "\r")
-            self.stream.flush()
-
-
 def run(args: argparse.Namespace) -> int:
     device = _resolve_device(args.device)
     if isinstance(device, str):
@@ -212,6 +210,8 @@ def run(args: argparse.Namespace) -> int:
     if refused:
         print(f"kermac bench: {refused}", file=sys.stderr)
         return 2
+    if args.calls is not None:
+        return bench_calls.run(args, device, backends, skipped, statuses)
     gpu = device.type == "cuda"
     warmup = args.warmup if args.warmup is not None else 1 if args.quick or not gpu else 2
     repeat = args.repeat if args.repeat is not None else 3 if args.quick else 10 if gpu else 5
@@ -224,21 +224,20 @@ def run(args: argparse.Namespace) -> int:
     finally:
         progress.close()
 
-    header = _header(device, warmup, repeat, args.small)
+    head = header(device, warmup, repeat, _note(device, args.small))
     if args.json:
-        print(json.dumps(_to_json(header, backends, skipped, results), indent=2))
+        print(json.dumps(_to_json(head, backends, skipped, results), indent=2))
     else:
-        print(_report(header, backends, skipped, results, verbose=args.verbose))
+        print(_report(head, backends, skipped, results, verbose=args.verbose))
     code = 1 if any(not r.ok(name) for r in results for name in r.results) else 0
     if args.backends:
-        for name in backends:
-            if all(r.results[name].median_ms is None for r in results):
-                why = next((r.results[name].error for r in results if r.results[name].error), "no case was timed")
-                print(f"kermac bench: backend {name!r} ran none of the cases: {why}", file=sys.stderr)
-                code = 1
+        timed = [r.results for r in results]
+        for name, why in idle_backends(backends, timed, lambda m: m.median_ms is not None, "case").items():
+            print(f"kermac bench: backend {name!r} ran none of the cases: {why}", file=sys.stderr)
+            code = 1
     if args.write_costs:
         try:
-            table = costs.table_from_bench([_to_json(header, backends, skipped, results)])
+            table = costs.table_from_bench([_to_json(head, backends, skipped, results)])
             table.write(args.write_costs)
         except (OSError, costs.CostTableError) as exc:
             print(f"kermac bench: --write-costs: {exc}", file=sys.stderr)
@@ -255,6 +254,8 @@ def _refusal(
     args: argparse.Namespace, device: torch.device, backends: list[str], statuses: dict[str, BackendStatus]
 ) -> str | None:
     """Why the run cannot give what was asked (a named backend unavailable, --full off a GPU), or None."""
+    if args.calls is not None and args.write_costs:
+        return "--write-costs: a cost table is made from the timed cases, not from the host time of --calls"
     if args.full and device.type != "cuda":
         why = "no CUDA GPU is visible" if not torch.cuda.is_available() else "--device cpu was given"
         return f"--full: the peer-table cases need a CUDA GPU ({why}); without --full it runs small cases on {device}"
@@ -316,11 +317,6 @@ class _Settings:
     rotate: bool
 
 
-def _describe(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    return f"{type(exc).__name__}: {text[0] if text else ''}".rstrip(": ")
-
-
 def _run_case(
     case: bm.BenchCase, backends: list[str], statuses: dict[str, BackendStatus], s: _Settings, progress: Progress
 ) -> CaseResult:
@@ -331,7 +327,7 @@ def _run_case(
         sets = bm.input_sets(case, rotate=s.rotate)
         out = case.make_out()
     except Exception as exc:  # e.g. out of memory: the whole row is n/a
-        why = f"could not allocate the inputs: {_describe(exc)}"
+        why = f"could not allocate the inputs: {describe(exc)}"
         result.results = {name: Measurement(error=why) for name in [*backends, BASELINE]}
         progress.done += len(backends) + 1
         return result
@@ -339,9 +335,9 @@ def _run_case(
         ref = bm.reference(case, sets[0])
     except Exception as exc:
         ref = None
-        result.reference_error = _describe(exc)
+        result.reference_error = describe(exc)
     for name in backends:
-        progress.step(f"{case.label}: {_label(name)}")
+        progress.step(f"{case.label}: {label(name)}")
         status = statuses[name]
         if not status.available:
             result.results[name] = Measurement(error=f"backend unavailable: {status.reason}")
@@ -371,40 +367,20 @@ def _measure(
     """Time `fn` over the input sets, then check its answer on the first set (`out` poisoned first)."""
     try:
         times = bm.time_ms(fn, device=s.device, warmup=s.warmup, repeat=s.repeat, args=sets, max_seconds=s.max_seconds)
-        if out is not None:
-            out.fill_(math.nan)  # a backend that leaves out unwritten must not pass the check
-        answer = fn(*sets[0])
-        if out is not None:
-            answer = out
-        err = None if ref is None else bm.max_rel_error(answer, ref)
+        err = check_answer(fn, sets[0], ref, out=out)
     except Exception as exc:
-        return Measurement(error=_describe(exc))
+        return Measurement(error=describe(exc))
     return Measurement(times, err)
 
 
 # -- output -------------------------------------------------------------------------------------
 
 
-def _header(device: torch.device, warmup: int, repeat: int, small: bool = False) -> dict[str, object]:
+def _note(device: torch.device, small: bool) -> str | None:
+    """The header's note on what the numbers of the cases say on `device`."""
     if device.type == "cuda":
-        name = torch.cuda.get_device_name(device)
-        note = "--small: kernels of a few microseconds; the times are mostly each call's host work" if small else None
-    else:
-        name = platform.processor() or platform.machine() or "CPU"
-        why = "no CUDA GPU visible" if not torch.cuda.is_available() else "--device cpu"
-        note = f"{why}: small cases on the CPU; the GPU backends and the peer-table sizes need a CUDA GPU"
-    return {
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "kermac": kermac.__version__,
-        "torch": torch.__version__,
-        "torch_cuda": torch.version.cuda,
-        "device": str(device),
-        "device_name": name,
-        "device_class": costs.device_class(device),
-        "note": note,
-        "warmup": warmup,
-        "repeat": repeat,
-    }
+        return "--small: kernels of a few microseconds; the times are mostly each call's host work" if small else None
+    return f"{cpu_why()}: small cases on the CPU; the GPU backends and the peer-table sizes need a CUDA GPU"
 
 
 def _fmt_ms(m: Measurement) -> str:
@@ -421,32 +397,21 @@ def _fmt_err(case: bm.BenchCase, m: Measurement) -> str:
     return f"{m.max_rel_err:.1e}{flag}" if not math.isnan(m.max_rel_err) else "nan !"
 
 
-def _label(name: str) -> str:
-    """What the table calls an implementation: the reference backend is `reference`."""
-    return REFERENCE_LABEL if name == bm.REFERENCE_BACKEND else name
-
-
 def _report(
-    header: dict, backends: list[str], skipped: dict[str, str], results: list[CaseResult], *, verbose: bool
+    head: dict, backends: list[str], skipped: dict[str, str], results: list[CaseResult], *, verbose: bool
 ) -> str:
     impls = [*backends, BASELINE]
-    lines = [
-        f"kermac bench  {header['date']}  kermac {header['kermac']}, torch {header['torch']}"
-        + (f" (CUDA {header['torch_cuda']})" if header["torch_cuda"] else ""),
-        f"device: {header['device']} ({header['device_name']})",
-    ]
-    if header["note"]:
-        lines.append(f"note: {header['note']}")
+    lines = title("kermac bench", head)
     lines.append(
-        f"median ms over up to {header['repeat']} calls after {header['warmup']} warm-up call(s); "
+        f"median ms over up to {head['repeat']} calls after {head['warmup']} warm-up call(s); "
         "err = max|y - ref| / max|ref| against the float64 reference backend"
     )
     lines.append("")
     targets = any(r.case.target_ms is not None for r in results)
     headers = (
-        ["case", *(f"{_label(n)} ms" for n in impls), "speed-up", "best"]
+        ["case", *(f"{label(n)} ms" for n in impls), "speed-up", "best"]
         + (["target ms"] if targets else [])
-        + [f"{_label(n)} err" for n in impls]
+        + [f"{label(n)} err" for n in impls]
     )
     rows = []
     for r in results:
@@ -475,26 +440,20 @@ def _report(
     if targets:
         lines.append("targets are the project's goals on an NVIDIA H100")
     if any(not r.ok(n) for r in results for n in r.results):
-        lines.append("! = error above tolerance (1e-4; 1e-3 for gradients): that result is WRONG")
+        lines.append(WRONG_NOTE)
     if skipped:
-        lines.append("not timed: " + "; ".join(f"{_label(n)} ({why})" for n, why in skipped.items()))
-    reasons = [(r.case.label, _label(n), m.error) for r in results for n, m in r.results.items() if m.error]
+        lines.append("not timed: " + "; ".join(f"{label(n)} ({why})" for n, why in skipped.items()))
+    reasons = [(r.case.label, label(n), m.error) for r in results for n, m in r.results.items() if m.error]
     reasons += [(r.case.label, "float64 reference", r.reference_error) for r in results if r.reference_error]
     if reasons and verbose:
         lines.append("n/a cells:")
-        lines += [f"  {label} / {name}: {why}" for label, name, why in reasons]
+        lines += [f"  {where} / {name}: {why}" for where, name, why in reasons]
     elif reasons:
         lines.append(f"{len(reasons)} cell(s) n/a: run with -v for the reasons")
     return "\n".join(lines)
 
 
-def _finite_or_none(x: float | None) -> float | None:
-    return x if x is None or math.isfinite(x) else None
-
-
-def _to_json(
-    header: dict, backends: list[str], skipped: dict[str, str], results: list[CaseResult]
-) -> dict[str, object]:
+def _to_json(head: dict, backends: list[str], skipped: dict[str, str], results: list[CaseResult]) -> dict[str, object]:
     cases = []
     for r in results:
         c = r.case
@@ -515,7 +474,7 @@ def _to_json(
                     name: {
                         "median_ms": m.median_ms,
                         "times_ms": m.times_ms,
-                        "max_rel_err": _finite_or_none(m.max_rel_err),
+                        "max_rel_err": finite_or_none(m.max_rel_err),
                         "ok": r.ok(name),
                         "error": m.error,
                     }
@@ -526,7 +485,7 @@ def _to_json(
             }
         )
     return {
-        **header,
+        **head,
         "backends": backends,
         "reference_backend": bm.REFERENCE_BACKEND,
         "baseline": BASELINE,
