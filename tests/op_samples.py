@@ -30,7 +30,7 @@ HUBER_GRAD = GradProgram(ir.minimum(ir.maximum(ir.Var("d") - ir.Var("b"), -1.0),
 
 @dataclass(frozen=True)
 class Sample:
-    """A public call (`run(*inputs, backend=...)`) and the operation call it lowers to (`op`,
+    """A public call (`run(*inputs, backend=..., out=None)`) and the operation call it lowers to (`op`,
     `op_args(inputs, backend)`); `inputs` are the operands and then any tensor hyperparameters."""
 
     name: str
@@ -45,8 +45,8 @@ class Sample:
         """How many of `inputs` are operands (the rest are hyperparameters)."""
         return 2 if self.op == "pairwise" else 4
 
-    def __call__(self, *inputs: torch.Tensor, backend: str = "auto") -> torch.Tensor:
-        return self.run(*inputs, backend=backend)
+    def __call__(self, *inputs: torch.Tensor, backend: str = "auto", out: torch.Tensor | None = None) -> torch.Tensor:
+        return self.run(*inputs, backend=backend, out=out)
 
 
 @dataclass(frozen=True)
@@ -92,7 +92,7 @@ def samples(device: str, dtype: torch.dtype = torch.float64, seed: int = 0) -> l
     return [
         Sample(
             "cdist_p1.5",
-            lambda x, z, backend: kermac.cdist(x, z, 1.5, backend=backend),
+            lambda x, z, backend, out=None: kermac.cdist(x, z, 1.5, backend=backend, out=out),
             (x, z),
             "pairwise",
             _pairwise_args(cdist_program(1.5, dtype=dtype), {"p": 1.5}),
@@ -100,7 +100,7 @@ def samples(device: str, dtype: torch.dtype = torch.float64, seed: int = 0) -> l
         ),
         Sample(
             "cdist_p2_view",
-            lambda x, z, backend: kermac.cdist(x, z, backend=backend),
+            lambda x, z, backend, out=None: kermac.cdist(x, z, backend=backend, out=out),
             (xt, z[0]),
             "pairwise",
             _pairwise_args(cdist_program(2.0, dtype=dtype), {}),
@@ -108,7 +108,7 @@ def samples(device: str, dtype: torch.dtype = torch.float64, seed: int = 0) -> l
         ),
         Sample(
             "matern52_batched_bandwidth_ridge",
-            lambda x, z, bw, backend: kermac.run_kernel(
+            lambda x, z, bw, backend, out=None: kermac.run_kernel(
                 "matern52", x, z, bandwidth=bw, regularization=0.1, offset_n=1, backend=backend
             ),
             (x, z, bw),
@@ -118,7 +118,9 @@ def samples(device: str, dtype: torch.dtype = torch.float64, seed: int = 0) -> l
         ),
         Sample(
             "run_program_user",
-            lambda x, z, backend: kermac.run_program(SOFT_L1, x, z, hypers={"eps": 0.25}, backend=backend),
+            lambda x, z, backend, out=None: kermac.run_program(
+                SOFT_L1, x, z, hypers={"eps": 0.25}, backend=backend, out=out
+            ),
             (x, z),
             "pairwise",
             _pairwise_args(SOFT_L1, {"eps": 0.25}),
@@ -126,7 +128,7 @@ def samples(device: str, dtype: torch.dtype = torch.float64, seed: int = 0) -> l
         ),
         Sample(
             "cdist_grad_p2",
-            lambda a, b, c, d, backend: kermac.cdist_grad(a, b, c, d, p=2.0, backend=backend),
+            lambda a, b, c, d, backend, out=None: kermac.cdist_grad(a, b, c, d, p=2.0, backend=backend, out=out),
             (a, b, c, d),
             "grad",
             _grad_args(grad_program(2.0), {}),
@@ -134,7 +136,7 @@ def samples(device: str, dtype: torch.dtype = torch.float64, seed: int = 0) -> l
         ),
         Sample(
             "cdist_grad_p1.5",
-            lambda a, b, c, d, backend: kermac.cdist_grad(a, b, c, d, p=1.5, backend=backend),
+            lambda a, b, c, d, backend, out=None: kermac.cdist_grad(a, b, c, d, p=1.5, backend=backend, out=out),
             (a, b, c, d),
             "grad",
             _grad_args(grad_program(1.5), {"p": 1.5}),
@@ -142,7 +144,9 @@ def samples(device: str, dtype: torch.dtype = torch.float64, seed: int = 0) -> l
         ),
         Sample(
             "run_grad_program_user",
-            lambda a, b, c, d, backend: kermac.run_grad_program(HUBER_GRAD, a, b, c, d, backend=backend),
+            lambda a, b, c, d, backend, out=None: kermac.run_grad_program(
+                HUBER_GRAD, a, b, c, d, backend=backend, out=out
+            ),
             (a, b, c, d),
             "grad",
             _grad_args(HUBER_GRAD, {}),

@@ -20,7 +20,9 @@ def model(x: torch.Tensor, z: torch.Tensor, bandwidth: torch.Tensor, backend: st
     k = kermac.run_kernel("gaussian", x, z, bandwidth=bandwidth, regularization=1e-3, backend=backend)
     d = kermac.cdist(x, z, 1.0, backend=backend)
     s = kermac.run_program(SOFT_L1, x, z, hypers={"eps": 0.5}, backend=backend)
-    agop = kermac.cdist_grad(k[0, 0].mT, z.mT, torch.ones(1, z.shape[0], dtype=x.dtype, device=x.device), x.mT, p=2.0, backend=backend)
+    agop = kermac.cdist_grad(
+        k[0, 0].mT, z.mT, torch.ones(1, z.shape[0], dtype=x.dtype, device=x.device), x.mT, p=2.0, backend=backend
+    )
     return (k * d).sum() + s.detach().sum() + agop.sum()
 
 
@@ -35,7 +37,7 @@ def _dtype(backend: str) -> torch.dtype:
     return torch.float64 if backend == "torch" else torch.float32
 
 
-def _check_against_eager(compiled, backend: str, device: str, m: int = 13) -> None:  # noqa: ANN001
+def _check_against_eager(compiled, backend: str, device: str, m: int = 13) -> None:
     x, z, bw = _inputs(device, _dtype(backend), m)
     value = compiled(x, z, bw, backend)
     gx, gz = torch.autograd.grad(value, (x, z))
@@ -47,7 +49,7 @@ def _check_against_eager(compiled, backend: str, device: str, m: int = 13) -> No
 
 
 @pytest.fixture(autouse=True)
-def _fresh_dynamo():  # noqa: ANN202
+def _fresh_dynamo():
     torch._dynamo.reset()
     yield
     torch._dynamo.reset()

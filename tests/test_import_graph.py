@@ -61,7 +61,13 @@ def _reachable(graph: dict[str, set[str]], start: str) -> set[str]:
 
 def test_the_graph_is_read() -> None:
     graph = _graph()
-    assert {"kermac.api", "kermac.autograd", "kermac.ops", "kermac.dispatch", "kermac.reference.backend"} <= graph.keys()
+    assert {
+        "kermac.api",
+        "kermac.autograd",
+        "kermac.ops",
+        "kermac.dispatch",
+        "kermac.reference.backend",
+    } <= graph.keys()
     assert "kermac.ops" in graph["kermac.api"] and "kermac.ir" in graph["kermac.programs"]
 
 

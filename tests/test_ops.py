@@ -21,7 +21,7 @@ from kermac.programs import program_from_key
 OPCHECK_TESTS = ("test_schema", "test_autograd_registration", "test_faketensor", "test_aot_dispatch_dynamic")
 
 
-def _op(sample, out: bool):  # noqa: ANN001, ANN202
+def _op(sample, out: bool):
     name = sample.op + ("_out" if out else "")
     return getattr(torch.ops.kermac, name).default
 
@@ -43,7 +43,7 @@ def test_opcheck(backend: str, device: str, index: int) -> None:
 
 
 @pytest.mark.parametrize("sample", samples("cpu"), ids=lambda s: s.name)
-def test_meta_tensors_give_meta_results(sample) -> None:  # noqa: ANN001
+def test_meta_tensors_give_meta_results(sample) -> None:
     """Every public operation on meta tensors returns a meta result of the real result's shape,
     strides and dtype, so model code can be traced and sized without a GPU."""
     real = sample(*sample.inputs, backend="torch")
@@ -85,7 +85,9 @@ def test_a_dispatch_mode_sees_one_kermac_call() -> None:
     """Under a dispatch mode (here make_fx's tracer) the call is the registered operation."""
     from torch.fx.experimental.proxy_tensor import make_fx
 
-    graph = make_fx(lambda x, z: kermac.run_kernel("laplace_l2", x, z, bandwidth=2.0))(torch.randn(4, 3), torch.randn(5, 3))
+    graph = make_fx(lambda x, z: kermac.run_kernel("laplace_l2", x, z, bandwidth=2.0))(
+        torch.randn(4, 3), torch.randn(5, 3)
+    )
     targets = [str(n.target) for n in graph.graph.nodes if n.op == "call_function"]
     assert targets == ["kermac.pairwise.default"]
 
@@ -110,7 +112,9 @@ def test_bad_operation_arguments_are_named() -> None:
     with pytest.raises(ValueError, match="program: expected the key of a pairwise program"):
         torch.ops.kermac.pairwise(x, x, "grad;(sub d b);acc", "", [], [], 0, 0, "torch", False, "t")
     with pytest.raises(ValueError, match="hyper_names: 2 names for 1 numbers"):
-        torch.ops.kermac.pairwise(x, x, "pairwise;sum;(abs (sub x z));acc", "a,b", [1.0], [None], 0, 0, "torch", False, "t")
+        torch.ops.kermac.pairwise(
+            x, x, "pairwise;sum;(abs (sub x z));acc", "a,b", [1.0], [None], 0, 0, "torch", False, "t"
+        )
     with pytest.raises(ValueError, match="program: expected the key of a PairwiseProgram or GradProgram"):
         program_from_key("pairwise;sum")
     with pytest.raises(NotImplementedError, match="because"):
@@ -126,7 +130,12 @@ def test_program_keys_round_trip(seed: int) -> None:
 
 
 def test_sexpr_errors_name_the_token() -> None:
-    for text, what in [("(add x", "missing ')'"), ("(add x z) z", "unexpected 'z'"), (")", "unexpected ')'"), ("", "ended")]:
+    for text, what in [
+        ("(add x", "missing ')'"),
+        ("(add x z) z", "unexpected 'z'"),
+        (")", "unexpected ')'"),
+        ("", "ended"),
+    ]:
         with pytest.raises(ValueError, match=re.escape(what)):
             ir.from_sexpr(text)
 

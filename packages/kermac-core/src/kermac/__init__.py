@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from kermac import autograd as _autograd  # registers the backward of kermac's torch.library operations
+from kermac import autograd as _autograd  # noqa: F401 (registers the backward of kermac's torch.library operations)
 from kermac import ir, presets
 from kermac._version import __version__
 from kermac.api import backends, cdist, cdist_grad, run_grad_program, run_kernel, run_program

@@ -31,8 +31,8 @@ from kermac.hyperparams import (
     prepare_hypers,
 )
 from kermac.logs import debug_enabled
-from kermac.ops import constant_for_compile
 from kermac.lowering import cdist_program, grad_program, plain_power_limit
+from kermac.ops import constant_for_compile
 from kermac.problem import check_tensor
 from kermac.programs import GradProgram, PairwiseProgram
 
@@ -355,7 +355,12 @@ def _pairwise(
     op: str,
 ) -> torch.Tensor:
     """Run the pairwise program with key `program` ([`kermac.ops.pairwise`][kermac.ops.pairwise])."""
-    if out is not None and torch.is_grad_enabled() and isinstance(z, torch.Tensor) and (x.requires_grad or z.requires_grad):
+    if (
+        out is not None
+        and torch.is_grad_enabled()
+        and isinstance(z, torch.Tensor)
+        and (x.requires_grad or z.requires_grad)
+    ):
         raise RuntimeError(
             f"{op}: out= is not supported when x or z requires grad (autograd needs an output of its own); "
             "drop out=, or call under torch.no_grad()"

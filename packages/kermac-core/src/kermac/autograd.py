@@ -127,7 +127,7 @@ def _epilogue_slope(program: PairwiseProgram) -> ir.Expr:
     return derivative(program.epilogue, "acc")
 
 
-def _setup_pairwise(ctx, inputs, output) -> None:  # noqa: ANN001
+def _setup_pairwise(ctx, inputs, output) -> None:
     x, z, program, names, numbers, tensors, offset_m, offset_n, backend, debug, op = inputs
     # Tensor hyperparameters are saved too: torch then refuses a backward after one was changed in place.
     ctx.save_for_backward(x, z, *(t for t in tensors if t is not None))
@@ -135,7 +135,7 @@ def _setup_pairwise(ctx, inputs, output) -> None:  # noqa: ANN001
     ctx.list_grads = _no_list_grads(numbers, tensors)
 
 
-def _backward_pairwise(ctx, g):  # noqa: ANN001, ANN202
+def _backward_pairwise(ctx, g):
     x, z, *saved = ctx.saved_tensors
     program, names, numbers, present, offset_m, offset_n, backend, debug, op = ctx.call
     found = iter(saved)
@@ -271,7 +271,7 @@ def _extreme_gradients(
     return grad_x, grad_z
 
 
-def _setup_grad(ctx, inputs, output) -> None:  # noqa: ANN001
+def _setup_grad(ctx, inputs, output) -> None:
     a, b, c, d, program, _, numbers, tensors, *_, op = inputs
     ctx.save_for_backward(a, b, c, d)
     ctx.list_grads = _no_list_grads(numbers, tensors)
@@ -279,11 +279,13 @@ def _setup_grad(ctx, inputs, output) -> None:  # noqa: ANN001
     ctx.op = op
 
 
-def _backward_grad(ctx, g):  # noqa: ANN001, ANN202
+def _backward_grad(ctx, g):
     a, b, c, d = ctx.saved_tensors
     want = ctx.needs_input_grad[:4]
     if not ctx.bilinear:
-        reason = _first_order_only(ctx.op, "a gradient contraction with p ≠ 2 (cdist_grad is differentiable for p = 2 only)")
+        reason = _first_order_only(
+            ctx.op, "a gradient contraction with p ≠ 2 (cdist_grad is differentiable for p = 2 only)"
+        )
         grads = tuple(_no_gradient(t, reason) if w else None for t, w in zip((a, b, c, d), want, strict=True))
     else:
         grads = _bilinear_gradients(a, b, c, d, g, want)
@@ -305,15 +307,16 @@ def _bilinear_gradients(
         (gc * C[..., :, None, :]).sum(-3) if want[3] else None,
     )
     return tuple(
-        None if t is None else t.to(ref.dtype).sum_to_size(ref.shape) for t, ref in zip(grads, (a, b, c, d), strict=True)
+        None if t is None else t.to(ref.dtype).sum_to_size(ref.shape)
+        for t, ref in zip(grads, (a, b, c, d), strict=True)
     )
 
 
-def _setup_first_order_only(ctx, inputs, output) -> None:  # noqa: ANN001
+def _setup_first_order_only(ctx, inputs, output) -> None:
     ctx.reason = inputs[1]
 
 
-def _backward_first_order_only(ctx, g):  # noqa: ANN001, ANN202
+def _backward_first_order_only(ctx, g):
     return _no_gradient(g, ctx.reason), None
 
 

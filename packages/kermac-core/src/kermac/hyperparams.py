@@ -167,6 +167,11 @@ def check_values(hv: HyperValue, check: Check) -> None:
     Meta tensors hold no values: nothing to check."""
     if hv.tensor is None or hv.tensor.device.type == "meta":
         return
+    if hv.tensor.is_cuda and torch.cuda.is_current_stream_capturing():
+        raise RuntimeError(
+            f"{hv.name}: debug=True checks tensor hyperparameters on the host, which a CUDA graph capture "
+            "forbids; capture without debug (invalid values then give NaN)"
+        )
     for v in hv.tensor.detach().reshape(-1).tolist():
         _checked(hv.name, v, check)
 

@@ -6,22 +6,23 @@ custom operation in the `kermac` namespace, with a fake (meta) implementation an
 
 | operation | computes |
 |---|---|
-| `kermac::pairwise(x, z, program, hyper_names, numbers, tensors, offset_m, offset_n, backend, debug, op) -> Tensor` | a pairwise program ([`kermac.programs`][kermac.programs]) |
+| `kermac::pairwise(x, z, program, hyper_names, numbers, tensors, offset_m, offset_n, backend, debug, op)` | pairwise |
 | `kermac::pairwise_out(..., Tensor(a!) out) -> ()` | the same into `out` |
-| `kermac::grad(a, b, c, d, program, hyper_names, numbers, tensors, backend, debug, op) -> Tensor` | a gradient program |
+| `kermac::grad(a, b, c, d, program, hyper_names, numbers, tensors, backend, debug, op)` | gradient |
 | `kermac::grad_out(..., Tensor(a!) out) -> ()` | the same into `out` |
 | `kermac::no_gradient(like, reason) -> Tensor` | raises `NotImplementedError(reason)` when run |
 | `kermac::first_order_only(value, reason) -> Tensor` | a copy of `value` whose own backward is `no_gradient` |
 
-A program travels as its key (its canonical text, [`program_from_key`][kermac.programs.program_from_key]);
-hyperparameters as `hyper_names` (comma-separated, the order of the two lists) with, per name, a number
-(`numbers[i]`) or a tensor (`tensors[i]`, which then wins).  The backend is chosen inside the
+A program ([`kermac.programs`][kermac.programs]) travels as its key (its canonical text,
+[`program_from_key`][kermac.programs.program_from_key]); hyperparameters as `hyper_names`
+(comma-separated, the order of the two lists) with, per name, a number (`numbers[i]`) or a tensor
+(`tensors[i]`, which then wins).  The backend is chosen inside the
 operation, so a trace (`torch.compile`, `torch.export`, `make_fx`) records one opaque call whose
 fake implementation gives the exact output shape, dtype, device and (contiguous) strides, after the
 same validation the real one runs.
 
-[`pairwise`][kermac.ops.pairwise] and [`grad`][kermac.ops.grad] are what the public operations call: for plain tensors on
-a real device with no autograd to record, outside any trace or dispatch mode, they run the pass
+[`pairwise`][kermac.ops.pairwise] and [`grad`][kermac.ops.grad] are what the public operations call: for plain
+tensors on a real device with no autograd to record, outside any trace or dispatch mode, they run the pass
 directly (the dispatcher would add its own host time to every small call and change nothing);
 otherwise they call the registered operation.
 """
@@ -68,7 +69,11 @@ def constant_for_compile(fn: F) -> F:
 def runs_directly(*tensors: torch.Tensor) -> bool:
     """Whether a call on `tensors` may skip the dispatcher: no trace, no dispatch or function mode, no
     autograd to record, and every tensor a plain `torch.Tensor` (no subclass, no fake tensor) off `meta`."""
-    if torch.compiler.is_compiling() or torch._C._len_torch_dispatch_stack() or torch._C._is_torch_function_mode_enabled():
+    if (
+        torch.compiler.is_compiling()
+        or torch._C._len_torch_dispatch_stack()
+        or torch._C._is_torch_function_mode_enabled()
+    ):
         return False
     grad = torch.is_grad_enabled()
     for t in tensors:
@@ -77,7 +82,9 @@ def runs_directly(*tensors: torch.Tensor) -> bool:
     return True
 
 
-def hypers_from_args(names: str, numbers: Sequence[float], tensors: Sequence[torch.Tensor | None]) -> dict[str, HyperValue]:
+def hypers_from_args(
+    names: str, numbers: Sequence[float], tensors: Sequence[torch.Tensor | None]
+) -> dict[str, HyperValue]:
     """The hyperparameters an operation received, as [`HyperValue`][kermac.hyperparams.HyperValue]s."""
     if not names:
         return {}
@@ -165,7 +172,7 @@ def _grad_program(key: str) -> GradProgram:
     return program
 
 
-def _pairwise_problem(x, z, program, names, numbers, tensors, offset_m, offset_n, debug, out=None, fake=False):  # noqa: ANN001, ANN202
+def _pairwise_problem(x, z, program, names, numbers, tensors, offset_m, offset_n, debug, out=None, fake=False):
     hypers = hypers_from_args(names, numbers, tensors)
     return pairwise_problem(
         _pairwise_program(program), x, z, out=out, hypers=hypers, offset_m=offset_m, offset_n=offset_n, debug=debug,
@@ -173,70 +180,70 @@ def _pairwise_problem(x, z, program, names, numbers, tensors, offset_m, offset_n
     )  # fmt: skip
 
 
-def _grad_problem(a, b, c, d, program, names, numbers, tensors, debug, out=None, fake=False):  # noqa: ANN001, ANN202
+def _grad_problem(a, b, c, d, program, names, numbers, tensors, debug, out=None, fake=False):
     hypers = hypers_from_args(names, numbers, tensors)
     return grad_problem(_grad_program(program), a, b, c, d, out=out, hypers=hypers, debug=debug, fake=fake)
 
 
 @torch.library.custom_op("kermac::pairwise", mutates_args=(), schema=f"({_PAIRWISE_ARGS}) -> Tensor")
-def _pairwise_op(x, z, program, hyper_names, numbers, tensors, offset_m, offset_n, backend, debug, op):  # noqa: ANN001, ANN202
+def _pairwise_op(x, z, program, hyper_names, numbers, tensors, offset_m, offset_n, backend, debug, op):
     problem = _pairwise_problem(x, z, program, hyper_names, numbers, tensors, offset_m, offset_n, debug)
     return run_pairwise(problem, backend, op)
 
 
 @_pairwise_op.register_fake
-def _(x, z, program, hyper_names, numbers, tensors, offset_m, offset_n, backend, debug, op):  # noqa: ANN001, ANN202
+def _(x, z, program, hyper_names, numbers, tensors, offset_m, offset_n, backend, debug, op):
     return _pairwise_problem(x, z, program, hyper_names, numbers, tensors, offset_m, offset_n, debug, fake=True).out
 
 
 @torch.library.custom_op(
     "kermac::pairwise_out", mutates_args=("out",), schema=f"({_PAIRWISE_ARGS}, Tensor(a!) out) -> ()"
 )
-def _pairwise_out_op(x, z, program, hyper_names, numbers, tensors, offset_m, offset_n, backend, debug, op, out):  # noqa: ANN001, ANN202
+def _pairwise_out_op(x, z, program, hyper_names, numbers, tensors, offset_m, offset_n, backend, debug, op, out):
     problem = _pairwise_problem(x, z, program, hyper_names, numbers, tensors, offset_m, offset_n, debug, out)
     run_pairwise(problem, backend, op)
 
 
 @_pairwise_out_op.register_fake
-def _(x, z, program, hyper_names, numbers, tensors, offset_m, offset_n, backend, debug, op, out):  # noqa: ANN001, ANN202
+def _(x, z, program, hyper_names, numbers, tensors, offset_m, offset_n, backend, debug, op, out):
     _pairwise_problem(x, z, program, hyper_names, numbers, tensors, offset_m, offset_n, debug, out, fake=True)
 
 
 @torch.library.custom_op("kermac::grad", mutates_args=(), schema=f"({_GRAD_ARGS}) -> Tensor")
-def _grad_op(a, b, c, d, program, hyper_names, numbers, tensors, backend, debug, op):  # noqa: ANN001, ANN202
+def _grad_op(a, b, c, d, program, hyper_names, numbers, tensors, backend, debug, op):
     return run_grad(_grad_problem(a, b, c, d, program, hyper_names, numbers, tensors, debug), backend, op)
 
 
 @_grad_op.register_fake
-def _(a, b, c, d, program, hyper_names, numbers, tensors, backend, debug, op):  # noqa: ANN001, ANN202
+def _(a, b, c, d, program, hyper_names, numbers, tensors, backend, debug, op):
     return _grad_problem(a, b, c, d, program, hyper_names, numbers, tensors, debug, fake=True).out
 
 
 @torch.library.custom_op("kermac::grad_out", mutates_args=("out",), schema=f"({_GRAD_ARGS}, Tensor(a!) out) -> ()")
-def _grad_out_op(a, b, c, d, program, hyper_names, numbers, tensors, backend, debug, op, out):  # noqa: ANN001, ANN202
+def _grad_out_op(a, b, c, d, program, hyper_names, numbers, tensors, backend, debug, op, out):
     run_grad(_grad_problem(a, b, c, d, program, hyper_names, numbers, tensors, debug, out), backend, op)
 
 
 @_grad_out_op.register_fake
-def _(a, b, c, d, program, hyper_names, numbers, tensors, backend, debug, op, out):  # noqa: ANN001, ANN202
+def _(a, b, c, d, program, hyper_names, numbers, tensors, backend, debug, op, out):
     _grad_problem(a, b, c, d, program, hyper_names, numbers, tensors, debug, out, fake=True)
 
 
 @torch.library.custom_op("kermac::no_gradient", mutates_args=(), schema="(Tensor like, str reason) -> Tensor")
-def _no_gradient_op(like, reason):  # noqa: ANN001, ANN202
+def _no_gradient_op(like, reason):
     raise NotImplementedError(reason)
 
 
 @_no_gradient_op.register_fake
-def _(like, reason):  # noqa: ANN001, ANN202
+def _(like, reason):
     return torch.empty_like(like)
 
 
 @torch.library.custom_op("kermac::first_order_only", mutates_args=(), schema="(Tensor value, str reason) -> Tensor")
-def _first_order_only_op(value, reason):  # noqa: ANN001, ANN202
+def _first_order_only_op(value, reason):
     return value.clone()
 
 
 @_first_order_only_op.register_fake
-def _(value, reason):  # noqa: ANN001, ANN202
+def _(value, reason):
     return torch.empty_like(value)

@@ -130,7 +130,9 @@ class PairwiseProgram:
 
     def key(self) -> str:
         """Canonical text of the program (computed once)."""
-        return _derived(self, "_key", lambda: f"pairwise;{self.reduction};{to_sexpr(self.inner)};{to_sexpr(self.epilogue)}")
+        return _derived(
+            self, "_key", lambda: f"pairwise;{self.reduction};{to_sexpr(self.inner)};{to_sexpr(self.epilogue)}"
+        )
 
 
 @dataclass(frozen=True)
