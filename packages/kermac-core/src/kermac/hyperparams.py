@@ -135,6 +135,8 @@ class HyperValue:
 
 def normalize_hyper(name: str, value: object, *, device: torch.device, check: Check) -> HyperValue:
     """Validate one hyperparameter; see the module documentation for what is accepted."""
+    if type(value) is float:  # the common case, without the abstract-base-class checks below
+        return HyperValue(name, _checked(name, value, check))
     if isinstance(value, torch.Tensor):
         return _normalize_tensor(name, value, device, check)
     if isinstance(value, bool) or not isinstance(value, numbers.Real):  # numpy's bool_ is no Real either

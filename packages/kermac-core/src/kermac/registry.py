@@ -2,7 +2,8 @@
 
 `auto` ranks the available backends that accept a problem by the cost table of its device
 ([`kermac.costs`][kermac.costs]: measured milliseconds per problem class), then by `preference()` for the
-backends the table does not list (see [`select_backend`][kermac.registry.select_backend]).
+backends the table does not list (see [`select_backend`][kermac.registry.select_backend]).  A backend's
+`priority` and `availability()` are read once per process (per [`reset`][kermac.registry.reset]).
 
 Discovery ([`kermac.discovery`][kermac.discovery]) loads each entry point of `kermac.backends` on its own,
 within a time limit; every plugin it refuses or that fails is reported once -- a
@@ -100,6 +101,9 @@ class _Registry:
     costs: CostTables = field(default_factory=CostTables)
     availability: dict[str, tuple[Availability, bool]] = field(default_factory=dict)  # (value, a plugin error)
     reported: set[tuple[str, str]] = field(default_factory=set)  # (backend, hook) plugin errors warned about
+    # auto's candidates: (priority, name, entry) of the available backends of priority >= 0, highest
+    # priority first, and why the others are left out; built on auto's first call.
+    candidates: tuple[list[tuple[int, str, Loaded]], list[str]] | None = None
 
 
 _lock = threading.Lock()
@@ -321,22 +325,10 @@ def select_backend(backend: str, problem: object, check: Callable[[Backend, obje
     if name != AUTO:
         return _forced(reg, name, problem, check, what)
     costs = reg.costs.costs(problem)
-    reasons, candidates = [], []
-    for bname, entry in reg.found.backends.items():
-        try:
-            candidates.append((_priority(entry), bname, entry))  # read once per call: a property may compute it
-        except _PluginError as err:
-            _report(reg, bname, entry, err, "auto skips it")
-            reasons.append(f"{bname}: {_plugin_error(entry, err)}")
-    candidates.sort(key=lambda c: -c[0])
+    candidates, left_out = _auto_candidates(reg)
+    reasons = list(left_out)
     ranked = []
     for priority, bname, entry in candidates:
-        if priority < 0:
-            continue  # opt-in backends run only when named
-        av, _ = _availability(reg, bname, entry)
-        if not av.available:
-            reasons.append(f"{bname}: {av.reason}")
-            continue
         ms = costs.get(bname)
         if ms is not None:  # measured: ahead of every unmeasured backend, the fastest first
             rank = (1, -ms, priority)
@@ -356,6 +348,34 @@ def select_backend(backend: str, problem: object, check: Callable[[Backend, obje
             return entry.backend
         reasons.append(f"{bname}: {reason}")
     raise UnsupportedProblemError(f"no backend can run this {what} ({'; '.join(reasons) or 'no backends registered'})")
+
+
+def _auto_candidates(reg: _Registry) -> tuple[list[tuple[int, str, Loaded]], list[str]]:
+    """`auto`'s candidates and why the other backends are not among them, computed once per registry
+    (priorities and availability are facts of a backend in a process; reading them once keeps `auto`
+    within a few microseconds of a named backend)."""
+    cached = reg.candidates
+    if cached is not None:
+        return cached
+    reasons, candidates = [], []
+    for bname, entry in reg.found.backends.items():
+        try:
+            candidates.append((_priority(entry), bname, entry))
+        except _PluginError as err:
+            _report(reg, bname, entry, err, "auto skips it")
+            reasons.append(f"{bname}: {_plugin_error(entry, err)}")
+    candidates.sort(key=lambda c: -c[0])
+    available = []
+    for priority, bname, entry in candidates:
+        if priority < 0:
+            continue  # opt-in backends run only when named
+        av, _ = _availability(reg, bname, entry)
+        if not av.available:
+            reasons.append(f"{bname}: {av.reason}")
+            continue
+        available.append((priority, bname, entry))
+    reg.candidates = (available, reasons)
+    return reg.candidates
 
 
 def _forced(
