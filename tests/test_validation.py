@@ -340,15 +340,20 @@ def test_tensors_kernels_cannot_address_are_refused(backend: str) -> None:
         pytest.importorskip("triton")
     neg = lambda *shape: torch.randn(*shape, dtype=torch.complex64).conj().imag  # noqa: E731
     x, z = torch.randn(3, 4), torch.randn(5, 4)
-    assert neg(3, 4).is_neg()
+    bandwidth = torch.complex(torch.zeros(2), -1 - torch.rand(2)).conj().imag  # values in (1, 2), negative bit
+    assert neg(3, 4).is_neg() and bandwidth.is_neg() and (bandwidth > 1).all()
     for call, name in [
         (lambda: kermac.cdist(neg(3, 4), z, backend=backend), "x"),
         (lambda: kermac.cdist(x, neg(5, 4), backend=backend), "z"),
         (lambda: kermac.cdist(x, z, out=neg(3, 5), backend=backend), "out"),
-        (lambda: kermac.run_kernel("laplace_l1", x, z, bandwidth=neg(2), backend=backend), "bandwidth"),
+        (lambda: kermac.run_kernel("laplace_l1", x, z, bandwidth=bandwidth, backend=backend, debug=True), "bandwidth"),
         (lambda: kermac.cdist_grad(x, neg(2, 3), torch.randn(1, 3), torch.randn(2, 4), backend=backend), "b"),
     ]:
         with pytest.raises(ValueError, match=msg(f"{name}:", "negative bit", f"{name}.resolve_neg()")):
             call()
     with pytest.raises(TypeError, match=msg("x:", "dense (strided)", "sparse")):
         kermac.cdist(x.to_sparse(), z, backend=backend)
+    # Without debug a tensor hyperparameter is read through its range-checked copy, which holds the values.
+    got = kermac.run_kernel("laplace_l1", x, z, bandwidth=bandwidth, backend=backend)
+    expected = kermac.run_kernel("laplace_l1", x, z, bandwidth=bandwidth.resolve_neg(), backend=backend)
+    torch.testing.assert_close(got, expected)

@@ -229,6 +229,8 @@ def _hyper_shapes(hypers: Mapping[str, HyperValue]) -> dict[str, tuple[int, ...]
 
 
 def _offset(name: str, off: object) -> int:
+    if type(off) is int and -(2**63) <= off < 2**63:  # the common case, without the ABC check below
+        return off
     if isinstance(off, bool) or not isinstance(off, numbers.Integral):
         raise TypeError(f"{name}: expected an int, got {type(off).__name__}")
     off = int(off)
@@ -268,21 +270,19 @@ def pairwise_problem(
     z = check_tensor("z", z)
     _check_memory({"x": x, "z": z}, hypers)
     _same(("x", "z"), (x, z))
-    if x.shape[-1] != z.shape[-1]:
-        raise ValueError(
-            f"z: expected {x.shape[-1]} features in the last dimension (as x), "
-            f"got shape {list(z.shape)} (x: {list(x.shape)})"
-        )
+    xs, zs = x.shape, z.shape
+    (m, d), n = xs[-2:], zs[-2]
+    if zs[-1] != d:
+        raise ValueError(f"z: expected {d} features in the last dimension (as x), got shape {list(zs)} (x: {list(xs)})")
     offset_m, offset_n = _offset("offset_m", offset_m), _offset("offset_n", offset_n)
-    batch = _batch_shape({"x": tuple(x.shape[:-2]), "z": tuple(z.shape[:-2]), **_hyper_shapes(hypers)})
-    m, n, d = x.shape[-2], z.shape[-2], x.shape[-1]
+    batch = _batch_shape({"x": tuple(xs[:-2]), "z": tuple(zs[:-2]), **_hyper_shapes(hypers)})
     offset_m, offset_n = diagonal_offsets(offset_m, offset_n, m, n)
     return PairwiseProblem(
         program=program,
         x=_expand(x, batch + (m, d)),
         z=_expand(z, batch + (n, d)),
         out=_prepare_out(out, batch + (m, n), x, {"x": x, "z": z}, hypers, fake),
-        hypers={k: h.expanded(batch) for k, h in hypers.items()},
+        hypers={k: h.expanded(batch) for k, h in hypers.items()} if hypers else hypers,
         offset_m=offset_m,
         offset_n=offset_n,
         batch_shape=batch,
