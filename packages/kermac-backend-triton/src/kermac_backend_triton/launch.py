@@ -292,9 +292,8 @@ def run_pairwise(
     if launcher is None:
         spec = _pairwise_spec(problem, family.kernel, nbatch, int64)
         extra = {**_launch_meta(spec, tuning, d), "KEY": bucket, **_transposed(problem, spec)}
-        launcher = _first_launch(family, key, spec, tuning, problem.debug, args, extra, (batch, m, n))
-        if launcher is None:
-            return
+        _first_launch(family, key, spec, tuning, problem.debug, args, extra, (batch, m, n))
+        return
     tm, tn = launcher.tiles
     launcher.launch(args, batch * _cdiv(m, tm) * _cdiv(n, tn), device)
 
@@ -333,9 +332,8 @@ def run_grad(
     if launcher is None:
         spec = spec_of()
         extra = _launch_meta(spec, tuning, k) | {"KEY": bucket, "BO": block_o}
-        launcher = _first_launch(family, key, spec, tuning, problem.debug, args, extra, (batches, n, m))
-        if launcher is None:
-            return
+        _first_launch(family, key, spec, tuning, problem.debug, args, extra, (batches, n, m))
+        return
     tn, tm = launcher.tiles
     launcher.launch(args, batches * _cdiv(n, tn) * _cdiv(m, tm), device)
 
@@ -408,9 +406,9 @@ def _first_launch(
     args: list,
     meta: dict[str, Any],
     grid_sizes: tuple[int, int, int],
-) -> Launcher | None:
+) -> None:
     """Compile (and autotune) the variant of `key` through `kernel[grid]`, launch it and keep its
-    `Launcher`; `None` where Triton launched nothing (a JIT hook may skip a launch).
+    `Launcher` for the key's later calls (none where Triton launched nothing: a JIT hook may skip one).
 
     `grid_sizes`: (programs per output tile, output rows, output columns) of the launch.
     """
@@ -428,11 +426,10 @@ def _first_launch(
 
     with device_guard(device):
         result = kernel[grid](*args, **meta)
-    if not bound:
-        return None
-    launcher = make_launcher(kernel, meta, tiles_of(bound[0]), args, result, dict(bound[0]), device)
-    with _lock:
-        return family.launchers.setdefault(key, launcher)
+    if bound:
+        launcher = make_launcher(kernel, meta, tiles_of(bound[0]), args, result, dict(bound[0]), device)
+        with _lock:
+            family.launchers.setdefault(key, launcher)
 
 
 def _run_forced(
