@@ -12,10 +12,19 @@ from __future__ import annotations
 __all__ = ["interpreting"]
 
 
+_knobs = None
+
+
 def interpreting() -> bool:
-    """Whether Triton runs kernels in its CPU interpreter; `False` where triton cannot be imported."""
-    try:
-        from triton import knobs
-    except Exception:  # an unusable triton interprets nothing; availability() reports why
-        return False
-    return bool(knobs.runtime.interpret)
+    """Whether Triton runs kernels in its CPU interpreter; `False` where triton cannot be imported.
+
+    Asked on every call (the variable may change); the module is imported once.
+    """
+    global _knobs
+    if _knobs is None:
+        try:
+            from triton import knobs
+        except Exception:  # an unusable triton interprets nothing; availability() reports why
+            return False
+        _knobs = knobs
+    return bool(_knobs.runtime.interpret)
