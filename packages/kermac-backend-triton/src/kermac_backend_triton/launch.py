@@ -243,6 +243,8 @@ def _batch_args(problem: PairwiseProblem | GradProblem, operands: list[str]) -> 
 def _hyper_values(problem: PairwiseProblem | GradProblem) -> tuple[list[object], list[str]]:
     """The hyperparameter arguments in the program's order, and the names of the tensor ones."""
     hypers = problem.hypers
+    if not hypers:
+        return [], []
     values = [hypers[name] for name in problem.program.hypers]
     tensors = [h.name for h in values if h.tensor is not None]
     return [h.tensor if h.tensor is not None else h.scalar for h in values], tensors

@@ -77,10 +77,9 @@ def int_facts(specialised: Sequence[int], unspecialised: Sequence[int]) -> tuple
     leaves int32).  Two calls with equal facts bind the same compiled kernel.
     """
     facts = tuple([1 if v == 1 else 0 if v & 15 else 16 for v in specialised])
-    if (specialised and (min(specialised) < _I32[0] or max(specialised) > _I32[1])) or (
-        unspecialised and (min(unspecialised) < _I32[0] or max(unspecialised) > _I32[1])
-    ):
-        return facts, tuple(_int_type(v) for v in (*specialised, *unspecialised))
+    every = [*specialised, *unspecialised]
+    if every and (min(every) < _I32[0] or max(every) > _I32[1]):
+        return facts, tuple(_int_type(v) for v in every)
     return facts, None
 
 
