@@ -357,3 +357,49 @@ def test_only_a_first_launch_consults_the_capture_guard(fresh: None, monkeypatch
     launch.run_pairwise(pairwise_problem(program, x, z, out=out, hypers={}))
     assert asked[1:] == ["ok"]
     _check(out, _ref(x, z, 1.0), "after the capture")
+
+
+# --- the grid-size check's early return -----------------------------------------------------------
+
+
+def test_the_grid_size_check_agrees_with_the_smallest_tiles() -> None:
+    """Where every output could take a program of its own the check returns early; elsewhere it
+    counts the smallest tiles.  Either way the verdict is the tile count's (stride-0 operands:
+    no memory behind the large sizes)."""
+    from kermac.problem import GradProblem, PairwiseProblem
+
+    configs = launch.configs
+    limit = 2**31 - 1
+
+    def tiles_pairwise(batch: int, m: int, n: int) -> int:
+        return batch * min(
+            -(-m // (c["MI"] * c["MT"])) * -(-n // (c["NI"] * c["NT"])) for c, _, _ in configs.PAIRWISE_SPACE
+        )
+
+    def tiles_grad(batch: int, m: int, n: int, o: int) -> int:
+        pairs = min(-(-n // c["BN"]) * -(-m // c["BM"]) for c, *_ in configs.GRAD_SPACE)
+        return batch * -(-o // configs.grad_block_o(o)) * pairs
+
+    one = torch.zeros(1, 1)
+    for batch, m, n in [
+        (1, 3, 5),
+        (1, 2**16, 2**15),
+        (2**14, 2**9, 2**9),
+        (2**20, 2**12, 2**12),
+        (2**25, 2**8, 2**8),
+        (2**25, 2**12, 2**12),
+    ]:
+        x = one.expand(batch, m, 1)
+        z = one.expand(batch, n, 1)
+        problem = PairwiseProblem(presets.l1_distance.lower(), x, z, one, {}, 0, 0, (batch,))
+        verdict = launch.grid_size_problem(problem)
+        assert (verdict is None) == (tiles_pairwise(batch, m, n) <= limit), (batch, m, n, verdict)
+    for batch, m, n, o in [(1, 5, 3, 2), (2**10, 2**12, 2**8, 17), (2**16, 2**12, 2**12, 64)]:
+        a = one.expand(batch, 1, m)
+        b = one.expand(batch, n, 1)
+        c = one.expand(batch, o, 1)
+        d = one.expand(batch, n, m)
+        program = kermac.GradProgram(kermac.ir.Var("d") - kermac.ir.Var("b"), kermac.ir.Var("acc"))
+        problem = GradProblem(program, a, b, c, d, one, {}, (batch,))
+        verdict = launch.grid_size_problem(problem)
+        assert (verdict is None) == (tiles_grad(batch, m, n, o) <= limit), (batch, m, n, o, verdict)
