@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 from kermac.backend import Availability, Backend
 from kermac.problem import PairwiseProblem
 from kermac_backend_triton.interpreter import interpreting
-from kermac_backend_triton.launch import grid_size_problem, run_grad, run_pairwise, uses_tensor_cores
+from kermac_backend_triton.launch import grid_size_problem, pairwise_kernel, run_grad, run_pairwise
 from kermac_backend_triton.tuning import DEFAULT_TUNING, TritonTuning
 
 if TYPE_CHECKING:
@@ -93,7 +93,8 @@ class TritonBackend(Backend):
 
     def preference(self, problem: PairwiseProblem | GradProblem) -> int:
         """`TENSOR_CORE_PREFERENCE` where the tensor-core kernel runs on a GPU, else the priority."""
-        if isinstance(problem, PairwiseProblem) and uses_tensor_cores(problem, self.tuning) and not interpreting():
+        tc = isinstance(problem, PairwiseProblem) and pairwise_kernel(problem, self.tuning) == "tensor_cores"
+        if tc and not interpreting():
             return TENSOR_CORE_PREFERENCE
         return self.priority
 

@@ -48,6 +48,7 @@ __all__ = [
     "gluon_available",
     "grad_spec",
     "grid_size_problem",
+    "pairwise_kernel",
     "pairwise_spec",
     "run_grad",
     "run_pairwise",
@@ -268,6 +269,21 @@ def _pairwise_args(problem: PairwiseProblem, tc: bool) -> tuple[list, list[int],
     return args, [n, *strides, *layout_args], [m, d, off_m, off_n], 3 + len(hyper_args), nbatch, batch
 
 
+def _pairwise_family(problem: PairwiseProblem, tuning: TritonTuning) -> _Family:
+    x = problem.x
+    key = (problem.program, tuning, x.dtype, x.shape[-1] >= configs.TC_MIN_D, x.is_cuda)
+    family = _families.get(key)
+    if family is None:
+        compute = compute_type(x.dtype)
+        family = _family(key, lambda: _pairwise_kernel(problem, compute, tuning), compute)
+    return family
+
+
+def pairwise_kernel(problem: PairwiseProblem, tuning: TritonTuning = DEFAULT_TUNING) -> str:
+    """Which pairwise kernel runs `problem` (`pairwise_spec`'s `kernel`, looked up once per family)."""
+    return _pairwise_family(problem, tuning).kernel
+
+
 def run_pairwise(
     problem: PairwiseProblem, meta: dict[str, int] | None = None, *, tuning: TritonTuning = DEFAULT_TUNING
 ) -> None:
@@ -275,11 +291,7 @@ def run_pairwise(
     x = problem.x
     m, d = x.shape[-2:]
     n = problem.z.shape[-2]
-    fkey = (problem.program, tuning, x.dtype, d >= configs.TC_MIN_D, x.is_cuda)
-    family = _families.get(fkey)
-    if family is None:
-        compute = compute_type(x.dtype)
-        family = _family(fkey, lambda: _pairwise_kernel(problem, compute, tuning), compute)
+    family = _pairwise_family(problem, tuning)
     args, specialised, unspecialised, pointers, nbatch, batch = _pairwise_args(problem, family.kernel == "tensor_cores")
     tensors = [t for t in args[:pointers] if isinstance(t, torch.Tensor)]
     int64 = _needs_int64(tensors, batch * _cdiv(m, 16) * _cdiv(n, 16))
