@@ -8,10 +8,11 @@ stream of the operands' device.
 A call is keyed in two steps, each a dictionary lookup: its *family* (program, tuning, dtype,
 whether D reaches the tensor cores, device type) fixes the kernel; within it, the key holds the
 facts of this call that decide the compiled kernel and its configuration (device, coalesced
-batch dimensions, 64-bit indexing, the autotuning bucket, what Triton specialises on:
-`kermac_backend_triton.launchers.int_facts` and `~.pointer_facts`).  A key seen before launches its
-`Launcher`; a new one compiles, autotunes and launches through `kernel[grid]` (refused while a
-CUDA graph is being captured).
+batch dimensions, 64-bit indexing, the autotuning bucket, the gradient's `BO`, and what
+Triton specialises on: `kermac_backend_triton.launchers.int_facts`,
+`kermac_backend_triton.launchers.pointer_facts`).  A key seen before launches its `Launcher`;
+a new one compiles, autotunes and launches through `kernel[grid]` (refused while a CUDA graph
+is being captured).
 """
 
 from __future__ import annotations
@@ -246,14 +247,16 @@ def _hyper_values(problem: PairwiseProblem | GradProblem) -> tuple[list[object],
     hypers = problem.hypers
     if not hypers:
         return [], []
-    values = [hypers[name] for name in problem.program.hypers]
-    tensors = [h.name for h in values if h.tensor is not None]
+    names = problem.program.hypers
+    values = [hypers[name] for name in names]
+    tensors = [name for name, h in zip(names, values, strict=True) if h.tensor is not None]
     return [h.tensor if h.tensor is not None else h.scalar for h in values], tensors
 
 
 def _pairwise_args(problem: PairwiseProblem, tc: bool) -> tuple[list, list[int], list[int], int, int, int]:
-    """The per-call arguments of the pairwise entry kernel (up to the guard), its specialised and
-    unspecialised integers, the number of pointers and hyperparameters, batch dimensions and entries."""
+    """The per-call arguments of the pairwise entry kernel (the guard included for the tensor-core
+    kernel, `tc`), its specialised and unspecialised integers, the number of pointers and
+    hyperparameters, the coalesced batch dimensions and the batch entries."""
     x, z, out = problem.x, problem.z, problem.out
     m, d = x.shape[-2:]
     n = z.shape[-2]
