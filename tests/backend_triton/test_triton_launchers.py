@@ -30,8 +30,9 @@ triton = pytest.importorskip("triton")
 launch = pytest.importorskip("kermac_backend_triton.launch")
 launchers = importlib.import_module("kermac_backend_triton.launchers")  # part of the backend: never skipped
 
-if not launch.interpreting():
-    pytest.skip("the CPU tests of the launchers run the kernels through Triton's interpreter", allow_module_level=True)
+interpreted = pytest.mark.skipif(
+    not launch.interpreting(), reason="runs CPU tensors through Triton's interpreter (TRITON_INTERPRET=1)"
+)
 
 
 # --- the facts against Triton's own specialisation ------------------------------------------------
@@ -220,6 +221,7 @@ def _run(case: tuple) -> torch.Tensor:
     return problem.out
 
 
+@interpreted
 def test_each_key_component_has_its_own_launcher_and_computes_right(direct: list) -> None:
     """Each case differs from another in one key component: its first call compiles (a JIT
     launch), every later call launches directly; alternating calls stay right."""
@@ -242,6 +244,7 @@ def test_each_key_component_has_its_own_launcher_and_computes_right(direct: list
     assert sum(kind == "direct" for kind, _ in direct) == 2 * len(cases)
 
 
+@interpreted
 def test_the_direct_launch_passes_what_triton_bound(direct: list) -> None:
     """The compiled kernel gets the per-call arguments, then the autotuning key and the
     meta-parameters of the first launch, in the kernel's parameter order."""
@@ -263,6 +266,7 @@ def test_the_direct_launch_passes_what_triton_bound(direct: list) -> None:
     assert direct[-1][0] == "direct"
 
 
+@interpreted
 def test_a_64_bit_indexing_call_has_its_own_launcher(direct: list, monkeypatch: pytest.MonkeyPatch) -> None:
     """64-bit indexing is part of the key: a call that needs it never reuses the 32-bit kernel."""
     g = torch.Generator().manual_seed(7)
@@ -278,6 +282,7 @@ def test_a_64_bit_indexing_call_has_its_own_launcher(direct: list, monkeypatch: 
     _check(out, _ref(x, z, 1.0), "64-bit indices")
 
 
+@interpreted
 def test_gradient_launchers(direct: list) -> None:
     """The gradient contraction: a new key compiles, the same key launches directly, both right;
     BO (from O) is part of the key (O = 16 and 17 share a bucket, not a BO)."""
@@ -299,6 +304,7 @@ def test_gradient_launchers(direct: list) -> None:
     assert kinds == ["jit", "jit", "direct"]
 
 
+@interpreted
 def test_the_interpreter_never_launches_directly(fresh: None, monkeypatch: pytest.MonkeyPatch) -> None:
     """The real interpreter path: the launcher keeps no compiled kernel, later calls launch through
     `kernel[grid]` without looking the kernel up again, and stay right."""
@@ -335,6 +341,7 @@ def test_the_capture_guard_names_the_variant_and_what_to_do(monkeypatch: pytest.
     launchers.check_not_capturing(0, lambda: "not capturing")
 
 
+@interpreted
 def test_only_a_first_launch_consults_the_capture_guard(fresh: None, monkeypatch: pytest.MonkeyPatch) -> None:
     """A refused first launch compiles nothing and keeps no launcher; once it ran, the key's calls
     never ask again (the check costs a call into CUDA)."""
