@@ -39,7 +39,8 @@ interpreted = pytest.mark.skipif(
 
 
 def _triton_specialiser():
-    """Triton's per-argument specialisation: (type, attribute) of a value (native from Triton 3.6 on)."""
+    """Triton's per-argument specialisation: (type, attribute) of a value, from Triton's own code
+    (native from Triton 3.6 on; before, the JIT's Python specialiser with the CUDA backend's extra)."""
     try:
         from triton._C.libtriton import native_specialize_impl
         from triton.backends.compiler import BaseBackend
@@ -47,14 +48,16 @@ def _triton_specialiser():
         native_specialize_impl = None
     if native_specialize_impl is not None:
         return lambda v, specialise: native_specialize_impl(BaseBackend, v, False, specialise, True)
-    from triton.backends.compiler import BaseBackend
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import make_backend
     from triton.runtime import jit
 
-    def extra(arg, kind, align=True):
-        get = BaseBackend.get_int_specialization if kind == "int" else BaseBackend.get_tensor_specialization
-        return get(arg, align=align)
-
-    impl = jit.create_specialize_impl(extra)
+    extra = make_backend(GPUTarget("cuda", 90, 32)).get_arg_specialization
+    try:
+        impl = jit.create_specialize_impl(extra)
+    except TypeError:  # Triton 3.3: the extra is an argument of each call
+        impl3 = jit.create_specialize_impl()
+        return lambda v, specialise: impl3(v, extra, False, specialise, True)
     return lambda v, specialise: impl(v, False, specialise, True)
 
 
