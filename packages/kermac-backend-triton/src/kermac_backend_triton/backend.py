@@ -10,12 +10,13 @@ Its choices of kernel and autotuning are a `TritonTuning`
 
 from __future__ import annotations
 
+import functools
 from typing import TYPE_CHECKING
 
 from kermac.backend import Availability, Backend
 from kermac.problem import PairwiseProblem
 from kermac_backend_triton.interpreter import interpreting
-from kermac_backend_triton.launch import grid_size_problem, run_grad, run_pairwise, uses_tensor_cores
+from kermac_backend_triton.launch import grid_size_problem, pairwise_kernel, run_grad, run_pairwise
 from kermac_backend_triton.tuning import DEFAULT_TUNING, TritonTuning
 
 if TYPE_CHECKING:
@@ -29,6 +30,18 @@ TENSOR_CORE_PREFERENCE = 25
 p = 2 family on Triton's tensor-core kernel: above NVRTC's priority, because it measured faster than
 NVRTC's `mma.sync` kernel (docs/dev/triton-kernels.md).  Everything else keeps the priority (10).
 """
+
+
+@functools.cache
+def _too_old(index: int) -> str | None:
+    """Why CUDA device `index` cannot run Triton's compiled kernels, or `None` (asked once per device)."""
+    import torch
+
+    cc = torch.cuda.get_device_capability(index)
+    if cc < MIN_CAPABILITY:
+        name = torch.cuda.get_device_name(index)
+        return f"{name} (cuda:{index}) has compute capability {cc[0]}.{cc[1]}; Triton needs 8.0 or newer"
+    return None
 
 
 class TritonBackend(Backend):
@@ -66,15 +79,8 @@ class TritonBackend(Backend):
 
     def _check_device(self, device) -> str | None:
         if device.type == "cuda":
-            if interpreting():
-                return None
-            import torch
-
-            cc = torch.cuda.get_device_capability(device)
-            if cc < MIN_CAPABILITY:
-                name = torch.cuda.get_device_name(device)
-                return f"{name} ({device}) has compute capability {cc[0]}.{cc[1]}; Triton needs 8.0 or newer"
-            return None
+            old = _too_old(device.index)
+            return None if old is None or interpreting() else old  # the interpreter runs on any device
         if device.type == "cpu" and interpreting():
             return None
         return f"the Triton backend runs CUDA tensors (CPU ones under TRITON_INTERPRET=1); got tensors on {device}"
@@ -87,7 +93,8 @@ class TritonBackend(Backend):
 
     def preference(self, problem: PairwiseProblem | GradProblem) -> int:
         """`TENSOR_CORE_PREFERENCE` where the tensor-core kernel runs on a GPU, else the priority."""
-        if isinstance(problem, PairwiseProblem) and uses_tensor_cores(problem, self.tuning) and not interpreting():
+        tc = isinstance(problem, PairwiseProblem) and pairwise_kernel(problem, self.tuning) == "tensor_cores"
+        if tc and not interpreting():
             return TENSOR_CORE_PREFERENCE
         return self.priority
 

@@ -187,8 +187,8 @@ def grad_block_o(o: int) -> int:
 
 
 def bucket(*sizes: int) -> int:
-    """One integer naming the bit lengths of `sizes` (the autotuning key)."""
+    """One integer naming the bit lengths of `sizes` (Python ints; the autotuning key)."""
     key = 0
     for s in sizes:
-        key = key * 64 + min(63, int(s).bit_length())
+        key = key * 64 + min(63, s.bit_length())
     return key

@@ -12,10 +12,19 @@ from __future__ import annotations
 __all__ = ["interpreting"]
 
 
+_knobs: object = None  # triton.knobs once imported; False where it cannot be
+
+
 def interpreting() -> bool:
-    """Whether Triton runs kernels in its CPU interpreter; `False` where triton cannot be imported."""
-    try:
-        from triton import knobs
-    except Exception:  # an unusable triton interprets nothing; availability() reports why
-        return False
-    return bool(knobs.runtime.interpret)
+    """Whether Triton runs kernels in its CPU interpreter; `False` where `triton.knobs` cannot be imported.
+
+    Triton is asked on every call (the variable may change); the module is imported once.
+    """
+    global _knobs
+    if _knobs is None:
+        try:
+            from triton import knobs
+        except Exception:  # an unusable triton interprets nothing; availability() reports why
+            knobs = False
+        _knobs = knobs
+    return bool(_knobs and _knobs.runtime.interpret)

@@ -4,15 +4,25 @@ Nothing here synchronises with the host or allocates device memory: scalars trav
 arguments, tensor hyperparameters as pointers with per-batch strides, and every operand (any
 strides, stride-0 broadcast batches) is read in place.  The kernel runs on PyTorch's current
 stream of the operands' device.
+
+A call is keyed in two steps, each a dictionary lookup: its *family* (program, tuning, dtype,
+whether D reaches the tensor cores, device type) fixes the kernel; within it, the key holds the
+facts of this call that decide the compiled kernel and its configuration (device, coalesced
+batch dimensions, 64-bit indexing, the autotuning bucket, the gradient's `BO`, and what
+Triton specialises on: `kermac_backend_triton.launchers.int_facts`,
+`kermac_backend_triton.launchers.pointer_facts`).  A key seen before launches its `Launcher`;
+a new one compiles, autotunes and launches through `kernel[grid]` (refused while a CUDA graph
+is being captured).
 """
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import math
+import operator
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -23,6 +33,14 @@ from kermac.problem import GradProblem, PairwiseProblem
 from kermac_backend_triton import configs
 from kermac_backend_triton.generated import GRAD_ENTRY, PAIRWISE_ENTRY, GradSpec, PairwiseSpec, kernel_source
 from kermac_backend_triton.interpreter import interpreting
+from kermac_backend_triton.launchers import (
+    Launcher,
+    check_not_capturing,
+    device_guard,
+    int_facts,
+    make_launcher,
+    pointer_facts,
+)
 from kermac_backend_triton.modules import load_module
 from kermac_backend_triton.tuning import DEFAULT_TUNING, TritonTuning
 
@@ -31,6 +49,7 @@ __all__ = [
     "gluon_available",
     "grad_spec",
     "grid_size_problem",
+    "pairwise_kernel",
     "pairwise_spec",
     "run_grad",
     "run_pairwise",
@@ -63,11 +82,17 @@ def compute_type(dtype: torch.dtype) -> str:
 
 
 def _needs_int64(tensors: list[torch.Tensor], programs: int) -> bool:
-    for t in tensors:
-        extent = sum((size + TILE_SLACK) * abs(stride) for size, stride in zip(t.shape, t.stride(), strict=True))
-        if extent > INT32_MAX:
+    """Whether an index may pass int32: a tensor's extent (with `TILE_SLACK` rows of clamped
+    tiles) or the program count (doubled by index arithmetic)."""
+    if programs > INT32_MAX // 2:
+        return True
+    for t in tensors:  # torch strides are never negative
+        if sum(map(operator.mul, map(_SLACK, t.shape), t.stride())) > INT32_MAX:
             return True
-    return programs > INT32_MAX // 2
+    return False
+
+
+_SLACK = TILE_SLACK.__add__
 
 
 def _layout_args(layout: BatchLayout, operands: list[str]) -> list[int]:
@@ -105,17 +130,8 @@ def _kernel(spec: PairwiseSpec | GradSpec, autotune: bool, debug: bool) -> Calla
         return _kernels.setdefault(key, fn)
 
 
-def _device_guard(t: torch.Tensor) -> contextlib.AbstractContextManager:
-    return torch.cuda.device(t.device) if t.device.type == "cuda" else contextlib.nullcontext()
-
-
 def _tensor_hypers(problem: PairwiseProblem | GradProblem) -> frozenset[str]:
     return frozenset(n for n, h in problem.hypers.items() if h.tensor is not None)
-
-
-def _hyper_args(problem: PairwiseProblem | GradProblem, names: tuple[str, ...]) -> list[object]:
-    values = [problem.hypers[n] for n in names]
-    return [h.tensor if h.tensor is not None else h.scalar for h in values]
 
 
 def _rows_contiguous(t: torch.Tensor) -> int:
@@ -131,10 +147,15 @@ def grid_size_problem(problem: PairwiseProblem | GradProblem) -> str | None:
     """`None` if the launch grid fits CUDA's limit with the smallest tiles, else why not."""
     batch = math.prod(problem.batch_shape)
     if isinstance(problem, PairwiseProblem):
+        m, n = problem.m, problem.n
+        if batch * m * n <= INT32_MAX:  # at most one program per output
+            return None
         space = configs.PAIRWISE_SPACE
-        tiles = min(_cdiv(problem.m, c["MI"] * c["MT"]) * _cdiv(problem.n, c["NI"] * c["NT"]) for c, _, _ in space)
+        tiles = min(_cdiv(m, c["MI"] * c["MT"]) * _cdiv(n, c["NI"] * c["NT"]) for c, _, _ in space)
     else:
         m, n, o, _ = problem.sizes
+        if batch * m * n * o <= INT32_MAX:
+            return None
         pairs = min(_cdiv(n, c["BN"]) * _cdiv(m, c["BM"]) for c, *_ in configs.GRAD_SPACE)
         tiles = _cdiv(o, configs.grad_block_o(o)) * pairs
     if batch * tiles > INT32_MAX:
@@ -165,17 +186,9 @@ def pairwise_spec(problem: PairwiseProblem, tuning: TritonTuning = DEFAULT_TUNIN
     """The kernel specialisation and batch layout of a pairwise problem."""
     layout = batch_layout(problem.batch_shape, pairwise_operands(problem))
     programs = layout.size * _cdiv(problem.m, 16) * _cdiv(problem.n, 16)
-    tensors = [problem.x, problem.z, problem.out] + [h.tensor for h in problem.hypers.values() if h.tensor is not None]
-    compute = compute_type(problem.dtype)
-    spec = PairwiseSpec(
-        program=problem.program,
-        compute=compute,
-        nbatch=len(layout.shape),
-        tensor_hypers=_tensor_hypers(problem),
-        int64=_needs_int64(tensors, programs),
-        kernel=_pairwise_kernel(problem, compute, tuning),
-    )
-    return spec, layout
+    int64 = _needs_int64(list(pairwise_operands(problem).values()), programs)
+    kernel = _pairwise_kernel(problem, compute_type(problem.dtype), tuning)
+    return _pairwise_spec(problem, kernel, len(layout.shape), int64), layout
 
 
 def grad_spec(problem: GradProblem) -> tuple[GradSpec, BatchLayout]:
@@ -183,83 +196,276 @@ def grad_spec(problem: GradProblem) -> tuple[GradSpec, BatchLayout]:
     layout = batch_layout(problem.batch_shape, grad_operands(problem))
     m, n, o, _ = problem.sizes
     programs = layout.size * _cdiv(m, 8) * _cdiv(n, 2) * _cdiv(o, 16)
-    tensors = [problem.a, problem.b, problem.c, problem.d, problem.out]
-    tensors += [h.tensor for h in problem.hypers.values() if h.tensor is not None]
-    spec = GradSpec(
-        program=problem.program,
-        compute=compute_type(problem.dtype),
-        nbatch=len(layout.shape),
-        tensor_hypers=_tensor_hypers(problem),
-        int64=_needs_int64(tensors, programs),
-    )
-    return spec, layout
+    int64 = _needs_int64(list(grad_operands(problem).values()), programs)
+    return _grad_spec(problem, len(layout.shape), int64), layout
+
+
+@dataclass(frozen=True)
+class _Family:
+    """What a family key decides once: the kernel, its compute type, and the `Launcher` of each
+    call key seen (see the module docs)."""
+
+    kernel: str
+    compute: str
+    launchers: dict[tuple, Launcher] = field(default_factory=dict, compare=False)
+
+
+_families: dict[tuple, _Family] = {}
+
+
+def _family(key: tuple, kernel: Callable[[], str], compute: str) -> _Family:
+    family = _families.get(key)
+    if family is None:
+        with _lock:
+            family = _families.setdefault(key, _Family(kernel(), compute))
+    return family
+
+
+def _pairwise_tiles(kernel: str) -> Callable[[Mapping[str, Any]], tuple[int, int]]:
+    """Output rows and columns of one program of pairwise kernel `kernel`, from its meta-parameters."""
+    if kernel == "simt":
+        return lambda meta: (meta["MI"] * meta["MT"], meta["NI"] * meta["NT"])
+    return lambda meta: (meta["BM"], meta["BN"])
+
+
+def _grad_tiles(meta: Mapping[str, Any]) -> tuple[int, int]:
+    """(n, m) pairs of one gradient program, from its meta-parameters."""
+    return meta["BN"], meta["BM"]
+
+
+def _batch_args(problem: PairwiseProblem | GradProblem, operands: list[str]) -> tuple[list[int], int, int]:
+    """(batch sizes and per-operand strides as kernel arguments, coalesced batch dimensions, entries)."""
+    if not problem.batch_shape:
+        return [], 0, 1
+    ops = pairwise_operands(problem) if isinstance(problem, PairwiseProblem) else grad_operands(problem)
+    layout = batch_layout(problem.batch_shape, ops)
+    return _layout_args(layout, operands), len(layout.shape), layout.size
+
+
+def _hyper_values(problem: PairwiseProblem | GradProblem) -> tuple[list[object], list[str]]:
+    """The hyperparameter arguments in the program's order, and the names of the tensor ones."""
+    hypers = problem.hypers
+    if not hypers:
+        return [], []
+    names = problem.program.hypers
+    values = [hypers[name] for name in names]
+    tensors = [name for name, h in zip(names, values, strict=True) if h.tensor is not None]
+    return [h.tensor if h.tensor is not None else h.scalar for h in values], tensors
+
+
+def _pairwise_args(problem: PairwiseProblem, tc: bool) -> tuple[list, list[int], list[int], int, int, int]:
+    """The per-call arguments of the pairwise entry kernel (the guard included for the tensor-core
+    kernel, `tc`), its specialised and unspecialised integers, the number of pointers and
+    hyperparameters, the coalesced batch dimensions and the batch entries."""
+    x, z, out = problem.x, problem.z, problem.out
+    m, d = x.shape[-2:]
+    n = z.shape[-2]
+    hyper_args, tensor_names = _hyper_values(problem)
+    layout_args, nbatch, batch = _batch_args(problem, ["x", "z", "out"] + [f"hyper_{h}" for h in tensor_names])
+    xs, zs, os_ = x.stride(), z.stride(), out.stride()
+    strides = [xs[-2], xs[-1], zs[-2], zs[-1], os_[-2], os_[-1]]
+    off_m, off_n = problem.offset_m, problem.offset_n
+    args = [x, z, out, *hyper_args, m, n, d, off_m, off_n, *strides, *layout_args]
+    if tc:  # D is specialised too (the k loop's masks), and the guard follows the batch layout
+        args.append(cancellation_guard(d))
+        return args, [n, d, *strides, *layout_args], [m, off_m, off_n], 3 + len(hyper_args), nbatch, batch
+    return args, [n, *strides, *layout_args], [m, d, off_m, off_n], 3 + len(hyper_args), nbatch, batch
+
+
+def _pairwise_family(problem: PairwiseProblem, tuning: TritonTuning) -> _Family:
+    x = problem.x
+    key = (problem.program, tuning, x.dtype, x.shape[-1] >= configs.TC_MIN_D, x.is_cuda)
+    family = _families.get(key)
+    if family is None:
+        compute = compute_type(x.dtype)
+        family = _family(key, lambda: _pairwise_kernel(problem, compute, tuning), compute)
+    return family
+
+
+def pairwise_kernel(problem: PairwiseProblem, tuning: TritonTuning = DEFAULT_TUNING) -> str:
+    """Which pairwise kernel runs `problem` (`pairwise_spec`'s `kernel`, looked up once per family)."""
+    return _pairwise_family(problem, tuning).kernel
 
 
 def run_pairwise(
     problem: PairwiseProblem, meta: dict[str, int] | None = None, *, tuning: TritonTuning = DEFAULT_TUNING
 ) -> None:
-    """Launch the pairwise kernel of `problem` (`meta` forces a tile configuration)."""
-    spec, layout = pairwise_spec(problem, tuning)
-    kernel = _kernel(spec, tuning.autotune, problem.debug)
-    x, z, out = problem.x, problem.z, problem.out
-    m, n, d = problem.m, problem.n, problem.d
-    operands = ["x", "z", "out"] + [f"hyper_{h}" for h in sorted(spec.tensor_hypers)]
-    args = [x, z, out, *_hyper_args(problem, spec.program.hypers), m, n, d, problem.offset_m, problem.offset_n]
-    args += [x.stride(-2), x.stride(-1), z.stride(-2), z.stride(-1), out.stride(-2), out.stride(-1)]
-    args += _layout_args(layout, operands)
-    batch = layout.size
-    tc = spec.kernel == "tensor_cores"
-    if tc:
-        args.append(cancellation_guard(d))
-
-    def grid(meta_: dict[str, int]) -> tuple[int]:
-        if spec.kernel == "simt":
-            return (batch * _cdiv(m, meta_["MI"] * meta_["MT"]) * _cdiv(n, meta_["NI"] * meta_["NT"]),)
-        return (batch * _cdiv(m, meta_["BM"]) * _cdiv(n, meta_["BN"]),)
-
-    extra: dict[str, int] = {}
-    if interpreting():
-        extra = dict(configs.INTERPRET_PAIRWISE_TC if tc else configs.INTERPRET_PAIRWISE)
-    elif not tuning.autotune:
-        if tc:
-            extra = configs.default_pairwise_tc(d)
-        else:
-            extra = dict(configs.DEFAULT_GLUON_PAIRWISE if spec.kernel == "gluon" else configs.DEFAULT_PAIRWISE)
+    """Launch the pairwise kernel of `problem` (`meta` forces a tile configuration, uncached)."""
+    x = problem.x
+    m, d = x.shape[-2:]
+    n = problem.z.shape[-2]
+    family = _pairwise_family(problem, tuning)
+    args, specialised, unspecialised, pointers, nbatch, batch = _pairwise_args(problem, family.kernel == "tensor_cores")
+    tensors = [t for t in args[:pointers] if isinstance(t, torch.Tensor)]
+    int64 = _needs_int64(tensors, batch * _cdiv(m, 16) * _cdiv(n, 16))
+    bucket = configs.bucket(batch, m, n, d)
     if meta is not None:
-        kernel = kernel.fn if hasattr(kernel, "configs") else kernel  # unwrap the autotuner
-        extra = dict(meta)
-    if spec.kernel == "gluon":  # load along the rows where that is an operand's unit stride
-        extra |= {"XT": _rows_contiguous(x), "ZT": _rows_contiguous(z)}
-    with _device_guard(out):
-        kernel[grid](*args, KEY=configs.bucket(batch, m, n, d), **extra)
+        spec = _pairwise_spec(problem, family.kernel, nbatch, int64)
+        _run_forced(problem, spec, {"KEY": bucket, **meta, **_transposed(problem, spec)}, args, (batch, m, n), tuning)
+        return
+    device = x.get_device()
+    key = (device, nbatch, int64, bucket, int_facts(specialised, unspecialised), pointer_facts(args[:pointers]))
+    launcher = family.launchers.get(key)
+    if launcher is None:
+        spec = _pairwise_spec(problem, family.kernel, nbatch, int64)
+        extra = {**_launch_meta(spec, tuning, d), "KEY": bucket, **_transposed(problem, spec)}
+        _first_launch(family, key, spec, tuning, problem.debug, args, extra, (batch, m, n))
+        return
+    tm, tn = launcher.tiles
+    launcher.launch(args, batch * _cdiv(m, tm) * _cdiv(n, tn), device)
 
 
 def run_grad(
     problem: GradProblem, meta: dict[str, int] | None = None, *, tuning: TritonTuning = DEFAULT_TUNING
 ) -> None:
-    """Launch the gradient kernel of `problem` (`meta` forces a tile configuration)."""
-    spec, layout = grad_spec(problem)
-    kernel = _kernel(spec, tuning.autotune, problem.debug)
+    """Launch the gradient kernel of `problem` (`meta` forces a tile configuration, uncached)."""
     a, b, c, d, out = problem.a, problem.b, problem.c, problem.d, problem.out
-    m, n, o, k = problem.sizes
-    operands = ["a", "b", "c", "d", "out"] + [f"hyper_{h}" for h in sorted(spec.tensor_hypers)]
-    args = [a, b, c, d, out, *_hyper_args(problem, spec.program.hypers), m, n, o, k]
-    args += [a.stride(-2), a.stride(-1), b.stride(-2), b.stride(-1), c.stride(-2), c.stride(-1)]
-    args += [d.stride(-2), d.stride(-1), out.stride(-3), out.stride(-2), out.stride(-1)]
-    args += _layout_args(layout, operands)
-    batch = layout.size
+    k, m = a.shape[-2:]
+    n, o = b.shape[-2], c.shape[-2]
+    fkey = (problem.program, tuning, a.dtype, a.is_cuda)
+    family = _families.get(fkey)
+    if family is None:
+        family = _family(fkey, lambda: "grad", compute_type(a.dtype))
+    hyper_args, tensor_names = _hyper_values(problem)
+    operands = ["a", "b", "c", "d", "out"] + [f"hyper_{h}" for h in tensor_names]
+    layout_args, nbatch, batch = _batch_args(problem, operands)
+    sa, sb, sc, sd, so = a.stride(), b.stride(), c.stride(), d.stride(), out.stride()
+    strides = [sa[-2], sa[-1], sb[-2], sb[-1], sc[-2], sc[-1], sd[-2], sd[-1], so[-3], so[-2], so[-1]]
+    args = [a, b, c, d, out, *hyper_args, m, n, o, k, *strides, *layout_args]
+    pointers = 5 + len(hyper_args)
+    programs = batch * _cdiv(m, 8) * _cdiv(n, 2) * _cdiv(o, 16)
+    int64 = _needs_int64([t for t in args[:pointers] if isinstance(t, torch.Tensor)], programs)
+    spec_of = functools.partial(_grad_spec, problem, nbatch, int64)
     block_o = configs.grad_block_o(o)
-
-    def grid(meta_: dict[str, int]) -> tuple[int]:
-        return (batch * _cdiv(o, block_o) * _cdiv(n, meta_["BN"]) * _cdiv(m, meta_["BM"]),)
-
-    extra: dict[str, int] = {}
-    if interpreting():
-        extra = dict(configs.INTERPRET_GRAD)
-    elif not tuning.autotune:
-        extra = dict(configs.DEFAULT_GRAD)
+    batches = batch * _cdiv(o, block_o)  # programs per (n, m) tile
+    bucket = configs.bucket(batch, m, n, o, k)
     if meta is not None:
-        kernel = kernel.fn if hasattr(kernel, "configs") else kernel  # unwrap the autotuner
-        extra = dict(meta)
-    with _device_guard(out):
-        kernel[grid](*args, KEY=configs.bucket(batch, m, n, o, k), BO=block_o, **extra)
+        _run_forced(problem, spec_of(), {"KEY": bucket, "BO": block_o, **meta}, args, (batches, n, m), tuning)
+        return
+    device = a.get_device()
+    key = (device, nbatch, int64, bucket, block_o, int_facts([*strides, *layout_args], [m, n, o, k]))
+    key += (pointer_facts(args[:pointers]),)
+    launcher = family.launchers.get(key)
+    if launcher is None:
+        spec = spec_of()
+        extra = _launch_meta(spec, tuning, k) | {"KEY": bucket, "BO": block_o}
+        _first_launch(family, key, spec, tuning, problem.debug, args, extra, (batches, n, m))
+        return
+    tn, tm = launcher.tiles
+    launcher.launch(args, batches * _cdiv(n, tn) * _cdiv(m, tm), device)
+
+
+def _pairwise_spec(problem: PairwiseProblem, kernel: str, nbatch: int, int64: bool) -> PairwiseSpec:
+    return PairwiseSpec(
+        program=problem.program,
+        compute=compute_type(problem.dtype),
+        nbatch=nbatch,
+        tensor_hypers=_tensor_hypers(problem),
+        int64=int64,
+        kernel=kernel,
+    )
+
+
+def _grad_spec(problem: GradProblem, nbatch: int, int64: bool) -> GradSpec:
+    return GradSpec(
+        program=problem.program,
+        compute=compute_type(problem.dtype),
+        nbatch=nbatch,
+        tensor_hypers=_tensor_hypers(problem),
+        int64=int64,
+    )
+
+
+def _transposed(problem: PairwiseProblem, spec: PairwiseSpec) -> dict[str, int]:
+    """The Gluon kernel's `XT`, `ZT`: load along the rows where that is an operand's unit stride."""
+    if spec.kernel != "gluon":
+        return {}
+    return {"XT": _rows_contiguous(problem.x), "ZT": _rows_contiguous(problem.z)}
+
+
+def _launch_meta(spec: PairwiseSpec | GradSpec, tuning: TritonTuning, d: int) -> dict[str, Any]:
+    """Meta-parameters and launch options the launch fixes (the autotuner chooses the rest);
+    `d`: the reduction length (D, or K of the gradient)."""
+    grad = isinstance(spec, GradSpec)
+    tc = not grad and spec.kernel == "tensor_cores"
+    if interpreting():
+        if grad:
+            return dict(configs.INTERPRET_GRAD)
+        return dict(configs.INTERPRET_PAIRWISE_TC if tc else configs.INTERPRET_PAIRWISE)
+    if tuning.autotune:
+        return {}
+    if grad:
+        return dict(configs.DEFAULT_GRAD)
+    if tc:
+        return configs.default_pairwise_tc(d)
+    return dict(configs.DEFAULT_GLUON_PAIRWISE if spec.kernel == "gluon" else configs.DEFAULT_PAIRWISE)
+
+
+def _tiles_of(spec: PairwiseSpec | GradSpec) -> Callable[[Mapping[str, Any]], tuple[int, int]]:
+    return _grad_tiles if isinstance(spec, GradSpec) else _pairwise_tiles(spec.kernel)
+
+
+def _describe(spec: PairwiseSpec | GradSpec) -> str:
+    kernel = "gradient" if isinstance(spec, GradSpec) else spec.kernel
+    indices = "64" if spec.int64 else "32"
+    return (
+        f"its {kernel} kernel of program {spec.program.key()!r} ({spec.compute}, {spec.nbatch} batch "
+        f"dimension(s), {indices}-bit indices) for this call's shapes, strides and alignment"
+    )
+
+
+def _first_launch(
+    family: _Family,
+    key: tuple,
+    spec: PairwiseSpec | GradSpec,
+    tuning: TritonTuning,
+    debug: bool,
+    args: list,
+    meta: dict[str, Any],
+    grid_sizes: tuple[int, int, int],
+) -> None:
+    """Compile (and autotune) the variant of `key` through `kernel[grid]`, launch it and keep its
+    `Launcher` for the key's later calls (none where Triton launched nothing: a JIT hook may skip one).
+
+    `grid_sizes`: (programs per output tile, output rows, output columns) of the launch.
+    """
+    device = key[0]
+    check_not_capturing(device, lambda: _describe(spec))
+    kernel = _kernel(spec, tuning.autotune, debug)
+    tiles_of = _tiles_of(spec)
+    count, rows, cols = grid_sizes
+    bound: list[Mapping[str, Any]] = []
+
+    def grid(meta_: Mapping[str, Any]) -> tuple[int]:
+        bound[:] = [meta_]  # Triton's bound arguments of the launch; the autotuner's last is the one kept
+        tr, tc = tiles_of(meta_)
+        return (count * _cdiv(rows, tr) * _cdiv(cols, tc),)
+
+    with device_guard(device):
+        result = kernel[grid](*args, **meta)
+    if bound:
+        launcher = make_launcher(kernel, meta, tiles_of(bound[0]), args, result, dict(bound[0]), device)
+        with _lock:
+            family.launchers.setdefault(key, launcher)
+
+
+def _run_forced(
+    problem: PairwiseProblem | GradProblem,
+    spec: PairwiseSpec | GradSpec,
+    meta: dict[str, Any],
+    args: list,
+    grid_sizes: tuple[int, int, int],
+    tuning: TritonTuning,
+) -> None:
+    """Launch `spec` with the tile configuration in `meta` (no autotuning, no `Launcher` kept)."""
+    kernel = _kernel(spec, tuning.autotune, problem.debug)
+    kernel = kernel.fn if hasattr(kernel, "configs") else kernel  # unwrap the autotuner
+    tiles_of = _tiles_of(spec)
+    count, rows, cols = grid_sizes
+
+    def grid(meta_: Mapping[str, Any]) -> tuple[int]:
+        tr, tc = tiles_of(meta_)
+        return (count * _cdiv(rows, tr) * _cdiv(cols, tc),)
+
+    with device_guard(problem.out.get_device()):
+        kernel[grid](*args, **meta)
