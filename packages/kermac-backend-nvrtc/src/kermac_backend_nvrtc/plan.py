@@ -196,9 +196,8 @@ def _rename(names: list[str]) -> dict[str, str]:
 
 def device_capability(problem: PairwiseProblem | GradProblem) -> int | None:
     """Compute capability of the problem's CUDA device as one number (90 for sm_90); None off CUDA."""
-    if problem.device.type != "cuda":
-        return None
-    return cuda_capability(problem.device.index)
+    t = problem.x if isinstance(problem, PairwiseProblem) else problem.a
+    return cuda_capability(t.get_device()) if t.is_cuda else None
 
 
 @cache
