@@ -726,9 +726,11 @@ def test_a_failing_launch_names_the_kernel_and_the_driver_error() -> None:
     problem = pairwise_problem(presets.l1_distance.lower(), x, x, out=None, hypers={})
     variant, launch = plan_pairwise(problem, None, DEFAULT_TUNING)
     kernel = get_backend("nvrtc")._kernel(0, variant, False)
+    args = launch.args | {"zbase": 0}
+    empty = launcher.PreparedLaunch(kernel, launch.block, [((0, 1, 1), args)])  # an empty grid
     with pytest.raises(RuntimeError, match=r"launching kermac_pairwise on cuda:0 failed: CUDA_ERROR_INVALID_VALUE"):
-        launcher.launch(kernel, (0, 1, 1), launch.block, launch.args | {"zbase": 0})  # an empty grid
-    launcher.launch(kernel, (launch.grid_x, 1, 1), launch.block, launch.args | {"zbase": 0})
+        empty.run(())
+    launcher.PreparedLaunch(kernel, launch.block, [((launch.grid_x, 1, 1), args)]).run(())
     assert_close(problem.out, ref_cdist(x, x, 1.0), tolerance(torch.float32))
 
 

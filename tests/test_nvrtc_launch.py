@@ -221,12 +221,12 @@ def test_debug_plans_and_logs_every_call(driver: Driver, caplog: pytest.LogCaptu
     assert driver.launches == _expected(problem) * 2
 
 
-def test_one_off_launch_packs_the_values_given(driver: Driver) -> None:
+def test_a_launch_without_addresses_packs_the_values_given(driver: Driver) -> None:
     problem = _cdist_p1()
     variant, launch = plan.plan_pairwise(problem, None, DEFAULT_TUNING)
     params = kernel_source(variant)[1]
     kernel = launcher.LoadedKernel.of(None, params, variant.compute, 0, variant.kernel, "", FUNCTION, CONTEXT)
-    launcher.launch(kernel, (launch.grid_x, 1, 1), launch.block, launch.args | {"zbase": 0})
+    launcher.PreparedLaunch(kernel, launch.block, [((launch.grid_x, 1, 1), launch.args | {"zbase": 0})]).run(())
     assert driver.launches == _expected(problem)
 
 

@@ -23,7 +23,7 @@ import torch
 from kermac.logs import logger
 from kermac_backend_nvrtc.source import Param
 
-__all__ = ["LoadedKernel", "PreparedLaunch", "argument_layout", "launch", "load_kernel"]
+__all__ = ["LoadedKernel", "PreparedLaunch", "argument_layout", "load_kernel"]
 
 _lock = threading.Lock()
 _kernels: dict[tuple[int, str, str], LoadedKernel] = {}
@@ -229,11 +229,12 @@ class PreparedLaunch:
 
     `steps` holds each launch's grid and parameter values by name; `pointers` names the
     parameters whose values change per call (every pointer parameter of the kernel, or none),
-    in the order `run` receives them.  Each launch keeps its argument buffer and the `extra`
-    array pointing to it; `run` writes the addresses into the buffers (under a lock, as two
-    threads may run one plan) and launches: no per-call packing, object or string beyond the
-    driver calls' own.  The driver copies the arguments before `cuLaunchKernel` returns (also
-    into a graph being captured), so the buffers can be written again by the next call.
+    in the order `run` receives them (with none, `steps` give every value).  Each launch keeps
+    its argument buffer, the `extra` array pointing to it and its dimensions as ctypes objects;
+    `run` writes the addresses into the buffers (under a lock, as two threads may run one plan)
+    and launches, converting only the stream handle.  The driver copies the arguments before
+    `cuLaunchKernel` returns (also into a graph being captured), so the next call may write the
+    buffers again.
     """
 
     __slots__ = ("_ctx", "_ctx_ref", "_get", "_launch", "_lock", "_pop", "_push", "_runs", "_steps", "kernel")
@@ -292,8 +293,3 @@ class PreparedLaunch:
             finally:
                 if pushed:
                     self._pop(self._ctx_ref)
-
-
-def launch(k: LoadedKernel, grid: tuple[int, int, int], block: int, values: dict[str, int | float]) -> None:
-    """Launch `k` once on the current stream of its device with parameter `values` by name."""
-    PreparedLaunch(k, block, [(grid, values)]).run(())
