@@ -175,10 +175,10 @@ class NvrtcBackend(Backend):
             return found
         if _capturing(device):
             raise RuntimeError(
-                f"nvrtc: the {variant.kernel} kernel for this call ({type(variant).__name__} of program "
-                f"{variant.program.key()}, {variant.compute}) is not loaded on cuda:{device} yet, and compiling or "
-                "loading a module cannot be captured in a CUDA graph; run the same call once before capturing "
-                "(a warm-up outside the graph compiles and loads it)"
+                f"nvrtc: this call needs the {variant.kernel} kernel ({type(variant).__name__} of program "
+                f"{variant.program.key()}, {variant.compute}) on cuda:{device}, which this backend has not loaded "
+                "yet, and compiling or loading a module cannot be captured in a CUDA graph; run the same call once "
+                "before capturing (a warm-up outside the graph compiles and loads it)"
             )
         from kermac_backend_nvrtc.compiler import compile_cubin
         from kermac_backend_nvrtc.source import kernel_source
