@@ -181,9 +181,12 @@ def overlap(a: torch.Tensor, b: torch.Tensor) -> bool | None:
     if a.is_meta or b.is_meta:
         return False
     a0, b0 = a.data_ptr(), b.data_ptr()
-    if a.is_contiguous() and b.is_contiguous():  # an empty one has an empty range
+    dense_a, dense_b = a.is_contiguous(), b.is_contiguous()
+    if dense_a and dense_b:  # an empty one has an empty range
         return a0 < b0 + b.nbytes and b0 < a0 + a.nbytes
-    if a.numel() == 0 or b.numel() == 0 or _end(a, a0) <= b0 or _end(b, b0) <= a0:
+    if a.numel() == 0 or b.numel() == 0:
+        return False
+    if (a0 + a.nbytes if dense_a else _end(a, a0)) <= b0 or (b0 + b.nbytes if dense_b else _end(b, b0)) <= a0:
         return False
     return _overlap_exact(a, b)
 
