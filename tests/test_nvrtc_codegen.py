@@ -489,7 +489,8 @@ def test_auto_prefers_nvrtc_where_its_wgmma_kernel_runs(monkeypatch: pytest.Monk
 
     def on_cuda(problem):  # the same problem as if its tensors sat on cuda:0 (planning reads no data)
         x = problem.x
-        return dataclasses.replace(problem, x=types.SimpleNamespace(device=torch.device("cuda", 0), dtype=x.dtype))
+        cuda = types.SimpleNamespace(device=torch.device("cuda", 0), is_cuda=True, get_device=lambda: 0, dtype=x.dtype)
+        return dataclasses.replace(problem, x=cuda)
 
     assert WGMMA_PREFERENCE > 25 > backend.priority
     for capability, preferred in ((90, WGMMA_PREFERENCE), (80, backend.priority), (100, backend.priority)):

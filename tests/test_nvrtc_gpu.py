@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import pytest
 import torch
@@ -726,9 +726,11 @@ def test_a_failing_launch_names_the_kernel_and_the_driver_error() -> None:
     problem = pairwise_problem(presets.l1_distance.lower(), x, x, out=None, hypers={})
     variant, launch = plan_pairwise(problem, None, DEFAULT_TUNING)
     kernel = get_backend("nvrtc")._kernel(0, variant, False)
+    args = launch.args | {"zbase": 0}
+    empty = launcher.PreparedLaunch(kernel, launch.block, [((0, 1, 1), args)])  # an empty grid
     with pytest.raises(RuntimeError, match=r"launching kermac_pairwise on cuda:0 failed: CUDA_ERROR_INVALID_VALUE"):
-        launcher.launch(kernel, (0, 1, 1), launch.block, launch.args | {"zbase": 0})  # an empty grid
-    launcher.launch(kernel, (launch.grid_x, 1, 1), launch.block, launch.args | {"zbase": 0})
+        empty.run(())
+    launcher.PreparedLaunch(kernel, launch.block, [((launch.grid_x, 1, 1), args)]).run(())
     assert_close(problem.out, ref_cdist(x, x, 1.0), tolerance(torch.float32))
 
 
@@ -777,3 +779,68 @@ def test_two_devices() -> None:
         kermac.cdist(x, z, p=1.0, out=out, backend="nvrtc")
     side.synchronize()  # the kernel ran on cuda:1's side stream, the current one there
     assert_close(out, ref_cdist(x, z, 1.0), tolerance(torch.float32))
+
+
+def _capture(calls: Callable[[], None]) -> torch.cuda.CUDAGraph:
+    """A CUDA graph of `calls`, captured on a side stream (as torch.cuda.graph does)."""
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        calls()
+    return graph
+
+
+def test_a_warmed_up_call_replays_with_new_values() -> None:
+    """Warm-up, capture, then new values copied into the captured inputs (a batch of bandwidths
+    held in a device tensor among them): a replay computes the float64 torch.cdist of the new values."""
+    x, z = randn(300, 40, device="cuda"), randn(200, 40, device="cuda")
+    xb, zb = randn(2, 90, 33, device="cuda"), randn(70, 33, device="cuda")
+    bandwidth = torch.tensor([1.5, 2.5], device="cuda")
+    out, kout = torch.empty(300, 200, device="cuda"), torch.empty(2, 90, 70, device="cuda")
+
+    def calls() -> None:
+        kermac.cdist(x, z, p=1.0, out=out, backend="nvrtc")
+        kermac.run_kernel("laplace_l2", xb, zb, bandwidth=bandwidth, out=kout, backend="nvrtc")
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        calls()  # compiles and loads outside the capture
+    torch.cuda.current_stream().wait_stream(side)
+    graph = _capture(calls)
+    x.copy_(randn(300, 40, device="cuda"))
+    xb.copy_(randn(2, 90, 33, device="cuda"))
+    bandwidth.copy_(torch.tensor([0.75, 4.0], device="cuda"))
+    out.fill_(math.nan)
+    kout.fill_(math.nan)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert_close(out, torch.cdist(x.double(), z.double(), p=1.0), tolerance(torch.float32))
+    expected = torch.exp(-torch.cdist(xb.double(), zb.double()) / bandwidth.double()[:, None, None])
+    assert_close(kout, expected, tolerance(torch.float32))
+
+
+def test_a_call_that_would_compile_under_capture_raises() -> None:
+    """A fresh backend has nothing loaded: under capture its call raises the clear error (before
+    any CUDA work); run once outside, the same call captures and replays."""
+    from kermac.lowering import cdist_program
+    from kermac.problem import pairwise_problem
+    from kermac_backend_nvrtc import NvrtcBackend
+
+    backend = NvrtcBackend()
+    x, z = randn(50, 20, device="cuda"), randn(60, 20, device="cuda")
+    out = torch.empty(50, 60, device="cuda")
+    problem = pairwise_problem(cdist_program(1.0), x, z, out=out, hypers={})
+
+    def calls() -> None:
+        out.fill_(math.nan)
+        backend.pairwise(problem)
+
+    with pytest.raises(RuntimeError, match=r"kermac_pairwise kernel .* run the same call once before capturing"):
+        _capture(calls)
+    backend.pairwise(problem)  # the warm-up
+    torch.cuda.synchronize()
+    graph = _capture(calls)
+    x.copy_(randn(50, 20, device="cuda"))
+    graph.replay()
+    torch.cuda.synchronize()
+    assert_close(out, torch.cdist(x.double(), z.double(), p=1.0), tolerance(torch.float32))

@@ -1,9 +1,10 @@
 """NVRTC backend without a GPU: the plan memo's key and the launch's argument buffer.
 
-A repeated call skips planning when its ``plan.plan_key`` equals an earlier call's and only
-refreshes ``plan.pointer_args``; that is right only if equal keys always mean equal plans (but for
-those addresses) and every pointer parameter of the kernel is among them.  The argument buffer
-must place each value where the kernel's C parameter list expects it.
+A repeated call skips planning when its ``plan.call_key`` equals an earlier call's and only
+refreshes the addresses (``plan.pointer_args``); that is right only if equal keys always mean
+equal plans (but for those addresses), each component of the key tells apart problems that plan
+differently, and every pointer parameter of the kernel is among the addresses.  The argument
+buffer must place each value where the kernel's C parameter list expects it.
 """
 
 from __future__ import annotations
@@ -19,14 +20,14 @@ from kermac import ir, presets
 from kermac.hyperparams import HyperValue
 from kermac.lowering import cdist_program, grad_program
 from kermac.problem import GradProblem, grad_problem, pairwise_problem
-from kermac.programs import PairwiseProgram
+from kermac.programs import GradProgram, PairwiseProgram
 
 pytest.importorskip("cuda.core")
 from kermac_backend_nvrtc import launcher, plan
 from kermac_backend_nvrtc.source import Param, kernel_source
 from kermac_backend_nvrtc.tuning import DEFAULT_TUNING, NvrtcTuning
 
-DEVICE, CAPABILITY = 0, 90
+CAPABILITY = 90
 
 
 def _view(*shape: int, offset: int = 0, dtype: torch.dtype = torch.float32, transpose: bool = False) -> torch.Tensor:
@@ -97,8 +98,8 @@ def _plan(problem, tuning: NvrtcTuning = DEFAULT_TUNING) -> tuple:
     return plan.plan_pairwise(problem, CAPABILITY, tuning)
 
 
-def _key(problem, device: int = DEVICE, tuning: NvrtcTuning = DEFAULT_TUNING) -> tuple:
-    return plan.plan_key(problem, device, tuning)
+def _key(problem) -> tuple:
+    return plan.call_key(problem)[0]
 
 
 def _without_pointers(problem, planned: tuple) -> tuple:
@@ -142,6 +143,7 @@ def test_pointer_args_are_every_pointer_parameter() -> None:
         pointers = plan.pointer_args(problem)
         assert {p.name for p in _source_params(problem, variant) if p.ctype.endswith("*")} == set(pointers)
         assert {k: launch.args[k] for k in pointers} == pointers
+        assert plan.call_key(problem)[1] == tuple(pointers.values())  # the addresses a memo hit packs
 
 
 def _changed(field: dataclasses.Field) -> object:
@@ -150,31 +152,115 @@ def _changed(field: dataclasses.Field) -> object:
     return not default if isinstance(default, bool) else default - 1
 
 
-@pytest.mark.parametrize("field", dataclasses.fields(NvrtcTuning), ids=lambda f: f.name)
-def test_key_holds_the_tuning(field: dataclasses.Field) -> None:
-    """Every tuning field is in the key: backends of different tuning never share a plan."""
-    problem = _pairwise_cases(0)[2]  # cdist p = 1.3
-    tuning = dataclasses.replace(DEFAULT_TUNING, **{field.name: _changed(field)})
-    assert _key(problem, tuning=tuning) != _key(problem)
-    assert _key(problem, tuning=NvrtcTuning(**{field.name: _changed(field)})) == _key(problem, tuning=tuning)
-
-
 def test_equal_keys_mean_equal_plans_under_other_tuning() -> None:
-    """With every field changed at once, equal keys still mean equal plans."""
+    """With every field changed at once, equal keys still mean equal plans (the key holds no
+    tuning: each backend keeps its own memo, of its one tuning)."""
     tuning = NvrtcTuning(**{f.name: _changed(f) for f in dataclasses.fields(NvrtcTuning)})
     groups: dict[tuple, list] = {}
     for problem in _all_problems():
-        groups.setdefault(_key(problem, tuning=tuning), []).append(problem)
+        groups.setdefault(_key(problem), []).append(problem)
     for members in groups.values():
         first = _without_pointers(members[0], _plan(members[0], tuning))
         for other in members[1:]:
             assert _without_pointers(other, _plan(other, tuning)) == first
 
 
-def test_key_tells_devices_and_signed_zeros_apart() -> None:
+def _strided(shape: tuple[int, ...], strides: tuple[int, ...], offset: int, dtype: torch.dtype) -> torch.Tensor:
+    """A view of ``shape`` and ``strides`` whose first element lies ``offset`` elements past a 256-byte boundary."""
+    size = torch.empty((), dtype=dtype).element_size()
+    span = sum((n - 1) * st for n, st in zip(shape, strides, strict=True)) + 1
+    storage = torch.randn(span + offset + 256, dtype=torch.float64).to(dtype)
+    return storage.as_strided(shape, strides, -storage.data_ptr() % 256 // size + offset)
+
+
+class _OnDevice:
+    """``t`` as if it lived on CUDA device ``index`` (all ``call_key`` reads of it but the device are ``t``'s)."""
+
+    def __init__(self, t: torch.Tensor, index: int) -> None:
+        self._t, self._index = t, index
+
+    def get_device(self) -> int:
+        return self._index
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._t, name)
+
+
+def _pairwise_variant(c: str | None) -> object:
+    """One pairwise problem, or the same with only key component ``c`` changed."""
+    dtype = torch.float64 if c == "dtype" else torch.float32
+    program = presets.laplace_l1 if c == "program" else presets.laplace_l2
+    m, n, d = (38 if c == "x.shape" else 37), (30 if c == "z.shape" else 29), 16
+
+    def operand(name: str, rows: int, cols: int) -> torch.Tensor:
+        row = 72 if c == f"{name}.stride" else 64
+        return _strided((rows, cols), (row, 1), int(c == f"{name}.align"), dtype)
+
+    offsets = {"offset_m": int(c == "offset_m"), "offset_n": int(c == "offset_n")}
+    hypers = _hypers(bandwidth=3.0 if c == "hypers" else 2.0, regularization=0.5)
+    x, z, out = operand("x", m, d), operand("z", n, d), operand("out", m, n)
+    problem = pairwise_problem(program.lower(regularized=True), x, z, out=out, hypers=hypers, **offsets)
+    return dataclasses.replace(problem, x=_OnDevice(problem.x, 1)) if c == "device" else problem
+
+
+def _grad_variant(c: str | None, *, o: int = 3, sign: bool = False) -> object:
+    """One gradient problem (of ``o`` outputs; ``sign``: p = 1), or the same with only key component
+    ``c`` changed."""
+    dtype = torch.float64 if c == "dtype" else torch.float32
+    k, m, n = 32, (41 if c == "a.shape" else 40), (25 if c == "b.shape" else 24)
+    o += c == "c.shape"
+
+    def operand(name: str, shape: tuple[int, ...]) -> torch.Tensor:
+        row = 56 if c == f"{name}.stride" else 48
+        strides = (row * 32, row, 1) if len(shape) == 3 else (row, 1)
+        return _strided(shape, strides, int(c == f"{name}.align"), dtype)
+
+    shapes = {"a": (k, m), "b": (n, k), "c": (o, k), "d": (n, m), "out": (o, n, m)}
+    a, b, cc, d, out = (operand(name, shape) for name, shape in shapes.items())
+    if sign:
+        program, hypers = grad_program(1.0), {}
+    else:
+        program, hypers = grad_program(None), _hypers(p=1.75 if c == "hypers" else 1.5)
+        if c == "program":  # the same multiply without the NaN guard of the epilogue
+            program = GradProgram(multiply=program.multiply, epilogue=ir.Var("acc"))
+    problem = grad_problem(program, a, b, cc, d, out=out, hypers=hypers)
+    return dataclasses.replace(problem, a=_OnDevice(problem.a, 1)) if c == "device" else problem
+
+
+# Which alignments planning reads depends on the kernel: a's and b's on the SIMT one (O = 3), c's on
+# the tensor-core one (O = 16), out's on the sign product (p = 1, sm_90); d's on none today (it is
+# in the key in case a planner comes to read it).
+_GRAD_SETUP = {"c.align": {"o": 16}, "out.align": {"o": 16, "sign": True}}
+_UNREAD = ("device", "d.align")  # planning on the CPU reads no device; a kernel is loaded per device
+
+
+PAIRWISE_KEY = ["program", "dtype", "device", "x.shape", "x.stride", "x.align", "z.shape", "z.stride", "z.align",
+                "out.stride", "out.align", "offset_m", "offset_n", "hypers"]  # fmt: skip
+GRAD_KEY = ["program", "dtype", "device", "a.shape", "a.stride", "a.align", "b.shape", "b.stride", "b.align",
+            "c.shape", "c.stride", "c.align", "d.stride", "d.align", "out.stride", "out.align", "hypers"]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("build", "component"),
+    [(_pairwise_variant, c) for c in PAIRWISE_KEY] + [(_grad_variant, c) for c in GRAD_KEY],
+    ids=[f"pairwise-{c}" for c in PAIRWISE_KEY] + [f"grad-{c}" for c in GRAD_KEY],
+)
+def test_each_key_component_tells_problems_apart(build, component: str) -> None:
+    """Two problems that differ in one thing planning reads differ in the key in that component
+    only, and plan differently: no key component can be dropped."""
+    setup = _GRAD_SETUP.get(component, {}) if build is _grad_variant else {}
+    base, other = build(None, **setup), build(component, **setup)
+    names = PAIRWISE_KEY if build is _pairwise_variant else GRAD_KEY
+    differ = [names[i] for i, (u, v) in enumerate(zip(_key(base), _key(other), strict=True)) if u != v]
+    assert differ == [component]
+    if component not in _UNREAD:
+        assert _without_pointers(base, _plan(base)) != _without_pointers(other, _plan(other))
+
+
+def test_key_tells_signed_zeros_apart() -> None:
+    """-0.0 == 0.0, but a kernel adds the regularisation as given (the sign of a zero entry)."""
     cases = _pairwise_cases(0)
-    assert _key(cases[0], 0) != _key(cases[0], 1)
-    minus_zero, plus_zero = cases[-4], cases[-3]  # regularization -0.0 and 0.0: the kernel adds it as given
+    minus_zero, plus_zero = cases[-4], cases[-3]
     assert _key(minus_zero) != _key(plus_zero)
 
 

@@ -164,8 +164,16 @@ def test_backends_of_different_tuning_keep_their_own_plans(monkeypatch: pytest.M
     """Two backends in one process, default and SIMT-only, alternate on one problem: each launches
     its own variant, also from its plan memo (no GPU: the kernel is the variant, launches recorded)."""
     launched = []
+
+    class Recorded:
+        def __init__(self, kernel, block, steps, pointers) -> None:
+            self.kernel = kernel
+
+        def run(self, addresses) -> None:
+            launched.append(self.kernel)
+
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
-    monkeypatch.setattr(launcher, "launch", lambda kernel, grid, block, args: launched.append(kernel))
+    monkeypatch.setattr(launcher, "PreparedLaunch", Recorded)
     default, simt = NvrtcBackend(), NvrtcBackend(NvrtcTuning(tensor_cores=False))
     for backend in (default, simt):
         monkeypatch.setattr(backend, "_kernel", lambda device, variant, debug: variant)

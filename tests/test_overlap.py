@@ -1,14 +1,17 @@
-"""kermac.memory's overlap tests against a brute-force enumeration of addresses, and their speed on large layouts."""
+"""kermac.memory's overlap tests against a brute-force enumeration of addresses and their exact
+search (which the O(1) fast paths must agree with), and their speed on large layouts."""
 
 from __future__ import annotations
 
 import itertools
+import math
 import time
 
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from kermac import memory
 from kermac.memory import internal_overlap, overlap
 
 DTYPES = [torch.uint8, torch.float16, torch.float32, torch.float64]
@@ -100,3 +103,85 @@ def test_large_layouts_are_decided_fast() -> None:
         start = time.perf_counter()
         assert fn(*args) is expected, (fn.__name__, [(t.shape, t.stride()) for t in args])
         assert time.perf_counter() - start < 0.01
+
+
+@st.composite
+def program_views(draw: st.DrawFn, buffer: torch.Tensor) -> torch.Tensor:
+    """A view of ``buffer`` as programs make them: a contiguous block of any dtype (0-3 dims of size
+    0-5), then up to three of transpose, a slice with a step, a new dimension expanded, a size-1
+    dimension expanded."""
+    dtype = draw(st.sampled_from(DTYPES))
+    elements = buffer.view(dtype)
+    shape = draw(st.lists(st.integers(0, 5), min_size=0, max_size=3))
+    offset = draw(st.integers(0, 300))
+    t = elements[offset : offset + math.prod(shape)].view(shape)
+    for _ in range(draw(st.integers(0, 3))):
+        op = draw(st.sampled_from(["transpose", "slice", "new", "expand"]))
+        if op == "transpose" and t.dim() >= 2:
+            t = t.transpose(*draw(st.permutations(range(t.dim())))[:2])
+        elif op == "slice" and t.dim() >= 1:
+            dim = draw(st.integers(0, t.dim() - 1))
+            index = [slice(None)] * t.dim()
+            index[dim] = slice(draw(st.integers(0, 3)), None, draw(st.integers(1, 3)))
+            t = t[tuple(index)]
+        elif op == "new":
+            dim = draw(st.integers(0, t.dim()))
+            t = t.unsqueeze(dim).expand(*t.shape[:dim], draw(st.integers(0, 3)), *t.shape[dim:])
+        elif op == "expand" and 1 in t.shape:
+            dim = t.shape.index(1)
+            t = t.expand(*t.shape[:dim], draw(st.integers(0, 3)), *t.shape[dim + 1 :])
+    return t
+
+
+def _any_view(buffer: torch.Tensor) -> st.SearchStrategy[torch.Tensor]:
+    return st.one_of(program_views(buffer), views(buffer))
+
+
+@settings(max_examples=3000, deadline=None)
+@given(a=_any_view(_buffer), b=_any_view(_buffer))
+def test_overlap_fast_paths_agree_with_the_search(a: torch.Tensor, b: torch.Tensor) -> None:
+    """Whatever the fast paths decide (disjoint ranges, two contiguous tensors) is what the exact
+    search answers, and what the bytes say."""
+    expected = bool(covered_bytes(a) & covered_bytes(b))
+    assert overlap(a, b) == expected
+    if a.numel() and b.numel():
+        assert memory._overlap_exact(a, b) == expected
+
+
+@settings(max_examples=3000, deadline=None)
+@given(t=_any_view(_buffer))
+def test_internal_overlap_fast_path_agrees_with_the_search(t: torch.Tensor) -> None:
+    addresses = element_addresses(t)
+    expected = len(set(addresses)) != len(addresses)
+    assert internal_overlap(t) == expected
+    if t.numel():
+        assert memory._internal_overlap_exact(t) == expected
+
+
+def test_common_layouts_are_decided_without_the_search(monkeypatch) -> None:
+    """A kernel call's usual tensors (contiguous, separate or slices of one buffer, a transposed
+    view beside them) never reach the search."""
+
+    def unreachable(*args: object) -> None:
+        raise AssertionError("the exact search ran")
+
+    monkeypatch.setattr(memory, "_solvable", unreachable)
+    monkeypatch.setattr(memory, "_overlap_exact", unreachable)
+    monkeypatch.setattr(memory, "_internal_overlap_exact", unreachable)
+    out, x, xt = torch.empty(300, 200), torch.empty(300, 40), torch.empty(40, 300).T
+    assert internal_overlap(out) is False and internal_overlap(out[:, None].expand(300, 1, 200)) is False
+    assert overlap(out, x) is False and overlap(out, xt) is False and overlap(xt, out) is False
+    flat = torch.empty(1000)
+    assert overlap(flat[:500].view(20, 25), flat[499:].view(1, 501)) is True
+    assert overlap(flat[:500].view(20, 25), flat[500:].view(20, 25)) is False
+    assert overlap(flat[:500].view(20, 25).T, flat[500:]) is False
+
+
+def test_different_storages_can_share_memory() -> None:
+    """Storage identity decides nothing: two tensors over one Python buffer have storages of their
+    own and still share bytes."""
+    raw = bytearray(64)
+    first = torch.frombuffer(raw, dtype=torch.float32, count=8)
+    second = torch.frombuffer(raw, dtype=torch.float32, count=8, offset=16)
+    assert first.untyped_storage().data_ptr() != second.untyped_storage().data_ptr()
+    assert overlap(first, second) is True and overlap(first[:4], second) is False

@@ -3,9 +3,14 @@
 Flow of a call: `.plan` picks the variant and arguments; the variant's source
 (`.source`) is compiled once per architecture (`.compiler`, cached on disk) and loaded
 once per device (`.launcher`); the kernel is launched on torch's current stream.  Two
-process-level memos make a repeated call cheap: (device, variant) → the loaded kernel, and
-`plan.plan_key` (everything planning reads of a problem) → that kernel and its launch, so a call
-like an earlier one skips planning and only refreshes the operands' addresses.
+memos of the backend make a repeated call cheap: (device, variant) → the loaded kernel, and
+`plan.call_key` (everything planning reads of a problem) → a `launcher.PreparedLaunch` with
+every argument packed, so a call like an earlier one costs its key, one lookup, and the launch
+with its new operand addresses.
+
+Compiling or loading a module cannot be captured in a CUDA graph: a call that would need either
+while the stream it launches on is capturing raises a `RuntimeError` telling to run the call once
+before capturing; a warmed-up call only launches, which a graph captures.
 
 Where several kernels compute the same program, the backend's
 `NvrtcTuning` chooses; the registered `nvrtc` backend holds
@@ -15,6 +20,7 @@ are its own).
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -25,13 +31,24 @@ import torch
 from kermac.backend import Availability, Backend
 from kermac.logs import logger
 from kermac.problem import GradProblem, PairwiseProblem
+from kermac_backend_nvrtc import launcher
+from kermac_backend_nvrtc.plan import (
+    call_key,
+    cuda_capability,
+    device_capability,
+    plan_grad,
+    plan_pairwise,
+    pointer_args,
+    size_problem,
+    uses_wgmma,
+)
 from kermac_backend_nvrtc.tuning import DEFAULT_TUNING, NvrtcTuning
 
 __all__ = ["MAX_PLANS", "MIN_CAPABILITY", "WGMMA_PREFERENCE", "NvrtcBackend"]
 
 MIN_CAPABILITY = (8, 0)
 MAX_PLANS = 1024
-"""Plans remembered per process (keyed by `plan.plan_key`); the memo starts over when full."""
+"""Plans a backend remembers (keyed by `plan.call_key`); the memo starts over when full."""
 WGMMA_PREFERENCE = 30
 """`auto`'s fallback preference (used where no cost table decides, `kermac.costs`) for the float32
 (x − z)² programs on sm_90, where they run the wgmma kernel, which measured faster than Triton's
@@ -40,11 +57,17 @@ tensor-core kernel (docs/dev/wgmma-sm90.md); other devices run `mma.sync` and ke
 _INSTALL_HINT = "install kermac-backend-nvrtc with its [cu13] extra ([cu12] for a CUDA 12 driver; docs/installation.md)"
 
 
+def _capturing(device: int) -> bool:
+    """Whether the current stream of CUDA device `device` (where a launch for it goes) is capturing a graph."""
+    same = torch.cuda.current_device() == device
+    with contextlib.nullcontext() if same else torch.cuda.device(device):
+        return torch.cuda.is_current_stream_capturing()
+
+
 @cache
 def _cuda_device_reason(index: int) -> str | None:
     """Why CUDA device `index` cannot run these kernels, or None (decided once per device)."""
     from kermac_backend_nvrtc.compiler import supported_archs
-    from kermac_backend_nvrtc.plan import cuda_capability
 
     cap = cuda_capability(index)
     if cap < 10 * MIN_CAPABILITY[0] + MIN_CAPABILITY[1]:
@@ -78,7 +101,7 @@ class NvrtcBackend(Backend):
             self.priority = -1
         self._tuning = tuning
         self._kernels: dict[tuple[int, object], object] = {}  # (device, variant) -> loaded kernel
-        self._plans: dict[tuple, tuple[object, object]] = {}  # plan.plan_key -> (loaded kernel, Launch)
+        self._plans: dict[tuple, launcher.PreparedLaunch] = {}  # plan.call_key -> its launch
         self._lock = threading.Lock()
 
     @property
@@ -112,30 +135,24 @@ class NvrtcBackend(Backend):
         return Availability.yes(f"cuda-core {cuda.core.__version__}, NVRTC {major}.{minor}")
 
     def _device_reason(self, t: torch.Tensor) -> str | None:
-        if t.device.type != "cuda":
+        if not t.is_cuda:
             return f"runs CUDA tensors only; got tensors on {t.device}"
-        return _cuda_device_reason(t.device.index)
+        return _cuda_device_reason(t.get_device())
 
     def check_pairwise(self, problem: PairwiseProblem) -> str | None:
-        from kermac_backend_nvrtc.plan import size_problem
-
-        return self._device_reason(problem.x) or size_problem(
-            "pairwise", {"M": problem.m, "N": problem.n, "D": problem.d}
-        )
+        x = problem.x
+        *_, m, d = x.shape
+        return self._device_reason(x) or size_problem("pairwise", {"M": m, "N": problem.z.shape[-2], "D": d})
 
     def preference(self, problem: PairwiseProblem | GradProblem) -> int:
         """`WGMMA_PREFERENCE` for pairwise problems that run the wgmma kernel, else the priority."""
         if isinstance(problem, PairwiseProblem):
-            from kermac_backend_nvrtc.plan import device_capability, uses_wgmma
-
             dtype = str(problem.dtype).removeprefix("torch.")
             if uses_wgmma(problem.program, dtype, device_capability(problem), self._tuning):
                 return WGMMA_PREFERENCE
         return self.priority
 
     def check_grad(self, problem: GradProblem) -> str | None:
-        from kermac_backend_nvrtc.plan import size_problem
-
         m, n, o, k = problem.sizes
         return self._device_reason(problem.a) or size_problem("gradient", {"M": m, "N": n, "O": o, "K": k})
 
@@ -156,8 +173,14 @@ class NvrtcBackend(Backend):
                     "nvrtc: %s of this variant already loaded on cuda:%d (%s)", found.name, device, found.resources
                 )
             return found
+        if _capturing(device):
+            raise RuntimeError(
+                f"nvrtc: this call needs the {variant.kernel} kernel ({type(variant).__name__} of program "
+                f"{variant.program.key()}, {variant.compute}) on cuda:{device}, which this backend has not loaded "
+                "yet, and compiling or loading a module cannot be captured in a CUDA graph; run the same call once "
+                "before capturing (a warm-up outside the graph compiles and loads it)"
+            )
         from kermac_backend_nvrtc.compiler import compile_cubin
-        from kermac_backend_nvrtc.launcher import load_kernel
         from kermac_backend_nvrtc.source import kernel_source
 
         start = time.perf_counter()
@@ -165,7 +188,9 @@ class NvrtcBackend(Backend):
         name = variant.kernel
         cap = torch.cuda.get_device_capability(device)
         compiled = compile_cubin(source, variant.target(10 * cap[0] + cap[1]), name=name)
-        loaded = load_kernel(device, compiled.key, compiled.cubin, name, params, variant.compute, variant.dynamic_smem)
+        loaded = launcher.load_kernel(
+            device, compiled.key, compiled.cubin, name, params, variant.compute, variant.dynamic_smem
+        )
         if debug:
             logger.debug(
                 "nvrtc: %s variant %s: %s, loaded in %.1f ms; %s%s",
@@ -180,24 +205,12 @@ class NvrtcBackend(Backend):
             self._kernels[memo] = loaded
         return loaded
 
-    def _run(self, problem: PairwiseProblem | GradProblem, planner: Callable) -> None:
-        """Plan `problem` (or find its plan in the memo), load the kernel and launch it."""
-        from kermac_backend_nvrtc.launcher import launch as launch_kernel
-        from kermac_backend_nvrtc.plan import plan_key, pointer_args
-
+    def _prepare(self, problem: PairwiseProblem | GradProblem, planner: Callable) -> launcher.PreparedLaunch:
+        """Plan `problem`, load its kernel and pack its launches."""
         device, debug = problem.device, problem.debug
         index = device.index if device.index is not None else torch.cuda.current_device()
-        key = None if debug else plan_key(problem, index, self._tuning)  # debug plans (and logs) every call
-        planned = self._plans.get(key)
-        if planned is None:
-            variant, launch = planner(problem, None, self._tuning)  # None: the problem's device
-            planned = (self._kernel(index, variant, debug), launch)
-            if key is not None:
-                if len(self._plans) >= MAX_PLANS:
-                    self._plans.clear()
-                self._plans[key] = planned
-        kernel, launch = planned
-        args = launch.args | pointer_args(problem)
+        variant, launch = planner(problem, None, self._tuning)  # None: the problem's device
+        kernel = self._kernel(index, variant, debug)
         chunks = launch.chunks()
         if debug:
             logger.debug(
@@ -208,17 +221,28 @@ class NvrtcBackend(Backend):
                 launch.block,
                 index,
             )
-        for zbase, gz in chunks:
-            launch_kernel(kernel, (launch.grid_x, 1, gz), launch.block, args | {"zbase": zbase})
+        steps = [((launch.grid_x, 1, gz), launch.args | {"zbase": zbase}) for zbase, gz in chunks]
+        return launcher.PreparedLaunch(kernel, launch.block, steps, tuple(pointer_args(problem)))
+
+    def _run(self, problem: PairwiseProblem | GradProblem, planner: Callable) -> None:
+        """Launch `problem` with its remembered launches, or plan and remember them (`debug` plans,
+        and logs, every call)."""
+        if problem.debug:
+            self._prepare(problem, planner).run(tuple(pointer_args(problem).values()))
+            return
+        key, addresses = call_key(problem)
+        prepared = self._plans.get(key)
+        if prepared is None:
+            prepared = self._prepare(problem, planner)
+            if len(self._plans) >= MAX_PLANS:
+                self._plans.clear()
+            self._plans[key] = prepared
+        prepared.run(addresses)
 
     def pairwise(self, problem: PairwiseProblem) -> None:
-        from kermac_backend_nvrtc.plan import plan_pairwise
-
         self._run(problem, plan_pairwise)
 
     def grad(self, problem: GradProblem) -> None:
-        from kermac_backend_nvrtc.plan import plan_grad
-
         self._run(problem, plan_grad)
 
     def precompile(
@@ -237,7 +261,6 @@ class NvrtcBackend(Backend):
         from concurrent.futures import ProcessPoolExecutor
 
         from kermac_backend_nvrtc.compiler import compile_cubin
-        from kermac_backend_nvrtc.plan import plan_grad, plan_pairwise
         from kermac_backend_nvrtc.source import kernel_source
         from kermac_backend_nvrtc.variants import arch_capability
 

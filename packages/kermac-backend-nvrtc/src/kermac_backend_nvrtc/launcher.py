@@ -5,7 +5,8 @@ name.  A launch packs the arguments into one buffer laid out as the kernel's par
 (each value at its C type's natural alignment: pointers and `long long` 8 bytes, `int` 4,
 `km_t` the compute type) and hands it to the driver's `cuLaunchKernel` directly (`extra`
 form).  That costs a few microseconds on the host where `cuda.core.launch`'s per-argument
-conversion cost tens.  Launching never synchronises.
+conversion cost tens.  A `PreparedLaunch` packs every argument of a plan once and, per call,
+writes only the device addresses into its buffer.  Launching never synchronises.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ import torch
 from kermac.logs import logger
 from kermac_backend_nvrtc.source import Param
 
-__all__ = ["LoadedKernel", "argument_layout", "launch", "load_kernel"]
+__all__ = ["LoadedKernel", "PreparedLaunch", "argument_layout", "load_kernel"]
 
 _lock = threading.Lock()
 _kernels: dict[tuple[int, str, str], LoadedKernel] = {}
@@ -46,8 +47,46 @@ class LoadedKernel:
     function: int  # the CUfunction handle in the device's primary context
     context: int  # that context's handle
     packer: struct.Struct  # the argument buffer's layout, in parameter order
+    offsets: tuple[int, ...]  # each parameter's byte offset in that buffer
     buffer_size: ctypes.c_size_t  # packer.size, as cuLaunchKernel's `extra` reads it
     shmem: int = 0  # dynamic shared memory per block, bytes
+
+    @classmethod
+    def of(
+        cls,
+        kernel: object,
+        params: Sequence[Param],
+        compute: str,
+        device: int,
+        name: str,
+        resources: str,
+        function: int,
+        context: int,
+        shmem: int = 0,
+    ) -> LoadedKernel:
+        """The loaded kernel with its argument layout derived from `params` (`argument_layout`)."""
+        fmt, offsets = _layout(params, compute)
+        packer = struct.Struct(fmt)
+        return cls(
+            kernel, tuple(params), compute, device, name, resources, function, context, packer, offsets,
+            ctypes.c_size_t(packer.size), shmem,
+        )  # fmt: skip
+
+
+def _layout(params: Sequence[Param], compute: str) -> tuple[str, tuple[int, ...]]:
+    """The `struct` format of a kernel's argument buffer and each parameter's offset in it."""
+    by_type = {"long long": "q", "int": "i", "km_t": "f" if compute == "float" else "d"}
+    fmt, offset, offsets = "<", 0, []
+    for p in params:
+        code = "Q" if p.ctype.endswith("*") else by_type.get(p.ctype)
+        if code is None:
+            raise AssertionError(f"unknown parameter type {p.ctype!r} of {p.name}")
+        size = struct.calcsize("<" + code)
+        pad = -offset % size
+        fmt += "x" * pad + code
+        offsets.append(offset + pad)
+        offset += pad + size
+    return fmt, tuple(offsets)
 
 
 def argument_layout(params: Sequence[Param], compute: str) -> struct.Struct:
@@ -58,17 +97,7 @@ def argument_layout(params: Sequence[Param], compute: str) -> struct.Struct:
     kernel's parameter space; that start is only 16-byte aligned (`c[0x0][0x210]` on sm_90), so
     a parameter aligned to more — a 64-byte `CUtensorMap` — would sit 48 bytes further in than
     this layout puts it.  Every type here aligns to 8 at most."""
-    by_type = {"long long": "q", "int": "i", "km_t": "f" if compute == "float" else "d"}
-    fmt, offset = "<", 0
-    for p in params:
-        code = "Q" if p.ctype.endswith("*") else by_type.get(p.ctype)
-        if code is None:
-            raise AssertionError(f"unknown parameter type {p.ctype!r} of {p.name}")
-        size = struct.calcsize("<" + code)
-        pad = -offset % size
-        fmt += "x" * pad + code
-        offset += pad + size
-    return struct.Struct(fmt)
+    return struct.Struct(_layout(params, compute)[0])
 
 
 @cache
@@ -76,9 +105,11 @@ def _driver() -> dict[str, Callable[..., int]]:
     """ctypes entry points of the driver functions a launch uses (from the driver cuda.bindings loaded)."""
     from cuda.bindings import driver
 
-    vp, uint = ctypes.c_void_p, ctypes.c_uint
+    vp = ctypes.c_void_p
     signatures = {
-        "cuLaunchKernel": (vp, uint, uint, uint, uint, uint, uint, uint, vp, vp, vp),
+        # Called with ctypes objects only (built once per plan, see PreparedLaunch): without a
+        # prototype ctypes passes them as they are instead of converting 11 Python values per call.
+        "cuLaunchKernel": (),
         "cuCtxGetCurrent": (ctypes.POINTER(vp),),
         "cuCtxPushCurrent": (vp,),
         "cuCtxPopCurrent": (ctypes.POINTER(vp),),
@@ -94,11 +125,11 @@ def _driver() -> dict[str, Callable[..., int]]:
     return found
 
 
-def _check(result: int, what: str) -> None:
-    if result:
-        name = ctypes.c_char_p()
-        _driver()["cuGetErrorName"](result, ctypes.byref(name))
-        raise RuntimeError(f"{what} failed: {(name.value or b'CUDA error').decode()} ({result})")
+def _fail(result: int, what: str) -> None:
+    """Raise for the driver's nonzero `result` of `what`, naming the error."""
+    name = ctypes.c_char_p()
+    _driver()["cuGetErrorName"](result, ctypes.byref(name))
+    raise RuntimeError(f"{what} failed: {(name.value or b'CUDA error').decode()} ({result})")
 
 
 def _allow_dynamic_smem(kernel: object, device: int, nbytes: int) -> None:
@@ -129,7 +160,9 @@ def _function(kernel: object) -> int:
 
 def _current_context() -> int:
     ctx = ctypes.c_void_p()
-    _check(_driver()["cuCtxGetCurrent"](ctypes.byref(ctx)), "cuCtxGetCurrent")
+    result = _driver()["cuCtxGetCurrent"](ctypes.byref(ctx))
+    if result:
+        _fail(result, "cuCtxGetCurrent")
     return ctx.value or 0
 
 
@@ -159,11 +192,7 @@ def load_kernel(
         )
     except Exception as exc:  # attributes are diagnostics only
         resources = f"attributes unavailable: {exc}"
-    packer = argument_layout(params, compute)
-    loaded = LoadedKernel(
-        kernel, tuple(params), compute, device, name, resources, function, context, packer,
-        ctypes.c_size_t(packer.size), shmem,
-    )  # fmt: skip
+    loaded = LoadedKernel.of(kernel, params, compute, device, name, resources, function, context, shmem)
     logger.debug("nvrtc: loaded %s on cuda:%d: %s", name, device, resources)
     with _lock:
         _kernels[cache_id] = loaded
@@ -178,24 +207,89 @@ returns, without building a Stream object; Triton's launcher reads it the same w
 """
 
 
-def launch(k: LoadedKernel, grid: tuple[int, int, int], block: int, values: dict[str, int | float]) -> None:
-    """Launch `k` on the current stream of its device with parameter `values` by name.
+def _pointer_runs(k: LoadedKernel, names: Sequence[str]) -> tuple[tuple[struct.Struct, int, int, int], ...]:
+    """How `PreparedLaunch.run` writes the addresses of parameters `names` (in that order) into
+    `k`'s argument buffer: `(packer, offset, start, stop)` packs `names[start:stop]` at `offset`,
+    one entry per stretch of them that lie next to each other both in the buffer and in `names`."""
+    pointers = {p.name: offset for p, offset in zip(k.params, k.offsets, strict=True) if p.ctype.endswith("*")}
+    if (names and set(names) != set(pointers)) or len(set(names)) != len(names):
+        raise AssertionError(f"{k.name}: addresses given per call {list(names)}, pointer parameters {list(pointers)}")
+    runs: list[list[int]] = []  # [offset, start, stop]
+    for i, name in enumerate(names):
+        offset = pointers[name]
+        if runs and runs[-1][2] == i and runs[-1][0] + 8 * (i - runs[-1][1]) == offset:
+            runs[-1][2] = i + 1
+        else:
+            runs.append([offset, i, i + 1])
+    return tuple((struct.Struct("<" + "Q" * (stop - start)), offset, start, stop) for offset, start, stop in runs)
 
-    The kernel runs in its device's primary context: where another context is current on this
-    thread (another device's, or none yet), the kernel's is pushed for the launch and popped after."""
-    data = k.packer.pack(*[values[p.name] for p in k.params])
-    extra = (ctypes.c_void_p * 5)(
-        _PARAM_BUFFER_POINTER, ctypes.cast(data, ctypes.c_void_p), _PARAM_BUFFER_SIZE,
-        ctypes.addressof(k.buffer_size), _PARAM_END,
-    )  # fmt: skip
-    driver = _driver()
-    pushed = _current_context() != k.context
-    if pushed:
-        _check(driver["cuCtxPushCurrent"](k.context), f"making cuda:{k.device}'s context current")
-    try:
-        stream = _current_stream(k.device)
-        result = driver["cuLaunchKernel"](k.function, *grid, block, 1, 1, k.shmem, stream, None, extra)
-        _check(result, f"launching {k.name} on cuda:{k.device}")
-    finally:
-        if pushed:
-            driver["cuCtxPopCurrent"](ctypes.byref(ctypes.c_void_p()))
+
+class PreparedLaunch:
+    """The launches of one plan of kernel `k`, every argument packed but the device addresses.
+
+    `steps` holds each launch's grid and parameter values by name; `pointers` names the
+    parameters whose values change per call (every pointer parameter of the kernel, or none),
+    in the order `run` receives them (with none, `steps` give every value).  Each launch keeps
+    its argument buffer, the `extra` array pointing to it and its dimensions as ctypes objects;
+    `run` writes the addresses into the buffers (under a lock, as two threads may run one plan)
+    and launches, converting only the stream handle.  The driver copies the arguments before
+    `cuLaunchKernel` returns (also into a graph being captured), so the next call may write the
+    buffers again.
+    """
+
+    __slots__ = ("_ctx", "_ctx_ref", "_get", "_launch", "_lock", "_pop", "_push", "_runs", "_steps", "kernel")
+
+    def __init__(
+        self,
+        k: LoadedKernel,
+        block: int,
+        steps: Sequence[tuple[tuple[int, int, int], dict[str, int | float]]],
+        pointers: Sequence[str] = (),
+    ) -> None:
+        self.kernel = k
+        self._runs = _pointer_runs(k, pointers)
+        launches = []
+        for grid, values in steps:
+            buffer = ctypes.create_string_buffer(k.packer.pack(*[values[p.name] for p in k.params]), k.packer.size)
+            extra = (ctypes.c_void_p * 5)(
+                _PARAM_BUFFER_POINTER, ctypes.addressof(buffer), _PARAM_BUFFER_SIZE,
+                ctypes.addressof(k.buffer_size), _PARAM_END,
+            )  # fmt: skip
+            dims = (ctypes.c_uint(v) for v in (*grid, block, 1, 1, k.shmem))
+            launches.append((buffer, extra, (ctypes.c_void_p(k.function), *dims)))
+        self._steps = tuple(launches)
+        self._ctx = ctypes.c_void_p()
+        self._ctx_ref = ctypes.byref(self._ctx)
+        self._lock = threading.Lock()
+        driver = _driver()
+        self._launch, self._get = driver["cuLaunchKernel"], driver["cuCtxGetCurrent"]
+        self._push, self._pop = driver["cuCtxPushCurrent"], driver["cuCtxPopCurrent"]
+
+    def run(self, pointers: Sequence[int]) -> None:
+        """Launch on the current stream of the kernel's device with these addresses (the values
+        of the parameters named at construction, in that order).
+
+        The kernel runs in its device's primary context: where another context is current on
+        this thread (another device's, or none yet), the kernel's is pushed for the launch and
+        popped after."""
+        k = self.kernel
+        with self._lock:
+            result = self._get(self._ctx_ref)
+            if result:
+                _fail(result, "cuCtxGetCurrent")
+            pushed = (self._ctx.value or 0) != k.context
+            if pushed:
+                result = self._push(k.context)
+                if result:
+                    _fail(result, f"making cuda:{k.device}'s context current")
+            try:
+                stream = _current_stream(k.device)
+                for buffer, extra, args in self._steps:
+                    for packer, offset, start, stop in self._runs:
+                        packer.pack_into(buffer, offset, *pointers[start:stop])
+                    result = self._launch(*args, ctypes.c_void_p(stream), None, extra)
+                    if result:
+                        _fail(result, f"launching {k.name} on cuda:{k.device}")
+            finally:
+                if pushed:
+                    self._pop(self._ctx_ref)

@@ -11,11 +11,13 @@ dimension allows are split into several launches (`zbase`).
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import cache, lru_cache
 
 import torch
 
+from kermac.hyperparams import HyperValue
 from kermac.ir import Call, Const, Expr, walk
 from kermac.kernel_facts import cancellation_guard, fits_int32, passed_by_value, tensor_core_eligible
 from kermac.layout import BatchLayout, batch_layout, grad_operands, pairwise_operands
@@ -45,10 +47,10 @@ __all__ = [
     "MAX_GRID_Z",
     "NT",
     "Launch",
+    "call_key",
     "cuda_capability",
     "device_capability",
     "plan_grad",
-    "plan_key",
     "plan_pairwise",
     "pointer_args",
     "size_problem",
@@ -79,10 +81,10 @@ class Launch:
 
 def size_problem(what: str, sizes: dict[str, int]) -> str | None:
     """A reason if any size exceeds the kernels' 32-bit row/column indices, else `None`."""
+    if fits_int32(max(sizes.values())):  # fits_int32 is monotonic: the largest size decides
+        return None
     big = {k: v for k, v in sizes.items() if not fits_int32(v)}
-    if big:
-        return f"{what} sizes {big} exceed the 32-bit index range of the nvrtc kernels"
-    return None
+    return f"{what} sizes {big} exceed the 32-bit index range of the nvrtc kernels"
 
 
 def _operand(t: torch.Tensor, layout: BatchLayout, name: str, pt: int, kt: int, p_dim: int, k_dim: int) -> TileLoad:
@@ -194,9 +196,8 @@ def _rename(names: list[str]) -> dict[str, str]:
 
 def device_capability(problem: PairwiseProblem | GradProblem) -> int | None:
     """Compute capability of the problem's CUDA device as one number (90 for sm_90); None off CUDA."""
-    if problem.device.type != "cuda":
-        return None
-    return cuda_capability(problem.device.index)
+    t = problem.x if isinstance(problem, PairwiseProblem) else problem.a
+    return cuda_capability(t.get_device()) if t.is_cuda else None
 
 
 @cache
@@ -413,7 +414,8 @@ def _grad_args(problem: GradProblem, ochunks: int) -> dict[str, int | float]:
 
 def pointer_args(problem: PairwiseProblem | GradProblem) -> dict[str, int]:
     """The arguments that are device addresses: the operands, `out` and tensor hyperparameters
-    (`hp_<name>`) — the only ones that differ between calls with equal `plan_key`."""
+    (`hp_<name>`) — the only ones that differ between calls with equal `call_key`, which
+    returns them too, in this order."""
     if isinstance(problem, PairwiseProblem):
         named = {"x": problem.x, "z": problem.z, "out": problem.out}
     else:
@@ -430,31 +432,54 @@ plan alike.
 """
 
 
-def _tensor_key(t: torch.Tensor) -> tuple:
-    return t.shape, t.stride(), t.data_ptr() % _ALIGNMENT
+def _hyper_key(hypers: Mapping[str, HyperValue]) -> tuple[tuple, tuple[int, ...]]:
+    """The hyperparameters' part of a call key and the addresses of the tensor ones.  A scalar is
+    keyed by its `repr`, which tells every two floats apart (−0.0 and 0.0 too, where `==` does
+    not) and matches a NaN with a NaN; a tensor like an operand."""
+    key, addresses = [], []
+    for name, h in hypers.items():
+        t = h.tensor
+        if t is None:
+            key.append((name, repr(h.scalar)))
+        else:
+            address = t.data_ptr()
+            addresses.append(address)
+            key.append((name, t.dtype, t.shape, t.stride(), address % _ALIGNMENT))
+    return tuple(key), tuple(addresses)
 
 
-def plan_key(problem: PairwiseProblem | GradProblem, device: int, tuning: NvrtcTuning) -> tuple:
-    """A key under which a plan can be remembered: two problems with equal keys get the same variant
-    and the same arguments from `plan_pairwise` / `plan_grad` (with `tuning`) but for
-    `pointer_args` (problems that plan alike may still differ in key, e.g. addresses of
-    different alignment).
+def call_key(problem: PairwiseProblem | GradProblem) -> tuple[tuple, tuple[int, ...]]:
+    """A key under which a problem's plan can be remembered, and the problem's device addresses
+    (the values of `pointer_args`, in its order), each address read once.
 
-    It holds what planning reads: the program, dtype and device (its capability), every tensor's
-    shape, strides and address modulo `_ALIGNMENT`, the hyperparameters (scalars by their
-    exact bits, tensors like operands), the diagonal offsets, and the tuning (required, so that
-    backends of different tuning never share a plan).  The tile configurations of
-    `tiles` are not in it: whoever replaces one clears the memo
-    (`NvrtcBackend.forget`).
+    Two problems with equal keys get the same variant and the same arguments from
+    `plan_pairwise` / `plan_grad` (with one tuning) but for the addresses; problems that plan
+    alike may still differ in key (e.g. addresses of different alignment).  The key holds what
+    planning reads: the program, dtype and device index (its capability), every tensor's
+    strides and address modulo `_ALIGNMENT`, the shapes (those of the operands that give every
+    size and the batch: `out`'s and `d`'s follow from them), the hyperparameters and the
+    diagonal offsets.  It holds neither the tuning (each backend keeps its own memo, of one
+    tuning) nor the tile configurations of `tiles` (whoever replaces one clears the memo,
+    `NvrtcBackend.forget`).
     """
     if isinstance(problem, PairwiseProblem):
-        tensors = (problem.x, problem.z, problem.out)
-        offsets = (problem.offset_m, problem.offset_n)
+        x, z, out = problem.x, problem.z, problem.out
+        px, pz, po = x.data_ptr(), z.data_ptr(), out.data_ptr()
+        key: tuple = (
+            problem.program, x.dtype, x.get_device(), x.shape, x.stride(), px % _ALIGNMENT,
+            z.shape, z.stride(), pz % _ALIGNMENT, out.stride(), po % _ALIGNMENT, problem.offset_m, problem.offset_n,
+        )  # fmt: skip
+        addresses: tuple[int, ...] = (px, pz, po)
     else:
-        tensors = (problem.a, problem.b, problem.c, problem.d, problem.out)
-        offsets = ()
-    hypers = tuple(
-        (name, h.scalar.hex() if h.tensor is None else (h.tensor.dtype, *_tensor_key(h.tensor)))
-        for name, h in problem.hypers.items()
-    )
-    return (problem.program, problem.dtype, device, *map(_tensor_key, tensors), hypers, offsets, tuning)
+        a, b, c, d, out = problem.a, problem.b, problem.c, problem.d, problem.out
+        pa, pb, pc, pd, po = a.data_ptr(), b.data_ptr(), c.data_ptr(), d.data_ptr(), out.data_ptr()
+        key = (
+            problem.program, a.dtype, a.get_device(), a.shape, a.stride(), pa % _ALIGNMENT, b.shape, b.stride(),
+            pb % _ALIGNMENT, c.shape, c.stride(), pc % _ALIGNMENT, d.stride(), pd % _ALIGNMENT, out.stride(),
+            po % _ALIGNMENT,
+        )  # fmt: skip
+        addresses = (pa, pb, pc, pd, po)
+    if not problem.hypers:
+        return key, addresses
+    hyper_key, hyper_addresses = _hyper_key(problem.hypers)
+    return key + (hyper_key,), addresses + hyper_addresses

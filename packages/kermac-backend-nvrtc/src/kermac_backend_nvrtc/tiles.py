@@ -1,6 +1,6 @@
 """Tile shapes of the NVRTC kernels: read by the planner (grids, load modes) and by the source
 builder (the kernels' `#define`s).  Module constants, so a benchmark can replace one (and then
-clear the backend's memos with `NvrtcBackend.forget()`); they are not part of `plan.plan_key`."""
+clear the backend's memos with `NvrtcBackend.forget()`); they are not part of `plan.call_key`."""
 
 from __future__ import annotations
 

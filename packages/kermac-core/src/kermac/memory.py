@@ -20,6 +20,13 @@ divisibility prune the rest) and solves two-term problems in closed form; a sear
 take more than `WORK_LIMIT` steps answers `None` ("undecided"), which callers treat as
 an overlap.  Nothing here reads device memory or synchronises: only Python integers.
 
+Both tests first decide the common cases in O(1) without the search: a contiguous tensor has no
+two indices on one element; two tensors whose byte ranges `[first byte, last byte]` are disjoint
+share nothing, and two contiguous ones whose ranges meet share a byte (each covers its whole
+range).  The storage a tensor views decides nothing: different storages may hold the same memory
+(`torch.from_numpy` of overlapping NumPy views, `torch.frombuffer`, DLPack), so only addresses
+are compared.
+
 Meta tensors have no memory (every `data_ptr()` is 0): `overlap` reports none for them.
 """
 
@@ -120,14 +127,22 @@ def _dims(t: torch.Tensor) -> list[tuple[int, int]]:
 def internal_overlap(t: torch.Tensor) -> bool | None:
     """Whether two different indices of `t` address the same element (`None`: undecided).
 
+    A contiguous (or empty) tensor has none; other layouts are decided by `_internal_overlap_exact`.
+    """
+    if t.is_contiguous() or t.numel() == 0:
+        return False
+    return _internal_overlap_exact(t)
+
+
+def _internal_overlap_exact(t: torch.Tensor) -> bool | None:
+    """`internal_overlap` of a non-empty tensor by the bounded search, for any layout.
+
     With the dimensions in decreasing stride order, an overlap is a nonzero index difference
     `δ` with `Σ s_i δ_i = 0`, `|δ_i| ≤ n_i − 1`; let `k` be its first nonzero entry, made
     positive by symmetry.  Writing `δ_k = 1 + (n_k − 2 − v)` and `δ_i = n_i − 1 − w_i`
     (`i > k`) gives the bounded problem `s_k v + Σ_{i>k} s_i w_i = Σ_{i≥k} s_i (n_i − 1)`
     with `0 ≤ v ≤ n_k − 2`, `0 ≤ w_i ≤ 2(n_i − 1)`, one per `k`.
     """
-    if t.numel() == 0:
-        return False
     dims = _dims(t)
     if any(st == 0 for st, _ in dims):
         return True
@@ -149,24 +164,45 @@ def internal_overlap(t: torch.Tensor) -> bool | None:
     return None if undecided else False
 
 
+def _end(t: torch.Tensor, start: int) -> int:
+    """One past the last byte of the non-empty tensor `t` that starts at byte address `start`
+    (strides are never negative, so the first element starts lowest)."""
+    return start + t.element_size() * (1 + sum(st * (n - 1) for st, n in zip(t.stride(), t.shape, strict=True)))
+
+
 def overlap(a: torch.Tensor, b: torch.Tensor) -> bool | None:
     """Whether some byte of memory lies in an element of `a` and in an element of `b`
     (`None`: undecided).  Different dtypes and views of one buffer are compared byte-exactly.
 
+    Two contiguous tensors (each covers its whole byte range) share a byte exactly when their
+    ranges meet; other layouts with disjoint ranges share none; the rest is decided by
+    `_overlap_exact`.
+    """
+    if a.is_meta or b.is_meta:
+        return False
+    a0, b0 = a.data_ptr(), b.data_ptr()
+    dense_a, dense_b = a.is_contiguous(), b.is_contiguous()
+    if dense_a and dense_b:  # an empty one has an empty range
+        return a0 < b0 + b.nbytes and b0 < a0 + a.nbytes
+    if a.numel() == 0 or b.numel() == 0:
+        return False
+    if (a0 + a.nbytes if dense_a else _end(a, a0)) <= b0 or (b0 + b.nbytes if dense_b else _end(b, b0)) <= a0:
+        return False
+    return _overlap_exact(a, b)
+
+
+def _overlap_exact(a: torch.Tensor, b: torch.Tensor) -> bool | None:
+    """`overlap` of two non-empty tensors with memory by the bounded search, for any layouts.
+
     Elements at `α` and `β` share a byte iff `−e_a < α − β < e_b`; with
     `α − β = −e_a + 1 + w`, `0 ≤ w ≤ e_a + e_b − 2`, and `b`'s indices reflected
     (`y → n − 1 − y`) every coefficient is positive:
-    `Σ s_i x_i + Σ t_j y_j' + w' = β_0 − α_0 + e_b − 1 + Σ t_j (m_j − 1)`.
+    `Σ s_i x_i + Σ t_j y_j' + w' = β_0 − α_0 + e_b − 1 + Σ t_j (m_j − 1)`.  (Its right-hand
+    side lies outside `[0, Σ bounds]` exactly when the byte ranges are disjoint.)
     """
-    if a.numel() == 0 or b.numel() == 0 or a.device.type == "meta" or b.device.type == "meta":
-        return False
     ea, eb = a.element_size(), b.element_size()
     da = [(st * ea, n) for st, n in _dims(a) if st]
     db = [(st * eb, n) for st, n in _dims(b) if st]
     a0, b0 = a.data_ptr(), b.data_ptr()
-    a1 = a0 + sum(s * (n - 1) for s, n in da) + ea
-    b1 = b0 + sum(s * (n - 1) for s, n in db) + eb
-    if a1 <= b0 or b1 <= a0:
-        return False
     terms = [(s, n - 1) for s, n in da + db] + [(1, ea + eb - 2)]
     return _solvable(terms, b0 - a0 + eb - 1 + sum(s * (n - 1) for s, n in db))

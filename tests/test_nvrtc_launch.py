@@ -1,0 +1,266 @@
+"""NVRTC backend's calls without a GPU: compiling and loading are stand-ins, and so are the driver's
+entry points, which record what they receive: the argument buffer the driver would copy, grid,
+stream and context.  A repeated call must launch with its own addresses and otherwise the
+planner's arguments; a call that would compile or load under CUDA-graph capture must raise.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+from collections.abc import Callable
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from kermac import presets
+from kermac.hyperparams import HyperValue
+from kermac.lowering import cdist_program, grad_program
+from kermac.problem import GradProblem, grad_problem, pairwise_problem
+
+pytest.importorskip("cuda.core")
+from kermac_backend_nvrtc import compiler, launcher, plan
+from kermac_backend_nvrtc.backend import NvrtcBackend
+from kermac_backend_nvrtc.source import kernel_source
+from kermac_backend_nvrtc.tuning import DEFAULT_TUNING
+
+FUNCTION, CONTEXT, OTHER_CONTEXT, STREAM = 0x1000, 0x2000, 0x3000, 0x4000
+
+
+class Driver:
+    """Stand-ins for the driver functions a launch calls; `current` is the thread's current context."""
+
+    def __init__(self) -> None:
+        self.current: int | None = CONTEXT
+        self.stack: list[int | None] = []
+        self.launches: list[dict] = []
+        self.compiled: list[str] = []
+        self.result = 0
+        self.capturing = False
+
+    def entry_points(self) -> dict[str, Callable[..., int]]:
+        return {
+            "cuLaunchKernel": self.launch,
+            "cuCtxGetCurrent": self.get,
+            "cuCtxPushCurrent": self.push,
+            "cuCtxPopCurrent": self.pop,
+            "cuGetErrorName": self.error_name,
+        }
+
+    def get(self, ref) -> int:
+        ref._obj.value = self.current
+        return 0
+
+    def push(self, ctx: int) -> int:
+        self.stack.append(self.current)
+        self.current = ctx
+        return 0
+
+    def pop(self, ref) -> int:
+        ref._obj.value, self.current = self.current, self.stack.pop()
+        return 0
+
+    def launch(self, function, gx, gy, gz, bx, by, bz, shmem, stream, params, extra) -> int:
+        assert params is None and (extra[0], extra[2], extra[4]) == (1, 2, None)  # the `extra` form (NULL reads None)
+        size = ctypes.c_size_t.from_address(extra[3]).value
+        self.launches.append({
+            "function": function.value,
+            "grid": (gx.value, gy.value, gz.value),
+            "block": (bx.value, by.value, bz.value),
+            "shmem": shmem.value,
+            "stream": stream.value,
+            "context": self.current,
+            "data": ctypes.string_at(extra[1], size),
+        })  # fmt: skip
+        return self.result
+
+    def error_name(self, result: int, ref) -> int:
+        ref._obj.value = b"CUDA_ERROR_INVALID_VALUE"
+        return 0
+
+
+@pytest.fixture
+def driver(monkeypatch: pytest.MonkeyPatch) -> Driver:
+    fake = Driver()
+    monkeypatch.setattr(launcher, "_driver", fake.entry_points)
+    monkeypatch.setattr(launcher, "_current_stream", lambda index: STREAM + index)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda index=None: (9, 0))
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: fake.capturing)
+
+    def compile_cubin(source: str, arch: str, *, name: str) -> SimpleNamespace:
+        fake.compiled.append(name)
+        return SimpleNamespace(key=f"key{len(fake.compiled)}", cubin=b"", hit=False, ptxas="")
+
+    def load_kernel(device, key, cubin, name, params, compute, shmem=0) -> launcher.LoadedKernel:
+        return launcher.LoadedKernel.of(None, params, compute, device, name, "", FUNCTION, CONTEXT, shmem)
+
+    monkeypatch.setattr(compiler, "compile_cubin", compile_cubin)
+    monkeypatch.setattr(launcher, "load_kernel", load_kernel)
+    return fake
+
+
+def _aligned(*shape: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """A fresh random tensor starting on a 256-byte boundary (fresh ones of one shape share a plan)."""
+    n = 1
+    for s in shape:
+        n *= s
+    storage = torch.randn(n + 256, dtype=torch.float64).to(dtype)
+    start = -storage.data_ptr() % 256 // storage.element_size()
+    return storage[start : start + n].view(shape)
+
+
+def _hypers(**values: float | torch.Tensor) -> dict[str, HyperValue]:
+    return {k: HyperValue(k, v) if isinstance(v, float) else HyperValue(k, None, v) for k, v in values.items()}
+
+
+def _cdist_p1() -> object:
+    return pairwise_problem(cdist_program(1.0), _aligned(37, 16), _aligned(29, 16), out=_aligned(37, 29), hypers={})
+
+
+def _laplace_batched_bandwidth() -> object:
+    program = presets.laplace_l2.lower(regularized=True)
+    hypers = _hypers(bandwidth=_aligned(3).abs_().add_(1), regularization=0.5)
+    return pairwise_problem(program, _aligned(3, 37, 24), _aligned(29, 24), out=_aligned(3, 37, 29), hypers=hypers)
+
+
+def _grad_p15() -> object:
+    a, b, c, d = _aligned(21, 19), _aligned(11, 21), _aligned(3, 21), _aligned(11, 19)
+    return grad_problem(grad_program(None), a, b, c, d, out=_aligned(3, 11, 19), hypers=_hypers(p=1.5))
+
+
+def _grad_batched_p() -> object:
+    a, b, c, d = _aligned(2, 21, 19), _aligned(11, 21), _aligned(9, 21), _aligned(11, 19)
+    hypers = _hypers(p=_aligned(2).abs_().add_(1))
+    return grad_problem(grad_program(None), a, b, c, d, out=_aligned(2, 9, 11, 19), hypers=hypers)
+
+
+def _run(backend: NvrtcBackend, problem: object) -> None:
+    (backend.grad if isinstance(problem, GradProblem) else backend.pairwise)(problem)
+
+
+def _expected(problem: object) -> list[dict]:
+    """What the driver must receive for `problem`: the planner's launches, arguments packed in
+    the kernel's parameter order."""
+    planner = plan.plan_grad if isinstance(problem, GradProblem) else plan.plan_pairwise
+    variant, launch = planner(problem, None, DEFAULT_TUNING)
+    params = kernel_source(variant)[1]
+    packer = launcher.argument_layout(params, variant.compute)
+    return [
+        {
+            "function": FUNCTION,
+            "grid": (launch.grid_x, 1, gz),
+            "block": (launch.block, 1, 1),
+            "shmem": variant.dynamic_smem,
+            "stream": STREAM,
+            "context": CONTEXT,
+            "data": packer.pack(*[(launch.args | {"zbase": zbase})[p.name] for p in params]),
+        }
+        for zbase, gz in launch.chunks()
+    ]
+
+
+@pytest.mark.parametrize("build", [_cdist_p1, _laplace_batched_bandwidth, _grad_p15, _grad_batched_p])
+def test_repeated_calls_launch_with_their_own_addresses(driver: Driver, build: Callable[[], object]) -> None:
+    """Calls of one plan (fresh tensors, tensor hyperparameters among them) compile once, plan
+    once, and each launches with the planner's arguments for its own tensors."""
+    backend = NvrtcBackend()
+    problems = [build() for _ in range(3)]
+    assert len({plan.call_key(p)[0] for p in problems}) == 1  # one plan, or the test shows nothing
+    for problem in problems:
+        _run(backend, problem)
+    assert len(driver.compiled) == 1 and len(backend._plans) == 1
+    assert driver.launches == [launch for p in problems for launch in _expected(p)]
+    assert len({launch["data"] for launch in driver.launches}) == 3
+
+
+def test_a_batch_beyond_the_grid_launches_in_chunks(driver: Driver) -> None:
+    """70000 z-blocks: two launches (zbase 0 and 65535), each with the call's addresses."""
+    backend = NvrtcBackend()
+    problems = [
+        pairwise_problem(cdist_program(1.0), _aligned(70000, 2, 4), _aligned(70000, 3, 4), out=None, hypers={})
+        for _ in range(2)
+    ]
+    for problem in problems:
+        backend.pairwise(problem)
+    expected = [launch for p in problems for launch in _expected(p)]
+    assert [launch["grid"][2] for launch in expected] == [65535, 4465, 65535, 4465]
+    assert driver.launches == expected
+
+
+@pytest.mark.parametrize("current", [OTHER_CONTEXT, None])
+def test_another_or_no_current_context_is_pushed_and_restored(driver: Driver, current: int | None) -> None:
+    backend = NvrtcBackend()
+    problem = _cdist_p1()
+    backend.pairwise(problem)
+    driver.current = current
+    backend.pairwise(problem)
+    assert [launch["context"] for launch in driver.launches] == [CONTEXT, CONTEXT]
+    assert driver.current == current and driver.stack == []
+
+
+def test_a_failing_launch_names_the_kernel_and_restores_the_context(driver: Driver) -> None:
+    backend = NvrtcBackend()
+    problem = _cdist_p1()
+    driver.current, driver.result = OTHER_CONTEXT, 1
+    with pytest.raises(
+        RuntimeError, match=r"launching kermac_pairwise on cuda:0 failed: CUDA_ERROR_INVALID_VALUE \(1\)"
+    ):
+        backend.pairwise(problem)
+    assert driver.current == OTHER_CONTEXT and driver.stack == []
+
+
+def test_debug_plans_and_logs_every_call(driver: Driver, caplog: pytest.LogCaptureFixture) -> None:
+    backend = NvrtcBackend()
+    problem = pairwise_problem(cdist_program(1.0), _aligned(37, 16), _aligned(29, 16), out=None, hypers={}, debug=True)
+    with caplog.at_level(logging.DEBUG, logger="kermac"):
+        backend.pairwise(problem)
+        backend.pairwise(problem)
+    assert caplog.text.count("launch grid") == 2 and not backend._plans
+    assert driver.launches == _expected(problem) * 2
+
+
+def test_a_launch_without_addresses_packs_the_values_given(driver: Driver) -> None:
+    problem = _cdist_p1()
+    variant, launch = plan.plan_pairwise(problem, None, DEFAULT_TUNING)
+    params = kernel_source(variant)[1]
+    kernel = launcher.LoadedKernel.of(None, params, variant.compute, 0, variant.kernel, "", FUNCTION, CONTEXT)
+    launcher.PreparedLaunch(kernel, launch.block, [((launch.grid_x, 1, 1), launch.args | {"zbase": 0})]).run(())
+    assert driver.launches == _expected(problem)
+
+
+def test_prepared_launch_refreshes_exactly_the_pointer_parameters(driver: Driver) -> None:
+    problem = _cdist_p1()
+    variant, launch = plan.plan_pairwise(problem, None, DEFAULT_TUNING)
+    kernel = launcher.LoadedKernel.of(None, kernel_source(variant)[1], variant.compute, 0, "k", "", FUNCTION, CONTEXT)
+    steps = [((1, 1, 1), launch.args | {"zbase": 0})]
+    for names in (("x", "z"), ("x", "z", "out", "M"), ("x", "x", "z", "out")):
+        with pytest.raises(AssertionError, match="pointer parameters"):
+            launcher.PreparedLaunch(kernel, launch.block, steps, names)
+    prepared = launcher.PreparedLaunch(kernel, launch.block, steps, ("out", "z", "x"))  # any order
+    prepared.run((3, 2, 1))
+    values = kernel.packer.unpack(driver.launches[0]["data"])
+    assert [values[i] for i, p in enumerate(kernel.params) if p.name in ("x", "z", "out")] == [1, 2, 3]
+
+
+def test_compiling_under_graph_capture_raises_and_says_what_to_do(driver: Driver) -> None:
+    """Cold under capture: a RuntimeError naming the kernel and the remedy, before compiling or
+    launching anything.  Warmed up, the same call launches under capture, and so does a new plan
+    of a loaded kernel (planning is host work); another kernel still raises."""
+    backend = NvrtcBackend()
+    driver.capturing = True
+    remedy = r"kermac_pairwise kernel .* on cuda:0, which this backend has not loaded .* run the same call once"
+    with pytest.raises(RuntimeError, match=remedy):
+        backend.pairwise(_cdist_p1())
+    assert driver.compiled == [] and driver.launches == [] and not backend._plans
+    driver.capturing = False
+    backend.pairwise(_cdist_p1())
+    driver.capturing = True
+    backend.pairwise(_cdist_p1())
+    bigger = pairwise_problem(cdist_program(1.0), _aligned(45, 16), _aligned(29, 16), out=_aligned(45, 29), hypers={})
+    backend.pairwise(bigger)
+    assert len(driver.compiled) == 1 and len(driver.launches) == 3 and len(backend._plans) == 2
+    with pytest.raises(RuntimeError, match="before capturing"):
+        backend.grad(_grad_p15())
+    assert len(driver.compiled) == 1
