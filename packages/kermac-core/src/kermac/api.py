@@ -182,8 +182,9 @@ def run_kernel(
         "regularization": (regularization, finite),
     }
     hypers = prepare_hypers({k: v for k, v in checks.items() if v[0] is not None}, x.device, debug)
+    d = descriptor
     return _pairwise(
-        _kernel_key(descriptor, regularization is not None),
+        _kernel_key(d.inner, d.power, d.reduction, d.outer, d.kernel, regularization is not None),
         x,
         z,
         out=out,
@@ -196,9 +197,10 @@ def run_kernel(
 
 
 @constant_for_compile
-def _kernel_key(descriptor: KernelDescriptor, regularized: bool) -> str:
-    """The key of the descriptor's program (a constant of the Python arguments)."""
-    return descriptor.lower(regularized=regularized).key()
+def _kernel_key(inner: str, power: str, reduction: str, outer: str, kernel: str | None, regularized: bool) -> str:
+    """The key of the program of the descriptor with these fields (a constant of the Python arguments,
+    which are plain values: `torch.compile` passes no other to a constant function)."""
+    return KernelDescriptor(inner, power, reduction, outer, kernel).lower(regularized=regularized).key()
 
 
 def _p_per_batch(dtype: torch.dtype) -> Check:
@@ -296,7 +298,7 @@ def run_program(
     x = check_tensor("x", x)
     hv = _program_hypers(program.hypers, hypers, x.device, debug)
     return _pairwise(
-        _program_key(program), x, z, out=out, hypers=hv, offsets=(offset_m, offset_n), backend=backend, debug=debug,
+        program.key(), x, z, out=out, hypers=hv, offsets=(offset_m, offset_n), backend=backend, debug=debug,
         op="run_program",
     )  # fmt: skip
 
@@ -320,13 +322,7 @@ def run_grad_program(
         raise TypeError(f"program: expected a kermac.programs.GradProgram, got {type(program).__name__}")
     a = check_tensor("a", a)
     hv = _program_hypers(program.hypers, hypers, a.device, debug)
-    return ops.grad(_program_key(program), a, b, c, d, hv, out=out, backend=backend, debug=debug, op="run_grad_program")
-
-
-@constant_for_compile
-def _program_key(program: PairwiseProgram | GradProgram) -> str:
-    """`program.key()`, a constant of the program."""
-    return program.key()
+    return ops.grad(program.key(), a, b, c, d, hv, out=out, backend=backend, debug=debug, op="run_grad_program")
 
 
 def _program_hypers(

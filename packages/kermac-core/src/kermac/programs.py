@@ -82,6 +82,12 @@ def _fields_state(program: object) -> dict[str, object]:
     return {f.name: program.__dict__[f.name] for f in fields(program)}
 
 
+def _set_key(program: PairwiseProgram | GradProgram) -> None:
+    """Keep the program's key on the instance, computed at construction (and unpickling): `key()`
+    then reads a plain attribute, which `torch.compile` reads as a constant of a program object."""
+    program.__dict__["_key"] = program._key_text()
+
+
 def _check_vars(what: str, expr: Expr, allowed: frozenset[str]) -> None:
     if not isinstance(expr, Expr):
         raise TypeError(f"{what}: expected a kermac.ir.Expr, got {type(expr).__name__}")
@@ -106,6 +112,7 @@ class PairwiseProgram:
         _check_vars("epilogue", self.epilogue, self.EPILOGUE_VARS)
         if self.reduction not in REDUCTIONS:
             raise ValueError(f"reduction: expected one of {sorted(REDUCTIONS)}, got {self.reduction!r}")
+        _set_key(self)
 
     @property
     def identity(self) -> float:
@@ -118,6 +125,10 @@ class PairwiseProgram:
     def __getstate__(self) -> dict[str, object]:
         return _fields_state(self)
 
+    def __setstate__(self, state: dict[str, object]) -> None:
+        self.__dict__.update(state)
+        _set_key(self)
+
     @property
     def hypers(self) -> tuple[str, ...]:
         """Sorted names of the hyperparameters the program reads."""
@@ -129,10 +140,11 @@ class PairwiseProgram:
         return _derived(self, "_uses_diag", lambda: "diag" in free_vars(self.epilogue))
 
     def key(self) -> str:
-        """Canonical text of the program (computed once)."""
-        return _derived(
-            self, "_key", lambda: f"pairwise;{self.reduction};{to_sexpr(self.inner)};{to_sexpr(self.epilogue)}"
-        )
+        """Canonical text of the program."""
+        return self._key
+
+    def _key_text(self) -> str:
+        return f"pairwise;{self.reduction};{to_sexpr(self.inner)};{to_sexpr(self.epilogue)}"
 
 
 @dataclass(frozen=True)
@@ -148,6 +160,7 @@ class GradProgram:
     def __post_init__(self) -> None:
         _check_vars("multiply", self.multiply, self.MULTIPLY_VARS)
         _check_vars("epilogue", self.epilogue, self.EPILOGUE_VARS)
+        _set_key(self)
 
     def __hash__(self) -> int:
         return _derived(self, "_hash", lambda: hash((self.multiply, self.epilogue)))
@@ -155,14 +168,21 @@ class GradProgram:
     def __getstate__(self) -> dict[str, object]:
         return _fields_state(self)
 
+    def __setstate__(self, state: dict[str, object]) -> None:
+        self.__dict__.update(state)
+        _set_key(self)
+
     @property
     def hypers(self) -> tuple[str, ...]:
         """Sorted names of the hyperparameters the program reads."""
         return _derived(self, "_hypers", lambda: tuple(sorted(hyper_names(self.multiply) | hyper_names(self.epilogue))))
 
     def key(self) -> str:
-        """Canonical text of the program (computed once)."""
-        return _derived(self, "_key", lambda: f"grad;{to_sexpr(self.multiply)};{to_sexpr(self.epilogue)}")
+        """Canonical text of the program."""
+        return self._key
+
+    def _key_text(self) -> str:
+        return f"grad;{to_sexpr(self.multiply)};{to_sexpr(self.epilogue)}"
 
 
 _BY_KEY: dict[str, PairwiseProgram | GradProgram] = {}
