@@ -109,7 +109,7 @@ def samples(device: str, dtype: torch.dtype = torch.float64, seed: int = 0) -> l
         Sample(
             "matern52_batched_bandwidth_ridge",
             lambda x, z, bw, backend, out=None: kermac.run_kernel(
-                "matern52", x, z, bandwidth=bw, regularization=0.1, offset_n=1, backend=backend
+                "matern52", x, z, bandwidth=bw, regularization=0.1, offset_n=1, backend=backend, out=out
             ),
             (x, z, bw),
             "pairwise",

@@ -49,7 +49,7 @@ Hyperparameters are constants (a tensor that requires grad is refused by [`kerma
 and `run_grad_program`.  Broadcast batches are summed back to each input's shape.
 
 `cdist_grad` with p = 2 is the bilinear `out[o, n, m] = d[n, m]·(c a)[o, m] − Σ_k c[o, k] a[k, m] b[n, k]`;
-its backward is that formula's matrix products (einsum) in the compute type.
+its backward is that formula's matrix products in the compute type.
 """
 
 from __future__ import annotations
@@ -298,13 +298,14 @@ def _bilinear_gradients(
     """Gradients of `out[o, n, m] = d[n, m]·C[o, m] − Σ_k c[o, k] a[k, m] b[n, k]`, `C = c a`."""
     cdtype = compute_dtype(a.dtype)
     ac, bc, cc, dc, gc = (t.to(cdtype) for t in (a, b, c, d, g))
-    C = cc @ ac
+    # Matrix products only (no einsum, whose path search would read the sizes and so fix them in a trace).
     grad_c_of = (gc * dc[..., None, :, :]).sum(-2)  # ∂L/∂C [..., O, M]
+    ga = gc @ ac.mT[..., None, :, :]  # Σ_m g[o, n, m] a[k, m]: [..., O, N, K]
     grads = (
-        cc.mT @ grad_c_of - torch.einsum("...ok,...nk,...onm->...km", cc, bc, gc) if want[0] else None,
-        -torch.einsum("...ok,...onm,...km->...nk", cc, gc, ac) if want[1] else None,
-        grad_c_of @ ac.mT - torch.einsum("...onm,...km,...nk->...ok", gc, ac, bc) if want[2] else None,
-        (gc * C[..., :, None, :]).sum(-3) if want[3] else None,
+        cc.mT @ grad_c_of - (cc[..., :, :, None] * (bc.mT[..., None, :, :] @ gc)).sum(-3) if want[0] else None,
+        -(cc[..., :, None, :] * ga).sum(-3) if want[1] else None,
+        grad_c_of @ ac.mT - (ga * bc[..., None, :, :]).sum(-2) if want[2] else None,
+        (gc * (cc @ ac)[..., :, None, :]).sum(-3) if want[3] else None,
     )
     return tuple(
         None if t is None else t.to(ref.dtype).sum_to_size(ref.shape)
