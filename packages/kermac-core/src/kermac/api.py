@@ -176,12 +176,14 @@ def run_kernel(
             raise ValueError(f"{name}: required by descriptor {descriptor.key()}, got None")
         if not needed[name] and value is not None:
             raise ValueError(f"{name}: descriptor {descriptor.key()} does not use {name}; got {name}={value!r}")
-    checks: dict[str, tuple[object, Check]] = {
-        "p": (p, _p_per_batch(x.dtype)),
-        "bandwidth": (bandwidth, positive_finite),
-        "regularization": (regularization, finite),
-    }
-    hypers = prepare_hypers({k: v for k, v in checks.items() if v[0] is not None}, x.device, debug)
+    checks: dict[str, tuple[object, Check]] = {}
+    if p is not None:
+        checks["p"] = (p, _p_per_batch(x.dtype))
+    if bandwidth is not None:
+        checks["bandwidth"] = (bandwidth, positive_finite)
+    if regularization is not None:
+        checks["regularization"] = (regularization, finite)
+    hypers = prepare_hypers(checks, x.device, debug)
     d = descriptor
     return _pairwise(
         _kernel_key(d.inner, d.power, d.reduction, d.outer, d.kernel, regularization is not None),
@@ -200,9 +202,15 @@ def run_kernel(
 def _kernel_key(inner: str, power: str, reduction: str, outer: str, kernel: str | None, regularized: bool) -> str:
     """The key of the program of the descriptor with these fields (a constant of the Python arguments,
     which are plain values: `torch.compile` passes no other to a constant function)."""
-    return KernelDescriptor(inner, power, reduction, outer, kernel).lower(regularized=regularized).key()
+    return _kernel_key_cached(inner, power, reduction, outer, kernel, regularized=regularized)
 
 
+@lru_cache(maxsize=256)
+def _kernel_key_cached(*fields: str | None, regularized: bool) -> str:
+    return KernelDescriptor(*fields).lower(regularized=regularized).key()
+
+
+@lru_cache(maxsize=8)
 def _p_per_batch(dtype: torch.dtype) -> Check:
     """The range of a p that runs the plain (Σ|t|^p)^(1/p): up to where its powers stay accurate
     in `dtype` ([`kermac.lowering.plain_power_limit`][kermac.lowering.plain_power_limit]; `cdist` guards a larger

@@ -47,7 +47,7 @@ them: a problem holds the same diagonal in the form of `diagonal_offsets`.
 """
 
 
-@dataclass(frozen=True, eq=False)
+@dataclass(eq=False, slots=True)
 class PairwiseProblem:
     """`out[*B, M, N] = program(x[*B, M, D], z[*B, N, D], hypers)`; see [`kermac.programs`][kermac.programs].
 
@@ -87,7 +87,7 @@ class PairwiseProblem:
         return self.x.device
 
 
-@dataclass(frozen=True, eq=False)
+@dataclass(eq=False, slots=True)
 class GradProblem:
     """`out[*B, O, N, M] = program(a[*B, K, M], b[*B, N, K], c[*B, O, K], d[*B, N, M])`."""
 
