@@ -166,9 +166,10 @@ def _gradients(
         p = s.hypers["p"] if power == "p" else HyperValue("p", power)
         if s.program.reduction != "sum":
             grad_x, grad_z = _extreme_gradients(s, x, z, G, p, want)
-            reason = _first_order_only(s.op, f"program {s.program.key()} (a maximum or minimum over coordinates)")
-            grad_x = None if grad_x is None else torch.ops.kermac.first_order_only(grad_x, reason)
-            grad_z = None if grad_z is None else torch.ops.kermac.first_order_only(grad_z, reason)
+            if torch.is_grad_enabled():  # a create_graph backward: differentiating these again must raise
+                reason = _first_order_only(s.op, f"program {s.program.key()} (a maximum or minimum over coordinates)")
+                grad_x = None if grad_x is None else torch.ops.kermac.first_order_only(grad_x, reason)
+                grad_z = None if grad_z is None else torch.ops.kermac.first_order_only(grad_z, reason)
         else:
             G = G * (p.scalar if p.tensor is None else p.tensor[..., None, None].to(G.dtype))
             if 0 in G.stride():  # an expanded upstream gradient (e.g. from .sum())
