@@ -65,7 +65,10 @@ if TYPE_CHECKING:
 __all__ = [
     "CASES",
     "GRAD_INF_MAY_BE_NAN",
+    "HUBER_GRAD",
     "HYPER_VALUES",
+    "LAYOUTS",
+    "SOFT_L1",
     "TOLERANCE",
     "Case",
     "assert_grad_conforms",
@@ -195,6 +198,15 @@ HUBER_GRAD = GradProgram(ir.minimum(ir.maximum(ir.Var("d") - ir.Var("b"), -1.0),
 """A user gradient program: Σ c·a·clip(d − b, −1, 1)."""
 
 
+LAYOUTS = ("contiguous", "transposed", "strided")
+"""The memory layouts a [`Case`][kermac.testing.Case] gives its operands."""
+
+
+def _draw(shape: tuple[int, ...], gen: torch.Generator, device: str | torch.device, dtype: torch.dtype) -> torch.Tensor:
+    """Standard normal entries drawn in float64 on the CPU (the same on every device), then converted."""
+    return torch.randn(shape, generator=gen, dtype=torch.float64).to(dtype=dtype, device=device)
+
+
 @dataclass(frozen=True)
 class Case:
     """One problem of the suite: `op` (`"pairwise"` or `"grad"`) of `program` on random operands of
@@ -216,6 +228,12 @@ class Case:
     special: bool = False
     offsets: tuple[int, int] = (0, 0)
 
+    def __post_init__(self) -> None:
+        if self.op not in ("pairwise", "grad"):
+            raise ValueError(f"op: expected 'pairwise' or 'grad', got {self.op!r}")
+        if self.layout not in LAYOUTS:
+            raise ValueError(f"layout: expected one of {LAYOUTS}, got {self.layout!r}")
+
     def inputs(self, device: str | torch.device, dtype: torch.dtype) -> tuple[tuple[torch.Tensor, ...], dict]:
         """The operands and hyperparameters on `device` in `dtype`, the same on every call."""
         gen = torch.Generator().manual_seed(zlib.crc32(self.name.encode()))
@@ -229,11 +247,15 @@ class Case:
         }
         return operands, hypers
 
-    def _operand(self, shape: tuple[int, ...], gen: torch.Generator, device: str | torch.device, dtype: torch.dtype):
+    def _operand(
+        self, shape: tuple[int, ...], gen: torch.Generator, device: str | torch.device, dtype: torch.dtype
+    ) -> torch.Tensor:
         *batch, rows, cols = shape
-        drawn = {"transposed": (*batch, cols, rows), "strided": (*batch, rows, 2 * cols)}.get(self.layout, shape)
-        base = torch.randn(drawn, generator=gen, dtype=torch.float64).to(dtype=dtype, device=device)
-        return {"transposed": lambda: base.mT, "strided": lambda: base[..., ::2]}.get(self.layout, lambda: base)()
+        if self.layout == "transposed":
+            return _draw((*batch, cols, rows), gen, device, dtype).mT
+        if self.layout == "strided":
+            return _draw((*batch, rows, 2 * cols), gen, device, dtype)[..., ::2]
+        return _draw(shape, gen, device, dtype)
 
     @staticmethod
     def _hyper(value: float | list, device: str | torch.device, dtype: torch.dtype) -> float | torch.Tensor:
