@@ -282,7 +282,7 @@ def _grad_shapes(k: int, m: int, n: int, o: int, batch: tuple[int, ...] = ()) ->
 CASES: tuple[Case, ...] = (
     *(Case(name, "pairwise", preset.lower(), _ODD) for name, preset in presets.ALL.items()),
     Case("matern52_ridge_diagonal", "pairwise", presets.matern52.lower(regularized=True), _ODD, offsets=(0, 3)),
-    Case("user_soft_l1", "pairwise", SOFT_L1, _ODD),
+    Case("user_soft_l1", "pairwise", SOFT_L1, ((37, 5), (29, 5))),  # e^-acc of 19 features underflows float16
     Case("l1_multi_tile", "pairwise", _L1, ((133, 21), (67, 21))),
     Case("l2_multi_tile", "pairwise", _L2, ((133, 21), (67, 21))),
     Case("l1_m0", "pairwise", _L1, ((0, 5), (9, 5))),
