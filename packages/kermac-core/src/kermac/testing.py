@@ -54,6 +54,7 @@ from kermac import ir, presets, registry
 from kermac.api import _program_hypers
 from kermac.backend import Backend
 from kermac.benchmarking import REFERENCE_BACKEND
+from kermac.errors import UnsupportedProblemError
 from kermac.lowering import grad_program
 from kermac.problem import SUPPORTED_DTYPES, GradProblem, PairwiseProblem, grad_problem, pairwise_problem
 from kermac.programs import GradProgram, PairwiseProgram
@@ -371,7 +372,10 @@ def _is_reason(value: object) -> bool:
     return isinstance(value, str) and bool(value.strip())
 
 
-def _problem(case: Case, operands: tuple[torch.Tensor, ...], hypers: dict, out: torch.Tensor):
+def _problem(
+    case: Case, operands: tuple[torch.Tensor, ...], hypers: dict, out: torch.Tensor | None
+) -> PairwiseProblem | GradProblem:
+    """The problem kermac builds for `case` and hands to a backend."""
     hv = _program_hypers(case.program.hypers, hypers, operands[0].device, False)
     if case.op == "pairwise":
         m, n = case.offsets
@@ -394,16 +398,20 @@ def check_case(backend: str, case: Case, device: str | torch.device, dtype: torc
     """Run `case` on `backend`: None if the backend accepted it and its NaN-poisoned `out` matches the
     reference, the backend's reason if it refused (`AssertionError` for a wrong answer of either kind).
 
-    On CUDA the accepted problem is run once more, straight through the backend's hook, under
-    `torch.cuda.set_sync_debug_mode("error")`: the backend must not synchronise with the host.
+    A refused problem must make `backend=NAME` raise `UnsupportedProblemError` quoting the reason.
+    A problem with an empty output is never handed to a backend (kermac returns it as it is): only
+    its shape is checked.  On CUDA the accepted problem is run once more, straight through the
+    backend's hook, under `torch.cuda.set_sync_debug_mode("error")`: the backend must not
+    synchronise with the host.
     """
     found = registry.get_backend(backend)
     operands, hypers = case.inputs(device, dtype)
     shape = _problem(case, operands, hypers, None).out.shape
     out = case.out(shape, operands[0])
     problem = _problem(case, operands, hypers, out)
-    reason = _check(found, problem)
+    reason = _check(found, problem) if out.numel() else None
     if reason is not None:
+        _assert_refused(backend, case, operands, hypers, reason)
         return reason
     if case.op == "pairwise":
         m, n = case.offsets
@@ -413,6 +421,20 @@ def check_case(backend: str, case: Case, device: str | torch.device, dtype: torc
     if torch.device(device).type == "cuda" and out.numel():
         _assert_no_sync(found, problem)
     return None
+
+
+def _assert_refused(backend: str, case: Case, operands: tuple[torch.Tensor, ...], hypers: dict, reason: str) -> None:
+    """`backend=NAME` on a problem the backend refuses raises `UnsupportedProblemError` with `reason`."""
+    try:
+        if case.op == "pairwise":
+            m, n = case.offsets
+            kermac.run_program(case.program, *operands, hypers=hypers, offset_m=m, offset_n=n, backend=backend)
+        else:
+            kermac.run_grad_program(case.program, *operands, hypers=hypers, backend=backend)
+    except UnsupportedProblemError as exc:
+        assert reason in str(exc), f"UnsupportedProblemError does not quote the reason {reason!r}: {exc}"
+    else:
+        raise AssertionError(f"backend {backend!r} refused {case.name} ({reason!r}) but backend= ran it")
 
 
 def _assert_no_sync(found: Backend, problem: PairwiseProblem | GradProblem) -> None:
