@@ -22,7 +22,8 @@ reaches it, that its hooks return the documented types, and, for every problem o
 that are not tile multiples, size-0 and size-1 dimensions, transposed and strided views,
 broadcast batches, batched tensor hyperparameters, NaN and infinite inputs), that `check_pairwise`
 / `check_grad` answer honestly: a problem the backend accepts runs and matches the reference, one
-it refuses comes with a reason (a non-empty str) and is skipped with it.  On CUDA the backend also
+it refuses comes with a reason (a non-empty str), which `backend=` quotes in its
+`UnsupportedProblemError`, and is skipped with it.  On CUDA the backend also
 runs each problem without synchronising with the host (`torch.cuda.set_sync_debug_mode("error")`).
 A backend that is unavailable on this machine, or a device that is not, skips its tests with the
 reason (fails them, with `required=True`).
