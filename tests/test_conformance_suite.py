@@ -72,6 +72,16 @@ class BadPrecompile(Honest):
         return ("kernel",)  # a tuple, not the documented list
 
 
+class RefusesAll(Honest):
+    name = "fake-refuses-all"
+
+    def check_pairwise(self, problem: PairwiseProblem) -> str | None:
+        return "nothing is supported yet"
+
+    def check_grad(self, problem: GradProblem) -> str | None:
+        return "nothing is supported yet"
+
+
 class Unavailable(Honest):
     name = "fake-unavailable"
 
@@ -87,6 +97,7 @@ class _Plugin:
         RefusesFloat64(),
         MuteRefusal(),
         BadPrecompile(),
+        RefusesAll(),
         Unavailable(),
     )
 
@@ -177,6 +188,14 @@ def test_an_unavailable_backend_skips_or_fails_if_required() -> None:
     required = conformance_tests("fake-unavailable", required=True)["test_fake_unavailable_values"]
     with pytest.raises(pytest.fail.Exception, match="unavailable: needs the frobnicator"):
         required("cpu", torch.float32, CASES[0])
+
+
+def test_reached_runs_the_hooks_or_skips_where_everything_is_refused() -> None:
+    with pytest.MonkeyPatch.context() as patch:
+        conformance_tests("fake-honest")["test_fake_honest_reached"]("cpu", patch)
+        reached = conformance_tests("fake-refuses-all")["test_fake_refuses_all_reached"]
+        with pytest.raises(pytest.skip.Exception, match="refuses the sample problems"):
+            reached("cpu", patch)
 
 
 def test_backend_names_lists_the_registry() -> None:
