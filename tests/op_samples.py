@@ -17,15 +17,10 @@ from dataclasses import dataclass
 import torch
 
 import kermac
-from kermac import ir, presets
+from kermac import presets
 from kermac.lowering import cdist_program, grad_program
 from kermac.programs import GradProgram, PairwiseProgram
-
-X, Z = ir.Var("x"), ir.Var("z")
-SOFT_L1 = PairwiseProgram(ir.sqrt((X - Z) * (X - Z) + ir.Hyper("eps")), "sum", ir.exp(-ir.Var("acc")))
-"""A user program: Σ √((x − z)² + ε), then e^−acc."""
-HUBER_GRAD = GradProgram(ir.minimum(ir.maximum(ir.Var("d") - ir.Var("b"), -1.0), 1.0), ir.Var("acc"))
-"""A user gradient program: Σ c·a·clip(d − b, −1, 1)."""
+from kermac.testing import HUBER_GRAD, SOFT_L1
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,203 @@
+"""The conformance suite of `kermac.testing` catches what it promises to: deliberately faulty
+backends (built on the reference backend) registered in process fail it, or are skipped with their
+reason where they refuse."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from importlib import metadata
+
+import pytest
+import torch
+
+from kermac import hookspecs, registry, testing
+from kermac.backend import Availability
+from kermac.hookspecs import hookimpl
+from kermac.problem import GradProblem, PairwiseProblem
+from kermac.reference.backend import ReferenceBackend
+from kermac.testing import CASES, check_case, check_hooks, check_registry, conformance_tests
+
+
+class Honest(ReferenceBackend):
+    """The reference under another name: passes everything."""
+
+    name = "fake-honest"
+    priority = -1  # opt-in: `auto` elsewhere in the test session never picks it
+
+
+class LeavesLastRow(Honest):
+    """Writes every row of `out` but the last."""
+
+    name = "fake-lazy"
+
+    def pairwise(self, problem: PairwiseProblem) -> None:
+        x, out = problem.x, problem.out
+        problem.x, problem.out = x[..., :-1, :], out[..., :-1, :]
+        try:
+            super().pairwise(problem)
+        finally:
+            problem.x, problem.out = x, out
+
+
+class Inaccurate(Honest):
+    """Gradients off by a relative 1e-3."""
+
+    name = "fake-inaccurate"
+
+    def grad(self, problem: GradProblem) -> None:
+        super().grad(problem)
+        problem.out.mul_(1.001)
+
+
+class RefusesFloat64(Honest):
+    name = "fake-float32"
+
+    def check_pairwise(self, problem: PairwiseProblem) -> str | None:
+        return "float64 is not supported" if problem.dtype == torch.float64 else None
+
+
+class MuteRefusal(Honest):
+    """Refuses with an empty reason."""
+
+    name = "fake-mute"
+
+    def check_pairwise(self, problem: PairwiseProblem) -> str | None:
+        return " "
+
+
+class BadPrecompile(Honest):
+    name = "fake-precompile"
+
+    def precompile(self, problems: list, *, archs: object = None) -> list[str]:
+        return ("kernel",)  # a tuple, not the documented list
+
+
+class RefusesAll(Honest):
+    name = "fake-refuses-all"
+
+    def check_pairwise(self, problem: PairwiseProblem) -> str | None:
+        return "nothing is supported yet"
+
+    def check_grad(self, problem: GradProblem) -> str | None:
+        return "nothing is supported yet"
+
+
+class Unavailable(Honest):
+    name = "fake-unavailable"
+
+    def availability(self) -> Availability:
+        return Availability.no("needs the frobnicator")
+
+
+class _Plugin:
+    backends = (
+        Honest(),
+        LeavesLastRow(),
+        Inaccurate(),
+        RefusesFloat64(),
+        MuteRefusal(),
+        BadPrecompile(),
+        RefusesAll(),
+        Unavailable(),
+    )
+
+    @hookimpl
+    def kermac_backends(self) -> list:
+        return list(self.backends)
+
+
+PLUGIN = _Plugin()
+
+
+@pytest.fixture(autouse=True)
+def fakes() -> Iterator[None]:
+    """The fake backends registered beside the installed ones for one test."""
+    group = hookspecs.ENTRY_POINT_GROUP
+    own = metadata.EntryPoint("fake-conformance", f"{__name__}:PLUGIN", group)
+    registry.reset([own, *metadata.entry_points(group=group)])
+    yield
+    registry.reset()
+
+
+def _case(name: str) -> testing.Case:
+    return next(c for c in CASES if c.name == name)
+
+
+def test_an_honest_backend_passes_every_case() -> None:
+    check_registry("fake-honest")
+    check_hooks("fake-honest", "cpu")
+    for case in CASES:
+        assert check_case("fake-honest", case, "cpu", torch.float32) is None, case.name
+
+
+def test_unwritten_out_fails() -> None:
+    with pytest.raises(AssertionError, match="out was left unwritten"):
+        check_case("fake-lazy", _case("l1_distance"), "cpu", torch.float64)
+
+
+def test_wrong_values_fail() -> None:
+    with pytest.raises(AssertionError, match="entries differ from the reference"):
+        check_case("fake-inaccurate", _case("grad_p2"), "cpu", torch.float32)
+
+
+def test_a_refusal_is_returned_as_the_reason() -> None:
+    assert check_case("fake-float32", _case("l1_distance"), "cpu", torch.float64) == "float64 is not supported"
+    assert check_case("fake-float32", _case("l1_distance"), "cpu", torch.float32) is None
+
+
+def test_an_empty_refusal_fails() -> None:
+    with pytest.raises(AssertionError, match="check_pairwise returned ' '"):
+        check_case("fake-mute", _case("l1_distance"), "cpu", torch.float32)
+
+
+def test_a_hook_of_the_wrong_type_fails() -> None:
+    with pytest.raises(AssertionError, match=r"precompile\(\): expected a list of str"):
+        check_hooks("fake-precompile", "cpu")
+
+
+def test_an_unregistered_backend_fails() -> None:
+    with pytest.raises(AssertionError, match="'fake-missing' is not registered"):
+        check_registry("fake-missing")
+
+
+def test_infinite_gradients_may_be_nan_only_below_float64() -> None:
+    ref = torch.tensor([1.0, torch.inf], dtype=torch.float64)
+    got = torch.tensor([1.0, torch.nan], dtype=torch.float32)
+    testing.assert_matches_reference(got, ref, rtol=None, what="t", inf_may_be_nan=True)
+    with pytest.raises(AssertionError, match="1 of 2 entries differ"):
+        testing.assert_matches_reference(got, ref, rtol=None, what="t")
+    assert torch.float64 not in testing.GRAD_INF_MAY_BE_NAN and torch.float32 in testing.GRAD_INF_MAY_BE_NAN
+
+
+def test_the_suite_names_one_test_per_check() -> None:
+    tests = conformance_tests("fake-honest", devices=["cpu"])
+    assert sorted(tests) == [f"test_fake_honest_{check}" for check in ("hooks", "reached", "registry", "values")]
+
+
+def test_the_suite_skips_a_refused_problem_with_the_reason() -> None:
+    test_values = conformance_tests("fake-float32")["test_fake_float32_values"]
+    refused = r"refuses l1_distance \(float64 on cpu\): float64 is not supported"
+    with pytest.raises(pytest.skip.Exception, match=refused):
+        test_values("cpu", torch.float64, _case("l1_distance"))
+    test_values("cpu", torch.float32, _case("l1_distance"))
+
+
+def test_an_unavailable_backend_skips_or_fails_if_required() -> None:
+    with pytest.raises(pytest.skip.Exception, match="unavailable: needs the frobnicator"):
+        conformance_tests("fake-unavailable")["test_fake_unavailable_values"]("cpu", torch.float32, CASES[0])
+    required = conformance_tests("fake-unavailable", required=True)["test_fake_unavailable_values"]
+    with pytest.raises(pytest.fail.Exception, match="unavailable: needs the frobnicator"):
+        required("cpu", torch.float32, CASES[0])
+
+
+def test_reached_runs_the_hooks_or_skips_where_everything_is_refused() -> None:
+    with pytest.MonkeyPatch.context() as patch:
+        conformance_tests("fake-honest")["test_fake_honest_reached"]("cpu", patch)
+        reached = conformance_tests("fake-refuses-all")["test_fake_refuses_all_reached"]
+        with pytest.raises(pytest.skip.Exception, match="refuses the sample problems"):
+            reached("cpu", patch)
+
+
+def test_backend_names_lists_the_registry() -> None:
+    assert set(testing.backend_names()) == set(registry.registered_backends())
+    assert "fake-honest" in testing.backend_names() and "torch" in testing.backend_names()
