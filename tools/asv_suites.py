@@ -115,7 +115,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
     q = sub.add_parser("quick", help="every benchmark once against this working tree; fails on any error")
-    q.add_argument("asv_args", nargs=argparse.REMAINDER, help="more arguments for asv run, e.g. -b bench_cdist")
+    q.epilog = "Further arguments go to asv run, e.g. -b bench_cdist."
     c = sub.add_parser("compare", help="time BASE and HEAD and flag rows slower by more than --factor")
     c.add_argument("base")
     c.add_argument("head")
@@ -123,9 +123,11 @@ def main(argv: list[str] | None = None) -> int:
     c.add_argument("--machine", help="asv machine name of the stored results (default: asv's, the host name)")
     c.add_argument("--bench", "-b", help="regular expression selecting benchmarks")
     c.add_argument("--no-run", action="store_true", help="compare stored results without timing anything")
-    args = parser.parse_args(argv)
+    args, extra = parser.parse_known_args(argv)
     if args.command == "quick":
-        return quick(args.asv_args)
+        return quick(extra)
+    if extra:
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
     if not args.factor > 1:
         parser.error(f"--factor: expected a ratio > 1 (1.05 flags 5 % slowdowns), got {args.factor}")
     return compare(args.base, args.head, args.factor, args.machine, args.bench, not args.no_run)
