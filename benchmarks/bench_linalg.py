@@ -311,6 +311,8 @@ def main() -> None:
     parser.add_argument("--json", help="write all measurements to this file")
     parser.add_argument("--quick", action="store_true", help="one timed repeat per case")
     args = parser.parse_args()
+    if kl is None:
+        parser.error(MISSING)
     info = run_table(quick=args.quick)
     if args.json:
         with open(args.json, "w") as f:
