@@ -7,6 +7,7 @@ tool there as a user would, through asv itself.
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import sys
@@ -27,7 +28,7 @@ BENCH = """
 
     class Sleep:
         number = 1
-        repeat = (5, 5, 10.0)
+        repeat = (20, 20, 10.0)  # enough samples for asv to call a difference significant
         warmup_time = 0.0
 
         def time_sleep(self):
@@ -50,22 +51,27 @@ def _commit(repo: Path, delay: float, message: str) -> str:
 @pytest.fixture
 def repo(tmp_path: Path) -> Path:
     """A repository like kermac's for asv: the project's asv.conf.json, the tool, a sleep benchmark."""
-    (tmp_path / "tools").mkdir()
-    shutil.copy(ROOT / "tools" / "asv_suites.py", tmp_path / "tools")
-    shutil.copy(ROOT / "asv.conf.json", tmp_path)
-    (tmp_path / "benchmarks").mkdir()
-    (tmp_path / "benchmarks" / "__init__.py").write_text("")
-    (tmp_path / "benchmarks" / "bench_sleep.py").write_text(textwrap.dedent(BENCH))
-    (tmp_path / "packages" / "slow" / "src").mkdir(parents=True)
-    (tmp_path / ".gitignore").write_text(".asv/\n")
-    _git(tmp_path, "init", "-q", "-b", "main")
-    return tmp_path
+    root = tmp_path / "repo"
+    (root / "tools").mkdir(parents=True)
+    shutil.copy(ROOT / "tools" / "asv_suites.py", root / "tools")
+    shutil.copy(ROOT / "asv.conf.json", root)
+    (root / "benchmarks").mkdir()
+    (root / "benchmarks" / "__init__.py").write_text("")
+    (root / "benchmarks" / "bench_sleep.py").write_text(textwrap.dedent(BENCH))
+    (root / "packages" / "slow" / "src").mkdir(parents=True)
+    (root / ".gitignore").write_text(".asv/\n")
+    _git(root, "init", "-q", "-b", "main")
+    return root
 
 
 def _tool(repo: Path, *args: str) -> subprocess.CompletedProcess:
+    # asv keeps its machine description in ~/.asv-machine.json: a home of the test's own leaves the user's alone.
+    home = repo.parent / "home"
+    home.mkdir(exist_ok=True)
     return subprocess.run(
         [sys.executable, str(repo / "tools" / "asv_suites.py"), *args],
         cwd=repo,
+        env={**os.environ, "HOME": str(home)},
         capture_output=True,
         text=True,
         timeout=300,
@@ -81,6 +87,7 @@ def test_compare_flags_a_slowdown_and_passes_a_speed_up(repo: Path) -> None:
     assert len(rows) == 1 and rows[0].startswith("| +"), done.stdout  # asv's mark of a slower row
     assert "slower by more than 1.05x" in done.stdout
     assert not (repo / ".asv" / "worktrees" / fast).exists()  # the checkouts are removed
+    assert (repo.parent / "home" / ".asv-machine.json").exists()  # asv's defaults, taken without asking
     again = _tool(repo, "compare", slow, fast, "--no-run")  # stored results only: a speed-up
     assert again.returncode == 0, again.stdout + again.stderr
     rows = [line for line in again.stdout.splitlines() if line.startswith("|") and "time_sleep" in line]
