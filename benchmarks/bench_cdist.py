@@ -1,18 +1,18 @@
-"""``kermac.cdist`` (float32, preallocated ``out``) per backend, beside ``torch.cdist``.
+"""``kermac.cdist`` (float32, preallocated ``out``; p = 1, 2 and 1.5) per registered backend, beside ``torch.cdist``.
 
-Cases: the cdist rows of the peer table (``kermac.benchmarking.PEERS_CASES``) and the host-bound small
-problems on a GPU, small CPU cases otherwise.
+Cases: ``benchmarks._harness.cases("cdist")`` -- tiny on the CPU, the peer table's sizes and the
+host-bound small problems on a GPU.
 """
 
 from __future__ import annotations
 
-from ._harness import KERMAC_BACKENDS, OpSuite, cases
+from ._harness import OpSuite, cases, implementations
 
 
 class CDist(OpSuite):
     op = "cdist"
     baseline = "torch.cdist"
-    params = ([baseline, *KERMAC_BACKENDS], list(cases(op)))
+    params = (implementations(baseline), list(cases(op)))
     param_names = ["implementation", "case"]
 
     def time_cdist(self, impl: str, label: str) -> None:

@@ -1,18 +1,19 @@
-"""The gradient contraction ``kermac.cdist_grad`` per backend, beside PyTorch's matrix products (p = 2 only).
+"""The gradient contraction ``kermac.cdist_grad`` (p = 1 and 2) per registered backend, beside PyTorch's
+matrix products (p = 2 only: PyTorch has no memory-bounded way to compute other p).
 
-Cases: the cdist_grad rows of the peer table (``kermac.benchmarking.PEERS_CASES``) and the host-bound small
-problems on a GPU, small CPU cases otherwise.
+Cases: ``benchmarks._harness.cases("grad")`` -- tiny on the CPU, the peer table's sizes and the
+host-bound small problems on a GPU.
 """
 
 from __future__ import annotations
 
-from ._harness import KERMAC_BACKENDS, OpSuite, cases
+from ._harness import OpSuite, cases, implementations
 
 
 class CDistGrad(OpSuite):
     op = "grad"
     baseline = "torch.matmul"
-    params = ([baseline, *KERMAC_BACKENDS], list(cases(op)))
+    params = (implementations(baseline), list(cases(op)))
     param_names = ["implementation", "case"]
 
     def time_cdist_grad(self, impl: str, label: str) -> None:
