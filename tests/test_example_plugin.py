@@ -1,0 +1,100 @@
+"""The example plugin of examples/kermac-backend-numpy, registered in-process, passes the conformance suite.
+
+CI has no network, so the package is not pip-installed here: its `src` goes on `sys.path` and the entry
+point its pyproject.toml declares is handed to the registry beside the installed ones -- what an
+installed distribution gives kermac, minus the wheel.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from collections.abc import Iterator
+from importlib import metadata
+from pathlib import Path
+
+import pytest
+import torch
+
+import kermac
+from kermac import hookspecs, presets, registry
+from kermac.errors import UnsupportedProblemError
+from kermac.testing import conformance_tests
+
+EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "kermac-backend-numpy"
+
+
+def _declared_entry_points() -> list[metadata.EntryPoint]:
+    """The `kermac.backends` entry points of the example's pyproject.toml (its `name = "module"` lines
+    under the group's table; read as text, since Python 3.10 has no tomllib)."""
+    group = hookspecs.ENTRY_POINT_GROUP
+    text = (EXAMPLE / "pyproject.toml").read_text()
+    table = text.split(f'[project.entry-points."{group}"]', 1)[1].split("\n[", 1)[0]
+    found = re.findall(r'^([\w.-]+) = "([\w.:]+)"$', table, flags=re.MULTILINE)
+    return [metadata.EntryPoint(name, value, group) for name, value in found]
+
+
+@pytest.fixture(autouse=True)
+def example_plugin(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """The example registered beside the installed backends for one test."""
+    monkeypatch.syspath_prepend(str(EXAMPLE / "src"))
+    group = hookspecs.ENTRY_POINT_GROUP
+    registry.reset([*_declared_entry_points(), *metadata.entry_points(group=group)])
+    yield
+    registry.reset()
+    for module in [m for m in sys.modules if m == "kermac_backend_numpy" or m.startswith("kermac_backend_numpy.")]:
+        del sys.modules[module]
+
+
+globals().update(conformance_tests("numpy", devices=["cpu"]))
+
+
+def test_the_package_declares_one_backend_named_numpy() -> None:
+    assert [ep.name for ep in _declared_entry_points()] == ["numpy"]
+    row = next(r for r in kermac.backends() if r.name == "numpy")
+    assert row.available and not row.broken and row.priority < 0
+    assert row.plugin == "numpy"
+
+
+def test_auto_never_picks_the_opt_in_backend(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Priority < 0: even as the only backend that accepts the problem, `auto` leaves it out."""
+    reference = registry.get_backend("torch")
+    monkeypatch.setattr(reference, "check_pairwise", lambda problem: "refused for this test")
+    x = torch.randn(5, 3)
+    with pytest.raises(UnsupportedProblemError, match="no backend can run"):
+        kermac.cdist(x, x, p=1.0)
+    expected = torch.cdist(x.double(), x.double(), p=1.0).float()
+    assert torch.allclose(kermac.cdist(x, x, p=1.0, backend="numpy"), expected)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_half_dtypes_are_refused_with_a_reason(dtype: torch.dtype) -> None:
+    x = torch.randn(4, 3, dtype=dtype)
+    with pytest.raises(UnsupportedProblemError, match=f"float32 and float64 only, got {dtype}"):
+        kermac.run_program(presets.l1_distance.lower(), x, x, backend="numpy")
+
+
+def test_gradients_are_refused_with_a_reason() -> None:
+    a, b, c, d = torch.randn(3, 4), torch.randn(5, 3), torch.randn(2, 3), torch.randn(5, 4)
+    with pytest.raises(UnsupportedProblemError, match="pairwise programs only"):
+        kermac.cdist_grad(a, b, c, d, backend="numpy")
+
+
+def test_other_devices_are_refused_with_a_reason() -> None:
+    from kermac.problem import pairwise_problem
+
+    x = torch.empty(4, 3, device="meta")
+    problem = pairwise_problem(presets.l1_distance.lower(), x, x, out=None, hypers={}, fake=True)
+    assert registry.get_backend("numpy").check_pairwise(problem) == (
+        "the numpy backend reads CPU tensors only, got tensors on meta"
+    )
+
+
+def test_an_ir_operation_it_lacks_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    """What a backend does when core's IR grows: an operation missing from its table refuses the program."""
+    from kermac_backend_numpy import evaluate
+
+    monkeypatch.setattr(evaluate, "OPS", {k: v for k, v in evaluate.OPS.items() if k != "abs"})
+    x = torch.randn(4, 3)
+    with pytest.raises(UnsupportedProblemError, match="does not implement the IR operations abs"):
+        kermac.run_program(presets.l1_distance.lower(), x, x, backend="numpy")
