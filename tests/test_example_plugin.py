@@ -17,8 +17,9 @@ import pytest
 import torch
 
 import kermac
-from kermac import hookspecs, presets, registry
+from kermac import hookspecs, ir, presets, registry, testing
 from kermac.errors import UnsupportedProblemError
+from kermac.programs import PairwiseProgram
 from kermac.testing import conformance_tests
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "kermac-backend-numpy"
@@ -98,3 +99,13 @@ def test_an_ir_operation_it_lacks_is_refused(monkeypatch: pytest.MonkeyPatch) ->
     x = torch.randn(4, 3)
     with pytest.raises(UnsupportedProblemError, match="does not implement the IR operations abs"):
         kermac.run_program(presets.l1_distance.lower(), x, x, backend="numpy")
+
+
+@pytest.mark.parametrize("reduction", ["max", "min"])
+@pytest.mark.parametrize("d", [0, 1, 6])
+def test_max_and_min_start_from_their_identity(reduction: str, d: int) -> None:
+    """−∞ / +∞, not 0: terms of one sign (all negative for max, all positive for min) and D = 0 tell."""
+    sign = -1.0 if reduction == "max" else 1.0
+    program = PairwiseProgram(sign * ir.abs_(ir.Var("x") - ir.Var("z")) + sign, reduction, ir.Var("acc"))
+    x, z = torch.randn(2, 7, d, dtype=torch.float64), torch.randn(9, d, dtype=torch.float64)
+    testing.assert_pairwise_conforms("numpy", program, x, z)
