@@ -48,8 +48,9 @@ class NumpyBackend(Backend):
     """Pairwise programs on CPU float32/float64 tensors, evaluated with NumPy; refuses gradients.
 
     Priority −10: negative, so the backend is opt-in -- `auto` never picks it and `kermac bench`
-    times it only when named.  It is an example, slower than the `torch` reference it would
-    otherwise compete with, and should run only where a user asks for it by name.
+    times it only when named.  With a priority >= 0 it would take the CPU problems it accepts from
+    the `torch` reference as soon as it is installed: an example should change no one's results
+    by being installed, so it runs only where a user names it.
     """
 
     name = "numpy"
