@@ -48,7 +48,7 @@ class NumpyBackend(Backend):
     """Pairwise programs on CPU float32/float64 tensors, evaluated with NumPy; refuses gradients.
 
     Priority −10: negative, so the backend is opt-in -- `auto` never picks it and `kermac bench`
-    times it only when named.  With a priority >= 0 it would take the CPU problems it accepts from
+    times it only when named.  With a priority above 0 it would take the CPU problems it accepts from
     the `torch` reference as soon as it is installed: an example should change no one's results
     by being installed, so it runs only where a user names it.
     """
