@@ -109,3 +109,16 @@ def test_max_and_min_start_from_their_identity(reduction: str, d: int) -> None:
     program = PairwiseProgram(sign * ir.abs_(ir.Var("x") - ir.Var("z")) + sign, reduction, ir.Var("acc"))
     x, z = torch.randn(2, 7, d, dtype=torch.float64), torch.randn(9, d, dtype=torch.float64)
     testing.assert_pairwise_conforms("numpy", program, x, z)
+
+
+def test_blocks_of_rows_cover_out_and_keep_the_diagonal(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Several blocks of rows (a block of 2²² terms is larger than the suite's problems): each writes its
+    own rows, and the shifted diagonal of a regularised kernel lands on the right rows of every block."""
+    from kermac_backend_numpy import backend
+
+    monkeypatch.setattr(backend, "BLOCK_ELEMENTS", 3 * 2 * 11 * 5)  # 3 rows of a [2, rows, 11, 5] block
+    x, z = torch.randn(2, 13, 5, dtype=torch.float64), torch.randn(11, 5, dtype=torch.float64)
+    program = presets.matern52.lower(regularized=True)
+    hypers = {"bandwidth": 1.3, "regularization": 0.5}
+    testing.assert_pairwise_conforms("numpy", program, x, z, hypers=hypers, offset_m=0, offset_n=4)
+    testing.assert_pairwise_conforms("numpy", program, x, z, hypers=hypers, offset_m=6, offset_n=0)
