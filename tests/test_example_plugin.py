@@ -101,6 +101,16 @@ def test_an_ir_operation_it_lacks_is_refused(monkeypatch: pytest.MonkeyPatch) ->
         kermac.run_program(presets.l1_distance.lower(), x, x, backend="numpy")
 
 
+def test_a_reduction_it_lacks_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    """As for operations: a reduction missing from its table (one core might add) refuses the program."""
+    from kermac_backend_numpy import evaluate
+
+    monkeypatch.setattr(evaluate, "REDUCE", {k: v for k, v in evaluate.REDUCE.items() if k != "max"})
+    x = torch.randn(4, 3)
+    with pytest.raises(UnsupportedProblemError, match="reduces with sum, min only, got 'max'"):
+        kermac.run_program(presets.linf_distance.lower(), x, x, backend="numpy")
+
+
 @pytest.mark.parametrize("reduction", ["max", "min"])
 @pytest.mark.parametrize("d", [0, 1, 6])
 def test_max_and_min_start_from_their_identity(reduction: str, d: int) -> None:

@@ -41,8 +41,6 @@ kermac specifies would need a converted copy of the inputs: both half types are 
 BLOCK_ELEMENTS = 1 << 22
 """Upper bound on the inner terms evaluated at once (batch × rows × N × D; 32 MiB in float64)."""
 
-_REDUCE = ("sum", "max", "min")
-
 
 class NumpyBackend(Backend):
     """Pairwise programs on CPU float32/float64 tensors, evaluated with NumPy; refuses gradients.
@@ -65,15 +63,15 @@ class NumpyBackend(Backend):
         return Availability.yes(numpy.__version__)
 
     def check_pairwise(self, problem: PairwiseProblem) -> str | None:
-        from kermac_backend_numpy.evaluate import unsupported_ops
+        from kermac_backend_numpy.evaluate import REDUCE, unsupported_ops
 
         if problem.device.type != "cpu":
             return f"the numpy backend reads CPU tensors only, got tensors on {problem.device}"
         if problem.dtype not in DTYPES:
             return f"the numpy backend computes float32 and float64 only, got {problem.dtype}"
         program = problem.program
-        if program.reduction not in _REDUCE:
-            return f"the numpy backend reduces with {', '.join(_REDUCE)} only, got {program.reduction!r}"
+        if program.reduction not in REDUCE:
+            return f"the numpy backend reduces with {', '.join(REDUCE)} only, got {program.reduction!r}"
         missing = unsupported_ops(program.inner, program.epilogue)
         if missing:
             return f"the numpy backend does not implement the IR operations {', '.join(missing)}"
@@ -89,7 +87,7 @@ class NumpyBackend(Backend):
     def pairwise(self, problem: PairwiseProblem) -> None:
         import numpy as np
 
-        from kermac_backend_numpy.evaluate import evaluate
+        from kermac_backend_numpy.evaluate import REDUCE, evaluate
 
         prog, batch = problem.program, problem.batch_shape
         x, z, out = (t.detach().numpy() for t in (problem.x, problem.z, problem.out))
@@ -97,14 +95,14 @@ class NumpyBackend(Backend):
         inner_env = _hypers(problem.hypers, dtype, 3)  # against [*B, rows, N, D]
         epi_env = _hypers(problem.hypers, dtype, 2)  # against [*B, rows, N]
         m, n, d = problem.m, problem.n, problem.d
-        reduce = {"sum": np.add, "max": np.maximum, "min": np.minimum}[prog.reduction]
+        reduce = REDUCE[prog.reduction]
         rows_per_block = max(1, BLOCK_ELEMENTS // max(1, math.prod(batch) * n * max(d, 1)))
         cols = np.arange(n) + problem.offset_n
         for m0 in range(0, m, rows_per_block):
             m1 = min(m, m0 + rows_per_block)
             shape = batch + (m1 - m0, n)
             terms = evaluate(prog.inner, {"x": x[..., m0:m1, None, :], "z": z[..., None, :, :], **inner_env}, dtype)
-            # `initial` is the reduction's identity, so D = 0 gives it; np.maximum/minimum propagate NaN.
+            # `initial` is the reduction's identity, so D = 0 gives it.
             acc = reduce.reduce(np.broadcast_to(terms, shape + (d,)), axis=-1, initial=REDUCTIONS[prog.reduction])
             rows = np.arange(m0, m1) + problem.offset_m
             diag = (rows[:, None] == cols[None, :]).astype(dtype)

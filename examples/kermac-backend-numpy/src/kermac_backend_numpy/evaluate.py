@@ -15,7 +15,7 @@ import numpy as np
 
 from kermac import ir
 
-__all__ = ["OPS", "evaluate", "unsupported_ops"]
+__all__ = ["OPS", "REDUCE", "evaluate", "unsupported_ops"]
 
 OPS: Mapping[str, Callable[..., np.ndarray]] = {
     "add": np.add,
@@ -41,6 +41,10 @@ OPS: Mapping[str, Callable[..., np.ndarray]] = {
     "select": lambda cond, if_true, if_false: np.where(cond != 0, if_true, if_false),
 }
 """IR operation name → NumPy function of the same arity."""
+
+REDUCE: Mapping[str, np.ufunc] = {"sum": np.add, "max": np.maximum, "min": np.minimum}
+"""Reduction of a pairwise program → the ufunc whose `reduce` computes it (maximum and minimum propagate
+NaN, as the IR's max and min do).  A reduction core adds later is refused until it is added here."""
 
 
 def unsupported_ops(*exprs: ir.Expr) -> list[str]:
