@@ -37,10 +37,13 @@ def _declared_entry_points() -> list[metadata.EntryPoint]:
 
 @pytest.fixture(autouse=True)
 def example_plugin(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    """The example registered beside the installed backends for one test."""
+    """The example registered beside the installed backends for one test (in place of its installed copy,
+    if the example is installed too: the test checks this tree)."""
     monkeypatch.syspath_prepend(str(EXAMPLE / "src"))
-    group = hookspecs.ENTRY_POINT_GROUP
-    registry.reset([*_declared_entry_points(), *metadata.entry_points(group=group)])
+    declared = _declared_entry_points()
+    names = {ep.name for ep in declared}
+    installed = [ep for ep in metadata.entry_points(group=hookspecs.ENTRY_POINT_GROUP) if ep.name not in names]
+    registry.reset([*declared, *installed])
     yield
     registry.reset()
     for module in [m for m in sys.modules if m == "kermac_backend_numpy" or m.startswith("kermac_backend_numpy.")]:
