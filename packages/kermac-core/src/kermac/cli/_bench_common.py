@@ -1,5 +1,5 @@
 """What the sections of `kermac bench` share: names in the tables, the report's header, progress
-lines, and the check of an answer against the float64 reference."""
+lines, the check of an answer against the float64 reference, and the common fields of the JSON report."""
 
 from __future__ import annotations
 
@@ -20,6 +20,7 @@ __all__ = [
     "REFERENCE_LABEL",
     "WRONG_NOTE",
     "Progress",
+    "case_json",
     "check_answer",
     "cpu_why",
     "describe",
@@ -27,6 +28,8 @@ __all__ = [
     "header",
     "idle_backends",
     "label",
+    "report_json",
+    "result_json",
     "title",
 ]
 
@@ -51,6 +54,38 @@ def describe(exc: BaseException) -> str:
 def finite_or_none(x: float | None) -> float | None:
     """`x`, or None where it is not finite (JSON has no NaN)."""
     return x if x is None or math.isfinite(x) else None
+
+
+def case_json(case: bm.BenchCase, reference_error: str | None) -> dict[str, object]:
+    """The fields of a case every section's JSON row has (a section adds its own after them)."""
+    return {
+        "label": case.label,
+        "op": case.op,
+        "sizes": list(case.sizes),
+        "p": case.p,
+        "kernel": case.kernel,
+        "tolerance": bm.tolerance(case),
+        "reference_error": reference_error,
+    }
+
+
+def result_json(timing: dict[str, object], max_rel_err: float | None, ok: bool, error: str | None) -> dict[str, object]:
+    """One backend's result in a JSON row: the section's `timing` fields, then the answer's check."""
+    return {**timing, "max_rel_err": finite_or_none(max_rel_err), "ok": ok, "error": error}
+
+
+def report_json(
+    head: Mapping[str, object], backends: list[str], skipped: dict[str, str], rows_key: str, rows: list[dict]
+) -> dict[str, object]:
+    """A section's JSON report: the header, the backends timed and skipped, and its rows under `rows_key`."""
+    return {
+        **head,
+        "backends": backends,
+        "reference_backend": bm.REFERENCE_BACKEND,
+        "baseline": BASELINE,
+        "skipped": skipped,
+        rows_key: rows,
+    }
 
 
 def check_answer(

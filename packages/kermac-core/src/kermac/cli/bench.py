@@ -36,13 +36,15 @@ from kermac.cli._bench_common import (
     REFERENCE_LABEL,
     WRONG_NOTE,
     Progress,
+    case_json,
     check_answer,
     cpu_why,
     describe,
-    finite_or_none,
     header,
     idle_backends,
     label,
+    report_json,
+    result_json,
     title,
 )
 from kermac.cli._format import render_table
@@ -454,41 +456,22 @@ def _report(
 
 
 def _to_json(head: dict, backends: list[str], skipped: dict[str, str], results: list[CaseResult]) -> dict[str, object]:
-    cases = []
-    for r in results:
-        c = r.case
-        cases.append(
-            {
-                "label": c.label,
-                "op": c.op,
-                "problem_class": dataclasses.asdict(c.problem_class),
-                "sizes": list(c.sizes),
-                "p": c.p,
-                "kernel": c.kernel,
-                "peers_ms": dict(c.peers),
-                "floor_ms": c.floor_ms,
-                "target_ms": c.target_ms,
-                "tolerance": bm.tolerance(c),
-                "reference_error": r.reference_error,
-                "results": {
-                    name: {
-                        "median_ms": m.median_ms,
-                        "times_ms": m.times_ms,
-                        "max_rel_err": finite_or_none(m.max_rel_err),
-                        "ok": r.ok(name),
-                        "error": m.error,
-                    }
-                    for name, m in r.results.items()
-                },
-                "best": r.best(backends),
-                "speedup": r.speedup(backends),
-            }
-        )
-    return {
-        **head,
-        "backends": backends,
-        "reference_backend": bm.REFERENCE_BACKEND,
-        "baseline": BASELINE,
-        "skipped": skipped,
-        "cases": cases,
-    }
+    cases = [
+        {
+            **case_json(r.case, r.reference_error),
+            "problem_class": dataclasses.asdict(r.case.problem_class),
+            "peers_ms": dict(r.case.peers),
+            "floor_ms": r.case.floor_ms,
+            "target_ms": r.case.target_ms,
+            "results": {
+                name: result_json(
+                    {"median_ms": m.median_ms, "times_ms": m.times_ms}, m.max_rel_err, r.ok(name), m.error
+                )
+                for name, m in r.results.items()
+            },
+            "best": r.best(backends),
+            "speedup": r.speedup(backends),
+        }
+        for r in results
+    ]
+    return report_json(head, backends, skipped, "cases", cases)

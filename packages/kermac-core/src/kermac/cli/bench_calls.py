@@ -27,13 +27,15 @@ from kermac.cli._bench_common import (
     REFERENCE_LABEL,
     WRONG_NOTE,
     Progress,
+    case_json,
     check_answer,
     cpu_why,
     describe,
-    finite_or_none,
     header,
     idle_backends,
     label,
+    report_json,
+    result_json,
     title,
 )
 from kermac.cli._format import render_table
@@ -277,39 +279,22 @@ def _group(cells: list[tuple[str, str, str]], n_rows: int) -> dict[tuple[str, st
 
 
 def _to_json(head: dict, named: list[str], skipped: dict[str, str], rows: list[CallRow]) -> dict[str, object]:
-    calls = []
-    for r in rows:
-        c = r.case
-        calls.append(
-            {
-                "label": c.label,
-                "op": c.op,
-                "out": r.out,
-                "sizes": list(c.sizes),
-                "p": c.p,
-                "kernel": c.kernel,
-                "tolerance": bm.tolerance(c),
-                "reference_error": r.reference_error,
-                "results": {
-                    name: {
-                        "us_per_call": m.best_us,
-                        "runs_us": m.runs_us,
-                        "calls": m.calls,
-                        "max_rel_err": finite_or_none(m.max_rel_err),
-                        "ok": r.ok(name),
-                        "error": m.error,
-                    }
-                    for name, m in r.results.items()
-                },
-                "fastest": r.fastest(named),
-                "auto_minus_fastest_us": r.auto_minus_fastest(named),
-            }
-        )
-    return {
-        **head,
-        "backends": named,
-        "reference_backend": bm.REFERENCE_BACKEND,
-        "baseline": BASELINE,
-        "skipped": skipped,
-        "calls": calls,
-    }
+    calls = [
+        {
+            **case_json(r.case, r.reference_error),
+            "out": r.out,
+            "results": {
+                name: result_json(
+                    {"us_per_call": m.best_us, "runs_us": m.runs_us, "calls": m.calls},
+                    m.max_rel_err,
+                    r.ok(name),
+                    m.error,
+                )
+                for name, m in r.results.items()
+            },
+            "fastest": r.fastest(named),
+            "auto_minus_fastest_us": r.auto_minus_fastest(named),
+        }
+        for r in rows
+    ]
+    return report_json(head, named, skipped, "calls", calls)
