@@ -118,12 +118,11 @@ def pairwise(
     op: str = "run_program",
 ) -> torch.Tensor:
     """The pairwise program with key `program` on `x`, `z` (into `out` if given); see the module docstring."""
-    check_out_type(out)
-    tensors = [h.tensor for h in hypers.values() if h.tensor is not None]
-    if runs_directly(x, z, *tensors, *(() if out is None else (out,))):
+    if _direct((x, z), hypers, out):
         problem = pairwise_problem(
-            _pairwise_program(program), x, z, out=out, hypers=hypers, offset_m=offset_m, offset_n=offset_n, debug=debug
-        )
+            _program(program, PairwiseProgram), x, z, out=out, hypers=hypers, offset_m=offset_m, offset_n=offset_n,
+            debug=debug,
+        )  # fmt: skip
         return run_pairwise(problem, backend, op)
     args = (x, z, program, *hypers_to_args(hypers), offset_m, offset_n, backend, debug, op)
     if out is None:
@@ -146,10 +145,8 @@ def grad(
     op: str = "run_grad_program",
 ) -> torch.Tensor:
     """The gradient program with key `program` on `a, b, c, d` (into `out` if given)."""
-    check_out_type(out)
-    tensors = [h.tensor for h in hypers.values() if h.tensor is not None]
-    if runs_directly(a, b, c, d, *tensors, *(() if out is None else (out,))):
-        problem = grad_problem(_grad_program(program), a, b, c, d, out=out, hypers=hypers, debug=debug)
+    if _direct((a, b, c, d), hypers, out):
+        problem = grad_problem(_program(program, GradProgram), a, b, c, d, out=out, hypers=hypers, debug=debug)
         return run_grad(problem, backend, op)
     args = (a, b, c, d, program, *hypers_to_args(hypers), backend, debug, op)
     if out is None:
@@ -158,31 +155,37 @@ def grad(
     return out
 
 
-def _pairwise_program(key: str) -> PairwiseProgram:
-    program = program_from_key(key)
-    if not isinstance(program, PairwiseProgram):
-        raise ValueError(f"program: expected the key of a pairwise program, got {key!r}")
-    return program
+def _direct(operands: tuple[torch.Tensor, ...], hypers: Mapping[str, HyperValue], out: object) -> bool:
+    """Whether a call with these tensors [`runs_directly`][kermac.ops.runs_directly] (`out` checked to be a tensor
+    or None first, so that a wrong one gets kermac's message, not the dispatcher's)."""
+    check_out_type(out)
+    tensors = [h.tensor for h in hypers.values() if h.tensor is not None]
+    return runs_directly(*operands, *tensors, *(() if out is None else (out,)))
 
 
-def _grad_program(key: str) -> GradProgram:
+_P = TypeVar("_P", PairwiseProgram, GradProgram)
+
+
+def _program(key: str, kind: type[_P]) -> _P:
+    """The program of `key`, which must be a `kind`."""
     program = program_from_key(key)
-    if not isinstance(program, GradProgram):
-        raise ValueError(f"program: expected the key of a gradient program, got {key!r}")
+    if not isinstance(program, kind):
+        what = "pairwise" if kind is PairwiseProgram else "gradient"
+        raise ValueError(f"program: expected the key of a {what} program, got {key!r}")
     return program
 
 
 def _pairwise_problem(x, z, program, names, numbers, tensors, offset_m, offset_n, debug, out=None, fake=False):
     hypers = hypers_from_args(names, numbers, tensors)
     return pairwise_problem(
-        _pairwise_program(program), x, z, out=out, hypers=hypers, offset_m=offset_m, offset_n=offset_n, debug=debug,
-        fake=fake,
+        _program(program, PairwiseProgram), x, z, out=out, hypers=hypers, offset_m=offset_m, offset_n=offset_n,
+        debug=debug, fake=fake,
     )  # fmt: skip
 
 
 def _grad_problem(a, b, c, d, program, names, numbers, tensors, debug, out=None, fake=False):
     hypers = hypers_from_args(names, numbers, tensors)
-    return grad_problem(_grad_program(program), a, b, c, d, out=out, hypers=hypers, debug=debug, fake=fake)
+    return grad_problem(_program(program, GradProgram), a, b, c, d, out=out, hypers=hypers, debug=debug, fake=fake)
 
 
 @torch.library.custom_op("kermac::pairwise", mutates_args=(), schema=f"({_PAIRWISE_ARGS}) -> Tensor")
