@@ -20,7 +20,6 @@ import torch
 from kermac import ops, presets, registry
 from kermac.descriptor import KernelDescriptor
 from kermac.hyperparams import (
-    ANY_VALUE,
     Check,
     HyperValue,
     finite,
@@ -29,6 +28,7 @@ from kermac.hyperparams import (
     positive_finite,
     positive_up_to,
     prepare_hypers,
+    program_hypers,
 )
 from kermac.logs import debug_enabled
 from kermac.lowering import cdist_program, grad_program, plain_power_limit
@@ -304,7 +304,7 @@ def run_program(
     if not isinstance(program, PairwiseProgram):
         raise TypeError(f"program: expected a kermac.programs.PairwiseProgram, got {type(program).__name__}")
     x = check_tensor("x", x)
-    hv = _program_hypers(program.hypers, hypers, x.device, debug)
+    hv = program_hypers(program.hypers, hypers, x.device, debug)
     return _pairwise(
         program.key(), x, z, out=out, hypers=hv, offsets=(offset_m, offset_n), backend=backend, debug=debug,
         op="run_program",
@@ -329,21 +329,8 @@ def run_grad_program(
     if not isinstance(program, GradProgram):
         raise TypeError(f"program: expected a kermac.programs.GradProgram, got {type(program).__name__}")
     a = check_tensor("a", a)
-    hv = _program_hypers(program.hypers, hypers, a.device, debug)
+    hv = program_hypers(program.hypers, hypers, a.device, debug)
     return ops.grad(program.key(), a, b, c, d, hv, out=out, backend=backend, debug=debug, op="run_grad_program")
-
-
-def _program_hypers(
-    names: tuple[str, ...], given: Mapping[str, object] | None, device: torch.device, debug: bool
-) -> dict[str, HyperValue]:
-    given = dict(given or {})
-    missing = [n for n in names if n not in given]
-    extra = [n for n in given if n not in names]
-    if missing or extra:
-        raise ValueError(
-            f"hypers: expected exactly the program's hyperparameters {list(names)}; missing {missing}, unknown {extra}"
-        )
-    return prepare_hypers({n: (v, ANY_VALUE) for n, v in given.items()}, device, debug, poison=False)
 
 
 def _pairwise(

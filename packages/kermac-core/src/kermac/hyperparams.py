@@ -47,6 +47,7 @@ __all__ = [
     "positive_finite",
     "positive_up_to",
     "prepare_hypers",
+    "program_hypers",
 ]
 
 
@@ -212,3 +213,18 @@ def _checked(name: str, v: float, check: Check) -> float:
     if problem is not None:
         raise ValueError(f"{name}: expected {problem}, got {v!r}")
     return v
+
+
+def program_hypers(
+    names: tuple[str, ...], given: Mapping[str, object] | None, device: torch.device, debug: bool
+) -> dict[str, HyperValue]:
+    """The hyperparameters `given` to a user program whose names are `names`: exactly those names
+    (`ValueError` listing the missing and unknown ones), any value but NaN, used as given."""
+    given = dict(given or {})
+    missing = [n for n in names if n not in given]
+    extra = [n for n in given if n not in names]
+    if missing or extra:
+        raise ValueError(
+            f"hypers: expected exactly the program's hyperparameters {list(names)}; missing {missing}, unknown {extra}"
+        )
+    return prepare_hypers({n: (v, ANY_VALUE) for n, v in given.items()}, device, debug, poison=False)

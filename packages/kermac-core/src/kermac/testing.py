@@ -52,10 +52,10 @@ import torch
 
 import kermac
 from kermac import ir, presets, registry
-from kermac.api import _program_hypers
 from kermac.backend import Backend
 from kermac.benchmarking import REFERENCE_BACKEND
 from kermac.errors import UnsupportedProblemError
+from kermac.hyperparams import program_hypers
 from kermac.lowering import grad_program
 from kermac.problem import SUPPORTED_DTYPES, GradProblem, PairwiseProblem, grad_problem, pairwise_problem
 from kermac.programs import GradProgram, PairwiseProgram
@@ -377,7 +377,7 @@ def _problem(
     case: Case, operands: tuple[torch.Tensor, ...], hypers: dict, out: torch.Tensor | None
 ) -> PairwiseProblem | GradProblem:
     """The problem kermac builds for `case` and hands to a backend."""
-    hv = _program_hypers(case.program.hypers, hypers, operands[0].device, False)
+    hv = program_hypers(case.program.hypers, hypers, operands[0].device, False)
     if case.op == "pairwise":
         m, n = case.offsets
         return pairwise_problem(case.program, *operands, out=out, hypers=hv, offset_m=m, offset_n=n)
