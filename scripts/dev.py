@@ -4,7 +4,8 @@
     python3 scripts/dev.py setup [--force]   create or refresh .venv: torch, every packages/* member editable, dev tools
     python3 scripts/dev.py test [ARGS...]    setup, then ``python -m pytest ARGS``
     python3 scripts/dev.py bench [ARGS...]   setup, then ``kermac bench ARGS``
-    python3 scripts/dev.py docs [ARGS...]    setup, then ``mkdocs build --strict ARGS``
+    python3 scripts/dev.py docs [ARGS...]    setup, build the performance dashboard from perf-history/ into
+                                             docs/performance/dashboard/, then ``mkdocs build --strict ARGS``
     python3 scripts/dev.py wheels [--check]  setup, then build the wheel of every packages/* member into dist/;
                                              --check installs them into a fresh environment and imports them
     python3 scripts/dev.py torch             install the right torch into the interpreter running this script
@@ -338,6 +339,11 @@ def main(argv: list[str]) -> int:
     elif command == "bench":
         cmd = [str(venv_tool("kermac")), "bench", *args]
     else:
+        # The Performance history page links the dashboard, which asv builds from the stored results.
+        publish = [str(py), str(ROOT / "tools" / "asv_suites.py"), "publish"]
+        say("$ " + shlex.join(publish))
+        if subprocess.run(publish, cwd=ROOT).returncode:
+            fail("docs: building the performance dashboard failed (tools/asv_suites.py publish)")
         cmd = [str(venv_tool("mkdocs")), "build", "--strict", *args]
         env.setdefault("NO_MKDOCS_2_WARNING", "1")  # mkdocs-material's end-of-life banner
     say("$ " + shlex.join(cmd))

@@ -9,6 +9,16 @@
         results directory under the machine's name, and print ``asv compare``'s table; exit status
         1 if any row is slower at HEAD by more than ``--factor`` (5 % by default) with statistical
         significance, or failed at HEAD but not at BASE.  ``--no-run`` compares stored results only.
+    python tools/asv_suites.py history [REV...] [--count 14] [--machine NAME] [--bench REGEX] [--rounds 1]
+        time commits of main into the performance history (``perf-history/results/``, kept in git):
+        the named revisions, or ``--count`` commits spread evenly over main's first-parent history
+        from the first one with both GPU backends to ``HEAD``; commits already stored for the
+        machine are skipped, so an interrupted history resumes where it stopped.  The machine name
+        defaults to the GPU's (``nvidia-h100-80gb-hbm3``) and tags the results; ``--bench``
+        defaults to :data:`HISTORY_ROWS`.
+    python tools/asv_suites.py publish
+        build the dashboard of the performance history (``asv publish``) into
+        ``docs/performance/dashboard/``, where the documentation site picks it up.
 
 Both run the suites of this working tree (so the two sides of a comparison run the same
 benchmarks) on the code of the tree they measure: asv drops ``PYTHONPATH`` from its benchmark
@@ -23,15 +33,39 @@ provide what the suites use (``kermac.benchmarking`` and ``kermac.cli.bench.defa
 from __future__ import annotations
 
 import argparse
+import json
 import os
+import platform
+import re
 import subprocess
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 CONFIG = ROOT / "asv.conf.json"
+HISTORY_CONFIG = ROOT / "perf-history" / "asv.conf.json"
 WORKTREES = ROOT / ".asv" / "worktrees"
 DEFAULT_FACTOR = 1.05
+HISTORY_COUNT = 14
+HISTORY_SINCE_PATH = "packages/kermac-backend-triton/src/kermac_backend_triton/plugin.py"
+"""The history starts at the commit that added this file: the first with both GPU backends."""
+
+_GPU_ROWS = (
+    "cdist 8192x8192x256 p=(1|2|1.5)",
+    "cdist 16384x16384x32 p=2",
+    "cdist 256x256x32 p=2",
+    "laplace L2 8192x8192x256",
+    "gaussian L2 8192x8192x256 4 bandwidths",
+    "grad M=4096 N=256 O=16 K=4096 p=(1|2)",
+    "program 8192x8192x256",
+)
+HISTORY_ROWS = rf"\('(nvrtc|triton)', '({'|'.join(_GPU_ROWS)})'\)|\('torch.cdist', 'cdist 8192x8192x256 p=2'\)"
+"""The rows the history times at every commit (an asv ``--bench`` expression): each operation at
+the peer table's sizes, the few-feature and host-bound cdist rows, through both GPU backends, and
+PyTorch's cdist p = 2 as a control row (its code does not change with kermac's commits, so a step
+in it is the machine, not the project).  Timing every row of every suite at a dozen commits would
+take longer than the GPU machine is lent for at a time."""
 
 
 def asv_command() -> list[str]:
@@ -44,18 +78,24 @@ def tree_pythonpath(tree: Path) -> str:
     return os.pathsep.join(str(p) for p in sorted(tree.glob("packages/*/src")))
 
 
-def ensure_machine() -> None:
+def ensure_machine(name: str | None = None) -> None:
     """asv asks for a description of the machine on first use; take its defaults where none exists.
 
-    An existing ``~/.asv-machine.json`` is kept: its machine name tags stored results."""
-    if not Path("~/.asv-machine.json").expanduser().exists():
-        subprocess.run([*asv_command(), "machine", "--yes"], cwd=ROOT, check=True, stdout=subprocess.DEVNULL)
+    An existing description is kept: its machine name tags stored results.  With ``name``, the
+    description of that machine name is made if ``~/.asv-machine.json`` lacks it."""
+    path = Path("~/.asv-machine.json").expanduser()
+    if name is None and path.exists():
+        return
+    if name is not None and path.exists() and name in json.loads(path.read_text()):
+        return
+    cmd = [*asv_command(), "machine", "--yes", *(["--machine", name] if name else [])]
+    subprocess.run(cmd, cwd=ROOT, check=True, stdout=subprocess.DEVNULL)
 
 
-def run_asv(args: list[str], tree: Path) -> int:
-    """``asv ARGS`` from the repository root with ``tree``'s packages on the benchmarks' path."""
+def run_asv(args: list[str], tree: Path, config: Path = CONFIG) -> int:
+    """``asv ARGS`` under ``config`` with ``tree``'s packages on the benchmarks' path."""
     env = {**os.environ, "ASV_PYTHONPATH": tree_pythonpath(tree)}
-    return subprocess.run([*asv_command(), "--config", str(CONFIG), *args], cwd=ROOT, env=env).returncode
+    return subprocess.run([*asv_command(), "--config", str(config), *args], cwd=ROOT, env=env).returncode
 
 
 def quick(extra: list[str]) -> int:
@@ -67,17 +107,24 @@ def git(*args: str) -> str:
     return subprocess.run(["git", *args], cwd=ROOT, check=True, capture_output=True, text=True).stdout.strip()
 
 
-def measure(revision: str, sha: str, machine: str | None, bench: str | None) -> int:
+def measure(
+    revision: str,
+    sha: str,
+    machine: str | None,
+    bench: str | None,
+    config: Path = CONFIG,
+    extra: Sequence[str] = (),
+) -> int:
     """Time the suites on the code of ``sha`` and store the results under that commit."""
     tree = WORKTREES / sha
     if not tree.exists():
         git("worktree", "add", "--detach", str(tree), sha)
     try:
         print(f"asv_suites: timing {revision} ({sha[:10]})", flush=True)
-        args = ["run", "--python=same", f"--set-commit-hash={sha}", "--show-stderr"]
+        args = ["run", "--python=same", f"--set-commit-hash={sha}", "--show-stderr", *extra]
         args += ["--machine", machine] if machine else []
         args += ["--bench", bench] if bench else []
-        return run_asv(args, tree)
+        return run_asv(args, tree, config)
     finally:
         git("worktree", "remove", "--force", str(tree))
 
@@ -111,6 +158,57 @@ def compare(base: str, head: str, factor: float, machine: str | None, bench: str
     return 1 if worsened else 0
 
 
+def history_commits(count: int, branch: str = "main") -> list[str]:
+    """``count`` commits of ``branch``'s first-parent history, oldest first, spread evenly from the
+    first commit with both GPU backends (:data:`HISTORY_SINCE_PATH`) to the branch's head."""
+    shas = git("rev-list", "--first-parent", "--reverse", branch).split()
+    touched = set(git("log", "--first-parent", "--format=%H", branch, "--", HISTORY_SINCE_PATH).split())
+    start = next((i for i, sha in enumerate(shas) if sha in touched), None)
+    if start is None:
+        raise SystemExit(f"asv_suites: no commit of {branch} adds {HISTORY_SINCE_PATH}")
+    shas = shas[start:]
+    if count >= len(shas):
+        return shas
+    last = len(shas) - 1
+    return [shas[round(i * last / (count - 1))] for i in range(count)] if count > 1 else [shas[-1]]
+
+
+def machine_name() -> str:
+    """The GPU's name as asv machine name (``NVIDIA H100 80GB HBM3`` → ``nvidia-h100-80gb-hbm3``), else the host's."""
+    import torch
+
+    name = torch.cuda.get_device_name() if torch.cuda.is_available() else platform.node()
+    return re.sub(r"[^a-z0-9.]+", "-", name.lower()).strip("-")
+
+
+def stored(machine: str, sha: str) -> bool:
+    """Whether the history holds results of ``sha`` on ``machine`` (asv names them ``<sha[:8]>-<env>.json``)."""
+    return any((HISTORY_CONFIG.parent / "results" / machine).glob(f"{sha[:8]}-*.json"))
+
+
+def history(revisions: list[str], count: int, machine: str | None, bench: str, rounds: int) -> int:
+    """Time each commit not stored yet; exit status 1 if asv failed to run any of them."""
+    shas = [git("rev-parse", "--verify", f"{rev}^{{commit}}") for rev in revisions] or history_commits(count)
+    machine = machine or machine_name()
+    ensure_machine(machine)
+    todo = [sha for sha in shas if not stored(machine, sha)]
+    print(f"asv_suites: {len(shas)} commits on {machine}: {len(shas) - len(todo)} stored, {len(todo)} to time")
+    rounds_arg = ("--attribute", f"rounds={rounds}")
+    failed = [sha for sha in todo if measure(sha, sha, machine, bench, HISTORY_CONFIG, rounds_arg)]
+    if failed:
+        print(f"asv_suites: asv failed at {', '.join(sha[:10] for sha in failed)}", file=sys.stderr)
+    return 1 if failed else 0
+
+
+def publish() -> int:
+    """``asv publish`` of the stored history into the documentation's ``performance/dashboard``."""
+    results = HISTORY_CONFIG.parent / "results"
+    if not (results / "benchmarks.json").exists():
+        print(f"asv_suites: publish: no results in {results.relative_to(ROOT)} (run history first)", file=sys.stderr)
+        return 2
+    return subprocess.run([*asv_command(), "--config", str(HISTORY_CONFIG), "publish"], cwd=ROOT).returncode
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -123,11 +221,24 @@ def main(argv: list[str] | None = None) -> int:
     c.add_argument("--machine", help="asv machine name of the stored results (default: asv's, the host name)")
     c.add_argument("--bench", "-b", help="regular expression selecting benchmarks")
     c.add_argument("--no-run", action="store_true", help="compare stored results without timing anything")
+    h = sub.add_parser("history", help="time commits of main into perf-history/results/ (kept in git)")
+    h.add_argument("revisions", nargs="*", help="commits to time (default: --count commits spread over main)")
+    h.add_argument("--count", type=int, default=HISTORY_COUNT, help=f"commits of main to time ({HISTORY_COUNT})")
+    h.add_argument("--machine", help="asv machine name tagging the results (default: the GPU's name)")
+    h.add_argument("--bench", "-b", default=HISTORY_ROWS, help="regular expression selecting rows")
+    h.add_argument("--rounds", type=int, default=1, help="asv rounds: processes per row and commit (1)")
+    sub.add_parser("publish", help="build the dashboard of perf-history/ into docs/performance/dashboard/")
     args, extra = parser.parse_known_args(argv)
     if args.command == "quick":
         return quick(extra)
     if extra:
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    if args.command == "publish":
+        return publish()
+    if args.command == "history":
+        if args.count < 1 or args.rounds < 1:
+            parser.error(f"--count and --rounds: expected integers >= 1, got {args.count} and {args.rounds}")
+        return history(args.revisions, args.count, args.machine, args.bench, args.rounds)
     if not args.factor > 1:
         parser.error(f"--factor: expected a ratio > 1 (1.05 flags 5 % slowdowns), got {args.factor}")
     return compare(args.base, args.head, args.factor, args.machine, args.bench, not args.no_run)
