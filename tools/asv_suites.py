@@ -74,8 +74,11 @@ def asv_command() -> list[str]:
 
 
 def tree_pythonpath(tree: Path) -> str:
-    """``ASV_PYTHONPATH`` for the packages of ``tree``: every ``packages/*/src``, in name order."""
-    return os.pathsep.join(str(p) for p in sorted(tree.glob("packages/*/src")))
+    """``ASV_PYTHONPATH`` for the packages of ``tree``: every ``packages/*/src``, in name order, then
+    this process's ``PYTHONPATH`` (where an environment keeps packages outside its site-packages)."""
+    entries = [str(p) for p in sorted(tree.glob("packages/*/src"))]
+    entries += [e for e in os.environ.get("PYTHONPATH", "").split(os.pathsep) if e]
+    return os.pathsep.join(entries)
 
 
 def ensure_machine(name: str | None = None) -> None:
