@@ -15,7 +15,8 @@
         from the first one with both GPU backends to ``HEAD``; commits already stored for the
         machine are skipped, so an interrupted history resumes where it stopped.  The machine name
         defaults to the GPU's (``nvidia-h100-80gb-hbm3``) and tags the results; ``--bench``
-        defaults to :data:`HISTORY_ROWS`.
+        defaults to :data:`HISTORY_ROWS`.  ``--time-limit S`` starts no commit once fewer than the
+        longest commit's seconds are left of ``S`` (for machines lent for a limited time).
     python tools/asv_suites.py publish
         build the dashboard of the performance history (``asv publish``) into
         ``docs/performance/dashboard/``, where the documentation site picks it up.
@@ -39,6 +40,7 @@ import platform
 import re
 import subprocess
 import sys
+import time
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -189,15 +191,25 @@ def stored(machine: str, sha: str) -> bool:
     return any((HISTORY_CONFIG.parent / "results" / machine).glob(f"{sha[:8]}-*.json"))
 
 
-def history(revisions: list[str], count: int, machine: str | None, bench: str, rounds: int) -> int:
-    """Time each commit not stored yet; exit status 1 if asv failed to run any of them."""
+def history(revisions: list[str], count: int, machine: str | None, bench: str, rounds: int, time_limit: float) -> int:
+    """Time each commit not stored yet, oldest first, starting none after ``time_limit`` seconds less
+    the longest a commit has taken; exit status 1 if asv failed to run any of them."""
     shas = [git("rev-parse", "--verify", f"{rev}^{{commit}}") for rev in revisions] or history_commits(count)
     machine = machine or machine_name()
     ensure_machine(machine)
     todo = [sha for sha in shas if not stored(machine, sha)]
     print(f"asv_suites: {len(shas)} commits on {machine}: {len(shas) - len(todo)} stored, {len(todo)} to time")
     rounds_arg = ("--attribute", f"rounds={rounds}")
-    failed = [sha for sha in todo if measure(sha, sha, machine, bench, HISTORY_CONFIG, rounds_arg)]
+    failed, start, longest = [], time.monotonic(), 0.0
+    for sha in todo:
+        left = time_limit - (time.monotonic() - start)
+        if left < longest:  # a commit cut short would be stored half-timed, and then skipped as done
+            print(f"asv_suites: {left:.0f} s left, a commit took {longest:.0f} s: stopping (run again to go on)")
+            break
+        began = time.monotonic()
+        if measure(sha, sha, machine, bench, HISTORY_CONFIG, rounds_arg):
+            failed.append(sha)
+        longest = max(longest, time.monotonic() - began)
     if failed:
         print(f"asv_suites: asv failed at {', '.join(sha[:10] for sha in failed)}", file=sys.stderr)
     return 1 if failed else 0
@@ -230,6 +242,7 @@ def main(argv: list[str] | None = None) -> int:
     h.add_argument("--machine", help="asv machine name tagging the results (default: the GPU's name)")
     h.add_argument("--bench", "-b", default=HISTORY_ROWS, help="regular expression selecting rows")
     h.add_argument("--rounds", type=int, default=1, help="asv rounds: processes per row and commit (1)")
+    h.add_argument("--time-limit", type=float, default=float("inf"), help="seconds after which no commit starts")
     sub.add_parser("publish", help="build the dashboard of perf-history/ into docs/performance/dashboard/")
     args, extra = parser.parse_known_args(argv)
     if args.command == "quick":
@@ -241,7 +254,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "history":
         if args.count < 1 or args.rounds < 1:
             parser.error(f"--count and --rounds: expected integers >= 1, got {args.count} and {args.rounds}")
-        return history(args.revisions, args.count, args.machine, args.bench, args.rounds)
+        return history(args.revisions, args.count, args.machine, args.bench, args.rounds, args.time_limit)
     if not args.factor > 1:
         parser.error(f"--factor: expected a ratio > 1 (1.05 flags 5 % slowdowns), got {args.factor}")
     return compare(args.base, args.head, args.factor, args.machine, args.bench, not args.no_run)
