@@ -43,16 +43,17 @@ _TORCH_OPS: dict[str, Callable[..., torch.Tensor]] = {
 def evaluate(expr: Expr, env: Mapping[str, torch.Tensor | float], *, like: torch.Tensor) -> torch.Tensor:
     """Value of `expr` with `Var`/`Hyper` names looked up in `env`.
 
-    Numbers become 0-d tensors of `like`'s dtype and device; comparisons give 0/1 in that
-    dtype; `select` is `torch.where`.  The result broadcasts the shapes of its inputs.
+    Numbers become 0-d tensors of `like`'s dtype and device, filled on the device (`torch.tensor`
+    would copy from pageable host memory, which synchronises with a GPU); comparisons give 0/1 in
+    that dtype; `select` is `torch.where`.  The result broadcasts the shapes of its inputs.
     """
     if isinstance(expr, Const):
-        return torch.tensor(expr.value, dtype=like.dtype, device=like.device)
+        return torch.full((), expr.value, dtype=like.dtype, device=like.device)
     if isinstance(expr, (Var, Hyper)):
         value = env[expr.name]
         if isinstance(value, torch.Tensor):
             return value
-        return torch.tensor(value, dtype=like.dtype, device=like.device)
+        return torch.full((), value, dtype=like.dtype, device=like.device)
     assert isinstance(expr, Call)
     args = [evaluate(a, env, like=like) for a in expr.args]
     if expr.op == "select":
