@@ -201,3 +201,59 @@ def test_reached_runs_the_hooks_or_skips_where_everything_is_refused() -> None:
 def test_backend_names_lists_the_registry() -> None:
     assert set(testing.backend_names()) == set(registry.registered_backends())
     assert "fake-honest" in testing.backend_names() and "torch" in testing.backend_names()
+
+
+class BoolPriority(Honest):
+    name = "fake-bool-priority"
+    priority = True  # an int to isinstance, not to the contract
+
+
+class FloatPreference(Honest):
+    name = "fake-float-preference"
+
+    def preference(self, problem: PairwiseProblem | GradProblem) -> int:
+        return 1.5  # type: ignore[return-value]
+
+
+class _Untyped:
+    backends = (BoolPriority(), FloatPreference())
+
+    @hookimpl
+    def kermac_backends(self) -> list:
+        return list(self.backends)
+
+
+UNTYPED = _Untyped()
+
+
+def test_the_registry_and_the_suite_apply_one_rule_to_declared_fields() -> None:
+    """`contract_violations` words what the registry reports, and `check_hooks` fails with it."""
+    group = hookspecs.ENTRY_POINT_GROUP
+    registry.reset([metadata.EntryPoint("fake-untyped", f"{__name__}:UNTYPED", group)])
+    sample = next(c for c in CASES if c.op == "pairwise")
+    problem = sample.problem(*sample.inputs("cpu", torch.float32), None)
+    assert registry.contract_violations("fake-bool-priority") == ["priority returned bool, expected an int"]
+    assert registry.contract_violations("fake-float-preference") == []
+    assert registry.contract_violations("fake-float-preference", [problem]) == [
+        "preference() returned float, expected an int"
+    ]
+    with pytest.raises(AssertionError, match="breaks the backend contract: priority returned bool, expected an int"):
+        check_hooks("fake-bool-priority", "cpu")
+    with pytest.raises(AssertionError, match=r"breaks the backend contract: preference\(\) returned float"):
+        check_hooks("fake-float-preference", "cpu")
+    with pytest.warns(RuntimeWarning, match="priority returned bool, expected an int"):
+        rows = {row.name: row for row in registry.backend_statuses()}
+    assert rows["fake-bool-priority"].broken and not rows["fake-float-preference"].broken
+
+
+def test_contract_violations_reads_every_field_afresh(monkeypatch: pytest.MonkeyPatch) -> None:
+    honest = registry.get_backend("fake-honest")
+    assert registry.contract_violations("fake-honest") == []
+    monkeypatch.setattr(honest, "name", "renamed")
+    monkeypatch.setattr(honest, "availability", lambda: 1 / 0)
+    assert registry.contract_violations("fake-honest") == [
+        "name is 'renamed', but the backend is registered as 'fake-honest'",
+        "availability() raised ZeroDivisionError: division by zero",
+    ]
+    with pytest.raises(ValueError, match="got 'fake-missing'"):
+        registry.contract_violations("fake-missing")
