@@ -18,9 +18,11 @@ globals().update(conformance_tests("mybackend", devices=["cpu"]))
 
 They check that the registry lists the backend and `backend="mybackend"` (and `KERMAC_BACKEND`)
 reaches it, that its hooks return the documented types, and, for every problem of
-[`CASES`][kermac.testing.CASES] (every preset, a user program and the gradient programs, on sizes
-that are not tile multiples, size-0 and size-1 dimensions, transposed and strided views,
-broadcast batches, batched tensor hyperparameters, NaN and infinite inputs), that `check_pairwise`
+[`CASES`][kermac.testing.CASES] (every preset, user programs -- among them a max of negative and a
+min of positive terms, which only the reduction's identity gets right -- and the gradient programs,
+on sizes that are not tile multiples, sizes larger than any tile in every dimension, size-0 and
+size-1 dimensions, transposed and strided views, broadcast batches, batched tensor hyperparameters,
+NaN and infinite inputs), that `check_pairwise`
 / `check_grad` answer honestly: a problem the backend accepts runs and matches the reference, one
 it refuses comes with a reason (a non-empty str), which `backend=` quotes in its
 `UnsupportedProblemError`, and is skipped with it.  On CUDA the backend also
@@ -51,6 +53,8 @@ from kermac.testing.cases import (
     HUBER_GRAD,
     HYPER_VALUES,
     LAYOUTS,
+    MAX_OF_NEGATIVES,
+    MIN_OF_POSITIVES,
     SOFT_L1,
     Case,
 )
@@ -70,6 +74,8 @@ __all__ = [
     "HUBER_GRAD",
     "HYPER_VALUES",
     "LAYOUTS",
+    "MAX_OF_NEGATIVES",
+    "MIN_OF_POSITIVES",
     "SOFT_L1",
     "TOLERANCE",
     "Case",

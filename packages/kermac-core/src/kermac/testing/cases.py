@@ -20,6 +20,8 @@ __all__ = [
     "HUBER_GRAD",
     "HYPER_VALUES",
     "LAYOUTS",
+    "MAX_OF_NEGATIVES",
+    "MIN_OF_POSITIVES",
     "SAMPLE_CASES",
     "SOFT_L1",
     "Case",
@@ -33,6 +35,13 @@ SOFT_L1 = PairwiseProgram(ir.sqrt((_X - _Z) * (_X - _Z) + ir.Hyper("eps")), "sum
 """A user program: Σ √((x − z)² + ε), then e^−acc."""
 HUBER_GRAD = GradProgram(ir.minimum(ir.maximum(ir.Var("d") - ir.Var("b"), -1.0), 1.0), ir.Var("acc"))
 """A user gradient program: Σ c·a·clip(d − b, −1, 1)."""
+MAX_OF_NEGATIVES = PairwiseProgram(-ir.abs_(_X - _Z) - 1.0, "max", ir.Var("acc"))
+"""A user program whose terms are all negative: max over k of (−|x − z| − 1).  A backend that starts
+the max from 0 instead of −∞ (the identity of max) returns 0."""
+MIN_OF_POSITIVES = PairwiseProgram(ir.abs_(_X - _Z) + 1.0, "min", ir.Var("acc"))
+"""A user program whose terms are all positive: min over k of (|x − z| + 1).  A backend that starts
+the min from 0 instead of +∞ returns 0."""
+
 
 LAYOUTS = ("contiguous", "transposed", "strided")
 """The memory layouts a [`Case`][kermac.testing.Case] gives its operands."""
@@ -103,6 +112,16 @@ class Case:
             return torch.empty(shape, dtype=like.dtype, device=like.device)
         return torch.empty((*shape[:-2], shape[-1], shape[-2]), dtype=like.dtype, device=like.device).mT
 
+    @property
+    def terms(self) -> int:
+        """How many inner terms the case computes: batch · M · N · D (gradients batch · O · N · M · K),
+        a measure of its cost where kernels are interpreted."""
+        rows, cols = self.shapes[0][-2:]  # M, D of x; K, M of a
+        batch = torch.broadcast_shapes(*(shape[:-2] for shape in self.shapes)).numel()
+        if self.op == "pairwise":
+            return batch * rows * self.shapes[1][-2] * cols
+        return batch * self.shapes[2][-2] * self.shapes[1][-2] * cols * rows
+
     def problem(
         self, operands: tuple[torch.Tensor, ...], hypers: dict, out: torch.Tensor | None
     ) -> PairwiseProblem | GradProblem:
@@ -126,12 +145,22 @@ def _grad_shapes(k: int, m: int, n: int, o: int, batch: tuple[int, ...] = ()) ->
     return ((*batch, k, m), (*batch, n, k), (*batch, o, k), (*batch, n, m))
 
 
+# Larger in M, N and D (K, M, N and O for gradients) than any tile of the built-in backends (128 rows or
+# columns of out, 64 of k, 64 of o), and a multiple of none: a backend must loop over blocks in every
+# dimension, and handle a partial last block in each.
+_MULTI_BLOCK = ((150, 70), (270, 70))
+_GRAD_MULTI_BLOCK = _grad_shapes(70, 150, 135, 70)
+
 CASES: tuple[Case, ...] = (
     *(Case(name, "pairwise", preset.lower(), _ODD) for name, preset in presets.ALL.items()),
     Case("matern52_ridge_diagonal", "pairwise", presets.matern52.lower(regularized=True), _ODD, offsets=(0, 3)),
     Case("user_soft_l1", "pairwise", SOFT_L1, ((37, 5), (29, 5))),  # e^-acc of 19 features underflows float16
+    Case("user_max_of_negatives", "pairwise", MAX_OF_NEGATIVES, _ODD),
+    Case("user_min_of_positives", "pairwise", MIN_OF_POSITIVES, _ODD),
     Case("l1_multi_tile", "pairwise", _L1, ((133, 21), (67, 21))),
     Case("l2_multi_tile", "pairwise", _L2, ((133, 21), (67, 21))),
+    Case("l1_multi_block", "pairwise", _L1, _MULTI_BLOCK),
+    Case("l2_multi_block", "pairwise", _L2, _MULTI_BLOCK),
     Case("l1_m0", "pairwise", _L1, ((0, 5), (9, 5))),
     Case("l1_n0", "pairwise", _L1, ((7, 5), (0, 5))),
     Case("gaussian_d0", "pairwise", _GAUSSIAN, ((7, 0), (9, 0))),
@@ -162,6 +191,7 @@ CASES: tuple[Case, ...] = (
     Case("grad_p1.5", "grad", _GP, _GRAD_ODD),
     Case("grad_user_huber", "grad", HUBER_GRAD, _GRAD_ODD),
     Case("grad_p2_multi_tile", "grad", _G2, _grad_shapes(133, 67, 21, 2)),
+    Case("grad_p2_multi_block", "grad", _G2, _GRAD_MULTI_BLOCK),
     Case("grad_p2_k0", "grad", _G2, _grad_shapes(0, 29, 19, 3)),
     Case("grad_p2_m0", "grad", _G2, _grad_shapes(37, 0, 19, 3)),
     Case("grad_p2_batch0", "grad", _G2, _grad_shapes(37, 29, 19, 3, (0,))),

@@ -61,18 +61,21 @@ def conformance_tests(
     *,
     devices: Sequence[str | ParameterSet] = ("cpu",),
     dtypes: Sequence[torch.dtype] = (torch.float32, torch.float64),
+    cases: Sequence[Case] = CASES,
     required: bool = False,
 ) -> dict[str, Callable[..., None]]:
     """The conformance suite of `backend` as pytest test functions, by name, for a test module's globals.
 
     `devices` are torch device strings (or `pytest.param(device, marks=...)`); `dtypes` the dtypes
-    every case runs in.  The tests, each parametrised by device:
+    every case runs in; `cases` the problems (all of [`CASES`][kermac.testing.CASES] unless a runner
+    has reason to leave some out, e.g. the largest ones where kernels are interpreted).  The tests,
+    each parametrised by device:
 
     - `test_<backend>_registry`: [`check_registry`][kermac.testing.check_registry];
     - `test_<backend>_hooks`: [`check_hooks`][kermac.testing.check_hooks];
     - `test_<backend>_reached`: `backend=` and `KERMAC_BACKEND` run the backend's hooks;
-    - `test_<backend>_values`: [`check_case`][kermac.testing.check_case] for every case of
-      [`CASES`][kermac.testing.CASES] and dtype, skipped with the backend's reason where it refuses.
+    - `test_<backend>_values`: [`check_case`][kermac.testing.check_case] for every case and dtype,
+      skipped with the backend's reason where it refuses.
 
     All but the registry test skip with the reason where the backend or device is unusable here
     ([`unusable_reason`][kermac.testing.unusable_reason]), or fail if `required`.
@@ -105,7 +108,7 @@ def conformance_tests(
 
     @on_devices
     @pytest.mark.parametrize("dtype", list(dtypes), ids=_dtype_id)
-    @pytest.mark.parametrize("case", CASES, ids=lambda case: case.name)
+    @pytest.mark.parametrize("case", list(cases), ids=lambda case: case.name)
     def test_values(device: str, dtype: torch.dtype, case: Case) -> None:
         usable(device)
         reason = check_case(backend, case, device, dtype)
