@@ -345,3 +345,12 @@ def test_contract_violations_reads_every_field_afresh(monkeypatch: pytest.Monkey
     ]
     with pytest.raises(ValueError, match="got 'fake-missing'"):
         registry.contract_violations("fake-missing")
+
+
+def test_the_triton_backend_stays_untuned_when_the_registry_is_rebuilt() -> None:
+    """conftest's promise (autotuning off) holds after `registry.reset`: this module's fixture rebuilt
+    the registry from the entry points, and a bare reset rebuilds it again on first use."""
+    pytest.importorskip("kermac_backend_triton")
+    assert registry.get_backend("triton").tuning.autotune is False
+    registry.reset()
+    assert registry.get_backend("triton").tuning.autotune is False
