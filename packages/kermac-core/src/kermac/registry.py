@@ -193,7 +193,8 @@ def _is_availability(value: object) -> bool:
 
 
 # What each declared field and hook of a backend must be: (test, the words for it in a plugin error).
-# Every read of a backend hook by the registry, and contract_violations, go through this table.
+# Every read of a backend hook by the registry, and contract_violations, go through this table
+# (`name` only the latter: discovery checks the name it registers a backend under).
 _RESULTS: dict[str, tuple[Callable[[object], bool], str]] = {
     "name": (lambda value: isinstance(value, str), "a str"),
     "priority": (_is_int, "an int"),
