@@ -7,7 +7,8 @@
     python3 scripts/dev.py docs [ARGS...]    setup, build the performance dashboard from perf-history/ into
                                              docs/performance/dashboard/, then ``mkdocs build --strict ARGS``
     python3 scripts/dev.py wheels [--check]  setup, then build the wheel of every packages/* member into dist/;
-                                             --check installs them into a fresh environment and imports them
+                                             --check installs them into a fresh environment and imports them,
+                                             then installs the example plugin there and runs its tests
     python3 scripts/dev.py torch             install the right torch into the interpreter running this script
                                              (hatch's pre-install step; see the root pyproject.toml)
 
@@ -23,7 +24,9 @@ is downloaded again; there it imports every package from the wheels, reads the s
 and runs ``kermac info``.  It also checks that every file git tracks under ``packages/*/src/`` is in a
 wheel (package data such as kernel sources and cost tables).  The NVRTC backend cannot find the
 NVRTC library there (cuda-pathfinder looks in the environment's own site-packages only), so it
-shows as unavailable in that ``kermac info``.
+shows as unavailable in that ``kermac info``.  Then the example plugin (examples/kermac-backend-numpy)
+is installed there with its README's one pip command, its conformance tests run with that
+environment's python (pytest comes from .venv), and ``kermac info`` there must list its backend.
 
 ``setup`` is idempotent: it records a hash of every pyproject.toml, this script, the interpreter
 and the torch choice in .venv, and does nothing while they are unchanged (members are editable,
@@ -67,10 +70,11 @@ def fail(message: str) -> None:
     sys.exit(1)
 
 
-def run(cmd: list[str], what: str) -> None:
-    """Run ``cmd`` from the repository root; exit with a message naming ``what`` if it fails."""
-    say("$ " + shlex.join(str(c) for c in cmd))
-    if subprocess.run(cmd, cwd=ROOT).returncode != 0:
+def run(cmd: list[str], what: str, cwd: Path = ROOT) -> None:
+    """Run ``cmd`` in ``cwd`` (the repository root); exit with a message naming ``what`` if it fails."""
+    where = "" if cwd == ROOT else f"(in {cwd.relative_to(ROOT).as_posix()}) "
+    say(f"{where}$ " + shlex.join(str(c) for c in cmd))
+    if subprocess.run(cmd, cwd=cwd).returncode != 0:
         fail(f"{what} failed (command above)")
 
 
@@ -276,6 +280,34 @@ def purelib(python: Path) -> str:
     ).stdout.strip()
 
 
+EXAMPLE_PLUGIN = ROOT / "examples" / "kermac-backend-numpy"
+EXAMPLE_BACKEND = "numpy"
+
+
+def check_example_plugin(py: Path, env_py: Path, env_bin: Path) -> None:
+    """The worked third-party backend of examples/ in the wheels' environment: installed by the one pip
+    command of its README, it passes its own conformance tests and ``kermac info`` lists it, available.
+
+    Like kermac's own wheels it is built in pip's isolated build environment; ``--no-deps`` and
+    ``--ignore-installed`` keep pip from fetching or replacing anything else (its dependencies,
+    kermac-core and numpy, are already there).  Its tests run from its own directory with pytest
+    from .venv's packages, which the environment sees after its own.
+    """
+    install = [str(py), "-m", "pip", "--python", str(env_py), "install", "--no-deps", "--ignore-installed"]
+    run([*install, f"./{EXAMPLE_PLUGIN.relative_to(ROOT).as_posix()}"], "installing the example plugin")
+    tests = [str(env_py), "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests"]
+    run(tests, "the example plugin's conformance tests", cwd=EXAMPLE_PLUGIN)
+    cmd = [str(env_bin / "kermac"), "info", "--json"]
+    say("$ " + shlex.join(cmd))
+    info = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
+    if info.returncode != 0:
+        fail(f"kermac info in the wheels' environment failed:\n{info.stderr}")
+    rows = [row for row in json.loads(info.stdout)["backends"] if row["name"] == EXAMPLE_BACKEND]
+    if not rows or not rows[0]["available"] or rows[0]["broken"]:
+        fail(f"kermac info does not list the example's backend {EXAMPLE_BACKEND!r} as available: {rows}")
+    say(f"kermac info lists backend {EXAMPLE_BACKEND!r} of {rows[0]['distribution']}")
+
+
 def check_wheels(py: Path, wheels: list[Path]) -> None:
     """Install ``wheels`` (``--no-deps``) into a fresh environment that reuses .venv's packages; smoke-test them."""
     missing = missing_from_wheels(wheels)
@@ -294,8 +326,10 @@ def check_wheels(py: Path, wheels: list[Path]) -> None:
         pip_install.append("--ignore-installed")  # .venv's editable installs are visible: leave them alone
         run([*pip_install, *map(str, wheels)], "installing the wheels")
         run([str(env_py), "-c", WHEEL_SMOKE_TEST], "importing the installed wheels")
-        run([str(env / ("Scripts" if os.name == "nt" else "bin") / "kermac"), "info"], "kermac info from the wheels")
-    say(f"the {len(wheels)} wheels install and import")
+        env_bin = env / ("Scripts" if os.name == "nt" else "bin")
+        run([str(env_bin / "kermac"), "info"], "kermac info from the wheels")
+        check_example_plugin(py, env_py, env_bin)
+    say(f"the {len(wheels)} wheels install and import; the example plugin installs and conforms")
 
 
 def main(argv: list[str]) -> int:

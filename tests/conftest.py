@@ -3,10 +3,11 @@
 - Tests marked ``gpu`` run only where ``torch.cuda.is_available()`` and the device's compute
   capability is at least 8.0; elsewhere they are skipped with the reason.  ``pytest -m gpu`` on
   the GPU machine runs just them.
-- Without a CUDA GPU, ``TRITON_INTERPRET=1`` is set so the Triton backend runs on the CPU; with
-  one, the registered Triton backend runs untuned (``TritonTuning(autotune=False)``: one
-  compilation per program instead of one per tile configuration; ``kermac bench`` measures the
-  tuned backend).
+- Without a CUDA GPU, ``TRITON_INTERPRET=1`` is set so the Triton backend runs on the CPU.  The
+  registered Triton backend runs untuned (``TritonTuning(autotune=False)``: on a GPU one
+  compilation per program instead of one per tile configuration; the interpreter never tunes;
+  ``kermac bench`` measures the tuned backend), also after a test rebuilds the registry
+  (``registry.reset``): the Triton plugin's hook hands every discovery an untuned backend.
 - The autouse ``seed`` fixture seeds torch's generators (CPU and every CUDA device) from a fresh random
   value each run and prints it, which pytest shows when the test fails.  ``KERMAC_TEST_SEED=N``
   replays a failure with the seed it printed.
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import os
 import random
+from collections.abc import Iterator
 
 import pytest
 import torch
@@ -47,22 +49,35 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 @pytest.fixture(autouse=True, scope="session")
-def _triton_untuned_on_the_gpu():
-    """The registered Triton backend with autotuning off, on a GPU (under the interpreter it never tunes)."""
-    if not torch.cuda.is_available():
-        yield
-        return
-    try:
-        from kermac.registry import get_backend
-        from kermac_backend_triton.tuning import TritonTuning
+def _triton_untuned() -> Iterator[None]:
+    """The Triton plugin's `kermac_backends` hook returns a backend with autotuning off.
 
-        backend = get_backend("triton")
-    except (ImportError, ValueError):  # the Triton backend is not installed here
+    Patched at the hook rather than on the registered backend: `registry.reset` (which tests call)
+    makes the registry discover the plugins again, and every discovery calls the hook for a new
+    backend, which a patch of the old one would not reach.
+    """
+    try:
+        from kermac_backend_triton import plugin
+        from kermac_backend_triton.tuning import TritonTuning
+    except ImportError:  # the Triton backend is not installed here
         yield
         return
+    from kermac import registry
+    from kermac.hookspecs import hookimpl
+
+    untuned = TritonTuning(autotune=False)
+
+    @hookimpl
+    def kermac_backends() -> list:
+        from kermac_backend_triton.backend import TritonBackend
+
+        return [TritonBackend(tuning=untuned)]
+
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(backend, "tuning", TritonTuning(autotune=False))
+        patch.setattr(plugin, "kermac_backends", kermac_backends)
+        registry.reset()  # a registry built before this fixture holds a tuned backend
         yield
+    registry.reset()
 
 
 @pytest.fixture(autouse=True)

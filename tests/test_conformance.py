@@ -11,14 +11,24 @@ from helpers import REQUIRED
 
 from kermac.benchmarking import REFERENCE_BACKEND
 from kermac.problem import SUPPORTED_DTYPES
-from kermac.testing import backend_names, conformance_tests
+from kermac.testing import CASES, backend_names, conformance_tests
 
 CPU_DTYPES = (torch.float32, torch.float64)
 """The dtypes backends run in on the CPU (the reference backend runs all, cheaply): the interpreted
 Triton kernels make every dtype cost seconds."""
 
+INTERPRETED_ON_CPU = frozenset({"triton"})
+"""Backends whose CPU runs go through an interpreter (Triton's, TRITON_INTERPRET=1)."""
+INTERPRETED_MAX_TERMS = 1 << 20
+"""The largest cases (`Case.terms`) interpreted backends run on the CPU.  The multi-block cases, larger
+than every tile in every dimension (3 to 100 million terms), would multiply the interpreted run's
+cost several times over; they run on the GPU, and the multi-tile cases (under 400 000 terms) still
+make the interpreted kernels loop over tiles."""
+
 for _name in dict.fromkeys((*backend_names(), *sorted(REQUIRED))):
     _cpu_dtypes = SUPPORTED_DTYPES if _name == REFERENCE_BACKEND else CPU_DTYPES
-    globals().update(conformance_tests(_name, devices=["cpu"], dtypes=_cpu_dtypes, required=_name in REQUIRED))
+    _cpu_cases = [c for c in CASES if c.terms <= INTERPRETED_MAX_TERMS] if _name in INTERPRETED_ON_CPU else CASES
+    _cpu = conformance_tests(_name, devices=["cpu"], dtypes=_cpu_dtypes, cases=_cpu_cases, required=_name in REQUIRED)
+    globals().update(_cpu)
     _gpu = conformance_tests(_name, devices=["cuda"], dtypes=SUPPORTED_DTYPES, required=_name in REQUIRED)
     globals().update({f"{key}_gpu": pytest.mark.gpu(test) for key, test in _gpu.items()})

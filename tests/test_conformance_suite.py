@@ -10,10 +10,11 @@ from importlib import metadata
 import pytest
 import torch
 
-from kermac import hookspecs, registry, testing
+from kermac import hookspecs, ir, registry, testing
 from kermac.backend import Availability
 from kermac.hookspecs import hookimpl
 from kermac.problem import GradProblem, PairwiseProblem
+from kermac.programs import PairwiseProgram
 from kermac.reference.backend import ReferenceBackend
 from kermac.testing import CASES, check_case, check_hooks, check_registry, conformance_tests
 
@@ -89,6 +90,48 @@ class Unavailable(Honest):
         return Availability.no("needs the frobnicator")
 
 
+class ReductionFromZero(Honest):
+    """Starts a max or min reduction from 0 instead of its identity (−∞, +∞): right wherever a term
+    is positive (max) or negative (min), as for every distance."""
+
+    name = "fake-from-zero"
+
+    def pairwise(self, problem: PairwiseProblem) -> None:
+        program = problem.program
+        if program.reduction not in ("max", "min"):
+            return super().pairwise(problem)
+        clip = ir.maximum if program.reduction == "max" else ir.minimum
+        problem.program = PairwiseProgram(clip(program.inner, 0.0), program.reduction, program.epilogue)
+        try:
+            super().pairwise(problem)
+        finally:
+            problem.program = program
+
+
+class OneTile(Honest):
+    """Handles one tile of 64 where a dimension is longer: reduces over the first 64 features only
+    (pairwise) and writes the first 64 rows of `o` only (gradients)."""
+
+    name = "fake-one-tile"
+    TILE = 64
+
+    def pairwise(self, problem: PairwiseProblem) -> None:
+        x, z = problem.x, problem.z
+        problem.x, problem.z = x[..., : self.TILE], z[..., : self.TILE]
+        try:
+            super().pairwise(problem)
+        finally:
+            problem.x, problem.z = x, z
+
+    def grad(self, problem: GradProblem) -> None:
+        c, out = problem.c, problem.out
+        problem.c, problem.out = c[..., : self.TILE, :], out[..., : self.TILE, :, :]
+        try:
+            super().grad(problem)
+        finally:
+            problem.c, problem.out = c, out
+
+
 class _Plugin:
     backends = (
         Honest(),
@@ -99,6 +142,8 @@ class _Plugin:
         BadPrecompile(),
         RefusesAll(),
         Unavailable(),
+        ReductionFromZero(),
+        OneTile(),
     )
 
     @hookimpl
@@ -201,3 +246,111 @@ def test_reached_runs_the_hooks_or_skips_where_everything_is_refused() -> None:
 def test_backend_names_lists_the_registry() -> None:
     assert set(testing.backend_names()) == set(registry.registered_backends())
     assert "fake-honest" in testing.backend_names() and "torch" in testing.backend_names()
+
+
+def _rejected(backend: str, dtype: torch.dtype = torch.float64) -> list[str]:
+    """The cases of `CASES` on which `backend` fails the suite."""
+    rejected = []
+    for case in CASES:
+        try:
+            check_case(backend, case, "cpu", dtype)
+        except AssertionError:
+            rejected.append(case.name)
+    return rejected
+
+
+def test_a_reduction_started_from_zero_fails() -> None:
+    """Every distance's max has positive terms: only the cases whose terms all have the wrong sign tell."""
+    assert _rejected("fake-from-zero") == ["user_max_of_negatives", "user_min_of_positives"]
+    with pytest.raises(AssertionError, match="entries differ from the reference"):
+        check_case("fake-from-zero", _case("user_max_of_negatives"), "cpu", torch.float32)
+
+
+def test_a_backend_that_handles_one_tile_fails() -> None:
+    """Features beyond 64 left out of the sum, and rows of `o` beyond 64 left unwritten: only the cases
+    larger than a tile in every dimension tell."""
+    assert _rejected("fake-one-tile") == ["l1_multi_block", "l2_multi_block", "grad_p2_multi_block"]
+    with pytest.raises(AssertionError, match="out was left unwritten"):
+        check_case("fake-one-tile", _case("grad_p2_multi_block"), "cpu", torch.float32)
+
+
+def test_the_case_table_holds_cases_larger_than_any_tile_in_every_dimension() -> None:
+    """Larger than 128 rows or columns of `out` and 64 features, gradients also than 64 of `k` and `o`."""
+    pairwise = [c for c in CASES if c.op == "pairwise" and min(c.shapes[0][-2], c.shapes[1][-2]) > 128]
+    assert [c.name for c in pairwise if c.shapes[0][-1] > 64] == ["l1_multi_block", "l2_multi_block"]
+    k, m = _case("grad_p2_multi_block").shapes[0]
+    n, o = _case("grad_p2_multi_block").shapes[1][0], _case("grad_p2_multi_block").shapes[2][0]
+    assert min(k, m, n, o) > 64 and min(m, n) > 128
+    assert _case("grad_p2_multi_block").terms == o * n * m * k
+    assert _case("l1_batch0").terms == 0 and _case("l1_broadcast_batch_2d").terms == 3 * 4 * 7 * 9 * 5
+
+
+def test_the_suite_can_leave_cases_out() -> None:
+    test_values = conformance_tests("fake-honest", cases=CASES[:2])["test_fake_honest_values"]
+    [parametrize] = [m for m in test_values.pytestmark if m.args[0] == "case"]
+    assert parametrize.args[1] == list(CASES[:2])
+
+
+class BoolPriority(Honest):
+    name = "fake-bool-priority"
+    priority = True  # an int to isinstance, not to the contract
+
+
+class FloatPreference(Honest):
+    name = "fake-float-preference"
+
+    def preference(self, problem: PairwiseProblem | GradProblem) -> int:
+        return 1.5  # type: ignore[return-value]
+
+
+class _Untyped:
+    backends = (BoolPriority(), FloatPreference())
+
+    @hookimpl
+    def kermac_backends(self) -> list:
+        return list(self.backends)
+
+
+UNTYPED = _Untyped()
+
+
+def test_the_registry_and_the_suite_apply_one_rule_to_declared_fields() -> None:
+    """`contract_violations` words what the registry reports, and `check_hooks` fails with it."""
+    group = hookspecs.ENTRY_POINT_GROUP
+    registry.reset([metadata.EntryPoint("fake-untyped", f"{__name__}:UNTYPED", group)])
+    sample = next(c for c in CASES if c.op == "pairwise")
+    problem = sample.problem(*sample.inputs("cpu", torch.float32), None)
+    assert registry.contract_violations("fake-bool-priority") == ["priority returned bool, expected an int"]
+    assert registry.contract_violations("fake-float-preference") == []
+    assert registry.contract_violations("fake-float-preference", [problem]) == [
+        "preference() returned float, expected an int"
+    ]
+    with pytest.raises(AssertionError, match="breaks the backend contract: priority returned bool, expected an int"):
+        check_hooks("fake-bool-priority", "cpu")
+    with pytest.raises(AssertionError, match=r"breaks the backend contract: preference\(\) returned float"):
+        check_hooks("fake-float-preference", "cpu")
+    with pytest.warns(RuntimeWarning, match="priority returned bool, expected an int"):
+        rows = {row.name: row for row in registry.backend_statuses()}
+    assert rows["fake-bool-priority"].broken and not rows["fake-float-preference"].broken
+
+
+def test_contract_violations_reads_every_field_afresh(monkeypatch: pytest.MonkeyPatch) -> None:
+    honest = registry.get_backend("fake-honest")
+    assert registry.contract_violations("fake-honest") == []
+    monkeypatch.setattr(honest, "name", "renamed")
+    monkeypatch.setattr(honest, "availability", lambda: 1 / 0)
+    assert registry.contract_violations("fake-honest") == [
+        "name is 'renamed', but the backend is registered as 'fake-honest'",
+        "availability() raised ZeroDivisionError: division by zero",
+    ]
+    with pytest.raises(ValueError, match="got 'fake-missing'"):
+        registry.contract_violations("fake-missing")
+
+
+def test_the_triton_backend_stays_untuned_when_the_registry_is_rebuilt() -> None:
+    """conftest's promise (autotuning off) holds after `registry.reset`: this module's fixture rebuilt
+    the registry from the entry points, and a bare reset rebuilds it again on first use."""
+    pytest.importorskip("kermac_backend_triton")
+    assert registry.get_backend("triton").tuning.autotune is False
+    registry.reset()
+    assert registry.get_backend("triton").tuning.autotune is False

@@ -12,14 +12,18 @@ plugin, its distribution and why -- and skipped, never fatal to the others.
 
 The backends' hooks are plugin code too: `priority`, `availability()`, `preference()`,
 `check_pairwise()` and `check_grad()`.  One that raises (anything but `KeyboardInterrupt`,
-which propagates untouched) or returns a value of the wrong type is a *plugin error*: reported
-once per backend and hook as a `RuntimeWarning`, after which
+which propagates untouched) or returns a value of the wrong type (an int from `priority` and
+`preference()`, an `Availability` from `availability()`, None or a str from the checks) is a *plugin
+error*: reported once per backend and hook as a `RuntimeWarning`, after which
 
 * `auto` skips that backend for the decision at hand (a failing `preference()` only ranks it
   by its priority; a failing `availability()` counts as unavailable, for the process);
 * a backend named explicitly raises [`BackendUnavailableError`][kermac.registry.BackendUnavailableError]
   (`availability()`) or [`UnsupportedProblemError`][kermac.registry.UnsupportedProblemError] (its check), naming the
   plugin and chaining the exception.
+
+[`contract_violations`][kermac.registry.contract_violations] applies the same rules to a loaded backend's
+declared fields on request (the conformance suite of [`kermac.testing`][kermac.testing] does).
 """
 
 from __future__ import annotations
@@ -54,6 +58,7 @@ if TYPE_CHECKING:
 __all__ = [
     "BackendStatus",
     "backend_statuses",
+    "contract_violations",
     "cost_tables",
     "get_backend",
     "registered_backends",
@@ -151,8 +156,9 @@ def registered_backends() -> dict[str, Backend]:
     return {name: entry.backend for name, entry in _get_registry().found.backends.items()}
 
 
-def _hook(hook: str, call: Callable[..., T], args: tuple, valid: Callable[[object], bool], expected: str) -> T:
-    """`call(*args)`, a backend hook; `_PluginError` if it raises or returns what `valid` refuses."""
+def _hook(hook: str, call: Callable[..., T], args: tuple) -> T:
+    """`call(*args)`, the backend hook `hook`; `_PluginError` if it raises or returns what `_RESULTS` refuses."""
+    valid, expected = _RESULTS[hook]
     try:
         value = call(*args)
         ok = valid(value)
@@ -186,6 +192,50 @@ def _is_availability(value: object) -> bool:
     )
 
 
+# What each declared field and hook of a backend must be: (test, the words for it in a plugin error).
+# Every read of a backend hook by the registry, and contract_violations, go through this table
+# (`name` only the latter: discovery checks the name it registers a backend under).
+_RESULTS: dict[str, tuple[Callable[[object], bool], str]] = {
+    "name": (lambda value: isinstance(value, str), "a str"),
+    "priority": (_is_int, "an int"),
+    "availability()": (
+        _is_availability,
+        "a kermac.backend.Availability (available: bool; reason, version: str or None)",
+    ),
+    "preference()": (_is_int, "an int"),
+    "check_pairwise()": (_is_reason, "None or a str"),
+    "check_grad()": (_is_reason, "None or a str"),
+}
+
+
+def contract_violations(name: str, problems: Iterable[object] = ()) -> list[str]:
+    """How the loaded backend `name` breaks the contract of its declared fields: one sentence per
+    violation, worded as the registry words the plugin error (empty if there is none).
+
+    Checked: `name` is the str it is registered as, `priority` an int, `availability()` an
+    [`Availability`][kermac.backend.Availability] of a bool and str-or-None fields, and `preference(problem)`
+    an int for each of `problems`; reading a field or calling a hook that raises is a violation
+    too.  The rules are those the registry applies whenever it reads these hooks (a backend that
+    breaks them is reported and skipped, as the module docstring says); here every hook is called
+    afresh, not read from the registry's once-per-process values.  `ValueError` (from
+    [`get_backend`][kermac.registry.get_backend]) if no backend is registered as `name`.
+    """
+    backend = get_backend(name)
+    reads = [("name", getattr, (backend, "name")), ("priority", getattr, (backend, "priority"))]
+    reads.append(("availability()", _method, (backend, "availability")))
+    reads += [("preference()", _method, (backend, "preference", problem)) for problem in problems]
+    violations = []
+    for hook, call, args in reads:
+        try:
+            value = _hook(hook, call, args)
+        except _PluginError as err:
+            violations.append(str(err))
+            continue
+        if hook == "name" and value != name:
+            violations.append(f"name is {value!r}, but the backend is registered as {name!r}")
+    return violations
+
+
 def _plugin_error(entry: Loaded, err: _PluginError) -> str:
     return f"plugin error ({entry.plugin.label}): {err}"
 
@@ -203,19 +253,15 @@ def _report(reg: _Registry, name: str, entry: Loaded, err: _PluginError, consequ
 
 
 def _priority(entry: Loaded) -> int:
-    return _hook("priority", getattr, (entry.backend, "priority"), _is_int, "an int")
+    return _hook("priority", getattr, (entry.backend, "priority"))
 
 
 def _availability(reg: _Registry, name: str, entry: Loaded) -> tuple[Availability, bool]:
     """The backend's availability (computed once per process) and whether it is a plugin error."""
     cached = reg.availability.get(name)
     if cached is None:
-        expected = "a kermac.backend.Availability (available: bool; reason, version: str or None)"
         try:
-            cached = (
-                _hook("availability()", _method, (entry.backend, "availability"), _is_availability, expected),
-                False,
-            )
+            cached = (_hook("availability()", _method, (entry.backend, "availability")), False)
         except _PluginError as err:
             _report(reg, name, entry, err, "it counts as unavailable")
             cached = (Availability.no(_plugin_error(entry, err)), True)
@@ -226,7 +272,7 @@ def _availability(reg: _Registry, name: str, entry: Loaded) -> tuple[Availabilit
 def _preference(reg: _Registry, name: str, entry: Loaded, problem: object, priority: int) -> int:
     """`preference(problem)`; a plugin error is reported and the backend ranked by `priority`."""
     try:
-        return _hook("preference()", _method, (entry.backend, "preference", problem), _is_int, "an int")
+        return _hook("preference()", _method, (entry.backend, "preference", problem))
     except _PluginError as err:
         _report(reg, name, entry, err, "ranked by its priority instead")
         return priority
@@ -238,7 +284,7 @@ def _check_hook(problem: object) -> str:
 
 
 def _check(entry: Loaded, problem: object, check: Callable[[Backend, object], str | None], hook: str) -> str | None:
-    return _hook(hook, check, (entry.backend, problem), _is_reason, "None or a str")
+    return _hook(hook, check, (entry.backend, problem))
 
 
 def backend_statuses() -> list[BackendStatus]:

@@ -1,0 +1,124 @@
+"""The value check: one call on a backend, into a NaN-poisoned `out`, against the float64 reference."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import torch
+
+import kermac
+from kermac.benchmarking import REFERENCE_BACKEND
+from kermac.problem import SUPPORTED_DTYPES
+from kermac.programs import GradProgram, PairwiseProgram
+
+__all__ = [
+    "GRAD_INF_MAY_BE_NAN",
+    "TOLERANCE",
+    "Hypers",
+    "assert_grad_conforms",
+    "assert_matches_reference",
+    "assert_pairwise_conforms",
+]
+
+TOLERANCE: Mapping[torch.dtype, float] = {
+    torch.float64: 1e-11,
+    torch.float32: 1e-5,
+    torch.float16: 2e-3,
+    torch.bfloat16: 1.6e-2,
+}
+"""Default `rtol` per dtype: `max |result − reference| / max |reference|` allowed."""
+
+GRAD_INF_MAY_BE_NAN: frozenset[torch.dtype] = frozenset(SUPPORTED_DTYPES) - {torch.float64}
+"""Dtypes whose gradient contraction may give NaN where the reference is ±inf: float32 tensor-core
+kernels split each factor into parts (3×TF32), which turns an infinite term into ∞ − ∞, as the
+formulas page of the documentation says; narrower types compute in float32."""
+
+Hypers = Mapping[str, float | torch.Tensor] | None
+"""Hyperparameters of a call by name: numbers or tensors (`None`: the program has none)."""
+
+
+def _wide(hypers: Hypers) -> dict[str, float | torch.Tensor]:
+    return {k: v.double() if isinstance(v, torch.Tensor) else v for k, v in (hypers or {}).items()}
+
+
+def _poisoned(out: torch.Tensor | None, shape: torch.Size, like: torch.Tensor) -> torch.Tensor:
+    """`out` (or a new contiguous tensor of `shape` like `like`) filled with NaN."""
+    if out is None:
+        return torch.full(shape, torch.nan, dtype=like.dtype, device=like.device)
+    return out.fill_(torch.nan)
+
+
+def assert_pairwise_conforms(
+    backend: str,
+    program: PairwiseProgram,
+    x: torch.Tensor,
+    z: torch.Tensor,
+    *,
+    hypers: Hypers = None,
+    offset_m: int = 0,
+    offset_n: int = 0,
+    out: torch.Tensor | None = None,
+    rtol: float | None = None,
+) -> None:
+    """`run_program(program, x, z)` on `backend` matches the float64 reference (`AssertionError` if not).
+
+    `out` (any strides; default a new contiguous tensor) is filled with NaN and passed as the call's `out`."""
+    offsets = {"offset_m": offset_m, "offset_n": offset_n}
+    ref = kermac.run_program(
+        program, x.double(), z.double(), hypers=_wide(hypers), backend=REFERENCE_BACKEND, **offsets
+    )
+    out = _poisoned(out, ref.shape, x)
+    kermac.run_program(program, x, z, hypers=hypers, out=out, backend=backend, **offsets)
+    assert_matches_reference(out, ref, rtol=rtol, what=f"backend {backend!r}, pairwise program {program.key()}")
+
+
+def assert_grad_conforms(
+    backend: str,
+    program: GradProgram,
+    a: torch.Tensor,
+    b: torch.Tensor,
+    c: torch.Tensor,
+    d: torch.Tensor,
+    *,
+    hypers: Hypers = None,
+    out: torch.Tensor | None = None,
+    rtol: float | None = None,
+) -> None:
+    """`run_grad_program(program, a, b, c, d)` on `backend` matches the float64 reference (`out` as in
+    [`assert_pairwise_conforms`][kermac.testing.assert_pairwise_conforms])."""
+    wide = (t.double() for t in (a, b, c, d))
+    ref = kermac.run_grad_program(program, *wide, hypers=_wide(hypers), backend=REFERENCE_BACKEND)
+    out = _poisoned(out, ref.shape, a)
+    kermac.run_grad_program(program, a, b, c, d, hypers=hypers, out=out, backend=backend)
+    what = f"backend {backend!r}, gradient program {program.key()}"
+    assert_matches_reference(out, ref, rtol=rtol, what=what, inf_may_be_nan=a.dtype in GRAD_INF_MAY_BE_NAN)
+
+
+def assert_matches_reference(
+    result: torch.Tensor, ref: torch.Tensor, *, rtol: float | None, what: str, inf_may_be_nan: bool = False
+) -> None:
+    """`result` equals `ref` (float64) in NaN and infinite entries, and elsewhere within `rtol`.
+
+    `rtol` (default [`TOLERANCE`][kermac.testing.TOLERANCE] of `result`'s dtype) bounds `|result − ref|` divided by
+    the largest finite `|ref|` (1 if there is none).  `inf_may_be_nan` accepts NaN where `ref` is
+    infinite (what float32 gradients may give, see [`GRAD_INF_MAY_BE_NAN`][kermac.testing.GRAD_INF_MAY_BE_NAN]).
+    The error names `what`, how many entries differ and the first one.
+    """
+    if result.shape != ref.shape:
+        raise AssertionError(f"{what}: shape {list(result.shape)}, expected {list(ref.shape)}")
+    rtol = TOLERANCE[result.dtype] if rtol is None else rtol
+    got, want = result.detach().double().cpu(), ref.detach().double().cpu()
+    finite = torch.isfinite(got) & torch.isfinite(want)
+    scale = want[torch.isfinite(want)].abs().max().item() if torch.isfinite(want).any() else 0.0
+    err = torch.where(finite, (got - want).abs(), 0.0) / (scale or 1.0)
+    special = (torch.isnan(got) != torch.isnan(want)) | (~finite & ~torch.isnan(want) & (got != want))
+    if inf_may_be_nan:
+        special &= ~(torch.isnan(got) & torch.isinf(want))
+    bad = special | (err > rtol)
+    if bad.any():
+        first = tuple(int(i) for i in bad.nonzero()[0])
+        hint = " (NaN where the reference has a number: out was left unwritten)" if got[first].isnan() else ""
+        raise AssertionError(
+            f"{what}: {int(bad.sum())} of {bad.numel()} entries differ from the reference (rtol {rtol:g}); "
+            f"first at {list(first)}: got {got[first].item()!r}, expected {want[first].item()!r}{hint}"
+        )
