@@ -190,6 +190,7 @@ class Linalg:
     repeat = (2, 10, 30.0)
     warmup_time = 0.0
     timeout = 900.0
+    version = "1"  # kept results stay comparable across edits of this file (as in _harness.OpSuite)
 
     def setup(self, impl: str, label: str) -> None:
         if kl is None:

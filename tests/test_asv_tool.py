@@ -1,4 +1,5 @@
-"""``tools/asv_suites.py``: quick mode fails on a broken suite, compare flags a > 5 % slowdown between commits.
+"""``tools/asv_suites.py``: quick mode fails on a broken suite, compare flags a > 5 % slowdown between commits,
+history stores commits of main once each, publish builds the dashboard from them.
 
 Each test builds a small git repository of its own (an asv configuration like the project's, one
 package under ``packages/*/src`` and one benchmark) with the tool copied into it, and runs the
@@ -55,11 +56,13 @@ def repo(tmp_path: Path) -> Path:
     (root / "tools").mkdir(parents=True)
     shutil.copy(ROOT / "tools" / "asv_suites.py", root / "tools")
     shutil.copy(ROOT / "asv.conf.json", root)
+    (root / "perf-history").mkdir()
+    shutil.copy(ROOT / "perf-history" / "asv.conf.json", root / "perf-history")
     (root / "benchmarks").mkdir()
     (root / "benchmarks" / "__init__.py").write_text("")
     (root / "benchmarks" / "bench_sleep.py").write_text(textwrap.dedent(BENCH))
     (root / "packages" / "slow" / "src").mkdir(parents=True)
-    (root / ".gitignore").write_text(".asv/\n")
+    (root / ".gitignore").write_text(".asv/\ndocs/performance/dashboard/\n")
     _git(root, "init", "-q", "-b", "main")
     return root
 
@@ -106,3 +109,42 @@ def test_quick_fails_on_a_failing_benchmark(repo: Path) -> None:
 def test_factor_must_exceed_one(repo: Path) -> None:
     done = _tool(repo, "compare", "HEAD", "HEAD", "--factor", "0.95")
     assert done.returncode == 2 and "--factor: expected a ratio > 1" in done.stderr
+
+
+def _stored(repo: Path, machine: str) -> list[str]:
+    return sorted(p.name[:8] for p in (repo / "perf-history" / "results" / machine).glob("*-*.json"))
+
+
+def test_history_times_each_commit_once_and_publish_builds_the_dashboard(repo: Path) -> None:
+    first = _commit(repo, 0.0, "first")
+    second = _commit(repo, 0.001, "second")
+    assert _tool(repo, "publish").returncode == 2  # nothing stored yet: said, not an empty dashboard
+    done = _tool(repo, "history", first, second, "--machine", "gpu-test", "-b", "time_sleep")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert _stored(repo, "gpu-test") == sorted([first[:8], second[:8]])
+    assert (repo / "perf-history" / "results" / "benchmarks.json").exists()
+    again = _tool(repo, "history", first, second, "--machine", "gpu-test", "-b", "time_sleep")
+    assert again.returncode == 0 and "2 stored, 0 to time" in again.stdout, again.stdout + again.stderr
+    published = _tool(repo, "publish")
+    assert published.returncode == 0, published.stdout + published.stderr
+    graphs = repo / "docs" / "performance" / "dashboard" / "graphs"
+    assert (graphs.parent / "index.html").exists()
+    assert any("time_sleep" in p.name for p in graphs.rglob("*.json"))
+
+
+def test_history_spreads_count_commits_from_the_first_with_both_backends(repo: Path) -> None:
+    _commit(repo, 3e-4, "before the backends")
+    plugin = repo / "packages" / "kermac-backend-triton" / "src" / "kermac_backend_triton" / "plugin.py"
+    plugin.parent.mkdir(parents=True)
+    plugin.write_text("")
+    shas = [_commit(repo, delay, message) for delay, message in ((0.0, "backends"), (1e-4, "middle"), (2e-4, "head"))]
+    done = _tool(repo, "history", "--count", "2", "--machine", "gpu-test", "--bench", "time_sleep")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert _stored(repo, "gpu-test") == sorted([shas[0][:8], shas[2][:8]])  # first and last, not before
+
+
+def test_history_starts_no_commit_past_its_time_limit(repo: Path) -> None:
+    shas = [_commit(repo, 0.0, "one"), _commit(repo, 1e-4, "two")]
+    done = _tool(repo, "history", *shas, "--machine", "gpu-test", "-b", "time_sleep", "--time-limit", "0.001")
+    assert done.returncode == 0 and "stopping (run again to go on)" in done.stdout, done.stdout + done.stderr
+    assert _stored(repo, "gpu-test") == [shas[0][:8]]  # the first always runs; the second would not finish
