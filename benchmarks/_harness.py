@@ -10,8 +10,9 @@ CPU, and on a CUDA GPU the same operations at sizes of the peer table
 
 An implementation that cannot run a case here raises ``NotImplementedError`` in ``setup``, which
 asv reports as n/a rather than as a failure: a backend that is unavailable, broken, opt-in (e.g.
-Triton's CPU interpreter) or, on a GPU, the float64 reference backend -- the same choice
-``kermac bench`` makes by default (:func:`kermac.cli.bench.default_backends`) --, a backend that
+Triton's CPU interpreter; :data:`OPT_IN_VARIABLE` names those to time anyway) or, on a GPU, the
+float64 reference backend -- the same choice ``kermac bench`` makes by default
+(:func:`kermac.cli.bench.default_backends`) --, a backend that
 refuses the problem (:class:`kermac.errors.BackendError`), or no PyTorch equivalent.
 
 ``setup`` builds the inputs and a preallocated ``out`` and makes one untimed call (JIT
@@ -21,6 +22,7 @@ measures the kernel.  Inputs are rotated among several sets when one set would s
 
 from __future__ import annotations
 
+import os
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -59,10 +61,19 @@ def implementations(baseline: str) -> list[str]:
     return [baseline, *backend_names()]
 
 
+OPT_IN_VARIABLE = "KERMAC_ASV_BACKENDS"
+"""Comma-separated backends to time although they are opt-in (negative priority), as
+``kermac bench --backends`` names them; an unavailable or broken one stays n/a."""
+
+
 def refusal(backend: str) -> str | None:
     """Why ``backend`` is not timed on this machine (``None`` when it is)."""
-    timed, skipped = default_backends(_statuses(), torch.device(DEVICE))
+    statuses = _statuses()
+    timed, skipped = default_backends(statuses, torch.device(DEVICE))
     if backend in timed:
+        return None
+    named = {n.strip() for n in os.environ.get(OPT_IN_VARIABLE, "").split(",")}
+    if backend in named and any(s.name == backend and s.available and not s.broken for s in statuses):
         return None
     return skipped.get(backend, "not registered")
 

@@ -7,6 +7,8 @@ installed distribution gives kermac, minus the wheel.
 
 from __future__ import annotations
 
+import importlib
+import json
 import re
 import sys
 from collections.abc import Iterator
@@ -17,12 +19,13 @@ import pytest
 import torch
 
 import kermac
-from kermac import hookspecs, ir, presets, registry, testing
+from kermac import cli, hookspecs, ir, presets, registry, testing
 from kermac.errors import UnsupportedProblemError
 from kermac.programs import PairwiseProgram
 from kermac.testing import conformance_tests
 
-EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "kermac-backend-numpy"
+ROOT = Path(__file__).resolve().parents[1]
+EXAMPLE = ROOT / "examples" / "kermac-backend-numpy"
 
 
 def _declared_entry_points() -> list[metadata.EntryPoint]:
@@ -58,6 +61,35 @@ def test_the_package_declares_one_backend_named_numpy() -> None:
     row = next(r for r in kermac.backends() if r.name == "numpy")
     assert row.available and not row.broken and row.priority < 0
     assert row.plugin == "numpy"
+
+
+def test_kermac_info_and_bench_show_the_backend(capsys: pytest.CaptureFixture[str]) -> None:
+    """Discovered from the registry: `kermac info` lists it, `kermac bench` names why it is left out by
+    default (opt-in) and times it when named, checked against the float64 reference."""
+    assert cli.main(["info", "--json"]) == 0
+    row = next(b for b in json.loads(capsys.readouterr().out)["backends"] if b["name"] == "numpy")
+    assert row["available"] and not row["broken"] and row["priority"] == -10
+    assert cli.main(["bench", "--quick", "--json"]) == 0
+    assert "opt-in" in json.loads(capsys.readouterr().out)["skipped"]["numpy"]
+    assert cli.main(["bench", "--quick", "--json", "--backends", "numpy"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    pairwise = [c for c in report["cases"] if c["op"] != "grad"]
+    assert pairwise and all(c["results"]["numpy"]["ok"] for c in pairwise)
+
+
+def test_the_asv_suites_time_it_when_named(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An opt-in backend is an n/a row of the asv suites, a timed one once KERMAC_ASV_BACKENDS names it."""
+    monkeypatch.syspath_prepend(str(ROOT))
+    harness = importlib.import_module("benchmarks._harness")
+    suite = importlib.import_module("benchmarks.bench_cdist").CDist()
+    assert "numpy" in harness.implementations("torch.cdist")
+    label = next(iter(harness.cases("cdist")))
+    with pytest.raises(NotImplementedError, match="opt-in"):
+        suite.setup("numpy", label)
+    monkeypatch.setenv(harness.OPT_IN_VARIABLE, "nvrtc, numpy")
+    suite.setup("numpy", label)
+    suite.time_cdist("numpy", label)
+    suite.teardown("numpy", label)
 
 
 def test_auto_never_picks_the_opt_in_backend(monkeypatch: pytest.MonkeyPatch) -> None:
