@@ -25,12 +25,14 @@ __all__ = [
     "SUPPORTED_DTYPES",
     "GradProblem",
     "PairwiseProblem",
+    "ProductProblem",
     "check_out_type",
     "check_tensor",
     "compute_dtype",
     "diagonal_offsets",
     "grad_problem",
     "pairwise_problem",
+    "product_problem",
 ]
 
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
@@ -113,6 +115,43 @@ class GradProblem:
     @property
     def device(self) -> torch.device:
         return self.a.device
+
+
+@dataclass(eq=False, slots=True)
+class ProductProblem:
+    """`out[*B, M, C] = Σ_n K[*B, m, n] · v[*B, n, C]` with `K = program(x[*B, M, D], z[*B, N, D], hypers)`
+    the pairwise kernel of [`PairwiseProblem`][kermac.problem.PairwiseProblem] (the same program, diagonal
+    offsets and hyperparameters), never materialised: a backend contracts each tile of K with `v` where
+    it computes it.
+
+    Accumulation is in [`compute_dtype`][kermac.problem.compute_dtype] of the inputs; `v` and `out` have
+    the dtype and device of `x`.  The transposed product `Kᵀ @ u` is the product of the program with
+    its operands swapped ([`kermac.programs`][kermac.programs]), so backends see only this form.
+    """
+
+    program: PairwiseProgram
+    x: torch.Tensor
+    z: torch.Tensor
+    v: torch.Tensor
+    out: torch.Tensor
+    hypers: Mapping[str, HyperValue]
+    offset_m: int
+    offset_n: int
+    batch_shape: tuple[int, ...]
+    debug: bool = False
+
+    @property
+    def sizes(self) -> tuple[int, int, int, int]:
+        """(M, N, D, C)."""
+        return self.x.shape[-2], self.z.shape[-2], self.x.shape[-1], self.v.shape[-1]
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.x.dtype
+
+    @property
+    def device(self) -> torch.device:
+        return self.x.device
 
 
 def check_tensor(name: str, t: object, *, min_dim: int = 2) -> torch.Tensor:
@@ -332,6 +371,51 @@ def grad_problem(
         d=_expand(d, batch + (n, m)),
         out=_prepare_out(out, batch + (o, n, m), a, dict(zip(names, ts, strict=True)), hypers, fake),
         hypers={nm: h.expanded(batch) for nm, h in hypers.items()},
+        batch_shape=batch,
+        debug=debug,
+    )
+
+
+def product_problem(
+    program: PairwiseProgram,
+    x: object,
+    z: object,
+    v: object,
+    *,
+    out: torch.Tensor | None,
+    hypers: Mapping[str, HyperValue],
+    offset_m: int = 0,
+    offset_n: int = 0,
+    debug: bool = False,
+    fake: bool = False,
+) -> ProductProblem:
+    """Validate and normalise a kernel product: x [..,M,D], z [..,N,D], v [..,N,C] → out [..,M,C]
+    (`fake` as in `pairwise_problem`)."""
+    names = ("x", "z", "v")
+    ts = tuple(check_tensor(nm, t) for nm, t in zip(names, (x, z, v), strict=True))
+    _check_memory(dict(zip(names, ts, strict=True)), hypers)
+    _same(names, ts)
+    x, z, v = ts
+    xs, zs, vs = x.shape, z.shape, v.shape
+    (m, d), n, c = xs[-2:], zs[-2], vs[-1]
+    if zs[-1] != d:
+        raise ValueError(f"z: expected {d} features in the last dimension (as x), got shape {list(zs)} (x: {list(xs)})")
+    if vs[-2] != n:
+        raise ValueError(
+            f"v: expected size {n} in dimension -2 to match N (z.shape[-2]), got shape {list(vs)} (z: {list(zs)})"
+        )
+    offset_m, offset_n = _offset("offset_m", offset_m), _offset("offset_n", offset_n)
+    batch = _batch_shape({"x": tuple(xs[:-2]), "z": tuple(zs[:-2]), "v": tuple(vs[:-2]), **_hyper_shapes(hypers)})
+    offset_m, offset_n = diagonal_offsets(offset_m, offset_n, m, n)
+    return ProductProblem(
+        program=program,
+        x=_expand(x, batch + (m, d)),
+        z=_expand(z, batch + (n, d)),
+        v=_expand(v, batch + (n, c)),
+        out=_prepare_out(out, batch + (m, c), x, dict(zip(names, ts, strict=True)), hypers, fake),
+        hypers={k: h.expanded(batch) for k, h in hypers.items()} if hypers else hypers,
+        offset_m=offset_m,
+        offset_n=offset_n,
         batch_shape=batch,
         debug=debug,
     )
