@@ -44,16 +44,18 @@ def evaluate(expr: Expr, env: Mapping[str, torch.Tensor | float], *, like: torch
     """Value of `expr` with `Var`/`Hyper` names looked up in `env`.
 
     Numbers become 0-d tensors of `like`'s dtype and device, filled on the device (`torch.tensor`
-    would copy from pageable host memory, which synchronises with a GPU); comparisons give 0/1 in
-    that dtype; `select` is `torch.where`.  The result broadcasts the shapes of its inputs.
+    would copy from pageable host memory, which synchronises with a GPU) in float64 and rounded to
+    `like`'s dtype (a number beyond its range becomes ±inf, as the generated kernels' literals do);
+    comparisons give 0/1 in that dtype; `select` is `torch.where`.  The result broadcasts the shapes
+    of its inputs.
     """
     if isinstance(expr, Const):
-        return torch.full((), expr.value, dtype=like.dtype, device=like.device)
+        return _number(expr.value, like)
     if isinstance(expr, (Var, Hyper)):
         value = env[expr.name]
         if isinstance(value, torch.Tensor):
             return value
-        return torch.full((), value, dtype=like.dtype, device=like.device)
+        return _number(value, like)
     assert isinstance(expr, Call)
     args = [evaluate(a, env, like=like) for a in expr.args]
     if expr.op == "select":
@@ -61,3 +63,8 @@ def evaluate(expr: Expr, env: Mapping[str, torch.Tensor | float], *, like: torch
         return torch.where(cond != 0, if_true, if_false)
     result = _TORCH_OPS[expr.op](*args)
     return result.to(like.dtype) if result.dtype == torch.bool else result
+
+
+def _number(value: float, like: torch.Tensor) -> torch.Tensor:
+    number = torch.full((), value, dtype=torch.float64, device=like.device)
+    return number if like.dtype == torch.float64 else number.to(like.dtype)
