@@ -4,8 +4,9 @@ Pairwise p-norm distances ([`cdist`][kermac.cdist]), fused kernel matrices ([`ru
 [`KernelDescriptor`][kermac.KernelDescriptor] or a preset), the gradient contraction behind AGOP
 ([`cdist_grad`][kermac.cdist_grad]), semiring programs written in [`kermac.ir`][kermac.ir]
 ([`run_program`][kermac.run_program]), fused kernel products that never materialise the kernel matrix
-([`kernel_product`][kermac.kernel_product], [`program_product`][kermac.program_product]), and cuSOLVER linear
-algebra ([`kermac.linalg`][kermac_linalg], from the `kermac-linalg` package).
+([`kernel_product`][kermac.kernel_product], [`program_product`][kermac.program_product],
+[`KernelOperator`][kermac.KernelOperator]), and cuSOLVER linear algebra ([`kermac.linalg`][kermac_linalg], from
+the `kermac-linalg` package).
 
 Importing kermac is cheap: backends (NVRTC, Triton) load their heavy modules on first use.
 """
@@ -29,6 +30,7 @@ from kermac.api import (
 )
 from kermac.descriptor import KernelDescriptor
 from kermac.errors import BackendError, BackendUnavailableError, UnsupportedProblemError
+from kermac.operator import KernelOperator
 from kermac.programs import GradProgram, PairwiseProgram
 
 __all__ = [
@@ -36,6 +38,7 @@ __all__ = [
     "BackendUnavailableError",
     "GradProgram",
     "KernelDescriptor",
+    "KernelOperator",
     "PairwiseProgram",
     "UnsupportedProblemError",
     "__version__",

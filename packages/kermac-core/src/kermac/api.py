@@ -179,25 +179,28 @@ def run_kernel(
     debug = debug_enabled(debug)
     descriptor = _descriptor(descriptor)
     x = check_tensor("x", x)
-    program, hypers = _kernel_call(descriptor, x, p, bandwidth, regularization, debug)
+    program, hypers = lower_kernel(descriptor, x, p, bandwidth, regularization, debug)
     return _pairwise(
         program, x, z, out=out, hypers=hypers, offsets=(offset_m, offset_n), backend=backend, debug=debug,
         op="run_kernel",
     )  # fmt: skip
 
 
-def _kernel_call(
+def lower_kernel(
     descriptor: object,
     x: torch.Tensor,
     p: object,
     bandwidth: object,
     regularization: object,
     debug: bool,
+    what: str = "descriptor",
 ) -> tuple[str, dict[str, HyperValue]]:
     """The program key and checked hyperparameters of a kernel named by `descriptor` (a descriptor or a
-    preset name) on inputs like `x`: `p` and `bandwidth` required exactly where the descriptor uses them,
-    each range-checked ([`run_kernel`][kermac.api.run_kernel] documents the ranges)."""
-    descriptor = _descriptor(descriptor)
+    preset name; errors name it `what`) on inputs like `x`: `p` and `bandwidth` required exactly where the
+    descriptor uses them, each range-checked ([`run_kernel`][kermac.api.run_kernel] documents the ranges).
+    What [`run_kernel`][kermac.api.run_kernel], [`kernel_product`][kermac.api.kernel_product] and
+    [`KernelOperator`][kermac.operator.KernelOperator] share."""
+    descriptor = _descriptor(descriptor, what)
     given = {"p": p, "bandwidth": bandwidth}
     needed = {"p": descriptor.needs_p, "bandwidth": descriptor.needs_bandwidth}
     for name, value in given.items():
@@ -399,7 +402,7 @@ def kernel_product(
     debug = debug_enabled(debug)
     kernel = _descriptor(kernel, "kernel")
     x = check_tensor("x", x)
-    program, hypers = _kernel_call(kernel, x, p, bandwidth, regularization, debug)
+    program, hypers = lower_kernel(kernel, x, p, bandwidth, regularization, debug)
     return _product(program, x, z, v, hypers, transpose, out, (offset_m, offset_n), backend, debug, "kernel_product")
 
 
