@@ -460,13 +460,13 @@ def _product(
             f"{op}: out= is not supported when x, z or v requires grad (autograd needs an output of its own); "
             "drop out=, or call under torch.no_grad()"
         )
+    z = check_tensor("z", z)
+    v = check_tensor("v", v)
     m0, n0 = offsets
     if not transpose:
         return ops.product(
             program, x, z, v, hypers, out=out, offset_m=m0, offset_n=n0, backend=backend, debug=debug, op=op
         )
-    z = check_tensor("z", z)
-    v = check_tensor("v", v)
     if z.shape[-1] != x.shape[-1]:
         raise ValueError(
             f"z: expected {x.shape[-1]} features in the last dimension (as x), got shape {list(z.shape)} "
