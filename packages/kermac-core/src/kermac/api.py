@@ -390,7 +390,11 @@ def kernel_product(
         transpose: compute `Kᵀ @ v` (`[..., N, C]`) instead, with the same K (same diagonal).
         out: optional output (`[..., M, C]`, or `[..., N, C]` with `transpose`), any strides, sharing no
             memory with the inputs.
-        p, bandwidth, regularization, offset_m, offset_n: as in [`run_kernel`][kermac.api.run_kernel].
+        p: as in [`run_kernel`][kermac.api.run_kernel].
+        bandwidth: as in [`run_kernel`][kermac.api.run_kernel].
+        regularization: as in [`run_kernel`][kermac.api.run_kernel].
+        offset_m: as in [`run_kernel`][kermac.api.run_kernel].
+        offset_n: as in [`run_kernel`][kermac.api.run_kernel].
         backend: `"auto"` or a backend that computes fused products (`"torch"`; a backend that does not
             refuses with a sentence).
         debug: as in [`cdist`][kermac.api.cdist].

@@ -97,7 +97,7 @@ class Backend(abc.ABC):
         return f"backend {self.name!r} does not compute fused kernel products"
 
     def product(self, problem: ProductProblem) -> None:
-        """Compute `problem.out = K @ v` ([`ProductProblem`][kermac.problem.ProductProblem]: every element of it)
+        """Compute `problem.out = K @ v` (`kermac.problem.ProductProblem`: every element of it)
         without materialising K beyond documented workspaces.  The default raises `NotImplementedError`
         (kermac only calls it after [`check_product`][kermac.backend.Backend.check_product] accepted)."""
         raise NotImplementedError(f"backend {self.name!r} does not compute fused kernel products")

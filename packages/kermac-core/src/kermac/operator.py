@@ -31,13 +31,16 @@ class KernelOperator:
             [`run_kernel`][kermac.api.run_kernel]) or a [`PairwiseProgram`][kermac.programs.PairwiseProgram].
         x: `[..., M, D]`.
         z: `[..., N, D]` of the same dtype and device (batch dimensions broadcast).
-        p, bandwidth, regularization: the descriptor's hyperparameters, as in
-            [`run_kernel`][kermac.api.run_kernel].  For a program, every hyperparameter it reads is a keyword
-            (these three included, where the program uses those names).
-        offset_m, offset_n: the diagonal `m + offset_m == n + offset_n`, as in
+        p: the descriptor's `p`, as in [`run_kernel`][kermac.api.run_kernel].
+        bandwidth: the descriptor's bandwidth, likewise.
+        regularization: λ on the diagonal, likewise.
+        offset_m: row offset of the diagonal `m + offset_m == n + offset_n`, as in
             [`run_kernel`][kermac.api.run_kernel].
+        offset_n: column offset of the diagonal, likewise.
         backend: the backend of every product and pairwise pass (`"auto"` or a name).
         debug: as in [`cdist`][kermac.api.cdist].
+        **hypers: the hyperparameters of a program `kernel`, each by its name (`p`, `bandwidth` and
+            `regularization` above count too, where the program reads those names).
 
     Construction validates the operands, hyperparameters and batch shape as a product would (it allocates
     nothing but an empty `[..., M, 0]` result of that check) and keeps references to `x`, `z` and the

@@ -30,7 +30,7 @@ File format (`format` 1):
             "ms": {"nvrtc": 0.53, "triton": 0.56}}, ...]}
 ```
 
-Fused kernel products ([`kermac.problem.ProductProblem`][kermac.problem.ProductProblem]) form no class: no table
+Fused kernel products (`kermac.problem.ProductProblem`) form no class: no table
 has measured them, so `auto` ranks the backends that accept one by their preference alone.
 
 [`table_from_bench`][kermac.costs.table_from_bench] makes a table from `kermac bench --json` reports (`kermac bench

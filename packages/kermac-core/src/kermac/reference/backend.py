@@ -5,7 +5,7 @@ Memory stays bounded: the per-element expression is evaluated on blocks of at mo
 `M·N·D` cube.  Half-precision inputs are computed in float32 and float64 inputs in float64;
 results are cast to the output's dtype when copied into it.
 
-The fused product `out = K @ v` ([`ProductProblem`][kermac.problem.ProductProblem]) evaluates K in the same
+The fused product `out = K @ v` (`kermac.problem.ProductProblem`) evaluates K in the same
 blocks (the same function as the pairwise pass, the diagonal shifted to each block) and contracts each
 block with `v` at once, so K is never held whole.  Its workspace: one evaluation block (at most
 `CHUNK_ELEMENTS` elements), the kernel block it reduces to, the matching rows of `v` in the compute
