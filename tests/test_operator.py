@@ -7,17 +7,16 @@ import math
 
 import pytest
 import torch
-from helpers import CPU_BACKENDS, require_backend
+from helpers import BACKEND_DEVICES, require_backend
 
 import kermac
 from kermac import ir
 
 F64 = torch.float64
-BACKENDS = [pytest.param(b, id=b) for b in CPU_BACKENDS]
 
 
-def _randn(*shape: int, dtype: torch.dtype = F64, seed: int = 0) -> torch.Tensor:
-    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed), dtype=F64).to(dtype)
+def _randn(*shape: int, dtype: torch.dtype = F64, seed: int = 0, device: str = "cpu") -> torch.Tensor:
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed), dtype=F64).to(dtype=dtype, device=device)
 
 
 def _dtype(backend: str) -> torch.dtype:
@@ -26,53 +25,55 @@ def _dtype(backend: str) -> torch.dtype:
 
 def _close(actual: torch.Tensor, expected: torch.Tensor) -> None:
     tol = 1e-11 if actual.dtype == F64 else 2e-5
-    torch.testing.assert_close(actual.double(), expected.double(), rtol=tol, atol=tol)
+    torch.testing.assert_close(actual.double().cpu(), expected.double().cpu(), rtol=tol, atol=tol)
 
 
-def _operands(dtype: torch.dtype):
-    x, z = _randn(2, 9, 4, dtype=dtype, seed=1), _randn(12, 4, dtype=dtype, seed=2)
-    bw = torch.tensor([0.8, 1.9], dtype=dtype)
+def _operands(dtype: torch.dtype, device: str = "cpu"):
+    x, z = _randn(2, 9, 4, dtype=dtype, seed=1, device=device), _randn(12, 4, dtype=dtype, seed=2, device=device)
+    bw = torch.tensor([0.8, 1.9], dtype=dtype, device=device)
     return x, z, bw
 
 
 KW = {"regularization": 0.5, "offset_m": 1, "offset_n": 3}
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
-def test_products_transpose_and_dense(backend: str) -> None:
-    require_backend(backend, "cpu", "product")
+@pytest.mark.parametrize(("backend", "device"), BACKEND_DEVICES)
+def test_products_transpose_and_dense(backend: str, device: str) -> None:
+    require_backend(backend, device, "product")
     dtype = _dtype(backend)
-    x, z, bw = _operands(dtype)
+    x, z, bw = _operands(dtype, device)
     k = kermac.KernelOperator("laplace_l2", x, z, bandwidth=bw, backend=backend, **KW)
-    dense = kermac.run_kernel("laplace_l2", x.double(), z.double(), bandwidth=bw.double(), backend="torch", **KW)
+    x64, z64, bw64 = (t.double().cpu() for t in (x, z, bw))
+    dense = kermac.run_kernel("laplace_l2", x64, z64, bandwidth=bw64, backend="torch", **KW)
     assert k.shape == torch.Size([2, 9, 12]) and k.dtype == dtype and k.device == x.device
     assert k.T.shape == torch.Size([2, 12, 9]) and k.mT.shape == k.T.shape
     _close(k.to_dense(), dense)
-    v, v1 = _randn(12, 3, dtype=dtype, seed=3), _randn(12, dtype=dtype, seed=4)
-    _close(k @ v, dense @ v.double())
-    _close(k.matmul(v1), dense @ v1.double())
+    v, v1 = _randn(12, 3, dtype=dtype, device=device, seed=3), _randn(12, dtype=dtype, device=device, seed=4)
+    _close(k @ v, dense @ v.double().cpu())
+    _close(k.matmul(v1), dense @ v1.double().cpu())
     assert (k @ v1).shape == (2, 9)
-    u = _randn(2, 9, 2, dtype=dtype, seed=5)
-    _close(k.T @ u, dense.mT @ u.double())
-    _close(k.T.T @ v, dense @ v.double())
+    u = _randn(2, 9, 2, dtype=dtype, device=device, seed=5)
+    _close(k.T @ u, dense.mT @ u.double().cpu())
+    _close(k.T.T @ v, dense @ v.double().cpu())
     _close(k.T.to_dense(), dense.mT)
-    w = _randn(2, 9, dtype=dtype, seed=6)
-    _close(w[:, None, :] @ k, w.double()[:, None, :] @ dense)  # u @ K
+    w = _randn(2, 9, dtype=dtype, device=device, seed=6)
+    _close(w[:, None, :] @ k, w.double().cpu()[:, None, :] @ dense)  # u @ K
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize(("backend", "device"), BACKEND_DEVICES)
 @pytest.mark.parametrize(("m", "n", "offsets"), [(9, 12, (0, 0)), (9, 12, (2, 2)), (12, 9, (0, 1)), (5, 5, (3, 0))])
-def test_diagonal(backend: str, m: int, n: int, offsets: tuple[int, int]) -> None:
+def test_diagonal(backend: str, device: str, m: int, n: int, offsets: tuple[int, int]) -> None:
     """`K[..., i, i]` over min(M, N), regularisation included exactly where `offset_m == offset_n`."""
-    require_backend(backend, "cpu", "pairwise")
+    require_backend(backend, device, "pairwise")
     dtype = _dtype(backend)
-    x, z = _randn(2, m, 4, dtype=dtype, seed=1), _randn(n, 4, dtype=dtype, seed=2)
-    bw = torch.tensor([0.8, 1.9], dtype=dtype)
-    kw = {"bandwidth": bw, "regularization": torch.tensor([0.5, -2.0], dtype=dtype)}
+    x, z = _randn(2, m, 4, dtype=dtype, device=device, seed=1), _randn(n, 4, dtype=dtype, device=device, seed=2)
+    bw = torch.tensor([0.8, 1.9], dtype=dtype, device=device)
+    kw = {"bandwidth": bw, "regularization": torch.tensor([0.5, -2.0], dtype=dtype, device=device)}
     om, on = offsets
     k = kermac.KernelOperator("gaussian", x, z, offset_m=om, offset_n=on, backend=backend, **kw)
-    kw64 = {name: value.double() for name, value in kw.items()}
-    dense = kermac.run_kernel("gaussian", x.double(), z.double(), offset_m=om, offset_n=on, backend="torch", **kw64)
+    kw64 = {name: value.double().cpu() for name, value in kw.items()}
+    x64, z64 = x.double().cpu(), z.double().cpu()
+    dense = kermac.run_kernel("gaussian", x64, z64, offset_m=om, offset_n=on, backend="torch", **kw64)
     diag = k.diagonal()
     assert diag.shape == (2, min(m, n))
     _close(diag, torch.diagonal(dense, dim1=-2, dim2=-1))

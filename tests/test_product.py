@@ -16,7 +16,7 @@ from importlib import metadata
 import fuzz_programs
 import pytest
 import torch
-from helpers import CPU_BACKENDS, require_backend
+from helpers import BACKEND_DEVICES, require_backend
 
 import kermac
 from kermac import presets, registry
@@ -26,7 +26,6 @@ from kermac.problem import pairwise_problem, product_problem
 from kermac.programs import PairwiseProgram, swap_operands
 
 F64 = torch.float64
-BACKENDS = [pytest.param(b, id=b) for b in CPU_BACKENDS]
 
 
 def _dtype(backend: str) -> torch.dtype:
@@ -38,8 +37,8 @@ def _rtol(dtype: torch.dtype) -> float:
     return {F64: 1e-11, torch.float32: 2e-5}.get(dtype, 2e-2)
 
 
-def _randn(*shape: int, dtype: torch.dtype = F64, seed: int = 0) -> torch.Tensor:
-    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed), dtype=F64).to(dtype)
+def _randn(*shape: int, dtype: torch.dtype = F64, seed: int = 0, device: str = "cpu") -> torch.Tensor:
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed), dtype=F64).to(dtype=dtype, device=device)
 
 
 def _hypers_for(name: str) -> dict:
@@ -48,13 +47,13 @@ def _hypers_for(name: str) -> dict:
 
 
 def _f64(value: object) -> object:
-    return value.double() if isinstance(value, torch.Tensor) else value
+    return value.double().cpu() if isinstance(value, torch.Tensor) else value
 
 
 def _dense(kernel, x, z, **kw) -> torch.Tensor:
     """The float64 kernel matrix on the reference backend."""
     kw = {k: _f64(v) for k, v in kw.items()}
-    return kermac.run_kernel(kernel, x.double(), z.double(), backend="torch", **kw)
+    return kermac.run_kernel(kernel, x.double().cpu(), z.double().cpu(), backend="torch", **kw)
 
 
 def _check(actual: torch.Tensor, expected: torch.Tensor, dtype: torch.dtype) -> None:
@@ -62,29 +61,29 @@ def _check(actual: torch.Tensor, expected: torch.Tensor, dtype: torch.dtype) -> 
     finite = expected[torch.isfinite(expected)]
     scale = finite.abs().max().item() if finite.numel() else 1.0
     torch.testing.assert_close(
-        actual.double(), expected, rtol=_rtol(dtype), atol=_rtol(dtype) * max(scale, 1.0), equal_nan=True
+        actual.double().cpu(), expected, rtol=_rtol(dtype), atol=_rtol(dtype) * max(scale, 1.0), equal_nan=True
     )
 
 
 # -- values -------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize(("backend", "device"), BACKEND_DEVICES)
 @pytest.mark.parametrize("name", sorted(presets.ALL))
-def test_every_preset_matches_the_dense_product(backend: str, name: str) -> None:
+def test_every_preset_matches_the_dense_product(backend: str, device: str, name: str) -> None:
     """K @ v and Kᵀ @ u for every preset, with a broadcast batch, a batched bandwidth where it has one, a
     regularised shifted diagonal and odd sizes."""
-    require_backend(backend, "cpu", "product")
+    require_backend(backend, device, "product")
     dtype = _dtype(backend)
-    x, z = _randn(2, 13, 5, dtype=dtype, seed=1), _randn(17, 5, dtype=dtype, seed=2)
-    v, u = _randn(17, 3, dtype=dtype, seed=3), _randn(2, 13, 1, dtype=dtype, seed=4)
+    x, z = _randn(2, 13, 5, dtype=dtype, device=device, seed=1), _randn(17, 5, dtype=dtype, device=device, seed=2)
+    v, u = _randn(17, 3, dtype=dtype, device=device, seed=3), _randn(2, 13, 1, dtype=dtype, device=device, seed=4)
     kw = _hypers_for(name)
     if "bandwidth" in kw:
-        kw["bandwidth"] = torch.tensor([0.9, 1.7], dtype=dtype)
+        kw["bandwidth"] = torch.tensor([0.9, 1.7], dtype=dtype, device=device)
     kw |= {"regularization": 0.25, "offset_m": 2, "offset_n": 5}
     k = _dense(name, x, z, **kw)
-    _check(kermac.kernel_product(name, x, z, v, backend=backend, **kw), k @ v.double(), dtype)
-    _check(kermac.kernel_product(name, x, z, u, transpose=True, backend=backend, **kw), k.mT @ u.double(), dtype)
+    _check(kermac.kernel_product(name, x, z, v, backend=backend, **kw), k @ v.double().cpu(), dtype)
+    _check(kermac.kernel_product(name, x, z, u, transpose=True, backend=backend, **kw), k.mT @ u.double().cpu(), dtype)
 
 
 def _fuzz_pairwise_cases(count: int) -> list:
@@ -102,7 +101,7 @@ def test_random_programs_match_the_dense_product(seed: int) -> None:
     """Random user programs of the differential fuzzer (any inner term, reduction and epilogue; NaN and
     infinities in K included), in float64 on the reference backend, K @ v and Kᵀ @ u."""
     case = fuzz_programs.generate(seed)
-    x, z = case.operands["x"].double(), case.operands["z"].double()
+    x, z = case.operands["x"].double().cpu(), case.operands["z"].double().cpu()
     hypers = {k: _f64(v) for k, v in case.hypers.items()}
     m0, n0 = case.offsets
     k = kermac.run_program(case.program, x, z, hypers=hypers, offset_m=m0, offset_n=n0, backend="torch")
@@ -121,7 +120,7 @@ def test_random_programs_match_the_dense_product(seed: int) -> None:
 def test_swapped_program_is_the_transpose(seed: int) -> None:
     """`swap_operands(program)` on (z, x) is the transpose of `program` on (x, z), offsets exchanged."""
     case = fuzz_programs.generate(seed)
-    x, z = case.operands["x"].double(), case.operands["z"].double()
+    x, z = case.operands["x"].double().cpu(), case.operands["z"].double().cpu()
     hypers = {k: _f64(v) for k, v in case.hypers.items()} or None
     m0, n0 = case.offsets
     k = kermac.run_program(case.program, x, z, hypers=hypers, offset_m=m0, offset_n=n0, backend="torch")
@@ -136,66 +135,74 @@ def test_swap_operands_refuses_other_values() -> None:
         swap_operands("gaussian")
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize(("backend", "device"), BACKEND_DEVICES)
 @pytest.mark.parametrize(
     ("m", "n", "d", "c"),
     [(0, 5, 3, 2), (4, 0, 3, 2), (4, 5, 0, 2), (4, 5, 3, 0), (1, 1, 1, 1), (33, 1, 2, 1), (1, 40, 7, 5)],
 )
-def test_odd_and_empty_sizes(backend: str, m: int, n: int, d: int, c: int) -> None:
+def test_odd_and_empty_sizes(backend: str, device: str, m: int, n: int, d: int, c: int) -> None:
     """Every element of a NaN-poisoned `out` is written; N = 0 gives zeros (an empty sum)."""
-    require_backend(backend, "cpu", "product")
+    require_backend(backend, device, "product")
     dtype = _dtype(backend)
-    x, z, v = _randn(m, d, dtype=dtype, seed=1), _randn(n, d, dtype=dtype, seed=2), _randn(n, c, dtype=dtype, seed=3)
-    out = torch.full((m, c), math.nan, dtype=dtype)
+    x, z, v = (
+        _randn(m, d, dtype=dtype, device=device, seed=1),
+        _randn(n, d, dtype=dtype, device=device, seed=2),
+        _randn(n, c, dtype=dtype, device=device, seed=3),
+    )
+    out = torch.full((m, c), math.nan, dtype=dtype, device=device)
     got = kermac.kernel_product("laplace_l1", x, z, v, bandwidth=0.8, regularization=0.5, out=out, backend=backend)
     assert got is out
-    _check(out, _dense("laplace_l1", x, z, bandwidth=0.8, regularization=0.5) @ v.double(), dtype)
+    _check(out, _dense("laplace_l1", x, z, bandwidth=0.8, regularization=0.5) @ v.double().cpu(), dtype)
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
-def test_views_and_out_views(backend: str) -> None:
+@pytest.mark.parametrize(("backend", "device"), BACKEND_DEVICES)
+def test_views_and_out_views(backend: str, device: str) -> None:
     """Transposed and strided views of x, z, v and out are read and written where they are."""
-    require_backend(backend, "cpu", "product")
+    require_backend(backend, device, "product")
     dtype = _dtype(backend)
-    x = _randn(6, 11, dtype=dtype, seed=1).mT  # [11, 6]
-    z = _randn(2, 30, 6, dtype=dtype, seed=2)[:, ::3]  # [2, 10, 6], strided
-    v = _randn(2, 4, 10, dtype=dtype, seed=3).mT  # [2, 10, 4]
-    out = torch.full((2, 4, 11), math.nan, dtype=dtype).mT
+    x = _randn(6, 11, dtype=dtype, device=device, seed=1).mT  # [11, 6]
+    z = _randn(2, 30, 6, dtype=dtype, device=device, seed=2)[:, ::3]  # [2, 10, 6], strided
+    v = _randn(2, 4, 10, dtype=dtype, device=device, seed=3).mT  # [2, 10, 4]
+    out = torch.full((2, 4, 11), math.nan, dtype=dtype, device=device).mT
     kermac.kernel_product("gaussian", x, z, v, bandwidth=1.1, out=out, backend=backend)
-    _check(out, _dense("gaussian", x, z, bandwidth=1.1) @ v.double(), dtype)
-    u = _randn(2, 3, 11, dtype=dtype, seed=4).mT
-    out_t = torch.full((2, 3, 10), math.nan, dtype=dtype).mT
+    _check(out, _dense("gaussian", x, z, bandwidth=1.1) @ v.double().cpu(), dtype)
+    u = _randn(2, 3, 11, dtype=dtype, device=device, seed=4).mT
+    out_t = torch.full((2, 3, 10), math.nan, dtype=dtype, device=device).mT
     kermac.kernel_product("gaussian", x, z, u, bandwidth=1.1, transpose=True, out=out_t, backend=backend)
-    _check(out_t, _dense("gaussian", x, z, bandwidth=1.1).mT @ u.double(), dtype)
+    _check(out_t, _dense("gaussian", x, z, bandwidth=1.1).mT @ u.double().cpu(), dtype)
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize(("backend", "device"), BACKEND_DEVICES)
 @pytest.mark.parametrize(("offset_m", "offset_n"), [(0, 0), (3, 0), (0, 4), (7, 2), (100, 0), (0, -3), (2**62, 2**62)])
-def test_regularised_diagonal_with_offsets(backend: str, offset_m: int, offset_n: int) -> None:
+def test_regularised_diagonal_with_offsets(backend: str, device: str, offset_m: int, offset_n: int) -> None:
     """`K + λI` on the shifted diagonal `m + offset_m == n + offset_n`, with one λ per batch entry."""
-    require_backend(backend, "cpu", "product")
+    require_backend(backend, device, "product")
     dtype = _dtype(backend)
-    x, z, v = _randn(3, 9, 4, dtype=dtype, seed=1), _randn(3, 12, 4, dtype=dtype, seed=2), _randn(12, 2, dtype=dtype)
-    lam = torch.tensor([0.5, 2.0, -1.0], dtype=dtype)
+    x, z, v = (
+        _randn(3, 9, 4, dtype=dtype, device=device, seed=1),
+        _randn(3, 12, 4, dtype=dtype, device=device, seed=2),
+        _randn(12, 2, dtype=dtype, device=device),
+    )
+    lam = torch.tensor([0.5, 2.0, -1.0], dtype=dtype, device=device)
     kw = {"bandwidth": 1.5, "regularization": lam, "offset_m": offset_m, "offset_n": offset_n}
     k = _dense("laplace_l2", x, z, **kw)
-    _check(kermac.kernel_product("laplace_l2", x, z, v, backend=backend, **kw), k @ v.double(), dtype)
+    _check(kermac.kernel_product("laplace_l2", x, z, v, backend=backend, **kw), k @ v.double().cpu(), dtype)
     rows, cols = torch.arange(9)[:, None], torch.arange(12)[None, :]
     on_diag = (rows + offset_m == cols + offset_n).double()
     plain = _dense("laplace_l2", x, z, bandwidth=1.5)
-    torch.testing.assert_close(k, plain + lam.double()[:, None, None] * on_diag)  # the reference's own diagonal
+    torch.testing.assert_close(k, plain + lam.double().cpu()[:, None, None] * on_diag)  # the reference's own diagonal
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
-def test_nan_and_inf_in_v_propagate_as_in_the_dense_product(backend: str) -> None:
-    require_backend(backend, "cpu", "product")
+@pytest.mark.parametrize(("backend", "device"), BACKEND_DEVICES)
+def test_nan_and_inf_in_v_propagate_as_in_the_dense_product(backend: str, device: str) -> None:
+    require_backend(backend, device, "product")
     dtype = _dtype(backend)
-    x, z = _randn(5, 3, dtype=dtype, seed=1), _randn(7, 3, dtype=dtype, seed=2)
-    v = _randn(7, 3, dtype=dtype, seed=3)
+    x, z = _randn(5, 3, dtype=dtype, device=device, seed=1), _randn(7, 3, dtype=dtype, device=device, seed=2)
+    v = _randn(7, 3, dtype=dtype, device=device, seed=3)
     v[2, 0], v[4, 1], v[5, 1] = math.nan, math.inf, -math.inf
     v[1, 2] = math.inf
     got = kermac.kernel_product("gaussian", x, z, v, bandwidth=1.0, backend=backend)
-    expected = _dense("gaussian", x, z, bandwidth=1.0) @ v.double()
+    expected = _dense("gaussian", x, z, bandwidth=1.0) @ v.double().cpu()
     assert torch.isnan(got[:, 0]).all() and torch.isnan(got[:, 1]).all()  # NaN, and inf − inf
     assert torch.isposinf(got[:, 2]).all()
     _check(got, expected, dtype)
@@ -208,10 +215,10 @@ def test_half_inputs_accumulate_in_float32(dtype: torch.dtype) -> None:
     x, z = _randn(6, 4, dtype=dtype, seed=1), _randn(3000, 4, dtype=dtype, seed=2)
     v = _randn(3000, 2, dtype=dtype, seed=3).abs()
     got = kermac.kernel_product("laplace_l1", x, z, v, bandwidth=4.0, backend="torch")
-    expected = _dense("laplace_l1", x, z, bandwidth=4.0) @ v.double()
+    expected = _dense("laplace_l1", x, z, bandwidth=4.0) @ v.double().cpu()
     assert got.dtype == dtype
     eps = torch.finfo(dtype).eps
-    torch.testing.assert_close(got.double(), expected, rtol=2 * eps, atol=0)
+    torch.testing.assert_close(got.double().cpu(), expected, rtol=2 * eps, atol=0)
 
 
 def test_meta_tensors_give_meta_results() -> None:
@@ -294,19 +301,15 @@ def test_compile_fullgraph_forward_and_backward() -> None:
 # -- gradients ------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("name", ["gaussian", "laplace_l2", "matern52", "cauchy", "l2_distance"])
-def test_gradcheck_v_x_z_for_squared_difference_kernels(backend: str, name: str) -> None:
-    require_backend(backend, "cpu", "product")
-    if name not in presets.ALL:
-        pytest.skip(f"no preset {name}")
+def test_gradcheck_v_x_z_for_squared_difference_kernels(name: str) -> None:
+    """gradcheck in float64 on the reference backend, K @ v and Kᵀ @ u, batched bandwidth and a shifted ridge."""
+    backend = "torch"
     kw = _hypers_for(name) | {"regularization": 0.3, "offset_n": 1}
     if "bandwidth" in kw:
         kw["bandwidth"] = torch.tensor([0.9, 1.6], dtype=F64)
     x, z = _randn(2, 5, 3, seed=1).requires_grad_(), _randn(7, 3, seed=2).requires_grad_()
     v = _randn(7, 2, seed=3).requires_grad_()
-    if backend != "torch":
-        pytest.skip("gradcheck runs in float64 on the reference backend")
 
     def f(x, z, v):
         return kermac.kernel_product(name, x, z, v, backend=backend, **kw)
