@@ -455,15 +455,7 @@ def _product(
     ([`swap_operands`][kermac.programs.swap_operands]) on `(z, x)` with the offsets exchanged."""
     if not isinstance(transpose, bool):
         raise TypeError(f"transpose: expected a bool, got {type(transpose).__name__}")
-    if (
-        out is not None
-        and torch.is_grad_enabled()
-        and any(isinstance(t, torch.Tensor) and t.requires_grad for t in (x, z, v))
-    ):
-        raise RuntimeError(
-            f"{op}: out= is not supported when x, z or v requires grad (autograd needs an output of its own); "
-            "drop out=, or call under torch.no_grad()"
-        )
+    _refuse_out_under_autograd(op, out, {"x": x, "z": z, "v": v})
     z = check_tensor("z", z)
     v = check_tensor("v", v)
     m0, n0 = offsets
@@ -493,10 +485,24 @@ def _swapped_key(program: str) -> str:
 
 @lru_cache(maxsize=256)
 def _swapped_key_cached(program: str) -> str:
-    found = program_from_key(program)
-    if not isinstance(found, PairwiseProgram):
-        raise ValueError(f"program: expected the key of a pairwise program, got {program!r}")
-    return swap_operands(found).key()
+    return swap_operands(program_from_key(program)).key()
+
+
+def _refuse_out_under_autograd(op: str, out: torch.Tensor | None, operands: dict[str, object]) -> None:
+    """`RuntimeError` for an `out` while autograd records a call on `operands` (all tensors; a call with
+    another operand fails its own check first)."""
+    tensors = operands.values()
+    if (
+        out is not None
+        and torch.is_grad_enabled()
+        and all(isinstance(t, torch.Tensor) for t in tensors)
+        and any(t.requires_grad for t in tensors)
+    ):
+        *first, last = operands
+        raise RuntimeError(
+            f"{op}: out= is not supported when {', '.join(first)} or {last} requires grad (autograd needs an "
+            "output of its own); drop out=, or call under torch.no_grad()"
+        )
 
 
 def _pairwise(
@@ -512,15 +518,6 @@ def _pairwise(
     op: str,
 ) -> torch.Tensor:
     """Run the pairwise program with key `program` ([`kermac.ops.pairwise`][kermac.ops.pairwise])."""
-    if (
-        out is not None
-        and torch.is_grad_enabled()
-        and isinstance(z, torch.Tensor)
-        and (x.requires_grad or z.requires_grad)
-    ):
-        raise RuntimeError(
-            f"{op}: out= is not supported when x or z requires grad (autograd needs an output of its own); "
-            "drop out=, or call under torch.no_grad()"
-        )
+    _refuse_out_under_autograd(op, out, {"x": x, "z": z})
     m0, n0 = offsets
     return ops.pairwise(program, x, z, hypers, out=out, offset_m=m0, offset_n=n0, backend=backend, debug=debug, op=op)
