@@ -509,3 +509,24 @@ def test_debug_logs_the_backend_and_sizes(caplog) -> None:
     with caplog.at_level("DEBUG", logger="kermac"):
         kermac.kernel_product("gaussian", x, z, v, bandwidth=1.0, debug=True)
     assert "kernel_product: backend torch; batch [], M=4 N=5 D=3 C=2, torch.float64 on cpu" in caplog.text
+
+
+def test_the_reference_product_evaluates_bounded_blocks(monkeypatch) -> None:
+    """The documented workspace: with `CHUNK_ELEMENTS` = 256 every expression the reference backend evaluates
+    for a 50 × 60 product (D = 4) has at most 256 elements, and the blocked product is the dense one."""
+    from kermac.reference import backend as reference
+
+    seen, original = [], reference.evaluate
+
+    def spy(expr, env, *, like):
+        value = original(expr, env, like=like)
+        seen.append(value.numel())
+        return value
+
+    monkeypatch.setattr(reference, "CHUNK_ELEMENTS", 256)
+    monkeypatch.setattr(reference, "evaluate", spy)
+    x, z, v = _randn(50, 4, seed=1), _randn(60, 4, seed=2), _randn(60, 3, seed=3)
+    got = kermac.kernel_product("gaussian", x, z, v, bandwidth=1.5, regularization=0.2, offset_m=7, backend="torch")
+    assert len(seen) > 10 and max(seen) <= 256
+    monkeypatch.undo()
+    _check(got, _dense("gaussian", x, z, bandwidth=1.5, regularization=0.2, offset_m=7) @ v, F64)
