@@ -182,3 +182,18 @@ def test_batched_hyperparameters_set_the_batch_shape() -> None:
     )
     _close(k.diagonal(), torch.diagonal(expected, dim1=-2, dim2=-1))
     assert math.isclose(float(k.diagonal()[0, 0]), 1.0)
+
+
+def test_an_operator_built_outside_compile_traces_into_one_graph() -> None:
+    """Products, transposes, slices and the diagonal of a held operator under `torch.compile(fullgraph=True)`."""
+    x, z, bw = _operands(F64)
+    k = kermac.KernelOperator("gaussian", x, z, bandwidth=bw, **KW)
+    v = _randn(12, 2, seed=3)
+
+    def f(k, v):
+        y = k.matmul(v)
+        return y, k.T.matmul(y), k[1:3, 2:].diagonal(), k[:, 1:4].T.matmul(y)
+
+    compiled = torch.compile(f, fullgraph=True, backend="aot_eager")
+    for got, expected in zip(compiled(k, v), f(k, v), strict=True):
+        _close(got, expected)

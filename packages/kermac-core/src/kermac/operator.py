@@ -45,6 +45,8 @@ class KernelOperator:
     Construction validates the operands, hyperparameters and batch shape as a product would (it allocates
     nothing but an empty `[..., M, 0]` result of that check) and keeps references to `x`, `z` and the
     hyperparameters: products read them when they run, so changing them in place changes the operator.
+    Construct it outside a `torch.compile` region (the check reads memory layouts on the host); inside one,
+    `K.matmul(v)`, `K.T`, slices and `K.diagonal()` trace into one graph.
     """
 
     __slots__ = ("_backend", "_debug", "_hypers", "_key", "_name", "_offsets", "_shape", "x", "z")
@@ -78,9 +80,14 @@ class KernelOperator:
                 )
             key, hv = lower_kernel(kernel, x, p, bandwidth, regularization, debug, what="kernel")
             name = kernel if isinstance(kernel, str) else kernel.key()
-        self._init(name, key, x, z, hv, (offset_m, offset_n), backend, debug)
+        empty = x.new_empty(()).expand(z.shape[:-1] + (0,)) if isinstance(z, torch.Tensor) else z
+        check = product_problem(
+            program_from_key(key), x, z, empty, out=None, hypers=hv, offset_m=offset_m, offset_n=offset_n, fake=True
+        )
+        shape = check.batch_shape + (x.shape[-2], z.shape[-2])
+        self._set(name, key, x, z, hv, (offset_m, offset_n), backend, debug, shape)
 
-    def _init(
+    def _set(
         self,
         name: str,
         key: str,
@@ -90,20 +97,18 @@ class KernelOperator:
         offsets: tuple[int, int],
         backend: str,
         debug: bool,
+        shape: tuple[int, ...],
     ) -> None:
-        empty = x.new_empty(()).expand(z.shape[:-1] + (0,)) if isinstance(z, torch.Tensor) else z
-        check = product_problem(
-            program_from_key(key), x, z, empty, out=None, hypers=hypers, offset_m=offsets[0], offset_n=offsets[1],
-            fake=True,
-        )  # fmt: skip
         self._name, self._key, self.x, self.z, self._hypers = name, key, x, z, hypers
-        self._offsets, self._backend, self._debug = offsets, backend, debug
-        self._shape = torch.Size(check.batch_shape + (x.shape[-2], z.shape[-2]))
+        self._offsets, self._backend, self._debug, self._shape = offsets, backend, debug, torch.Size(shape)
 
-    def _derived(self, key: str, x: torch.Tensor, z: torch.Tensor, offsets: tuple[int, int]) -> KernelOperator:
-        """An operator of this kind on other operands (a transpose or a slice)."""
+    def _derived(
+        self, key: str, x: torch.Tensor, z: torch.Tensor, offsets: tuple[int, int], shape: tuple[int, ...]
+    ) -> KernelOperator:
+        """An operator of this kind on views of its operands (a transpose or a slice): validated with this one,
+        so nothing is checked again (a trace through `.T` and slices then sees no host-side checks)."""
         op = object.__new__(KernelOperator)
-        op._init(self._name, key, x, z, self._hypers, offsets, self._backend, self._debug)
+        op._set(self._name, key, x, z, self._hypers, offsets, self._backend, self._debug, shape)
         return op
 
     @property
@@ -128,7 +133,8 @@ class KernelOperator:
     def T(self) -> KernelOperator:
         """`Kᵀ`, lazily: the swapped program on `(z, x)`, offsets exchanged."""
         swapped = swap_operands(program_from_key(self._key)).key()
-        return self._derived(swapped, self.z, self.x, self._offsets[::-1])
+        batch, (m, n) = self._shape[:-2], self._shape[-2:]
+        return self._derived(swapped, self.z, self.x, self._offsets[::-1], batch + (n, m))
 
     mT = T  # torch's name for the transpose of the matrix dimensions
 
@@ -186,7 +192,7 @@ class KernelOperator:
         (r0, r1), (c0, c1) = self._range("rows", rows, self._shape[-2]), self._range("columns", cols, self._shape[-1])
         m0, n0 = self._offsets
         x, z = self.x[..., r0:r1, :], self.z[..., c0:c1, :]
-        return self._derived(self._key, x, z, (m0 + r0, n0 + c0))
+        return self._derived(self._key, x, z, (m0 + r0, n0 + c0), self._shape[:-2] + (r1 - r0, c1 - c0))
 
     @staticmethod
     def _range(what: str, index: object, size: int) -> tuple[int, int]:
