@@ -3,9 +3,9 @@ iterates them (opcheck in ``test_ops.py``, ``torch.compile`` in ``test_compile.p
 ``test_cuda_graphs.py``), for any backend and device.
 
 Each :class:`Sample` is one public call (``kermac.cdist``, ``run_kernel``, ``cdist_grad``,
-``run_program``, ``run_grad_program``) on fresh random inputs whose sizes are not tile multiples,
-with broadcast batches, views and tensor hyperparameters among them; :meth:`Sample.op_args` gives
-the arguments of the operation it lowers to, for ``torch.library.opcheck``.
+``run_program``, ``run_grad_program``, ``kernel_product``, ``program_product``) on fresh random inputs
+whose sizes are not tile multiples, with broadcast batches, views and tensor hyperparameters among them;
+:meth:`Sample.op_args` gives the arguments of the operation it lowers to, for ``torch.library.opcheck``.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import torch
 import kermac
 from kermac import presets
 from kermac.lowering import cdist_program, grad_program
-from kermac.programs import GradProgram, PairwiseProgram
+from kermac.programs import GradProgram, PairwiseProgram, swap_operands
 from kermac.testing import HUBER_GRAD, SOFT_L1
 
 
@@ -31,14 +31,14 @@ class Sample:
     name: str
     run: Callable[..., torch.Tensor]
     inputs: tuple[torch.Tensor, ...]
-    op: str  # "pairwise" or "grad"
+    op: str  # "pairwise", "product" or "grad"
     op_args: Callable[[tuple[torch.Tensor, ...], str], tuple]
     differentiable: bool  # whether the backward of every operand is implemented
 
     @property
     def operands(self) -> int:
         """How many of `inputs` are operands (the rest are hyperparameters)."""
-        return 2 if self.op == "pairwise" else 4
+        return {"pairwise": 2, "product": 3, "grad": 4}[self.op]
 
     def __call__(self, *inputs: torch.Tensor, backend: str = "auto", out: torch.Tensor | None = None) -> torch.Tensor:
         return self.run(*inputs, backend=backend, out=out)
@@ -51,13 +51,18 @@ class Input:
     index: int
 
 
-def _pairwise_args(program: PairwiseProgram, hypers: dict, offsets: tuple[int, int] = (0, 0)) -> Callable:
+def _pairwise_args(
+    program: PairwiseProgram, hypers: dict, offsets: tuple[int, int] = (0, 0), order: tuple[int, ...] = (0, 1)
+) -> Callable:
+    """The arguments of `kermac::pairwise` (or, with three operands in `order`, `kermac::product`) for the
+    inputs at the positions `order`."""
     names = ",".join(hypers)
     numbers = [math.nan if isinstance(v, Input) else float(v) for v in hypers.values()]
 
     def build(inputs: tuple[torch.Tensor, ...], backend: str) -> tuple:
         tensors = [inputs[v.index] if isinstance(v, Input) else None for v in hypers.values()]
-        return (*inputs[:2], program.key(), names, numbers, tensors, *offsets, backend, False, "test")
+        operands = (inputs[i] for i in order)
+        return (*operands, program.key(), names, numbers, tensors, *offsets, backend, False, "test")
 
     return build
 
@@ -84,6 +89,8 @@ def samples(device: str, dtype: torch.dtype = torch.float64, seed: int = 0) -> l
     bw = torch.tensor([0.7, 1.9], dtype=dtype, device=device)
     a, b, c, d = randn(9, 7), randn(5, 9), randn(2, 9), randn(5, 7)
     kernel = presets.ALL["matern52"].lower(regularized=True)
+    v, u = randn(3, 9).mT, randn(7, 2)  # v: a transposed view; u: the operand of Kᵀ @ u
+    gaussian = presets.ALL["gaussian"].lower(regularized=True)
     return [
         Sample(
             "cdist_p1.5",
@@ -119,6 +126,26 @@ def samples(device: str, dtype: torch.dtype = torch.float64, seed: int = 0) -> l
             (x, z),
             "pairwise",
             _pairwise_args(SOFT_L1, {"eps": 0.25}),
+            False,
+        ),
+        Sample(
+            "kernel_product_gaussian_batched_ridge",
+            lambda x, z, v, bw, backend, out=None: kermac.kernel_product(
+                "gaussian", x, z, v, bandwidth=bw, regularization=0.1, offset_n=1, backend=backend, out=out
+            ),
+            (x, z, v, bw),
+            "product",
+            _pairwise_args(gaussian, {"bandwidth": Input(3), "regularization": 0.1}, (0, 1), (0, 1, 2)),
+            True,
+        ),
+        Sample(
+            "program_product_transposed_user",
+            lambda x, z, u, backend, out=None: kermac.program_product(
+                SOFT_L1, x, z, u, transpose=True, offset_m=2, backend=backend, out=out, eps=0.25
+            ),
+            (x, z, u),
+            "product",
+            _pairwise_args(swap_operands(SOFT_L1), {"eps": 0.25}, (0, 2), (1, 0, 2)),
             False,
         ),
         Sample(

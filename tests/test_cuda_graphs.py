@@ -16,7 +16,7 @@ pytestmark = pytest.mark.gpu
 @pytest.mark.parametrize("index", range(len(samples("cpu"))), ids=[s.name for s in samples("cpu")])
 def test_capture_and_replay(backend: str, index: int) -> None:
     sample = samples("cuda", torch.float32)[index]
-    require_backend(backend, "cuda", "grad" if sample.op == "grad" else "pairwise")
+    require_backend(backend, "cuda", sample.op)
     inputs = tuple(t.clone() for t in sample.inputs)
     out = torch.empty_like(sample(*inputs, backend=backend))
 

@@ -3,8 +3,10 @@
 Pairwise p-norm distances ([`cdist`][kermac.cdist]), fused kernel matrices ([`run_kernel`][kermac.run_kernel] with a
 [`KernelDescriptor`][kermac.KernelDescriptor] or a preset), the gradient contraction behind AGOP
 ([`cdist_grad`][kermac.cdist_grad]), semiring programs written in [`kermac.ir`][kermac.ir]
-([`run_program`][kermac.run_program]), and cuSOLVER linear algebra ([`kermac.linalg`][kermac_linalg], from the
-`kermac-linalg` package).
+([`run_program`][kermac.run_program]), fused kernel products that never materialise the kernel matrix
+([`kernel_product`][kermac.kernel_product], [`program_product`][kermac.program_product],
+[`KernelOperator`][kermac.KernelOperator]), and cuSOLVER linear algebra ([`kermac.linalg`][kermac_linalg], from
+the `kermac-linalg` package).
 
 Importing kermac is cheap: backends (NVRTC, Triton) load their heavy modules on first use.
 """
@@ -16,9 +18,19 @@ from typing import Any
 from kermac import autograd as _autograd  # noqa: F401 (registers the backward of kermac's torch.library operations)
 from kermac import ir, presets
 from kermac._version import __version__
-from kermac.api import backends, cdist, cdist_grad, run_grad_program, run_kernel, run_program
+from kermac.api import (
+    backends,
+    cdist,
+    cdist_grad,
+    kernel_product,
+    program_product,
+    run_grad_program,
+    run_kernel,
+    run_program,
+)
 from kermac.descriptor import KernelDescriptor
 from kermac.errors import BackendError, BackendUnavailableError, UnsupportedProblemError
+from kermac.operator import KernelOperator
 from kermac.programs import GradProgram, PairwiseProgram
 
 __all__ = [
@@ -26,6 +38,7 @@ __all__ = [
     "BackendUnavailableError",
     "GradProgram",
     "KernelDescriptor",
+    "KernelOperator",
     "PairwiseProgram",
     "UnsupportedProblemError",
     "__version__",
@@ -33,8 +46,10 @@ __all__ = [
     "cdist",
     "cdist_grad",
     "ir",
+    "kernel_product",
     "linalg",
     "presets",
+    "program_product",
     "run_grad_program",
     "run_kernel",
     "run_program",

@@ -1,9 +1,10 @@
 """The public operations: [`cdist`][kermac.api.cdist], [`run_kernel`][kermac.api.run_kernel],
-[`cdist_grad`][kermac.api.cdist_grad], [`run_program`][kermac.api.run_program].
+[`cdist_grad`][kermac.api.cdist_grad], [`run_program`][kermac.api.run_program], and the fused kernel products
+[`kernel_product`][kermac.api.kernel_product] and [`program_product`][kermac.api.program_product].
 
 Each call validates its arguments, lowers them to a semiring program ([`kermac.programs`][kermac.programs])
-and runs it through [`kermac.ops`][kermac.ops]: one `torch.library` operation (`kermac::pairwise` or
-`kermac::grad`) that normalises the problem (`kermac.problem`), picks the backend
+and runs it through [`kermac.ops`][kermac.ops]: one `torch.library` operation (`kermac::pairwise`,
+`kermac::grad` or `kermac::product`) that normalises the problem (`kermac.problem`), picks the backend
 (`kermac.dispatch`) and runs it, with its backward in [`kermac.autograd`][kermac.autograd].  The lowering is a
 constant of the call's Python arguments (`torch.compile` evaluates it once while tracing).  Nothing
 here synchronises with the host unless `debug` is on.  On the `meta` device the output is returned
@@ -34,9 +35,18 @@ from kermac.logs import debug_enabled
 from kermac.lowering import cdist_program, grad_program, plain_power_limit
 from kermac.ops import constant_for_compile
 from kermac.problem import check_tensor
-from kermac.programs import GradProgram, PairwiseProgram
+from kermac.programs import GradProgram, PairwiseProgram, program_from_key, swap_operands
 
-__all__ = ["backends", "cdist", "cdist_grad", "run_grad_program", "run_kernel", "run_program"]
+__all__ = [
+    "backends",
+    "cdist",
+    "cdist_grad",
+    "kernel_product",
+    "program_product",
+    "run_grad_program",
+    "run_kernel",
+    "run_program",
+]
 
 
 def backends() -> list[registry.BackendStatus]:
@@ -169,6 +179,28 @@ def run_kernel(
     debug = debug_enabled(debug)
     descriptor = _descriptor(descriptor)
     x = check_tensor("x", x)
+    program, hypers = lower_kernel(descriptor, x, p, bandwidth, regularization, debug)
+    return _pairwise(
+        program, x, z, out=out, hypers=hypers, offsets=(offset_m, offset_n), backend=backend, debug=debug,
+        op="run_kernel",
+    )  # fmt: skip
+
+
+def lower_kernel(
+    descriptor: object,
+    x: torch.Tensor,
+    p: object,
+    bandwidth: object,
+    regularization: object,
+    debug: bool,
+    what: str = "descriptor",
+) -> tuple[str, dict[str, HyperValue]]:
+    """The program key and checked hyperparameters of a kernel named by `descriptor` (a descriptor or a
+    preset name; errors name it `what`) on inputs like `x`: `p` and `bandwidth` required exactly where the
+    descriptor uses them, each range-checked ([`run_kernel`][kermac.api.run_kernel] documents the ranges).
+    What [`run_kernel`][kermac.api.run_kernel], [`kernel_product`][kermac.api.kernel_product] and
+    [`KernelOperator`][kermac.operator.KernelOperator] share."""
+    descriptor = _descriptor(descriptor, what)
     given = {"p": p, "bandwidth": bandwidth}
     needed = {"p": descriptor.needs_p, "bandwidth": descriptor.needs_bandwidth}
     for name, value in given.items():
@@ -185,17 +217,7 @@ def run_kernel(
         checks["regularization"] = (regularization, finite)
     hypers = prepare_hypers(checks, x.device, debug)
     d = descriptor
-    return _pairwise(
-        _kernel_key(d.inner, d.power, d.reduction, d.outer, d.kernel, regularization is not None),
-        x,
-        z,
-        out=out,
-        hypers=hypers,
-        offsets=(offset_m, offset_n),
-        backend=backend,
-        debug=debug,
-        op="run_kernel",
-    )
+    return _kernel_key(d.inner, d.power, d.reduction, d.outer, d.kernel, regularization is not None), hypers
 
 
 @constant_for_compile
@@ -218,7 +240,8 @@ def _p_per_batch(dtype: torch.dtype) -> Check:
     return positive_up_to(plain_power_limit(dtype), f"the largest p whose powers stay accurate in {dtype}")
 
 
-def _descriptor(descriptor: object) -> KernelDescriptor:
+def _descriptor(descriptor: object, what: str = "descriptor") -> KernelDescriptor:
+    """The descriptor `descriptor` names (itself, or a preset); errors name the argument `what`."""
     if isinstance(descriptor, KernelDescriptor):
         return descriptor
     if isinstance(descriptor, str):
@@ -226,10 +249,9 @@ def _descriptor(descriptor: object) -> KernelDescriptor:
             return presets.ALL[descriptor]
         except KeyError:
             raise ValueError(
-                f"descriptor: expected a KernelDescriptor or a preset name ({', '.join(presets.ALL)}); "
-                f"got {descriptor!r}"
+                f"{what}: expected a KernelDescriptor or a preset name ({', '.join(presets.ALL)}); got {descriptor!r}"
             ) from None
-    raise TypeError(f"descriptor: expected a KernelDescriptor or a preset name, got {type(descriptor).__name__}")
+    raise TypeError(f"{what}: expected a KernelDescriptor or a preset name, got {type(descriptor).__name__}")
 
 
 def cdist_grad(
@@ -333,6 +355,156 @@ def run_grad_program(
     return ops.grad(program.key(), a, b, c, d, hv, out=out, backend=backend, debug=debug, op="run_grad_program")
 
 
+def kernel_product(
+    kernel: KernelDescriptor | str,
+    x: torch.Tensor,
+    z: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    transpose: bool = False,
+    out: torch.Tensor | None = None,
+    p: float | torch.Tensor | None = None,
+    bandwidth: float | torch.Tensor | None = None,
+    regularization: float | torch.Tensor | None = None,
+    offset_m: int = 0,
+    offset_n: int = 0,
+    backend: str = "auto",
+    debug: bool = False,
+) -> torch.Tensor:
+    r"""The kernel matrix of [`run_kernel`][kermac.api.run_kernel] times `v`, without materialising it.
+
+    $$
+    \mathrm{out}[\dots, m, c] = \sum_n K[\dots, m, n]\, v[\dots, n, c],\qquad
+    K[\dots, m, n] = \kappa\big(d(x_m, z_n)\big) + \lambda\,[m + o_m = n + o_n]
+    $$
+
+    computed in the compute dtype (float64 for float64 inputs, float32 otherwise); a backend contracts
+    each tile of K with `v` where it computes it, so memory stays O((M + N)(D + C)).
+
+    Args:
+        kernel: a [`KernelDescriptor`][kermac.descriptor.KernelDescriptor] or a preset name, as `descriptor` of
+            [`run_kernel`][kermac.api.run_kernel].
+        x: `[..., M, D]`.
+        z: `[..., N, D]` (batch dimensions broadcast).
+        v: `[..., N, C]` of the dtype and device of `x`; with `transpose=True`, `[..., M, C]`.
+        transpose: compute `Kᵀ @ v` (`[..., N, C]`) instead, with the same K (same diagonal).
+        out: optional output (`[..., M, C]`, or `[..., N, C]` with `transpose`), any strides, sharing no
+            memory with the inputs.
+        p: as in [`run_kernel`][kermac.api.run_kernel].
+        bandwidth: as in [`run_kernel`][kermac.api.run_kernel].
+        regularization: as in [`run_kernel`][kermac.api.run_kernel].
+        offset_m: as in [`run_kernel`][kermac.api.run_kernel].
+        offset_n: as in [`run_kernel`][kermac.api.run_kernel].
+        backend: `"auto"` or a backend that computes fused products (`"torch"`; a backend that does not
+            refuses with a sentence).
+        debug: as in [`cdist`][kermac.api.cdist].
+
+    NaN and infinities in `v` propagate as in the dense `K @ v`.  Differentiable in `v` (every kernel),
+    and in `x` and `z` for kernels of `Σ (x − z)²` (Gaussian, Laplace-L2, Matérn, Cauchy, l2); for other
+    kernels that gradient raises `NotImplementedError` when computed ([`kermac.autograd`][kermac.autograd]).
+    """
+    debug = debug_enabled(debug)
+    kernel = _descriptor(kernel, "kernel")
+    x = check_tensor("x", x)
+    program, hypers = lower_kernel(kernel, x, p, bandwidth, regularization, debug)
+    return _product(program, x, z, v, hypers, transpose, out, (offset_m, offset_n), backend, debug, "kernel_product")
+
+
+def program_product(
+    program: PairwiseProgram,
+    x: torch.Tensor,
+    z: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    transpose: bool = False,
+    out: torch.Tensor | None = None,
+    offset_m: int = 0,
+    offset_n: int = 0,
+    backend: str = "auto",
+    debug: bool = False,
+    **hypers: float | torch.Tensor,
+) -> torch.Tensor:
+    """`K @ v` (or `Kᵀ @ v` with `transpose`) for the kernel K of a pairwise program written in
+    [`kermac.ir`][kermac.ir], never materialised; arguments as in [`kernel_product`][kermac.api.kernel_product], the
+    program's hyperparameters as keywords (as `hypers` of [`run_program`][kermac.api.run_program]).
+
+    Differentiable in `v` for every program; in `x` and `z` for programs summing `(x − z)²`.
+    """
+    debug = debug_enabled(debug)
+    if not isinstance(program, PairwiseProgram):
+        raise TypeError(f"program: expected a kermac.programs.PairwiseProgram, got {type(program).__name__}")
+    x = check_tensor("x", x)
+    hv = program_hypers(program.hypers, hypers, x.device, debug)
+    return _product(program.key(), x, z, v, hv, transpose, out, (offset_m, offset_n), backend, debug, "program_product")
+
+
+def _product(
+    program: str,
+    x: torch.Tensor,
+    z: object,
+    v: object,
+    hypers: dict[str, HyperValue],
+    transpose: object,
+    out: torch.Tensor | None,
+    offsets: tuple[int, int],
+    backend: str,
+    debug: bool,
+    op: str,
+) -> torch.Tensor:
+    """`K @ v` or, with `transpose`, `Kᵀ @ v`: the product of the program with its operands swapped
+    ([`swap_operands`][kermac.programs.swap_operands]) on `(z, x)` with the offsets exchanged."""
+    if not isinstance(transpose, bool):
+        raise TypeError(f"transpose: expected a bool, got {type(transpose).__name__}")
+    _refuse_out_under_autograd(op, out, {"x": x, "z": z, "v": v})
+    z = check_tensor("z", z)
+    v = check_tensor("v", v)
+    m0, n0 = offsets
+    if not transpose:
+        return ops.product(
+            program, x, z, v, hypers, out=out, offset_m=m0, offset_n=n0, backend=backend, debug=debug, op=op
+        )
+    if z.shape[-1] != x.shape[-1]:
+        raise ValueError(
+            f"z: expected {x.shape[-1]} features in the last dimension (as x), got shape {list(z.shape)} "
+            f"(x: {list(x.shape)})"
+        )
+    if v.shape[-2] != x.shape[-2]:
+        raise ValueError(
+            f"v: expected size {x.shape[-2]} in dimension -2 to match M (x.shape[-2]; transpose=True computes "
+            f"Kᵀ @ v), got shape {list(v.shape)} (x: {list(x.shape)})"
+        )
+    swapped = _swapped_key(program)
+    return ops.product(swapped, z, x, v, hypers, out=out, offset_m=n0, offset_n=m0, backend=backend, debug=debug, op=op)
+
+
+@constant_for_compile
+def _swapped_key(program: str) -> str:
+    """The key of the program of key `program` with its operands swapped (a constant of the call)."""
+    return _swapped_key_cached(program)
+
+
+@lru_cache(maxsize=256)
+def _swapped_key_cached(program: str) -> str:
+    return swap_operands(program_from_key(program)).key()
+
+
+def _refuse_out_under_autograd(op: str, out: torch.Tensor | None, operands: dict[str, object]) -> None:
+    """`RuntimeError` for an `out` while autograd records a call on `operands` (all tensors; a call with
+    another operand fails its own check first)."""
+    tensors = operands.values()
+    if (
+        out is not None
+        and torch.is_grad_enabled()
+        and all(isinstance(t, torch.Tensor) for t in tensors)
+        and any(t.requires_grad for t in tensors)
+    ):
+        *first, last = operands
+        raise RuntimeError(
+            f"{op}: out= is not supported when {', '.join(first)} or {last} requires grad (autograd needs an "
+            "output of its own); drop out=, or call under torch.no_grad()"
+        )
+
+
 def _pairwise(
     program: str,
     x: torch.Tensor,
@@ -346,15 +518,6 @@ def _pairwise(
     op: str,
 ) -> torch.Tensor:
     """Run the pairwise program with key `program` ([`kermac.ops.pairwise`][kermac.ops.pairwise])."""
-    if (
-        out is not None
-        and torch.is_grad_enabled()
-        and isinstance(z, torch.Tensor)
-        and (x.requires_grad or z.requires_grad)
-    ):
-        raise RuntimeError(
-            f"{op}: out= is not supported when x or z requires grad (autograd needs an output of its own); "
-            "drop out=, or call under torch.no_grad()"
-        )
+    _refuse_out_under_autograd(op, out, {"x": x, "z": z})
     m0, n0 = offsets
     return ops.pairwise(program, x, z, hypers, out=out, offset_m=m0, offset_n=n0, backend=backend, debug=debug, op=op)

@@ -43,6 +43,21 @@ products and `cdist_grad` with p = 2, whose own backward is a few matrix product
 program the gradients carry a `grad_fn` that raises `NotImplementedError` when differentiated (the
 operation `kermac::no_gradient`) — never a silent zero.
 
+The fused product `out[m, c] = Σ_n K[m, n] v[n, c]` (`kermac::product`,
+[`kermac.kernel_product`][kermac.kernel_product]) is differentiated without building K:
+
+* `∂L/∂v = Kᵀ g`: the product of the program with its operands swapped
+  ([`swap_operands`][kermac.programs.swap_operands]) on `(z, x)` and `g`, for every program.
+* For programs summing `(x − z)²` (with `k = e(acc, diag)`, `acc = ‖x_m − z_n‖²`), with
+  `E[m, n] = e'(acc)` (0 where `acc = 0`, where `x_m − z_n = 0`):
+  `∂L/∂x[m, j] = 2 Σ_n E[m, n] (g_m·v_n)(x[m, j] − z[n, j])`
+  `= 2 (x[m, j] Σ_c g[m, c] (E v)[m, c] − Σ_c g[m, c] (E W)[m, c, j])` with `W[n, c, j] = v[n, c] z[n, j]`,
+  one product of the derivative program `(inner, e')` with the `C + C·D` columns `[v, W]`; `∂L/∂z`
+  likewise from one transposed product with `[g, U]`, `U[m, c, j] = g[m, c] x[m, j]`.  These are
+  products too, so derivatives of any order follow.
+* For every other program the gradient in `x` or `z` raises `NotImplementedError` naming the program
+  when computed (`kermac::no_gradient`), never a silent zero.
+
 Hyperparameters are constants (a tensor that requires grad is refused by [`kermac.hyperparams`][kermac.hyperparams]);
 `out=` is refused while autograd records.  Other programs run forward as usual and raise
 `NotImplementedError` naming the program when their backward runs; so does `cdist_grad` with p ≠ 2
@@ -66,7 +81,14 @@ from kermac.ir_diff import derivative
 from kermac.ir_eval import evaluate
 from kermac.lowering import grad_program
 from kermac.problem import compute_dtype, diagonal_offsets
-from kermac.programs import PairwiseProgram, inner_difference_power, is_product_sum, program_from_key
+from kermac.programs import (
+    PairwiseProgram,
+    inner_difference_power,
+    is_product_sum,
+    is_squared_difference_sum,
+    program_from_key,
+    swap_operands,
+)
 from kermac.reference.backend import REDUCE, blocks, hyper_env, tile
 
 __all__ = ["inner_power"]
@@ -322,7 +344,89 @@ def _backward_first_order_only(ctx, g):
     return _no_gradient(g, ctx.reason), None
 
 
+def _setup_product(ctx, inputs, output) -> None:
+    x, z, v, program, names, numbers, tensors, offset_m, offset_n, backend, debug, op = inputs
+    ctx.save_for_backward(x, z, v, *(t for t in tensors if t is not None))
+    ctx.call = (program, names, list(numbers), [t is not None for t in tensors], offset_m, offset_n, backend, debug, op)
+    ctx.list_grads = _no_list_grads(numbers, tensors)
+
+
+def _backward_product(ctx, g):
+    x, z, v, *saved = ctx.saved_tensors
+    program, names, numbers, present, offset_m, offset_n, backend, debug, op = ctx.call
+    found = iter(saved)
+    hypers = ops.hypers_from_args(names, numbers, [next(found) if p else None for p in present])
+    s = _Setup(program_from_key(program), hypers, offset_m, offset_n, backend, debug, op)
+    want_x, want_z, want_v = ctx.needs_input_grad[:3]
+    grad_v = None
+    if want_v:
+        grad_v = _transposed_product(s, s.program, x, z, g, hypers).sum_to_size(v.shape)
+    grad_x = grad_z = None
+    if want_x or want_z:
+        if not is_squared_difference_sum(s.program):
+            reason = (
+                f"{op}: the gradient of a kernel product with respect to x and z is implemented for programs "
+                f"summing (x − z)² (Gaussian, Laplace-L2, Matérn, Cauchy, l2); program {s.program.key()} is not "
+                "one (detach x and z, or call under torch.no_grad())"
+            )
+            grad_x = _no_gradient(x, reason) if want_x else None
+            grad_z = _no_gradient(z, reason) if want_z else None
+        else:
+            grad_x, grad_z = _product_point_gradients(s, x, z, v, g, (want_x, want_z))
+    return grad_x, grad_z, grad_v, None, None, *ctx.list_grads, None, None, None, None, None
+
+
+def _transposed_product(
+    s: _Setup, program: PairwiseProgram, x: torch.Tensor, z: torch.Tensor, u: torch.Tensor, hypers: dict
+) -> torch.Tensor:
+    """`K(x, z)ᵀ @ u` for `program`: its swapped program on `(z, x)`, offsets exchanged; `[..., N, C']`."""
+    swapped = swap_operands(program)
+    return ops.product(
+        swapped.key(), z, x, u, hypers, offset_m=s.offset_n, offset_n=s.offset_m, backend=s.backend, debug=s.debug,
+        op=s.op,
+    )  # fmt: skip
+
+
+@cache
+def _slope_program(program: PairwiseProgram) -> PairwiseProgram:
+    """The program of `E = e'(acc)`, 0 where `acc = 0` (every difference 0: the term vanishes there while
+    `e'` may be infinite, e.g. for Laplace-L2)."""
+    slope = ir.select(ir.eq(ir.Var("acc"), 0.0), 0.0, _epilogue_slope(program))
+    return PairwiseProgram(program.inner, program.reduction, slope)
+
+
+def _product_point_gradients(
+    s: _Setup, x: torch.Tensor, z: torch.Tensor, v: torch.Tensor, g: torch.Tensor, want: tuple[bool, bool]
+) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """`(∂L/∂x, ∂L/∂z)` of `out = K v` for a program summing `(x − z)²` (module docstring), from one product of
+    the slope program per input, with `C + C·D` columns."""
+    slope = _slope_program(s.program)
+    hypers = {n: s.hypers[n] for n in slope.hypers}
+    batch = torch.broadcast_shapes(x.shape[:-2], z.shape[:-2], v.shape[:-2], g.shape[:-2])
+    (m, d), n, c = x.shape[-2:], z.shape[-2], v.shape[-1]
+    xb, zb = x.expand(batch + (m, d)), z.expand(batch + (n, d))
+    vb, gb = v.expand(batch + (n, c)), g.expand(batch + (m, c))
+    grad_x = grad_z = None
+    if want[0]:
+        w = (vb[..., :, :, None] * zb[..., :, None, :]).reshape(batch + (n, c * d))
+        ew = ops.product(
+            slope.key(), x, z, torch.cat([vb, w], dim=-1), hypers, offset_m=s.offset_m, offset_n=s.offset_n,
+            backend=s.backend, debug=s.debug, op=s.op,
+        )  # fmt: skip
+        ev, ew = ew[..., :c], ew[..., c:].reshape(batch + (m, c, d))
+        a = (gb * ev).sum(-1, keepdim=True)
+        grad_x = (2 * (xb * a - (gb[..., :, :, None] * ew).sum(-2))).sum_to_size(x.shape)
+    if want[1]:
+        u = (gb[..., :, :, None] * xb[..., :, None, :]).reshape(batch + (m, c * d))
+        eu = _transposed_product(s, slope, x, z, torch.cat([gb, u], dim=-1), hypers)
+        eg, eu = eu[..., :c], eu[..., c:].reshape(batch + (n, c, d))
+        b = (vb * eg).sum(-1, keepdim=True)
+        grad_z = (-2 * ((vb[..., :, :, None] * eu).sum(-2) - zb * b)).sum_to_size(z.shape)
+    return grad_x, grad_z
+
+
 torch.library.register_autograd("kermac::pairwise", _backward_pairwise, setup_context=_setup_pairwise)
+torch.library.register_autograd("kermac::product", _backward_product, setup_context=_setup_product)
 torch.library.register_autograd("kermac::grad", _backward_grad, setup_context=_setup_grad)
 torch.library.register_autograd(
     "kermac::first_order_only", _backward_first_order_only, setup_context=_setup_first_order_only

@@ -2,13 +2,18 @@
 
 A backend is an object registered through the `kermac.backends` entry-point group (see
 [`kermac.hookspecs`][kermac.hookspecs]).  Core normalises every call into a problem object
-(`kermac.problem.PairwiseProblem` or `kermac.problem.GradProblem`) and hands it to
+(`kermac.problem.PairwiseProblem`, `kermac.problem.GradProblem` or `kermac.problem.ProductProblem`) and hands it to
 the best-ranked backend that is available and supports it
 ([`kermac.registry.select_backend`][kermac.registry.select_backend]). Backends write into `problem.out`; they never
 allocate other memory except documented workspaces, and never synchronise with the host.
 
 Importing the module that defines a backend class must be cheap: heavy dependencies (triton,
 cuda-core, ...) are imported inside [`Backend.availability`][kermac.backend.Backend.availability] and the run methods.
+
+The contract grows without breaking plugins: an operation added after the first release (the fused
+product, [`check_product`][kermac.backend.Backend.check_product] / [`product`][kermac.backend.Backend.product]) arrives
+with a default that refuses it, so a backend written before it keeps loading and simply is not chosen
+for that operation; a backend opts in by overriding both methods.
 """
 
 from __future__ import annotations
@@ -19,7 +24,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar
 
 if TYPE_CHECKING:
-    from kermac.problem import GradProblem, PairwiseProblem
+    from kermac.problem import GradProblem, PairwiseProblem, ProductProblem
 
 __all__ = ["Availability", "Backend"]
 
@@ -51,8 +56,9 @@ class Backend(abc.ABC):
     `kermac bench` does not time unless named), and implement the methods below.
 
     The hooks `priority`, [`availability`][kermac.backend.Backend.availability],
-    [`preference`][kermac.backend.Backend.preference], [`check_pairwise`][kermac.backend.Backend.check_pairwise] and
-    [`check_grad`][kermac.backend.Backend.check_grad] must not raise and must return the documented types; one that does
+    [`preference`][kermac.backend.Backend.preference], [`check_pairwise`][kermac.backend.Backend.check_pairwise],
+    [`check_grad`][kermac.backend.Backend.check_grad] and [`check_product`][kermac.backend.Backend.check_product] must
+    not raise and must return the documented types; one that does
     not is a plugin error, which [`kermac.registry`][kermac.registry] reports once and survives (`auto` skips the
     backend for that decision).  [`kermac.testing.assert_pairwise_conforms`][kermac.testing.assert_pairwise_conforms]
     and [`assert_grad_conforms`][kermac.testing.assert_grad_conforms] check a backend's values against the reference.
@@ -83,7 +89,20 @@ class Backend(abc.ABC):
     def grad(self, problem: GradProblem) -> None:
         """Compute the gradient contraction of `problem` into `problem.out` (every element of it)."""
 
-    def preference(self, problem: PairwiseProblem | GradProblem) -> int:
+    def check_product(self, problem: ProductProblem) -> str | None:
+        """`None` if [`product`][kermac.backend.Backend.product] can run `problem`, else the reason it cannot (a str).
+
+        Not abstract: the default refuses, so that backends written before the fused product existed keep
+        loading (the contract's versioning rule: a new operation arrives with a refusing default)."""
+        return f"backend {self.name!r} does not compute fused kernel products"
+
+    def product(self, problem: ProductProblem) -> None:
+        """Compute `problem.out = K @ v` (`kermac.problem.ProductProblem`: every element of it)
+        without materialising K beyond documented workspaces.  The default raises `NotImplementedError`
+        (kermac only calls it after [`check_product`][kermac.backend.Backend.check_product] accepted)."""
+        raise NotImplementedError(f"backend {self.name!r} does not compute fused kernel products")
+
+    def preference(self, problem: PairwiseProblem | GradProblem | ProductProblem) -> int:
         """How strongly `auto` should prefer this backend for `problem` (default: `priority`).
 
         `auto` ranks first the backends that the cost table of the problem's device lists for

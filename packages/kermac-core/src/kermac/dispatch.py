@@ -1,8 +1,8 @@
 """Running normalised problems on a backend: what the public operations and autograd share.
 
 The operations of [`kermac.ops`][kermac.ops] run their problems through here: `run_pairwise` /
-`run_grad` pick a backend ([`kermac.registry`][kermac.registry]) for a problem of `kermac.problem`, log the
-choice under `debug` and let the backend write `problem.out`.
+`run_grad` / `run_product` pick a backend ([`kermac.registry`][kermac.registry]) for a problem of
+`kermac.problem`, log the choice under `debug` and let the backend write `problem.out`.
 """
 
 from __future__ import annotations
@@ -15,9 +15,9 @@ from kermac import registry
 from kermac.backend import Backend
 from kermac.errors import BackendError
 from kermac.logs import logger
-from kermac.problem import GradProblem, PairwiseProblem
+from kermac.problem import GradProblem, PairwiseProblem, ProductProblem
 
-__all__ = ["run_grad", "run_pairwise"]
+__all__ = ["run_grad", "run_pairwise", "run_product"]
 
 
 def run_pairwise(problem: PairwiseProblem, backend: str, op: str) -> torch.Tensor:
@@ -67,7 +67,36 @@ def run_grad(problem: GradProblem, backend: str, op: str) -> torch.Tensor:
     return problem.out
 
 
-def _run_backend(backend: Backend, method: Callable[[object], None], problem: PairwiseProblem | GradProblem) -> None:
+def run_product(problem: ProductProblem, backend: str, op: str) -> torch.Tensor:
+    """As `run_pairwise`, for a fused kernel product.  With `N = 0` the sum over `n` is empty: `out` is
+    filled with zeros here, without asking a backend (as an empty output is returned without one)."""
+    if problem.out.numel() == 0 or problem.device.type == "meta":
+        return problem.out
+    m, n, d, c = problem.sizes
+    if n == 0:
+        return problem.out.zero_()
+    chosen = registry.select_backend(backend, problem, lambda b, pr: b.check_product(pr), "kernel product problem")
+    if problem.debug:
+        logger.debug(
+            "%s: backend %s; batch %s, M=%d N=%d D=%d C=%d, %s on %s; program %s",
+            op,
+            chosen.name,
+            list(problem.batch_shape),
+            m,
+            n,
+            d,
+            c,
+            problem.dtype,
+            problem.device,
+            problem.program.key(),
+        )
+    _run_backend(chosen, chosen.product, problem)
+    return problem.out
+
+
+def _run_backend(
+    backend: Backend, method: Callable[[object], None], problem: PairwiseProblem | GradProblem | ProductProblem
+) -> None:
     """`method(problem)`; a plugin's `SystemExit` (or another non-`Exception` but
     `KeyboardInterrupt`) becomes a [`BackendError`][kermac.errors.BackendError] naming the backend, so
     a backend cannot end the user's process.  Ordinary exceptions propagate as they are."""

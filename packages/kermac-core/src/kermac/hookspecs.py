@@ -31,6 +31,11 @@ one is reported (a `RuntimeWarning` and a row of `kermac info`) and skipped, nev
   [`kermac.discovery`][kermac.discovery]); keep both light, do not call kermac from them (backends are being
   discovered: such a call raises), and leave what only the main thread may do (signal handlers)
   out of them.
+
+The contract of [`kermac.backend.Backend`][kermac.backend.Backend] is versioned by defaults: an operation added to
+kermac after a backend was written (the fused kernel product, `check_product` / `product`) comes with a
+default that refuses it with a sentence, so an older plugin keeps loading and `auto` passes it over for
+that operation only.
 """
 
 from __future__ import annotations

@@ -41,7 +41,7 @@ from dataclasses import dataclass, fields
 import torch
 
 from kermac.canonical import canonical, equivalent
-from kermac.ir import Call, Const, Expr, Var, free_vars, from_sexpr, hyper_names, to_sexpr
+from kermac.ir import Call, Const, Expr, Var, free_vars, from_sexpr, hyper_names, substitute, to_sexpr
 from kermac.ir_eval import evaluate
 
 __all__ = [
@@ -58,6 +58,7 @@ __all__ = [
     "is_squared_difference_sum",
     "program_from_key",
     "signed_power",
+    "swap_operands",
     "zero_padding_is_neutral",
 ]
 
@@ -183,6 +184,23 @@ class GradProgram:
 
     def _key_text(self) -> str:
         return f"grad;{to_sexpr(self.multiply)};{to_sexpr(self.epilogue)}"
+
+
+def swap_operands(program: PairwiseProgram) -> PairwiseProgram:
+    """The program with `x` and `z` exchanged in its inner term: its kernel on `(z, x)` is the transpose of
+    `program`'s on `(x, z)`, `swap(K)(z, x)[n, m] = K(x, z)[m, n]`, with the diagonal offsets exchanged too
+    (`offset_m ↔ offset_n`).  The transposed product `Kᵀ @ u` is the product of this program.
+
+    The epilogue reads only `acc` and `diag`, which the exchange leaves as they are."""
+    if not isinstance(program, PairwiseProgram):
+        raise TypeError(f"program: expected a kermac.programs.PairwiseProgram, got {type(program).__name__}")
+    return _derived(
+        program,
+        "_swapped",
+        lambda: PairwiseProgram(
+            substitute(program.inner, {"x": Var("z"), "z": Var("x")}), program.reduction, program.epilogue
+        ),
+    )
 
 
 _BY_KEY: dict[str, PairwiseProgram | GradProgram] = {}

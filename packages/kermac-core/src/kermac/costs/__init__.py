@@ -30,6 +30,9 @@ File format (`format` 1):
             "ms": {"nvrtc": 0.53, "triton": 0.56}}, ...]}
 ```
 
+Fused kernel products (`kermac.problem.ProductProblem`) form no class: no table
+has measured them, so `auto` ranks the backends that accept one by their preference alone.
+
 [`table_from_bench`][kermac.costs.table_from_bench] makes a table from `kermac bench --json` reports (`kermac bench
 --write-costs PATH` does it in one step; `tools/costs_from_bench.py` from saved reports).
 """
@@ -48,7 +51,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from kermac.problem import SUPPORTED_DTYPES, GradProblem
+from kermac.problem import SUPPORTED_DTYPES, GradProblem, ProductProblem
 
 if TYPE_CHECKING:
     from kermac.problem import PairwiseProblem
@@ -277,8 +280,11 @@ class CostTables:
             self._tables[device_cls] = table
         return table
 
-    def costs(self, problem: PairwiseProblem | GradProblem) -> Mapping[str, float]:
-        """Milliseconds per backend for `problem`'s class on its device; empty where nothing was measured."""
+    def costs(self, problem: PairwiseProblem | GradProblem | ProductProblem) -> Mapping[str, float]:
+        """Milliseconds per backend for `problem`'s class on its device; empty where nothing was measured
+        (always for a fused product, which has no class)."""
+        if isinstance(problem, ProductProblem):
+            return {}
         cls = device_class(problem.device)
         table = None if cls is None else self.table(cls)
         if table is None:

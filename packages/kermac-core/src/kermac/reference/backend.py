@@ -4,6 +4,12 @@ Memory stays bounded: the per-element expression is evaluated on blocks of at mo
 `CHUNK_ELEMENTS` elements (batch × rows × columns × features), never on the whole
 `M·N·D` cube.  Half-precision inputs are computed in float32 and float64 inputs in float64;
 results are cast to the output's dtype when copied into it.
+
+The fused product `out = K @ v` (`kermac.problem.ProductProblem`) evaluates K in the same
+blocks (the same function as the pairwise pass, the diagonal shifted to each block) and contracts each
+block with `v` at once, so K is never held whole.  Its workspace: one evaluation block (at most
+`CHUNK_ELEMENTS` elements), the kernel block it reduces to, the matching rows of `v` in the compute
+dtype, and one accumulator of the output's row block (batch × block rows × C) in the compute dtype.
 """
 
 from __future__ import annotations
@@ -14,7 +20,7 @@ import torch
 
 from kermac.backend import Availability, Backend
 from kermac.ir_eval import evaluate
-from kermac.problem import GradProblem, PairwiseProblem, compute_dtype
+from kermac.problem import GradProblem, PairwiseProblem, ProductProblem, compute_dtype
 from kermac.programs import REDUCTIONS
 
 __all__ = ["CHUNK_ELEMENTS", "REDUCE", "ReferenceBackend", "blocks", "hyper_env", "tile"]
@@ -63,30 +69,25 @@ class ReferenceBackend(Backend):
     def check_grad(self, problem: GradProblem) -> str | None:
         return None
 
+    def check_product(self, problem: ProductProblem) -> str | None:
+        return None
+
     def pairwise(self, problem: PairwiseProblem) -> None:
-        prog, batch = problem.program, problem.batch_shape
-        cdtype = compute_dtype(problem.dtype)
-        like = torch.empty((), dtype=cdtype, device=problem.device)
-        inner_env = hyper_env(dict(problem.hypers), cdtype, 3)
-        epi_env = hyper_env(dict(problem.hypers), cdtype, 2)
-        reduce = REDUCE[prog.reduction]
-        d = problem.d
-        bm, bn = tile(problem.m, problem.n, math.prod(batch) * max(d, 1))
+        block = _KernelBlocks(problem)
+        bm, bn = block.tile()
         for m0, m1 in blocks(problem.m, bm):
-            rows = torch.arange(m0, m1, device=problem.device) + problem.offset_m
             for n0, n1 in blocks(problem.n, bn):
-                shape = batch + (m1 - m0, n1 - n0)
-                if d == 0:
-                    acc = torch.full(shape, REDUCTIONS[prog.reduction], dtype=cdtype, device=problem.device)
-                else:
-                    xs = problem.x[..., m0:m1, None, :].to(cdtype)
-                    zs = problem.z[..., None, n0:n1, :].to(cdtype)
-                    terms = evaluate(prog.inner, {"x": xs, "z": zs, **inner_env}, like=like)
-                    acc = reduce(terms.expand(shape + (d,)), dim=-1)
-                cols = torch.arange(n0, n1, device=problem.device) + problem.offset_n
-                diag = (rows[:, None] == cols[None, :]).to(cdtype)
-                value = evaluate(prog.epilogue, {"acc": acc, "diag": diag, **epi_env}, like=like)
-                problem.out[..., m0:m1, n0:n1].copy_(value.expand(shape))
+                problem.out[..., m0:m1, n0:n1].copy_(block(m0, m1, n0, n1))
+
+    def product(self, problem: ProductProblem) -> None:
+        m, n, _, c = problem.sizes
+        block = _KernelBlocks(problem)
+        bm, bn = block.tile()
+        for m0, m1 in blocks(m, bm):
+            acc = torch.zeros(problem.batch_shape + (m1 - m0, c), dtype=block.cdtype, device=problem.device)
+            for n0, n1 in blocks(n, bn):
+                acc += block(m0, m1, n0, n1) @ problem.v[..., n0:n1, :].to(block.cdtype)
+            problem.out[..., m0:m1, :].copy_(acc)
 
     def grad(self, problem: GradProblem) -> None:
         prog, batch = problem.program, problem.batch_shape
@@ -108,3 +109,38 @@ class ReferenceBackend(Backend):
                     acc += torch.einsum("...ok,...nmk->...onm", problem.c[..., :, k0:k1].to(cdtype), terms)
                 value = evaluate(prog.epilogue, {"acc": acc, **hypers}, like=like)
                 problem.out[..., :, n0:n1, m0:m1].copy_(value.expand(acc.shape))
+
+
+class _KernelBlocks:
+    """Blocks `K[..., m0:m1, n0:n1]` of the pairwise kernel of a pairwise or product problem, in the compute
+    dtype and with the batch shape: what the pairwise pass writes and the product contracts with `v`."""
+
+    def __init__(self, problem: PairwiseProblem | ProductProblem) -> None:
+        self.problem = problem
+        self.cdtype = compute_dtype(problem.dtype)
+        self.like = torch.empty((), dtype=self.cdtype, device=problem.device)
+        self.inner_env = hyper_env(dict(problem.hypers), self.cdtype, 3)
+        self.epi_env = hyper_env(dict(problem.hypers), self.cdtype, 2)
+        self.reduce = REDUCE[problem.program.reduction]
+
+    def tile(self) -> tuple[int, int]:
+        """Rows × columns of a block whose evaluation stays near `CHUNK_ELEMENTS` elements."""
+        pr = self.problem
+        return tile(pr.x.shape[-2], pr.z.shape[-2], math.prod(pr.batch_shape) * max(pr.x.shape[-1], 1))
+
+    def __call__(self, m0: int, m1: int, n0: int, n1: int) -> torch.Tensor:
+        pr, prog, device = self.problem, self.problem.program, self.problem.device
+        d = pr.x.shape[-1]
+        shape = pr.batch_shape + (m1 - m0, n1 - n0)
+        if d == 0:
+            acc = torch.full(shape, REDUCTIONS[prog.reduction], dtype=self.cdtype, device=device)
+        else:
+            xs = pr.x[..., m0:m1, None, :].to(self.cdtype)
+            zs = pr.z[..., None, n0:n1, :].to(self.cdtype)
+            terms = evaluate(prog.inner, {"x": xs, "z": zs, **self.inner_env}, like=self.like)
+            acc = self.reduce(terms.expand(shape + (d,)), dim=-1)
+        rows = torch.arange(m0, m1, device=device) + pr.offset_m
+        cols = torch.arange(n0, n1, device=device) + pr.offset_n
+        diag = (rows[:, None] == cols[None, :]).to(self.cdtype)
+        value = evaluate(prog.epilogue, {"acc": acc, "diag": diag, **self.epi_env}, like=self.like)
+        return value.expand(shape)
