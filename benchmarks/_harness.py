@@ -140,7 +140,8 @@ def cases(op: str) -> dict[str, Case]:
     return {c.label: Case(c.base.on(DEVICE), c.bandwidths) for c in chosen}
 
 
-def _sync() -> None:
+def sync() -> None:
+    """Wait for the device: each timed call ends with it, so asv's wall-clock timer measures the work."""
     if DEVICE == "cuda":
         torch.cuda.synchronize()
 
@@ -182,13 +183,13 @@ class OpSuite:
             fn(*self._sets[0])
         except BackendError as exc:  # e.g. the backend does not support this problem
             raise NotImplementedError(str(exc)) from exc
-        _sync()
+        sync()
 
     def run(self) -> None:
         """One call on the next input set, then wait for the device."""
         self._fn(*self._sets[self._next % len(self._sets)])
         self._next += 1
-        _sync()
+        sync()
 
     def teardown(self, impl: str, label: str) -> None:
         self._fn = self._sets = None

@@ -171,3 +171,28 @@ def test_linalg_without_kermac_linalg_is_na(monkeypatch: pytest.MonkeyPatch) -> 
     monkeypatch.setattr(linalg, "MISSING", "kermac-linalg is not installed (test)", raising=False)
     with pytest.raises(NotImplementedError, match="kermac-linalg is not installed"):
         linalg.Linalg().setup("kermac", next(iter(linalg.CASES)))
+
+
+def test_the_product_rows_compute_k_times_v() -> None:
+    """The blocked route and the fused product through the reference backend agree with a float64 K @ v."""
+    suite_module = _suite("bench_product")
+    suite = suite_module.Products()
+    for label, (kernel, p, n, d, c) in suite_module.CASES.items():
+        for impl in (suite_module.BLOCKED, "torch"):
+            suite.setup(impl, label)
+            suite.time_kernel_product(impl, label)
+            got = suite._out.double()
+            suite.teardown(impl, label)
+            gen = torch.Generator(device=suite_module.DEVICE).manual_seed(0)  # the suite's inputs, in float64
+            x = torch.randn(n, d, device=suite_module.DEVICE, generator=gen).double()
+            v = torch.randn(n, c, device=suite_module.DEVICE, generator=gen).double()
+            sigma = 2.0**0.5 * d ** (1.0 / p)
+            want = kermac.run_kernel(kernel, x, x, bandwidth=sigma, backend="torch") @ v
+            torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5 * want.abs().max().item(), msg=f"{impl} {label}")
+
+
+def test_a_revision_without_kernel_product_is_na(monkeypatch: pytest.MonkeyPatch) -> None:
+    suite_module = _suite("bench_product")
+    monkeypatch.delattr(kermac, "kernel_product")
+    with pytest.raises(NotImplementedError, match="no kernel_product"):
+        suite_module.Products().setup("torch", next(iter(suite_module.CASES)))

@@ -1,0 +1,45 @@
+"""``tools/product_bench.py``: the blocked route and the fused product compute the same K @ v, refusals are rows.
+
+Without a GPU the script runs small problems on the CPU (a smoke test); the timings it prints there
+mean nothing and are not checked.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from helpers import load_script
+
+script = load_script("product_bench")
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU smoke test; the GPU machine runs the real sizes")
+def test_fused_and_blocked_agree_and_a_refusal_is_reported(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "rows.json"
+    argv = ["--n", "70", "--d", "3,5", "--c", "1,4", "--backends", "torch,nvrtc", "--block", "32", "--repeat", "1"]
+    assert script.main([*argv, "--json", str(path)]) == 0
+    rows = json.loads(path.read_text())["rows"]
+    assert {(r["kernel"], r["d"], r["c"]) for r in rows} == {
+        (k, d, c) for k in ("gaussian", "laplace_l1") for d in (3, 5) for c in (1, 4)
+    }
+    for row in rows:
+        assert row["routes"]["torch"]["rel_err"] < 1e-5
+        assert "nvrtc" in row["routes"]["nvrtc"]["refused"]  # no GPU here: NVRTC is unavailable, said in the row
+    printed = capsys.readouterr().out
+    assert "| gaussian | 70 | 3 | 1 |" in printed and "refused" in printed
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--kernels", "nope"], "--kernels: unknown preset(s) nope"),
+        (["--n", "0"], "expected positive integers"),
+    ],
+)
+def test_bad_arguments_are_named(argv: list[str], message: str, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as done:
+        script.main(["--n", "8", *argv] if argv[0] != "--n" else argv)
+    assert done.value.code == 2 and message in capsys.readouterr().err

@@ -1,0 +1,175 @@
+"""Time the fused kernel product ``K(x, x) @ v`` against the blocked route a user writes without it.
+
+    python tools/product_bench.py [--n 100000] [--d 3,32,128] [--c 1,16] [--kernels gaussian,laplace_l1]
+                                  [--backends nvrtc,triton] [--block 16384] [--repeat 5] [--json PATH]
+
+For every (kernel, D, C), with ``x = randn(N, D)`` (float32) and ``v = randn(N, C)`` on the GPU:
+
+* **blocked**: the fastest a user can do today: ``kermac.run_kernel`` of ``--block`` rows of K into a
+  preallocated block (backend ``auto``), then ``torch.matmul`` of the block with ``v`` into the rows
+  of a preallocated output, block after block;
+* **fused**: ``kermac.kernel_product(kernel, x, x, v, out=out, backend=B)`` for each ``--backends`` B
+  that accepts the problem (a refusal is printed, not timed).
+
+Each route is timed with CUDA events (median of ``--repeat`` calls after one warm-up call, which also
+compiles), its peak memory beyond the inputs and output is read from
+``torch.cuda.max_memory_allocated``, and the fused results are compared with the blocked one (largest
+error relative to the largest entry of the blocked result).  ``σ`` is ``√2·D^(1/p)``, the typical
+distance of ``randn`` rows (as in :mod:`kermac.benchmarking`).  Without a GPU the same runs on the CPU
+at ``--n 512`` and below (a smoke test of the script; the times mean nothing there).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+import sys
+import time
+from collections.abc import Callable
+
+import torch
+
+import kermac
+from kermac import presets
+from kermac.errors import BackendError
+
+__all__ = ["main"]
+
+
+def _ints(text: str) -> list[int]:
+    return [int(t) for t in text.split(",") if t]
+
+
+def _timer(device: torch.device) -> Callable[[Callable[[], object], int], list[float]]:
+    """``time(fn, repeat)``: the milliseconds of ``repeat`` calls, each synchronised (CUDA events on a GPU)."""
+
+    def on_gpu(fn: Callable[[], object], repeat: int) -> list[float]:
+        times = []
+        for _ in range(repeat):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn()
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end))
+        return times
+
+    def on_cpu(fn: Callable[[], object], repeat: int) -> list[float]:
+        times = []
+        for _ in range(repeat):
+            began = time.perf_counter()
+            fn()
+            times.append((time.perf_counter() - began) * 1e3)
+        return times
+
+    return on_gpu if device.type == "cuda" else on_cpu
+
+
+def blocked(kernel: str, x: torch.Tensor, v: torch.Tensor, out: torch.Tensor, block: int, sigma: float) -> Callable:
+    """``out = K(x, x) @ v`` built ``block`` rows at a time into one preallocated block."""
+    n = x.shape[0]
+    buffer = torch.empty(min(block, n), n, device=x.device, dtype=x.dtype)
+
+    def run() -> None:
+        for start in range(0, n, block):
+            rows = min(block, n - start)
+            k = kermac.run_kernel(kernel, x[start : start + rows], x, out=buffer[:rows], bandwidth=sigma)
+            torch.matmul(k, v, out=out[start : start + rows])
+
+    return run
+
+
+def fused(kernel: str, x: torch.Tensor, v: torch.Tensor, out: torch.Tensor, backend: str, sigma: float) -> Callable:
+    def run() -> None:
+        kermac.kernel_product(kernel, x, x, v, out=out, bandwidth=sigma, backend=backend)
+
+    return run
+
+
+def measure(fn: Callable[[], object], device: torch.device, repeat: int) -> tuple[float, int]:
+    """(median ms, peak bytes allocated beyond what was allocated before) of ``fn``."""
+    timer = _timer(device)
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+        base = torch.cuda.memory_allocated()
+        torch.cuda.reset_peak_memory_stats()
+    fn()  # warm-up: JIT compilation and autotuning happen here
+    times = timer(fn, repeat)
+    peak = torch.cuda.max_memory_allocated() - base if device.type == "cuda" else 0
+    return statistics.median(times), peak
+
+
+def run_case(kernel: str, n: int, d: int, c: int, args: argparse.Namespace, device: torch.device) -> dict:
+    p = 1.0 if presets.ALL[kernel].power == "abs" else 2.0
+    sigma = math.sqrt(2.0) * d ** (1.0 / p)
+    gen = torch.Generator(device=device).manual_seed(0)
+    x = torch.randn(n, d, device=device, generator=gen)
+    v = torch.randn(n, c, device=device, generator=gen)
+    row: dict = {"kernel": kernel, "n": n, "d": d, "c": c, "routes": {}}
+    reference = torch.empty(n, c, device=device)
+    ms, peak = measure(blocked(kernel, x, v, reference, args.block, sigma), device, args.repeat)
+    row["routes"]["blocked"] = {"ms": ms, "peak_mb": peak / 2**20}
+    scale = reference.abs().max().clamp_min(torch.finfo(reference.dtype).tiny)
+    for backend in args.backends:
+        out = torch.empty(n, c, device=device)
+        try:
+            ms, peak = measure(fused(kernel, x, v, out, backend, sigma), device, args.repeat)
+        except BackendError as exc:
+            row["routes"][backend] = {"refused": str(exc)}
+            continue
+        err = float(((out - reference).abs().max() / scale).item())  # after timing: one sync per route
+        row["routes"][backend] = {"ms": ms, "peak_mb": peak / 2**20, "rel_err": err}
+    return row
+
+
+def table(rows: list[dict], backends: list[str]) -> str:
+    head = "| kernel | N | D | C | blocked ms | " + " | ".join(f"{b} ms (×, err)" for b in backends) + " |"
+    lines = [head, "|" + "---|" * (5 + len(backends))]
+    for r in rows:
+        base = r["routes"]["blocked"]["ms"]
+        cells = []
+        for b in backends:
+            got = r["routes"][b]
+            if "refused" in got:
+                cells.append("refused")
+            else:
+                cells.append(f"{got['ms']:.2f} ({base / got['ms']:.1f}×, {got['rel_err']:.1e})")
+        lines.append(f"| {r['kernel']} | {r['n']} | {r['d']} | {r['c']} | {base:.2f} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--n", type=int, default=100_000, help="points (rows of x)")
+    parser.add_argument("--d", type=_ints, default=[3, 32, 128], help="features, comma-separated")
+    parser.add_argument("--c", type=_ints, default=[1, 16], help="columns of v, comma-separated")
+    parser.add_argument("--kernels", default="gaussian,laplace_l1", help="presets, comma-separated")
+    parser.add_argument("--backends", default="nvrtc,triton", help="backends of the fused product")
+    parser.add_argument("--block", type=int, default=16384, help="rows of K per block of the blocked route")
+    parser.add_argument("--repeat", type=int, default=5, help="timed calls per route")
+    parser.add_argument("--json", help="also write the rows as JSON to this file")
+    args = parser.parse_args(argv)
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    kernels = [k for k in args.kernels.split(",") if k]
+    unknown = [k for k in kernels if k not in presets.ALL]
+    if unknown:
+        parser.error(f"--kernels: unknown preset(s) {', '.join(unknown)}; known: {', '.join(presets.ALL)}")
+    args.backends = [b for b in args.backends.split(",") if b]
+    if device.type == "cpu" and args.n > 512:
+        parser.error(f"--n: without a CUDA GPU at most 512 points (a smoke test), got {args.n}")
+    if min(args.n, args.block, args.repeat, *args.d, *args.c) < 1:
+        parser.error("--n, --block, --repeat, --d and --c: expected positive integers")
+    rows = [run_case(k, args.n, d, c, args, device) for k in kernels for d in args.d for c in args.c]
+    name = torch.cuda.get_device_name() if device.type == "cuda" else "CPU"
+    print(f"K(x, x) @ v, float32, {name}, torch {torch.__version__}, kermac {kermac.__version__}")
+    print(table(rows, args.backends))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"device": name, "rows": rows}, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
