@@ -175,6 +175,24 @@ def _bad_input(rank: int, world: int, device: torch.device) -> None:
     assert (k @ torch.ones(ns[rank], 1, dtype=F64)).shape == (ms[rank], 1)  # the group still works
 
 
+def _subgroup(rank: int, world: int, device: torch.device) -> None:
+    """On a group of ranks 0 and 2 (of 3) the operator is that of their shards; rank 1 is not a member."""
+    sub = dist.new_group([0, 2])  # every rank of the default group creates it
+    ms, ns = SHARDS[world]
+    x, z, v = _full(sum(ms), 4, 1), _full(sum(ns), 4, 2), _full(sum(ns), 3, 3)
+    x_r, z_r, v_r = _shard(x, ms, rank), _shard(z, ns, rank), _shard(v, ns, rank)
+    if rank == 1:
+        with pytest.raises(ValueError, match=r"^group: expected a process group this process belongs to"):
+            ShardedKernelOperator("gaussian", x_r, z_r, group=sub, **KW)
+        return
+    k = ShardedKernelOperator("gaussian", x_r, z_r, group=sub, **KW)
+    assert k.group is sub and k.shape == (ms[0] + ms[2], ns[0] + ns[2])
+    keep = [i for i in range(3) if i != 1]
+    xs, zs, vs = (torch.cat([_shard(t, sizes, i) for i in keep]) for t, sizes in ((x, ms), (z, ns), (v, ns)))
+    dense = kermac.run_kernel("gaussian", xs, zs, backend="torch", **KW)
+    _close(k @ v_r, _shard(dense @ vs, (ms[0], ms[2]), keep.index(rank)))
+
+
 def _bench(rank: int, world: int, device: torch.device) -> None:
     """tools/sharded_product_bench.py at a tiny size in the running group: rank 0 prints a throughput row."""
     printed = io.StringIO()
@@ -185,7 +203,7 @@ def _bench(rank: int, world: int, device: torch.device) -> None:
 
 
 def _cpu_checks(rank: int, world: int, device: torch.device) -> None:
-    for checks in (_values, _gradients, _nan, _bad_input, _bench):
+    for checks in (_values, _gradients, _nan, _bad_input, _bench, *((_subgroup,) if world == 3 else ())):
         checks(rank, world, device)
 
 

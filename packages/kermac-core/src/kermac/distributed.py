@@ -144,11 +144,12 @@ class ShardedKernelOperator:
             debug=debug, **hypers,
         )  # fmt: skip
         error: Exception | None = None
+        nccl = dist.get_backend(group) == "nccl"
         try:
-            _check_local(make, x_shard, z_shard, dist.get_backend(group))
+            _check_local(make, x_shard, z_shard, nccl)
         except (TypeError, ValueError) as exc:
             error = exc
-        table = _gather_table(group, x_shard, error is not None, z_shard)
+        table = _gather_table(group, nccl, x_shard, z_shard, failed=error is not None)
         _check_table(table, rank, error)
         world = len(table)
         self._group, self._rank, self._make, self._transposed = group, rank, make, False
@@ -351,7 +352,7 @@ class _RingProduct(torch.autograd.Function):
         return (None, *ctx.op._backward(rows, cols, v, g, tuple(ctx.needs_input_grad[1:])))
 
 
-def _check_local(make: Callable[..., KernelOperator], x: object, z: object, group_backend: str) -> None:
+def _check_local(make: Callable[..., KernelOperator], x: object, z: object, nccl: bool) -> None:
     """This rank's shards: what [`KernelOperator`][kermac.operator.KernelOperator] accepts, 2-D, one matrix
     (no batched hyperparameter), and CUDA tensors on an NCCL group."""
     for name, t in (("x_shard", x), ("z_shard", z)):
@@ -363,13 +364,13 @@ def _check_local(make: Callable[..., KernelOperator], x: object, z: object, grou
             f"ShardedKernelOperator: expected hyperparameters of one matrix (numbers or one-element tensors), "
             f"got a batch of {list(local.shape[:-2])} matrices"
         )
-    if group_backend == "nccl" and not x.is_cuda:
+    if nccl and not x.is_cuda:
         raise ValueError(f"x_shard: expected a CUDA tensor (the process group's backend is NCCL), got {x.device}")
 
 
-def _gather_table(group: dist.ProcessGroup, x: object, failed: bool, z: object) -> list[_Shard]:
-    """Every rank's `_Shard`, by one `all_gather` (on the device the group's backend moves)."""
-    if dist.get_backend(group) == "nccl":
+def _gather_table(group: dist.ProcessGroup, nccl: bool, x: object, z: object, *, failed: bool) -> list[_Shard]:
+    """Every rank's `_Shard`, by one `all_gather` (on a CUDA device for an NCCL group, else on the CPU)."""
+    if nccl:
         device = x.device if isinstance(x, torch.Tensor) and x.is_cuda else torch.device("cuda")
     else:
         device = torch.device("cpu")
