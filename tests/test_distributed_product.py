@@ -101,6 +101,12 @@ def _values(rank: int, world: int, device: torch.device) -> None:
     assert t.shape == (ns[rank], 2)
     _close(t, _shard(dense.mT @ u, ns, rank))
     _close(k.T.T @ v_r, _shard(dense @ v, ms, rank))
+    if device.type == "cpu":  # half shards: products in float32, their sum too, rounded to half once
+        half = ShardedKernelOperator("gaussian", *(_shard(t.half(), s, rank) for t, s in ((x, ms), (z, ns))), **KW)
+        y16 = half @ _shard(v.half(), ns, rank)
+        ref = kermac.run_kernel("gaussian", x.half().double(), z.half().double(), backend="torch", **KW)
+        assert y16.dtype == torch.float16
+        torch.testing.assert_close(y16.double(), _shard(ref @ v.half().double(), ms, rank), rtol=4e-3, atol=4e-3)
 
 
 def _gradients(rank: int, world: int, device: torch.device) -> None:
