@@ -203,7 +203,9 @@ def _bench(rank: int, world: int, device: torch.device) -> None:
     """tools/sharded_product_bench.py at a tiny size in the running group: rank 0 prints a throughput row."""
     printed = io.StringIO()
     with contextlib.redirect_stdout(printed):
-        result = load_script("sharded_product_bench").main(["--n", "37", "--d", "3", "--c", "2", "--repeats", "2"])
+        result = load_script("sharded_product_bench").main(
+            ["--points", "37", "--features", "3", "--columns", "2", "--repeats", "2"]
+        )
     assert result["world"] == world and result["median_s"] > 0 and result["entries_per_s"] > 0
     assert ("entries/s" in printed.getvalue()) == (rank == 0)
 
