@@ -240,6 +240,9 @@ def test_without_a_process_group() -> None:
 
 
 def test_import_kermac_leaves_torch_distributed_alone() -> None:
-    """`import kermac` imports no part of the sharded operator."""
-    code = "import sys, kermac; assert 'kermac.distributed' not in sys.modules, 'imported'"
+    """`import kermac` imports no part of the sharded operator; `kermac.distributed` loads it on first use."""
+    code = (
+        "import sys, kermac; assert 'kermac.distributed' not in sys.modules, 'imported'; "
+        "assert kermac.distributed.ShardedKernelOperator.__module__ == 'kermac.distributed'"
+    )
     subprocess.run([sys.executable, "-c", code], check=True, env=os.environ | {"PYTHONPATH": os.pathsep.join(sys.path)})

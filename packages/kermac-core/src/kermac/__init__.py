@@ -5,7 +5,8 @@ Pairwise p-norm distances ([`cdist`][kermac.cdist]), fused kernel matrices ([`ru
 ([`cdist_grad`][kermac.cdist_grad]), semiring programs written in [`kermac.ir`][kermac.ir]
 ([`run_program`][kermac.run_program]), fused kernel products that never materialise the kernel matrix
 ([`kernel_product`][kermac.kernel_product], [`program_product`][kermac.program_product],
-[`KernelOperator`][kermac.KernelOperator]), and cuSOLVER linear algebra ([`kermac.linalg`][kermac_linalg], from
+[`KernelOperator`][kermac.KernelOperator], and sharded over several GPUs
+[`kermac.distributed`][kermac.distributed]), and cuSOLVER linear algebra ([`kermac.linalg`][kermac_linalg], from
 the `kermac-linalg` package).
 
 Importing kermac is cheap: backends (NVRTC, Triton) load their heavy modules on first use.
@@ -45,6 +46,7 @@ __all__ = [
     "backends",
     "cdist",
     "cdist_grad",
+    "distributed",
     "ir",
     "kernel_product",
     "linalg",
@@ -57,6 +59,10 @@ __all__ = [
 
 
 def __getattr__(name: str) -> Any:
+    if name == "distributed":  # torch.distributed is imported when it is used, not with kermac
+        import importlib
+
+        return importlib.import_module("kermac.distributed")
     if name == "linalg":
         import importlib
 
