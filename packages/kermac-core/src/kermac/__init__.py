@@ -5,7 +5,8 @@ Pairwise p-norm distances ([`cdist`][kermac.cdist]), fused kernel matrices ([`ru
 ([`cdist_grad`][kermac.cdist_grad]), semiring programs written in [`kermac.ir`][kermac.ir]
 ([`run_program`][kermac.run_program]), fused kernel products that never materialise the kernel matrix
 ([`kernel_product`][kermac.kernel_product], [`program_product`][kermac.program_product],
-[`KernelOperator`][kermac.KernelOperator], and sharded over several GPUs
+[`KernelOperator`][kermac.KernelOperator], the gradient of a kernel predictor at many points
+[`predictor_gradient`][kermac.predictor_gradient], and sharded over several GPUs
 [`kermac.distributed`][kermac.distributed]), and cuSOLVER linear algebra ([`kermac.linalg`][kermac_linalg], from
 the `kermac-linalg` package).
 
@@ -32,6 +33,7 @@ from kermac.api import (
 from kermac.descriptor import KernelDescriptor
 from kermac.errors import BackendError, BackendUnavailableError, UnsupportedProblemError
 from kermac.operator import KernelOperator
+from kermac.predictor import predictor_gradient
 from kermac.programs import GradProgram, PairwiseProgram
 
 __all__ = [
@@ -50,6 +52,7 @@ __all__ = [
     "ir",
     "kernel_product",
     "linalg",
+    "predictor_gradient",
     "presets",
     "program_product",
     "run_grad_program",

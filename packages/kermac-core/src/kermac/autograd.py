@@ -80,6 +80,7 @@ from kermac.hyperparams import HyperValue
 from kermac.ir_diff import derivative
 from kermac.ir_eval import evaluate
 from kermac.lowering import grad_program
+from kermac.predictor import product_jacobian
 from kermac.problem import compute_dtype, diagonal_offsets
 from kermac.programs import (
     PairwiseProgram,
@@ -87,6 +88,7 @@ from kermac.programs import (
     is_product_sum,
     is_squared_difference_sum,
     program_from_key,
+    slope_program,
     swap_operands,
 )
 from kermac.reference.backend import REDUCE, blocks, hyper_env, tile
@@ -387,20 +389,12 @@ def _transposed_product(
     )  # fmt: skip
 
 
-@cache
-def _slope_program(program: PairwiseProgram) -> PairwiseProgram:
-    """The program of `E = e'(acc)`, 0 where `acc = 0` (every difference 0: the term vanishes there while
-    `e'` may be infinite, e.g. for Laplace-L2)."""
-    slope = ir.select(ir.eq(ir.Var("acc"), 0.0), 0.0, _epilogue_slope(program))
-    return PairwiseProgram(program.inner, program.reduction, slope)
-
-
 def _product_point_gradients(
     s: _Setup, x: torch.Tensor, z: torch.Tensor, v: torch.Tensor, g: torch.Tensor, want: tuple[bool, bool]
 ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
     """`(∂L/∂x, ∂L/∂z)` of `out = K v` for a program summing `(x − z)²` (module docstring), from one product of
     the slope program per input, with `C + C·D` columns."""
-    slope = _slope_program(s.program)
+    slope = slope_program(s.program)
     hypers = {n: s.hypers[n] for n in slope.hypers}
     batch = torch.broadcast_shapes(x.shape[:-2], z.shape[:-2], v.shape[:-2], g.shape[:-2])
     (m, d), n, c = x.shape[-2:], z.shape[-2], v.shape[-1]
@@ -408,14 +402,11 @@ def _product_point_gradients(
     vb, gb = v.expand(batch + (n, c)), g.expand(batch + (m, c))
     grad_x = grad_z = None
     if want[0]:
-        w = (vb[..., :, :, None] * zb[..., :, None, :]).reshape(batch + (n, c * d))
-        ew = ops.product(
-            slope.key(), x, z, torch.cat([vb, w], dim=-1), hypers, offset_m=s.offset_m, offset_n=s.offset_n,
-            backend=s.backend, debug=s.debug, op=s.op,
+        jacobian = product_jacobian(
+            s.program, x, z, v, s.hypers, offset_m=s.offset_m, offset_n=s.offset_n, backend=s.backend, debug=s.debug,
+            op=s.op,
         )  # fmt: skip
-        ev, ew = ew[..., :c], ew[..., c:].reshape(batch + (m, c, d))
-        a = (gb * ev).sum(-1, keepdim=True)
-        grad_x = (2 * (xb * a - (gb[..., :, :, None] * ew).sum(-2))).sum_to_size(x.shape)
+        grad_x = (gb[..., :, :, None] * jacobian).sum(-2).sum_to_size(x.shape)
     if want[1]:
         u = (gb[..., :, :, None] * xb[..., :, None, :]).reshape(batch + (m, c * d))
         eu = _transposed_product(s, slope, x, z, torch.cat([gb, u], dim=-1), hypers)

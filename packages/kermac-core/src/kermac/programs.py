@@ -37,11 +37,13 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, fields
+from functools import cache
 
 import torch
 
 from kermac.canonical import canonical, equivalent
-from kermac.ir import Call, Const, Expr, Var, free_vars, from_sexpr, hyper_names, substitute, to_sexpr
+from kermac.ir import Call, Const, Expr, Var, eq, free_vars, from_sexpr, hyper_names, select, substitute, to_sexpr
+from kermac.ir_diff import derivative
 from kermac.ir_eval import evaluate
 
 __all__ = [
@@ -366,3 +368,17 @@ def signed_power(expr: Expr) -> tuple[Expr, Expr] | None:
         if equivalent(cond, Call("ne", (t, Const(0.0)))) and equivalent(base, Call("abs", (t,))):
             return t, e
     return None
+
+
+@cache
+def slope_program(program: PairwiseProgram) -> PairwiseProgram:
+    """The program of `e'(acc)`, the derivative of `program`'s epilogue with respect to `acc` (symbolic,
+    [`kermac.ir_diff`][kermac.ir_diff]), taken as 0 where `acc = 0`.
+
+    For a program summing `(x − z)²`, `K = e(r²)` and `∂K/∂x_j = 2 e'(r²) (x_j − z_j)`: the slope kernel
+    times the differences.  Where `acc = 0` every difference is 0, so the term vanishes there while `e'`
+    may be infinite (Laplace-L2's `e'(0)`).  The regularisation of the diagonal does not depend on the
+    points and has no slope.
+    """
+    slope = select(eq(Var("acc"), 0.0), 0.0, derivative(program.epilogue, "acc"))
+    return PairwiseProgram(program.inner, program.reduction, slope)

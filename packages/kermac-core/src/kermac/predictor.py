@@ -1,0 +1,144 @@
+r"""Gradients of kernel predictors with respect to their points, without materialising the kernel matrix.
+
+A kernel predictor is `f(x)[m, c] = Σ_n K(x_m, z_n) α[n, c]` (a fused product,
+[`kernel_product`][kermac.api.kernel_product]). For a kernel on `r² = Σ_j (x_j − z_j)²`, `K = e(r²)`,
+
+$$
+J[m, c, j] = \frac{\partial f(x)[m, c]}{\partial x_{m j}}
+= 2\Big(x_{m j} \sum_n E_{m n}\,\alpha_{n c} - \sum_n E_{m n}\,\alpha_{n c}\, z_{n j}\Big),
+\qquad E_{m n} = e'(r^2_{m n})
+$$
+
+that is one product of the slope program ([`slope_program`][kermac.programs.slope_program]) with the
+`C + C·D` columns `[α, α ⊙ z]`. This Jacobian is what the average gradient outer product (AGOP) of a
+Recursive Feature Machine needs, `G = (1/M) Σ_m J[m]ᵀ J[m]`; the backward of the product with respect to
+`x` ([`kermac.autograd`][kermac.autograd]) is its contraction with the incoming gradient.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from kermac import ops
+from kermac.api import lower_kernel
+from kermac.hyperparams import HyperValue, program_hypers
+from kermac.logs import debug_enabled
+from kermac.problem import check_tensor
+from kermac.programs import PairwiseProgram, is_squared_difference_sum, program_from_key, slope_program
+
+__all__ = ["predictor_gradient", "product_jacobian"]
+
+
+def product_jacobian(
+    program: PairwiseProgram,
+    x: torch.Tensor,
+    z: torch.Tensor,
+    v: torch.Tensor,
+    hypers: dict[str, HyperValue],
+    *,
+    offset_m: int = 0,
+    offset_n: int = 0,
+    backend: str = "auto",
+    debug: bool = False,
+    op: str = "predictor_gradient",
+) -> torch.Tensor:
+    """`J[..., m, c, j] = ∂(K(x, z) v)[..., m, c] / ∂x[..., m, j]` for a `program` summing `(x − z)²`
+    (module docstring), `[*B, M, C, D]` in `x`'s dtype (`B` broadcasts the batch shapes of `x`, `z`, `v` and
+    the tensor hyperparameters); one fused product of `C + C·D` columns.
+
+    The caller checks the program's shape; inputs broadcast as in a product.
+    """
+    slope = slope_program(program)
+    used = {n: hypers[n] for n in slope.hypers}
+    shapes = [
+        x.shape[:-2],
+        z.shape[:-2],
+        v.shape[:-2],
+        *(h.tensor.shape for h in used.values() if h.tensor is not None),
+    ]
+    batch = torch.broadcast_shapes(*shapes)  # a batched hyperparameter's shape is a batch shape too
+    (m, d), n, c = x.shape[-2:], z.shape[-2], v.shape[-1]
+    zb, vb = z.expand(batch + (n, d)), v.expand(batch + (n, c))
+    columns = torch.cat([vb, (vb[..., :, :, None] * zb[..., :, None, :]).reshape(batch + (n, c * d))], dim=-1)
+    e = ops.product(
+        slope.key(), x, z, columns, used, offset_m=offset_m, offset_n=offset_n, backend=backend, debug=debug, op=op
+    )
+    ev, ew = e[..., :c], e[..., c:].reshape(batch + (m, c, d))
+    return 2 * (x.expand(batch + (m, d))[..., :, None, :] * ev[..., :, :, None] - ew)
+
+
+def predictor_gradient(
+    kernel: object,
+    x: torch.Tensor,
+    z: torch.Tensor,
+    alpha: torch.Tensor,
+    *,
+    p: float | torch.Tensor | None = None,
+    bandwidth: float | torch.Tensor | None = None,
+    backend: str = "auto",
+    debug: bool = False,
+    **hypers: float | torch.Tensor,
+) -> torch.Tensor:
+    r"""The gradient of the kernel predictor `f(x) = K(x, z) α` at every point of `x`, never building `K`.
+
+    $$
+    \mathrm{out}[\dots, m, c, j] = \frac{\partial}{\partial x_{m j}} \sum_n K(x_m, z_n)\,\alpha[\dots, n, c]
+    $$
+
+    Args:
+        kernel: a [`KernelDescriptor`][kermac.descriptor.KernelDescriptor], a preset name (as
+            [`run_kernel`][kermac.api.run_kernel]) or a [`PairwiseProgram`][kermac.programs.PairwiseProgram] whose
+            hyperparameters come as keywords; its inner term must sum `(x − z)²` (Gaussian, Laplace-L2,
+            Matérn, Cauchy, l2 and user programs of that shape).
+        x: `[..., M, D]`, the points where the gradient is taken.
+        z: `[..., N, D]`, the centres (training points).
+        alpha: `[..., N, C]` coefficients, or `[N]` for one output (the result is then `[..., M, D]`).
+        p: as in [`run_kernel`][kermac.api.run_kernel].
+        bandwidth: as in [`run_kernel`][kermac.api.run_kernel].
+        backend: `"auto"` or a backend that computes fused products.
+        debug: as in [`cdist`][kermac.api.cdist].
+        **hypers: a program's hyperparameters by name.
+
+    Returns:
+        `[..., M, C, D]` (or `[..., M, D]` for a 1-D `alpha`) in `x`'s dtype, computed in its compute dtype.
+        Regularisation of the diagonal does not depend on the points and is not an argument.
+
+    Raises `NotImplementedError` for a kernel not on `Σ (x − z)²` (e.g. Laplace-L1), naming it; the
+    usual `TypeError`/`ValueError` for inputs, naming the argument.  The result is differentiable (it is
+    made of fused products).
+    """
+    debug = debug_enabled(debug)
+    x = check_tensor("x", x)
+    z = check_tensor("z", z)
+    if not isinstance(alpha, torch.Tensor):
+        raise TypeError(f"alpha: expected a torch.Tensor, got {type(alpha).__name__}")
+    vector = alpha.dim() == 1
+    alpha = check_tensor("alpha", alpha[:, None] if vector else alpha)
+    if isinstance(kernel, PairwiseProgram):
+        named = {"p": p, "bandwidth": bandwidth}
+        given = {k: v for k, v in named.items() if v is not None} | hypers
+        program, hv = kernel, program_hypers(kernel.hypers, given, x.device, debug)
+    else:
+        if hypers:
+            raise TypeError(
+                f"predictor_gradient: unexpected keyword arguments {sorted(hypers)} (only a PairwiseProgram takes "
+                "its hyperparameters as keywords; a descriptor takes p and bandwidth)"
+            )
+        key, hv = lower_kernel(kernel, x, p, bandwidth, None, debug, what="kernel")
+        program = program_from_key(key)
+    if not is_squared_difference_sum(program):
+        raise NotImplementedError(
+            f"predictor_gradient: implemented for kernels on Σ (x − z)² (Gaussian, Laplace-L2, Matérn, Cauchy, l2); "
+            f"program {program.key()} is not one"
+        )
+    if alpha.dtype != x.dtype or alpha.device != x.device:
+        raise TypeError(
+            f"alpha: expected a tensor of x's dtype and device ({x.dtype} on {x.device}), got {alpha.dtype} on "
+            f"{alpha.device}"
+        )
+    if alpha.shape[-2] != z.shape[-2]:
+        raise ValueError(
+            f"alpha: expected {z.shape[-2]} rows (N, z.shape[-2]), got shape {list(alpha.shape)} (z: {list(z.shape)})"
+        )
+    jacobian = product_jacobian(program, x, z, alpha, hv, backend=backend, debug=debug)
+    return jacobian[..., 0, :] if vector else jacobian
