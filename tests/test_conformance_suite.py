@@ -11,12 +11,22 @@ import pytest
 import torch
 
 from kermac import hookspecs, ir, registry, testing
-from kermac.backend import Availability
+from kermac.backend import Availability, Backend
 from kermac.hookspecs import hookimpl
-from kermac.problem import GradProblem, PairwiseProblem
+from kermac.problem import GradProblem, PairwiseProblem, ProductProblem
 from kermac.programs import PairwiseProgram
 from kermac.reference.backend import ReferenceBackend
-from kermac.testing import CASES, check_case, check_hooks, check_registry, conformance_tests
+from kermac.testing import (
+    CASES,
+    PRODUCT_CASES,
+    PRODUCT_COLUMNS,
+    TRANSPOSED_PRODUCT_CASE,
+    check_case,
+    check_hooks,
+    check_product_case,
+    check_registry,
+    conformance_tests,
+)
 
 
 class Honest(ReferenceBackend):
@@ -82,6 +92,9 @@ class RefusesAll(Honest):
     def check_grad(self, problem: GradProblem) -> str | None:
         return "nothing is supported yet"
 
+    def check_product(self, problem: ProductProblem) -> str | None:
+        return "nothing is supported yet"
+
 
 class Unavailable(Honest):
     name = "fake-unavailable"
@@ -132,8 +145,64 @@ class OneTile(Honest):
             problem.c, problem.out = c, out
 
 
+class ProductLeftUnwritten(Honest):
+    """Claims every product and returns without writing `out`."""
+
+    name = "fake-product-unwritten"
+
+    def product(self, problem: ProductProblem) -> None:
+        pass
+
+
+class ProductOneTile(Honest):
+    """Sums over the first 64 columns of K only (drops every later tile of N)."""
+
+    name = "fake-product-one-tile"
+    TILE = 64
+
+    def product(self, problem: ProductProblem) -> None:
+        z, v = problem.z, problem.v
+        problem.z, problem.v = z[..., : self.TILE, :], v[..., : self.TILE, :]
+        try:
+            super().product(problem)
+        finally:
+            problem.z, problem.v = z, v
+
+
+class ProductMuteRefusal(Honest):
+    """Refuses products with an empty reason."""
+
+    name = "fake-product-mute"
+
+    def check_product(self, problem: ProductProblem) -> str | None:
+        return ""
+
+
+class ProductRaises(Honest):
+    """Claims every product, then raises running it."""
+
+    name = "fake-product-raises"
+
+    def product(self, problem: ProductProblem) -> None:
+        raise RuntimeError("the product kernel is not written yet")
+
+
+class PredatesProducts(Honest):
+    """A backend written before the fused product: it defines neither product hook, so it gets the defaults
+    of `Backend` (a refusal, and a `product` that is never called)."""
+
+    name = "fake-predates-products"
+    check_product = Backend.check_product
+    product = Backend.product
+
+
 class _Plugin:
     backends = (
+        ProductLeftUnwritten(),
+        ProductOneTile(),
+        ProductMuteRefusal(),
+        ProductRaises(),
+        PredatesProducts(),
         Honest(),
         LeavesLastRow(),
         Inaccurate(),
@@ -216,7 +285,8 @@ def test_infinite_gradients_may_be_nan_only_below_float64() -> None:
 
 def test_the_suite_names_one_test_per_check() -> None:
     tests = conformance_tests("fake-honest", devices=["cpu"])
-    assert sorted(tests) == [f"test_fake_honest_{check}" for check in ("hooks", "reached", "registry", "values")]
+    checks = ("hooks", "products", "reached", "registry", "transposed_product", "values")
+    assert sorted(tests) == [f"test_fake_honest_{check}" for check in checks]
 
 
 def test_the_suite_skips_a_refused_problem_with_the_reason() -> None:
@@ -354,3 +424,120 @@ def test_the_triton_backend_stays_untuned_when_the_registry_is_rebuilt() -> None
     assert registry.get_backend("triton").tuning.autotune is False
     registry.reset()
     assert registry.get_backend("triton").tuning.autotune is False
+
+
+def _rejected_products(backend: str, dtype: torch.dtype = torch.float64) -> list[str]:
+    """The product cases (with `v` of every number of columns, and the transposed product) on which
+    `backend` fails the suite."""
+    rejected = []
+    for case in PRODUCT_CASES:
+        for columns in PRODUCT_COLUMNS:
+            try:
+                check_product_case(backend, case, "cpu", dtype, columns)
+            except AssertionError:
+                rejected.append(f"{case.name}/{columns}")
+    try:
+        check_product_case(backend, TRANSPOSED_PRODUCT_CASE, "cpu", dtype, PRODUCT_COLUMNS[-1], transpose=True)
+    except AssertionError:
+        rejected.append("transposed")
+    return rejected
+
+
+def test_an_honest_backend_passes_every_product() -> None:
+    for dtype in (torch.float32, torch.float16):
+        assert _rejected_products("fake-honest", dtype) == []
+    conformance_tests("fake-honest")["test_fake_honest_products"]("cpu", torch.float32, PRODUCT_CASES[0], 5)
+    conformance_tests("fake-honest")["test_fake_honest_transposed_product"]("cpu", torch.float64)
+
+
+def test_a_product_left_unwritten_fails() -> None:
+    """Every product the backend is handed fails; only those never handed to a backend (an empty output,
+    or N = 0, whose zeros kermac writes) pass."""
+    never_handed = {f"l1_n0/{columns}" for columns in PRODUCT_COLUMNS}
+    every = {f"{case.name}/{columns}" for case in PRODUCT_CASES for columns in PRODUCT_COLUMNS} | {"transposed"}
+    assert set(_rejected_products("fake-product-unwritten")) == every - never_handed
+    with pytest.raises(AssertionError, match="out was left unwritten"):
+        check_product_case("fake-product-unwritten", _case("l1_distance"), "cpu", torch.float32, 5)
+    test_products = conformance_tests("fake-product-unwritten")["test_fake_product_unwritten_products"]
+    with pytest.raises(AssertionError, match="product of pairwise program"):
+        test_products("cpu", torch.float32, _case("gaussian"), 1)
+
+
+def test_a_product_that_drops_the_last_tiles_of_n_fails() -> None:
+    """A sum over the first 64 columns of K only: exactly the cases with N beyond 64 tell, with `v` of
+    one column and of several."""
+    long = [c.name for c in PRODUCT_CASES if c.shapes[1][-2] > ProductOneTile.TILE]
+    assert long == ["l1_multi_tile", "l2_multi_tile", "l2_multi_block", "gaussian_long_n"]
+    assert _rejected_products("fake-product-one-tile") == [f"{n}/{c}" for n in long for c in PRODUCT_COLUMNS]
+    with pytest.raises(AssertionError, match="entries differ from the reference"):
+        check_product_case("fake-product-one-tile", _case("gaussian_long_n"), "cpu", torch.float32, 1)
+
+
+def test_an_empty_product_refusal_fails() -> None:
+    with pytest.raises(AssertionError, match="check_product returned ''"):
+        check_product_case("fake-product-mute", _case("l1_distance"), "cpu", torch.float32, 1)
+    with pytest.raises(AssertionError, match="check_product returned ''"):
+        check_hooks("fake-product-mute", "cpu")
+
+
+def test_a_product_that_raises_after_claiming_fails() -> None:
+    raised = "raised RuntimeError: the product kernel is not written yet"
+    with pytest.raises(AssertionError, match=raised):
+        check_product_case("fake-product-raises", _case("l1_distance"), "cpu", torch.float32, 5)
+    with pytest.raises(AssertionError, match=raised):
+        check_product_case("fake-product-raises", TRANSPOSED_PRODUCT_CASE, "cpu", torch.float32, 5, transpose=True)
+
+
+def test_a_backend_that_predates_products_passes_with_them_skipped() -> None:
+    """The refusing default of `Backend.check_product` is a reason: every product is skipped with it (those
+    never handed to a backend pass), and the rest of the suite runs as before."""
+    name = "fake-predates-products"
+    default = f"backend {name!r} does not compute fused kernel products"
+    check_registry(name)
+    check_hooks(name, "cpu")
+    for case in PRODUCT_CASES:
+        for columns in PRODUCT_COLUMNS:
+            expected = None if case.name == "l1_n0" else default
+            assert check_product_case(name, case, "cpu", torch.float32, columns) == expected, case.name
+    tests = conformance_tests(name)
+    with pytest.raises(pytest.skip.Exception, match=r"refuses the product of gaussian \(C = 5, float32 on cpu\)"):
+        tests["test_fake_predates_products_products"]("cpu", torch.float32, _case("gaussian"), 5)
+    with pytest.raises(pytest.skip.Exception, match=f"refuses the transposed product of .*: {default}"):
+        tests["test_fake_predates_products_transposed_product"]("cpu", torch.float64)
+    assert check_case(name, _case("gaussian"), "cpu", torch.float32) is None
+    with pytest.MonkeyPatch.context() as patch:
+        tests["test_fake_predates_products_reached"]("cpu", patch)
+
+
+def test_reached_runs_the_product_hook() -> None:
+    """`backend=` and KERMAC_BACKEND reach the product hook of a backend that claims products; one that
+    left its product out would be caught there."""
+    from kermac.testing.suite import _reaches
+
+    with pytest.MonkeyPatch.context() as patch:
+        assert _reaches("fake-honest", "cpu", patch) == ["pairwise", "grad", "product"]
+    with pytest.MonkeyPatch.context() as patch:
+        assert _reaches("fake-predates-products", "cpu", patch) == ["pairwise", "grad"]
+
+
+def test_the_suite_can_leave_products_out() -> None:
+    test_products = conformance_tests("fake-honest", products=PRODUCT_CASES[:2])["test_fake_honest_products"]
+    [parametrize] = [m for m in test_products.pytestmark if m.args[0] == "case"]
+    assert parametrize.args[1] == list(PRODUCT_CASES[:2])
+
+
+def test_the_product_tolerance_scales_with_the_sum_of_absolute_terms() -> None:
+    """The error of `K @ v` is measured against max |K| · max_c Σ_n |v[n, c]|, with the pairwise rtol plus N·u:
+    a cancelling sum near 0 is not held to its own (tiny) size, and a wrong term is still caught."""
+    from kermac.testing.values import product_rtol, product_scale
+
+    k = torch.tensor([[2.0, -1.0]], dtype=torch.float64)
+    v = torch.tensor([[1.0, 0.5], [2.0, torch.nan]], dtype=torch.float64)
+    assert product_scale(k, v) == 2.0 * 3.0
+    assert product_rtol(torch.float64, 4) == testing.TOLERANCE[torch.float64] + 4 * 2.0**-53
+    assert product_rtol(torch.float16, 100) == testing.TOLERANCE[torch.float16] + 100 * 2.0**-24
+    ref = torch.tensor([0.0], dtype=torch.float64)
+    scale = product_scale(k, v)
+    testing.assert_matches_reference(torch.tensor([5e-6]), ref, rtol=1e-6, what="t", scale=scale)
+    with pytest.raises(AssertionError, match="1 of 1 entries differ"):
+        testing.assert_matches_reference(torch.tensor([7e-6]), ref, rtol=1e-6, what="t", scale=scale)

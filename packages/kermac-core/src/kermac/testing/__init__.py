@@ -25,13 +25,20 @@ size-1 dimensions, transposed and strided views, broadcast batches, batched tens
 NaN and infinite inputs), that `check_pairwise`
 / `check_grad` answer honestly: a problem the backend accepts runs and matches the reference, one
 it refuses comes with a reason (a non-empty str), which `backend=` quotes in its
-`UnsupportedProblemError`, and is skipped with it.  On CUDA the backend also
-runs each problem without synchronising with the host (`torch.cuda.set_sync_debug_mode("error")`).
+`UnsupportedProblemError`, and is skipped with it.  The same holds for `check_product` / `product`
+on the kernel products `K @ v` of the pairwise cases of [`PRODUCT_CASES`][kermac.testing.PRODUCT_CASES]
+(`v` of 1 and 5 columns) and the transposed product `Kᵀ @ u` of
+[`TRANSPOSED_PRODUCT_CASE`][kermac.testing.TRANSPOSED_PRODUCT_CASE]: a backend that predates products
+refuses them by default ([`kermac.backend.Backend.check_product`][kermac.backend.Backend.check_product]) and
+passes with those tests skipped; one that claims a product must compute it, or fails.  On CUDA the
+backend also runs each problem without synchronising with the host
+(`torch.cuda.set_sync_debug_mode("error")`).
 A backend that is unavailable on this machine, or a device that is not, skips its tests with the
 reason (fails them, with `required=True`).
 
 **Single checks.** [`assert_pairwise_conforms`][kermac.testing.assert_pairwise_conforms] and
-[`assert_grad_conforms`][kermac.testing.assert_grad_conforms] compare one call on given inputs:
+[`assert_grad_conforms`][kermac.testing.assert_grad_conforms] and
+[`assert_product_conforms`][kermac.testing.assert_product_conforms] compare one call on given inputs:
 
 ```text
 from kermac import presets, testing
@@ -47,15 +54,19 @@ case on one backend) and `suite` (the pytest entry point); every name above is i
 `kermac.testing`.
 """
 
-from kermac.testing.case_check import check_case
+from kermac.testing.case_check import check_case, check_product_case
 from kermac.testing.cases import (
     CASES,
     HUBER_GRAD,
     HYPER_VALUES,
     LAYOUTS,
+    LOPSIDED_RIDGE,
     MAX_OF_NEGATIVES,
     MIN_OF_POSITIVES,
+    PRODUCT_CASES,
+    PRODUCT_COLUMNS,
     SOFT_L1,
+    TRANSPOSED_PRODUCT_CASE,
     Case,
 )
 from kermac.testing.hooks import backend_names, check_hooks, check_registry, unusable_reason
@@ -66,6 +77,7 @@ from kermac.testing.values import (
     assert_grad_conforms,
     assert_matches_reference,
     assert_pairwise_conforms,
+    assert_product_conforms,
 )
 
 __all__ = [
@@ -74,17 +86,23 @@ __all__ = [
     "HUBER_GRAD",
     "HYPER_VALUES",
     "LAYOUTS",
+    "LOPSIDED_RIDGE",
     "MAX_OF_NEGATIVES",
     "MIN_OF_POSITIVES",
+    "PRODUCT_CASES",
+    "PRODUCT_COLUMNS",
     "SOFT_L1",
     "TOLERANCE",
+    "TRANSPOSED_PRODUCT_CASE",
     "Case",
     "assert_grad_conforms",
     "assert_matches_reference",
     "assert_pairwise_conforms",
+    "assert_product_conforms",
     "backend_names",
     "check_case",
     "check_hooks",
+    "check_product_case",
     "check_registry",
     "conformance_tests",
     "unusable_reason",

@@ -12,18 +12,22 @@ import torch
 from kermac import ir, presets
 from kermac.hyperparams import program_hypers
 from kermac.lowering import grad_program
-from kermac.problem import GradProblem, PairwiseProblem, grad_problem, pairwise_problem
-from kermac.programs import GradProgram, PairwiseProgram
+from kermac.problem import GradProblem, PairwiseProblem, ProductProblem, grad_problem, pairwise_problem, product_problem
+from kermac.programs import GradProgram, PairwiseProgram, swap_operands
 
 __all__ = [
     "CASES",
     "HUBER_GRAD",
     "HYPER_VALUES",
     "LAYOUTS",
+    "LOPSIDED_RIDGE",
     "MAX_OF_NEGATIVES",
     "MIN_OF_POSITIVES",
+    "PRODUCT_CASES",
+    "PRODUCT_COLUMNS",
     "SAMPLE_CASES",
     "SOFT_L1",
+    "TRANSPOSED_PRODUCT_CASE",
     "Case",
 ]
 
@@ -41,6 +45,12 @@ the max from 0 instead of −∞ (the identity of max) returns 0."""
 MIN_OF_POSITIVES = PairwiseProgram(ir.abs_(_X - _Z) + 1.0, "min", ir.Var("acc"))
 """A user program whose terms are all positive: min over k of (|x − z| + 1).  A backend that starts
 the min from 0 instead of +∞ returns 0."""
+LOPSIDED_RIDGE = PairwiseProgram(
+    ir.abs_(_X - 2.0 * _Z), "sum", ir.exp(-0.25 * ir.Var("acc")) + ir.Hyper("regularization") * ir.Var("diag")
+)
+"""A user program that is not symmetric in x and z, with a regularised diagonal: e^(−Σ|x − 2z|/4) + λ[diag].
+Its transpose is a different program ([`swap_operands`][kermac.programs.swap_operands]) and a different
+diagonal where the offsets differ: what the transposed product is checked on."""
 
 
 LAYOUTS = ("contiguous", "transposed", "strided")
@@ -122,6 +132,43 @@ class Case:
             return batch * rows * self.shapes[1][-2] * cols
         return batch * self.shapes[2][-2] * self.shapes[1][-2] * cols * rows
 
+    def vector(
+        self, operands: tuple[torch.Tensor, ...], columns: int, transpose: bool, device: str | torch.device
+    ) -> torch.Tensor:
+        """The `v` of a product of this pairwise case: `[..., N, columns]` (`[..., M, columns]` with
+        `transpose`: the `u` of `Kᵀ @ u`), the same on every call, in the operands' dtype.
+
+        With one column it has no batch dimensions (broadcast against the batch); with more, those of
+        `z` (of `x` with `transpose`), so it broadcasts against the other operand where the case's batch
+        does.  It takes the case's `layout` (a transposed or strided view); `special` puts NaN in its
+        first entry where there are several columns (the other columns still check the values)."""
+        x, z = operands
+        rows_of = x if transpose else z
+        batch = rows_of.shape[:-2] if columns > 1 else ()
+        gen = torch.Generator().manual_seed(zlib.crc32(f"{self.name}/v{columns}{'T' * transpose}".encode()))
+        v = self._operand((*batch, rows_of.shape[-2], columns), gen, device, x.dtype)
+        if self.special and columns > 1 and v.numel():
+            v[..., 0, 0] = torch.nan
+        return v
+
+    def product_problem(
+        self,
+        operands: tuple[torch.Tensor, ...],
+        hypers: dict,
+        v: torch.Tensor,
+        out: torch.Tensor | None,
+        transpose: bool = False,
+    ) -> ProductProblem:
+        """The product problem kermac hands a backend for `K @ v` of this pairwise case (`Kᵀ @ v` with
+        `transpose`: the product of the program with its operands swapped, on `(z, x)`, the offsets
+        exchanged); `out` None: kermac's own output."""
+        x, z = operands
+        program, (m, n) = self.program, self.offsets
+        if transpose:
+            program, x, z, m, n = swap_operands(program), z, x, n, m
+        hv = program_hypers(program.hypers, hypers, x.device, False)
+        return product_problem(program, x, z, v, out=out, hypers=hv, offset_m=m, offset_n=n)
+
     def problem(
         self, operands: tuple[torch.Tensor, ...], hypers: dict, out: torch.Tensor | None
     ) -> PairwiseProblem | GradProblem:
@@ -157,10 +204,12 @@ CASES: tuple[Case, ...] = (
     Case("user_soft_l1", "pairwise", SOFT_L1, ((37, 5), (29, 5))),  # e^-acc of 19 features underflows float16
     Case("user_max_of_negatives", "pairwise", MAX_OF_NEGATIVES, _ODD),
     Case("user_min_of_positives", "pairwise", MIN_OF_POSITIVES, _ODD),
+    Case("user_lopsided_ridge", "pairwise", LOPSIDED_RIDGE, ((37, 5), (29, 5)), offsets=(0, 3)),
     Case("l1_multi_tile", "pairwise", _L1, ((133, 21), (67, 21))),
     Case("l2_multi_tile", "pairwise", _L2, ((133, 21), (67, 21))),
     Case("l1_multi_block", "pairwise", _L1, _MULTI_BLOCK),
     Case("l2_multi_block", "pairwise", _L2, _MULTI_BLOCK),
+    Case("gaussian_long_n", "pairwise", _GAUSSIAN, ((9, 3), (150, 3))),  # N beyond the tiles, few terms
     Case("l1_m0", "pairwise", _L1, ((0, 5), (9, 5))),
     Case("l1_n0", "pairwise", _L1, ((7, 5), (0, 5))),
     Case("gaussian_d0", "pairwise", _GAUSSIAN, ((7, 0), (9, 0))),
@@ -206,4 +255,45 @@ CASES: tuple[Case, ...] = (
 """The problems every backend is checked on (each also in each dtype the suite is given)."""
 
 SAMPLE_CASES: tuple[Case, Case] = (CASES[0], next(c for c in CASES if c.op == "grad"))
-"""A pairwise and a gradient case: the sample problems the hooks are checked on."""
+"""A pairwise and a gradient case: the sample problems the hooks are checked on (the pairwise one also
+as a product)."""
+
+PRODUCT_COLUMNS: tuple[int, ...] = (1, 5)
+"""The numbers of columns of `v` every product case is checked with (one, and an odd number > 1)."""
+
+_PRODUCTS = (
+    "l1_distance",
+    "gaussian",
+    "laplace_l1",
+    "matern52_ridge_diagonal",
+    "user_soft_l1",
+    "user_max_of_negatives",
+    "user_lopsided_ridge",
+    "l1_multi_tile",
+    "l2_multi_tile",
+    "l2_multi_block",
+    "gaussian_long_n",
+    "l1_n0",
+    "gaussian_d0",
+    "gaussian_all_size1",
+    "l2_m1_n1",
+    "l2_transposed",
+    "l2_strided",
+    "l2_broadcast_batch",
+    "l1_broadcast_batch_2d",
+    "matern52_batched_ridge",
+    "l1_distance_nan_inf",
+    "gaussian_nan_inf",
+)
+_BY_NAME = {c.name: c for c in CASES}
+PRODUCT_CASES: tuple[Case, ...] = tuple(_BY_NAME[name] for name in _PRODUCTS)
+"""The pairwise cases whose kernel is also checked as a product `K @ v` (each with `v` of every
+[`PRODUCT_COLUMNS`][kermac.testing.PRODUCT_COLUMNS]): a representative subset of the pairwise cases --
+distances, kernel functions, user programs (a max reduction, an asymmetric one), regularised diagonals
+with offsets, N longer than the tiles of 64 and 128 (also with few rows and features, cheap where kernels are
+interpreted), sizes beyond a tile in every dimension, size-0 and size-1 dimensions, views, broadcast
+batches, batched hyperparameters, NaN and ±inf (and NaN in `v`)."""
+
+TRANSPOSED_PRODUCT_CASE: Case = next(c for c in CASES if c.name == "user_lopsided_ridge")
+"""The case whose transposed product `Kᵀ @ u` is checked: an asymmetric program with offsets, so a backend
+that ran the program unswapped, or kept the offsets, gives other values."""

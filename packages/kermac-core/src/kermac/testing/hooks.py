@@ -7,8 +7,8 @@ import torch
 import kermac
 from kermac import registry
 from kermac.backend import Backend
-from kermac.problem import GradProblem, PairwiseProblem
-from kermac.testing.cases import SAMPLE_CASES
+from kermac.problem import GradProblem, PairwiseProblem, ProductProblem
+from kermac.testing.cases import PRODUCT_COLUMNS, SAMPLE_CASES
 
 __all__ = ["backend_names", "check_answer", "check_hooks", "check_registry", "unusable_reason"]
 
@@ -55,10 +55,14 @@ def _is_reason(value: object) -> bool:
     return isinstance(value, str) and bool(value.strip())
 
 
-def check_answer(found: Backend, problem: PairwiseProblem | GradProblem) -> str | None:
-    """The backend's answer to `check_pairwise` / `check_grad` for `problem`, which must be None (it
-    runs the problem) or the reason it refuses, a non-empty str (`AssertionError` otherwise)."""
-    hook = "check_pairwise" if isinstance(problem, PairwiseProblem) else "check_grad"
+_CHECKS = {PairwiseProblem: "check_pairwise", GradProblem: "check_grad", ProductProblem: "check_product"}
+"""The hook that answers whether a backend runs a problem, by the problem's class."""
+
+
+def check_answer(found: Backend, problem: PairwiseProblem | GradProblem | ProductProblem) -> str | None:
+    """The backend's answer to `check_pairwise` / `check_grad` / `check_product` for `problem`, which must be
+    None (it runs the problem) or the reason it refuses, a non-empty str (`AssertionError` otherwise)."""
+    hook = _CHECKS[type(problem)]
     reason = getattr(found, hook)(problem)
     assert reason is None or _is_reason(reason), (
         f"backend {found.name!r}: {hook} returned {reason!r}; expected None (it runs the problem) or the reason "
@@ -70,11 +74,12 @@ def check_answer(found: Backend, problem: PairwiseProblem | GradProblem) -> str 
 def check_hooks(backend: str, device: str | torch.device) -> None:
     """The hooks of `backend` return the documented types ([`kermac.backend.Backend`][kermac.backend.Backend]).
 
-    `name`, `priority`, `availability()` and, on sample problems on `device` (a pairwise and a
-    gradient one), `preference()` keep the rules the registry applies
+    `name`, `priority`, `availability()` and, on sample problems on `device` (a pairwise, a gradient
+    and a product one), `preference()` keep the rules the registry applies
     ([`kermac.registry.contract_violations`][kermac.registry.contract_violations]); besides,
     `description` is a str, an unavailable backend says why (a non-empty str), and for the sample
-    problems `check_*` is None or a reason and, for accepted problems, `precompile()` a list of str.
+    problems `check_*` is None or a reason (`check_product` of a backend that predates products refuses
+    by default) and, for accepted pairwise and gradient problems, `precompile()` a list of str.
     """
     found = registry.get_backend(backend)
     assert isinstance(found, Backend), f"{backend!r} is a {type(found).__name__}, not a kermac.backend.Backend"
@@ -82,7 +87,10 @@ def check_hooks(backend: str, device: str | torch.device) -> None:
     for case in SAMPLE_CASES:
         operands, hypers = case.inputs(device, torch.float32)
         problems.append(case.problem(operands, hypers, None))
-    violations = registry.contract_violations(backend, problems)
+    operands, hypers = SAMPLE_CASES[0].inputs(device, torch.float32)
+    v = SAMPLE_CASES[0].vector(operands, PRODUCT_COLUMNS[-1], False, device)
+    product = SAMPLE_CASES[0].product_problem(operands, hypers, v, None)
+    violations = registry.contract_violations(backend, [*problems, product])
     assert not violations, f"backend {backend!r} breaks the backend contract: {'; '.join(violations)}"
     assert isinstance(found.description, str), f"description: expected a str, got {found.description!r}"
     av = found.availability()
@@ -93,3 +101,4 @@ def check_hooks(backend: str, device: str | torch.device) -> None:
             assert isinstance(built, list) and all(isinstance(b, str) for b in built), (
                 f"precompile(): expected a list of str, got {built!r}"
             )
+    check_answer(found, product)
