@@ -529,15 +529,13 @@ def test_the_suite_can_leave_products_out() -> None:
 def test_the_product_tolerance_scales_with_the_sum_of_absolute_terms() -> None:
     """The error of `K @ v` is measured against max |K| · max_c Σ_n |v[n, c]|, with the pairwise rtol plus N·u:
     a cancelling sum near 0 is not held to its own (tiny) size, and a wrong term is still caught."""
-    from kermac.testing.values import product_rtol, product_scale
-
     k = torch.tensor([[2.0, -1.0]], dtype=torch.float64)
     v = torch.tensor([[1.0, 0.5], [2.0, torch.nan]], dtype=torch.float64)
-    assert product_scale(k, v) == 2.0 * 3.0
-    assert product_rtol(torch.float64, 4) == testing.TOLERANCE[torch.float64] + 4 * 2.0**-53
-    assert product_rtol(torch.float16, 100) == testing.TOLERANCE[torch.float16] + 100 * 2.0**-24
+    assert testing.product_scale(k, v) == 2.0 * 3.0
+    assert testing.product_rtol(torch.float64, 4) == testing.TOLERANCE[torch.float64] + 4 * 2.0**-53
+    assert testing.product_rtol(torch.float16, 100) == testing.TOLERANCE[torch.float16] + 100 * 2.0**-24
     ref = torch.tensor([0.0], dtype=torch.float64)
-    scale = product_scale(k, v)
+    scale = testing.product_scale(k, v)
     testing.assert_matches_reference(torch.tensor([5e-6]), ref, rtol=1e-6, what="t", scale=scale)
     with pytest.raises(AssertionError, match="1 of 1 entries differ"):
         testing.assert_matches_reference(torch.tensor([7e-6]), ref, rtol=1e-6, what="t", scale=scale)

@@ -78,6 +78,8 @@ from kermac.testing.values import (
     assert_matches_reference,
     assert_pairwise_conforms,
     assert_product_conforms,
+    product_rtol,
+    product_scale,
 )
 
 __all__ = [
@@ -105,5 +107,7 @@ __all__ = [
     "check_product_case",
     "check_registry",
     "conformance_tests",
+    "product_rtol",
+    "product_scale",
     "unusable_reason",
 ]

@@ -19,6 +19,7 @@ __all__ = [
     "assert_matches_reference",
     "assert_pairwise_conforms",
     "assert_product_conforms",
+    "product_rtol",
     "product_scale",
 ]
 
@@ -146,7 +147,7 @@ def product_scale(k: torch.Tensor, v: torch.Tensor) -> float:
 
     This bounds every sum of absolute terms `Σ_n |K[m, n]| |v[n, c]|`, so a product whose K entries
     keep the pairwise bound (within `rtol · max |K|` of the reference) and which sums N terms in any
-    order errs by at most `(rtol + N·u) · product_scale` ([`product_rtol`][kermac.testing.values.product_rtol])."""
+    order errs by at most `(rtol + N·u) · product_scale` ([`product_rtol`][kermac.testing.product_rtol])."""
     column_sums = torch.where(torch.isfinite(v), v.abs(), 0.0).sum(dim=-2)
     return _finite_abs_max(k) * _finite_abs_max(column_sums)
 
@@ -179,8 +180,8 @@ def assert_product_conforms(
 
     `out` as in [`assert_pairwise_conforms`][kermac.testing.assert_pairwise_conforms].  Entries must agree in
     their NaN and infinite values and otherwise within `rtol` (default
-    [`product_rtol`][kermac.testing.values.product_rtol] of the dtype and the summed length) times
-    [`product_scale`][kermac.testing.values.product_scale]: the error of a sum is bounded by the sum of its
+    [`product_rtol`][kermac.testing.product_rtol] of the dtype and the summed length) times
+    [`product_scale`][kermac.testing.product_scale]: the error of a sum is bounded by the sum of its
     absolute terms, not by its value, which cancellation can make small.  A backend that raises fails
     (`AssertionError` naming the exception)."""
     offsets = {"offset_m": offset_m, "offset_n": offset_n}
