@@ -294,6 +294,6 @@ with offsets, N longer than the tiles of 64 and 128 (also with few rows and feat
 interpreted), sizes beyond a tile in every dimension, size-0 and size-1 dimensions, views, broadcast
 batches, batched hyperparameters, NaN and ±inf (and NaN in `v`)."""
 
-TRANSPOSED_PRODUCT_CASE: Case = next(c for c in CASES if c.name == "user_lopsided_ridge")
+TRANSPOSED_PRODUCT_CASE: Case = _BY_NAME["user_lopsided_ridge"]
 """The case whose transposed product `Kᵀ @ u` is checked: an asymmetric program with offsets, so a backend
 that ran the program unswapped, or kept the offsets, gives other values."""
