@@ -80,7 +80,7 @@ from kermac.hyperparams import HyperValue
 from kermac.ir_diff import derivative
 from kermac.ir_eval import evaluate
 from kermac.lowering import grad_program
-from kermac.predictor import product_jacobian
+from kermac.point_gradients import product_jacobian
 from kermac.problem import compute_dtype, diagonal_offsets
 from kermac.programs import (
     PairwiseProgram,

@@ -12,59 +12,22 @@ $$
 that is one product of the slope program ([`slope_program`][kermac.programs.slope_program]) with the
 `C + C·D` columns `[α, α ⊙ z]`. This Jacobian is what the average gradient outer product (AGOP) of a
 Recursive Feature Machine needs, `G = (1/M) Σ_m J[m]ᵀ J[m]`; the backward of the product with respect to
-`x` ([`kermac.autograd`][kermac.autograd]) is its contraction with the incoming gradient.
+`x` ([`kermac.autograd`][kermac.autograd]) is its contraction with the incoming gradient; both use
+[`product_jacobian`][kermac.point_gradients.product_jacobian].
 """
 
 from __future__ import annotations
 
 import torch
 
-from kermac import ops
 from kermac.api import lower_kernel
-from kermac.hyperparams import HyperValue, program_hypers
+from kermac.hyperparams import program_hypers
 from kermac.logs import debug_enabled
+from kermac.point_gradients import product_jacobian
 from kermac.problem import check_tensor
-from kermac.programs import PairwiseProgram, is_squared_difference_sum, program_from_key, slope_program
+from kermac.programs import PairwiseProgram, is_squared_difference_sum, program_from_key
 
-__all__ = ["predictor_gradient", "product_jacobian"]
-
-
-def product_jacobian(
-    program: PairwiseProgram,
-    x: torch.Tensor,
-    z: torch.Tensor,
-    v: torch.Tensor,
-    hypers: dict[str, HyperValue],
-    *,
-    offset_m: int = 0,
-    offset_n: int = 0,
-    backend: str = "auto",
-    debug: bool = False,
-    op: str = "predictor_gradient",
-) -> torch.Tensor:
-    """`J[..., m, c, j] = ∂(K(x, z) v)[..., m, c] / ∂x[..., m, j]` for a `program` summing `(x − z)²`
-    (module docstring), `[*B, M, C, D]` in `x`'s dtype (`B` broadcasts the batch shapes of `x`, `z`, `v` and
-    the tensor hyperparameters); one fused product of `C + C·D` columns.
-
-    The caller checks the program's shape; inputs broadcast as in a product.
-    """
-    slope = slope_program(program)
-    used = {n: hypers[n] for n in slope.hypers}
-    shapes = [
-        x.shape[:-2],
-        z.shape[:-2],
-        v.shape[:-2],
-        *(h.tensor.shape for h in used.values() if h.tensor is not None),
-    ]
-    batch = torch.broadcast_shapes(*shapes)  # a batched hyperparameter's shape is a batch shape too
-    (m, d), n, c = x.shape[-2:], z.shape[-2], v.shape[-1]
-    zb, vb = z.expand(batch + (n, d)), v.expand(batch + (n, c))
-    columns = torch.cat([vb, (vb[..., :, :, None] * zb[..., :, None, :]).reshape(batch + (n, c * d))], dim=-1)
-    e = ops.product(
-        slope.key(), x, z, columns, used, offset_m=offset_m, offset_n=offset_n, backend=backend, debug=debug, op=op
-    )
-    ev, ew = e[..., :c], e[..., c:].reshape(batch + (m, c, d))
-    return 2 * (x.expand(batch + (m, d))[..., :, None, :] * ev[..., :, :, None] - ew)
+__all__ = ["predictor_gradient"]
 
 
 def predictor_gradient(
