@@ -13,6 +13,16 @@ that is one product of the slope program ([`slope_program`][kermac.programs.slop
 `C + C·D` columns `[α, α ⊙ z]`. This Jacobian is what the average gradient outer product (AGOP) of a
 Recursive Feature Machine needs, `G = (1/M) Σ_m J[m]ᵀ J[m]`; the backward of the product with respect to
 `x` ([`kermac.autograd`][kermac.autograd]) is its contraction with the incoming gradient.
+
+For any other kernel whose reduction over features is a sum, `K = e(acc)`, `acc = Σ_j τ(x_j, z_j)`,
+
+$$
+J[m, c, j] = \sum_n \alpha_{n c}\, e'(\mathrm{acc}_{m n})\, \frac{\partial \tau}{\partial x}(x_{m j}, z_{n j}),
+$$
+
+the gradient product ([`ProductGradProblem`][kermac.problem.ProductGradProblem]) with `v = α` and the upstream
+gradient `g = e_c`, the one-hot row of output `c` on every row of `x`: one fused pass per output column, so
+`C` passes over the `M × N` pairs (the squared-difference route takes one pass with `C + C·D` columns).
 """
 
 from __future__ import annotations
@@ -25,6 +35,11 @@ from kermac.hyperparams import HyperValue, program_hypers
 from kermac.logs import debug_enabled
 from kermac.problem import check_tensor
 from kermac.programs import PairwiseProgram, is_squared_difference_sum, program_from_key, slope_program
+
+_NOT_SUMS = (
+    "predictor_gradient: implemented for kernels whose reduction over features is a sum (every preset but the "
+    "l∞ distance, and user programs of that shape); program {key} takes the {reduction}imum"
+)
 
 __all__ = ["predictor_gradient", "product_jacobian"]
 
@@ -67,6 +82,33 @@ def product_jacobian(
     return 2 * (x.expand(batch + (m, d))[..., :, None, :] * ev[..., :, :, None] - ew)
 
 
+def _columns_jacobian(
+    program: PairwiseProgram,
+    x: torch.Tensor,
+    z: torch.Tensor,
+    alpha: torch.Tensor,
+    hypers: dict[str, HyperValue],
+    *,
+    backend: str,
+    debug: bool,
+    op: str = "predictor_gradient",
+) -> torch.Tensor:
+    """`J[*B, M, C, D]` for a sum-reduced `program` (module docstring): one gradient product per output column,
+    `g` the column's one-hot row broadcast over the rows of `x` (views of one `C × C` identity, a per-call
+    tensor)."""
+    (m, d), c = x.shape[-2:], alpha.shape[-1]
+    if c == 0:
+        shapes = [x.shape[:-2], z.shape[:-2], alpha.shape[:-2]]
+        shapes += [h.tensor.shape for h in hypers.values() if h.tensor is not None]
+        return x.new_zeros(torch.broadcast_shapes(*shapes) + (m, 0, d))
+    key, onehot = program.key(), torch.eye(c, dtype=x.dtype, device=x.device)
+    columns = [
+        ops.product_grad(key, x, z, alpha, onehot[i].expand(m, c), hypers, backend=backend, debug=debug, op=op)
+        for i in range(c)
+    ]
+    return torch.stack(columns, dim=-2)
+
+
 def predictor_gradient(
     kernel: object,
     x: torch.Tensor,
@@ -88,8 +130,8 @@ def predictor_gradient(
     Args:
         kernel: a [`KernelDescriptor`][kermac.descriptor.KernelDescriptor], a preset name (as
             [`run_kernel`][kermac.api.run_kernel]) or a [`PairwiseProgram`][kermac.programs.PairwiseProgram] whose
-            hyperparameters come as keywords; its inner term must sum `(x − z)²` (Gaussian, Laplace-L2,
-            Matérn, Cauchy, l2 and user programs of that shape).
+            hyperparameters come as keywords; its reduction over features must be a sum (every preset but the
+            l∞ distance, and user programs of that shape).
         x: `[..., M, D]`, the points where the gradient is taken.
         z: `[..., N, D]`, the centres (training points).
         alpha: `[..., N, C]` coefficients, or `[N]` for one output (the result is then `[..., M, D]`).
@@ -103,9 +145,14 @@ def predictor_gradient(
         `[..., M, C, D]` (or `[..., M, D]` for a 1-D `alpha`) in `x`'s dtype, computed in its compute dtype.
         Regularisation of the diagonal does not depend on the points and is not an argument.
 
-    Raises `NotImplementedError` for a kernel not on `Σ (x − z)²` (e.g. Laplace-L1), naming it; the
-    usual `TypeError`/`ValueError` for inputs, naming the argument.  The result is differentiable (it is
-    made of fused products).
+    Kernels on `Σ (x − z)²` (Gaussian, Laplace-L2, Matérn, Cauchy, l2) take one fused product of `C + C·D`
+    columns, and the result is differentiable to any order (it is made of fused products); every other
+    sum-reduced kernel (Laplace-L1, the Lp kernels, dot products, user programs) takes one gradient product
+    per output column (`C` passes; module docstring), and the result has first derivatives only.  Where the
+    inner term is flat (`∂τ/∂x = 0`, e.g. `|x − z|` at `x = z`) a pair contributes 0, torch.cdist's subgradient.
+
+    Raises `NotImplementedError` for a kernel that takes a maximum or minimum over features (the l∞
+    distance), naming it; the usual `TypeError`/`ValueError` for inputs, naming the argument.
     """
     debug = debug_enabled(debug)
     x = check_tensor("x", x)
@@ -126,11 +173,8 @@ def predictor_gradient(
             )
         key, hv = lower_kernel(kernel, x, p, bandwidth, None, debug, what="kernel")
         program = program_from_key(key)
-    if not is_squared_difference_sum(program):
-        raise NotImplementedError(
-            f"predictor_gradient: implemented for kernels on Σ (x − z)² (Gaussian, Laplace-L2, Matérn, Cauchy, l2); "
-            f"program {program.key()} is not one"
-        )
+    if program.reduction != "sum":
+        raise NotImplementedError(_NOT_SUMS.format(key=program.key(), reduction=program.reduction))
     if alpha.dtype != x.dtype or alpha.device != x.device:
         raise TypeError(
             f"alpha: expected a tensor of x's dtype and device ({x.dtype} on {x.device}), got {alpha.dtype} on "
@@ -140,5 +184,8 @@ def predictor_gradient(
         raise ValueError(
             f"alpha: expected {z.shape[-2]} rows (N, z.shape[-2]), got shape {list(alpha.shape)} (z: {list(z.shape)})"
         )
-    jacobian = product_jacobian(program, x, z, alpha, hv, backend=backend, debug=debug)
+    if is_squared_difference_sum(program):
+        jacobian = product_jacobian(program, x, z, alpha, hv, backend=backend, debug=debug)
+    else:
+        jacobian = _columns_jacobian(program, x, z, alpha, hv, backend=backend, debug=debug)
     return jacobian[..., 0, :] if vector else jacobian
