@@ -13,7 +13,7 @@ dtype, and one accumulator of the output's row block (batch × block rows × C) 
 
 The gradient product (`kermac.problem.ProductGradProblem`, sum reductions only) goes by the same blocks:
 per block of pairs it evaluates the inner terms, then their derivative `∂τ/∂x`, its product with
-`G·e'(acc)` and where it is 0 (batch × block rows × block columns × D each), and `acc`, `e'(acc)`,
+`e'(acc)` and where it is 0 (batch × block rows × block columns × D each), and `acc`, `e'(acc)`,
 `G = g vᵀ` and the diagonal (batch × block rows × block columns each), all of them together at most
 `CHUNK_ELEMENTS` elements, and accumulates one output row block (batch × block rows × D) in the compute
 dtype.
@@ -119,11 +119,12 @@ class ReferenceBackend(Backend):
                 xs = problem.x[..., m0:m1, None, :].to(cdtype)
                 zs = problem.z[..., None, n0:n1, :].to(cdtype)
                 env = {"x": xs, "z": zs, **block.inner_env}
-                weight = gs @ problem.v[..., n0:n1, :].to(cdtype).mT  # G [*B, bm, bn]
-                weight = weight * block.epilogue(m0, m1, n0, n1, slope)
                 dtau = evaluate(dinner, env, like=like)
-                # 0 where the inner term is flat, also where e' is infinite there (acc = 0 for x_m = z_n)
-                acc += (weight[..., None] * dtau).masked_fill_(dtau == 0, 0.0).sum(-2)
+                # e'·∂τ/∂x, 0 where the inner term is flat, also where e' is infinite there (acc = 0 at x_m = z_n);
+                # G multiplies it afterwards, so a NaN in g or v still propagates
+                slopes = (block.epilogue(m0, m1, n0, n1, slope)[..., None] * dtau).masked_fill_(dtau == 0, 0.0)
+                weight = gs @ problem.v[..., n0:n1, :].to(cdtype).mT  # G [*B, bm, bn]
+                acc += (weight[..., :, None, :] @ slopes)[..., 0, :]
             problem.out[..., m0:m1, :].copy_(acc)
 
     def grad(self, problem: GradProblem) -> None:
