@@ -57,7 +57,7 @@ The fused product `out[m, c] = Σ_n K[m, n] v[n, c]` (`kermac::product`,
   products too, so derivatives of any order follow.
 * For every other program whose reduction over features is a sum (Laplace-L1, the Lp kernels, `x·z`,
   user programs), `∂L/∂x[m, j] = Σ_n (g_m·v_n) e'(acc[m, n]) ∂τ/∂x(x[m, j], z[n, j])` is one gradient
-  product (`kermac::product_grad`, [`ProductGradProblem`][kermac.problem.ProductGradProblem]: `e'` and `∂τ/∂x`
+  product (`kermac::product_grad`, `kermac.problem.ProductGradProblem`: `e'` and `∂τ/∂x`
   symbolic, the term 0 where `∂τ/∂x = 0`, as torch.cdist's subgradient at `x = z`), and `∂L/∂z` the
   same on the swapped program with `(z, x)` and `v`, `g` exchanged.  First derivatives only: differentiating
   these again raises `NotImplementedError` naming the program.

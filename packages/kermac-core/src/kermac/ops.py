@@ -212,7 +212,7 @@ def product_grad(
     debug: bool = False,
     op: str = "program_product",
 ) -> torch.Tensor:
-    """The gradient product ([`ProductGradProblem`][kermac.problem.ProductGradProblem]) of the pairwise program with
+    """The gradient product (`kermac.problem.ProductGradProblem`) of the pairwise program with
     key `program`: `∂(Σ g · K(x, z) v)/∂x` (into `out` if given)."""
     if _direct((x, z, v, g), hypers, out):
         problem = product_grad_problem(

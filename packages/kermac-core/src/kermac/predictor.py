@@ -20,7 +20,7 @@ $$
 J[m, c, j] = \sum_n \alpha_{n c}\, e'(\mathrm{acc}_{m n})\, \frac{\partial \tau}{\partial x}(x_{m j}, z_{n j}),
 $$
 
-the gradient product ([`ProductGradProblem`][kermac.problem.ProductGradProblem]) with `v = α` and the upstream
+the gradient product (`kermac.problem.ProductGradProblem`) with `v = α` and the upstream
 gradient `g = e_c`, the one-hot row of output `c` on every row of `x`: one fused pass per output column, so
 `C` passes over the `M × N` pairs (the squared-difference route takes one pass with `C + C·D` columns).
 """
