@@ -84,8 +84,8 @@ import torch
 from kermac import ir, ops
 from kermac.hyperparams import HyperValue
 from kermac.ir_eval import evaluate
+from kermac.jacobians import product_jacobian
 from kermac.lowering import grad_program
-from kermac.predictor import product_jacobian
 from kermac.problem import compute_dtype, diagonal_offsets
 from kermac.programs import (
     PairwiseProgram,
