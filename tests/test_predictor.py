@@ -149,3 +149,15 @@ def test_bad_input_is_named(alpha: object, kw: dict, error: type, message: str) 
         del kw["bandwidth"]
     with pytest.raises(error, match=message):
         kermac.predictor_gradient("gaussian", x, x, alpha, **kw)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(("name", "kw"), OTHER_SUMS, ids=[n for n, _ in OTHER_SUMS])
+def test_other_sum_reduced_kernels_on_cuda(name: str, kw: dict) -> None:
+    """float32 on CUDA with `auto` (the gradient products run where a backend accepts them: the reference backend
+    while the GPU backends refuse them) against the float64 dense Jacobian."""
+    x, z, alpha = _randn(67, 9, seed=19), _randn(131, 9, seed=20) + 0.1, _randn(131, 2, seed=21)
+    want = _dense_jacobian(lambda xx: kermac.run_kernel(name, xx, z, backend="torch", **kw) @ alpha, x)
+    got = kermac.predictor_gradient(name, *(t.to("cuda", torch.float32) for t in (x, z, alpha)), **kw)
+    assert got.shape == (67, 2, 9) and got.dtype == torch.float32
+    torch.testing.assert_close(got.double().cpu(), want, rtol=3e-5, atol=3e-5 * want.abs().max().item())

@@ -194,16 +194,27 @@ def test_empty_and_unit_sizes(m: int, n: int, d: int, c: int) -> None:
         torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-14)
 
 
-def test_small_blocks_give_the_same_gradient(monkeypatch) -> None:
+def test_small_blocks_give_the_same_gradient_within_the_workspace(monkeypatch) -> None:
     """With a tiny CHUNK_ELEMENTS the reference backend walks many row and column blocks (and the diagonal moves
-    with each block); the result is the one-block result."""
-    x, z = _randn(13, 4, seed=12), _randn(11, 4, seed=13)
-    v, g = _randn(11, 3, seed=14), _randn(13, 3, seed=15)
+    with each block); the result is the one-block result, and no expression it evaluates (inner terms, their
+    derivative, acc, e', the diagonal) has more than CHUNK_ELEMENTS elements."""
+    x, z = _randn(2, 13, 4, seed=12), _randn(11, 4, seed=13)
+    v, g = _randn(11, 3, seed=14), _randn(2, 13, 3, seed=15)
     key, hypers = lower_kernel("laplace_lp", x, 1.5, 0.9, 0.5, False)
     whole = ops.product_grad(key, x, z, v, g, hypers, offset_n=3, backend="torch")
-    monkeypatch.setattr(reference, "CHUNK_ELEMENTS", 60)
-    assert reference.tile(13, 11, 3 * 4 + 4) == (1, 3)
+    monkeypatch.setattr(reference, "CHUNK_ELEMENTS", 120)
+    largest = []
+
+    def evaluate(expr, env, *, like):
+        value = evaluated(expr, env, like=like)
+        largest.append(value.numel())
+        return value
+
+    evaluated = reference.evaluate
+    monkeypatch.setattr(reference, "evaluate", evaluate)
     torch.testing.assert_close(ops.product_grad(key, x, z, v, g, hypers, offset_n=3, backend="torch"), whole)
+    assert reference.tile(13, 11, 2 * (3 * 4 + 4)) == (1, 3)
+    assert len(largest) > 13 * 4 and max(largest) <= 120
 
 
 def test_coincident_points_take_the_subgradient_and_nan_in_v_propagates() -> None:
@@ -349,3 +360,40 @@ def test_compile_fullgraph_forward_and_backward() -> None:
     got.square().sum().backward()
     for a, b in zip(compiled_in, eager_in, strict=True):
         torch.testing.assert_close(a.grad, b.grad)
+
+
+# -- on the GPU (`pytest -m gpu`) -------------------------------------------------------------------
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", ["laplace_l1", "laplace_lp", "dot_product"])
+def test_auto_computes_the_cuda_gradient_on_the_reference_backend(name: str) -> None:
+    """On CUDA float32, `auto` runs the gradient product where a backend accepts it (the reference backend, where
+    the GPU backends refuse it): x and z gradients against the float64 dense ones."""
+    kw = _kw(name) | ({"regularization": 0.1} if presets.ALL[name].needs_bandwidth else {})
+    x, z = _randn(2, 301, 17, seed=1), _randn(517, 17, seed=2)
+    v, g = _randn(517, 5, seed=3), _randn(2, 301, 5, seed=4)
+    want = _dense_gradients(name, x, z, v, g, **kw)
+    leaves = [t.to("cuda", torch.float32).requires_grad_() for t in (x, z)]
+    out = kermac.kernel_product(name, *leaves, v.to("cuda", torch.float32), **kw)
+    got = torch.autograd.grad(out, leaves, g.to("cuda", torch.float32))
+    for a, b in zip(got, want, strict=True):
+        torch.testing.assert_close(a.double().cpu(), b, rtol=1e-4, atol=1e-4 * b.abs().max().item())
+
+
+@pytest.mark.gpu
+def test_the_cuda_gradient_product_never_holds_the_kernel_matrix() -> None:
+    """M = N = 20,000: K alone would take 1.6 GB in float32; the gradient product's peak stays within its
+    documented workspace (the blocks of at most CHUNK_ELEMENTS elements) plus O((M + N)(D + C)) tensors."""
+    m, n, d, c = 20_000, 20_000, 8, 2
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    x, z = (torch.randn(s, d, device="cuda", generator=gen) for s in (m, n))
+    v, g = torch.randn(n, c, device="cuda", generator=gen), torch.randn(m, c, device="cuda", generator=gen)
+    key, hypers = lower_kernel("laplace_l1", x, None, 2.0, None, False)
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    base = torch.cuda.memory_allocated()
+    out = ops.product_grad(key, x, z, v, g, hypers)
+    torch.cuda.synchronize()
+    assert out.shape == (m, d) and torch.isfinite(out).all()
+    assert torch.cuda.max_memory_allocated() - base < 16 * reference.CHUNK_ELEMENTS * 4 + 16 * (m + n) * (d + c) * 4
