@@ -223,8 +223,10 @@ def test_coincident_points_take_the_subgradient_and_nan_in_v_propagates() -> Non
     x = _randn(4, 3, seed=16)
     z = torch.cat([x[1:3], _randn(3, 3, seed=17)])
     v, g = _randn(5, 2, seed=18), _randn(4, 2, seed=19)
-    for name in ("laplace_l1", "l1_distance"):
-        kw = {"bandwidth": 0.7} if presets.ALL[name].needs_bandwidth else {}
+    for name in ("laplace_l1", "l1_distance", "lp_distance"):  # the last: e' = (1/p) acc^(1/p − 1) is infinite
+        kw = ({"bandwidth": 0.7} if presets.ALL[name].needs_bandwidth else {}) | (
+            {"p": 1.5} if presets.ALL[name].needs_p else {}
+        )
         leaves = [t.clone().requires_grad_() for t in (x, z)]
         got = torch.autograd.grad(kermac.kernel_product(name, *leaves, v, backend="torch", **kw), leaves, g)
         want = _dense_gradients(name, x, z, v, g, **kw)
@@ -235,6 +237,19 @@ def test_coincident_points_take_the_subgradient_and_nan_in_v_propagates() -> Non
     nan_v = v.clone()
     nan_v[3, 1] = float("nan")
     assert ops.product_grad(key, x, z, nan_v, g, hypers, backend="torch").isnan().all()
+
+
+def test_acc_zero_keeps_the_slope_where_the_inner_term_is_not_flat() -> None:
+    """For x·z, acc = 0 (orthogonal points) does not make the inner derivative 0: the term keeps e'(0)·z, as torch
+    autograd of the dense program gives (the 0-at-acc-0 convention of slope_program holds for Σ(x − z)² only)."""
+    program = PairwiseProgram(kermac.ir.Var("x") * kermac.ir.Var("z"), "sum", kermac.ir.exp(kermac.ir.Var("acc")))
+    x = torch.tensor([[1.0, 0.0], [0.5, 2.0]], dtype=F64, requires_grad=True)
+    z = torch.tensor([[0.0, 3.0], [1.0, 1.0], [-2.0, 0.5]], dtype=F64, requires_grad=True)  # acc[0, 0] = acc[1, 2] = 0
+    v, g = _randn(3, 2, seed=24), _randn(2, 2, seed=25)
+    got = torch.autograd.grad(kermac.program_product(program, x, z, v, backend="torch"), (x, z), g)
+    want = torch.autograd.grad(dense_kernel(program, x, z) @ v, (x, z), g)
+    for a, b in zip(got, want, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-14)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])

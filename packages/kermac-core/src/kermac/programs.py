@@ -395,6 +395,11 @@ def slope_program(program: PairwiseProgram) -> PairwiseProgram:
     times the differences.  Where `acc = 0` every difference is 0, so the term vanishes there while `e'`
     may be infinite (Laplace-L2's `e'(0)`).  The regularisation of the diagonal does not depend on the
     points and has no slope.
+
+    The convention holds where `acc = 0` forces every inner derivative to 0, as for `Σ (x − z)²`; it does not in
+    general (`Σ x·z` is 0 for orthogonal points, where `∂/∂x = z`), so the gradient product of other programs
+    (`kermac.problem.ProductGradProblem`) takes [`epilogue_slope`][kermac.programs.epilogue_slope] as it is and
+    drops a term where `∂τ/∂x = 0` instead.
     """
     slope = select(eq(Var("acc"), 0.0), 0.0, epilogue_slope(program))
     return PairwiseProgram(program.inner, program.reduction, slope)
