@@ -40,8 +40,8 @@ REQUIRED = {b for b in os.environ.get("KERMAC_REQUIRE_BACKENDS", "").split(",") 
 
 
 def require_backend(name: str, device: str, op: str = "pairwise") -> None:
-    """Skip (or fail, if required) unless backend ``name`` can run ``op`` (``"pairwise"``, ``"product"`` or
-    ``"grad"``) on ``device``."""
+    """Skip (or fail, if required) unless backend ``name`` can run ``op`` (``"pairwise"``, ``"product"``,
+    ``"product_grad"`` or ``"grad"``) on ``device``."""
     import kermac
     from kermac import registry
 
@@ -56,7 +56,7 @@ def require_backend(name: str, device: str, op: str = "pairwise") -> None:
     if not status.available:
         give_up(status.reason or "unavailable")
     backend = registry.get_backend(name)
-    from kermac.problem import grad_problem, pairwise_problem, product_problem
+    from kermac.problem import grad_problem, pairwise_problem, product_grad_problem, product_problem
 
     if op == "pairwise":
         x = torch.zeros(2, 3, device=device)
@@ -65,6 +65,10 @@ def require_backend(name: str, device: str, op: str = "pairwise") -> None:
         x, v = torch.zeros(2, 3, device=device), torch.zeros(2, 1, device=device)
         problem = product_problem(kermac.presets.l1_distance.lower(), x, x, v, out=None, hypers={})
         reason = backend.check_product(problem)
+    elif op == "product_grad":
+        x, v = torch.zeros(2, 3, device=device), torch.zeros(2, 1, device=device)
+        problem = product_grad_problem(kermac.presets.l1_distance.lower(), x, x, v, v, out=None, hypers={})
+        reason = backend.check_product_grad(problem)
     else:
         prog = kermac.GradProgram(kermac.ir.Var("d") - kermac.ir.Var("b"), kermac.ir.Var("acc"))
         a, b, c, d = (torch.zeros(s, device=device) for s in ((3, 2), (2, 3), (2, 3), (2, 2)))  # K=3, M=2, N=2, O=2

@@ -3,7 +3,8 @@ iterates them (opcheck in ``test_ops.py``, ``torch.compile`` in ``test_compile.p
 ``test_cuda_graphs.py``), for any backend and device.
 
 Each :class:`Sample` is one public call (``kermac.cdist``, ``run_kernel``, ``cdist_grad``,
-``run_program``, ``run_grad_program``, ``kernel_product``, ``program_product``) on fresh random inputs
+``run_program``, ``run_grad_program``, ``kernel_product``, ``program_product``, and the gradient product
+``kermac.ops.product_grad`` that the backward of the products calls) on fresh random inputs
 whose sizes are not tile multiples, with broadcast batches, views and tensor hyperparameters among them;
 :meth:`Sample.op_args` gives the arguments of the operation it lowers to, for ``torch.library.opcheck``.
 """
@@ -17,7 +18,8 @@ from dataclasses import dataclass
 import torch
 
 import kermac
-from kermac import presets
+from kermac import ops, presets
+from kermac.hyperparams import HyperValue
 from kermac.lowering import cdist_program, grad_program
 from kermac.programs import GradProgram, PairwiseProgram, swap_operands
 from kermac.testing import HUBER_GRAD, SOFT_L1
@@ -31,14 +33,14 @@ class Sample:
     name: str
     run: Callable[..., torch.Tensor]
     inputs: tuple[torch.Tensor, ...]
-    op: str  # "pairwise", "product" or "grad"
+    op: str  # "pairwise", "product", "product_grad" or "grad"
     op_args: Callable[[tuple[torch.Tensor, ...], str], tuple]
     differentiable: bool  # whether the backward of every operand is implemented
 
     @property
     def operands(self) -> int:
         """How many of `inputs` are operands (the rest are hyperparameters)."""
-        return {"pairwise": 2, "product": 3, "grad": 4}[self.op]
+        return {"pairwise": 2, "product": 3, "product_grad": 4, "grad": 4}[self.op]
 
     def __call__(self, *inputs: torch.Tensor, backend: str = "auto", out: torch.Tensor | None = None) -> torch.Tensor:
         return self.run(*inputs, backend=backend, out=out)
@@ -54,8 +56,8 @@ class Input:
 def _pairwise_args(
     program: PairwiseProgram, hypers: dict, offsets: tuple[int, int] = (0, 0), order: tuple[int, ...] = (0, 1)
 ) -> Callable:
-    """The arguments of `kermac::pairwise` (or, with three operands in `order`, `kermac::product`) for the
-    inputs at the positions `order`."""
+    """The arguments of `kermac::pairwise` (or, with three or four operands in `order`, `kermac::product` or
+    `kermac::product_grad`) for the inputs at the positions `order`."""
     names = ",".join(hypers)
     numbers = [math.nan if isinstance(v, Input) else float(v) for v in hypers.values()]
 
@@ -77,6 +79,11 @@ def _grad_args(program: GradProgram, hypers: dict) -> Callable:
     return build
 
 
+def _laplace_hypers(bandwidth: torch.Tensor) -> dict[str, HyperValue]:
+    """The hyperparameters of the product_grad sample: a batched bandwidth and a scalar regularisation."""
+    return {"bandwidth": HyperValue("bandwidth", None, bandwidth), "regularization": HyperValue("regularization", 0.1)}
+
+
 def samples(device: str, dtype: torch.dtype = torch.float64, seed: int = 0) -> list[Sample]:
     """The sample calls on `device` in `dtype`, from `seed`."""
     gen = torch.Generator().manual_seed(seed)
@@ -91,6 +98,8 @@ def samples(device: str, dtype: torch.dtype = torch.float64, seed: int = 0) -> l
     kernel = presets.ALL["matern52"].lower(regularized=True)
     v, u = randn(3, 9).mT, randn(7, 2)  # v: a transposed view; u: the operand of Kᵀ @ u
     gaussian = presets.ALL["gaussian"].lower(regularized=True)
+    laplace_l1 = presets.ALL["laplace_l1"].lower(regularized=True)
+    g = randn(2, 7, 3)  # the upstream gradient of K @ v
     return [
         Sample(
             "cdist_p1.5",
@@ -146,6 +155,16 @@ def samples(device: str, dtype: torch.dtype = torch.float64, seed: int = 0) -> l
             (x, z, u),
             "product",
             _pairwise_args(swap_operands(SOFT_L1), {"eps": 0.25}, (0, 2), (1, 0, 2)),
+            False,
+        ),
+        Sample(
+            "product_grad_laplace_l1_batched_ridge",
+            lambda x, z, v, g, bw, backend, out=None: ops.product_grad(
+                laplace_l1.key(), x, z, v, g, _laplace_hypers(bw), out=out, offset_n=1, backend=backend
+            ),
+            (x, z, v, g, bw),
+            "product_grad",
+            _pairwise_args(laplace_l1, {"bandwidth": Input(4), "regularization": 0.1}, (0, 1), (0, 1, 2, 3)),
             False,
         ),
         Sample(

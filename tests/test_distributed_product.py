@@ -130,15 +130,19 @@ def _gradients(rank: int, world: int, device: torch.device) -> None:
     for name, t in mine.items():
         _close(t.grad, _shard(ref[name].grad, sizes[name], rank))
 
-    # Laplace-L1: ∂/∂v through the ring; ∂/∂x is not implemented for it and says so on every rank.
-    x_r, z_r = mine["x"].detach(), mine["z"].detach()
+    # Laplace-L1: ∂/∂v and ∂/∂x (gradient products) through the ring; the l∞ distance (a maximum over
+    # features) has no ∂/∂x and says so on every rank.
+    x_r, z_r = mine["x"].detach().requires_grad_(), mine["z"].detach()
     v = mine["v"].detach().requires_grad_()
     (ShardedKernelOperator("laplace_l1", x_r, z_r, bandwidth=2.0) @ v).sum().backward()
-    dense = kermac.run_kernel("laplace_l1", full["x"], full["z"], bandwidth=2.0, backend="torch")
-    _close(v.grad, _shard(dense.mT @ torch.ones(sum(ms), 3, dtype=F64), ns, rank))
-    lap = ShardedKernelOperator("laplace_l1", x_r.requires_grad_(), z_r, bandwidth=2.0)
-    with pytest.raises(NotImplementedError, match="with respect to x and z is implemented for programs summing"):
-        (lap @ v).sum().backward()
+    ref_x = full["x"].clone().requires_grad_()
+    dense = kermac.run_kernel("laplace_l1", ref_x, full["z"], bandwidth=2.0, backend="torch")
+    (dense @ full["v"]).sum().backward()
+    _close(v.grad, _shard(dense.detach().mT @ torch.ones(sum(ms), 3, dtype=F64), ns, rank))
+    _close(x_r.grad, _shard(ref_x.grad, ms, rank))
+    linf = ShardedKernelOperator("linf_distance", x_r, z_r)
+    with pytest.raises(NotImplementedError, match="with respect to x and z is implemented for programs whose"):
+        (linf @ v).sum().backward()
 
 
 def _nan(rank: int, world: int, device: torch.device) -> None:

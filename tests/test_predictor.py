@@ -1,11 +1,15 @@
 """`kermac.predictor_gradient`: the gradient of `f(x) = K(x, z) α` at every point, against torch autograd of the
-dense float64 predictor (`run_kernel` on the reference backend, then a matmul), for the kernels on Σ (x − z)²,
-batches, a 1-D α, empty sizes and a user program; refusals and bad input named."""
+dense float64 predictor (`run_kernel` on the reference backend, then a matmul), for the kernels on Σ (x − z)² and
+the other sum-reduced kernels (one gradient product per output column), batches, a 1-D α, empty sizes and user
+programs; the refusal of maxima and bad input named."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
+from dense_programs import dense_kernel
 from helpers import BACKEND_DEVICES, require_backend
 
 import kermac
@@ -88,10 +92,44 @@ def test_the_result_is_differentiable() -> None:
     assert torch.autograd.gradcheck(lambda a: kermac.predictor_gradient("gaussian", x, z, a, bandwidth=1.5), (alpha,))
 
 
-def test_kernels_not_on_squared_differences_are_refused() -> None:
+OTHER_SUMS = [
+    ("laplace_l1", {"bandwidth": 1.3}),
+    ("l1_distance", {}),
+    ("laplace_lp", {"bandwidth": 1.3, "p": 1.5}),
+    ("lp_distance", {"p": 3.0}),
+    ("dot_product", {}),
+]
+
+
+@pytest.mark.parametrize(("name", "kw"), OTHER_SUMS, ids=[n for n, _ in OTHER_SUMS])
+def test_other_sum_reduced_kernels_match_autograd_of_the_dense_predictor(name: str, kw: dict) -> None:
+    """Laplace-L1 and the other kernels not on Σ (x − z)²: one gradient product per output column, broadcast batch."""
+    x, z, alpha = _randn(2, 7, 4, seed=13), _randn(11, 4, seed=14) + 0.1, _randn(2, 11, 3, seed=15)
+    want = _dense_jacobian(lambda xx: kermac.run_kernel(name, xx, z, backend="torch", **kw) @ alpha, x)
+    got = kermac.predictor_gradient(name, x, z, alpha, backend="torch", **kw)
+    assert got.shape == (2, 7, 3, 4)
+    torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-12)
+    one = kermac.predictor_gradient(name, x, z, alpha[1, :, 2], **kw)  # a 1-D alpha: one output
+    assert one.shape == (2, 7, 4)
+    torch.testing.assert_close(one[1], got[1, :, 2, :], rtol=1e-12, atol=1e-14)
+
+
+def test_a_user_program_with_a_batched_hyperparameter_and_no_columns() -> None:
+    """A sum of a smooth non-difference term with a per-batch hyperparameter; C = 0 gives an empty Jacobian."""
+    x, z, alpha = _randn(2, 5, 3, seed=16), _randn(2, 6, 3, seed=17), _randn(2, 6, 2, seed=18)
+    program = PairwiseProgram(ir.log(1.0 + ir.Hyper("s") * (ir.Var("x") - ir.Var("z")) ** 2), "sum", -ir.Var("acc"))
+    s = torch.tensor([0.5, 2.0], dtype=F64)
+    want = _dense_jacobian(lambda xx: dense_kernel(program, xx, z, {"s": s}) @ alpha, x)
+    torch.testing.assert_close(kermac.predictor_gradient(program, x, z, alpha, s=s), want, rtol=1e-10, atol=1e-12)
+    empty = kermac.predictor_gradient(program, x, z, alpha[..., :0], s=s)
+    assert empty.shape == (2, 5, 0, 3)
+
+
+def test_maxima_over_features_are_refused_naming_the_program() -> None:
     x = _randn(4, 3, seed=1)
-    with pytest.raises(NotImplementedError, match=r"predictor_gradient: implemented for kernels on Σ \(x − z\)²"):
-        kermac.predictor_gradient("laplace_l1", x, x, _randn(4, 1, seed=2), bandwidth=1.0)
+    key = re.escape(kermac.presets.ALL["linf_distance"].lower().key())
+    with pytest.raises(NotImplementedError, match=rf"predictor_gradient: .* is a sum .*program {key} takes the max"):
+        kermac.predictor_gradient("linf_distance", x, x, _randn(4, 1, seed=2))
 
 
 @pytest.mark.parametrize(
@@ -111,3 +149,15 @@ def test_bad_input_is_named(alpha: object, kw: dict, error: type, message: str) 
         del kw["bandwidth"]
     with pytest.raises(error, match=message):
         kermac.predictor_gradient("gaussian", x, x, alpha, **kw)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(("name", "kw"), OTHER_SUMS, ids=[n for n, _ in OTHER_SUMS])
+def test_other_sum_reduced_kernels_on_cuda(name: str, kw: dict) -> None:
+    """float32 on CUDA with `auto` (the gradient products run where a backend accepts them: the reference backend
+    while the GPU backends refuse them) against the float64 dense Jacobian."""
+    x, z, alpha = _randn(67, 9, seed=19), _randn(131, 9, seed=20) + 0.1, _randn(131, 2, seed=21)
+    want = _dense_jacobian(lambda xx: kermac.run_kernel(name, xx, z, backend="torch", **kw) @ alpha, x)
+    got = kermac.predictor_gradient(name, *(t.to("cuda", torch.float32) for t in (x, z, alpha)), **kw)
+    assert got.shape == (67, 2, 9) and got.dtype == torch.float32
+    torch.testing.assert_close(got.double().cpu(), want, rtol=3e-5, atol=3e-5 * want.abs().max().item())

@@ -55,8 +55,14 @@ The fused product `out[m, c] = Σ_n K[m, n] v[n, c]` (`kermac::product`,
   one product of the derivative program `(inner, e')` with the `C + C·D` columns `[v, W]`; `∂L/∂z`
   likewise from one transposed product with `[g, U]`, `U[m, c, j] = g[m, c] x[m, j]`.  These are
   products too, so derivatives of any order follow.
-* For every other program the gradient in `x` or `z` raises `NotImplementedError` naming the program
-  when computed (`kermac::no_gradient`), never a silent zero.
+* For every other program whose reduction over features is a sum (Laplace-L1, the Lp kernels, `x·z`,
+  user programs), `∂L/∂x[m, j] = Σ_n (g_m·v_n) e'(acc[m, n]) ∂τ/∂x(x[m, j], z[n, j])` is one gradient
+  product (`kermac::product_grad`, `kermac.problem.ProductGradProblem`: `e'` and `∂τ/∂x`
+  symbolic, the term 0 where `∂τ/∂x = 0`, as torch.cdist's subgradient at `x = z`), and `∂L/∂z` the
+  same on the swapped program with `(z, x)` and `v`, `g` exchanged.  First derivatives only: differentiating
+  these again raises `NotImplementedError` naming the program.
+* For a maximum or minimum over features the gradient in `x` or `z` raises `NotImplementedError` naming
+  the program when computed (`kermac::no_gradient`), never a silent zero.
 
 Hyperparameters are constants (a tensor that requires grad is refused by [`kermac.hyperparams`][kermac.hyperparams]);
 `out=` is refused while autograd records.  Other programs run forward as usual and raise
@@ -77,13 +83,13 @@ import torch
 
 from kermac import ir, ops
 from kermac.hyperparams import HyperValue
-from kermac.ir_diff import derivative
 from kermac.ir_eval import evaluate
+from kermac.jacobians import product_jacobian
 from kermac.lowering import grad_program
-from kermac.point_gradients import product_jacobian
 from kermac.problem import compute_dtype, diagonal_offsets
 from kermac.programs import (
     PairwiseProgram,
+    epilogue_slope,
     inner_difference_power,
     is_product_sum,
     is_squared_difference_sum,
@@ -143,12 +149,6 @@ class _Setup:
 @cache
 def _inner_only(program: PairwiseProgram) -> PairwiseProgram:
     return PairwiseProgram(program.inner, program.reduction, ir.Var("acc"))
-
-
-@cache
-def _epilogue_slope(program: PairwiseProgram) -> ir.Expr:
-    """`e'(acc)`: the derivative of the program's epilogue with respect to `acc`."""
-    return derivative(program.epilogue, "acc")
 
 
 def _setup_pairwise(ctx, inputs, output) -> None:
@@ -232,7 +232,7 @@ def _outer_factor(s: _Setup, x: torch.Tensor, z: torch.Tensor, g: torch.Tensor) 
     program = s.program
     if program.epilogue == ir.Var("acc"):
         return g
-    slope = _epilogue_slope(program)
+    slope = epilogue_slope(program)
     inner = s.inner_only()
     acc = ops.pairwise(inner.program.key(), x, z, inner.hypers, backend=s.backend, debug=s.debug, op=s.op)
     if slope == ir.Const(0.0):  # the epilogue does not depend on acc
@@ -365,17 +365,56 @@ def _backward_product(ctx, g):
         grad_v = _transposed_product(s, s.program, x, z, g, hypers).sum_to_size(v.shape)
     grad_x = grad_z = None
     if want_x or want_z:
-        if not is_squared_difference_sum(s.program):
+        if is_squared_difference_sum(s.program):
+            grad_x, grad_z = _product_point_gradients(s, x, z, v, g, (want_x, want_z))
+        elif s.program.reduction == "sum":
+            grad_x, grad_z = _product_grad_gradients(s, x, z, v, g, (want_x, want_z))
+        else:
             reason = (
-                f"{op}: the gradient of a kernel product with respect to x and z is implemented for programs "
-                f"summing (x − z)² (Gaussian, Laplace-L2, Matérn, Cauchy, l2); program {s.program.key()} is not "
-                "one (detach x and z, or call under torch.no_grad())"
+                f"{op}: the gradient of a kernel product with respect to x and z is implemented for programs whose "
+                f"reduction over features is a sum; program {s.program.key()} takes the {s.program.reduction}imum "
+                "(detach x and z, or call under torch.no_grad())"
             )
             grad_x = _no_gradient(x, reason) if want_x else None
             grad_z = _no_gradient(z, reason) if want_z else None
-        else:
-            grad_x, grad_z = _product_point_gradients(s, x, z, v, g, (want_x, want_z))
     return grad_x, grad_z, grad_v, None, None, *ctx.list_grads, None, None, None, None, None
+
+
+def _product_grad_gradients(
+    s: _Setup, x: torch.Tensor, z: torch.Tensor, v: torch.Tensor, g: torch.Tensor, want: tuple[bool, bool]
+) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """`(∂L/∂x, ∂L/∂z)` of `out = K v` for a sum-reduced program: one gradient product
+    (`kermac::product_grad`) per input, the one for `z` on the swapped program with `v` and `g` exchanged."""
+    key, hypers = s.program.key(), s.hypers
+    grad_x = grad_z = None
+    if want[0]:
+        grad_x = ops.product_grad(
+            key, x, z, v, g, hypers, offset_m=s.offset_m, offset_n=s.offset_n, backend=s.backend, debug=s.debug,
+            op=s.op,
+        ).sum_to_size(x.shape)  # fmt: skip
+    if want[1]:
+        grad_z = ops.product_grad(
+            swap_operands(s.program).key(), z, x, g, v, hypers, offset_m=s.offset_n, offset_n=s.offset_m,
+            backend=s.backend, debug=s.debug, op=s.op,
+        ).sum_to_size(z.shape)  # fmt: skip
+    return grad_x, grad_z
+
+
+def _setup_product_grad(ctx, inputs, output) -> None:
+    x, z, v, g, program, _, numbers, tensors, *_, op = inputs
+    ctx.reason = (
+        f"{op}: second derivatives of a kernel product with respect to x and z are implemented for programs "
+        f"summing (x − z)² (Gaussian, Laplace-L2, Matérn, Cauchy, l2); program {program} has first derivatives "
+        "only (its gradient is the operation kermac::product_grad)"
+    )
+    ctx.save_for_backward(x, z, v, g)  # only as the `like` of the refusing gradients
+    ctx.list_grads = _no_list_grads(numbers, tensors)
+
+
+def _backward_product_grad(ctx, g_out):
+    want = ctx.needs_input_grad[:4]
+    grads = (_no_gradient(t, ctx.reason) if w else None for t, w in zip(ctx.saved_tensors, want, strict=True))
+    return *grads, None, None, *ctx.list_grads, None, None, None, None, None
 
 
 def _transposed_product(
@@ -419,6 +458,7 @@ def _product_point_gradients(
 torch.library.register_autograd("kermac::pairwise", _backward_pairwise, setup_context=_setup_pairwise)
 torch.library.register_autograd("kermac::product", _backward_product, setup_context=_setup_product)
 torch.library.register_autograd("kermac::grad", _backward_grad, setup_context=_setup_grad)
+torch.library.register_autograd("kermac::product_grad", _backward_product_grad, setup_context=_setup_product_grad)
 torch.library.register_autograd(
     "kermac::first_order_only", _backward_first_order_only, setup_context=_setup_first_order_only
 )

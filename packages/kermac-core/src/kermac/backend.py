@@ -2,7 +2,8 @@
 
 A backend is an object registered through the `kermac.backends` entry-point group (see
 [`kermac.hookspecs`][kermac.hookspecs]).  Core normalises every call into a problem object
-(`kermac.problem.PairwiseProblem`, `kermac.problem.GradProblem` or `kermac.problem.ProductProblem`) and hands it to
+(`kermac.problem.PairwiseProblem`, `kermac.problem.GradProblem`, `kermac.problem.ProductProblem` or
+`kermac.problem.ProductGradProblem`) and hands it to
 the best-ranked backend that is available and supports it
 ([`kermac.registry.select_backend`][kermac.registry.select_backend]). Backends write into `problem.out`; they never
 allocate other memory except documented workspaces, and never synchronise with the host.
@@ -11,9 +12,11 @@ Importing the module that defines a backend class must be cheap: heavy dependenc
 cuda-core, ...) are imported inside [`Backend.availability`][kermac.backend.Backend.availability] and the run methods.
 
 The contract grows without breaking plugins: an operation added after the first release (the fused
-product, [`check_product`][kermac.backend.Backend.check_product] / [`product`][kermac.backend.Backend.product]) arrives
-with a default that refuses it, so a backend written before it keeps loading and simply is not chosen
-for that operation; a backend opts in by overriding both methods.
+product, [`check_product`][kermac.backend.Backend.check_product] / [`product`][kermac.backend.Backend.product], and its
+gradient, [`check_product_grad`][kermac.backend.Backend.check_product_grad] /
+[`product_grad`][kermac.backend.Backend.product_grad]) arrives with a default that refuses it, so a backend written
+before it keeps loading and simply is not chosen for that operation; a backend opts in by overriding both
+methods.
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar
 
 if TYPE_CHECKING:
-    from kermac.problem import GradProblem, PairwiseProblem, ProductProblem
+    from kermac.problem import GradProblem, PairwiseProblem, ProductGradProblem, ProductProblem
 
 __all__ = ["Availability", "Backend"]
 
@@ -57,11 +60,12 @@ class Backend(abc.ABC):
 
     The hooks `priority`, [`availability`][kermac.backend.Backend.availability],
     [`preference`][kermac.backend.Backend.preference], [`check_pairwise`][kermac.backend.Backend.check_pairwise],
-    [`check_grad`][kermac.backend.Backend.check_grad] and [`check_product`][kermac.backend.Backend.check_product] must
-    not raise and must return the documented types; one that does
-    not is a plugin error, which [`kermac.registry`][kermac.registry] reports once and survives (`auto` skips the
-    backend for that decision).  [`kermac.testing.assert_pairwise_conforms`][kermac.testing.assert_pairwise_conforms]
-    and [`assert_grad_conforms`][kermac.testing.assert_grad_conforms] check a backend's values against the reference.
+    [`check_grad`][kermac.backend.Backend.check_grad], [`check_product`][kermac.backend.Backend.check_product] and
+    [`check_product_grad`][kermac.backend.Backend.check_product_grad] must not raise and must return the
+    documented types; one that does not is a plugin error, which [`kermac.registry`][kermac.registry] reports once
+    and survives (`auto` skips the backend for that decision).
+    [`kermac.testing.assert_pairwise_conforms`][kermac.testing.assert_pairwise_conforms] and
+    [`assert_grad_conforms`][kermac.testing.assert_grad_conforms] check a backend's values against the reference.
     """
 
     name: ClassVar[str]
@@ -102,7 +106,20 @@ class Backend(abc.ABC):
         (kermac only calls it after [`check_product`][kermac.backend.Backend.check_product] accepted)."""
         raise NotImplementedError(f"backend {self.name!r} does not compute fused kernel products")
 
-    def preference(self, problem: PairwiseProblem | GradProblem | ProductProblem) -> int:
+    def check_product_grad(self, problem: ProductGradProblem) -> str | None:
+        """`None` if [`product_grad`][kermac.backend.Backend.product_grad] can run `problem`, else the reason it cannot
+        (a str).  Not abstract: the default refuses (the versioning rule of
+        [`check_product`][kermac.backend.Backend.check_product])."""
+        return f"backend {self.name!r} does not compute gradients of fused kernel products"
+
+    def product_grad(self, problem: ProductGradProblem) -> None:
+        """Compute the gradient product of `problem` (`kermac.problem.ProductGradProblem`) into `problem.out` (every
+        element of it) without materialising K or its derivative beyond documented workspaces.  The default raises
+        `NotImplementedError` (kermac only calls it after
+        [`check_product_grad`][kermac.backend.Backend.check_product_grad] accepted)."""
+        raise NotImplementedError(f"backend {self.name!r} does not compute gradients of fused kernel products")
+
+    def preference(self, problem: PairwiseProblem | GradProblem | ProductProblem | ProductGradProblem) -> int:
         """How strongly `auto` should prefer this backend for `problem` (default: `priority`).
 
         `auto` ranks first the backends that the cost table of the problem's device lists for

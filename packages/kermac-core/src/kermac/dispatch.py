@@ -1,7 +1,7 @@
 """Running normalised problems on a backend: what the public operations and autograd share.
 
 The operations of [`kermac.ops`][kermac.ops] run their problems through here: `run_pairwise` /
-`run_grad` / `run_product` pick a backend ([`kermac.registry`][kermac.registry]) for a problem of
+`run_grad` / `run_product` / `run_product_grad` pick a backend ([`kermac.registry`][kermac.registry]) for a problem of
 `kermac.problem`, log the choice under `debug` and let the backend write `problem.out`.
 """
 
@@ -15,9 +15,9 @@ from kermac import registry
 from kermac.backend import Backend
 from kermac.errors import BackendError
 from kermac.logs import logger
-from kermac.problem import GradProblem, PairwiseProblem, ProductProblem
+from kermac.problem import GradProblem, PairwiseProblem, ProductGradProblem, ProductProblem
 
-__all__ = ["run_grad", "run_pairwise", "run_product"]
+__all__ = ["run_grad", "run_pairwise", "run_product", "run_product_grad"]
 
 
 def run_pairwise(problem: PairwiseProblem, backend: str, op: str) -> torch.Tensor:
@@ -94,8 +94,38 @@ def run_product(problem: ProductProblem, backend: str, op: str) -> torch.Tensor:
     return problem.out
 
 
+def run_product_grad(problem: ProductGradProblem, backend: str, op: str) -> torch.Tensor:
+    """As `run_product`, for the gradient product of a fused kernel product (with `N = 0` the sum is empty: zeros)."""
+    if problem.out.numel() == 0 or problem.device.type == "meta":
+        return problem.out
+    m, n, d, c = problem.sizes
+    if n == 0:
+        return problem.out.zero_()
+    chosen = registry.select_backend(
+        backend, problem, lambda b, pr: b.check_product_grad(pr), "kernel product gradient problem"
+    )
+    if problem.debug:
+        logger.debug(
+            "%s: backend %s; batch %s, M=%d N=%d D=%d C=%d, %s on %s; gradient of program %s",
+            op,
+            chosen.name,
+            list(problem.batch_shape),
+            m,
+            n,
+            d,
+            c,
+            problem.dtype,
+            problem.device,
+            problem.program.key(),
+        )
+    _run_backend(chosen, chosen.product_grad, problem)
+    return problem.out
+
+
 def _run_backend(
-    backend: Backend, method: Callable[[object], None], problem: PairwiseProblem | GradProblem | ProductProblem
+    backend: Backend,
+    method: Callable[[object], None],
+    problem: PairwiseProblem | GradProblem | ProductProblem | ProductGradProblem,
 ) -> None:
     """`method(problem)`; a plugin's `SystemExit` (or another non-`Exception` but
     `KeyboardInterrupt`) becomes a [`BackendError`][kermac.errors.BackendError] naming the backend, so

@@ -33,9 +33,9 @@ one is reported (a `RuntimeWarning` and a row of `kermac info`) and skipped, nev
   out of them.
 
 The contract of [`kermac.backend.Backend`][kermac.backend.Backend] is versioned by defaults: an operation added to
-kermac after a backend was written (the fused kernel product, `check_product` / `product`) comes with a
-default that refuses it with a sentence, so an older plugin keeps loading and `auto` passes it over for
-that operation only.
+kermac after a backend was written (the fused kernel product, `check_product` / `product`, and its gradient,
+`check_product_grad` / `product_grad`) comes with a default that refuses it with a sentence, so an older
+plugin keeps loading and `auto` passes it over for that operation only.
 """
 
 from __future__ import annotations

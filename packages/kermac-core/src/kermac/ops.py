@@ -1,6 +1,6 @@
 """kermac's fused passes as `torch.library` custom operations.
 
-Every public operation ([`kermac.api`][kermac.api]) ends in one of three fused passes, each registered as a
+Every public operation ([`kermac.api`][kermac.api]) ends in one of these fused passes, each registered as a
 custom operation in the `kermac` namespace, with a fake (meta) implementation and, in
 [`kermac.autograd`][kermac.autograd], its backward:
 
@@ -12,6 +12,8 @@ custom operation in the `kermac` namespace, with a fake (meta) implementation an
 | `kermac::grad_out(..., Tensor(a!) out) -> ()` | the same into `out` |
 | `kermac::product(x, z, v, program, hyper_names, numbers, tensors, offset_m, offset_n, backend, debug, op)` | K v |
 | `kermac::product_out(..., Tensor(a!) out) -> ()` | the same into `out` |
+| `kermac::product_grad(x, z, v, g, program, ..., offset_m, offset_n, backend, debug, op)` | ∂(g · K v)/∂x |
+| `kermac::product_grad_out(..., Tensor(a!) out) -> ()` | the same into `out` |
 | `kermac::no_gradient(like, reason) -> Tensor` | raises `NotImplementedError(reason)` when run |
 | `kermac::first_order_only(value, reason) -> Tensor` | a copy of `value` whose own backward is `no_gradient` |
 
@@ -23,10 +25,11 @@ operation, so a trace (`torch.compile`, `torch.export`, `make_fx`) records one o
 fake implementation gives the exact output shape, dtype, device and (contiguous) strides, after the
 same validation the real one runs.
 
-[`pairwise`][kermac.ops.pairwise], [`grad`][kermac.ops.grad] and [`product`][kermac.ops.product] are what the
-public operations call: for plain tensors on a real device with no autograd to record, outside any trace or
-dispatch mode, they run the pass directly (the dispatcher would add its own host time to every small call and
-change nothing); otherwise they call the registered operation.
+[`pairwise`][kermac.ops.pairwise], [`grad`][kermac.ops.grad], [`product`][kermac.ops.product] and
+[`product_grad`][kermac.ops.product_grad] are what the public operations (and their backward) call: for plain
+tensors on a real device with no autograd to record, outside any trace or dispatch mode, they run the pass
+directly (the dispatcher would add its own host time to every small call and change nothing);
+otherwise they call the registered operation.
 """
 
 from __future__ import annotations
@@ -37,12 +40,12 @@ from typing import TypeVar
 
 import torch
 
-from kermac.dispatch import run_grad, run_pairwise, run_product
+from kermac.dispatch import run_grad, run_pairwise, run_product, run_product_grad
 from kermac.hyperparams import HyperValue
-from kermac.problem import check_out_type, grad_problem, pairwise_problem, product_problem
+from kermac.problem import check_out_type, grad_problem, pairwise_problem, product_grad_problem, product_problem
 from kermac.programs import GradProgram, PairwiseProgram, program_from_key
 
-__all__ = ["constant_for_compile", "grad", "pairwise", "product", "runs_directly"]
+__all__ = ["constant_for_compile", "grad", "pairwise", "product", "product_grad", "runs_directly"]
 
 _PAIRWISE_ARGS = (
     "Tensor x, Tensor z, str program, str hyper_names, float[] numbers, Tensor?[] tensors, "
@@ -54,6 +57,11 @@ _GRAD_ARGS = (
 )
 _PRODUCT_ARGS = (
     "Tensor x, Tensor z, Tensor v, str program, str hyper_names, float[] numbers, Tensor?[] tensors, "
+    "int offset_m, int offset_n, str backend, bool debug, str op"
+)
+
+_PRODUCT_GRAD_ARGS = (
+    "Tensor x, Tensor z, Tensor v, Tensor g, str program, str hyper_names, float[] numbers, Tensor?[] tensors, "
     "int offset_m, int offset_n, str backend, bool debug, str op"
 )
 
@@ -189,6 +197,36 @@ def product(
     return out
 
 
+def product_grad(
+    program: str,
+    x: torch.Tensor,
+    z: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    hypers: Mapping[str, HyperValue],
+    *,
+    out: torch.Tensor | None = None,
+    offset_m: int = 0,
+    offset_n: int = 0,
+    backend: str = "auto",
+    debug: bool = False,
+    op: str = "program_product",
+) -> torch.Tensor:
+    """The gradient product (`kermac.problem.ProductGradProblem`) of the pairwise program with
+    key `program`: `∂(Σ g · K(x, z) v)/∂x` (into `out` if given)."""
+    if _direct((x, z, v, g), hypers, out):
+        problem = product_grad_problem(
+            _program(program, PairwiseProgram), x, z, v, g, out=out, hypers=hypers, offset_m=offset_m,
+            offset_n=offset_n, debug=debug,
+        )  # fmt: skip
+        return run_product_grad(problem, backend, op)
+    args = (x, z, v, g, program, *hypers_to_args(hypers), offset_m, offset_n, backend, debug, op)
+    if out is None:
+        return torch.ops.kermac.product_grad(*args)
+    torch.ops.kermac.product_grad_out(*args, out)
+    return out
+
+
 def _direct(operands: tuple[torch.Tensor, ...], hypers: Mapping[str, HyperValue], out: object) -> bool:
     """Whether a call with these tensors [`runs_directly`][kermac.ops.runs_directly] (`out` checked to be a tensor
     or None first, so that a wrong one gets kermac's message, not the dispatcher's)."""
@@ -296,6 +334,43 @@ def _product_out_op(x, z, v, program, hyper_names, numbers, tensors, offset_m, o
 @_product_out_op.register_fake
 def _(x, z, v, program, hyper_names, numbers, tensors, offset_m, offset_n, backend, debug, op, out):
     _product_problem(x, z, v, program, hyper_names, numbers, tensors, offset_m, offset_n, debug, out, fake=True)
+
+
+def _product_grad_problem(
+    x, z, v, g, program, names, numbers, tensors, offset_m, offset_n, debug, out=None, fake=False
+):  # fmt: skip
+    hypers = hypers_from_args(names, numbers, tensors)
+    return product_grad_problem(
+        _program(program, PairwiseProgram), x, z, v, g, out=out, hypers=hypers, offset_m=offset_m,
+        offset_n=offset_n, debug=debug, fake=fake,
+    )  # fmt: skip
+
+
+@torch.library.custom_op("kermac::product_grad", mutates_args=(), schema=f"({_PRODUCT_GRAD_ARGS}) -> Tensor")
+def _product_grad_op(x, z, v, g, program, hyper_names, numbers, tensors, offset_m, offset_n, backend, debug, op):
+    problem = _product_grad_problem(x, z, v, g, program, hyper_names, numbers, tensors, offset_m, offset_n, debug)
+    return run_product_grad(problem, backend, op)
+
+
+@_product_grad_op.register_fake
+def _(x, z, v, g, program, hyper_names, numbers, tensors, offset_m, offset_n, backend, debug, op):
+    args = (x, z, v, g, program, hyper_names, numbers, tensors, offset_m, offset_n, debug)
+    return _product_grad_problem(*args, fake=True).out
+
+
+@torch.library.custom_op(
+    "kermac::product_grad_out", mutates_args=("out",), schema=f"({_PRODUCT_GRAD_ARGS}, Tensor(a!) out) -> ()"
+)
+def _product_grad_out_op(
+    x, z, v, g, program, hyper_names, numbers, tensors, offset_m, offset_n, backend, debug, op, out
+):  # fmt: skip
+    args = (x, z, v, g, program, hyper_names, numbers, tensors, offset_m, offset_n, debug)
+    run_product_grad(_product_grad_problem(*args, out), backend, op)
+
+
+@_product_grad_out_op.register_fake
+def _(x, z, v, g, program, hyper_names, numbers, tensors, offset_m, offset_n, backend, debug, op, out):
+    _product_grad_problem(x, z, v, g, program, hyper_names, numbers, tensors, offset_m, offset_n, debug, out, True)
 
 
 @torch.library.custom_op("kermac::no_gradient", mutates_args=(), schema="(Tensor like, str reason) -> Tensor")

@@ -1,19 +1,11 @@
 r"""Gradients of kernel predictors with respect to their points, without materialising the kernel matrix.
 
 A kernel predictor is `f(x)[m, c] = Σ_n K(x_m, z_n) α[n, c]` (a fused product,
-[`kernel_product`][kermac.api.kernel_product]). For a kernel on `r² = Σ_j (x_j − z_j)²`, `K = e(r²)`,
-
-$$
-J[m, c, j] = \frac{\partial f(x)[m, c]}{\partial x_{m j}}
-= 2\Big(x_{m j} \sum_n E_{m n}\,\alpha_{n c} - \sum_n E_{m n}\,\alpha_{n c}\, z_{n j}\Big),
-\qquad E_{m n} = e'(r^2_{m n})
-$$
-
-that is one product of the slope program ([`slope_program`][kermac.programs.slope_program]) with the
-`C + C·D` columns `[α, α ⊙ z]`. This Jacobian is what the average gradient outer product (AGOP) of a
-Recursive Feature Machine needs, `G = (1/M) Σ_m J[m]ᵀ J[m]`; the backward of the product with respect to
-`x` ([`kermac.autograd`][kermac.autograd]) is its contraction with the incoming gradient; both use
-[`product_jacobian`][kermac.point_gradients.product_jacobian].
+[`kernel_product`][kermac.api.kernel_product]); its Jacobian `J[m, c, j] = ∂f(x)[m, c] / ∂x[m, j]` is what the
+average gradient outer product (AGOP) of a Recursive Feature Machine needs, `G = (1/M) Σ_m J[m]ᵀ J[m]`.
+[`predictor_gradient`][kermac.predictor.predictor_gradient] computes it by the routes of
+[`kermac.jacobians`][kermac.jacobians]: one product of `C + C·D` columns for a kernel on `Σ (x − z)²`, one
+gradient product per output column for any other sum-reduced kernel.
 """
 
 from __future__ import annotations
@@ -22,10 +14,15 @@ import torch
 
 from kermac.api import lower_kernel
 from kermac.hyperparams import program_hypers
+from kermac.jacobians import gradient_product_jacobian, product_jacobian
 from kermac.logs import debug_enabled
-from kermac.point_gradients import product_jacobian
 from kermac.problem import check_tensor
 from kermac.programs import PairwiseProgram, is_squared_difference_sum, program_from_key
+
+_NOT_SUMS = (
+    "predictor_gradient: implemented for kernels whose reduction over features is a sum (every preset but the "
+    "l∞ distance, and user programs of that shape); program {key} takes the {reduction}imum"
+)
 
 __all__ = ["predictor_gradient"]
 
@@ -51,8 +48,8 @@ def predictor_gradient(
     Args:
         kernel: a [`KernelDescriptor`][kermac.descriptor.KernelDescriptor], a preset name (as
             [`run_kernel`][kermac.api.run_kernel]) or a [`PairwiseProgram`][kermac.programs.PairwiseProgram] whose
-            hyperparameters come as keywords; its inner term must sum `(x − z)²` (Gaussian, Laplace-L2,
-            Matérn, Cauchy, l2 and user programs of that shape).
+            hyperparameters come as keywords; its reduction over features must be a sum (every preset but the
+            l∞ distance, and user programs of that shape).
         x: `[..., M, D]`, the points where the gradient is taken.
         z: `[..., N, D]`, the centres (training points).
         alpha: `[..., N, C]` coefficients, or `[N]` for one output (the result is then `[..., M, D]`).
@@ -66,9 +63,15 @@ def predictor_gradient(
         `[..., M, C, D]` (or `[..., M, D]` for a 1-D `alpha`) in `x`'s dtype, computed in its compute dtype.
         Regularisation of the diagonal does not depend on the points and is not an argument.
 
-    Raises `NotImplementedError` for a kernel not on `Σ (x − z)²` (e.g. Laplace-L1), naming it; the
-    usual `TypeError`/`ValueError` for inputs, naming the argument.  The result is differentiable (it is
-    made of fused products).
+    Kernels on `Σ (x − z)²` (Gaussian, Laplace-L2, Matérn, Cauchy, l2) take one fused product of `C + C·D`
+    columns, and the result is differentiable to any order (it is made of fused products); every other
+    sum-reduced kernel (Laplace-L1, the Lp kernels, dot products, user programs) takes one gradient product
+    per output column (`C` passes; [`kermac.jacobians`][kermac.jacobians]), and the result has first derivatives
+    only.  Where the
+    inner term is flat (`∂τ/∂x = 0`, e.g. `|x − z|` at `x = z`) a pair contributes 0, torch.cdist's subgradient.
+
+    Raises `NotImplementedError` for a kernel that takes a maximum or minimum over features (the l∞
+    distance), naming it; the usual `TypeError`/`ValueError` for inputs, naming the argument.
     """
     debug = debug_enabled(debug)
     x = check_tensor("x", x)
@@ -89,11 +92,8 @@ def predictor_gradient(
             )
         key, hv = lower_kernel(kernel, x, p, bandwidth, None, debug, what="kernel")
         program = program_from_key(key)
-    if not is_squared_difference_sum(program):
-        raise NotImplementedError(
-            f"predictor_gradient: implemented for kernels on Σ (x − z)² (Gaussian, Laplace-L2, Matérn, Cauchy, l2); "
-            f"program {program.key()} is not one"
-        )
+    if program.reduction != "sum":
+        raise NotImplementedError(_NOT_SUMS.format(key=program.key(), reduction=program.reduction))
     if alpha.dtype != x.dtype or alpha.device != x.device:
         raise TypeError(
             f"alpha: expected a tensor of x's dtype and device ({x.dtype} on {x.device}), got {alpha.dtype} on "
@@ -103,5 +103,8 @@ def predictor_gradient(
         raise ValueError(
             f"alpha: expected {z.shape[-2]} rows (N, z.shape[-2]), got shape {list(alpha.shape)} (z: {list(z.shape)})"
         )
-    jacobian = product_jacobian(program, x, z, alpha, hv, backend=backend, debug=debug)
+    if is_squared_difference_sum(program):
+        jacobian = product_jacobian(program, x, z, alpha, hv, backend=backend, debug=debug)
+    else:
+        jacobian = gradient_product_jacobian(program, x, z, alpha, hv, backend=backend, debug=debug)
     return jacobian[..., 0, :] if vector else jacobian

@@ -25,6 +25,7 @@ __all__ = [
     "SUPPORTED_DTYPES",
     "GradProblem",
     "PairwiseProblem",
+    "ProductGradProblem",
     "ProductProblem",
     "check_out_type",
     "check_tensor",
@@ -32,6 +33,7 @@ __all__ = [
     "diagonal_offsets",
     "grad_problem",
     "pairwise_problem",
+    "product_grad_problem",
     "product_problem",
 ]
 
@@ -133,6 +135,56 @@ class ProductProblem:
     x: torch.Tensor
     z: torch.Tensor
     v: torch.Tensor
+    out: torch.Tensor
+    hypers: Mapping[str, HyperValue]
+    offset_m: int
+    offset_n: int
+    batch_shape: tuple[int, ...]
+    debug: bool = False
+
+    @property
+    def sizes(self) -> tuple[int, int, int, int]:
+        """(M, N, D, C)."""
+        return self.x.shape[-2], self.z.shape[-2], self.x.shape[-1], self.v.shape[-1]
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.x.dtype
+
+    @property
+    def device(self) -> torch.device:
+        return self.x.device
+
+
+@dataclass(eq=False, slots=True)
+class ProductGradProblem:
+    r"""The gradient product: the derivative in `x` of `L = Σ g · (K v)` for the kernel product of
+    [`ProductProblem`][kermac.problem.ProductProblem] (the same program, diagonal offsets and hyperparameters),
+    with `K` and its derivative computed on the fly, never materialised:
+
+    $$
+    \mathrm{out}[*B, m, j] = \sum_n G[m, n]\,\Big(e'(\mathrm{acc}[m, n])\;\tau_x(x[m, j], z[n, j])\Big),\qquad
+    G[m, n] = \sum_c g[*B, m, c]\, v[*B, n, c]
+    $$
+
+    with `acc = Σ_j τ(x[m, j], z[n, j])` the program's sum over features (the program's reduction is a sum),
+    `e'` the derivative of its epilogue in `acc` ([`epilogue_slope`][kermac.programs.epilogue_slope]; the
+    regularisation of the diagonal, constant in `acc`, drops out) and `τ_x = ∂τ/∂x`
+    ([`inner_slope`][kermac.programs.inner_slope]).  The bracket is taken as 0 where `τ_x = 0`: a flat inner
+    term contributes nothing even where `e'` is infinite (Laplace-L2 or the l2 distance at `x_m = z_n`, where
+    `acc = 0`: torch.cdist's subgradient there is 0 too).  The gradient in `z` is this problem for the
+    program with its operands swapped ([`swap_operands`][kermac.programs.swap_operands]) on `(z, x)`, with
+    `v` and `g` exchanged and the offsets too.
+
+    x `[*B, M, D]`, z `[*B, N, D]`, v `[*B, N, C]`, g `[*B, M, C]` → out `[*B, M, D]`; accumulation in
+    [`compute_dtype`][kermac.problem.compute_dtype]; every tensor has the dtype and device of `x`.
+    """
+
+    program: PairwiseProgram
+    x: torch.Tensor
+    z: torch.Tensor
+    v: torch.Tensor
+    g: torch.Tensor
     out: torch.Tensor
     hypers: Mapping[str, HyperValue]
     offset_m: int
@@ -413,6 +465,59 @@ def product_problem(
         z=_expand(z, batch + (n, d)),
         v=_expand(v, batch + (n, c)),
         out=_prepare_out(out, batch + (m, c), x, dict(zip(names, ts, strict=True)), hypers, fake),
+        hypers={k: h.expanded(batch) for k, h in hypers.items()} if hypers else hypers,
+        offset_m=offset_m,
+        offset_n=offset_n,
+        batch_shape=batch,
+        debug=debug,
+    )
+
+
+def product_grad_problem(
+    program: PairwiseProgram,
+    x: object,
+    z: object,
+    v: object,
+    g: object,
+    *,
+    out: torch.Tensor | None,
+    hypers: Mapping[str, HyperValue],
+    offset_m: int = 0,
+    offset_n: int = 0,
+    debug: bool = False,
+    fake: bool = False,
+) -> ProductGradProblem:
+    """Validate and normalise a gradient product: x [..,M,D], z [..,N,D], v [..,N,C], g [..,M,C] → out [..,M,D]
+    (`fake` as in `pairwise_problem`)."""
+    names = ("x", "z", "v", "g")
+    ts = tuple(check_tensor(nm, t) for nm, t in zip(names, (x, z, v, g), strict=True))
+    _check_memory(dict(zip(names, ts, strict=True)), hypers)
+    _same(names, ts)
+    x, z, v, g = ts
+    xs, zs, vs, gs = x.shape, z.shape, v.shape, g.shape
+    (m, d), n, c = xs[-2:], zs[-2], vs[-1]
+    if zs[-1] != d:
+        raise ValueError(f"z: expected {d} features in the last dimension (as x), got shape {list(zs)} (x: {list(xs)})")
+    if vs[-2] != n:
+        raise ValueError(
+            f"v: expected size {n} in dimension -2 to match N (z.shape[-2]), got shape {list(vs)} (z: {list(zs)})"
+        )
+    if gs[-2:] != (m, c):
+        raise ValueError(
+            f"g: expected sizes [{m}, {c}] in the last two dimensions to match M (x.shape[-2]) and C (v.shape[-1]), "
+            f"got shape {list(gs)}"
+        )
+    offset_m, offset_n = _offset("offset_m", offset_m), _offset("offset_n", offset_n)
+    shapes = {nm: tuple(t.shape[:-2]) for nm, t in zip(names, ts, strict=True)}
+    batch = _batch_shape(shapes | _hyper_shapes(hypers))
+    offset_m, offset_n = diagonal_offsets(offset_m, offset_n, m, n)
+    return ProductGradProblem(
+        program=program,
+        x=_expand(x, batch + (m, d)),
+        z=_expand(z, batch + (n, d)),
+        v=_expand(v, batch + (n, c)),
+        g=_expand(g, batch + (m, c)),
+        out=_prepare_out(out, batch + (m, d), x, dict(zip(names, ts, strict=True)), hypers, fake),
         hypers={k: h.expanded(batch) for k, h in hypers.items()} if hypers else hypers,
         offset_m=offset_m,
         offset_n=offset_n,

@@ -54,7 +54,9 @@ __all__ = [
     "PairwiseProgram",
     "canonical_inner",
     "difference_power",
+    "epilogue_slope",
     "inner_difference_power",
+    "inner_slope",
     "is_abs_difference_sum",
     "is_product_sum",
     "is_squared_difference_sum",
@@ -371,6 +373,20 @@ def signed_power(expr: Expr) -> tuple[Expr, Expr] | None:
 
 
 @cache
+def epilogue_slope(program: PairwiseProgram) -> Expr:
+    """`e'(acc)`: the symbolic derivative ([`kermac.ir_diff`][kermac.ir_diff]) of `program`'s epilogue with respect
+    to `acc` (it may read `diag` and the hyperparameters)."""
+    return derivative(program.epilogue, "acc")
+
+
+@cache
+def inner_slope(program: PairwiseProgram) -> Expr:
+    """`∂inner/∂x`: the symbolic derivative of `program`'s inner term with respect to `x` (it may read `z` and the
+    hyperparameters).  With [`swap_operands`][kermac.programs.swap_operands] it gives `∂inner/∂z` too."""
+    return derivative(program.inner, "x")
+
+
+@cache
 def slope_program(program: PairwiseProgram) -> PairwiseProgram:
     """The program of `e'(acc)`, the derivative of `program`'s epilogue with respect to `acc` (symbolic,
     [`kermac.ir_diff`][kermac.ir_diff]), taken as 0 where `acc = 0`.
@@ -379,6 +395,11 @@ def slope_program(program: PairwiseProgram) -> PairwiseProgram:
     times the differences.  Where `acc = 0` every difference is 0, so the term vanishes there while `e'`
     may be infinite (Laplace-L2's `e'(0)`).  The regularisation of the diagonal does not depend on the
     points and has no slope.
+
+    The convention holds where `acc = 0` forces every inner derivative to 0, as for `Σ (x − z)²`; it does not in
+    general (`Σ x·z` is 0 for orthogonal points, where `∂/∂x = z`), so the gradient product of other programs
+    (`kermac.problem.ProductGradProblem`) takes [`epilogue_slope`][kermac.programs.epilogue_slope] as it is and
+    drops a term where `∂τ/∂x = 0` instead.
     """
-    slope = select(eq(Var("acc"), 0.0), 0.0, derivative(program.epilogue, "acc"))
+    slope = select(eq(Var("acc"), 0.0), 0.0, epilogue_slope(program))
     return PairwiseProgram(program.inner, program.reduction, slope)

@@ -11,9 +11,9 @@ within a time limit; every plugin it refuses or that fails is reported once -- a
 plugin, its distribution and why -- and skipped, never fatal to the others.
 
 The backends' hooks are plugin code too: `priority`, `availability()`, `preference()`,
-`check_pairwise()`, `check_grad()` and `check_product()`.  One that raises (anything but `KeyboardInterrupt`,
-which propagates untouched) or returns a value of the wrong type (an int from `priority` and
-`preference()`, an `Availability` from `availability()`, None or a str from the checks) is a *plugin
+`check_pairwise()`, `check_grad()`, `check_product()` and `check_product_grad()`.  One that raises
+(anything but `KeyboardInterrupt`, which propagates untouched) or returns a value of the wrong type (an int
+from `priority` and `preference()`, an `Availability` from `availability()`, None or a str from the checks) is a *plugin
 error*: reported once per backend and hook as a `RuntimeWarning`, after which
 
 * `auto` skips that backend for the decision at hand (a failing `preference()` only ranks it
@@ -50,7 +50,7 @@ from kermac.discovery import (
     load_timeout,
 )
 from kermac.errors import BackendUnavailableError, UnsupportedProblemError
-from kermac.problem import GradProblem, ProductProblem
+from kermac.problem import GradProblem, ProductGradProblem, ProductProblem
 
 if TYPE_CHECKING:
     from collections.abc import Iterable
@@ -206,6 +206,7 @@ _RESULTS: dict[str, tuple[Callable[[object], bool], str]] = {
     "check_pairwise()": (_is_reason, "None or a str"),
     "check_grad()": (_is_reason, "None or a str"),
     "check_product()": (_is_reason, "None or a str"),
+    "check_product_grad()": (_is_reason, "None or a str"),
 }
 
 
@@ -283,6 +284,8 @@ def _check_hook(problem: object) -> str:
     """The name of the hook that `check` calls for `problem` (for messages)."""
     if isinstance(problem, GradProblem):
         return "check_grad()"
+    if isinstance(problem, ProductGradProblem):
+        return "check_product_grad()"
     return "check_product()" if isinstance(problem, ProductProblem) else "check_pairwise()"
 
 

@@ -30,8 +30,9 @@ File format (`format` 1):
             "ms": {"nvrtc": 0.53, "triton": 0.56}}, ...]}
 ```
 
-Fused kernel products (`kermac.problem.ProductProblem`) form no class: no table
-has measured them, so `auto` ranks the backends that accept one by their preference alone.
+Fused kernel products (`kermac.problem.ProductProblem`) and their gradients
+(`kermac.problem.ProductGradProblem`) form no class: no table has measured them, so `auto` ranks the
+backends that accept one by their preference alone.
 
 [`table_from_bench`][kermac.costs.table_from_bench] makes a table from `kermac bench --json` reports (`kermac bench
 --write-costs PATH` does it in one step; `tools/costs_from_bench.py` from saved reports).
@@ -51,7 +52,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from kermac.problem import SUPPORTED_DTYPES, GradProblem, ProductProblem
+from kermac.problem import SUPPORTED_DTYPES, GradProblem, ProductGradProblem, ProductProblem
 
 if TYPE_CHECKING:
     from kermac.problem import PairwiseProblem
@@ -280,10 +281,12 @@ class CostTables:
             self._tables[device_cls] = table
         return table
 
-    def costs(self, problem: PairwiseProblem | GradProblem | ProductProblem) -> Mapping[str, float]:
+    def costs(
+        self, problem: PairwiseProblem | GradProblem | ProductProblem | ProductGradProblem
+    ) -> Mapping[str, float]:
         """Milliseconds per backend for `problem`'s class on its device; empty where nothing was measured
-        (always for a fused product, which has no class)."""
-        if isinstance(problem, ProductProblem):
+        (always for a fused product or its gradient, which have no class)."""
+        if isinstance(problem, (ProductProblem, ProductGradProblem)):
             return {}
         cls = device_class(problem.device)
         table = None if cls is None else self.table(cls)

@@ -10,6 +10,13 @@ blocks (the same function as the pairwise pass, the diagonal shifted to each blo
 block with `v` at once, so K is never held whole.  Its workspace: one evaluation block (at most
 `CHUNK_ELEMENTS` elements), the kernel block it reduces to, the matching rows of `v` in the compute
 dtype, and one accumulator of the output's row block (batch × block rows × C) in the compute dtype.
+
+The gradient product (`kermac.problem.ProductGradProblem`, sum reductions only) goes by the same blocks:
+per block of pairs it evaluates the inner terms, then their derivative `∂τ/∂x`, its product with
+`e'(acc)` and where it is 0 (batch × block rows × block columns × D each), and `acc`, `e'(acc)`,
+`G = g vᵀ` and the diagonal (batch × block rows × block columns each), all of them together at most
+`CHUNK_ELEMENTS` elements, and accumulates one output row block (batch × block rows × D) in the compute
+dtype.
 """
 
 from __future__ import annotations
@@ -19,9 +26,10 @@ import math
 import torch
 
 from kermac.backend import Availability, Backend
+from kermac.ir import Expr
 from kermac.ir_eval import evaluate
-from kermac.problem import GradProblem, PairwiseProblem, ProductProblem, compute_dtype
-from kermac.programs import REDUCTIONS
+from kermac.problem import GradProblem, PairwiseProblem, ProductGradProblem, ProductProblem, compute_dtype
+from kermac.programs import REDUCTIONS, epilogue_slope, inner_slope
 
 __all__ = ["CHUNK_ELEMENTS", "REDUCE", "ReferenceBackend", "blocks", "hyper_env", "tile"]
 
@@ -72,6 +80,14 @@ class ReferenceBackend(Backend):
     def check_product(self, problem: ProductProblem) -> str | None:
         return None
 
+    def check_product_grad(self, problem: ProductGradProblem) -> str | None:
+        if problem.program.reduction != "sum":
+            return (
+                f"the gradient product covers programs whose reduction is a sum; program {problem.program.key()} takes "
+                f"the {problem.program.reduction}imum over features, whose derivative selects one term per pair"
+            )
+        return None
+
     def pairwise(self, problem: PairwiseProblem) -> None:
         block = _KernelBlocks(problem)
         bm, bn = block.tile()
@@ -87,6 +103,28 @@ class ReferenceBackend(Backend):
             acc = torch.zeros(problem.batch_shape + (m1 - m0, c), dtype=block.cdtype, device=problem.device)
             for n0, n1 in blocks(n, bn):
                 acc += block(m0, m1, n0, n1) @ problem.v[..., n0:n1, :].to(block.cdtype)
+            problem.out[..., m0:m1, :].copy_(acc)
+
+    def product_grad(self, problem: ProductGradProblem) -> None:
+        m, n, d, _ = problem.sizes
+        block = _KernelBlocks(problem)
+        prog, cdtype, like = problem.program, block.cdtype, block.like
+        slope, dinner = epilogue_slope(prog), inner_slope(prog)
+        # Per pair: the terms, or their derivative, its product with G·e' and a bool mask (D each); acc, e', G, diag.
+        bm, bn = tile(m, n, math.prod(problem.batch_shape) * (3 * max(d, 1) + 4))
+        for m0, m1 in blocks(m, bm):
+            acc = torch.zeros(problem.batch_shape + (m1 - m0, d), dtype=cdtype, device=problem.device)
+            gs = problem.g[..., m0:m1, :].to(cdtype)
+            for n0, n1 in blocks(n, bn):
+                xs = problem.x[..., m0:m1, None, :].to(cdtype)
+                zs = problem.z[..., None, n0:n1, :].to(cdtype)
+                env = {"x": xs, "z": zs, **block.inner_env}
+                dtau = evaluate(dinner, env, like=like)
+                # e'·∂τ/∂x, 0 where the inner term is flat, also where e' is infinite there (acc = 0 at x_m = z_n);
+                # G multiplies it afterwards, so a NaN in g or v still propagates
+                slopes = (block.epilogue(m0, m1, n0, n1, slope)[..., None] * dtau).masked_fill_(dtau == 0, 0.0)
+                weight = gs @ problem.v[..., n0:n1, :].to(cdtype).mT  # G [*B, bm, bn]
+                acc += (weight[..., :, None, :] @ slopes)[..., 0, :]
             problem.out[..., m0:m1, :].copy_(acc)
 
     def grad(self, problem: GradProblem) -> None:
@@ -115,7 +153,7 @@ class _KernelBlocks:
     """Blocks `K[..., m0:m1, n0:n1]` of the pairwise kernel of a pairwise or product problem, in the compute
     dtype and with the batch shape: what the pairwise pass writes and the product contracts with `v`."""
 
-    def __init__(self, problem: PairwiseProblem | ProductProblem) -> None:
+    def __init__(self, problem: PairwiseProblem | ProductProblem | ProductGradProblem) -> None:
         self.problem = problem
         self.cdtype = compute_dtype(problem.dtype)
         self.like = torch.empty((), dtype=self.cdtype, device=problem.device)
@@ -129,6 +167,11 @@ class _KernelBlocks:
         return tile(pr.x.shape[-2], pr.z.shape[-2], math.prod(pr.batch_shape) * max(pr.x.shape[-1], 1))
 
     def __call__(self, m0: int, m1: int, n0: int, n1: int) -> torch.Tensor:
+        return self.epilogue(m0, m1, n0, n1, self.problem.program.epilogue)
+
+    def epilogue(self, m0: int, m1: int, n0: int, n1: int, expr: Expr) -> torch.Tensor:
+        """`expr` (an expression in `acc`, `diag` and the hyperparameters: the epilogue or its derivative) on the
+        block's `acc`."""
         pr, prog, device = self.problem, self.problem.program, self.problem.device
         d = pr.x.shape[-1]
         shape = pr.batch_shape + (m1 - m0, n1 - n0)
@@ -142,5 +185,5 @@ class _KernelBlocks:
         rows = torch.arange(m0, m1, device=device) + pr.offset_m
         cols = torch.arange(n0, n1, device=device) + pr.offset_n
         diag = (rows[:, None] == cols[None, :]).to(self.cdtype)
-        value = evaluate(prog.epilogue, {"acc": acc, "diag": diag, **self.epi_env}, like=self.like)
+        value = evaluate(expr, {"acc": acc, "diag": diag, **self.epi_env}, like=self.like)
         return value.expand(shape)
