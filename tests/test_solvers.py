@@ -179,3 +179,22 @@ def test_bad_input():
         solvers.solve(K, y, check_every=0)
     with pytest.raises(ValueError, match="rank: expected an int ≥ 1"):
         solvers.solve(K, y, rank=0)
+
+
+@pytest.mark.parametrize(("method", "preconditioner"), CASES)
+@pytest.mark.parametrize(("n", "columns"), [(1, None), (1, 2), (0, None), (0, 2), (5, 0)])
+def test_size_zero_and_one(method, preconditioner, n, columns):
+    K = _operator("gaussian", n, 0.5)
+    y = _randn(n, seed=1) if columns is None else _randn(n, columns, seed=1)
+    s = solvers.solve(K, y, method=method, preconditioner=preconditioner)
+    assert s.alpha.shape == y.shape and s.residual.shape == y.shape[1:] and bool(s.converged.all())
+    torch.testing.assert_close(s.alpha, y / 1.5)  # exp(0) + λ on the only diagonal entry (n = 1)
+
+
+@pytest.mark.parametrize(("method", "preconditioner"), CASES)
+def test_views_and_batched_right_hand_sides(method, preconditioner):
+    K = _operator("laplace_l2", 21, 0.2)
+    y = _randn(2, 3, 21, seed=4).mT  # [2, 21, 3], a transposed view, batched over an unbatched operator
+    s = solvers.solve(K, y, method=method, preconditioner=preconditioner, tol=1e-11, rank=5)
+    assert s.alpha.shape == (2, 21, 3) and s.converged.shape == (2, 3)
+    torch.testing.assert_close(s.alpha, _reference(K, y), rtol=1e-8, atol=1e-9)
