@@ -34,6 +34,7 @@ __all__ = [
     "ConvergenceError",
     "NystromPreconditioner",
     "Solution",
+    "cholesky_solve",
     "dense_fits",
     "solve",
 ]
