@@ -304,6 +304,7 @@ def _cg(
     Per column: `q = K p`, `a = (rᵀz)/(pᵀq)`, `α += a p`, `r −= a q`, `z = P⁻¹ r`, `b = (r'ᵀz')/(rᵀz)`,
     `p = z + b p`; a column whose recursive residual `‖r‖/‖y‖` reaches `tol` gets step 0 from then on (it
     stops changing). The host reads whether any column still runs once every `check_every` iterations.
+    Workspace: `r`, `p`, `q = K p` and, with a preconditioner, `z`, each like `α`; updates run in place.
     """
     batch = torch.broadcast_shapes(K.shape[:-2], y.shape[:-2])
     y = y.expand(batch + y.shape[-2:])
@@ -322,14 +323,14 @@ def _cg(
         q = K @ p
         pq = (p * q).sum(-2)
         step = torch.where(active & (pq > 0), rz / torch.where(pq > 0, pq, 1), 0)
-        alpha = alpha + step[..., None, :] * p
-        r = r - step[..., None, :] * q
+        alpha.addcmul_(step[..., None, :], p)
+        r.addcmul_(step[..., None, :], q, value=-1)
         iterations = iterations + active
         active = active & (_column_norm(r) > threshold)
         z = precondition(r) if precondition else r
         rz_next = (r * z).sum(-2)
         beta = torch.where(rz > 0, rz_next / torch.where(rz > 0, rz, 1), 0)
-        p = z + beta[..., None, :] * p
+        p.mul_(beta[..., None, :]).add_(z)
         rz = rz_next
     return alpha, iterations
 
