@@ -125,7 +125,7 @@ def solve(
         seed: seed of the random choice of the Nyström inducing points.
         raise_on_failure: raise [`ConvergenceError`][kermac.solvers.ConvergenceError] (one more host read) when a
             column did not converge, instead of only reporting it in the [`Solution`][kermac.solvers.Solution].
-        debug: log what `method="auto"` picked and the CG iteration count (`kermac.logs`).
+        debug: log what `method="auto"` picked and CG's preconditioner and iteration limit (`kermac.logs`).
 
     Returns:
         A [`Solution`][kermac.solvers.Solution].
@@ -135,6 +135,7 @@ def solve(
         ValueError: a non-square K, `y` of the wrong shape, dtype or device, a NaN or infinity in `y`, λ ≤ 0
             where CG or the Nyström preconditioner needs λ > 0, a matrix that is not positive definite for
             `"cholesky"`, or an invalid option.
+        ConvergenceError: with `raise_on_failure`, a column that did not converge.
     """
     debug = debug_enabled(debug)
     n, y2, vector = _check_system(K, y)
