@@ -69,6 +69,18 @@ def test_kernels_without_bandwidth_and_integer_inputs():
     np.testing.assert_allclose(model.predict(x), expected, rtol=1e-9)
 
 
+def test_a_batch_of_regularizations_fits_a_batch_of_models():
+    x, y = _data(30)
+    lams = torch.tensor([1e-3, 1e-1], dtype=F64)
+    model = KernelRidge(regularization=lams, bandwidth=1.5).fit(x, y)
+    pred = model.predict(x[:5])
+    assert pred.shape == (2, 5) and model.alpha_.shape == (2, 30)
+    for i, lam in enumerate(lams.tolist()):
+        np.testing.assert_allclose(pred[i], _reference_predict(x, y, x[:5], 1.5, lam), rtol=1e-7, atol=1e-8)
+    with pytest.raises(ValueError, match="score: needs one fitted model"):
+        model.score(x, y)
+
+
 def test_get_params_set_params_and_reconstruction():
     model = KernelRidge(kernel="laplace_l1", bandwidth=2.0, regularization=0.1, tol=1e-8)
     params = model.get_params()
