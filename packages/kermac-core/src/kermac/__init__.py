@@ -7,8 +7,9 @@ Pairwise p-norm distances ([`cdist`][kermac.cdist]), fused kernel matrices ([`ru
 ([`kernel_product`][kermac.kernel_product], [`program_product`][kermac.program_product],
 [`KernelOperator`][kermac.KernelOperator], the gradient of a kernel predictor at many points
 [`predictor_gradient`][kermac.predictor_gradient], and sharded over several GPUs
-[`kermac.distributed`][kermac.distributed]), and cuSOLVER linear algebra ([`kermac.linalg`][kermac_linalg], from
-the `kermac-linalg` package).
+[`kermac.distributed`][kermac.distributed]), solvers of `(K + λI) α = y` ([`kermac.solvers`][kermac.solvers]) and
+scikit-learn-style estimators ([`kermac.models`][kermac.models]), and cuSOLVER linear algebra
+([`kermac.linalg`][kermac_linalg], from the `kermac-linalg` package).
 
 Importing kermac is cheap: backends (NVRTC, Triton) load their heavy modules on first use.
 """
@@ -52,20 +53,22 @@ __all__ = [
     "ir",
     "kernel_product",
     "linalg",
+    "models",
     "predictor_gradient",
     "presets",
     "program_product",
     "run_grad_program",
     "run_kernel",
     "run_program",
+    "solvers",
 ]
 
 
 def __getattr__(name: str) -> Any:
-    if name == "distributed":  # torch.distributed is imported when it is used, not with kermac
+    if name in ("distributed", "solvers", "models"):  # imported when used, not with kermac (import stays cheap)
         import importlib
 
-        return importlib.import_module("kermac.distributed")
+        return importlib.import_module(f"kermac.{name}")
     if name == "linalg":
         import importlib
 

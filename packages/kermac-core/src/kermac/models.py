@@ -1,0 +1,219 @@
+r"""Estimators with scikit-learn's conventions, built on kermac's operators and solvers (scikit-learn is not
+needed; when it is installed, `clone`, pipelines and `GridSearchCV` accept them).
+
+[`KernelRidge`][kermac.models.KernelRidge]: kernel ridge regression. `fit(X, y)` solves
+`(K(X, X) + λI) α = y` with [`kermac.solvers.solve`][kermac.solvers.solve]; `predict(X')` is the fused product
+`K(X', X) α` ([`kermac.kernel_product`][kermac.api.kernel_product]), never the kernel matrix.
+"""
+
+from __future__ import annotations
+
+import inspect
+import warnings
+from typing import Any
+
+import torch
+
+from kermac.api import kernel_product
+from kermac.descriptor import KernelDescriptor
+from kermac.operator import KernelOperator
+from kermac.presets import ALL as PRESETS
+from kermac.solvers import Solution, solve
+
+__all__ = ["KernelRidge"]
+
+ArrayLike = Any
+"""A torch tensor, a numpy array or anything else `torch.as_tensor` reads (numpy is not a dependency of kermac)."""
+
+
+class KernelRidge:
+    r"""Kernel ridge regression: `f(x) = Σ_i α_i k(x, x_i)` with `(K + λI) α = y`, `K_ij = k(x_i, x_j)`.
+
+    Parameters are stored as given and checked by `fit` (scikit-learn's convention, so that `clone` and
+    `set_params` work); every one of them is a keyword of `__init__`, read back by
+    [`get_params`][kermac.models.KernelRidge.get_params].
+
+    Args:
+        kernel: a preset name (`kermac.presets.ALL`) or a [`KernelDescriptor`][kermac.descriptor.KernelDescriptor].
+        bandwidth: σ of the kernel (ignored by kernels without a bandwidth, such as `"dot_product"`).
+        regularization: λ > 0 (scikit-learn's `KernelRidge(alpha=...)`); a 1-d tensor fits a batch of models.
+        p: the p of `*_lp` kernels, None otherwise.
+        solver: `method` of [`solve`][kermac.solvers.solve] (`"auto"`, `"cholesky"`, `"cg"`).
+        tol: relative residual `solve` must reach; a fit that does not reach it warns (`RuntimeWarning`).
+        backend: the kermac backend of every kernel pass.
+
+    Attributes (after `fit`):
+        X_fit_: the training inputs `[n, d]` as a tensor (kept: `predict` reads them).
+        alpha_: the coefficients `[n]` or `[n, C]` (with a batch of λ: `[L, n]` / `[L, n, C]`).
+        solution_: the [`Solution`][kermac.solvers.Solution] of the fit (method, iterations, residuals).
+        n_features_in_: d.
+    """
+
+    _estimator_type = "regressor"  # scikit-learn before 1.6 reads this instead of __sklearn_tags__
+
+    def __init__(
+        self,
+        kernel: str | KernelDescriptor = "laplace_l2",
+        bandwidth: float = 1.0,
+        regularization: float | torch.Tensor = 1e-3,
+        p: float | None = None,
+        solver: str = "auto",
+        tol: float = 1e-6,
+        backend: str = "auto",
+    ) -> None:
+        self.kernel = kernel
+        self.bandwidth = bandwidth
+        self.regularization = regularization
+        self.p = p
+        self.solver = solver
+        self.tol = tol
+        self.backend = backend
+
+    @classmethod
+    def _param_names(cls) -> list[str]:
+        return [name for name in inspect.signature(cls.__init__).parameters if name != "self"]
+
+    def get_params(self, deep: bool = True) -> dict[str, Any]:
+        """Every `__init__` parameter by name (scikit-learn's `BaseEstimator.get_params`; with `deep`, the
+        parameters of a parameter that is itself an estimator are added as `name__param`)."""
+        params: dict[str, Any] = {}
+        for name in self._param_names():
+            value = getattr(self, name)
+            if deep and hasattr(value, "get_params") and not isinstance(value, type):
+                params.update((f"{name}__{k}", v) for k, v in value.get_params().items())
+            params[name] = value
+        return params
+
+    def set_params(self, **params: Any) -> KernelRidge:
+        """Set `__init__` parameters by name; returns the estimator. Unknown names raise ValueError."""
+        valid = self._param_names()
+        for name, value in params.items():
+            if name not in valid:
+                raise ValueError(
+                    f"set_params: invalid parameter {name!r} for estimator {type(self).__name__}; valid parameters "
+                    f"are {valid}"
+                )
+            setattr(self, name, value)
+        return self
+
+    def __sklearn_tags__(self) -> Any:
+        """scikit-learn ≥ 1.6's estimator tags (only scikit-learn calls this, so it imports scikit-learn)."""
+        from sklearn.utils import RegressorTags, Tags, TargetTags
+
+        return Tags(
+            estimator_type="regressor",
+            target_tags=TargetTags(required=True, multi_output=True),
+            regressor_tags=RegressorTags(),
+        )
+
+    def __repr__(self) -> str:
+        defaults = {k: p.default for k, p in inspect.signature(type(self).__init__).parameters.items() if k != "self"}
+        changed = [
+            f"{name}={value!r}" for name, value in self.get_params(deep=False).items() if value is not defaults[name]
+        ]
+        return f"{type(self).__name__}({', '.join(changed)})"
+
+    def _kernel_arguments(self) -> dict[str, Any]:
+        """The kernel and the hyperparameters its descriptor reads (bandwidth only where it has one)."""
+        descriptor = PRESETS.get(self.kernel) if isinstance(self.kernel, str) else self.kernel
+        if not isinstance(descriptor, KernelDescriptor):
+            raise ValueError(
+                f"kernel: expected a preset name ({sorted(PRESETS)}) or a KernelDescriptor, got {self.kernel!r}"
+            )
+        arguments: dict[str, Any] = {"kernel": descriptor}
+        if descriptor.needs_bandwidth:
+            arguments["bandwidth"] = self.bandwidth
+        if descriptor.needs_p or self.p is not None:
+            arguments["p"] = self.p
+        return arguments
+
+    def fit(self, X: ArrayLike, y: ArrayLike) -> KernelRidge:
+        """Fit on `X [n, d]` and `y [n]` or `[n, C]` (numpy arrays or tensors; numpy runs on the CPU, a tensor
+        `X` on its device, `y` converted to `X`'s dtype and device). Returns the estimator."""
+        x = _as_matrix("X", X)
+        target = _as_tensor("y", y, like=x)
+        if target.dim() not in (1, 2) or target.shape[0] != x.shape[0]:
+            raise ValueError(
+                f"y: expected shape [{x.shape[0]}] or [{x.shape[0]}, C] (X has n = {x.shape[0]} rows), "
+                f"got {list(target.shape)}"
+            )
+        arguments = self._kernel_arguments()
+        kernel = arguments.pop("kernel")
+        K = KernelOperator(kernel, x, x, regularization=self.regularization, backend=self.backend, **arguments)
+        solution: Solution = solve(K, target, method=self.solver, tol=self.tol)
+        if not bool(solution.converged.all()):
+            warnings.warn(
+                f"KernelRidge.fit: the solve did not reach tol={self.tol} (method {solution.method!r}, largest "
+                f"relative residual {float(solution.residual.max())}); see solution_",
+                RuntimeWarning,
+                stacklevel=2,
+            )
+        self.X_fit_, self.alpha_, self.solution_, self.n_features_in_ = x, solution.alpha, solution, x.shape[1]
+        self._vector_target = target.dim() == 1
+        return self
+
+    def predict(self, X: ArrayLike) -> ArrayLike:
+        """`K(X, X_fit_) α` for `X [m, d]`: `[m]` or `[m, C]` like `y`, a numpy array for a numpy `X`, else a
+        tensor on `X_fit_`'s device."""
+        if not hasattr(self, "alpha_"):
+            raise RuntimeError(f"{type(self).__name__} is not fitted yet: call fit(X, y) before predict")
+        x = _as_matrix("X", X, like=self.X_fit_)
+        if x.shape[1] != self.n_features_in_:
+            raise ValueError(f"X: expected {self.n_features_in_} features (as in fit), got {x.shape[1]}")
+        arguments = self._kernel_arguments()
+        kernel = arguments.pop("kernel")
+        alpha = self.alpha_[..., None] if self._vector_target else self.alpha_
+        out = kernel_product(kernel, x, self.X_fit_, alpha, backend=self.backend, **arguments)
+        out = out[..., 0] if self._vector_target else out
+        return out.cpu().numpy() if _is_numpy(X) else out
+
+    def score(self, X: ArrayLike, y: ArrayLike, sample_weight: Any = None) -> float:
+        """R² of `predict(X)` against `y` (scikit-learn's `r2_score`, outputs averaged uniformly; one host read)."""
+        pred = torch.as_tensor(self.predict(X), device=self.X_fit_.device)
+        if pred.dim() != 2 - self._vector_target:
+            raise ValueError(
+                f"score: needs one fitted model (a number as regularization), got a batch of {pred.shape[0]} models"
+            )
+        target = _as_tensor("y", y, like=pred)
+        if target.shape != pred.shape:
+            raise ValueError(f"y: expected shape {list(pred.shape)} (that of predict(X)), got {list(target.shape)}")
+        w = torch.ones(pred.shape[0], dtype=pred.dtype, device=pred.device)
+        if sample_weight is not None:
+            w = _as_tensor("sample_weight", sample_weight, like=pred).expand(pred.shape[:1])
+        w = w.reshape((-1,) + (1,) * (pred.dim() - 1))
+        mean = (w * target).sum(0) / w.sum()
+        residual = (w * (target - pred) ** 2).sum(0)
+        total = (w * (target - mean) ** 2).sum(0)
+        r2 = torch.where(total > 0, 1 - residual / torch.where(total > 0, total, 1), (residual == 0).to(pred.dtype))
+        return float(r2.mean())
+
+
+def _is_numpy(value: object) -> bool:
+    return type(value).__module__ == "numpy" and type(value).__name__ == "ndarray"
+
+
+def _as_tensor(name: str, value: object, *, like: torch.Tensor) -> torch.Tensor:
+    try:
+        return torch.as_tensor(value, dtype=like.dtype, device=like.device)
+    except (TypeError, ValueError, RuntimeError) as exc:
+        raise TypeError(f"{name}: expected a numpy array or a torch.Tensor, got {type(value).__name__}") from exc
+
+
+def _as_matrix(name: str, value: object, *, like: torch.Tensor | None = None) -> torch.Tensor:
+    """`value` as a finite `[n, d]` floating tensor (`like`'s dtype and device; else a tensor as given and other
+    data on the CPU, float64 unless it is float32)."""
+    if like is not None:
+        x = _as_tensor(name, value, like=like)
+    elif isinstance(value, torch.Tensor):
+        x = value
+    else:
+        try:
+            x = torch.as_tensor(value)
+        except (TypeError, ValueError, RuntimeError) as exc:
+            raise TypeError(f"{name}: expected a numpy array or a torch.Tensor, got {type(value).__name__}") from exc
+        x = x if x.dtype in (torch.float32, torch.float64) else x.to(torch.float64)
+    if x.dim() != 2 or not x.dtype.is_floating_point:
+        raise ValueError(f"{name}: expected a 2-d floating array [n, d], got shape {list(x.shape)} of {x.dtype}")
+    if not bool(torch.isfinite(x).all()):
+        raise ValueError(f"{name}: expected finite values, got a NaN or an infinity")
+    return x

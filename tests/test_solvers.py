@@ -1,0 +1,215 @@
+"""`kermac.solvers.solve`: every method against `torch.linalg.solve` in float64 on the reference backend,
+Nyström preconditioning on an ill-conditioned system, the convergence report and bad input."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+import torch
+
+import kermac
+from kermac import solvers
+
+F64 = torch.float64
+
+
+def _randn(*shape: int, seed: int) -> torch.Tensor:
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed), dtype=F64)
+
+
+def _operator(kernel: str, n: int, lam: float | torch.Tensor, *, seed: int = 0, batch: tuple[int, ...] = ()):
+    x = _randn(*batch, n, 3, seed=seed)
+    return kermac.KernelOperator(kernel, x, x, bandwidth=1.3, regularization=lam, backend="torch")
+
+
+def _reference(K: kermac.KernelOperator, y: torch.Tensor) -> torch.Tensor:
+    """An independent float64 dense solve: the kernel matrix from `torch.cdist`, λ added by hand."""
+    x = K.x
+    d = torch.cdist(x, x, compute_mode="donot_use_mm_for_euclid_dist")
+    k = torch.exp(-d / 1.3) if K._name == "laplace_l2" else torch.exp(-(d**2) / (2 * 1.3**2))
+    lam = solvers._regularization(K)
+    a = k + lam * torch.eye(x.shape[-2], dtype=F64)
+    return torch.linalg.solve(a, y if y.dim() > 1 else y[:, None])
+
+
+CASES = [("cholesky", None), ("cg", None), ("cg", "nystrom")]
+
+
+@pytest.mark.parametrize("kernel", ["gaussian", "laplace_l2"])
+@pytest.mark.parametrize(("method", "preconditioner"), CASES)
+@pytest.mark.parametrize("columns", [None, 3])
+def test_solve_matches_torch_linalg(kernel, method, preconditioner, columns):
+    K = _operator(kernel, 37, 0.3)
+    y = _randn(37, seed=5) if columns is None else _randn(37, columns, seed=5)
+    s = solvers.solve(K, y, method=method, preconditioner=preconditioner, tol=1e-11, rank=9, check_every=3)
+    expected = _reference(K, y)
+    expected = expected[:, 0] if columns is None else expected
+    torch.testing.assert_close(s.alpha, expected, rtol=1e-8, atol=1e-9)
+    report_shape = () if columns is None else (columns,)
+    assert s.converged.shape == s.residual.shape == s.iterations.shape == report_shape
+    assert bool(s.converged.all()) and bool((s.residual <= 1e-11).all())
+    assert s.method == method and s.preconditioner == preconditioner
+    if method == "cg":
+        assert bool((s.iterations > 0).all())
+
+
+@pytest.mark.parametrize(("method", "preconditioner"), CASES)
+def test_solve_batched_operator_and_batched_lambda(method, preconditioner):
+    lam = torch.tensor([0.5, 0.05], dtype=F64)
+    K = _operator("gaussian", 23, lam, batch=(2,))
+    y = _randn(23, 2, seed=3)  # broadcast against the operator's batch
+    s = solvers.solve(K, y, method=method, preconditioner=preconditioner, tol=1e-11, rank=7, check_every=1)
+    assert s.alpha.shape == (2, 23, 2) and s.converged.shape == (2, 2)
+    for b in range(2):
+        x = K.x[b]
+        a = torch.exp(-(torch.cdist(x, x) ** 2) / (2 * 1.3**2)) + lam[b] * torch.eye(23, dtype=F64)
+        torch.testing.assert_close(s.alpha[b], torch.linalg.solve(a, y), rtol=1e-8, atol=1e-9)
+    assert bool(s.converged.all())
+
+
+def test_converged_columns_stop_changing():
+    """A zero column converges at once (residual 0, α 0), and an easy column stops earlier than a hard one."""
+    K = _operator("gaussian", 40, 0.1)
+    easy = K @ torch.ones(40, dtype=F64)  # not an eigenvector, but smooth: fewer iterations than noise
+    y = torch.stack([torch.zeros(40, dtype=F64), easy, _randn(40, seed=9)], dim=1)
+    s = solvers.solve(K, y, method="cg", preconditioner=None, tol=1e-10, check_every=4)
+    assert s.iterations[0] == 0 and bool((s.alpha[:, 0] == 0).all()) and s.residual[0] == 0
+    assert s.iterations[1] < s.iterations[2]
+    assert bool(s.converged.all())
+
+
+def test_nystrom_reduces_iterations_on_ill_conditioned_system():
+    K = _operator("gaussian", 60, 1e-3, seed=2)  # condition number about 2·10⁴: plain CG needs ~170 iterations
+    y = _randn(60, 2, seed=4)
+    plain = solvers.solve(K, y, method="cg", preconditioner=None, tol=1e-8, max_iter=2000)
+    nys = solvers.solve(K, y, method="cg", preconditioner="nystrom", tol=1e-8, rank=20, max_iter=2000)
+    assert bool(plain.converged.all()) and bool(nys.converged.all())
+    assert int(nys.iterations.max()) * 2 < int(plain.iterations.min())
+    torch.testing.assert_close(nys.alpha, _reference(K, y), rtol=1e-5, atol=1e-5)
+
+
+def test_non_convergence_is_reported_and_raised_on_request():
+    K = _operator("gaussian", 50, 1e-3)
+    y = _randn(50, 2, seed=1)
+    s = solvers.solve(K, y, method="cg", preconditioner=None, tol=1e-10, max_iter=2)
+    assert not bool(s.converged.any())
+    assert bool((s.iterations == 2).all()) and bool((s.residual > 1e-10).all())
+    with pytest.raises(solvers.ConvergenceError, match="2 of 2 columns did not reach tol") as info:
+        solvers.solve(K, y, method="cg", preconditioner=None, tol=1e-10, max_iter=2, raise_on_failure=True)
+    assert not bool(info.value.solution.converged.any())
+
+
+def test_auto_picks_cholesky_while_dense_fits(caplog, monkeypatch):
+    K = _operator("gaussian", 30, 0.2)
+    y = _randn(30, seed=2)
+    with caplog.at_level(logging.DEBUG, logger="kermac"):
+        s = solvers.solve(K, y, debug=True)
+    assert s.method == "cholesky" and "picked 'cholesky'" in caplog.text
+    monkeypatch.setattr(solvers, "DENSE_MAX_N", 29)
+    s = solvers.solve(K, y, tol=1e-10)
+    assert s.method == "cg" and s.preconditioner == "nystrom" and bool(s.converged)
+    torch.testing.assert_close(s.alpha, _reference(K, y)[:, 0], rtol=1e-8, atol=1e-9)
+
+
+def test_dense_fits_rule():
+    assert solvers.dense_fits(20_000, 1, F64, torch.device("cpu")) is False  # 3.2 GB > a quarter of 4 GiB
+    assert solvers.dense_fits(10_000, 1, F64, torch.device("cpu")) is True
+    assert solvers.dense_fits(20_001, 1, torch.float16, torch.device("cpu")) is False
+
+
+def test_cholesky_solve_picks_torch_on_cpu():
+    a = _randn(6, 6, seed=1)
+    a = a @ a.mT + torch.eye(6, dtype=F64)
+    b = _randn(6, 2, seed=2)
+    x, info = solvers.cholesky_solve(a, b)
+    torch.testing.assert_close(x, torch.linalg.solve(a, b))
+    assert info.shape == () and int(info) == 0
+
+
+@pytest.mark.gpu
+def test_cholesky_solve_uses_kermac_linalg_on_cuda():
+    kermac_linalg = pytest.importorskip("kermac_linalg")
+    a = _randn(2, 50, 50, seed=1)
+    a = (a @ a.mT + torch.eye(50, dtype=F64)).cuda()
+    b = _randn(2, 50, 3, seed=2).cuda()
+    x, info = solvers.cholesky_solve(a, b)
+    expected, _ = kermac_linalg.cholesky_solve(a, b)
+    torch.testing.assert_close(x, expected)
+    torch.testing.assert_close(x, torch.linalg.solve(a, b))
+    assert info.dtype == torch.int32 and not bool(info.any())
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(("method", "preconditioner"), CASES)
+def test_solve_on_cuda_float32_at_scale(method, preconditioner):
+    """N = 6000 in float32 on the GPU (condition number about 10⁴): every method reports convergence, and the
+    residual of α recomputed in float64 from the dense matrix agrees."""
+    x = _randn(6000, 8, seed=3).float().cuda()
+    K = kermac.KernelOperator("gaussian", x, x, bandwidth=2.0, regularization=0.1)
+    y = _randn(6000, 4, seed=5).float().cuda()
+    s = solvers.solve(K, y, method=method, preconditioner=preconditioner, tol=1e-3, rank=400)
+    assert s.method == method and bool(s.converged.all()), s.residual
+    a, y64 = K.to_dense().double(), y.double()
+    residual = torch.linalg.vector_norm(y64 - a @ s.alpha.double(), dim=0) / torch.linalg.vector_norm(y64, dim=0)
+    assert bool((residual <= 2e-3).all()), residual
+
+
+def test_bad_input():
+    K = _operator("gaussian", 10, 0.1)
+    y = _randn(10, seed=0)
+    with pytest.raises(ValueError, match="y: expected finite"):
+        solvers.solve(K, torch.where(torch.arange(10) == 3, torch.nan, y))
+    with pytest.raises(ValueError, match="y: expected finite"):
+        solvers.solve(K, torch.where(torch.arange(10) == 3, torch.inf, y), method="cholesky")
+    with pytest.raises(ValueError, match=r"y: expected shape \[10\]"):
+        solvers.solve(K, _randn(9, seed=0))
+    with pytest.raises(ValueError, match=r"y: expected shape"):
+        solvers.solve(K, _randn(10, 2, seed=0).mT)
+    with pytest.raises(ValueError, match="y: expected dtype"):
+        solvers.solve(K, y.float())
+    with pytest.raises(TypeError, match=r"y: expected a torch\.Tensor"):
+        solvers.solve(K, y.numpy())
+    with pytest.raises(TypeError, match=r"K: expected a kermac\.KernelOperator"):
+        solvers.solve(K.to_dense(), y)
+    with pytest.raises(ValueError, match="K: expected a square"):
+        solvers.solve(K[:5], y)
+    for lam in (0.0, -1.0):
+        with pytest.raises(ValueError, match="regularization: conjugate gradient needs λ > 0"):
+            solvers.solve(_operator("gaussian", 10, lam), y, method="cg", preconditioner=None)
+    unregularised = kermac.KernelOperator("gaussian", K.x, K.x, bandwidth=1.0)
+    with pytest.raises(ValueError, match="regularization: conjugate gradient needs λ > 0"):
+        solvers.solve(unregularised, y, method="cg")
+    with pytest.raises(ValueError, match="regularization: conjugate gradient needs λ > 0"):
+        solvers.solve(_operator("gaussian", 10, torch.tensor([0.1, -0.1], dtype=F64), batch=(2,)), y, method="cg")
+    with pytest.raises(ValueError, match="regularization: K \\+ λI is not positive definite"):
+        solvers.solve(_operator("gaussian", 10, -5.0), y, method="cholesky")
+    with pytest.raises(ValueError, match="method: expected one of"):
+        solvers.solve(K, y, method="lu")
+    with pytest.raises(ValueError, match="preconditioner: expected one of"):
+        solvers.solve(K, y, preconditioner="eigenpro")
+    with pytest.raises(ValueError, match="tol: expected a positive finite"):
+        solvers.solve(K, y, tol=0)
+    with pytest.raises(ValueError, match="check_every: expected an int ≥ 1"):
+        solvers.solve(K, y, check_every=0)
+    with pytest.raises(ValueError, match="rank: expected an int ≥ 1"):
+        solvers.solve(K, y, rank=0)
+
+
+@pytest.mark.parametrize(("method", "preconditioner"), CASES)
+@pytest.mark.parametrize(("n", "columns"), [(1, None), (1, 2), (0, None), (0, 2), (5, 0)])
+def test_size_zero_and_one(method, preconditioner, n, columns):
+    K = _operator("gaussian", n, 0.5)
+    y = _randn(n, seed=1) if columns is None else _randn(n, columns, seed=1)
+    s = solvers.solve(K, y, method=method, preconditioner=preconditioner)
+    assert s.alpha.shape == y.shape and s.residual.shape == y.shape[1:] and bool(s.converged.all())
+    torch.testing.assert_close(s.alpha, y / 1.5)  # exp(0) + λ on the only diagonal entry (n = 1)
+
+
+@pytest.mark.parametrize(("method", "preconditioner"), CASES)
+def test_views_and_batched_right_hand_sides(method, preconditioner):
+    K = _operator("laplace_l2", 21, 0.2)
+    y = _randn(2, 3, 21, seed=4).mT  # [2, 21, 3], a transposed view, batched over an unbatched operator
+    s = solvers.solve(K, y, method=method, preconditioner=preconditioner, tol=1e-11, rank=5)
+    assert s.alpha.shape == (2, 21, 3) and s.converged.shape == (2, 3)
+    torch.testing.assert_close(s.alpha, _reference(K, y), rtol=1e-8, atol=1e-9)
