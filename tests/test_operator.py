@@ -197,3 +197,24 @@ def test_an_operator_built_outside_compile_traces_into_one_graph() -> None:
     compiled = torch.compile(f, fullgraph=True, backend="aot_eager")
     for got, expected in zip(compiled(k, v), f(k, v), strict=True):
         _close(got, expected)
+
+
+def test_regularization_is_the_checked_lambda() -> None:
+    x = torch.randn(5, 3, dtype=torch.float64)
+    assert kermac.KernelOperator("gaussian", x, x, bandwidth=1.0).regularization is None
+    assert kermac.KernelOperator("gaussian", x, x, bandwidth=1.0, regularization=0.5).regularization == 0.5
+    lam = torch.tensor([0.1, 0.2], dtype=torch.float64)
+    got = kermac.KernelOperator("gaussian", x, x, bandwidth=1.0, regularization=lam).regularization
+    assert isinstance(got, torch.Tensor) and torch.equal(got, lam)
+
+
+def test_kernel_on_other_points_drops_the_diagonal_term() -> None:
+    x, s = torch.randn(7, 3, dtype=torch.float64), torch.randn(4, 3, dtype=torch.float64)
+    K = kermac.KernelOperator("laplace_l2", x, x, bandwidth=1.5, regularization=10.0, offset_m=2, offset_n=2)
+    for a, b in ((x, s), (s, s), (x, x)):
+        block = K.kernel_on(a, b)
+        assert block.shape == (a.shape[0], b.shape[0])
+        want = kermac.run_kernel("laplace_l2", a, b, bandwidth=1.5)  # no λ anywhere
+        torch.testing.assert_close(block.to_dense(), want, rtol=1e-12, atol=0)
+    with pytest.raises(ValueError, match="z: expected 3 features"):
+        K.kernel_on(x, torch.randn(4, 2, dtype=torch.float64))

@@ -80,12 +80,20 @@ class KernelOperator:
                 )
             key, hv = lower_kernel(kernel, x, p, bandwidth, regularization, debug, what="kernel")
             name = kernel if isinstance(kernel, str) else kernel.key()
+        shape = self._checked_shape(key, x, z, hv, (offset_m, offset_n))
+        self._set(name, key, x, z, hv, (offset_m, offset_n), backend, debug, shape)
+
+    @staticmethod
+    def _checked_shape(
+        key: str, x: torch.Tensor, z: object, hypers: dict[str, HyperValue], offsets: tuple[int, int]
+    ) -> tuple[int, ...]:
+        """`batch + (M, N)` of `K(x, z)`, after the checks a product runs (operands, hyperparameters, batch)."""
         empty = x.new_empty(()).expand(z.shape[:-1] + (0,)) if isinstance(z, torch.Tensor) else z
         check = product_problem(
-            program_from_key(key), x, z, empty, out=None, hypers=hv, offset_m=offset_m, offset_n=offset_n, fake=True
-        )
-        shape = check.batch_shape + (x.shape[-2], z.shape[-2])
-        self._set(name, key, x, z, hv, (offset_m, offset_n), backend, debug, shape)
+            program_from_key(key), x, z, empty, out=None, hypers=hypers, offset_m=offsets[0], offset_n=offsets[1],
+            fake=True,
+        )  # fmt: skip
+        return check.batch_shape + (x.shape[-2], z.shape[-2])
 
     def _set(
         self,
@@ -128,6 +136,23 @@ class KernelOperator:
     def offsets(self) -> tuple[int, int]:
         """`(offset_m, offset_n)` of the diagonal `m + offset_m == n + offset_n`."""
         return self._offsets
+
+    @property
+    def regularization(self) -> float | torch.Tensor | None:
+        """λ of the diagonal as checked at construction: a float, a tensor (one value per batch entry), or
+        `None` for an operator without regularisation."""
+        h = self._hypers.get("regularization")
+        if h is None:
+            return None
+        return h.scalar if h.tensor is None else h.tensor
+
+    def kernel_on(self, x: torch.Tensor, z: torch.Tensor) -> KernelOperator:
+        """The same kernel and hyperparameters on other points, `K(x, z)` `[..., M', N']`, without the diagonal
+        term (regularisation belongs to a system `K + λI`, not to the kernel function), e.g. the blocks
+        `K(X, X_S)` and `K(X_S, X_S)` of a Nyström preconditioner.  Validated as at construction."""
+        x, z = check_tensor("x", x), check_tensor("z", z)
+        offsets = (0, x.shape[-2])  # m + 0 == n + M' has no solution with m < M': no diagonal entry
+        return self._derived(self._key, x, z, offsets, self._checked_shape(self._key, x, z, self._hypers, offsets))
 
     @property
     def T(self) -> KernelOperator:

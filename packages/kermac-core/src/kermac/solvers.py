@@ -218,12 +218,12 @@ def _check_options(
 
 def _regularization(K: KernelOperator) -> float | torch.Tensor:
     """λ of `K` (0 when it has none): a float, or a tensor `[..., 1, 1]` aligned with K's batch."""
-    h = K._hypers.get("regularization")
-    if h is None:
+    lam = K.regularization
+    if lam is None:
         return 0.0
-    if h.tensor is None:
-        return h.scalar
-    return torch.broadcast_to(h.tensor, K.shape[:-2])[..., None, None]
+    if isinstance(lam, float):
+        return lam
+    return torch.broadcast_to(lam, K.shape[:-2])[..., None, None]
 
 
 def _check_finite_and_lambda(y: torch.Tensor, lam: float | torch.Tensor | None) -> None:
@@ -359,10 +359,8 @@ class NystromPreconditioner:
         n = K.shape[-1]
         index = torch.randperm(n, generator=torch.Generator().manual_seed(seed))[:rank].to(K.device)
         xs = K.x[..., index, :]
-        batch = K.shape[:-2]
-        # offsets put the regularised diagonal m + offset_m == n + offset_n outside both blocks
-        self._nS = K._derived(K._key, K.x, xs, (0, n), batch + (n, rank))
-        kss = K._derived(K._key, xs, xs, (0, rank), batch + (rank, rank)).to_dense()
+        self._nS = K.kernel_on(K.x, xs)  # the kernel alone: λ belongs to the system, not to these blocks
+        kss = K.kernel_on(xs, xs).to_dense()
         diag = kss.diagonal(dim1=-2, dim2=-1)
         jitter = rank * torch.finfo(kss.dtype).eps * diag.mean(-1)
         eye = torch.eye(rank, dtype=kss.dtype, device=kss.device)
