@@ -379,12 +379,14 @@ class RecursiveFeatureMachine:
     def predict(self, X: ArrayLike) -> ArrayLike:
         """The final ridge at `X L` for `X [m, D]`: `[m]` or `[m, C]` like `y`, a numpy array for a numpy `X`, else
         a tensor on the training device."""
-        out = self.ridge_.predict(self._features(X))
+        features = self._features(X)
+        out = self.ridge_.predict(features)
         return out.cpu().numpy() if _is_numpy(X) else out
 
     def score(self, X: ArrayLike, y: ArrayLike, sample_weight: Any = None) -> float:
         """R² of `predict(X)` against `y`, as [`KernelRidge.score`][kermac.models.KernelRidge.score]."""
-        return self.ridge_.score(self._features(X), y, sample_weight)
+        features = self._features(X)
+        return self.ridge_.score(features, y, sample_weight)
 
 
 def _psd_sqrt(M: torch.Tensor) -> torch.Tensor:
