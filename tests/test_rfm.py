@@ -214,6 +214,21 @@ def test_the_synthetic_example_runs():
     assert "test R²: RFM" in result.stdout and "kernel ridge" in result.stdout
 
 
+def test_the_digits_example_runs():
+    pytest.importorskip("sklearn.datasets")
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "examples" / "rfm_digits.py"), "--device", "cpu", "--train", "300"]
+        + ["--iterations", "1"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr
+    line = next(line for line in result.stdout.splitlines() if line.startswith("test accuracy:"))
+    rfm_accuracy = float(line.split("RFM ")[1].split(",")[0])
+    assert rfm_accuracy > 0.9
+
+
 @pytest.mark.gpu
 def test_cuda_float32_at_n_20000_d_32():
     generator = torch.Generator().manual_seed(0)
