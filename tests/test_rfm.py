@@ -115,6 +115,22 @@ def test_zero_iterations_is_kernel_ridge():
     assert isinstance(model.ridge_, KernelRidge) and len(model.history_) == 1
 
 
+def test_small_sizes():
+    x, y, _ = _planted(5, d=1)
+    model = RecursiveFeatureMachine(iterations=2, bandwidth=2.0, backend="torch").fit(x, y)
+    M, L, alpha = _reference_rfm(x, y, 2.0, 1e-3, 2)
+    np.testing.assert_allclose(model.M_.numpy(), M, rtol=1e-8)
+    f = x @ L
+    np.testing.assert_allclose(model.predict(x), np.exp(-np.abs(f - f.T) / 2.0) @ alpha, rtol=1e-7, atol=1e-9)
+    # one point: the predictor's gradient at its only centre is 0 (torch.cdist's subgradient), so M = 0
+    one = RecursiveFeatureMachine(iterations=1, backend="torch").fit(x[:1], y[:1])
+    assert not one.M_.any() and one.predict(x[:2]).shape == (2,)
+    empty = RecursiveFeatureMachine(iterations=1, backend="torch").fit(np.ones((4, 0)), y[:4])
+    assert empty.M_.shape == (0, 0) and empty.predict(np.ones((2, 0))).shape == (2,)
+    with pytest.raises(ValueError, match=r"X: expected at least one row .* got 0 rows"):
+        RecursiveFeatureMachine().fit(np.ones((0, 3)), np.ones(0))
+
+
 def test_numpy_in_numpy_out_torch_in_torch_out():
     x, y, _ = _planted(40, d=4)
     model = RecursiveFeatureMachine(iterations=1, backend="torch").fit(x, y)

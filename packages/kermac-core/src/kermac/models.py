@@ -338,6 +338,8 @@ class RecursiveFeatureMachine:
                 f"y: expected shape [{x.shape[0]}] or [{x.shape[0]}, C] (X has n = {x.shape[0]} rows), "
                 f"got {list(target.shape)}"
             )
+        if x.shape[0] == 0 and self.iterations > 0:
+            raise ValueError("X: expected at least one row (the AGOP averages over the training points), got 0 rows")
         M = torch.eye(x.shape[1], dtype=x.dtype, device=x.device)
         history: list[float] = []
         for _ in range(self.iterations):
@@ -364,7 +366,7 @@ class RecursiveFeatureMachine:
             block = predictor_gradient(
                 kernel, features[start : start + rows], features, alpha, backend=self.backend, **arguments
             )
-            J = block.reshape(-1, d) @ L.T
+            J = block.flatten(0, -2) @ L.T  # the rows of every J_m, [rows·C, D]
             G.addmm_(J.T, J)
         return G.div_(n)
 
