@@ -104,6 +104,11 @@ def test_agop_blocks_follow_batch_rows(monkeypatch):
     assert models._agop_rows(1, 3, torch.float64, torch.device("cpu")) == models.DENSE_BUDGET_CPU_BYTES // (
         4 * 4 * 4 * 8
     )
+    rules: list[tuple] = []
+    rule = models._agop_rows
+    monkeypatch.setattr(models, "_agop_rows", lambda *args: rules.append(args) or rule(*args))
+    RecursiveFeatureMachine(iterations=3, backend="torch").fit(x, np.stack([y, y], 1))
+    assert rules == [(2, 3, torch.float64, torch.device("cpu"))]  # the memory is read once per fit
 
 
 def test_zero_iterations_is_kernel_ridge():

@@ -267,7 +267,7 @@ class RecursiveFeatureMachine:
         n_features_in_: D.
 
     The host is consulted once per iteration beyond the solves: `torch.linalg.eigh` checks its result and the
-    training R² is read.
+    training R² is read. `fit` refuses `X` without rows when `iterations > 0` (the AGOP is an average over them).
     """
 
     _estimator_type = "regressor"
@@ -341,24 +341,24 @@ class RecursiveFeatureMachine:
         if x.shape[0] == 0 and self.iterations > 0:
             raise ValueError("X: expected at least one row (the AGOP averages over the training points), got 0 rows")
         M = torch.eye(x.shape[1], dtype=x.dtype, device=x.device)
+        outputs = 1 if target.dim() == 1 else target.shape[1]
+        rows = self.batch_rows or (_agop_rows(outputs, x.shape[1], x.dtype, x.device) if self.iterations else 1)
         history: list[float] = []
         for _ in range(self.iterations):
             L = _psd_sqrt(M)
             ridge = self._ridge().fit(x @ L, target)
             history.append(ridge.score(ridge.X_fit_, target))
-            M = self._agop(ridge, L)
+            M = self._agop(ridge, L, rows)
         L = _psd_sqrt(M)
         self.ridge_ = self._ridge().fit(x @ L, target)
         history.append(self.ridge_.score(self.ridge_.X_fit_, target))
         self.M_, self.sqrt_M_, self.history_, self.n_features_in_ = M, L, history, x.shape[1]
         return self
 
-    def _agop(self, ridge: KernelRidge, L: torch.Tensor) -> torch.Tensor:
-        """`(1/n) Σ_m J_mᵀ J_m` of `ridge`'s predictor as a function of `x` (features `x L`), in row blocks."""
+    def _agop(self, ridge: KernelRidge, L: torch.Tensor, rows: int) -> torch.Tensor:
+        """`(1/n) Σ_m J_mᵀ J_m` of `ridge`'s predictor as a function of `x` (features `x L`), `rows` rows a block."""
         features, alpha = ridge.X_fit_, ridge.alpha_
         n, d = features.shape
-        outputs = 1 if alpha.dim() == 1 else alpha.shape[1]
-        rows = self.batch_rows or _agop_rows(outputs, d, features.dtype, features.device)
         arguments = ridge._kernel_arguments()
         kernel = arguments.pop("kernel")
         G = torch.zeros(d, d, dtype=features.dtype, device=features.device)
