@@ -223,7 +223,7 @@ def test_an_unsupported_kernel_is_refused_before_any_solve(kernel, why, monkeypa
 
 def test_the_synthetic_example_runs():
     result = subprocess.run(
-        [sys.executable, str(ROOT / "examples" / "rfm_synthetic.py"), "--device", "cpu", "-n", "300"],
+        [sys.executable, str(ROOT / "examples" / "rfm_synthetic.py"), "--device", "cpu", "-n", "300", "--plain-torch"],
         capture_output=True,
         text=True,
         timeout=120,
@@ -233,6 +233,8 @@ def test_the_synthetic_example_runs():
     cos = float(next(line for line in lines if line.startswith("|cos(")).split("=")[1])
     assert cos > 0.9
     assert "test R²: RFM" in result.stdout and "kernel ridge" in result.stdout
+    # the plain-torch RFM of the example (dense cdist, solve, einsum AGOP) learns the same M
+    assert float(lines[-1].rsplit("=", 1)[1]) < 1e-6
 
 
 def test_the_digits_example_runs():
