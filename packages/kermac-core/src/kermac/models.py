@@ -4,6 +4,11 @@ needed; when it is installed, `clone`, pipelines and `GridSearchCV` accept them)
 [`KernelRidge`][kermac.models.KernelRidge]: kernel ridge regression. `fit(X, y)` solves
 `(K(X, X) + λI) α = y` with [`kermac.solvers.solve`][kermac.solvers.solve]; `predict(X')` is the fused product
 `K(X', X) α` ([`kermac.kernel_product`][kermac.api.kernel_product]), never the kernel matrix.
+
+[`RecursiveFeatureMachine`][kermac.models.RecursiveFeatureMachine]: kernel ridge on features `X L` whose
+metric `M = L Lᵀ` is learned by average gradient outer products
+([`kermac.predictor_gradient`][kermac.predictor.predictor_gradient]), never holding a kernel matrix or the whole
+Jacobian.
 """
 
 from __future__ import annotations
@@ -17,10 +22,11 @@ import torch
 from kermac.api import kernel_product
 from kermac.descriptor import KernelDescriptor
 from kermac.operator import KernelOperator
+from kermac.predictor import predictor_gradient
 from kermac.presets import ALL as PRESETS
-from kermac.solvers import Solution, solve
+from kermac.solvers import DENSE_BUDGET_CPU_BYTES, Solution, solve
 
-__all__ = ["KernelRidge"]
+__all__ = ["KernelRidge", "RecursiveFeatureMachine"]
 
 ArrayLike = Any
 """A torch tensor, a numpy array or anything else `torch.as_tensor` reads (numpy is not a dependency of kermac)."""
@@ -217,3 +223,183 @@ def _as_matrix(name: str, value: object, *, like: torch.Tensor | None = None) ->
     if not bool(torch.isfinite(x).all()):
         raise ValueError(f"{name}: expected finite values, got a NaN or an infinity")
     return x
+
+
+class RecursiveFeatureMachine:
+    r"""Recursive Feature Machine: kernel ridge on learned features, `f(x) = Σ_i α_i k(x L, x_i L)` with
+    `M = L Lᵀ` the average gradient outer product (AGOP) of the previous predictor.
+
+    `fit(X, y)` starts from `M = I` (`[D, D]`) and repeats `iterations` times:
+
+    1. `L = M^{1/2}`, the symmetric positive semi-definite square root: `M = V diag(w) Vᵀ` by `torch.linalg.eigh`
+       and `L = V diag(√max(w, 0)) Vᵀ`; an AGOP is positive semi-definite, so negative eigenvalues are rounding
+       error and are clamped to 0 (the features lose those directions instead of becoming complex);
+    2. fit a [`KernelRidge`][kermac.models.KernelRidge] on `X L` (`y [n]` or `[n, C]`);
+    3. `M ← G = (1/n) Σ_m J_mᵀ J_m` with `J_m = ∂f/∂x (x_m) = J'_m Lᵀ` (`[C, D]`), where
+       `J' = predictor_gradient(kernel, X L, X L, α)` is the gradient with respect to the features (so with the
+       Euclidean kernels the predictor uses the Mahalanobis distance `‖x − z‖_M`). `J` is computed in blocks of
+       `batch_rows` rows, each added into `G` and dropped, so it is never held whole.
+
+    After the last update the final ridge `ridge_` is fitted on `X L`; `predict(X)` is that ridge on `X L`.
+
+    The default `batch_rows` gives each block a quarter of the free memory of the CUDA device
+    (`torch.cuda.mem_get_info`, read once per fit) or of
+    [`DENSE_BUDGET_CPU_BYTES`][kermac.solvers.DENSE_BUDGET_CPU_BYTES] on the CPU, counting `4·C·(D + 1)` elements
+    per row (the gradient product's `C + C·D` columns, `J'`, `J` and slack).
+
+    Args:
+        kernel: a preset name or a [`KernelDescriptor`][kermac.descriptor.KernelDescriptor] whose reduction over
+            features is a sum (every preset but `"linf_distance"`) and that takes no `p`.
+        bandwidth: σ of the kernel.
+        regularization: λ > 0 of every ridge (one number).
+        iterations: AGOP updates of `M` (≥ 0; 0 is a plain kernel ridge).
+        solver: `method` of [`solve`][kermac.solvers.solve].
+        tol: relative residual of every solve (an unconverged one warns, as in `KernelRidge`).
+        backend: the kermac backend of every kernel pass.
+        batch_rows: rows of `J` per block (None: the rule above).
+
+    Attributes (after `fit`):
+        M_: the learned feature matrix `[D, D]` (the AGOP of the last update; `I` when `iterations = 0`).
+        sqrt_M_: its square root `L` `[D, D]`, the features being `X L`.
+        ridge_: the final `KernelRidge`, fitted on `X L`.
+        history_: training R² of each ridge fitted (`iterations + 1` floats, the last one `ridge_`'s; one host
+            read per ridge).
+        n_features_in_: D.
+
+    The host is consulted once per iteration beyond the solves: `torch.linalg.eigh` checks its result and the
+    training R² is read. `fit` refuses `X` without rows when `iterations > 0` (the AGOP is an average over them).
+    """
+
+    _estimator_type = "regressor"
+    # The parameter protocol (get_params, set_params, repr, scikit-learn's tags) is KernelRidge's.
+    _param_names = classmethod(KernelRidge._param_names.__func__)
+    get_params = KernelRidge.get_params
+    set_params = KernelRidge.set_params
+    __sklearn_tags__ = KernelRidge.__sklearn_tags__
+    __repr__ = KernelRidge.__repr__
+
+    def __init__(
+        self,
+        kernel: str | KernelDescriptor = "laplace_l2",
+        bandwidth: float = 10.0,
+        regularization: float = 1e-3,
+        iterations: int = 5,
+        solver: str = "auto",
+        tol: float = 1e-6,
+        backend: str = "auto",
+        batch_rows: int | None = None,
+    ) -> None:
+        self.kernel = kernel
+        self.bandwidth = bandwidth
+        self.regularization = regularization
+        self.iterations = iterations
+        self.solver = solver
+        self.tol = tol
+        self.backend = backend
+        self.batch_rows = batch_rows
+
+    def _ridge(self) -> KernelRidge:
+        return KernelRidge(
+            kernel=self.kernel,
+            bandwidth=self.bandwidth,
+            regularization=self.regularization,
+            solver=self.solver,
+            tol=self.tol,
+            backend=self.backend,
+        )
+
+    def _check_params(self) -> None:
+        descriptor = self._ridge()._kernel_arguments()["kernel"]
+        if descriptor.reduction != "sum" or descriptor.needs_p:
+            why = f"takes the {descriptor.reduction}imum over features" if descriptor.reduction != "sum" else "needs p"
+            raise ValueError(
+                f"kernel: RecursiveFeatureMachine needs a kernel summed over features without p (the predictor "
+                f"gradient of the AGOP), got {self.kernel!r}, which {why}"
+            )
+        if isinstance(self.regularization, torch.Tensor) and self.regularization.dim() > 0:
+            raise ValueError(
+                f"regularization: expected one number (one model), got a tensor of shape "
+                f"{list(self.regularization.shape)}"
+            )
+        if isinstance(self.iterations, bool) or not isinstance(self.iterations, int) or self.iterations < 0:
+            raise ValueError(f"iterations: expected an int ≥ 0, got {self.iterations!r}")
+        rows = self.batch_rows
+        if rows is not None and (isinstance(rows, bool) or not isinstance(rows, int) or rows < 1):
+            raise ValueError(f"batch_rows: expected None or an int ≥ 1, got {rows!r}")
+
+    def fit(self, X: ArrayLike, y: ArrayLike) -> RecursiveFeatureMachine:
+        """Fit on `X [n, D]` and `y [n]` or `[n, C]` (numpy arrays or tensors, as `KernelRidge.fit`). Returns the
+        estimator."""
+        self._check_params()
+        x = _as_matrix("X", X)
+        target = _as_tensor("y", y, like=x)
+        if target.dim() not in (1, 2) or target.shape[0] != x.shape[0]:
+            raise ValueError(
+                f"y: expected shape [{x.shape[0]}] or [{x.shape[0]}, C] (X has n = {x.shape[0]} rows), "
+                f"got {list(target.shape)}"
+            )
+        if x.shape[0] == 0 and self.iterations > 0:
+            raise ValueError("X: expected at least one row (the AGOP averages over the training points), got 0 rows")
+        M = torch.eye(x.shape[1], dtype=x.dtype, device=x.device)
+        outputs = 1 if target.dim() == 1 else target.shape[1]
+        rows = self.batch_rows or (_agop_rows(outputs, x.shape[1], x.dtype, x.device) if self.iterations else 1)
+        history: list[float] = []
+        for _ in range(self.iterations):
+            L = _psd_sqrt(M)
+            ridge = self._ridge().fit(x @ L, target)
+            history.append(ridge.score(ridge.X_fit_, target))
+            M = self._agop(ridge, L, rows)
+        L = _psd_sqrt(M)
+        self.ridge_ = self._ridge().fit(x @ L, target)
+        history.append(self.ridge_.score(self.ridge_.X_fit_, target))
+        self.M_, self.sqrt_M_, self.history_, self.n_features_in_ = M, L, history, x.shape[1]
+        return self
+
+    def _agop(self, ridge: KernelRidge, L: torch.Tensor, rows: int) -> torch.Tensor:
+        """`(1/n) Σ_m J_mᵀ J_m` of `ridge`'s predictor as a function of `x` (features `x L`), `rows` rows a block."""
+        features, alpha = ridge.X_fit_, ridge.alpha_
+        n, d = features.shape
+        arguments = ridge._kernel_arguments()
+        kernel = arguments.pop("kernel")
+        G = torch.zeros(d, d, dtype=features.dtype, device=features.device)
+        for start in range(0, n, rows):
+            block = predictor_gradient(
+                kernel, features[start : start + rows], features, alpha, backend=self.backend, **arguments
+            )
+            J = block.flatten(0, -2) @ L.T  # the rows of every J_m, [rows·C, D]
+            G.addmm_(J.T, J)
+        return G.div_(n)
+
+    def _features(self, X: ArrayLike) -> torch.Tensor:
+        if not hasattr(self, "ridge_"):
+            raise RuntimeError(f"{type(self).__name__} is not fitted yet: call fit(X, y) before predict")
+        x = _as_matrix("X", X, like=self.sqrt_M_)
+        if x.shape[1] != self.n_features_in_:
+            raise ValueError(f"X: expected {self.n_features_in_} features (as in fit), got {x.shape[1]}")
+        return x @ self.sqrt_M_
+
+    def predict(self, X: ArrayLike) -> ArrayLike:
+        """The final ridge at `X L` for `X [m, D]`: `[m]` or `[m, C]` like `y`, a numpy array for a numpy `X`, else
+        a tensor on the training device."""
+        features = self._features(X)
+        out = self.ridge_.predict(features)
+        return out.cpu().numpy() if _is_numpy(X) else out
+
+    def score(self, X: ArrayLike, y: ArrayLike, sample_weight: Any = None) -> float:
+        """R² of `predict(X)` against `y`, as [`KernelRidge.score`][kermac.models.KernelRidge.score]."""
+        features = self._features(X)
+        return self.ridge_.score(features, y, sample_weight)
+
+
+def _psd_sqrt(M: torch.Tensor) -> torch.Tensor:
+    """The symmetric square root of a positive semi-definite `M [D, D]`, negative eigenvalues clamped to 0."""
+    w, V = torch.linalg.eigh(M)
+    return (V * w.clamp(min=0).sqrt()) @ V.T
+
+
+def _agop_rows(outputs: int, d: int, dtype: torch.dtype, device: torch.device) -> int:
+    """Rows per AGOP block: a quarter of the free CUDA memory or of `DENSE_BUDGET_CPU_BYTES`, `4·C·(D + 1)`
+    elements a row."""
+    budget = torch.cuda.mem_get_info(device)[0] if device.type == "cuda" else DENSE_BUDGET_CPU_BYTES
+    per_row = 4 * outputs * (d + 1) * torch.empty((), dtype=dtype).element_size()
+    return max(1, budget // (4 * per_row))
