@@ -26,54 +26,18 @@ from kermac.predictor import predictor_gradient
 from kermac.presets import ALL as PRESETS
 from kermac.solvers import DENSE_BUDGET_CPU_BYTES, Solution, solve
 
-__all__ = ["KernelRidge", "RecursiveFeatureMachine"]
+__all__ = ["KernelRidge", "RecursiveFeatureMachine", "Regressor"]
 
 ArrayLike = Any
 """A torch tensor, a numpy array or anything else `torch.as_tensor` reads (numpy is not a dependency of kermac)."""
 
 
-class KernelRidge:
-    r"""Kernel ridge regression: `f(x) = Σ_i α_i k(x, x_i)` with `(K + λI) α = y`, `K_ij = k(x_i, x_j)`.
-
-    Parameters are stored as given and checked by `fit` (scikit-learn's convention, so that `clone` and
-    `set_params` work); every one of them is a keyword of `__init__`, read back by
-    [`get_params`][kermac.models.KernelRidge.get_params].
-
-    Args:
-        kernel: a preset name (`kermac.presets.ALL`) or a [`KernelDescriptor`][kermac.descriptor.KernelDescriptor].
-        bandwidth: σ of the kernel (ignored by kernels without a bandwidth, such as `"dot_product"`).
-        regularization: λ > 0 (scikit-learn's `KernelRidge(alpha=...)`); a 1-d tensor fits a batch of models.
-        p: the p of `*_lp` kernels, None otherwise.
-        solver: `method` of [`solve`][kermac.solvers.solve] (`"auto"`, `"cholesky"`, `"cg"`).
-        tol: relative residual `solve` must reach; a fit that does not reach it warns (`RuntimeWarning`).
-        backend: the kermac backend of every kernel pass.
-
-    Attributes (after `fit`):
-        X_fit_: the training inputs `[n, d]` as a tensor (kept: `predict` reads them).
-        alpha_: the coefficients `[n]` or `[n, C]` (with a batch of λ: `[L, n]` / `[L, n, C]`).
-        solution_: the [`Solution`][kermac.solvers.Solution] of the fit (method, iterations, residuals).
-        n_features_in_: d.
-    """
+class Regressor:
+    """scikit-learn's estimator protocol for kermac's regressors, without importing scikit-learn: parameters are
+    the keywords of `__init__`, stored as given (checked by `fit`), read back by `get_params` and changed by
+    `set_params`, so that scikit-learn's `clone` and model selection work."""
 
     _estimator_type = "regressor"  # scikit-learn before 1.6 reads this instead of __sklearn_tags__
-
-    def __init__(
-        self,
-        kernel: str | KernelDescriptor = "laplace_l2",
-        bandwidth: float = 1.0,
-        regularization: float | torch.Tensor = 1e-3,
-        p: float | None = None,
-        solver: str = "auto",
-        tol: float = 1e-6,
-        backend: str = "auto",
-    ) -> None:
-        self.kernel = kernel
-        self.bandwidth = bandwidth
-        self.regularization = regularization
-        self.p = p
-        self.solver = solver
-        self.tol = tol
-        self.backend = backend
 
     @classmethod
     def _param_names(cls) -> list[str]:
@@ -90,7 +54,7 @@ class KernelRidge:
             params[name] = value
         return params
 
-    def set_params(self, **params: Any) -> KernelRidge:
+    def set_params(self, **params: Any) -> Regressor:
         """Set `__init__` parameters by name; returns the estimator. Unknown names raise ValueError."""
         valid = self._param_names()
         for name, value in params.items():
@@ -118,6 +82,48 @@ class KernelRidge:
             f"{name}={value!r}" for name, value in self.get_params(deep=False).items() if value is not defaults[name]
         ]
         return f"{type(self).__name__}({', '.join(changed)})"
+
+
+class KernelRidge(Regressor):
+    r"""Kernel ridge regression: `f(x) = Σ_i α_i k(x, x_i)` with `(K + λI) α = y`, `K_ij = k(x_i, x_j)`.
+
+    Parameters are stored as given and checked by `fit` (scikit-learn's convention, so that `clone` and
+    `set_params` work); every one of them is a keyword of `__init__`, read back by
+    [`get_params`][kermac.models.KernelRidge.get_params].
+
+    Args:
+        kernel: a preset name (`kermac.presets.ALL`) or a [`KernelDescriptor`][kermac.descriptor.KernelDescriptor].
+        bandwidth: σ of the kernel (ignored by kernels without a bandwidth, such as `"dot_product"`).
+        regularization: λ > 0 (scikit-learn's `KernelRidge(alpha=...)`); a 1-d tensor fits a batch of models.
+        p: the p of `*_lp` kernels, None otherwise.
+        solver: `method` of [`solve`][kermac.solvers.solve] (`"auto"`, `"cholesky"`, `"cg"`).
+        tol: relative residual `solve` must reach; a fit that does not reach it warns (`RuntimeWarning`).
+        backend: the kermac backend of every kernel pass.
+
+    Attributes (after `fit`):
+        X_fit_: the training inputs `[n, d]` as a tensor (kept: `predict` reads them).
+        alpha_: the coefficients `[n]` or `[n, C]` (with a batch of λ: `[L, n]` / `[L, n, C]`).
+        solution_: the [`Solution`][kermac.solvers.Solution] of the fit (method, iterations, residuals).
+        n_features_in_: d.
+    """
+
+    def __init__(
+        self,
+        kernel: str | KernelDescriptor = "laplace_l2",
+        bandwidth: float = 1.0,
+        regularization: float | torch.Tensor = 1e-3,
+        p: float | None = None,
+        solver: str = "auto",
+        tol: float = 1e-6,
+        backend: str = "auto",
+    ) -> None:
+        self.kernel = kernel
+        self.bandwidth = bandwidth
+        self.regularization = regularization
+        self.p = p
+        self.solver = solver
+        self.tol = tol
+        self.backend = backend
 
     def _kernel_arguments(self) -> dict[str, Any]:
         """The kernel and the hyperparameters its descriptor reads (bandwidth only where it has one)."""
@@ -225,7 +231,7 @@ def _as_matrix(name: str, value: object, *, like: torch.Tensor | None = None) ->
     return x
 
 
-class RecursiveFeatureMachine:
+class RecursiveFeatureMachine(Regressor):
     r"""Recursive Feature Machine: kernel ridge on learned features, `f(x) = Σ_i α_i k(x L, x_i L)` with
     `M = L Lᵀ` the average gradient outer product (AGOP) of the previous predictor.
 
@@ -269,14 +275,6 @@ class RecursiveFeatureMachine:
     The host is consulted once per iteration beyond the solves: `torch.linalg.eigh` checks its result and the
     training R² is read. `fit` refuses `X` without rows when `iterations > 0` (the AGOP is an average over them).
     """
-
-    _estimator_type = "regressor"
-    # The parameter protocol (get_params, set_params, repr, scikit-learn's tags) is KernelRidge's.
-    _param_names = classmethod(KernelRidge._param_names.__func__)
-    get_params = KernelRidge.get_params
-    set_params = KernelRidge.set_params
-    __sklearn_tags__ = KernelRidge.__sklearn_tags__
-    __repr__ = KernelRidge.__repr__
 
     def __init__(
         self,
