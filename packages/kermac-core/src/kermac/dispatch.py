@@ -20,113 +20,61 @@ from kermac.problem import GradProblem, PairwiseProblem, ProductGradProblem, Pro
 __all__ = ["run_grad", "run_pairwise", "run_product", "run_product_grad"]
 
 
+Problem = PairwiseProblem | GradProblem | ProductProblem | ProductGradProblem
+
+
 def run_pairwise(problem: PairwiseProblem, backend: str, op: str) -> torch.Tensor:
     """`problem.out` written by the backend `backend` (a name or `"auto"`) chooses; `op`
     names the public operation in log messages.  Empty and `meta` outputs are returned as they are."""
-    if problem.out.numel() == 0 or problem.device.type == "meta":
-        return problem.out
-    chosen = registry.select_backend(backend, problem, lambda b, pr: b.check_pairwise(pr), "pairwise problem")
-    if problem.debug:
-        logger.debug(
-            "%s: backend %s; batch %s, M=%d N=%d D=%d, %s on %s; program %s",
-            op,
-            chosen.name,
-            list(problem.batch_shape),
-            problem.m,
-            problem.n,
-            problem.d,
-            problem.dtype,
-            problem.device,
-            problem.program.key(),
-        )
-    _run_backend(chosen, chosen.pairwise, problem)
-    return problem.out
+    return _run(problem, backend, op, "pairwise problem", "check_pairwise", "pairwise", "M={} N={} D={}", "program")
 
 
 def run_grad(problem: GradProblem, backend: str, op: str) -> torch.Tensor:
     """As `run_pairwise`, for a gradient problem."""
-    if problem.out.numel() == 0 or problem.device.type == "meta":
-        return problem.out
-    chosen = registry.select_backend(backend, problem, lambda b, pr: b.check_grad(pr), "gradient problem")
-    if problem.debug:
-        m, n, o, k = problem.sizes
-        logger.debug(
-            "%s: backend %s; batch %s, M=%d N=%d O=%d K=%d, %s on %s; program %s",
-            op,
-            chosen.name,
-            list(problem.batch_shape),
-            m,
-            n,
-            o,
-            k,
-            problem.dtype,
-            problem.device,
-            problem.program.key(),
-        )
-    _run_backend(chosen, chosen.grad, problem)
-    return problem.out
+    return _run(problem, backend, op, "gradient problem", "check_grad", "grad", "M={} N={} O={} K={}", "program")
 
 
 def run_product(problem: ProductProblem, backend: str, op: str) -> torch.Tensor:
     """As `run_pairwise`, for a fused kernel product.  With `N = 0` the sum over `n` is empty: `out` is
     filled with zeros here, without asking a backend (as an empty output is returned without one)."""
-    if problem.out.numel() == 0 or problem.device.type == "meta":
-        return problem.out
-    m, n, d, c = problem.sizes
-    if n == 0:
-        return problem.out.zero_()
-    chosen = registry.select_backend(backend, problem, lambda b, pr: b.check_product(pr), "kernel product problem")
-    if problem.debug:
-        logger.debug(
-            "%s: backend %s; batch %s, M=%d N=%d D=%d C=%d, %s on %s; program %s",
-            op,
-            chosen.name,
-            list(problem.batch_shape),
-            m,
-            n,
-            d,
-            c,
-            problem.dtype,
-            problem.device,
-            problem.program.key(),
-        )
-    _run_backend(chosen, chosen.product, problem)
-    return problem.out
+    what = "kernel product problem"
+    return _run(problem, backend, op, what, "check_product", "product", "M={} N={} D={} C={}", "program")
 
 
 def run_product_grad(problem: ProductGradProblem, backend: str, op: str) -> torch.Tensor:
     """As `run_product`, for the gradient product of a fused kernel product (with `N = 0` the sum is empty: zeros)."""
+    what = "kernel product gradient problem"
+    sizes = "M={} N={} D={} C={}"
+    return _run(problem, backend, op, what, "check_product_grad", "product_grad", sizes, "gradient of program")
+
+
+def _run(problem: Problem, backend: str, op: str, what: str, check: str, run: str, sizes: str, of: str) -> torch.Tensor:
+    """The one path of every operation: nothing to do for an empty or `meta` output, zeros for a product's empty
+    sum, else the backend the registry selects by its hook `check` runs its hook `run`, logged under `debug`
+    (`sizes` a format of the problem's sizes, filled only then: this path runs for every call)."""
     if problem.out.numel() == 0 or problem.device.type == "meta":
         return problem.out
-    m, n, d, c = problem.sizes
-    if n == 0:
+    if isinstance(problem, (ProductProblem, ProductGradProblem)) and problem.sizes[1] == 0:
         return problem.out.zero_()
-    chosen = registry.select_backend(
-        backend, problem, lambda b, pr: b.check_product_grad(pr), "kernel product gradient problem"
-    )
+    chosen = registry.select_backend(backend, problem, lambda b, pr: getattr(b, check)(pr), what)
     if problem.debug:
+        shape = (problem.m, problem.n, problem.d) if isinstance(problem, PairwiseProblem) else problem.sizes
         logger.debug(
-            "%s: backend %s; batch %s, M=%d N=%d D=%d C=%d, %s on %s; gradient of program %s",
+            "%s: backend %s; batch %s, %s, %s on %s; %s %s",
             op,
             chosen.name,
             list(problem.batch_shape),
-            m,
-            n,
-            d,
-            c,
+            sizes.format(*shape),
             problem.dtype,
             problem.device,
+            of,
             problem.program.key(),
         )
-    _run_backend(chosen, chosen.product_grad, problem)
+    _run_backend(chosen, getattr(chosen, run), problem)
     return problem.out
 
 
-def _run_backend(
-    backend: Backend,
-    method: Callable[[object], None],
-    problem: PairwiseProblem | GradProblem | ProductProblem | ProductGradProblem,
-) -> None:
+def _run_backend(backend: Backend, method: Callable[[object], None], problem: Problem) -> None:
     """`method(problem)`; a plugin's `SystemExit` (or another non-`Exception` but
     `KeyboardInterrupt`) becomes a [`BackendError`][kermac.errors.BackendError] naming the backend, so
     a backend cannot end the user's process.  Ordinary exceptions propagate as they are."""

@@ -51,8 +51,36 @@ them: a problem holds the same diagonal in the form of `diagonal_offsets`.
 """
 
 
+class _OnPoints:
+    """The dtype and device of a problem: those of its points `x`, which every other tensor shares."""
+
+    __slots__ = ()
+    x: torch.Tensor
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.x.dtype
+
+    @property
+    def device(self) -> torch.device:
+        return self.x.device
+
+
+class _ProductSizes(_OnPoints):
+    """The sizes of a fused kernel product and of its gradient product."""
+
+    __slots__ = ()
+    z: torch.Tensor
+    v: torch.Tensor
+
+    @property
+    def sizes(self) -> tuple[int, int, int, int]:
+        """(M, N, D, C)."""
+        return self.x.shape[-2], self.z.shape[-2], self.x.shape[-1], self.v.shape[-1]
+
+
 @dataclass(eq=False, slots=True)
-class PairwiseProblem:
+class PairwiseProblem(_OnPoints):
     """`out[*B, M, N] = program(x[*B, M, D], z[*B, N, D], hypers)`; see [`kermac.programs`][kermac.programs].
 
     `offset_m`, `offset_n` place the diagonal (`m + offset_m == n + offset_n`) in the form of
@@ -81,14 +109,6 @@ class PairwiseProblem:
     @property
     def d(self) -> int:
         return self.x.shape[-1]
-
-    @property
-    def dtype(self) -> torch.dtype:
-        return self.x.dtype
-
-    @property
-    def device(self) -> torch.device:
-        return self.x.device
 
 
 @dataclass(eq=False, slots=True)
@@ -120,7 +140,7 @@ class GradProblem:
 
 
 @dataclass(eq=False, slots=True)
-class ProductProblem:
+class ProductProblem(_ProductSizes):
     """`out[*B, M, C] = Σ_n K[*B, m, n] · v[*B, n, C]` with `K = program(x[*B, M, D], z[*B, N, D], hypers)`
     the pairwise kernel of [`PairwiseProblem`][kermac.problem.PairwiseProblem] (the same program, diagonal
     offsets and hyperparameters), never materialised: a backend contracts each tile of K with `v` where
@@ -142,22 +162,9 @@ class ProductProblem:
     batch_shape: tuple[int, ...]
     debug: bool = False
 
-    @property
-    def sizes(self) -> tuple[int, int, int, int]:
-        """(M, N, D, C)."""
-        return self.x.shape[-2], self.z.shape[-2], self.x.shape[-1], self.v.shape[-1]
-
-    @property
-    def dtype(self) -> torch.dtype:
-        return self.x.dtype
-
-    @property
-    def device(self) -> torch.device:
-        return self.x.device
-
 
 @dataclass(eq=False, slots=True)
-class ProductGradProblem:
+class ProductGradProblem(_ProductSizes):
     r"""The gradient product: the derivative in `x` of `L = Σ g · (K v)` for the kernel product of
     [`ProductProblem`][kermac.problem.ProductProblem] (the same program, diagonal offsets and hyperparameters),
     with `K` and its derivative computed on the fly, never materialised:
@@ -191,19 +198,6 @@ class ProductGradProblem:
     offset_n: int
     batch_shape: tuple[int, ...]
     debug: bool = False
-
-    @property
-    def sizes(self) -> tuple[int, int, int, int]:
-        """(M, N, D, C)."""
-        return self.x.shape[-2], self.z.shape[-2], self.x.shape[-1], self.v.shape[-1]
-
-    @property
-    def dtype(self) -> torch.dtype:
-        return self.x.dtype
-
-    @property
-    def device(self) -> torch.device:
-        return self.x.device
 
 
 def check_tensor(name: str, t: object, *, min_dim: int = 2) -> torch.Tensor:
