@@ -438,27 +438,14 @@ def product_problem(
     """Validate and normalise a kernel product: x [..,M,D], z [..,N,D], v [..,N,C] → out [..,M,C]
     (`fake` as in `pairwise_problem`)."""
     names = ("x", "z", "v")
-    ts = tuple(check_tensor(nm, t) for nm, t in zip(names, (x, z, v), strict=True))
-    _check_memory(dict(zip(names, ts, strict=True)), hypers)
-    _same(names, ts)
-    x, z, v = ts
-    xs, zs, vs = x.shape, z.shape, v.shape
-    (m, d), n, c = xs[-2:], zs[-2], vs[-1]
-    if zs[-1] != d:
-        raise ValueError(f"z: expected {d} features in the last dimension (as x), got shape {list(zs)} (x: {list(xs)})")
-    if vs[-2] != n:
-        raise ValueError(
-            f"v: expected size {n} in dimension -2 to match N (z.shape[-2]), got shape {list(vs)} (z: {list(zs)})"
-        )
-    offset_m, offset_n = _offset("offset_m", offset_m), _offset("offset_n", offset_n)
-    batch = _batch_shape({"x": tuple(xs[:-2]), "z": tuple(zs[:-2]), "v": tuple(vs[:-2]), **_hyper_shapes(hypers)})
-    offset_m, offset_n = diagonal_offsets(offset_m, offset_n, m, n)
+    (x, z, v), (m, n, d, c) = _product_operands(names, (x, z, v), hypers)
+    batch, offset_m, offset_n = _product_placement(names, (x, z, v), hypers, offset_m, offset_n)
     return ProductProblem(
         program=program,
         x=_expand(x, batch + (m, d)),
         z=_expand(z, batch + (n, d)),
         v=_expand(v, batch + (n, c)),
-        out=_prepare_out(out, batch + (m, c), x, dict(zip(names, ts, strict=True)), hypers, fake),
+        out=_prepare_out(out, batch + (m, c), x, dict(zip(names, (x, z, v), strict=True)), hypers, fake),
         hypers={k: h.expanded(batch) for k, h in hypers.items()} if hypers else hypers,
         offset_m=offset_m,
         offset_n=offset_n,
@@ -484,11 +471,38 @@ def product_grad_problem(
     """Validate and normalise a gradient product: x [..,M,D], z [..,N,D], v [..,N,C], g [..,M,C] → out [..,M,D]
     (`fake` as in `pairwise_problem`)."""
     names = ("x", "z", "v", "g")
-    ts = tuple(check_tensor(nm, t) for nm, t in zip(names, (x, z, v, g), strict=True))
+    (x, z, v, g), (m, n, d, c) = _product_operands(names, (x, z, v, g), hypers)
+    gs = g.shape
+    if gs[-2:] != (m, c):
+        raise ValueError(
+            f"g: expected sizes [{m}, {c}] in the last two dimensions to match M (x.shape[-2]) and C (v.shape[-1]), "
+            f"got shape {list(gs)}"
+        )
+    batch, offset_m, offset_n = _product_placement(names, (x, z, v, g), hypers, offset_m, offset_n)
+    return ProductGradProblem(
+        program=program,
+        x=_expand(x, batch + (m, d)),
+        z=_expand(z, batch + (n, d)),
+        v=_expand(v, batch + (n, c)),
+        g=_expand(g, batch + (m, c)),
+        out=_prepare_out(out, batch + (m, d), x, dict(zip(names, (x, z, v, g), strict=True)), hypers, fake),
+        hypers={k: h.expanded(batch) for k, h in hypers.items()} if hypers else hypers,
+        offset_m=offset_m,
+        offset_n=offset_n,
+        batch_shape=batch,
+        debug=debug,
+    )
+
+
+def _product_operands(
+    names: tuple[str, ...], values: tuple[object, ...], hypers: Mapping[str, HyperValue]
+) -> tuple[tuple[torch.Tensor, ...], tuple[int, int, int, int]]:
+    """The checked operands of a product or gradient product, whose first three are x [..,M,D], z [..,N,D] and
+    v [..,N,C] (readable, one dtype and device, z's features and v's rows matching), and (M, N, D, C)."""
+    ts = tuple(check_tensor(nm, t) for nm, t in zip(names, values, strict=True))
     _check_memory(dict(zip(names, ts, strict=True)), hypers)
     _same(names, ts)
-    x, z, v, g = ts
-    xs, zs, vs, gs = x.shape, z.shape, v.shape, g.shape
+    xs, zs, vs = (t.shape for t in ts[:3])
     (m, d), n, c = xs[-2:], zs[-2], vs[-1]
     if zs[-1] != d:
         raise ValueError(f"z: expected {d} features in the last dimension (as x), got shape {list(zs)} (x: {list(xs)})")
@@ -496,25 +510,18 @@ def product_grad_problem(
         raise ValueError(
             f"v: expected size {n} in dimension -2 to match N (z.shape[-2]), got shape {list(vs)} (z: {list(zs)})"
         )
-    if gs[-2:] != (m, c):
-        raise ValueError(
-            f"g: expected sizes [{m}, {c}] in the last two dimensions to match M (x.shape[-2]) and C (v.shape[-1]), "
-            f"got shape {list(gs)}"
-        )
+    return ts, (m, n, d, c)
+
+
+def _product_placement(
+    names: tuple[str, ...],
+    ts: tuple[torch.Tensor, ...],
+    hypers: Mapping[str, HyperValue],
+    offset_m: int,
+    offset_n: int,
+) -> tuple[tuple[int, ...], int, int]:
+    """The batch shape of a product's operands and hyperparameters, and its diagonal offsets in the form of
+    `diagonal_offsets` (M and N from x and z, the first two operands)."""
     offset_m, offset_n = _offset("offset_m", offset_m), _offset("offset_n", offset_n)
-    shapes = {nm: tuple(t.shape[:-2]) for nm, t in zip(names, ts, strict=True)}
-    batch = _batch_shape(shapes | _hyper_shapes(hypers))
-    offset_m, offset_n = diagonal_offsets(offset_m, offset_n, m, n)
-    return ProductGradProblem(
-        program=program,
-        x=_expand(x, batch + (m, d)),
-        z=_expand(z, batch + (n, d)),
-        v=_expand(v, batch + (n, c)),
-        g=_expand(g, batch + (m, c)),
-        out=_prepare_out(out, batch + (m, d), x, dict(zip(names, ts, strict=True)), hypers, fake),
-        hypers={k: h.expanded(batch) for k, h in hypers.items()} if hypers else hypers,
-        offset_m=offset_m,
-        offset_n=offset_n,
-        batch_shape=batch,
-        debug=debug,
-    )
+    batch = _batch_shape({nm: tuple(t.shape[:-2]) for nm, t in zip(names, ts, strict=True)} | _hyper_shapes(hypers))
+    return (batch, *diagonal_offsets(offset_m, offset_n, ts[0].shape[-2], ts[1].shape[-2]))
