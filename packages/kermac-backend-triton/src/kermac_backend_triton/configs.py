@@ -130,20 +130,22 @@ INTERPRET_PRODUCT = {"BK": 8, "MI": 4, "NI": 4, "MT": 4, "NT": 4, "PF": 2}
 INTERPRET_PRODUCT_TC = {"BM": 16, "BN": 16}
 
 PRODUCT_SPACE: tuple[tuple[dict[str, int], int, int, int | None], ...] = (
-    ({"BK": 8, "MI": 4, "NI": 4, "MT": 8, "NT": 16, "PF": 1}, 4, 3, None),
-    ({"BK": 4, "MI": 8, "NI": 4, "MT": 8, "NT": 16, "PF": 2}, 4, 3, None),
+    ({"BK": 4, "MI": 4, "NI": 4, "MT": 8, "NT": 16, "PF": 1}, 4, 3, None),
+    ({"BK": 4, "MI": 4, "NI": 4, "MT": 16, "NT": 16, "PF": 1}, 8, 3, None),
 )
 """Kernel product on SIMT K tiles, (meta-parameters, num_warps, num_stages, maxnreg); the first
-entry is the default.  Not measured yet: a 32 × 64 and a 64 × 64 K tile at 4 warps, smaller than
-the pairwise SIMT tiles because the `BM × BC` accumulator and the dot's operand copies of the K
-tile share the registers with them.
+entry is the default.  Chosen by register use (`cuobjdump -res-usage`), not yet by time: a 32 × 64
+tile at 4 warps and a 64 × 64 one at 8, with `BK` = 4 — the `tl` tile holds a `[BK, MI, NI, MT,
+NT]` term per step, and beside it sit the `BM × BC` accumulator and the dot's operand copies of
+the K tile; at `BK` = 8 or 64 × 64 at 4 warps the sm_80 build spills.
 """
 PRODUCT_TC_SPACE: tuple[tuple[dict[str, int], int, int, int | None], ...] = (
     ({"BM": 64, "BN": 64}, 4, 3, None),
     ({"BM": 128, "BN": 64}, 8, 3, None),
 )
 """Kernel product on tensor-core K tiles (as `PRODUCT_SPACE`; `BK` comes from D,
-`product_tc_block_k`).  Not measured yet: the pairwise kernel's 64 × 64 and 128 × 64 tiles.
+`product_tc_block_k`), chosen by register use, not yet by time: 64 × 64 at 4 warps and
+128 × 64 at 8 build without spills for `BC` = 16 on sm_80 and sm_90.
 """
 
 
