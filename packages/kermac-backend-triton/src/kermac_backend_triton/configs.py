@@ -137,7 +137,9 @@ PRODUCT_SPACE: tuple[tuple[dict[str, int], int, int, int | None], ...] = (
 entry is the default.  Chosen by register use (`cuobjdump -res-usage`), not yet by time: a 32 × 64
 tile at 4 warps and a 64 × 64 one at 8, with `BK` = 4 — the `tl` tile holds a `[BK, MI, NI, MT,
 NT]` term per step, and beside it sit the `BM × BC` accumulator and the dot's operand copies of
-the K tile; at `BK` = 8 or 64 × 64 at 4 warps the sm_80 build spills.
+the K tile.  The default builds without spills on sm_80 and sm_90 for every `BC`; the second
+spills on sm_80 at `BC` = 64 (the autotuner weighs that); `BK` = 8, or 64 × 64 at 4 warps, spill
+more (docs/dev/triton-product.md).
 """
 PRODUCT_TC_SPACE: tuple[tuple[dict[str, int], int, int, int | None], ...] = (
     ({"BM": 64, "BN": 64}, 4, 3, None),

@@ -1,14 +1,14 @@
 """The per-program module: the few lines of each kernel that come from the IR, as Python source.
 
 The kernels themselves are ordinary `@triton.jit` code (`pairwise_simt`,
-`pairwise_tensor_cores`, `gluon_pairwise`,
-`gradient`).  What varies with the program and the launch's layout is
+`pairwise_tensor_cores`, `gluon_pairwise`, `gradient`, and `product`, which contracts the SIMT
+or tensor-core pairwise tiles with `v`).  What varies with the program and the launch's layout is
 generated here, as a small module (`kernel_source`, loaded by
 `kermac_backend_triton.modules.load_module`) holding:
 
 * the program's expressions as `@triton.jit` functions of their variables and the tuple
   `hypers` of hyperparameter values — `inner(x, z, hypers)` and `epilogue(acc, diag, hypers)`
-  (pairwise), `multiply(d, b, hypers)`, `epilogue(acc, hypers)` and, for a signed power,
+  (pairwise and product), `multiply(d, b, hypers)`, `epilogue(acc, hypers)` and, for a signed power,
   `signed_base` / `signed_exponent` (gradient), rendered by
   `kermac_backend_triton.expressions`;
 * the entry kernel, whose parameter list depends on the program's hyperparameters (a typed
@@ -18,11 +18,12 @@ generated here, as a small module (`kernel_source`, loaded by
   pointer to it, loads the hyperparameters, and calls the kernel's tile function.
 
 Argument order of the entry kernels (what `kermac_backend_triton.launch` passes): operand
-pointers, hyperparameters in the program's order, sizes, offsets (pairwise), operand strides,
+pointers, hyperparameters in the program's order, sizes, offsets (pairwise, product), operand strides,
 batch sizes and strides, the guard threshold (tensor cores), `KEY` (the autotuning bucket,
 never specialised), then the meta-parameters.  Sizes that only bound loops (M, D, the offsets) are
 never specialised; N (and D on tensor cores) are, on divisibility by 16, so the store (and k)
-masks keep 16-byte vectors: at most two compilations per configuration.
+masks keep 16-byte vectors: at most two compilations per configuration.  The product
+specialises none of its sizes but D on the tensor cores (its k masks, as the pairwise kernel).
 """
 
 from __future__ import annotations

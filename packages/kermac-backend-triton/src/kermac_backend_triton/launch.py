@@ -6,10 +6,11 @@ strides, stride-0 broadcast batches) is read in place.  The kernel runs on PyTor
 stream of the operands' device.
 
 A call is keyed in two steps, each a dictionary lookup: its *family* (program, tuning, dtype,
-whether D reaches the tensor cores, device type) fixes the kernel; within it, the key holds the
+whether D reaches the tensor cores, device type; for a kernel product also that it is one) fixes
+the kernel; within it, the key holds the
 facts of this call that decide the compiled kernel and its configuration (device, coalesced
-batch dimensions, 64-bit indexing, the autotuning bucket, the gradient's `BO`, and what
-Triton specialises on: `kermac_backend_triton.launchers.int_facts`,
+batch dimensions, 64-bit indexing, the autotuning bucket, the gradient's `BO`, the product's
+`BC`, and what Triton specialises on: `kermac_backend_triton.launchers.int_facts`,
 `kermac_backend_triton.launchers.pointer_facts`).  A key seen before launches its `Launcher`;
 a new one compiles, autotunes and launches through `kernel[grid]` (refused while a CUDA graph
 is being captured).
