@@ -32,7 +32,7 @@ from helpers import assert_close, tolerance
 import kermac
 from kermac import ir, presets
 from kermac.hyperparams import program_hypers
-from kermac.problem import product_problem
+from kermac.problem import ProductProblem, product_problem
 from kermac.programs import PairwiseProgram
 
 backend_module = pytest.importorskip("kermac_backend_triton.backend")
@@ -162,14 +162,28 @@ def test_regularisation_on_a_shifted_diagonal(tuning: TritonTuning) -> None:
         _check(program, x, z, v, hypers, tuning=tuning, **offsets)
 
 
-def test_broadcast_batches_and_batched_hyperparameters() -> None:
+@pytest.mark.parametrize(("name", "d"), [("laplace_l1", 4), ("gaussian", 17)])
+def test_broadcast_batches_and_batched_hyperparameters(name: str, d: int) -> None:
     device = _device()
     _skip_without_backend(device)
-    program = _program("laplace_l1", regularized=True)
-    x, z, v = _randn(2, 1, 17, 4), _randn(3, 19, 4), _randn(1, 19, 2)
-    hypers = {"bandwidth": torch.tensor([1.0, 2.0, 3.5], device=device), "regularization": 0.5}
-    out = _check(program, x, z, v, hypers)
+    program = _program(name, regularized=True)
+    x, z, v = _randn(2, 1, 17, d), _randn(3, 19, d), _randn(1, 19, 2)
+    hypers = {"bandwidth": torch.tensor([1.0, 2.0, 3.5], device=device) * d, "regularization": 0.5}
+    out = _check(program, x, z, v, hypers, offset_m=1)
     assert out.shape == (2, 3, 17, 2)
+
+
+@pytest.mark.parametrize("tuning", [UNTUNED, SIMT], ids=["tensor_cores", "simt"])
+def test_64_bit_indices(tuning: TritonTuning, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The variant with 64-bit indices (chosen for operands past 2³¹ elements) computes the same
+    values; forced here on small operands."""
+    device = _device()
+    _skip_without_backend(device)
+    monkeypatch.setattr(launch, "_families", {})
+    monkeypatch.setattr(launch, "_needs_int64", lambda tensors, programs: True)
+    program = _program("gaussian", regularized=True)
+    x, z, v = _randn(2, 18, 17), _randn(2, 21, 17), _randn(21, 3)
+    _check(program, x, z, v, {"bandwidth": 3.0, "regularization": 0.5}, tuning=tuning, offset_n=2)
 
 
 @pytest.mark.parametrize("tuning", [UNTUNED, SIMT], ids=["tensor_cores", "simt"])
@@ -260,6 +274,20 @@ def test_repeated_calls_reuse_their_launcher_with_new_values() -> None:
     program = _program("laplace_l1")
     for _ in range(2):
         _check(program, _randn(20, 3), _randn(30, 3), _randn(30, 2), PRESET_HYPERS)
+
+
+def test_check_product_refuses_a_grid_beyond_cudas_limit() -> None:
+    """Shapes alone decide (stride-0 views, nothing allocated): 2³¹ rows and one column of v fit
+    (2²⁴ row tiles), 2⁴⁰ rows and 1024 columns do not."""
+    device = _device()
+    _skip_without_backend(device)
+    backend = backend_module.TritonBackend(UNTUNED)
+    program = _program("laplace_l1")
+    for m, c, fits in [(2**31, 1, True), (2**40, 1024, False)]:
+        x, z = torch.zeros(1, 2, device=device).expand(m, 2), torch.zeros(3, 2, device=device)
+        v, out = torch.zeros(1, 1, device=device).expand(3, c), torch.zeros(1, 1, device=device).expand(m, c)
+        reason = backend.check_product(ProductProblem(program, x, z, v, out, {}, 0, 0, ()))
+        assert (reason is None) if fits else ("thread blocks" in reason), reason
 
 
 def test_check_product_refuses_other_devices_with_a_sentence() -> None:

@@ -167,7 +167,8 @@ def grid_size_problem(problem: Problem) -> str | None:
         m, _, _, c = problem.sizes
         if batch * m * c <= INT32_MAX:
             return None
-        rows = max(meta.get("BM", meta.get("MI", 0) * meta.get("MT", 0)) for meta, *_ in configs.PRODUCT_SPACE)
+        simt = [_pairwise_tiles("simt")(meta)[0] for meta, *_ in configs.PRODUCT_SPACE]
+        rows = max(simt + [meta["BM"] for meta, *_ in configs.PRODUCT_TC_SPACE])
         tiles = _cdiv(m, rows) * _cdiv(c, configs.product_block_c(c))
     elif isinstance(problem, PairwiseProblem):
         m, n = problem.m, problem.n

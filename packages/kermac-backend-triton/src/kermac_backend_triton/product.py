@@ -93,7 +93,7 @@ def simt_product_tile(
     oc = pc * BC + index_type(tl.arange(0, BC), INT64)
     acc = tl.zeros([BM, BC], COMPUTE)
     for n_tile in range(0, tl.cdiv(N, BN)):
-        pn = index_type(n_tile, INT64)
+        pn = n_tile + 0 * pm  # pm's index type (64-bit where INT64); the interpreter's n_tile is a Python int
         k = _simt_k_tile(
             X, Z, M, N, D, OFF_M, OFF_N, SXM, SXK, SZN, SZK, pm, pn, hypers, inner, epilogue,
             REDUCTION, USES_DIAG, COMPUTE, BK, MI, NI, MT, NT, PF, True, INT64,
@@ -118,7 +118,7 @@ def tensor_core_product_tile(
     kr = index_type(tl.arange(0, BK)[None, :], INT64)
     acc = tl.zeros([BM, BC], tl.float32)
     for n_tile in range(0, tl.cdiv(N, BN)):
-        pn = index_type(n_tile, INT64)
+        pn = n_tile + 0 * pm  # pm's index type (64-bit where INT64); the interpreter's n_tile is a Python int
         on = pn * BN + index_type(tl.arange(0, BN), INT64)
         zrow = Z + ((on % N) * SZN)[:, None]
         d2, recompute = guarded_d2(xrow, zrow, kr, D, SXK, SZK, GUARD, BM, BN, BK)
