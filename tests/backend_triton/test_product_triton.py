@@ -21,10 +21,12 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import subprocess
 import sys
 from pathlib import Path
 
+import fuzz_programs
 import pytest
 import torch
 from helpers import assert_close, tolerance
@@ -139,6 +141,35 @@ def test_a_user_program_with_a_max_reduction() -> None:
     _skip_without_backend(device)
     x, z, v = _randn(29, 7), _randn(41, 7), _randn(41, 5)
     _check(_max_program(), x, z, v, {"h": 1.3, "lam": 0.25}, offset_m=2)
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_random_user_programs_contract_their_pairwise_matrix(seed: int) -> None:
+    """Random programs of the fuzzer (`fuzz_programs`: every operation, special constants, every
+    reduction): the product equals the backend's own pairwise matrix K times v, NaN and ±inf
+    included.  K itself is fuzzed against the reference by `tests/test_fuzz.py`; a float64
+    reference K would differ from the float32 one by K's own rounding (comparisons that flip,
+    huge values), which is not what this test checks.  Rows whose finite terms could overflow
+    float32 in another summation order are left out."""
+    device = _device()
+    _skip_without_backend(device)
+    rng = random.Random(seed)
+    program = fuzz_programs._pairwise_program(rng, fuzz_programs.HYPERS)
+    dtype = (torch.float32, torch.float64)[seed % 2]
+    hypers = {
+        name: value for name, value in zip(fuzz_programs.HYPERS, (0.7, 1.9), strict=True) if name in program.hypers
+    }
+    x, z, v = _randn(13, 5, dtype=dtype), _randn(21, 5, dtype=dtype), _randn(21, 3, dtype=dtype)
+    got = _product(program, x, z, v, hypers, offset_m=1).double()
+    k = kermac.run_program(program, x, z, hypers=hypers, offset_m=1, backend="triton").double()
+    ref, vd = k @ v.double(), v.double()
+    finite_scale = torch.where(torch.isfinite(k), k.abs(), 0.0) @ vd.abs()
+    safe = (finite_scale < 1e30).expand_as(ref)
+    for special in (torch.isnan, torch.isposinf, torch.isneginf):
+        assert torch.equal(special(got)[safe], special(ref)[safe]), (special.__name__, program.key())
+    close = safe & torch.isfinite(ref)
+    tol = 1e-5 if dtype == torch.float32 else 1e-12
+    assert ((got - ref).abs()[close] <= tol * finite_scale[close] + 1e-300).all(), program.key()
 
 
 def test_the_tensor_core_recompute_of_near_duplicate_rows() -> None:
