@@ -132,14 +132,15 @@ INTERPRET_PRODUCT_TC = {"BM": 16, "BN": 16}
 PRODUCT_SPACE: tuple[tuple[dict[str, int], int, int, int | None], ...] = (
     ({"BK": 4, "MI": 4, "NI": 4, "MT": 8, "NT": 16, "PF": 1}, 4, 3, None),
     ({"BK": 4, "MI": 4, "NI": 4, "MT": 16, "NT": 16, "PF": 1}, 8, 3, None),
+    ({"BK": 4, "MI": 8, "NI": 4, "MT": 8, "NT": 16, "PF": 1}, 4, 3, None),
 )
 """Kernel product on SIMT K tiles, (meta-parameters, num_warps, num_stages, maxnreg); the first
 entry is the default.  Chosen by register use (`cuobjdump -res-usage`), not yet by time: a 32 × 64
-tile at 4 warps and a 64 × 64 one at 8, with `BK` = 4 — the `tl` tile holds a `[BK, MI, NI, MT,
-NT]` term per step, and beside it sit the `BM × BC` accumulator and the dot's operand copies of
-the K tile.  The default builds without spills on sm_80 and sm_90 for every `BC`; the second
-spills on sm_80 at `BC` = 64 (the autotuner weighs that); `BK` = 8, or 64 × 64 at 4 warps, spill
-more (docs/dev/triton-product.md).
+tile at 4 warps, a 64 × 64 one at 8 and at 4 (8 × 4 outputs per thread, more reuse of each loaded
+feature), with `BK` = 4 — the `tl` tile holds a `[BK, MI, NI, MT, NT]` term per step, and beside
+it sit the `BM × BC` accumulator and the dot's operand copies of the K tile.  The default builds
+without spills on sm_80 and sm_90 for every `BC`; the others do for `BC` = 16 and spill on
+sm_80 at `BC` = 64 (the autotuner weighs that); `BK` = 8 spills more (docs/dev/triton-product.md).
 """
 PRODUCT_TC_SPACE: tuple[tuple[dict[str, int], int, int, int | None], ...] = (
     ({"BM": 64, "BN": 64}, 4, 3, None),
