@@ -3,9 +3,9 @@
 Available where triton imports and a CUDA GPU of compute capability ≥ 8.0 is visible, or where
 `TRITON_INTERPRET=1` is set: then kernels run in Triton's CPU interpreter (for tests), CPU
 tensors are accepted, and the backend ranks below the reference backend so `auto` never picks
-the slow interpreter.  Inputs may be float32, float16, bfloat16 (computed in float32) or float64.  Besides the pairwise
-and gradient operations it computes the fused kernel product `K(x, z) @ v` of every pairwise
-program (`check_product`, `product`; `kermac_backend_triton.product`).
+the slow interpreter.  Inputs may be float32, float16, bfloat16 (computed in float32) or float64.
+Besides the pairwise and gradient operations it computes the fused kernel product `K(x, z) @ v`
+of every pairwise program (`check_product`, `product`; `kermac_backend_triton.product`).
 Its choices of kernel and autotuning are a `TritonTuning`
 (`TritonBackend(tuning=...)`; the registered backend takes the defaults).
 """
@@ -98,8 +98,8 @@ class TritonBackend(Backend):
         supported), else why not: the device, or a launch grid beyond CUDA's limit."""
         return self._check_device(problem.device) or grid_size_problem(problem)
 
-    def preference(self, problem: PairwiseProblem | GradProblem) -> int:
-        """`TENSOR_CORE_PREFERENCE` where the tensor-core kernel runs on a GPU, else the priority."""
+    def preference(self, problem: PairwiseProblem | GradProblem | ProductProblem) -> int:
+        """`TENSOR_CORE_PREFERENCE` where the pairwise tensor-core kernel runs on a GPU, else the priority."""
         tc = isinstance(problem, PairwiseProblem) and pairwise_kernel(problem, self.tuning) == "tensor_cores"
         if tc and not interpreting():
             return TENSOR_CORE_PREFERENCE

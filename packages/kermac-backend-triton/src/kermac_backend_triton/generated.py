@@ -166,19 +166,20 @@ _ENTRIES = {"grad": GRAD_ENTRY, "product_simt": PRODUCT_ENTRY, "product_tensor_c
 def kernel_source(spec: PairwiseSpec | ProductSpec | GradSpec) -> str:
     """Python source of the module for `spec`: imports, the program's functions, the entry kernel."""
     if isinstance(spec, ProductSpec):
-        kind, operands, pointers = f"product_{spec.kernel}", ("x", "z", "v", "out"), "X, Z, V, OUT"
+        kind, operation = f"product_{spec.kernel}", "product"
+        operands, pointers = ("x", "z", "v", "out"), "X, Z, V, OUT"
         functions = _pairwise_functions(spec)
     elif isinstance(spec, PairwiseSpec):
-        kind, operands, pointers = spec.kernel, ("x", "z", "out"), "X, Z, OUT"
+        kind, operation, operands, pointers = spec.kernel, "pairwise", ("x", "z", "out"), "X, Z, OUT"
         functions = _pairwise_functions(spec)
     else:
-        kind, operands, pointers = "grad", ("a", "b", "c", "d", "out"), "A, B, C, DD, OUT"
+        kind, operation, operands, pointers = "grad", "grad", ("a", "b", "c", "d", "out"), "A, B, C, DD, OUT"
         functions = _grad_functions(spec)
     prog, cdt = spec.program, COMPUTE_TYPES[spec.compute]
     gluon = kind == "gluon"
     lang = "gl" if gluon else "tl"
     meta, fixed = _META[kind]
-    sizes = _SIZES_AND_STRIDES[kind if kind == "grad" else "product" if isinstance(spec, ProductSpec) else "pairwise"]
+    sizes = _SIZES_AND_STRIDES[operation]
     scalars = "".join(f"H_{n}, " if n in spec.tensor_hypers else f"{hyper_arg(n)}: {cdt}, " for n in prog.hypers)
     batch = [f"BS{i}" for i in range(spec.nbatch)]
     pointer_keys = [*operands, *(f"hyper_{n}" for n in sorted(spec.tensor_hypers))]
