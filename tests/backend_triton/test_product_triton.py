@@ -394,3 +394,24 @@ def test_gpu_batches_views_and_half_inputs() -> None:
         _check(
             program, _randn(999, 20, dtype=dtype), _randn(1001, 20, dtype=dtype), _randn(1001, 5, dtype=dtype), hypers
         )
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("tuning", [UNTUNED, SIMT], ids=["tensor_cores", "simt"])
+def test_gpu_memory_stays_that_of_the_operands(tuning: TritonTuning) -> None:
+    """M = 65,536 rows against N = 10⁶ (K would take 262 GB in float32): the product runs into a
+    given `out` without allocating anything, and its first rows match the dense product."""
+    program = _program("gaussian", regularized=True)
+    hypers = {"bandwidth": 4.0, "regularization": 0.1}
+    x, z, v = _randn(2**16, 32), _randn(10**6, 32), _randn(10**6, 1)
+    out = torch.empty(2**16, 1, device="cuda")
+    _product(program, x, z, v, hypers, tuning=tuning, out=out)  # compiles and loads the variant
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    before = torch.cuda.memory_allocated()
+    _product(program, x, z, v, hypers, tuning=tuning, out=out)
+    torch.cuda.synchronize()
+    assert torch.cuda.max_memory_allocated() == before
+    rows = 64
+    k = kermac.run_program(program, x[:rows].double(), z.double(), hypers=hypers, backend="torch")
+    assert_close(out[:rows], k @ v.double(), tolerance(torch.float32))
