@@ -12,6 +12,7 @@
 //   a 16-deep tile, a shorter life for the staging registers);
 // - the k-contiguous loop (KM_K_CONTIGUOUS, kcontig_loop.cuh).
 #include "pairwise_epilogue.cuh"
+#include "simt_terms.cuh"
 
 // k-contiguous kernels (KM_K_CONTIGUOUS, kcontig_loop.cuh): tiles keep each row's BK k-values together.
 #define KM_KROW (BK + 4)

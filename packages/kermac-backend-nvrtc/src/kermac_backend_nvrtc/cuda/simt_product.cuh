@@ -10,6 +10,7 @@
 // rows past M are computed but never stored.  Reads the functors km_inner, km_reduce and km_epilogue and
 // the pairwise configuration, plus CC and v's load (KM_V_MODE, KM_V_VEC).
 #include "pairwise_epilogue.cuh"
+#include "simt_terms.cuh"
 
 extern "C" __global__ void __launch_bounds__(NT, KM_MIN_BLOCKS)
 kermac_product(KM_PARAMS) {

@@ -1,16 +1,7 @@
 // Per-block set-up of the SIMT pairwise main loop (simt_mainloop.cuh), included in a kernel body after the
-// block's batch entry is known: which of a thread's pairs take the split power and how, the split power's
-// constants (KM_SPLIT_PAIRS > 0, only for a float sum of |x − z|^b with b >= 1; pow_split.cuh) and KM_SYNC,
-// the barrier that ends a k tile (with the split power it also tells whether the next tile falls back).
-// Pair q of the thread's P = GM·VM·GN·VN is split iff floor((q + 1)·n / P) > floor(q·n / P): n of them, spread evenly.
-#define KM_IS_SPLIT(q, n) (((q) + 1) * (n) / (GM * VM * GN * VN) > (q) * (n) / (GM * VM * GN * VN))
-#if KM_SPLIT_PAIRS > 0 && KM_POW_TABLE
-#define KM_SPLIT_TERM(x, z) km_powabs_table<KM_POW_DEGREE>((x) - (z), km_ptab, km_pc)
-#elif KM_SPLIT_PAIRS > 0
-#define KM_SPLIT_TERM(x, z) km_powabs_split(km_abs((x) - (z)), km_pb, km_plmin)
-#else
-#define KM_SPLIT_TERM(x, z) km_t(0)
-#endif
+// block's batch entry is known: the split power's constants (KM_SPLIT_PAIRS > 0, only for a float sum of
+// |x − z|^b with b >= 1; pow_split.cuh) and KM_SYNC, the barrier that ends a k tile (with the split power
+// it also tells whether the next tile falls back).
 #if KM_SPLIT_PAIRS > 0
     const km_t km_pb = KM_SPLIT_EXPONENT;                      // the exponent b of |x − z|^b
     const km_t km_plmin = km_t(-126) / km_pb;                  // lg2 clamp: b·lmin = −126
