@@ -84,9 +84,9 @@ its rows × that many partial sums beside the K tile's registers (`product_confi
 
 PRODUCT_TWO_BLOCK_CC = 4
 """Up to this many columns per block, the fused product runs two blocks per SM (128 registers a
-thread), as the pairwise kernel does; with more, one (up to 255): at 128, ptxas spilled 0.1 to 1.1 KB
-a thread for 8 and 16 columns (Gaussian, Laplace-L1, Laplace-Lp; sm_80), and none at 4 but for the
-power's 24 bytes."""
+thread), as the pairwise kernel does; with more, one (up to 255).  Chosen by ptxas's report, not by
+time: at 128 registers, 8 and 16 columns spilled 0.1 to 1.1 KB a thread (Gaussian, Laplace-L1,
+Laplace-Lp on sm_80), 1 to 4 columns at most 72 bytes (docs/dev/nvrtc-product.md)."""
 
 
 def product_config(compute: str, cc: int) -> PairwiseConfig:
