@@ -283,8 +283,8 @@ def test_precompile_builds_product_variants() -> None:
 def _dense_product(program, x, z, v, offsets=(0, 0), **hypers) -> torch.Tensor:
     """K @ v in float64 on the CPU: the reference backend's kernel matrix, then torch.matmul."""
     hypers = {k: h.double().cpu() if isinstance(h, torch.Tensor) else h for k, h in hypers.items()}
-    k = kermac.run_program(program, x.double().cpu(), z.double().cpu(), backend="torch", offset_m=offsets[0],
-                           offset_n=offsets[1], **hypers)  # fmt: skip
+    k = kermac.run_program(program, x.double().cpu(), z.double().cpu(), hypers=hypers, offset_m=offsets[0],
+                           offset_n=offsets[1], backend="torch")  # fmt: skip
     return k @ v.double().cpu()
 
 
