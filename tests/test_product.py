@@ -392,13 +392,6 @@ def test_a_backend_without_product_methods_refuses_with_a_sentence() -> None:
         old.product(_problem())
 
 
-def test_nvrtc_refuses_products_through_the_default() -> None:
-    if "nvrtc" not in registry.registered_backends():
-        pytest.skip("kermac-backend-nvrtc is not installed")
-    reason = registry.get_backend("nvrtc").check_product(_problem())
-    assert reason == "backend 'nvrtc' does not compute fused kernel products"
-
-
 PLUGIN = """
 import torch
 from kermac.backend import Availability, Backend

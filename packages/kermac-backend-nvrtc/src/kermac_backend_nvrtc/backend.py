@@ -1,4 +1,5 @@
-"""The `nvrtc` backend: availability, per-problem checks, and running pairwise / gradient programs.
+"""The `nvrtc` backend: availability, per-problem checks, and running pairwise / gradient programs and
+fused kernel products.
 
 Flow of a call: `.plan` picks the variant and arguments; the variant's source
 (`.source`) is compiled once per architecture (`.compiler`, cached on disk) and loaded
@@ -30,7 +31,7 @@ import torch
 
 from kermac.backend import Availability, Backend
 from kermac.logs import logger
-from kermac.problem import GradProblem, PairwiseProblem
+from kermac.problem import GradProblem, PairwiseProblem, ProductProblem
 from kermac_backend_nvrtc import launcher
 from kermac_backend_nvrtc.plan import (
     call_key,
@@ -38,8 +39,10 @@ from kermac_backend_nvrtc.plan import (
     device_capability,
     plan_grad,
     plan_pairwise,
+    plan_product,
     pointer_args,
     size_problem,
+    size_product,
     uses_wgmma,
 )
 from kermac_backend_nvrtc.tuning import DEFAULT_TUNING, NvrtcTuning
@@ -75,6 +78,13 @@ def _cuda_device_reason(index: int) -> str | None:
     if cap not in supported_archs():
         return f"this NVRTC cannot generate code for sm_{cap} (cuda:{index}); install a newer NVRTC"
     return None
+
+
+def _planner(problem: PairwiseProblem | GradProblem | ProductProblem) -> Callable:
+    """The planner of `problem`'s operation."""
+    if isinstance(problem, ProductProblem):
+        return plan_product
+    return plan_grad if isinstance(problem, GradProblem) else plan_pairwise
 
 
 class NvrtcBackend(Backend):
@@ -156,6 +166,11 @@ class NvrtcBackend(Backend):
         m, n, o, k = problem.sizes
         return self._device_reason(problem.a) or size_problem("gradient", {"M": m, "N": n, "O": o, "K": k})
 
+    def check_product(self, problem: ProductProblem) -> str | None:
+        """Every pairwise program in every dtype runs the SIMT product kernel: refused only off a
+        supported CUDA device and beyond the kernel's index and grid limits (`plan.size_product`)."""
+        return self._device_reason(problem.x) or size_product(problem)
+
     # ---- running -------------------------------------------------------------------------
 
     def forget(self) -> None:
@@ -205,7 +220,9 @@ class NvrtcBackend(Backend):
             self._kernels[memo] = loaded
         return loaded
 
-    def _prepare(self, problem: PairwiseProblem | GradProblem, planner: Callable) -> launcher.PreparedLaunch:
+    def _prepare(
+        self, problem: PairwiseProblem | GradProblem | ProductProblem, planner: Callable
+    ) -> launcher.PreparedLaunch:
         """Plan `problem`, load its kernel and pack its launches."""
         device, debug = problem.device, problem.debug
         index = device.index if device.index is not None else torch.cuda.current_device()
@@ -224,7 +241,7 @@ class NvrtcBackend(Backend):
         steps = [((launch.grid_x, 1, gz), launch.args | {"zbase": zbase}) for zbase, gz in chunks]
         return launcher.PreparedLaunch(kernel, launch.block, steps, tuple(pointer_args(problem)))
 
-    def _run(self, problem: PairwiseProblem | GradProblem, planner: Callable) -> None:
+    def _run(self, problem: PairwiseProblem | GradProblem | ProductProblem, planner: Callable) -> None:
         """Launch `problem` with its remembered launches, or plan and remember them (`debug` plans,
         and logs, every call)."""
         if problem.debug:
@@ -245,10 +262,16 @@ class NvrtcBackend(Backend):
     def grad(self, problem: GradProblem) -> None:
         self._run(problem, plan_grad)
 
+    def product(self, problem: ProductProblem) -> None:
+        """`problem.out = K @ v` by the fused SIMT product kernel (`plan.plan_product`): one launch (more
+        for batches beyond 65535 entries) on the current stream, no workspace."""
+        self._run(problem, plan_product)
+
     def precompile(
-        self, problems: list[PairwiseProblem | GradProblem], *, archs: Sequence[str] | None = None
+        self, problems: list[PairwiseProblem | GradProblem | ProductProblem], *, archs: Sequence[str] | None = None
     ) -> list[str]:
-        """Compile (into the disk cache, without loading) the variants of `problems`.
+        """Compile (into the disk cache, without loading) the variants of `problems` (pairwise, gradient
+        and fused product problems).
 
         `archs` (e.g. `["sm_80", "sm_90"]`) are the targets; by default each problem's CUDA
         device (problems on the `meta` device, as `kermac precompile` builds without a GPU,
@@ -277,7 +300,7 @@ class NvrtcBackend(Backend):
                 )
             for arch in targets:
                 capability = arch_capability(arch)
-                variant = (plan_grad if isinstance(pr, GradProblem) else plan_pairwise)(pr, capability, self._tuning)[0]
+                variant = _planner(pr)(pr, capability, self._tuning)[0]
                 source, name, target = kernel_source(variant)[0], variant.kernel, variant.target(capability)
                 jobs[(source, target, name)] = f"{name} {target} {pr.program.key()}"
         if len(jobs) <= 1:

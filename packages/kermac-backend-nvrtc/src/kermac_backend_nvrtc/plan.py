@@ -1,6 +1,6 @@
 """Problem → kernel variant, launch grid and argument values (no CUDA calls, no host sync).
 
-`plan_pairwise` and `plan_grad` read a normalised problem (shapes, strides,
+`plan_pairwise`, `plan_grad` and `plan_product` read a normalised problem (shapes, strides,
 alignment, which hyperparameters are numbers and which tensors) and choose the variant of the
 generated kernel, the grid, and the value of every kernel parameter by name.  Where several
 kernels compute the same program, the `NvrtcTuning` passed
@@ -21,7 +21,7 @@ from kermac.hyperparams import HyperValue
 from kermac.ir import Call, Const, Expr, walk
 from kermac.kernel_facts import cancellation_guard, fits_int32, passed_by_value, tensor_core_eligible
 from kermac.layout import BatchLayout, batch_layout, grad_operands, pairwise_operands
-from kermac.problem import GradProblem, PairwiseProblem
+from kermac.problem import GradProblem, PairwiseProblem, ProductProblem
 from kermac.programs import GradProgram, PairwiseProgram, is_abs_difference_sum
 from kermac_backend_nvrtc import pow_table, tiles
 from kermac_backend_nvrtc.render import half_power_hypers, half_steps, is_sign_product, rounded, split_exponent
@@ -38,6 +38,7 @@ from kermac_backend_nvrtc.variants import (
     SignGrad,
     SimtGrad,
     SimtPairwise,
+    SimtProduct,
     SplitPowerPairwise,
     TileLoad,
     WgmmaPairwise,
@@ -52,8 +53,11 @@ __all__ = [
     "device_capability",
     "plan_grad",
     "plan_pairwise",
+    "plan_product",
     "pointer_args",
+    "product_operands",
     "size_problem",
+    "size_product",
     "uses_tensor_cores",
     "uses_wgmma",
 ]
@@ -85,6 +89,21 @@ def size_problem(what: str, sizes: dict[str, int]) -> str | None:
         return None
     big = {k: v for k, v in sizes.items() if not fits_int32(v)}
     return f"{what} sizes {big} exceed the 32-bit index range of the nvrtc kernels"
+
+
+def size_product(problem: ProductProblem) -> str | None:
+    """A reason if the fused product's sizes exceed the kernel's 32-bit indices, or its row tiles
+    times column chunks (`plan_product`'s grid) exceed a grid's 2^31 − 1 blocks, else `None`."""
+    m, n, d, c = problem.sizes
+    reason = size_problem("product", {"M": m, "N": n, "D": d, "C": c})
+    if reason:
+        return reason
+    compute = INPUT_TYPES[str(problem.dtype).removeprefix("torch.")][1]
+    cc = _product_cc(c, compute)
+    blocks = -(-m // tiles.product_config(compute, cc).bm) * -(-c // cc)
+    if blocks > 2**31 - 1:
+        return f"product of M={m} rows and C={c} columns needs {blocks} blocks, beyond a CUDA grid's 2^31 - 1"
+    return None
 
 
 def _operand(t: torch.Tensor, layout: BatchLayout, name: str, pt: int, kt: int, p_dim: int, k_dim: int) -> TileLoad:
@@ -412,12 +431,73 @@ def _grad_args(problem: GradProblem, ochunks: int) -> dict[str, int | float]:
     }
 
 
-def pointer_args(problem: PairwiseProblem | GradProblem) -> dict[str, int]:
+def product_operands(problem: ProductProblem) -> dict[str, torch.Tensor]:
+    """The batched tensors of a fused product by name: x, z, v, out and tensor hyperparameters."""
+    ops = {"x": problem.x, "z": problem.z, "v": problem.v, "out": problem.out}
+    ops.update({f"hyper_{k}": h.tensor for k, h in problem.hypers.items() if h.tensor is not None})
+    return ops
+
+
+def _product_cc(c: int, compute: str) -> int:
+    """Columns of out per block for C columns: the power of two >= C, at most `tiles.PRODUCT_MAX_CC`."""
+    return min(tiles.PRODUCT_MAX_CC[compute], 1 << max(0, (c - 1).bit_length()))
+
+
+def plan_product(problem: ProductProblem, capability: int | None, tuning: NvrtcTuning) -> tuple[KernelVariant, Launch]:
+    """Variant and launch of a fused product (which `size_product` accepted): the SIMT product kernel
+    for every program and dtype.  The grid's x runs over row tiles (fastest) times chunks of `cc`
+    columns, its z over batch entries; `capability` decides nothing yet (the signature is the
+    planners')."""
+    dtype = str(problem.dtype).removeprefix("torch.")
+    compute = INPUT_TYPES[dtype][1]
+    prog = problem.program
+    m, n, d, c = problem.sizes
+    cc = _product_cc(c, compute)
+    cfg = tiles.product_config(compute, cc)
+    ops = product_operands(problem)
+    layout = batch_layout(problem.batch_shape, ops)
+    tensor_hypers, ge1, hyper_args = _hypers(problem, compute)
+    variant = SimtProduct(
+        **_variant_fields(prog, tensor_hypers, layout, ge1, _known_hypers(problem, tuning), tuning),
+        dtype=dtype,
+        x=_operand(problem.x, layout, "x", cfg.bm, cfg.bk, -2, -1),
+        z=_operand(problem.z, layout, "z", cfg.bn, cfg.bk, -2, -1),
+        v=_operand(problem.v, layout, "v", cfg.bn, cc, -2, -1),
+        k_unroll=2 if _pairwise_traits(prog)[1] else cfg.bk,
+        cc=cc,
+        flush_subnormals=tuning.flush_subnormals,
+    )
+    x, z, v, out = problem.x, problem.z, problem.v, problem.out
+    tiles_m = -(-m // cfg.bm)
+    args: dict[str, int | float] = {
+        **pointer_args(problem),
+        "M": m,
+        "N": n,
+        "D": d,
+        "C": c,
+        "tiles_m": tiles_m,
+        "sxm": x.stride(-2),
+        "sxk": x.stride(-1),
+        "szn": z.stride(-2),
+        "szk": z.stride(-1),
+        "svn": v.stride(-2),
+        "svc": v.stride(-1),
+        "som": out.stride(-2),
+        "soc": out.stride(-1),
+        "diag_shift": problem.offset_m - problem.offset_n,
+    }
+    args |= _batch_args(layout, _rename(list(ops))) | hyper_args
+    return variant, Launch(tiles_m * -(-c // cc), layout.size, args)
+
+
+def pointer_args(problem: PairwiseProblem | GradProblem | ProductProblem) -> dict[str, int]:
     """The arguments that are device addresses: the operands, `out` and tensor hyperparameters
     (`hp_<name>`) — the only ones that differ between calls with equal `call_key`, which
     returns them too, in this order."""
     if isinstance(problem, PairwiseProblem):
         named = {"x": problem.x, "z": problem.z, "out": problem.out}
+    elif isinstance(problem, ProductProblem):
+        named = {"x": problem.x, "z": problem.z, "v": problem.v, "out": problem.out}
     else:
         named = {"a": problem.a, "b": problem.b, "c": problem.c, "d": problem.d, "out": problem.out}
     args = {name: t.data_ptr() for name, t in named.items()}
@@ -448,19 +528,19 @@ def _hyper_key(hypers: Mapping[str, HyperValue]) -> tuple[tuple, tuple[int, ...]
     return tuple(key), tuple(addresses)
 
 
-def call_key(problem: PairwiseProblem | GradProblem) -> tuple[tuple, tuple[int, ...]]:
+def call_key(problem: PairwiseProblem | GradProblem | ProductProblem) -> tuple[tuple, tuple[int, ...]]:
     """A key under which a problem's plan can be remembered, and the problem's device addresses
     (the values of `pointer_args`, in its order), each address read once.
 
     Two problems with equal keys get the same variant and the same arguments from
-    `plan_pairwise` / `plan_grad` (with one tuning) but for the addresses; problems that plan
+    `plan_pairwise` / `plan_grad` / `plan_product` (with one tuning) but for the addresses; problems that plan
     alike may still differ in key (e.g. addresses of different alignment).  The key holds what
     planning reads: the program, dtype and device index (its capability), every tensor's
     strides and address modulo `_ALIGNMENT`, the shapes (those of the operands that give every
     size and the batch: `out`'s and `d`'s follow from them), the hyperparameters and the
-    diagonal offsets.  It holds neither the tuning (each backend keeps its own memo, of one
-    tuning) nor the tile configurations of `tiles` (whoever replaces one clears the memo,
-    `NvrtcBackend.forget`).
+    diagonal offsets; a product's key starts with `"product"` (a pairwise problem's never does).
+    It holds neither the tuning (each backend keeps its own memo, of one tuning) nor the tile
+    configurations of `tiles` (whoever replaces one clears the memo, `NvrtcBackend.forget`).
     """
     if isinstance(problem, PairwiseProblem):
         x, z, out = problem.x, problem.z, problem.out
@@ -470,6 +550,15 @@ def call_key(problem: PairwiseProblem | GradProblem) -> tuple[tuple, tuple[int, 
             z.shape, z.stride(), pz % _ALIGNMENT, out.stride(), po % _ALIGNMENT, problem.offset_m, problem.offset_n,
         )  # fmt: skip
         addresses: tuple[int, ...] = (px, pz, po)
+    elif isinstance(problem, ProductProblem):
+        x, z, v, out = problem.x, problem.z, problem.v, problem.out
+        px, pz, pv, po = x.data_ptr(), z.data_ptr(), v.data_ptr(), out.data_ptr()
+        key = (
+            "product", problem.program, x.dtype, x.get_device(), x.shape, x.stride(), px % _ALIGNMENT, z.shape,
+            z.stride(), pz % _ALIGNMENT, v.shape, v.stride(), pv % _ALIGNMENT, out.stride(), po % _ALIGNMENT,
+            problem.offset_m, problem.offset_n,
+        )  # fmt: skip
+        addresses = (px, pz, pv, po)
     else:
         a, b, c, d, out = problem.a, problem.b, problem.c, problem.d, problem.out
         pa, pb, pc, pd, po = a.data_ptr(), b.data_ptr(), c.data_ptr(), d.data_ptr(), out.data_ptr()

@@ -136,16 +136,24 @@ def _loads(**operands: variants.TileLoad) -> dict[str, int]:
 
 
 def _pairwise_interface(
-    v: variants.KernelVariant, tin: str, extra: list[Param]
+    v: variants.KernelVariant, tin: str, extra: list[Param], *, product: bool = False
 ) -> tuple[list[Param], dict[str, object]]:
     """Parameters of a pairwise kernel in order — operands, sizes and strides, `extra`, the diagonal
     shift if the epilogue reads `diag`, batch strides, hyperparameters — and the configuration every
-    pairwise route shares (interface macros and the diagonal indicator `KM_DIAG(m, n)`)."""
+    pairwise route shares (interface macros and the diagonal indicator `KM_DIAG(m, n)`).
+
+    A `product` kernel also reads `v` (after z; its batch entry moves it as `off_v`), knows the columns
+    `C` and the row tiles `tiles_m` in place of `tiles_n`, and strides `svn`, `svc` of v and `som`,
+    `soc` of out."""
     prog = v.program
-    hyper_params, batch_params, macros = _interface(prog.hypers, dict(v.tensor_hypers), ["x", "z", "o"], v.batch_dims)
-    params = [Param("x", f"const {tin}*"), Param("z", f"const {tin}*"), Param("out", f"{tin}*")]
-    params += [Param(n, "int") for n in ("M", "N", "D", "tiles_n")]
-    params += [Param(n, "long long") for n in ("zbase", "sxm", "sxk", "szn", "szk", "som", "son")]
+    operands = ["x", "z", "v", "o"] if product else ["x", "z", "o"]
+    hyper_params, batch_params, macros = _interface(prog.hypers, dict(v.tensor_hypers), operands, v.batch_dims)
+    params = [Param("x", f"const {tin}*"), Param("z", f"const {tin}*")]
+    params += [Param("v", f"const {tin}*")] if product else []
+    params.append(Param("out", f"{tin}*"))
+    params += [Param(n, "int") for n in (("M", "N", "D", "C", "tiles_m") if product else ("M", "N", "D", "tiles_n"))]
+    strides = ("svn", "svc", "som", "soc") if product else ("som", "son")
+    params += [Param(n, "long long") for n in ("zbase", "sxm", "sxk", "szn", "szk", *strides)]
     params += extra
     if prog.uses_diag:
         params.append(Param("diag_shift", "long long"))
@@ -166,19 +174,18 @@ def _horner(coeffs: tuple[float, ...], x: str) -> str:
     return text
 
 
-def _simt_pairwise_source(
-    v: variants.SimtPairwise | variants.SplitPowerPairwise | variants.KContiguousPairwise,
+def _simt_parts(
+    v: variants.SimtPairwise | variants.SplitPowerPairwise | variants.KContiguousPairwise | variants.SimtProduct,
     cfg: tiles.PairwiseConfig,
-    loads: dict[str, int],
     split: variants.Ex2Polynomial | variants.PowerTable | None = None,
-) -> tuple[str, list[Param]]:
-    """The SIMT pairwise kernel (`cuda/simt_pairwise.cuh`) on tile `cfg` with operand `loads`."""
+) -> tuple[dict[str, object], dict[str, object] | None, list[str]]:
+    """What a kernel running the SIMT pairwise main loop (`cuda/simt_mainloop.cuh`) on tile `cfg` needs
+    besides its interface: the tile and route macros, the macros the library parts read (`None`
+    without a `split` power) and the functors km_inner, km_reduce and km_epilogue."""
     prog = v.program
     tin, compute = variants.INPUT_TYPES[v.dtype]
     names = _pairwise_names(prog)
     degree = split.degree if isinstance(split, variants.PowerTable) else 0
-    table = [Param(f"pc{j}", "km_t") for j in range(degree + 1)] if degree else []
-    params, shared = _pairwise_interface(v, tin, [Param("ovec", "int"), *table])
     flush = getattr(v, "flush_subnormals", False)
     deep_k, padded_tail = getattr(v, "deep_k", False), getattr(v, "padded_tail", False)
     loads_at = tiles.DEEP_K_LOADS_AT if deep_k else 0
@@ -197,13 +204,11 @@ def _simt_pairwise_source(
         "KM_LOADS_AFTER": loads_at,
         "KM_POW_TABLE": int(degree > 0),
         "KM_POW_DEGREE": degree,
-        "KM_POW_COEFFS": ", ".join(p.name for p in table),
+        "KM_POW_COEFFS": ", ".join(f"pc{j}" for j in range(degree + 1)) if degree else "",
         "KM_K_CONTIGUOUS": int(isinstance(v, variants.KContiguousPairwise)),
         "KM_K_UNROLL": getattr(v, "k_unroll", cfg.bk),
         "KM_IDENTITY": cuda_constant(prog.identity, compute),
         "KM_SPLIT_EXPONENT": "",
-        **shared,
-        **loads,
     }
     part_config = None
     if split:  # |x − z|^b: b, and what cuda/pow_split.cuh reads
@@ -223,8 +228,33 @@ def _simt_pairwise_source(
         f"__device__ __forceinline__ km_t km_reduce(km_t acc, km_t v) {{ return {reduce}; }}",
         _epilogue_functor(v),
     ]
+    return config, part_config, functors
+
+
+def _simt_pairwise_source(
+    v: variants.SimtPairwise | variants.SplitPowerPairwise | variants.KContiguousPairwise,
+    cfg: tiles.PairwiseConfig,
+    loads: dict[str, int],
+    split: variants.Ex2Polynomial | variants.PowerTable | None = None,
+) -> tuple[str, list[Param]]:
+    """The SIMT pairwise kernel (`cuda/simt_pairwise.cuh`) on tile `cfg` with operand `loads`."""
+    tin, compute = variants.INPUT_TYPES[v.dtype]
+    degree = split.degree if isinstance(split, variants.PowerTable) else 0
+    table = [Param(f"pc{j}", "km_t") for j in range(degree + 1)] if degree else []
+    params, shared = _pairwise_interface(v, tin, [Param("ovec", "int"), *table])
+    config, part_config, functors = _simt_parts(v, cfg, split)
     parts = ["prelude.cuh", *(["pow_split.cuh"] if split else []), "loader.cuh"]
-    return _assemble(compute, parts, config, functors, "simt_pairwise.cuh", part_config), params
+    return _assemble(compute, parts, config | shared | loads, functors, "simt_pairwise.cuh", part_config), params
+
+
+def _simt_product_source(v: variants.SimtProduct) -> tuple[str, list[Param]]:
+    """The fused SIMT kernel product (`cuda/simt_product.cuh`): the SIMT pairwise main loop on the tile
+    `tiles.product_config`, its K tiles contracted with `v.cc` columns of v per block."""
+    tin, compute = variants.INPUT_TYPES[v.dtype]
+    params, shared = _pairwise_interface(v, tin, [], product=True)
+    config, _, functors = _simt_parts(v, tiles.product_config(compute, v.cc))
+    config |= {"CC": v.cc, **shared, **_loads(x=v.x, z=v.z, v=v.v)}
+    return _assemble(compute, ["prelude.cuh", "loader.cuh"], config, functors, "simt_product.cuh"), params
 
 
 def _tensor_core_pairwise_source(v: variants.MmaPairwise | variants.WgmmaPairwise) -> tuple[str, list[Param]]:
@@ -368,6 +398,8 @@ def kernel_source(v: variants.KernelVariant) -> tuple[str, list[Param]]:
         return _simt_pairwise_source(v, tiles.KCONTIG_CONFIG, {})
     if isinstance(v, variants.MmaPairwise | variants.WgmmaPairwise):
         return _tensor_core_pairwise_source(v)
+    if isinstance(v, variants.SimtProduct):
+        return _simt_product_source(v)
     if isinstance(v, variants.SimtGrad):
         return _simt_grad_source(v)
     if isinstance(v, variants.MmaGrad):

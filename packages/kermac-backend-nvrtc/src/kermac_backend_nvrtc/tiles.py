@@ -4,11 +4,13 @@ clear the backend's memos with `NvrtcBackend.forget()`); they are not part of `p
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 __all__ = [
     "DEEP_K_LOADS_AT",
     "KCONTIG_CONFIG",
+    "PRODUCT_MAX_CC",
+    "PRODUCT_TWO_BLOCK_CC",
     "SIGN_GRAD_TILE",
     "TC_CONFIG",
     "TC_GRAD_CONFIG",
@@ -19,6 +21,7 @@ __all__ = [
     "TcGradConfig",
     "grad_config",
     "pairwise_config",
+    "product_config",
     "smem_stride",
     "tc_grad_dynamic_smem",
 ]
@@ -73,6 +76,24 @@ def pairwise_config(compute: str, deep_k: bool = False) -> PairwiseConfig:
     if deep_k:
         return PairwiseConfig(bm=128, bn=128, bk=16, vm=4, vn=4, spad=4, min_blocks=2)
     return PairwiseConfig(bm=128, bn=128, bk=8, vm=4, vn=4, spad=4, min_blocks=2, tn=8, gm=1, gn=4)
+
+
+PRODUCT_MAX_CC = {"float": 16, "double": 8}
+"""Most columns of v (and out) one block of the fused product contracts, by compute type: a thread keeps
+its rows × that many partial sums beside the K tile's registers (`product_config`)."""
+
+PRODUCT_TWO_BLOCK_CC = 4
+"""Up to this many columns per block, the fused product runs two blocks per SM (128 registers a
+thread), as the pairwise kernel does; with more, one (up to 255).  Chosen by ptxas's report, not by
+time: at 128 registers, 8 and 16 columns spilled 0.1 to 1.1 KB a thread (Gaussian, Laplace-L1,
+Laplace-Lp on sm_80), 1 to 4 columns at most 72 bytes (docs/dev/nvrtc-product.md)."""
+
+
+def product_config(compute: str, cc: int) -> PairwiseConfig:
+    """The K tile of the fused SIMT product (`cuda/simt_product.cuh`) contracting `cc` columns per block:
+    the SIMT pairwise tile of `compute` without the deep k tiles (the product's partial sums take the
+    registers those need), at `PRODUCT_TWO_BLOCK_CC`'s blocks per SM."""
+    return replace(pairwise_config(compute), min_blocks=2 if cc <= PRODUCT_TWO_BLOCK_CC else 1)
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,8 @@ fields, so a combination no kernel implements cannot be built:
 - `WgmmaPairwise` (`cuda/wgmma_pairwise.cuh`, sm_90a): float32 `Σ (x − z)²` on sm_90;
 - `SimtGrad` (`cuda/simt_grad.cuh`): every gradient program;
 - `MmaGrad` (`cuda/mma_grad.cuh`): float32 gradients with O >= 5;
-- `SignGrad` (`cuda/sign_grad.cuh`, sm_90a): float32 `sign(d − b)` gradients on sm_90.
+- `SignGrad` (`cuda/sign_grad.cuh`, sm_90a): float32 `sign(d − b)` gradients on sm_90;
+- `SimtProduct` (`cuda/simt_product.cuh`): the fused kernel product K @ v of every pairwise program.
 
 Sizes, strides, pointers and hyperparameter values are kernel arguments, not variant fields.
 """
@@ -37,6 +38,7 @@ __all__ = [
     "SignGrad",
     "SimtGrad",
     "SimtPairwise",
+    "SimtProduct",
     "SplitPowerPairwise",
     "TileLoad",
     "WgmmaPairwise",
@@ -202,6 +204,28 @@ class WgmmaPairwise(KernelVariant):
     @property
     def dynamic_smem(self) -> int:
         return tiles.WGMMA_DYNAMIC_SMEM
+
+
+# ---- fused kernel product ----------------------------------------------------------------------
+
+
+@dataclass(frozen=True, kw_only=True)
+class SimtProduct(KernelVariant):
+    """The fused kernel product `out = K @ v` for any pairwise program and input type: the SIMT
+    pairwise main loop computes each tile of K (as `SimtPairwise` without its deep, padded or split
+    forms), which is contracted with `v` in registers.  `v`: how v's tiles (BN rows × `cc` columns)
+    load; `cc`: columns of out per block (a power of two; more columns take more blocks, each computing
+    K again)."""
+
+    dtype: str
+    x: TileLoad
+    z: TileLoad
+    v: TileLoad
+    k_unroll: int
+    cc: int
+    flush_subnormals: bool = False
+
+    kernel: ClassVar[str] = "kermac_product"
 
 
 # ---- gradient ----------------------------------------------------------------------------------

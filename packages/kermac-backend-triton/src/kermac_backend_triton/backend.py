@@ -4,6 +4,8 @@ Available where triton imports and a CUDA GPU of compute capability ≥ 8.0 is v
 `TRITON_INTERPRET=1` is set: then kernels run in Triton's CPU interpreter (for tests), CPU
 tensors are accepted, and the backend ranks below the reference backend so `auto` never picks
 the slow interpreter.  Inputs may be float32, float16, bfloat16 (computed in float32) or float64.
+Besides the pairwise and gradient operations it computes the fused kernel product `K(x, z) @ v`
+of every pairwise program (`check_product`, `product`; `kermac_backend_triton.product`).
 Its choices of kernel and autotuning are a `TritonTuning`
 (`TritonBackend(tuning=...)`; the registered backend takes the defaults).
 """
@@ -16,11 +18,11 @@ from typing import TYPE_CHECKING
 from kermac.backend import Availability, Backend
 from kermac.problem import PairwiseProblem
 from kermac_backend_triton.interpreter import interpreting
-from kermac_backend_triton.launch import grid_size_problem, pairwise_kernel, run_grad, run_pairwise
+from kermac_backend_triton.launch import grid_size_problem, pairwise_kernel, run_grad, run_pairwise, run_product
 from kermac_backend_triton.tuning import DEFAULT_TUNING, TritonTuning
 
 if TYPE_CHECKING:
-    from kermac.problem import GradProblem
+    from kermac.problem import GradProblem, ProductProblem
 
 __all__ = ["MIN_CAPABILITY", "TENSOR_CORE_PREFERENCE", "TritonBackend"]
 
@@ -91,8 +93,13 @@ class TritonBackend(Backend):
     def check_grad(self, problem: GradProblem) -> str | None:
         return self._check_device(problem.device) or grid_size_problem(problem)
 
-    def preference(self, problem: PairwiseProblem | GradProblem) -> int:
-        """`TENSOR_CORE_PREFERENCE` where the tensor-core kernel runs on a GPU, else the priority."""
+    def check_product(self, problem: ProductProblem) -> str | None:
+        """`None` if `product` can run `problem` (every pairwise program, reduction and dtype is
+        supported), else why not: the device, or a launch grid beyond CUDA's limit."""
+        return self._check_device(problem.device) or grid_size_problem(problem)
+
+    def preference(self, problem: PairwiseProblem | GradProblem | ProductProblem) -> int:
+        """`TENSOR_CORE_PREFERENCE` where the pairwise tensor-core kernel runs on a GPU, else the priority."""
         tc = isinstance(problem, PairwiseProblem) and pairwise_kernel(problem, self.tuning) == "tensor_cores"
         if tc and not interpreting():
             return TENSOR_CORE_PREFERENCE
@@ -103,3 +110,8 @@ class TritonBackend(Backend):
 
     def grad(self, problem: GradProblem) -> None:
         run_grad(problem, tuning=self.tuning)
+
+    def product(self, problem: ProductProblem) -> None:
+        """`problem.out[*B, M, C] = K[*B, M, N] @ v[*B, N, C]` with K the pairwise program's matrix,
+        computed tile by tile and never stored (`kermac_backend_triton.product`), on the current stream."""
+        run_product(problem, tuning=self.tuning)

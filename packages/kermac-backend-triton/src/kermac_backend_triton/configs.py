@@ -17,6 +17,9 @@ Tensor-core pairwise kernel (float32 p = 2 family): `BM × BN` outputs per progr
 step, from one of two spaces chosen by D (the autotuner prunes to it, so a program compiles
 two configurations).
 Gradient: `BN × BM` (n, m) pairs and `BO` outputs rows per program, `BK` per step.
+Kernel product (`kermac_backend_triton.product`): the K tile's meta-parameters as above, and
+`BC` columns of `v` per program, chosen from C (`product_block_c`), not tuned; on the tensor
+cores `BK` is chosen from D (`product_tc_block_k`).
 The spaces were chosen by sweeps on an H100 (the decision records in `docs/dev/`); each comment
 says what each entry is for.
 """
@@ -31,6 +34,10 @@ __all__ = [
     "INTERPRET_GRAD",
     "INTERPRET_PAIRWISE",
     "INTERPRET_PAIRWISE_TC",
+    "INTERPRET_PRODUCT",
+    "INTERPRET_PRODUCT_TC",
+    "PRODUCT_SPACE",
+    "PRODUCT_TC_SPACE",
     "TC_MIN_D",
     "TC_SHORT_D",
     "bucket",
@@ -42,6 +49,10 @@ __all__ = [
     "pairwise_configs",
     "pairwise_tc_configs",
     "pairwise_tc_space",
+    "product_block_c",
+    "product_configs",
+    "product_tc_block_k",
+    "product_tc_configs",
     "prune_pairwise_tc",
 ]
 
@@ -114,6 +125,31 @@ INTERPRET_PAIRWISE = {"BK": 8, "MI": 2, "NI": 2, "MT": 4, "NT": 4, "PF": 2, "GRO
 """The interpreter's only configurations: small tiles so CPU tests stay fast."""
 INTERPRET_PAIRWISE_TC = {"BM": 16, "BN": 16, "BK": 16, "GROUP_M": 2}
 INTERPRET_GRAD = {"BN": 2, "BM": 8, "BK": 16}
+INTERPRET_PRODUCT = {"BK": 8, "MI": 4, "NI": 4, "MT": 4, "NT": 4, "PF": 2}
+"""16 × 16 K tiles, the smallest a `tl.dot` takes."""
+INTERPRET_PRODUCT_TC = {"BM": 16, "BN": 16}
+
+PRODUCT_SPACE: tuple[tuple[dict[str, int], int, int, int | None], ...] = (
+    ({"BK": 4, "MI": 4, "NI": 4, "MT": 8, "NT": 16, "PF": 1}, 4, 3, None),
+    ({"BK": 4, "MI": 4, "NI": 4, "MT": 16, "NT": 16, "PF": 1}, 8, 3, None),
+    ({"BK": 4, "MI": 8, "NI": 4, "MT": 8, "NT": 16, "PF": 1}, 4, 3, None),
+)
+"""Kernel product on SIMT K tiles, (meta-parameters, num_warps, num_stages, maxnreg); the first
+entry is the default.  Chosen by register use (`cuobjdump -res-usage`), not yet by time: a 32 × 64
+tile at 4 warps, a 64 × 64 one at 8 and at 4 (8 × 4 outputs per thread, more reuse of each loaded
+feature), with `BK` = 4 — the `tl` tile holds a `[BK, MI, NI, MT, NT]` term per step, and beside
+it sit the `BM × BC` accumulator and the dot's operand copies of the K tile.  The default builds
+without spills on sm_80 and sm_90 for every `BC`; the others do for `BC` = 16 and spill on
+sm_80 at `BC` = 64 (the autotuner weighs that); `BK` = 8 spills more (docs/dev/triton-product.md).
+"""
+PRODUCT_TC_SPACE: tuple[tuple[dict[str, int], int, int, int | None], ...] = (
+    ({"BM": 64, "BN": 64}, 4, 3, None),
+    ({"BM": 128, "BN": 64}, 8, 3, None),
+)
+"""Kernel product on tensor-core K tiles (as `PRODUCT_SPACE`; `BK` comes from D,
+`product_tc_block_k`), chosen by register use, not yet by time: 64 × 64 at 4 warps and
+128 × 64 at 8 build without spills for `BC` = 16 on sm_80 and sm_90.
+"""
 
 
 def pairwise_tc_space(d: int) -> tuple[tuple[dict[str, int], int, int, int | None], ...]:
@@ -179,6 +215,28 @@ DEFAULT_GRAD = launch_options(GRAD_SPACE[0])
 """The gradient configuration used when autotuning is off."""
 DEFAULT_GLUON_PAIRWISE = launch_options(GLUON_PAIRWISE_SPACE[0])
 """The Gluon pairwise configuration used when autotuning is off."""
+
+
+def product_configs() -> list:
+    """The kernel product's SIMT space as `triton.Config` objects."""
+    return [_config(entry) for entry in PRODUCT_SPACE]
+
+
+def product_tc_configs() -> list:
+    """The kernel product's tensor-core space as `triton.Config` objects."""
+    return [_config(entry) for entry in PRODUCT_TC_SPACE]
+
+
+def product_block_c(c: int) -> int:
+    """Columns of `v` per program: the next power of two ≥ C, at least 16 (`tl.dot`), at most 64
+    (beyond, the columns take several programs, each recomputing its K tiles)."""
+    return grad_block_o(c)
+
+
+def product_tc_block_k(d: int) -> int:
+    """Features per step of the tensor-core K tile: 16 below `TC_SHORT_D`, else 32 (as the
+    pairwise spaces, whose sweep preferred BK = 16 at D = 16 and 32)."""
+    return 16 if d < TC_SHORT_D else 32
 
 
 def grad_block_o(o: int) -> int:

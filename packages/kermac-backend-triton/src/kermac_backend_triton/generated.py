@@ -1,14 +1,14 @@
 """The per-program module: the few lines of each kernel that come from the IR, as Python source.
 
 The kernels themselves are ordinary `@triton.jit` code (`pairwise_simt`,
-`pairwise_tensor_cores`, `gluon_pairwise`,
-`gradient`).  What varies with the program and the launch's layout is
+`pairwise_tensor_cores`, `gluon_pairwise`, `gradient`, and `product`, which contracts the SIMT
+or tensor-core pairwise tiles with `v`).  What varies with the program and the launch's layout is
 generated here, as a small module (`kernel_source`, loaded by
 `kermac_backend_triton.modules.load_module`) holding:
 
 * the program's expressions as `@triton.jit` functions of their variables and the tuple
   `hypers` of hyperparameter values — `inner(x, z, hypers)` and `epilogue(acc, diag, hypers)`
-  (pairwise), `multiply(d, b, hypers)`, `epilogue(acc, hypers)` and, for a signed power,
+  (pairwise and product), `multiply(d, b, hypers)`, `epilogue(acc, hypers)` and, for a signed power,
   `signed_base` / `signed_exponent` (gradient), rendered by
   `kermac_backend_triton.expressions`;
 * the entry kernel, whose parameter list depends on the program's hyperparameters (a typed
@@ -18,11 +18,12 @@ generated here, as a small module (`kernel_source`, loaded by
   pointer to it, loads the hyperparameters, and calls the kernel's tile function.
 
 Argument order of the entry kernels (what `kermac_backend_triton.launch` passes): operand
-pointers, hyperparameters in the program's order, sizes, offsets (pairwise), operand strides,
+pointers, hyperparameters in the program's order, sizes, offsets (pairwise, product), operand strides,
 batch sizes and strides, the guard threshold (tensor cores), `KEY` (the autotuning bucket,
 never specialised), then the meta-parameters.  Sizes that only bound loops (M, D, the offsets) are
 never specialised; N (and D on tensor cores) are, on divisibility by 16, so the store (and k)
-masks keep 16-byte vectors: at most two compilations per configuration.
+masks keep 16-byte vectors: at most two compilations per configuration.  The product
+specialises none of its sizes but D on the tensor cores (its k masks, as the pairwise kernel).
 """
 
 from __future__ import annotations
@@ -35,13 +36,40 @@ from kermac.kernel_facts import tensor_core_eligible
 from kermac.programs import GradProgram, PairwiseProgram, signed_power
 from kermac_backend_triton.expressions import COMPUTE_TYPES, hyper_arg, nonnegative, render_expr
 
-__all__ = ["GRAD_ENTRY", "KERNELS", "PAIRWISE_ENTRY", "GradSpec", "PairwiseSpec", "kernel_source"]
+__all__ = [
+    "GRAD_ENTRY",
+    "KERNELS",
+    "PAIRWISE_ENTRY",
+    "PRODUCT_ENTRY",
+    "PRODUCT_KERNELS",
+    "GradSpec",
+    "PairwiseSpec",
+    "ProductSpec",
+    "kernel_source",
+]
 
 PAIRWISE_ENTRY = "kermac_pairwise"
 GRAD_ENTRY = "kermac_grad"
+PRODUCT_ENTRY = "kermac_product"
 
 KERNELS = ("simt", "tensor_cores", "gluon")
 """The pairwise kernels: the `tl` SIMT kernel, the tensor-core one, the Gluon SIMT one."""
+PRODUCT_KERNELS = ("simt", "tensor_cores")
+"""The pairwise kernels whose K tiles the product contracts (`kermac_backend_triton.product`)."""
+
+
+def _check_pairwise_fields(spec: PairwiseSpec | ProductSpec, kernels: tuple[str, ...]) -> None:
+    """Refuse a compute type, kernel or tensor-core program that `kernels` cannot run."""
+    if spec.compute not in COMPUTE_TYPES:
+        raise ValueError(f"compute: expected one of {sorted(COMPUTE_TYPES)}, got {spec.compute!r}")
+    if spec.kernel not in kernels:
+        raise ValueError(f"kernel: expected one of {kernels}, got {spec.kernel!r}")
+    if spec.kernel == "tensor_cores" and not tensor_core_eligible(spec.program, spec.compute):
+        raise ValueError(
+            f"kernel: 'tensor_cores' needs a float32 sum of (x - z)^2; got {spec.compute} {spec.program.key()}"
+        )
+    if spec.kernel == "gluon" and spec.compute != "float32":
+        raise ValueError(f"kernel: the Gluon kernel computes in float32; got compute={spec.compute!r}")
 
 
 @dataclass(frozen=True)
@@ -62,16 +90,23 @@ class PairwiseSpec:
     kernel: str = "simt"
 
     def __post_init__(self) -> None:
-        if self.compute not in COMPUTE_TYPES:
-            raise ValueError(f"compute: expected one of {sorted(COMPUTE_TYPES)}, got {self.compute!r}")
-        if self.kernel not in KERNELS:
-            raise ValueError(f"kernel: expected one of {KERNELS}, got {self.kernel!r}")
-        if self.kernel == "tensor_cores" and not tensor_core_eligible(self.program, self.compute):
-            raise ValueError(
-                f"kernel: 'tensor_cores' needs a float32 sum of (x - z)^2; got {self.compute} {self.program.key()}"
-            )
-        if self.kernel == "gluon" and self.compute != "float32":
-            raise ValueError(f"kernel: the Gluon kernel computes in float32; got compute={self.compute!r}")
+        _check_pairwise_fields(self, KERNELS)
+
+
+@dataclass(frozen=True)
+class ProductSpec:
+    """Everything a kernel product's generated module depends on (fields as `PairwiseSpec`;
+    `kernel`: one of `PRODUCT_KERNELS`, the pairwise kernel whose K tiles are contracted)."""
+
+    program: PairwiseProgram
+    compute: str
+    nbatch: int
+    tensor_hypers: frozenset[str]
+    int64: bool
+    kernel: str = "simt"
+
+    def __post_init__(self) -> None:
+        _check_pairwise_fields(self, PRODUCT_KERNELS)
 
 
 @dataclass(frozen=True)
@@ -105,11 +140,14 @@ _SKELETON_IMPORTS = {
     "from kermac_backend_triton.gluon_pairwise import gluon_tile\n"
     "from kermac_backend_triton.pairwise_simt import grouped_tile\n",
     "grad": "from kermac_backend_triton.gradient import gradient_tile, grid_order\n",
+    "product_simt": "from kermac_backend_triton.product import product_order, simt_product_tile\n",
+    "product_tensor_cores": "from kermac_backend_triton.product import product_order, tensor_core_product_tile\n",
 }
 
 _SIZES_AND_STRIDES = {
     "pairwise": "M, N, D, OFF_M, OFF_N,\n    SXM, SXK, SZN, SZK, SOM, SON, ",
     "grad": "M, N, O, K,\n    SAK, SAM, SBN, SBK, SCO, SCK, SDN, SDM, SOO, SON, SOM, ",
+    "product": "M, N, D, C, OFF_M, OFF_N,\n    SXM, SXK, SZN, SZK, SVN, SVC, SOM, SOC, ",
 }
 """Parameters of each entry kernel between the hyperparameters and the batch layout."""
 _META = {
@@ -117,31 +155,39 @@ _META = {
     "tensor_cores": ("BM BN BK GROUP_M", '"M", "OFF_M", "OFF_N", "GUARD", "KEY"'),
     "gluon": ("BM BN BK TM GROUP_M XT ZT", '"M", "D", "OFF_M", "OFF_N", "KEY"'),
     "grad": ("BN BM BK BO", '"M", "N", "O", "K", "KEY"'),
+    "product_simt": ("BK MI NI MT NT PF BC", '"M", "N", "D", "C", "OFF_M", "OFF_N", "KEY"'),
+    "product_tensor_cores": ("BM BN BK BC", '"M", "N", "C", "OFF_M", "OFF_N", "GUARD", "KEY"'),
 }
 """Meta-parameters of each kernel (after `KEY`), and the sizes never specialised on."""
+_ENTRIES = {"grad": GRAD_ENTRY, "product_simt": PRODUCT_ENTRY, "product_tensor_cores": PRODUCT_ENTRY}
+"""The entry kernel's name, where it is not `PAIRWISE_ENTRY`."""
 
 
-def kernel_source(spec: PairwiseSpec | GradSpec) -> str:
+def kernel_source(spec: PairwiseSpec | ProductSpec | GradSpec) -> str:
     """Python source of the module for `spec`: imports, the program's functions, the entry kernel."""
-    if isinstance(spec, PairwiseSpec):
-        kind, operands, pointers = spec.kernel, ("x", "z", "out"), "X, Z, OUT"
+    if isinstance(spec, ProductSpec):
+        kind, operation = f"product_{spec.kernel}", "product"
+        operands, pointers = ("x", "z", "v", "out"), "X, Z, V, OUT"
+        functions = _pairwise_functions(spec)
+    elif isinstance(spec, PairwiseSpec):
+        kind, operation, operands, pointers = spec.kernel, "pairwise", ("x", "z", "out"), "X, Z, OUT"
         functions = _pairwise_functions(spec)
     else:
-        kind, operands, pointers = "grad", ("a", "b", "c", "d", "out"), "A, B, C, DD, OUT"
+        kind, operation, operands, pointers = "grad", "grad", ("a", "b", "c", "d", "out"), "A, B, C, DD, OUT"
         functions = _grad_functions(spec)
     prog, cdt = spec.program, COMPUTE_TYPES[spec.compute]
     gluon = kind == "gluon"
     lang = "gl" if gluon else "tl"
     meta, fixed = _META[kind]
-    sizes = _SIZES_AND_STRIDES["grad" if kind == "grad" else "pairwise"]
+    sizes = _SIZES_AND_STRIDES[operation]
     scalars = "".join(f"H_{n}, " if n in spec.tensor_hypers else f"{hyper_arg(n)}: {cdt}, " for n in prog.hypers)
     batch = [f"BS{i}" for i in range(spec.nbatch)]
     pointer_keys = [*operands, *(f"hyper_{n}" for n in sorted(spec.tensor_hypers))]
     batch += [f"SB_{key}_{i}" for key in pointer_keys for i in range(spec.nbatch)]
-    guard = "GUARD, " if kind == "tensor_cores" else ""
+    guard = "GUARD, " if kind.endswith("tensor_cores") else ""
     head = [
         f"@{'gluon' if gluon else 'triton'}.jit(do_not_specialize=[{fixed}])",
-        f"def {GRAD_ENTRY if kind == 'grad' else PAIRWISE_ENTRY}(",
+        f"def {_ENTRIES.get(kind, PAIRWISE_ENTRY)}(",
         f"    {pointers}, {scalars}{sizes}{''.join(p + ', ' for p in batch)}{guard}KEY,",
         "    " + ", ".join(f"{m}: {lang}.constexpr" for m in meta.split()) + ",",
         "):",
@@ -162,6 +208,8 @@ _TILE_ORDER = {
     "tensor_cores": "bat, pm, pn = grouped_tile(M, N, BM, BN, GROUP_M, {int64})",
     "gluon": "bat, pm, pn = grouped_tile(M, N, BM, BN, GROUP_M, {int64})",
     "grad": "bat, po, pn, pm = grid_order(M, N, O, BN, BM, BO, {int64})",
+    "product_simt": "bat, pm, pc = product_order(M, C, MI * MT, BC, {int64})",
+    "product_tensor_cores": "bat, pm, pc = product_order(M, C, BM, BC, {int64})",
 }
 """The first line of each entry kernel's body: its tile and batch entry."""
 _CALL = {
@@ -178,12 +226,18 @@ _CALL = {
     "        A, B, C, DD, OUT, M, N, O, K, SAK, SAM, SBN, SBK, SCO, SCK, SDN, SDM, SOO, SON, SOM, po, pn, pm,\n"
     "        {hypers}, multiply, epilogue, {signed_base}, {signed_exponent}, {signed}, {cdt}, BN, BM, BK, BO,\n"
     "        INT64={int64},\n    )",
+    "product_simt": "simt_product_tile(\n"
+    "        X, Z, V, OUT, M, N, D, C, OFF_M, OFF_N, SXM, SXK, SZN, SZK, SVN, SVC, SOM, SOC, pm, pc, {hypers},\n"
+    "        inner, epilogue, {reduction!r}, {uses_diag}, {cdt}, BK, MI, NI, MT, NT, PF, BC, INT64={int64},\n    )",
+    "product_tensor_cores": "tensor_core_product_tile(\n"
+    "        X, Z, V, OUT, M, N, D, C, OFF_M, OFF_N, SXM, SXK, SZN, SZK, SVN, SVC, SOM, SOC, GUARD, pm, pc,\n"
+    "        {hypers}, inner, epilogue, {uses_diag}, BM, BN, BK, BC, INT64={int64},\n    )",
 }
 """The last line of each entry kernel's body: the call of its tile function."""
 
 
-def _program_constants(spec: PairwiseSpec | GradSpec) -> dict[str, object]:
-    if isinstance(spec, PairwiseSpec):
+def _program_constants(spec: PairwiseSpec | ProductSpec | GradSpec) -> dict[str, object]:
+    if not isinstance(spec, GradSpec):
         return {"reduction": spec.program.reduction, "uses_diag": spec.program.uses_diag}
     signed = _scalar_signed_power(spec.program) is not None
     names = ("signed_base", "signed_exponent") if signed else ("None", "None")
@@ -199,7 +253,7 @@ def _batch_decoding(nbatch: int, pointer_keys: list[str]) -> list[str]:
     for i in reversed(range(1, nbatch)):
         lines += [f"b{i} = rest % BS{i}", f"rest = rest // BS{i}"]
     lines.append("b0 = rest")
-    names = {"x": "X", "z": "Z", "out": "OUT", "a": "A", "b": "B", "c": "C", "d": "DD"}
+    names = {"x": "X", "z": "Z", "v": "V", "out": "OUT", "a": "A", "b": "B", "c": "C", "d": "DD"}
     for key in pointer_keys:
         pointer = names.get(key) or f"H_{key.removeprefix('hyper_')}"
         lines.append(f"{pointer} += " + " + ".join(f"b{i} * SB_{key}_{i}" for i in range(nbatch)))
@@ -234,7 +288,7 @@ def _hypers_in(text: str, hypers: tuple[str, ...]) -> set[str]:
     return {hyper_arg(n) for n in hypers if re.search(rf"\b{re.escape(hyper_arg(n))}\b", text)}
 
 
-def _pairwise_functions(spec: PairwiseSpec) -> list[str]:
+def _pairwise_functions(spec: PairwiseSpec | ProductSpec) -> list[str]:
     """`inner` and `epilogue` of a pairwise program.
 
     The accumulator is known to be non-negative (simpler `pow`) when the reduction is a sum or

@@ -48,7 +48,7 @@ def grid_order(M, N, O, BN: tl.constexpr, BM: tl.constexpr, BO: tl.constexpr, IN
 
 
 @triton.jit
-def contract(acc, w, cv):
+def contract(acc, w, cv, NONFINITE: tl.constexpr = False):
     """`acc + w[(n,m), k] @ cv[k, o]`.
 
     float64: one `ieee` dot.  float32: 3×TF32 by hand, as in the tensor-core pairwise kernel:
@@ -57,6 +57,12 @@ def contract(acc, w, cv):
     instructions per term), the products wl·ch + wh·cl + wh·ch summed into a fresh accumulator
     `part` that is added to `acc` in float32 — the tensor cores truncate their own sums, which
     over all of K would grow the error linearly with K.
+
+    `NONFINITE`: ±inf and NaN operands give what a float32 product gives.  Without it the lo
+    part of ±inf is NaN (inf − inf) and an exact lo of 0 meets the other operand's inf (0·inf);
+    with it the lo parts of non-finite entries and the hi parts they meet in the cross products
+    are 0, so a non-finite entry enters the sum through wh·ch alone (four selects per pair of
+    tiles' entries, which the gradient, whose operands are finite in practice, does not pay).
     """
     if acc.dtype == tl.float64:
         return tl.dot(w, cv, acc, input_precision="ieee", out_dtype=tl.float64)
@@ -64,8 +70,16 @@ def contract(acc, w, cv):
         wh, wl = split_tf32(w)
         ch = to_tf32(cv)
         cl = to_tf32(cv - ch)
-        part = tl.dot(wl, ch, input_precision="tf32", out_dtype=tl.float32)
-        part = tl.dot(wh, cl, part, input_precision="tf32", out_dtype=tl.float32)
+        if NONFINITE:
+            w_finite = tl.abs(w) < INF
+            c_finite = tl.abs(cv) < INF
+            wl = tl.where(w_finite, wl, 0.0)
+            cl = tl.where(c_finite, cl, 0.0)
+            part = tl.dot(wl, tl.where(c_finite, ch, 0.0), input_precision="tf32", out_dtype=tl.float32)
+            part = tl.dot(tl.where(w_finite, wh, 0.0), cl, part, input_precision="tf32", out_dtype=tl.float32)
+        else:
+            part = tl.dot(wl, ch, input_precision="tf32", out_dtype=tl.float32)
+            part = tl.dot(wh, cl, part, input_precision="tf32", out_dtype=tl.float32)
         part = tl.dot(wh, ch, part, input_precision="tf32", out_dtype=tl.float32)
         acc += part
         return acc

@@ -6,10 +6,11 @@ strides, stride-0 broadcast batches) is read in place.  The kernel runs on PyTor
 stream of the operands' device.
 
 A call is keyed in two steps, each a dictionary lookup: its *family* (program, tuning, dtype,
-whether D reaches the tensor cores, device type) fixes the kernel; within it, the key holds the
+whether D reaches the tensor cores, device type; for a kernel product also that it is one) fixes
+the kernel; within it, the key holds the
 facts of this call that decide the compiled kernel and its configuration (device, coalesced
-batch dimensions, 64-bit indexing, the autotuning bucket, the gradient's `BO`, and what
-Triton specialises on: `kermac_backend_triton.launchers.int_facts`,
+batch dimensions, 64-bit indexing, the autotuning bucket, the gradient's `BO`, the product's
+`BC`, and what Triton specialises on: `kermac_backend_triton.launchers.int_facts`,
 `kermac_backend_triton.launchers.pointer_facts`).  A key seen before launches its `Launcher`;
 a new one compiles, autotunes and launches through `kernel[grid]` (refused while a CUDA graph
 is being captured).
@@ -29,9 +30,17 @@ import torch
 
 from kermac.kernel_facts import INT32_MAX, TILE_SLACK, cancellation_guard, tensor_core_eligible
 from kermac.layout import BatchLayout, batch_layout, grad_operands, pairwise_operands
-from kermac.problem import GradProblem, PairwiseProblem
+from kermac.problem import GradProblem, PairwiseProblem, ProductProblem
 from kermac_backend_triton import configs
-from kermac_backend_triton.generated import GRAD_ENTRY, PAIRWISE_ENTRY, GradSpec, PairwiseSpec, kernel_source
+from kermac_backend_triton.generated import (
+    GRAD_ENTRY,
+    PAIRWISE_ENTRY,
+    PRODUCT_ENTRY,
+    GradSpec,
+    PairwiseSpec,
+    ProductSpec,
+    kernel_source,
+)
 from kermac_backend_triton.interpreter import interpreting
 from kermac_backend_triton.launchers import (
     Launcher,
@@ -51,13 +60,18 @@ __all__ = [
     "grid_size_problem",
     "pairwise_kernel",
     "pairwise_spec",
+    "product_kernel",
     "run_grad",
     "run_pairwise",
+    "run_product",
     "uses_tensor_cores",
 ]
 
+Problem = PairwiseProblem | GradProblem | ProductProblem
+Spec = PairwiseSpec | GradSpec | ProductSpec
+
 _lock = threading.Lock()
-_kernels: dict[tuple[PairwiseSpec | GradSpec, bool], Callable[..., Any]] = {}
+_kernels: dict[tuple[Spec, bool], Callable[..., Any]] = {}
 
 
 @functools.cache
@@ -102,7 +116,7 @@ def _layout_args(layout: BatchLayout, operands: list[str]) -> list[int]:
     return args
 
 
-def _kernel(spec: PairwiseSpec | GradSpec, autotune: bool, debug: bool) -> Callable[..., Any]:
+def _kernel(spec: Spec, autotune: bool, debug: bool) -> Callable[..., Any]:
     """The compiled-on-demand kernel of `spec`: autotuned on a GPU if `autotune`, else plain."""
     autotune = autotune and not interpreting()
     key = (spec, autotune)
@@ -113,6 +127,9 @@ def _kernel(spec: PairwiseSpec | GradSpec, autotune: bool, debug: bool) -> Calla
     module = load_module(kernel_source(spec), debug=debug)
     if isinstance(spec, GradSpec):
         fn, space, prune, key_args = getattr(module, GRAD_ENTRY), configs.grad_configs, None, ["KEY"]
+    elif isinstance(spec, ProductSpec):
+        fn, prune, key_args = getattr(module, PRODUCT_ENTRY), None, ["KEY"]
+        space = configs.product_tc_configs if spec.kernel == "tensor_cores" else configs.product_configs
     else:
         fn, prune, key_args = getattr(module, PAIRWISE_ENTRY), None, ["KEY"]
         if spec.kernel == "tensor_cores":
@@ -130,7 +147,7 @@ def _kernel(spec: PairwiseSpec | GradSpec, autotune: bool, debug: bool) -> Calla
         return _kernels.setdefault(key, fn)
 
 
-def _tensor_hypers(problem: PairwiseProblem | GradProblem) -> frozenset[str]:
+def _tensor_hypers(problem: Problem) -> frozenset[str]:
     return frozenset(n for n, h in problem.hypers.items() if h.tensor is not None)
 
 
@@ -143,10 +160,17 @@ def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
-def grid_size_problem(problem: PairwiseProblem | GradProblem) -> str | None:
+def grid_size_problem(problem: Problem) -> str | None:
     """`None` if the launch grid fits CUDA's limit with the smallest tiles, else why not."""
     batch = math.prod(problem.batch_shape)
-    if isinstance(problem, PairwiseProblem):
+    if isinstance(problem, ProductProblem):
+        m, _, _, c = problem.sizes
+        if batch * m * c <= INT32_MAX:
+            return None
+        simt = [_pairwise_tiles("simt")(meta)[0] for meta, *_ in configs.PRODUCT_SPACE]
+        rows = max(simt + [meta["BM"] for meta, *_ in configs.PRODUCT_TC_SPACE])
+        tiles = _cdiv(m, rows) * _cdiv(c, configs.product_block_c(c))
+    elif isinstance(problem, PairwiseProblem):
         m, n = problem.m, problem.n
         if batch * m * n <= INT32_MAX:  # at most one program per output
             return None
@@ -163,11 +187,12 @@ def grid_size_problem(problem: PairwiseProblem | GradProblem) -> str | None:
     return None
 
 
-def uses_tensor_cores(problem: PairwiseProblem, tuning: TritonTuning = DEFAULT_TUNING) -> bool:
-    """Whether `problem` runs on the tensor-core kernel (float32 p = 2 family, D ≥ `TC_MIN_D`)."""
+def uses_tensor_cores(problem: PairwiseProblem | ProductProblem, tuning: TritonTuning = DEFAULT_TUNING) -> bool:
+    """Whether `problem` runs on (takes its K tiles from) the tensor-core kernel (float32 p = 2
+    family, D ≥ `TC_MIN_D`)."""
     return (
         tuning.tensor_cores
-        and problem.d >= configs.TC_MIN_D
+        and problem.x.shape[-1] >= configs.TC_MIN_D
         and tensor_core_eligible(problem.program, compute_type(problem.dtype))
     )
 
@@ -233,16 +258,27 @@ def _grad_tiles(meta: Mapping[str, Any]) -> tuple[int, int]:
     return meta["BN"], meta["BM"]
 
 
-def _batch_args(problem: PairwiseProblem | GradProblem, operands: list[str]) -> tuple[list[int], int, int]:
+def _operands(problem: Problem) -> dict[str, torch.Tensor]:
+    """The batched tensors of `problem` by name (`kermac.layout`'s, and x, z, v, out and tensor
+    hyperparameters of a product)."""
+    if isinstance(problem, PairwiseProblem):
+        return pairwise_operands(problem)
+    if isinstance(problem, GradProblem):
+        return grad_operands(problem)
+    ops = {"x": problem.x, "z": problem.z, "v": problem.v, "out": problem.out}
+    ops.update({f"hyper_{k}": h.tensor for k, h in problem.hypers.items() if h.tensor is not None})
+    return ops
+
+
+def _batch_args(problem: Problem, operands: list[str]) -> tuple[list[int], int, int]:
     """(batch sizes and per-operand strides as kernel arguments, coalesced batch dimensions, entries)."""
     if not problem.batch_shape:
         return [], 0, 1
-    ops = pairwise_operands(problem) if isinstance(problem, PairwiseProblem) else grad_operands(problem)
-    layout = batch_layout(problem.batch_shape, ops)
+    layout = batch_layout(problem.batch_shape, _operands(problem))
     return _layout_args(layout, operands), len(layout.shape), layout.size
 
 
-def _hyper_values(problem: PairwiseProblem | GradProblem) -> tuple[list[object], list[str]]:
+def _hyper_values(problem: Problem) -> tuple[list[object], list[str]]:
     """The hyperparameter arguments in the program's order, and the names of the tensor ones."""
     hypers = problem.hypers
     if not hypers:
@@ -355,6 +391,62 @@ def run_grad(
     launcher.launch(args, batches * _cdiv(n, tn) * _cdiv(m, tm), device)
 
 
+def _product_family(problem: ProductProblem, tuning: TritonTuning) -> _Family:
+    x = problem.x
+    key = ("product", problem.program, tuning, x.dtype, x.shape[-1] >= configs.TC_MIN_D, x.is_cuda)
+    family = _families.get(key)
+    if family is None:
+        tc = uses_tensor_cores(problem, tuning)
+        family = _family(key, lambda: "tensor_cores" if tc else "simt", compute_type(x.dtype))
+    return family
+
+
+def product_kernel(problem: ProductProblem, tuning: TritonTuning = DEFAULT_TUNING) -> str:
+    """Which kernel's K tiles `problem` contracts (one of `kermac_backend_triton.generated.PRODUCT_KERNELS`)."""
+    return _product_family(problem, tuning).kernel
+
+
+def run_product(problem: ProductProblem, *, tuning: TritonTuning = DEFAULT_TUNING) -> None:
+    """Launch the kernel product of `problem` (`kermac_backend_triton.product`): one program per
+    batch entry, `BM` rows and `BC` columns of `out`."""
+    x, z, v, out = problem.x, problem.z, problem.v, problem.out
+    if out.numel() == 0:  # M, C or the batch is 0: nothing to write (N = 0 writes zeros)
+        return
+    m, n, d, c = problem.sizes
+    family = _product_family(problem, tuning)
+    tc = family.kernel == "tensor_cores"
+    hyper_args, tensor_names = _hyper_values(problem)
+    layout_args, nbatch, batch = _batch_args(problem, ["x", "z", "v", "out"] + [f"hyper_{h}" for h in tensor_names])
+    xs, zs, vs, os_ = x.stride(), z.stride(), v.stride(), out.stride()
+    strides = [xs[-2], xs[-1], zs[-2], zs[-1], vs[-2], vs[-1], os_[-2], os_[-1]]
+    off_m, off_n = problem.offset_m, problem.offset_n
+    args = [x, z, v, out, *hyper_args, m, n, d, c, off_m, off_n, *strides, *layout_args]
+    pointers = 4 + len(hyper_args)
+    block_c = configs.product_block_c(c)
+    fixed: dict[str, int] = {"BC": block_c}
+    specialised, unspecialised = [*strides, *layout_args], [m, n, c, off_m, off_n]
+    if tc:  # D is specialised (the k loop's masks, as in the pairwise kernel), the guard follows
+        args.append(cancellation_guard(d))
+        fixed["BK"] = configs.product_tc_block_k(d)
+        specialised.append(d)
+    else:
+        unspecialised.append(d)
+    tensors = [t for t in args[:pointers] if isinstance(t, torch.Tensor)]
+    int64 = _needs_int64(tensors, batch * _cdiv(m, 16) * _cdiv(c, block_c))
+    bucket = configs.bucket(batch, m, n, d, c)
+    device = x.get_device()
+    key = (device, nbatch, int64, bucket, block_c, int_facts(specialised, unspecialised))
+    key += (pointer_facts(args[:pointers]),)
+    launcher = family.launchers.get(key)
+    if launcher is None:
+        spec = ProductSpec(problem.program, family.compute, nbatch, _tensor_hypers(problem), int64, family.kernel)
+        extra = {**_launch_meta(spec, tuning, d), "KEY": bucket, **fixed}
+        _first_launch(family, key, spec, tuning, problem.debug, args, extra, (batch, m, c))
+        return
+    tm, tc_cols = launcher.tiles
+    launcher.launch(args, batch * _cdiv(m, tm) * _cdiv(c, tc_cols), device)
+
+
 def _pairwise_spec(problem: PairwiseProblem, kernel: str, nbatch: int, int64: bool) -> PairwiseSpec:
     return PairwiseSpec(
         program=problem.program,
@@ -383,9 +475,16 @@ def _transposed(problem: PairwiseProblem, spec: PairwiseSpec) -> dict[str, int]:
     return {"XT": _rows_contiguous(problem.x), "ZT": _rows_contiguous(problem.z)}
 
 
-def _launch_meta(spec: PairwiseSpec | GradSpec, tuning: TritonTuning, d: int) -> dict[str, Any]:
+def _launch_meta(spec: Spec, tuning: TritonTuning, d: int) -> dict[str, Any]:
     """Meta-parameters and launch options the launch fixes (the autotuner chooses the rest);
     `d`: the reduction length (D, or K of the gradient)."""
+    if isinstance(spec, ProductSpec):
+        tc = spec.kernel == "tensor_cores"
+        if interpreting():
+            return dict(configs.INTERPRET_PRODUCT_TC if tc else configs.INTERPRET_PRODUCT)
+        if tuning.autotune:
+            return {}
+        return configs.launch_options((configs.PRODUCT_TC_SPACE if tc else configs.PRODUCT_SPACE)[0])
     grad = isinstance(spec, GradSpec)
     tc = not grad and spec.kernel == "tensor_cores"
     if interpreting():
@@ -401,12 +500,25 @@ def _launch_meta(spec: PairwiseSpec | GradSpec, tuning: TritonTuning, d: int) ->
     return dict(configs.DEFAULT_GLUON_PAIRWISE if spec.kernel == "gluon" else configs.DEFAULT_PAIRWISE)
 
 
-def _tiles_of(spec: PairwiseSpec | GradSpec) -> Callable[[Mapping[str, Any]], tuple[int, int]]:
-    return _grad_tiles if isinstance(spec, GradSpec) else _pairwise_tiles(spec.kernel)
+def _product_tiles(kernel: str) -> Callable[[Mapping[str, Any]], tuple[int, int]]:
+    """Rows and columns of `out` of one program of the product on `kernel`'s K tiles."""
+    rows = _pairwise_tiles(kernel)
+    return lambda meta: (rows(meta)[0], meta["BC"])
 
 
-def _describe(spec: PairwiseSpec | GradSpec) -> str:
-    kernel = "gradient" if isinstance(spec, GradSpec) else spec.kernel
+def _tiles_of(spec: Spec) -> Callable[[Mapping[str, Any]], tuple[int, int]]:
+    if isinstance(spec, GradSpec):
+        return _grad_tiles
+    if isinstance(spec, ProductSpec):
+        return _product_tiles(spec.kernel)
+    return _pairwise_tiles(spec.kernel)
+
+
+def _describe(spec: Spec) -> str:
+    if isinstance(spec, ProductSpec):
+        kernel = f"kernel-product ({spec.kernel} K tiles)"
+    else:
+        kernel = "gradient" if isinstance(spec, GradSpec) else spec.kernel
     indices = "64" if spec.int64 else "32"
     return (
         f"its {kernel} kernel of program {spec.program.key()!r} ({spec.compute}, {spec.nbatch} batch "
@@ -417,7 +529,7 @@ def _describe(spec: PairwiseSpec | GradSpec) -> str:
 def _first_launch(
     family: _Family,
     key: tuple,
-    spec: PairwiseSpec | GradSpec,
+    spec: Spec,
     tuning: TritonTuning,
     debug: bool,
     args: list,

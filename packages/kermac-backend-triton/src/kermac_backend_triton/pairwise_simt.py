@@ -27,7 +27,15 @@ import triton.language as tl
 
 from kermac_backend_triton.kernel_math import INF, NINF, max_nan, min_nan
 
-__all__ = ["PREFETCH_DEPTHS", "combine_chunk", "grouped_tile", "index_type", "reduction_identity", "simt_tile"]
+__all__ = [
+    "PREFETCH_DEPTHS",
+    "combine_chunk",
+    "grouped_tile",
+    "index_type",
+    "reduction_identity",
+    "simt_tile",
+    "simt_values",
+]
 
 PREFETCH_DEPTHS = (0, 1, 2)
 """Values of the SIMT kernel's `PF` meta-parameter: how many k chunks ahead it loads."""
@@ -99,18 +107,20 @@ def _masked_step(acc, xrow, zrow, kk, D, SXK, SZK, hypers, inner, REDUCTION: tl.
 
 
 @triton.jit
-def simt_tile(
-    X, Z, OUT, M, N, D, OFF_M, OFF_N, SXM, SXK, SZN, SZK, SOM, SON, pm, pn, hypers, inner, epilogue,
+def simt_values(
+    X, Z, M, N, D, OFF_M, OFF_N, SXM, SXK, SZN, SZK, pm, pn, hypers, inner, epilogue,
     REDUCTION: tl.constexpr, USES_DIAG: tl.constexpr, COMPUTE: tl.constexpr,
     BK: tl.constexpr, MI: tl.constexpr, NI: tl.constexpr, MT: tl.constexpr, NT: tl.constexpr,
     PF: tl.constexpr, SPLIT_TAIL: tl.constexpr, INT64: tl.constexpr,
 ):  # fmt: skip
-    """Reduce, apply the epilogue to and store output tile `(pm, pn)` (see the module docs).
+    """`(val, om4, on4)`: tile `(pm, pn)` reduced, with the epilogue applied (see the module docs).
 
+    `val` is `[MI, NI, MT, NT]` in the compute type `COMPUTE`; entry `[i, j, s, t]` is output
+    `(om4, on4)[i, j, s, t]`: row `pm·BM + i·MT + s`, column `pn·BN + j·NT + t`.  Rows and
+    columns past `M`, `N` hold the values of clamped rows (`m mod M`, `n mod N`).
     `SPLIT_TAIL`: unmasked full `BK` steps (loads `PF` chunks ahead, one of
     `PREFETCH_DEPTHS`) and one masked step for `D mod BK`; otherwise one masked loop
-    (half the code, for the tensor-core kernel's rarely taken recompute).  `COMPUTE`: the
-    compute type.
+    (half the code, for the tensor-core kernel's rarely taken recompute).
     """
     BM: tl.constexpr = MI * MT
     BN: tl.constexpr = NI * NT
@@ -166,6 +176,21 @@ def simt_tile(
         # In the compute type: an epilogue of `diag` alone (e.g. exp(diag)) is computed in its type.
         diag = tl.where(om4 + OFF_M == on4 + OFF_N, 1.0, 0.0).to(COMPUTE)
     val = tl.broadcast_to(epilogue(acc, diag, hypers), [MI, NI, MT, NT])
+    return val, om4, on4
+
+
+@triton.jit
+def simt_tile(
+    X, Z, OUT, M, N, D, OFF_M, OFF_N, SXM, SXK, SZN, SZK, SOM, SON, pm, pn, hypers, inner, epilogue,
+    REDUCTION: tl.constexpr, USES_DIAG: tl.constexpr, COMPUTE: tl.constexpr,
+    BK: tl.constexpr, MI: tl.constexpr, NI: tl.constexpr, MT: tl.constexpr, NT: tl.constexpr,
+    PF: tl.constexpr, SPLIT_TAIL: tl.constexpr, INT64: tl.constexpr,
+):  # fmt: skip
+    """Compute (`simt_values`) and store output tile `(pm, pn)` (see the module docs)."""
+    val, om4, on4 = simt_values(
+        X, Z, M, N, D, OFF_M, OFF_N, SXM, SXK, SZN, SZK, pm, pn, hypers, inner, epilogue,
+        REDUCTION, USES_DIAG, COMPUTE, BK, MI, NI, MT, NT, PF, SPLIT_TAIL, INT64,
+    )  # fmt: skip
     tl.store(
         OUT + om4 * SOM + on4 * SON,
         val.to(OUT.dtype.element_ty),

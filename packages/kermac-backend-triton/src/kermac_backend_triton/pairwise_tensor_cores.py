@@ -29,7 +29,7 @@ import triton.language as tl
 from kermac_backend_triton.kernel_math import INF, to_tf32
 from kermac_backend_triton.pairwise_simt import index_type, simt_tile
 
-__all__ = ["tensor_core_tile"]
+__all__ = ["d2_values", "guarded_d2", "tensor_core_tile"]
 
 
 @triton.jit
@@ -41,19 +41,12 @@ def _load_chunk(xrow, zrow, k0, kr, D, SXK, SZK):
 
 
 @triton.jit
-def tensor_core_tile(
-    X, Z, OUT, M, N, D, OFF_M, OFF_N, SXM, SXK, SZN, SZK, SOM, SON, GUARD, pm, pn, hypers, inner, epilogue,
-    USES_DIAG: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, INT64: tl.constexpr,
+def guarded_d2(
+    xrow, zrow, kr, D, SXK, SZK, GUARD, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr
 ):  # fmt: skip
-    """Compute and store output tile `(pm, pn)` of a (x − z)²-sum program (see the module docs).
-
-    `inner` is the program's (x − z)² (the recompute's term), `epilogue(d2, diag, hypers)` its epilogue.
-    """
-    om = pm * BM + index_type(tl.arange(0, BM), INT64)
-    on = pn * BN + index_type(tl.arange(0, BN), INT64)
-    xrow = X + ((om % M) * SXM)[:, None]
-    zrow = Z + ((on % N) * SZN)[:, None]
-    kr = index_type(tl.arange(0, BK)[None, :], INT64)
+    """`(d2, recompute)`: the `[BM, BN]` tile of d² = ‖x‖² + ‖z‖² − 2·x·zᵀ in 3×TF32 for the rows at
+    `xrow` `[BM, 1]` and `zrow` `[BN, 1]` (features at `kr` `[1, BK]`), and whether any entry of it
+    is flagged by the cancellation guard (see the module docs)."""
     xsq = tl.zeros([BM, BK], tl.float32)
     zsq = tl.zeros([BN, BK], tl.float32)
     for k0 in range(0, D, BK):
@@ -76,7 +69,34 @@ def tensor_core_tile(
     s = xn[:, None] + zn[None, :]
     d2 = s - 2.0 * dot
     flag = ~((d2 > GUARD * s) & (d2 < INF))
-    if tl.max(tl.max(flag.to(tl.int32), 1), 0) > 0:
+    return d2, tl.max(tl.max(flag.to(tl.int32), 1), 0) > 0
+
+
+@triton.jit
+def d2_values(d2, om2, on2, OFF_M, OFF_N, hypers, epilogue, USES_DIAG: tl.constexpr):
+    """The epilogue applied to a `d2` tile whose rows and columns are `om2` `[BM, 1]`, `on2` `[1, BN]`."""
+    diag = 0.0
+    if USES_DIAG:
+        diag = tl.where(om2 + OFF_M == on2 + OFF_N, 1.0, 0.0)
+    return tl.broadcast_to(epilogue(d2, diag, hypers), d2.shape)
+
+
+@triton.jit
+def tensor_core_tile(
+    X, Z, OUT, M, N, D, OFF_M, OFF_N, SXM, SXK, SZN, SZK, SOM, SON, GUARD, pm, pn, hypers, inner, epilogue,
+    USES_DIAG: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, INT64: tl.constexpr,
+):  # fmt: skip
+    """Compute and store output tile `(pm, pn)` of a (x − z)²-sum program (see the module docs).
+
+    `inner` is the program's (x − z)² (the recompute's term), `epilogue(d2, diag, hypers)` its epilogue.
+    """
+    om = pm * BM + index_type(tl.arange(0, BM), INT64)
+    on = pn * BN + index_type(tl.arange(0, BN), INT64)
+    xrow = X + ((om % M) * SXM)[:, None]
+    zrow = Z + ((on % N) * SZN)[:, None]
+    kr = index_type(tl.arange(0, BK)[None, :], INT64)
+    d2, recompute = guarded_d2(xrow, zrow, kr, D, SXK, SZK, GUARD, BM, BN, BK)
+    if recompute:
         simt_tile(
             X, Z, OUT, M, N, D, OFF_M, OFF_N, SXM, SXK, SZN, SZK, SOM, SON, pm, pn, hypers, inner, epilogue,
             "sum", USES_DIAG, tl.float32, BK=2, MI=BM // 8, NI=BN // 16, MT=8, NT=16, PF=0, SPLIT_TAIL=False,
@@ -85,13 +105,9 @@ def tensor_core_tile(
     else:
         om2 = om[:, None]
         on2 = on[None, :]
-        diag = 0.0
-        if USES_DIAG:
-            diag = tl.where(om2 + OFF_M == on2 + OFF_N, 1.0, 0.0)
-        val = tl.broadcast_to(epilogue(d2, diag, hypers), [BM, BN])
         tl.store(
             OUT + om2 * SOM + on2 * SON,
-            val.to(OUT.dtype.element_ty),
+            d2_values(d2, om2, on2, OFF_M, OFF_N, hypers, epilogue, USES_DIAG).to(OUT.dtype.element_ty),
             mask=(om2 < M) & (on2 < N),
             cache_modifier=".cs",
         )

@@ -1,0 +1,133 @@
+"""The fused kernel product: `out[m, c] = Σ_n K[m, n] · v[n, c]`, K never materialised.
+
+`K[m, n]` is the pairwise program's output (`epilogue(REDUCE_k inner(x[m, k], z[n, k]), diag)`),
+computed tile by tile exactly as the pairwise kernels compute their output tiles and contracted
+with `v` where it is computed.  One program owns a `BM × BC` tile of `out` (rows `pm`, columns
+`pc`: `BC` is a power of two ≥ 16 covering C up to 64, larger C takes several column tiles, each
+recomputing K) and loops over N in `BN` tiles:
+
+* the `BM × BN` tile of K: `simt_product_tile` takes it from the SIMT pairwise tile
+  (`kermac_backend_triton.pairwise_simt.simt_values`, every reduction and program, float32 and
+  float64), `tensor_core_product_tile` from the guarded 3×TF32 expansion of the (x − z)²
+  family (`kermac_backend_triton.pairwise_tensor_cores.guarded_d2`, with the same SIMT
+  recompute of a flagged tile);
+* columns past N are set to 0 (their rows of `v` are loaded as 0: only lanes outside `v` are
+  masked, so NaN and ±inf in `v` reach the sum as in a dense product); rows past M hold the
+  values of clamped rows and are never stored;
+* `acc[BM, BC] += K_tile @ v_tile` (`kermac_backend_triton.gradient.contract`): float32 in
+  3×TF32 on the tensor cores with non-finite operands kept exact (`NONFINITE`), each tile's
+  partial product added to the float32 accumulator; float64 as an `ieee` dot.
+
+Half inputs are loaded and computed in float32 and stored in their own dtype.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from kermac_backend_triton.gradient import contract
+from kermac_backend_triton.pairwise_simt import index_type, simt_values
+from kermac_backend_triton.pairwise_tensor_cores import d2_values, guarded_d2
+
+__all__ = ["product_order", "simt_product_tile", "tensor_core_product_tile"]
+
+
+@triton.jit
+def product_order(M, C, BM: tl.constexpr, BC: tl.constexpr, INT64: tl.constexpr):
+    """(batch entry, row tile, column tile) of this program; the column tile varies fastest, so
+    the programs that recompute the same K tiles for other columns of `v` run together."""
+    pid = index_type(tl.program_id(0), INT64)
+    tiles_c = tl.cdiv(C, BC)
+    tiles = tl.cdiv(M, BM) * tiles_c
+    bat = pid // tiles
+    tile = pid % tiles
+    return bat, tile // tiles_c, tile % tiles_c
+
+
+@triton.jit
+def _simt_k_tile(
+    X, Z, M, N, D, OFF_M, OFF_N, SXM, SXK, SZN, SZK, pm, pn, hypers, inner, epilogue,
+    REDUCTION: tl.constexpr, USES_DIAG: tl.constexpr, COMPUTE: tl.constexpr,
+    BK: tl.constexpr, MI: tl.constexpr, NI: tl.constexpr, MT: tl.constexpr, NT: tl.constexpr,
+    PF: tl.constexpr, SPLIT_TAIL: tl.constexpr, INT64: tl.constexpr,
+):  # fmt: skip
+    """`simt_values`' tile `(pm, pn)` as `[MI·MT, NI·NT]`: its entry `[i, j, s, t]` at row
+    `i·MT + s`, column `j·NT + t`, as `simt_values` numbers them."""
+    val = simt_values(
+        X, Z, M, N, D, OFF_M, OFF_N, SXM, SXK, SZN, SZK, pm, pn, hypers, inner, epilogue,
+        REDUCTION, USES_DIAG, COMPUTE, BK, MI, NI, MT, NT, PF, SPLIT_TAIL, INT64,
+    )[0]  # fmt: skip
+    return tl.reshape(tl.permute(val, (0, 2, 1, 3)), (MI * MT, NI * NT))
+
+
+@triton.jit
+def _accumulate(acc, k, V, on, oc, N, C, SVN, SVC):
+    """`acc + K_tile @ v_tile`: `k` `[BM, BN]` at columns `on` `[BN]`, `v` rows `on`, columns `oc` `[BC]`."""
+    n_in = on < N
+    vv = tl.load(V + on[:, None] * SVN + oc[None, :] * SVC, mask=n_in[:, None] & (oc < C)[None, :], other=0.0)
+    k = tl.where(n_in[None, :], k, 0.0)
+    return contract(acc, k, vv.to(acc.dtype), NONFINITE=True)
+
+
+@triton.jit
+def _store(OUT, acc, om, oc, M, C, SOM, SOC):
+    tl.store(
+        OUT + om[:, None] * SOM + oc[None, :] * SOC,
+        acc.to(OUT.dtype.element_ty),
+        mask=(om < M)[:, None] & (oc < C)[None, :],
+    )
+
+
+@triton.jit
+def simt_product_tile(
+    X, Z, V, OUT, M, N, D, C, OFF_M, OFF_N, SXM, SXK, SZN, SZK, SVN, SVC, SOM, SOC, pm, pc, hypers, inner, epilogue,
+    REDUCTION: tl.constexpr, USES_DIAG: tl.constexpr, COMPUTE: tl.constexpr,
+    BK: tl.constexpr, MI: tl.constexpr, NI: tl.constexpr, MT: tl.constexpr, NT: tl.constexpr,
+    PF: tl.constexpr, BC: tl.constexpr, INT64: tl.constexpr,
+):  # fmt: skip
+    """Compute and store `out` tile `(pm, pc)` with K tiles of the SIMT pairwise kernel
+    (`BM = MI·MT`, `BN = NI·NT`, both ≥ 16 for the dot; see the module docs)."""
+    BM: tl.constexpr = MI * MT
+    BN: tl.constexpr = NI * NT
+    oc = pc * BC + index_type(tl.arange(0, BC), INT64)
+    acc = tl.zeros([BM, BC], COMPUTE)
+    for n_tile in range(0, tl.cdiv(N, BN)):
+        pn = n_tile + 0 * pm  # pm's index type (64-bit where INT64); the interpreter's n_tile is a Python int
+        k = _simt_k_tile(
+            X, Z, M, N, D, OFF_M, OFF_N, SXM, SXK, SZN, SZK, pm, pn, hypers, inner, epilogue,
+            REDUCTION, USES_DIAG, COMPUTE, BK, MI, NI, MT, NT, PF, True, INT64,
+        )  # fmt: skip
+        on = pn * BN + index_type(tl.arange(0, BN), INT64)
+        acc = _accumulate(acc, k, V, on, oc, N, C, SVN, SVC)
+    _store(OUT, acc, pm * BM + index_type(tl.arange(0, BM), INT64), oc, M, C, SOM, SOC)
+
+
+@triton.jit
+def tensor_core_product_tile(
+    X, Z, V, OUT, M, N, D, C, OFF_M, OFF_N, SXM, SXK, SZN, SZK, SVN, SVC, SOM, SOC, GUARD, pm, pc, hypers, inner,
+    epilogue, USES_DIAG: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, BC: tl.constexpr,
+    INT64: tl.constexpr,
+):  # fmt: skip
+    """Compute and store `out` tile `(pm, pc)` of a float32 (x − z)²-sum program with K tiles of
+    the tensor-core pairwise kernel: a tile the guard flags is recomputed from differences by
+    the SIMT tile, as there (see the module docs)."""
+    om = pm * BM + index_type(tl.arange(0, BM), INT64)
+    oc = pc * BC + index_type(tl.arange(0, BC), INT64)
+    xrow = X + ((om % M) * SXM)[:, None]
+    kr = index_type(tl.arange(0, BK)[None, :], INT64)
+    acc = tl.zeros([BM, BC], tl.float32)
+    for n_tile in range(0, tl.cdiv(N, BN)):
+        pn = n_tile + 0 * pm  # pm's index type (64-bit where INT64); the interpreter's n_tile is a Python int
+        on = pn * BN + index_type(tl.arange(0, BN), INT64)
+        zrow = Z + ((on % N) * SZN)[:, None]
+        d2, recompute = guarded_d2(xrow, zrow, kr, D, SXK, SZK, GUARD, BM, BN, BK)
+        if recompute:
+            k = _simt_k_tile(
+                X, Z, M, N, D, OFF_M, OFF_N, SXM, SXK, SZN, SZK, pm, pn, hypers, inner, epilogue,
+                "sum", USES_DIAG, tl.float32, 2, BM // 8, BN // 16, 8, 16, 0, False, INT64,
+            )  # fmt: skip
+        else:
+            k = d2_values(d2, om[:, None], on[None, :], OFF_M, OFF_N, hypers, epilogue, USES_DIAG)
+        acc = _accumulate(acc, k, V, on, oc, N, C, SVN, SVC)
+    _store(OUT, acc, om, oc, M, C, SOM, SOC)

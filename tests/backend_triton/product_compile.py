@@ -1,0 +1,82 @@
+"""Compile generated kernel-product kernels to cubins without a GPU, in a clean process.
+
+Run as ``python tests/backend_triton/product_compile.py`` with a JSON list of jobs on stdin;
+prints a JSON object mapping each job's ``id`` to its ``cuobjdump -res-usage`` report (or
+``"error: ..."``).  A separate process for the reasons of ``tests/gluon_compile.py`` (the
+interpreter patches ``triton.language`` for the whole process; ``TRITON_INTERPRET`` unset).
+
+A job: ``{"id", "preset", "regularized", "spec": {ProductSpec field changes}, "meta", "warps",
+"arch", "dtype"}``; pointers are 16-byte aligned, the unit strides 1 and the others divisible by 16.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+_POINTER_TYPES = {"float32": "*fp32", "float64": "*fp64", "float16": "*fp16", "bfloat16": "*bf16"}
+
+
+def compile_job(job: dict) -> str:
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from kermac import presets
+    from kermac_backend_triton.generated import ProductSpec, kernel_source
+    from kermac_backend_triton.modules import load_module
+
+    dtype = job["dtype"]
+    compute = "float64" if dtype == "float64" else "float32"
+    spec = dict(program=presets.ALL[job["preset"]].lower(regularized=job["regularized"]), compute=compute)
+    spec.update(nbatch=0, tensor_hypers=frozenset(), int64=False, kernel="simt")
+    changes = dict(job["spec"])
+    if "tensor_hypers" in changes:
+        changes["tensor_hypers"] = frozenset(changes["tensor_hypers"])
+    spec = ProductSpec(**(spec | changes))
+    fn = load_module(kernel_source(spec)).kermac_product
+    index = {n: i for i, n in enumerate(fn.arg_names)}
+    consts = dict(job["meta"]) | {"SXK": 1, "SZK": 1, "SVC": 1, "SOC": 1, "KEY": 0}
+    signature = {}
+    for name in fn.arg_names:
+        if name in consts:
+            signature[name] = "constexpr"
+        elif name in ("X", "Z", "V", "OUT") or name.startswith("H_"):
+            signature[name] = _POINTER_TYPES[dtype]
+        elif name.startswith("h_"):
+            signature[name] = "fp64" if compute == "float64" else "fp32"
+        elif name == "GUARD":
+            signature[name] = "fp32"
+        else:
+            signature[name] = "i64" if spec.int64 else "i32"
+    aligned = [n for n in ("X", "Z", "V", "OUT", "SXM", "SZN", "SVN", "SOM") if n not in consts]
+    source = ASTSource(
+        fn=fn,
+        signature=signature,
+        constexprs={(index[k],): v for k, v in consts.items()},
+        attrs={(index[n],): [["tt.divisibility", 16]] for n in aligned},
+    )
+    target = GPUTarget("cuda", job["arch"], 32)
+    kernel = triton.compile(source, target=target, options={"num_warps": job["warps"]})
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(kernel.asm["cubin"])
+        f.flush()
+        cuobjdump = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
+        return subprocess.run([cuobjdump, "-res-usage", f.name], capture_output=True, text=True, check=True).stdout
+
+
+def main() -> None:
+    reports = {}
+    for job in json.load(sys.stdin):
+        try:
+            reports[job["id"]] = compile_job(job)
+        except Exception as exc:  # reported per job: one failure must not hide the others
+            reports[job["id"]] = f"error: {type(exc).__name__}: {exc}"
+    json.dump(reports, sys.stdout)
+
+
+if __name__ == "__main__":
+    main()
