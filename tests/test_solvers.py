@@ -89,6 +89,26 @@ def test_nystrom_reduces_iterations_on_ill_conditioned_system():
     torch.testing.assert_close(nys.alpha, _reference(K, y), rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_nystrom_stays_positive_definite_when_lambda_is_below_the_rounding_of_the_gram_matrix(dtype):
+    """λ = 10⁻³ on 400 points whose Gaussian Gram matrix is singular to working precision: the preconditioner
+    must still be symmetric positive definite (a Woodbury form `(I − …)/λ` divides rounding by λ and gives NaN
+    in float32, an indefinite P⁻¹ in float64) and cut the iterations."""
+    x = _randn(400, 3, seed=3).to(dtype)
+    K = kermac.KernelOperator("gaussian", x, x, bandwidth=2.0, regularization=1e-3)
+    y = _randn(400, 2, seed=5).to(dtype)
+    tol = 1e-6 if dtype == F64 else 1e-2
+    plain = solvers.solve(K, y, method="cg", preconditioner=None, tol=tol, max_iter=1000)
+    nys = solvers.solve(K, y, method="cg", preconditioner="nystrom", tol=tol, rank=100, max_iter=1000)
+    assert bool(nys.converged.all()), nys.residual
+    speedup = 10 if dtype == F64 else 3  # float32 keeps only the directions its products resolve
+    assert int(nys.iterations.max()) * speedup < int(plain.iterations.min())
+    apply = solvers.NystromPreconditioner(K, 1e-3, 100, seed=0)
+    p_inv = apply(torch.eye(400, dtype=dtype)).double()
+    torch.testing.assert_close(p_inv, p_inv.mT, rtol=0, atol=1e-5 * float(p_inv.abs().max()))
+    assert float(torch.linalg.eigvalsh((p_inv + p_inv.mT) / 2).min()) > 0
+
+
 def test_non_convergence_is_reported_and_raised_on_request():
     K = _operator("gaussian", 50, 1e-3)
     y = _randn(50, 2, seed=1)
