@@ -61,8 +61,9 @@ def contract(acc, w, cv, NONFINITE: tl.constexpr = False):
     `NONFINITE`: ±inf and NaN operands give what a float32 product gives.  Without it the lo
     part of ±inf is NaN (inf − inf) and an exact lo of 0 meets the other operand's inf (0·inf);
     with it the lo parts of non-finite entries and the hi parts they meet in the cross products
-    are 0, so a non-finite entry enters the sum through wh·ch alone (four selects per pair of
-    tiles' entries, which the gradient, whose operands are finite in practice, does not pay).
+    are 0 and their hi parts are the entries themselves, so a non-finite entry enters the sum
+    through wh·ch alone (six selects per pair of tiles' entries, which the gradient, whose operands
+    are finite in practice, does not pay).
     """
     if acc.dtype == tl.float64:
         return tl.dot(w, cv, acc, input_precision="ieee", out_dtype=tl.float64)
@@ -73,6 +74,10 @@ def contract(acc, w, cv, NONFINITE: tl.constexpr = False):
         if NONFINITE:
             w_finite = tl.abs(w) < INF
             c_finite = tl.abs(cv) < INF
+            # A non-finite entry goes in unrounded: the rounding carry of a NaN with a full payload (the
+            # 0x7FFFFFFF that CUDA arithmetic produces) reaches the sign bit and would make its hi part -0.
+            wh = tl.where(w_finite, wh, w)
+            ch = tl.where(c_finite, ch, cv)
             wl = tl.where(w_finite, wl, 0.0)
             cl = tl.where(c_finite, cl, 0.0)
             part = tl.dot(wl, tl.where(c_finite, ch, 0.0), input_precision="tf32", out_dtype=tl.float32)

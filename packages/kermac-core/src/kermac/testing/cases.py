@@ -140,15 +140,19 @@ class Case:
 
         With one column it has no batch dimensions (broadcast against the batch); with more, those of
         `z` (of `x` with `transpose`), so it broadcasts against the other operand where the case's batch
-        does.  It takes the case's `layout` (a transposed or strided view); `special` puts NaN in its
-        first entry where there are several columns (the other columns still check the values)."""
+        does.  It takes the case's `layout` (a transposed or strided view); `special` puts a NaN with
+        every payload bit set in its first entry where there are several columns (the other columns still
+        check the values)."""
         x, z = operands
         rows_of = x if transpose else z
         batch = rows_of.shape[:-2] if columns > 1 else ()
         gen = torch.Generator().manual_seed(zlib.crc32(f"{self.name}/v{columns}{'T' * transpose}".encode()))
         v = self._operand((*batch, rows_of.shape[-2], columns), gen, device, x.dtype)
         if self.special and columns > 1 and v.numel():
-            v[..., 0, 0] = torch.nan
+            # the NaN that CUDA arithmetic produces (every payload bit set), not Python's quiet NaN: a backend
+            # that rounds it with an integer carry (as a TF32 split may) turns it into -0
+            bits = {2: torch.int16, 4: torch.int32, 8: torch.int64}[v.element_size()]
+            v.view(bits)[..., 0, 0] = torch.iinfo(bits).max
         return v
 
     def product_problem(
