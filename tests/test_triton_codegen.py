@@ -366,19 +366,29 @@ def test_tuning_is_validated_and_keys_the_backend() -> None:
 def test_auto_prefers_triton_where_its_tensor_core_kernel_runs(monkeypatch: pytest.MonkeyPatch) -> None:
     """Preference 25 (above NVRTC's 20) for the tensor-core problems on a GPU; elsewhere the priority."""
     backend_mod = pytest.importorskip("kermac_backend_triton.backend")
-    from kermac.problem import pairwise_problem
+    from kermac.problem import pairwise_problem, product_problem
 
     def problem(desc: kermac.KernelDescriptor, d: int = 64) -> object:
         x, z = torch.ones(4, d), torch.ones(5, d)
         return pairwise_problem(desc.lower(), x, z, out=None, hypers={}, offset_m=0, offset_n=0, debug=False)
+
+    def product(desc: kermac.KernelDescriptor, d: int = 64, dtype: torch.dtype = torch.float32) -> object:
+        x, v = torch.ones(4, d, dtype=dtype), torch.ones(4, 3, dtype=dtype)
+        return product_problem(desc.lower(), x, x, v, out=None, hypers={})
 
     monkeypatch.setattr(backend_mod, "interpreting", lambda: False)
     backend = backend_mod.TritonBackend()
     assert backend.preference(problem(presets.l2_distance)) == backend_mod.TENSOR_CORE_PREFERENCE == 25
     assert backend.preference(problem(presets.laplace_l2)) == 25
     assert backend.preference(problem(presets.l1_distance)) == backend.priority
+    # products whose K tiles come from the tensor-core kernel: float32 Σ(x − z)² programs with D ≥ 16
+    assert backend.preference(product(presets.gaussian)) == 25
+    assert backend.preference(product(presets.gaussian, d=3)) == backend.priority
+    assert backend.preference(product(presets.laplace_l1)) == backend.priority
+    assert backend.preference(product(presets.gaussian, dtype=torch.float64)) == backend.priority
     monkeypatch.setattr(backend_mod, "interpreting", lambda: True)  # the interpreter stays opt-in
     assert backend.preference(problem(presets.l2_distance)) == backend.priority
+    assert backend.preference(product(presets.gaussian)) == backend.priority
 
 
 def test_tensor_core_spaces_follow_d() -> None:

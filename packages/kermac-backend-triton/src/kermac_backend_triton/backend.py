@@ -16,13 +16,20 @@ import functools
 from typing import TYPE_CHECKING
 
 from kermac.backend import Availability, Backend
-from kermac.problem import PairwiseProblem
+from kermac.problem import PairwiseProblem, ProductProblem
 from kermac_backend_triton.interpreter import interpreting
-from kermac_backend_triton.launch import grid_size_problem, pairwise_kernel, run_grad, run_pairwise, run_product
+from kermac_backend_triton.launch import (
+    grid_size_problem,
+    pairwise_kernel,
+    product_kernel,
+    run_grad,
+    run_pairwise,
+    run_product,
+)
 from kermac_backend_triton.tuning import DEFAULT_TUNING, TritonTuning
 
 if TYPE_CHECKING:
-    from kermac.problem import GradProblem, ProductProblem
+    from kermac.problem import GradProblem
 
 __all__ = ["MIN_CAPABILITY", "TENSOR_CORE_PREFERENCE", "TritonBackend"]
 
@@ -30,7 +37,9 @@ MIN_CAPABILITY = (8, 0)
 TENSOR_CORE_PREFERENCE = 25
 """`auto`'s fallback preference (used where no cost table decides, `kermac.costs`) for the float32
 p = 2 family on Triton's tensor-core kernel: above NVRTC's priority, because it measured faster than
-NVRTC's `mma.sync` kernel (docs/dev/triton-kernels.md).  Everything else keeps the priority (10).
+NVRTC's `mma.sync` kernel (docs/dev/triton-kernels.md), and for the products whose K tiles come from it,
+which measured as fast as NVRTC's SIMT product or up to 1.8× faster (docs/dev/triton-product.md).
+Everything else keeps the priority (10).
 """
 
 
@@ -99,8 +108,12 @@ class TritonBackend(Backend):
         return self._check_device(problem.device) or grid_size_problem(problem)
 
     def preference(self, problem: PairwiseProblem | GradProblem | ProductProblem) -> int:
-        """`TENSOR_CORE_PREFERENCE` where the pairwise tensor-core kernel runs on a GPU, else the priority."""
-        tc = isinstance(problem, PairwiseProblem) and pairwise_kernel(problem, self.tuning) == "tensor_cores"
+        """`TENSOR_CORE_PREFERENCE` where a pairwise or product problem runs on a tensor-core kernel on a GPU,
+        else the priority."""
+        if isinstance(problem, PairwiseProblem):
+            tc = pairwise_kernel(problem, self.tuning) == "tensor_cores"
+        else:
+            tc = isinstance(problem, ProductProblem) and product_kernel(problem, self.tuning) == "tensor_cores"
         if tc and not interpreting():
             return TENSOR_CORE_PREFERENCE
         return self.priority
