@@ -81,6 +81,57 @@ def test_a_batch_of_regularizations_fits_a_batch_of_models():
         model.score(x, y)
 
 
+def _reference_std(x_train, x_test, bandwidth, lam):
+    """The Gaussian-process posterior standard deviation with the Laplace kernel, written out in float64 numpy."""
+
+    def k(a, b):
+        return np.exp(-np.sqrt(((a[:, None, :] - b[None, :, :]) ** 2).sum(-1)) / bandwidth)
+
+    cross = k(x_train, x_test)
+    solved = np.linalg.solve(k(x_train, x_train) + lam * np.eye(len(x_train)), cross)
+    return np.sqrt(np.maximum(1 - (cross * solved).sum(0), 0))
+
+
+def test_posterior_standard_deviation_matches_the_gaussian_process():
+    x, y = _data(60)
+    x_test, _ = _data(25, seed=1)
+    model = KernelRidge(bandwidth=1.5, regularization=1e-2, solver="cholesky", backend="torch").fit(x, y)
+    mean, std = model.predict(x_test, return_std=True)
+    np.testing.assert_allclose(mean, model.predict(x_test), rtol=0, atol=0)
+    assert isinstance(std, np.ndarray) and std.shape == (25,)
+    np.testing.assert_allclose(std, _reference_std(x, x_test, 1.5, 1e-2), rtol=1e-7, atol=1e-9)
+    at_data = model.predict(x[:5], return_std=True)[1]
+    assert (at_data < 0.2).all() and (std >= 0).all()  # small at the data, never negative
+    far = model.predict(x_test + 100.0, return_std=True)[1]
+    np.testing.assert_allclose(far, 1.0, rtol=1e-12)  # the prior's k(x, x) = 1 far from every point
+
+
+def test_posterior_standard_deviation_of_a_batch_blocks_and_empty_inputs(monkeypatch):
+    """A batch of λ gives [L, m]; blocks of K(X_fit_, X) smaller than m change nothing; m = 0 gives [L, 0]; the
+    same for every output column."""
+    import kermac.models as models
+
+    x, y = _data(40)
+    x_test, _ = _data(9, seed=2)
+    lams = torch.tensor([1e-2, 1.0], dtype=F64)
+    model = KernelRidge(bandwidth=1.5, regularization=lams, solver="cholesky", backend="torch")
+    model.fit(torch.as_tensor(x), torch.as_tensor(np.stack([y, -y], 1)))
+    _, std = model.predict(torch.as_tensor(x_test), return_std=True)
+    assert std.shape == (2, 9)
+    for i, lam in enumerate((1e-2, 1.0)):
+        np.testing.assert_allclose(std[i].numpy(), _reference_std(x, x_test, 1.5, lam), rtol=1e-7, atol=1e-9)
+    monkeypatch.setattr(models, "_STD_BLOCK_ENTRIES", 40 * 2)  # two test points per block
+    torch.testing.assert_close(model.predict(torch.as_tensor(x_test), return_std=True)[1], std)
+    assert model.predict(torch.as_tensor(x_test[:0]), return_std=True)[1].shape == (2, 0)
+
+
+def test_posterior_standard_deviation_needs_the_dense_fit():
+    x, y = _data(30)
+    model = KernelRidge(bandwidth=1.5, regularization=1e-1, solver="cg", backend="torch").fit(x, y)
+    with pytest.raises(ValueError, match=r"return_std: .* fitted by 'cg'; fit with solver='cholesky'"):
+        model.predict(x, return_std=True)
+
+
 def test_get_params_set_params_and_reconstruction():
     model = KernelRidge(kernel="laplace_l1", bandwidth=2.0, regularization=0.1, tol=1e-8)
     params = model.get_params()

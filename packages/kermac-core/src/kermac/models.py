@@ -31,6 +31,8 @@ __all__ = ["KernelRidge", "RecursiveFeatureMachine", "Regressor"]
 ArrayLike = Any
 """A torch tensor, a numpy array or anything else `torch.as_tensor` reads (numpy is not a dependency of kermac)."""
 
+_STD_BLOCK_ENTRIES = 1 << 24  # bound on the block of K(X_fit_, X) evaluated per step of predict(return_std=True)
+
 
 class Regressor:
     """scikit-learn's estimator protocol for kermac's regressors, without importing scikit-learn: parameters are
@@ -162,11 +164,24 @@ class KernelRidge(Regressor):
             )
         self.X_fit_, self.alpha_, self.solution_, self.n_features_in_ = x, solution.alpha, solution, x.shape[1]
         self._vector_target = target.dim() == 1
+        self._posterior_factor: torch.Tensor | None = None  # Cholesky factor of K + λI, made by return_std
         return self
 
-    def predict(self, X: ArrayLike) -> ArrayLike:
-        """`K(X, X_fit_) α` for `X [m, d]`: `[m]` or `[m, C]` like `y`, a numpy array for a numpy `X`, else a
-        tensor on `X_fit_`'s device."""
+    def predict(self, X: ArrayLike, return_std: bool = False) -> ArrayLike | tuple[ArrayLike, ArrayLike]:
+        r"""`K(X, X_fit_) α` for `X [m, d]`: `[m]` or `[m, C]` like `y`, a numpy array for a numpy `X`, else a
+        tensor on `X_fit_`'s device.
+
+        With `return_std=True`, also the posterior standard deviation of the Gaussian process whose posterior
+        mean this is (covariance `k`, noise variance λ):
+        `σ(x) = (k(x, x) − k_xᵀ (K + λI)⁻¹ k_x)^{1/2}`, `k_x = K(X_fit_, x)`, as `[m]` (`[L, m]` for a batch of
+        λ; the same for every output column). It needs the Cholesky factor of `K + λI`, so only a model fitted
+        by the dense route (`solution_.method == "cholesky"`) provides it; the factor is computed at the first
+        such call and kept (`n²` entries), then each call costs `n²·m` for the triangular solves and `n·m`
+        kernel entries, in blocks of at most 2²⁴ entries of `K(X_fit_, X)`.
+
+        Raises:
+            ValueError: `return_std` on a model fitted by conjugate gradients.
+        """
         if not hasattr(self, "alpha_"):
             raise RuntimeError(f"{type(self).__name__} is not fitted yet: call fit(X, y) before predict")
         x = _as_matrix("X", X, like=self.X_fit_)
@@ -177,7 +192,34 @@ class KernelRidge(Regressor):
         alpha = self.alpha_[..., None] if self._vector_target else self.alpha_
         out = kernel_product(kernel, x, self.X_fit_, alpha, backend=self.backend, **arguments)
         out = out[..., 0] if self._vector_target else out
-        return out.cpu().numpy() if _is_numpy(X) else out
+        if not return_std:
+            return out.cpu().numpy() if _is_numpy(X) else out
+        std = self._posterior_std(x, kernel, arguments)
+        if _is_numpy(X):
+            return out.cpu().numpy(), std.cpu().numpy()
+        return out, std
+
+    def _posterior_std(self, x: torch.Tensor, kernel: KernelDescriptor, arguments: dict[str, Any]) -> torch.Tensor:
+        """`σ(x)` of `predict(..., return_std=True)` for `x [m, d]`: `[m]` or `[L, m]`."""
+        if self.solution_.method != "cholesky":
+            raise ValueError(
+                "return_std: the posterior standard deviation needs the Cholesky factor of K + λI, and this model "
+                f"was fitted by {self.solution_.method!r}; fit with solver='cholesky' (while K fits in memory)"
+            )
+        fitted = self.X_fit_
+        if self._posterior_factor is None:
+            K = KernelOperator(
+                kernel, fitted, fitted, regularization=self.regularization, backend=self.backend, **arguments
+            )
+            self._posterior_factor = torch.linalg.cholesky_ex(K.to_dense())[0]  # fit already factored it once
+        prior = KernelOperator(kernel, x, x, backend=self.backend, **arguments).diagonal()
+        block = max(1, _STD_BLOCK_ENTRIES // max(fitted.shape[0], 1))
+        variances = [prior[:0].expand(self._posterior_factor.shape[:-2] + (0,))]
+        for j in range(0, x.shape[0], block):
+            cross = KernelOperator(kernel, fitted, x[j : j + block], backend=self.backend, **arguments).to_dense()
+            v = torch.linalg.solve_triangular(self._posterior_factor, cross, upper=False)
+            variances.append(prior[j : j + block] - (v * v).sum(-2))
+        return torch.cat(variances, -1).clamp_min(0).sqrt()
 
     def score(self, X: ArrayLike, y: ArrayLike, sample_weight: Any = None) -> float:
         """R² of `predict(X)` against `y` (scikit-learn's `r2_score`, outputs averaged uniformly; one host read)."""
