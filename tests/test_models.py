@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import kermac
-from kermac.models import KernelRidge
+from kermac.models import KernelRidge, NotFittedError, RecursiveFeatureMachine
 
 F64 = torch.float64
 
@@ -166,9 +166,9 @@ def test_refit_after_set_params_changes_the_model():
 
 def test_bad_input():
     x, y = _data(10)
-    with pytest.raises(RuntimeError, match="not fitted yet"):
+    with pytest.raises(NotFittedError, match="not fitted yet"):
         KernelRidge().predict(x)
-    with pytest.raises(ValueError, match="X: expected a 2-d floating array"):
+    with pytest.raises(ValueError, match=r"X: expected a 2-d floating array .* Reshape your data"):
         KernelRidge().fit(x[:, 0], y)
     with pytest.raises(ValueError, match="X: expected finite"):
         KernelRidge().fit(np.where(np.arange(20).reshape(10, 2) == 3, np.nan, x), y)
@@ -181,10 +181,57 @@ def test_bad_input():
     with pytest.raises(ValueError, match="regularization: conjugate gradient needs λ > 0"):
         KernelRidge(regularization=0.0, solver="cg").fit(x, y)
     model = KernelRidge().fit(x, y)
-    with pytest.raises(ValueError, match="X: expected 2 features"):
+    with pytest.raises(ValueError, match="X has 3 features, but KernelRidge is expecting 2 features as input"):
         model.predict(np.ones((3, 3)))
     with pytest.raises(ValueError, match=r"y: expected shape \[10\]"):
         model.score(x, y[:, None].repeat(2, 1))
+
+
+class _ArrayLike:
+    """An object that is not an array but gives one (as pandas frames and scikit-learn's test doubles do)."""
+
+    def __init__(self, values: np.ndarray) -> None:
+        self.values = values
+
+    def __array__(self, dtype=None, copy=None):
+        return self.values
+
+
+@pytest.mark.parametrize(
+    "estimator", [KernelRidge(), RecursiveFeatureMachine(iterations=1)], ids=lambda e: type(e).__name__
+)
+def test_scikit_learn_input_conventions(estimator):
+    """The input rules scikit-learn's `check_estimator` holds estimators to, checked without scikit-learn."""
+    x, y = _data(12)
+    name = type(estimator).__name__
+    with pytest.raises(NotFittedError, match=f"This {name} instance is not fitted yet"):
+        estimator.predict(x)
+    assert issubclass(NotFittedError, ValueError) and issubclass(NotFittedError, AttributeError)
+    with pytest.raises(ValueError, match=r"X: 0 sample\(s\) \(shape=\(0, 2\)\) while a minimum of 1 is required"):
+        estimator.fit(np.ones((0, 2)), np.ones(0))
+    with pytest.raises(ValueError, match=r"X: 0 feature\(s\) \(shape=\(12, 0\)\) while a minimum of 1 is required"):
+        estimator.fit(np.ones((12, 0)), y)
+    with pytest.raises(ValueError, match="requires y to be passed, but the target y is None"):
+        estimator.fit(x, None)
+    with pytest.raises(ValueError, match="X: Complex data not supported"):
+        estimator.fit(x + 1j, y)
+    with pytest.raises(TypeError, match="X: sparse input is not supported"):
+        estimator.fit(torch.as_tensor(x).to_sparse(), y)
+    with pytest.raises(TypeError, match="X: argument must be a string or a real number"):
+        estimator.fit(np.array([[object()] * 2] * 12), y)
+    from_objects = type(estimator)(**estimator.get_params()).fit(x.astype(object), y).predict(x)
+    from_array_like = type(estimator)(**estimator.get_params()).fit(_ArrayLike(x), _ArrayLike(y)).predict(x)
+    np.testing.assert_allclose(from_objects, estimator.fit(x, y).predict(x), rtol=1e-12)
+    np.testing.assert_allclose(from_array_like, estimator.predict(x), rtol=1e-12)
+    with pytest.raises(ValueError, match=f"X has 1 features, but {name} is expecting 2 features as input"):
+        estimator.predict(x[:, :1])
+
+
+def test_check_estimator_passes():
+    estimator_checks = pytest.importorskip("sklearn.utils.estimator_checks")
+    for estimator in (KernelRidge(backend="torch"), RecursiveFeatureMachine(iterations=1, backend="torch")):
+        failed = [r for r in estimator_checks.check_estimator(estimator, on_fail=None) if r["status"] == "failed"]
+        assert not failed, [(r["check_name"], repr(r["exception"])) for r in failed]
 
 
 def test_non_convergence_warns(monkeypatch):

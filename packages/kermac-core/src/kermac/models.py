@@ -13,6 +13,7 @@ Jacobian.
 
 from __future__ import annotations
 
+import functools
 import inspect
 import warnings
 from typing import Any
@@ -26,7 +27,7 @@ from kermac.predictor import predictor_gradient
 from kermac.presets import ALL as PRESETS
 from kermac.solvers import DENSE_BUDGET_CPU_BYTES, Solution, solve
 
-__all__ = ["KernelRidge", "RecursiveFeatureMachine", "Regressor"]
+__all__ = ["KernelRidge", "NotFittedError", "RecursiveFeatureMachine", "Regressor"]
 
 ArrayLike = Any
 """A torch tensor, a numpy array or anything else `torch.as_tensor` reads (numpy is not a dependency of kermac)."""
@@ -145,6 +146,7 @@ class KernelRidge(Regressor):
         """Fit on `X [n, d]` and `y [n]` or `[n, C]` (numpy arrays or tensors; numpy runs on the CPU, a tensor
         `X` on its device, `y` converted to `X`'s dtype and device). Returns the estimator."""
         x = _as_matrix("X", X)
+        _check_training_data(x, y)
         target = _as_tensor("y", y, like=x)
         if target.dim() not in (1, 2) or target.shape[0] != x.shape[0]:
             raise ValueError(
@@ -182,11 +184,9 @@ class KernelRidge(Regressor):
         Raises:
             ValueError: `return_std` on a model fitted by conjugate gradients.
         """
-        if not hasattr(self, "alpha_"):
-            raise RuntimeError(f"{type(self).__name__} is not fitted yet: call fit(X, y) before predict")
+        _check_fitted(self, "alpha_")
         x = _as_matrix("X", X, like=self.X_fit_)
-        if x.shape[1] != self.n_features_in_:
-            raise ValueError(f"X: expected {self.n_features_in_} features (as in fit), got {x.shape[1]}")
+        _check_features(self, x)
         arguments = self._kernel_arguments()
         kernel = arguments.pop("kernel")
         alpha = self.alpha_[..., None] if self._vector_target else self.alpha_
@@ -242,11 +242,80 @@ class KernelRidge(Regressor):
         return float(r2.mean())
 
 
+class NotFittedError(ValueError, AttributeError):
+    """`predict` or `score` before `fit`. Where scikit-learn is installed the error raised is also an instance of
+    `sklearn.exceptions.NotFittedError` (the class scikit-learn's tools catch)."""
+
+
+@functools.cache
+def _not_fitted_class() -> type[NotFittedError]:
+    try:
+        from sklearn.exceptions import NotFittedError as SklearnNotFittedError
+    except ImportError:
+        return NotFittedError
+    return type("NotFittedError", (NotFittedError, SklearnNotFittedError), {"__module__": __name__})
+
+
+def _check_fitted(estimator: Regressor, attribute: str) -> None:
+    if not hasattr(estimator, attribute):
+        raise _not_fitted_class()(
+            f"This {type(estimator).__name__} instance is not fitted yet: call fit(X, y) before predict or score"
+        )
+
+
+def _check_features(estimator: Regressor, x: torch.Tensor) -> None:
+    if x.shape[1] != estimator.n_features_in_:
+        raise ValueError(
+            f"X has {x.shape[1]} features, but {type(estimator).__name__} is expecting {estimator.n_features_in_} "
+            "features as input (as in fit)"
+        )
+
+
+def _check_training_data(x: torch.Tensor, y: object) -> None:
+    """scikit-learn's rules for training data: at least one sample and one feature, and a y."""
+    if x.shape[0] == 0 or x.shape[1] == 0:
+        what = "sample" if x.shape[0] == 0 else "feature"
+        raise ValueError(f"X: 0 {what}(s) (shape=({x.shape[0]}, {x.shape[1]})) while a minimum of 1 is required.")
+    if y is None:
+        raise ValueError("y: this estimator requires y to be passed, but the target y is None")
+
+
 def _is_numpy(value: object) -> bool:
     return type(value).__module__ == "numpy" and type(value).__name__ == "ndarray"
 
 
+def _plain(name: str, value: object) -> object:
+    """`value` in a form `torch.as_tensor` reads: refuses sparse and complex data with a sentence; an object with
+    `__array__` (array-likes that are not arrays) becomes its array; a numpy object array becomes float64."""
+    if isinstance(value, torch.Tensor):
+        if value.layout != torch.strided:
+            raise TypeError(
+                f"{name}: sparse input is not supported; pass a dense tensor (to_dense()), got {value.layout}"
+            )
+        kind = "complex" if value.is_complex() else None
+    else:
+        if type(value).__module__.startswith("scipy.sparse"):
+            raise TypeError(
+                f"{name}: sparse input is not supported; pass a dense array (toarray()), got {type(value).__name__}"
+            )
+        if not _is_numpy(value) and hasattr(value, "__array__"):
+            value = value.__array__()
+        kind = getattr(getattr(value, "dtype", None), "kind", None)
+        if kind == "O":
+            try:
+                value = value.astype("float64")
+            except (TypeError, ValueError) as exc:
+                raise TypeError(
+                    f"{name}: argument must be a string or a real number in every entry of an object array ({exc})"
+                ) from exc
+        kind = "complex" if kind == "c" else None
+    if kind == "complex":
+        raise ValueError(f"{name}: Complex data not supported, got {getattr(value, 'dtype', None)}")
+    return value
+
+
 def _as_tensor(name: str, value: object, *, like: torch.Tensor) -> torch.Tensor:
+    value = _plain(name, value)
     try:
         return torch.as_tensor(value, dtype=like.dtype, device=like.device)
     except (TypeError, ValueError, RuntimeError) as exc:
@@ -259,15 +328,19 @@ def _as_matrix(name: str, value: object, *, like: torch.Tensor | None = None) ->
     if like is not None:
         x = _as_tensor(name, value, like=like)
     elif isinstance(value, torch.Tensor):
-        x = value
+        x = _plain(name, value)
     else:
+        value = _plain(name, value)
         try:
             x = torch.as_tensor(value)
         except (TypeError, ValueError, RuntimeError) as exc:
             raise TypeError(f"{name}: expected a numpy array or a torch.Tensor, got {type(value).__name__}") from exc
         x = x if x.dtype in (torch.float32, torch.float64) else x.to(torch.float64)
     if x.dim() != 2 or not x.dtype.is_floating_point:
-        raise ValueError(f"{name}: expected a 2-d floating array [n, d], got shape {list(x.shape)} of {x.dtype}")
+        raise ValueError(
+            f"{name}: expected a 2-d floating array [n, d], got shape {list(x.shape)} of {x.dtype}. Reshape your "
+            "data: X.reshape(-1, 1) if it has a single feature, X.reshape(1, -1) if it is a single sample"
+        )
     if not bool(torch.isfinite(x).all()):
         raise ValueError(f"{name}: expected finite values, got a NaN or an infinity")
     return x
@@ -372,14 +445,13 @@ class RecursiveFeatureMachine(Regressor):
         estimator."""
         self._check_params()
         x = _as_matrix("X", X)
+        _check_training_data(x, y)
         target = _as_tensor("y", y, like=x)
         if target.dim() not in (1, 2) or target.shape[0] != x.shape[0]:
             raise ValueError(
                 f"y: expected shape [{x.shape[0]}] or [{x.shape[0]}, C] (X has n = {x.shape[0]} rows), "
                 f"got {list(target.shape)}"
             )
-        if x.shape[0] == 0 and self.iterations > 0:
-            raise ValueError("X: expected at least one row (the AGOP averages over the training points), got 0 rows")
         M = torch.eye(x.shape[1], dtype=x.dtype, device=x.device)
         outputs = 1 if target.dim() == 1 else target.shape[1]
         rows = self.batch_rows or (_agop_rows(outputs, x.shape[1], x.dtype, x.device) if self.iterations else 1)
@@ -411,11 +483,9 @@ class RecursiveFeatureMachine(Regressor):
         return G.div_(n)
 
     def _features(self, X: ArrayLike) -> torch.Tensor:
-        if not hasattr(self, "ridge_"):
-            raise RuntimeError(f"{type(self).__name__} is not fitted yet: call fit(X, y) before predict")
+        _check_fitted(self, "ridge_")
         x = _as_matrix("X", X, like=self.sqrt_M_)
-        if x.shape[1] != self.n_features_in_:
-            raise ValueError(f"X: expected {self.n_features_in_} features (as in fit), got {x.shape[1]}")
+        _check_features(self, x)
         return x @ self.sqrt_M_
 
     def predict(self, X: ArrayLike) -> ArrayLike:
