@@ -10,7 +10,8 @@ error.  An error above the tolerance is flagged with `!` and makes the exit code
 The table calls kermac's reference backend (`backend="torch"`) `reference`: it is the
 correctness oracle, never the `best` of a row.  `--write-costs PATH` turns the run into a cost
 table for `auto` ([`kermac.costs`][kermac.costs]).  `--calls` runs the small-calls section
-instead: the host time per call of each operation (`kermac.cli.bench_calls`).
+instead: the host time per call of each operation (`kermac.cli.bench_calls`); `--fit` the fit section, the
+time each solver takes to a residual (`kermac.cli.bench_fit`).
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ import torch
 import kermac
 from kermac import benchmarking as bm
 from kermac import costs
-from kermac.cli import bench_calls
+from kermac.cli import bench_calls, bench_fit
 from kermac.cli._bench_common import (
     BASELINE,
     REFERENCE_LABEL,
@@ -111,6 +112,24 @@ def register(sub: argparse._SubParsersAction) -> None:
         "with out= and without, for every backend and auto; N back-to-back calls per run "
         "(default 1000 on GPU, 200 on CPU)",
     )
+    sizes.add_argument(
+        "--fit",
+        nargs="?",
+        const=[],  # a bare --fit: the device's default sizes (bench_fit.default_sizes)
+        type=_sizes,
+        metavar="N,N,...",
+        help="the fit section: time to --fit-tol of each solver (cholesky, cg, cg + nystrom) on a Gaussian kernel "
+        "ridge system of N points in 32 dimensions (default 20000,100000 on GPU, 300,1000 on CPU)",
+    )
+    p.add_argument(
+        "--fit-lambda", type=_positive_float, default=1e-3, help="with --fit: the regularisation λ (default 1e-3)"
+    )
+    p.add_argument(
+        "--fit-tol",
+        type=_positive_float,
+        default=1e-4,
+        help="with --fit: the relative residual to reach (default 1e-4)",
+    )
     p.add_argument("--json", action="store_true", help="print the results as JSON instead of a table")
     p.add_argument("-v", "--verbose", action="store_true", help="explain every n/a cell")
     p.add_argument(
@@ -126,6 +145,23 @@ def _positive_int(text: str) -> int:
     if value < 1:
         raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text}")
     return value
+
+
+def _positive_float(text: str) -> float:
+    value = float(text)
+    if not value > 0 or math.isinf(value):
+        raise argparse.ArgumentTypeError(f"expected a finite number > 0, got {text!r}")
+    return value
+
+
+def _sizes(text: str) -> list[int]:
+    try:
+        values = [int(t) for t in text.split(",")]
+    except ValueError:
+        values = []
+    if not values or min(values) < 1:
+        raise argparse.ArgumentTypeError(f"expected comma-separated numbers of points >= 1, got {text!r}")
+    return values
 
 
 def _nonnegative_float(text: str) -> float:
@@ -214,6 +250,8 @@ def run(args: argparse.Namespace) -> int:
         return 2
     if args.calls is not None:
         return bench_calls.run(args, device, backends, skipped, statuses)
+    if args.fit is not None:
+        return bench_fit.run(args, device)
     gpu = device.type == "cuda"
     warmup = args.warmup if args.warmup is not None else 1 if args.quick or not gpu else 2
     repeat = args.repeat if args.repeat is not None else 3 if args.quick else 10 if gpu else 5
@@ -258,6 +296,9 @@ def _refusal(
     """Why the run cannot give what was asked (a named backend unavailable, --full off a GPU), or None."""
     if args.calls is not None and args.write_costs:
         return "--write-costs: a cost table is made from the timed cases, not from the host time of --calls"
+    if args.fit is not None and (args.write_costs or args.backends):
+        option = "--write-costs" if args.write_costs else "--backends"
+        return f"{option}: --fit times the solvers as a user runs them (backend auto); it takes no {option}"
     if args.full and device.type != "cuda":
         why = "no CUDA GPU is visible" if not torch.cuda.is_available() else "--device cpu was given"
         return f"--full: the peer-table cases need a CUDA GPU ({why}); without --full it runs small cases on {device}"
