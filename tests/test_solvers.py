@@ -109,6 +109,18 @@ def test_nystrom_stays_positive_definite_when_lambda_is_below_the_rounding_of_th
     assert float(torch.linalg.eigvalsh((p_inv + p_inv.mT) / 2).min()) > 0
 
 
+def test_nystrom_dense_and_product_forms_agree(monkeypatch):
+    """K_nS kept dense (up to NYSTROM_DENSE_ENTRIES) and applied by fused products give the same P⁻¹, batched."""
+    K = _operator("gaussian", 50, torch.tensor([1e-2, 1e-1], dtype=F64), seed=1, batch=(2,))
+    r = _randn(2, 50, 3, seed=2)
+    dense = solvers.NystromPreconditioner(K, solvers._regularization(K), 12, seed=0)
+    assert isinstance(dense._nS, torch.Tensor)
+    monkeypatch.setattr(solvers, "NYSTROM_DENSE_ENTRIES", 0)
+    products = solvers.NystromPreconditioner(K, solvers._regularization(K), 12, seed=0)
+    assert isinstance(products._nS, kermac.KernelOperator)
+    torch.testing.assert_close(products(r), dense(r), rtol=1e-10, atol=1e-12)
+
+
 def test_non_convergence_is_reported_and_raised_on_request():
     K = _operator("gaussian", 50, 1e-3)
     y = _randn(50, 2, seed=1)

@@ -31,6 +31,7 @@ from kermac.operator import KernelOperator
 __all__ = [
     "DENSE_BUDGET_CPU_BYTES",
     "DENSE_MAX_N",
+    "NYSTROM_DENSE_ENTRIES",
     "ConvergenceError",
     "NystromPreconditioner",
     "Solution",
@@ -45,6 +46,9 @@ DENSE_BUDGET_CPU_BYTES = 4 << 30
 """On the CPU, `method="auto"` factors the dense matrix while it takes at most a quarter of this many bytes."""
 _METHODS = ("auto", "cholesky", "cg")
 _PRECONDITIONERS = ("auto", "nystrom", None)
+NYSTROM_DENSE_ENTRIES = 1 << 26
+"""The Nyström preconditioner keeps `K_nS` (`n × m`) as a dense matrix up to this many entries (256 MiB in
+float32); beyond, it applies it by fused kernel products."""
 _PRODUCT_CHUNK_ELEMENTS = 1 << 24  # bound on the n × b dense block of K_nS evaluated per step of the Nyström setup
 
 
@@ -360,10 +364,12 @@ class NystromPreconditioner:
     `max(λ̂_ℓ + λ, λ + ‖K − U Λ̂ Uᵀ‖)`, so the iterations fall with `(λ̂_ℓ + λ) / λ`; unlike the Woodbury form
     `(I − …)/λ`, nothing is divided by λ, so a small λ does not turn rounding into an indefinite preconditioner.
 
-    Each application costs two fused products (`K_Sn r`, `K_nS w`) and two `m × m` matrix products.
+    Each application costs two products with `K_nS` (`K_Sn r`, `K_nS w`) and two `m × m` matrix products:
+    matrix products with `K_nS` kept dense where it has at most
+    [`NYSTROM_DENSE_ENTRIES`][kermac.solvers.NYSTROM_DENSE_ENTRIES] entries, fused kernel products otherwise.
     Setup: `K_Sn K_nS` by column blocks of `K_nS` (each `n × b` block evaluated, then one product with
     `K_Sn`; blocks bounded to about 16 M entries) and two `m × m` eigendecompositions, in float64 whatever
-    the kernel's dtype. Memory: `x_S` (`m·D`), `Q` (`m²`, float64) and one block.
+    the kernel's dtype. Memory: `x_S` (`m·D`), `Q` (`m²`, float64) and one block, or the dense `K_nS`.
     """
 
     def __init__(self, K: KernelOperator, lam: float | torch.Tensor, rank: int, seed: int) -> None:
@@ -376,11 +382,19 @@ class NystromPreconditioner:
         s, w = torch.linalg.eigh((kss + kss.mT) / 2)
         floor = resolved * kss.diagonal(dim1=-2, dim2=-1).mean(-1)
         t = w * torch.maximum(s, floor[..., None]).rsqrt()[..., None, :]  # T = W S^{-1/2}
-        gram = torch.empty(kss.shape, dtype=K.dtype, device=K.device)
-        block = max(1, _PRODUCT_CHUNK_ELEMENTS // max(n, 1))
-        for j in range(0, rank, block):
-            columns = self._nS[:, j : j + block].to_dense()
-            gram[..., j : j + block] = self._nS.T @ columns
+        if n * rank <= NYSTROM_DENSE_ENTRIES:
+            # kept dense: K_Sn r has only m rows, too few for the fused product to fill a GPU, and the
+            # n × m block is no larger than the vectors CG keeps
+            self._nS = self._nS.to_dense()
+            self._Sn = self._nS.mT
+            gram = self._Sn @ self._nS
+        else:
+            self._Sn = self._nS.T
+            gram = torch.empty(kss.shape, dtype=K.dtype, device=K.device)
+            block = max(1, _PRODUCT_CHUNK_ELEMENTS // max(n, 1))
+            for j in range(0, rank, block):
+                columns = self._nS[:, j : j + block].to_dense()
+                gram[..., j : j + block] = self._Sn @ columns
         inner = t.mT @ gram.double() @ t
         e, v = torch.linalg.eigh((inner + inner.mT) / 2)  # ascending: λ̂_max is the last
         kept = e > resolved * e[..., -1:]
@@ -393,5 +407,5 @@ class NystromPreconditioner:
 
     def __call__(self, r: torch.Tensor) -> torch.Tensor:
         """`P⁻¹ r` for `r [..., n, C]`."""
-        w = self._Q.mT @ (self._nS.T @ r).double()
+        w = self._Q.mT @ (self._Sn @ r).double()
         return r + self._nS @ (self._Q @ (self._coefficient * w)).to(r.dtype)

@@ -12,7 +12,8 @@ typical distance of its rows over √2, regularisation λ = `--fit-lambda`) and 
 each to the relative residual `--fit-tol`, with at most `MAX_ITER` iterations. One untimed solve of a small
 system of the same kernel first compiles the kernels; each row is then one timed solve, from a synchronised
 device to a synchronised device, including the preconditioner's set-up. The row gives the time, the iterations
-(the most over the columns; 0 for `cholesky`), the residual recomputed from `α` and whether it reached the tol.
+(the most over the columns; 0 for `cholesky`), the residual recomputed from `α` and whether it is at most the
+tol (also for `cholesky`, whose float32 factorisation need not reach it).
 A solve that raises is a row with its error and makes the exit code 1; a tol not reached is a measurement.
 """
 
@@ -92,7 +93,7 @@ def _solve_row(n: int, method: str, preconditioner: str | None, lam: float, tol:
         row.error = describe(exc)
         return row
     row.iterations, row.residual = int(s.iterations.max()), float(s.residual.max())
-    row.reached = bool(s.converged.all())
+    row.reached = row.residual <= tol  # not `converged`: for cholesky that says the factorisation succeeded
     return row
 
 
