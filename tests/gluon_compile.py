@@ -14,16 +14,15 @@ A job: ``{"id", "preset", "regularized", "spec": {PairwiseSpec field changes}, "
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
 import sys
-import tempfile
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[0]))  # tests/, for cubin_jobs
+
+from cubin_jobs import resource_usage, serve
 
 
 def compile_job(job: dict) -> str:
-    import triton
-    from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
 
     from kermac import presets
@@ -56,23 +55,11 @@ def compile_job(job: dict) -> str:
         constexprs={(index[k],): v for k, v in consts.items()},
         attrs={(index[n],): [["tt.divisibility", 16]] for n in aligned},
     )
-    target = GPUTarget("cuda", job["arch"], 32)
-    kernel = triton.compile(source, target=target, options={"num_warps": job["warps"]})
-    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
-        f.write(kernel.asm["cubin"])
-        f.flush()
-        cuobjdump = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
-        return subprocess.run([cuobjdump, "-res-usage", f.name], capture_output=True, text=True, check=True).stdout
+    return resource_usage(source, job["arch"], job["warps"])
 
 
 def main() -> None:
-    reports = {}
-    for job in json.load(sys.stdin):
-        try:
-            reports[job["id"]] = compile_job(job)
-        except Exception as exc:  # reported per job: one failure must not hide the others
-            reports[job["id"]] = f"error: {type(exc).__name__}: {exc}"
-    json.dump(reports, sys.stdout)
+    serve(compile_job)
 
 
 if __name__ == "__main__":
