@@ -359,9 +359,9 @@ class NystromPreconditioner:
     where only the eigenvalues `λ̂_i` above `δ · λ̂_max` are kept and `λ̂_ℓ` is the smallest kept one. The
     columns `K_nS q_i` are computed in the kernel's dtype with an error of about `eps · ‖K_nS‖ ‖q_i‖`, which
     for a direction near `δ` is no longer small against its norm `λ̂_i^{1/2}`: keeping it would make `P⁻¹`
-    indefinite, so `δ` bounds both floors (about 7·10⁻³ in float32 at m = 400, 1.5·10⁻⁷ in float64: float32
+    indefinite, so `δ` bounds both floors (about 7·10⁻³ in float32 at m = 400, 3·10⁻⁷ in float64: float32
     preconditions less). `P⁻¹ (K + λI)` has its eigenvalues between about `λ + λ_min(K − U Λ̂ Uᵀ)` and
-    `max(λ̂_ℓ + λ, λ + ‖K − U Λ̂ Uᵀ‖)`, so the iterations fall with `(λ̂_ℓ + λ) / λ`; unlike the Woodbury form
+    `max(λ̂_ℓ + λ, λ + ‖K − U Λ̂ Uᵀ‖)`: a condition number of about the latter over λ; unlike the Woodbury form
     `(I − …)/λ`, nothing is divided by λ, so a small λ does not turn rounding into an indefinite preconditioner.
 
     Each application costs two products with `K_nS` (`K_Sn r`, `K_nS w`) and two `m × m` matrix products:
@@ -383,8 +383,8 @@ class NystromPreconditioner:
         floor = resolved * kss.diagonal(dim1=-2, dim2=-1).mean(-1)
         t = w * torch.maximum(s, floor[..., None]).rsqrt()[..., None, :]  # T = W S^{-1/2}
         if n * rank <= NYSTROM_DENSE_ENTRIES:
-            # kept dense: K_Sn r has only m rows, too few for the fused product to fill a GPU, and the
-            # n × m block is no larger than the vectors CG keeps
+            # kept dense: K_Sn r has only m rows, too few for the fused product to fill a GPU; the
+            # n × m block is bounded by NYSTROM_DENSE_ENTRIES
             self._nS = self._nS.to_dense()
             self._Sn = self._nS.mT
             gram = self._Sn @ self._nS
