@@ -77,9 +77,11 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def _solve_row(n: int, method: str, preconditioner: str | None, lam: float, tol: float, device: torch.device) -> FitRow:
+def _solve_row(
+    K: kermac.KernelOperator, y: torch.Tensor, method: str, preconditioner: str | None, tol: float
+) -> FitRow:
+    n, device = K.shape[-1], K.device
     row = FitRow(n, method, preconditioner)
-    K, y = _problem(n, lam, device)
     if method == "cholesky" and not solvers.dense_fits(n, 1, K.dtype, device):
         row.why = f"the dense {n}x{n} matrix does not fit (kermac.solvers.dense_fits)"
         return row
@@ -110,9 +112,10 @@ def run(args: argparse.Namespace, device: torch.device) -> int:
     _warm_up(args.fit_lambda, device)
     rows = []
     for n in sizes:
+        K, y = _problem(n, args.fit_lambda, device)  # one system per N, solved by every solver
         for method, preconditioner in SOLVERS:
             print(f"kermac bench --fit: N={n} {method} {preconditioner or ''}".rstrip(), file=sys.stderr)
-            rows.append(_solve_row(n, method, preconditioner, args.fit_lambda, args.fit_tol, device))
+            rows.append(_solve_row(K, y, method, preconditioner, args.fit_tol))
     head = {
         **header(device, 1, 1, None),
         "section": "fit",
