@@ -13,6 +13,28 @@ from collections.abc import Callable
 from typing import Any
 
 
+def spec_fields(job: dict, **defaults: Any) -> dict[str, Any]:
+    """The fields of a job's kernel spec: `defaults` updated by `job["spec"]` (its `tensor_hypers` a frozenset)."""
+    changes = dict(job["spec"])
+    if "tensor_hypers" in changes:
+        changes["tensor_hypers"] = frozenset(changes["tensor_hypers"])
+    return defaults | changes
+
+
+def ast_source(
+    source_class: Any, fn: Any, signature: dict[str, str], consts: dict[str, Any], aligned: list[str]
+) -> Any:
+    """`source_class` (Triton's or Gluon's AST source) of `fn` with `consts` as constexprs and the arguments
+    `aligned` divisible by 16."""
+    index = {n: i for i, n in enumerate(fn.arg_names)}
+    return source_class(
+        fn=fn,
+        signature=signature,
+        constexprs={(index[k],): v for k, v in consts.items()},
+        attrs={(index[n],): [["tt.divisibility", 16]] for n in aligned},
+    )
+
+
 def resource_usage(source: Any, arch: int, warps: int) -> str:
     """``cuobjdump -res-usage`` of ``source`` compiled for ``sm_<arch>`` with ``warps`` warps."""
     import triton

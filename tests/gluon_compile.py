@@ -19,7 +19,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[0]))  # tests/, for cubin_jobs
 
-from cubin_jobs import resource_usage, serve
+from cubin_jobs import ast_source, resource_usage, serve, spec_fields
 
 
 def compile_job(job: dict) -> str:
@@ -29,14 +29,13 @@ def compile_job(job: dict) -> str:
     from kermac_backend_triton.generated import PairwiseSpec, kernel_source
     from kermac_backend_triton.modules import load_module
 
-    spec = dict(program=presets.ALL[job["preset"]].lower(regularized=job["regularized"]), compute="float32")
-    spec.update(nbatch=0, tensor_hypers=frozenset(), int64=False, kernel="gluon")
-    changes = dict(job["spec"])
-    if "tensor_hypers" in changes:
-        changes["tensor_hypers"] = frozenset(changes["tensor_hypers"])
-    spec = PairwiseSpec(**(spec | changes))
+    program = presets.ALL[job["preset"]].lower(regularized=job["regularized"])
+    spec = PairwiseSpec(
+        **spec_fields(
+            job, program=program, compute="float32", nbatch=0, tensor_hypers=frozenset(), int64=False, kernel="gluon"
+        )
+    )
     fn = load_module(kernel_source(spec)).kermac_pairwise
-    index = {n: i for i, n in enumerate(fn.arg_names)}
     consts = dict(job["meta"]) | job["constants"]
     signature = {}
     for name in fn.arg_names:
@@ -49,13 +48,7 @@ def compile_job(job: dict) -> str:
         else:
             signature[name] = "i64" if spec.int64 else "i32"
     aligned = [n for n in ("X", "Z", "OUT", "N", "SXM", "SZN", "SOM") if n not in consts]
-    source = GluonASTSource(
-        fn=fn,
-        signature=signature,
-        constexprs={(index[k],): v for k, v in consts.items()},
-        attrs={(index[n],): [["tt.divisibility", 16]] for n in aligned},
-    )
-    return resource_usage(source, job["arch"], job["warps"])
+    return resource_usage(ast_source(GluonASTSource, fn, signature, consts, aligned), job["arch"], job["warps"])
 
 
 def main() -> None:

@@ -16,7 +16,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/, for cubin_jobs
 
-from cubin_jobs import resource_usage, serve
+from cubin_jobs import ast_source, resource_usage, serve, spec_fields
 
 _POINTER_TYPES = {"float32": "*fp32", "float64": "*fp64", "float16": "*fp16", "bfloat16": "*bf16"}
 
@@ -30,14 +30,13 @@ def compile_job(job: dict) -> str:
 
     dtype = job["dtype"]
     compute = "float64" if dtype == "float64" else "float32"
-    spec = dict(program=presets.ALL[job["preset"]].lower(regularized=job["regularized"]), compute=compute)
-    spec.update(nbatch=0, tensor_hypers=frozenset(), int64=False, kernel="simt")
-    changes = dict(job["spec"])
-    if "tensor_hypers" in changes:
-        changes["tensor_hypers"] = frozenset(changes["tensor_hypers"])
-    spec = ProductSpec(**(spec | changes))
+    program = presets.ALL[job["preset"]].lower(regularized=job["regularized"])
+    spec = ProductSpec(
+        **spec_fields(
+            job, program=program, compute=compute, nbatch=0, tensor_hypers=frozenset(), int64=False, kernel="simt"
+        )
+    )
     fn = load_module(kernel_source(spec)).kermac_product
-    index = {n: i for i, n in enumerate(fn.arg_names)}
     consts = dict(job["meta"]) | {"SXK": 1, "SZK": 1, "SVC": 1, "SOC": 1, "KEY": 0}
     signature = {}
     for name in fn.arg_names:
@@ -52,13 +51,7 @@ def compile_job(job: dict) -> str:
         else:
             signature[name] = "i64" if spec.int64 else "i32"
     aligned = [n for n in ("X", "Z", "V", "OUT", "SXM", "SZN", "SVN", "SOM") if n not in consts]
-    source = ASTSource(
-        fn=fn,
-        signature=signature,
-        constexprs={(index[k],): v for k, v in consts.items()},
-        attrs={(index[n],): [["tt.divisibility", 16]] for n in aligned},
-    )
-    return resource_usage(source, job["arch"], job["warps"])
+    return resource_usage(ast_source(ASTSource, fn, signature, consts, aligned), job["arch"], job["warps"])
 
 
 def main() -> None:
