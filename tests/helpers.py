@@ -19,6 +19,7 @@ from types import ModuleType
 import pytest
 import torch
 
+from kermac.backend import Availability, Backend
 from kermac.testing import TOLERANCE
 
 BACKENDS = ("torch", "nvrtc", "triton")
@@ -150,3 +151,25 @@ def nvrtc_tuning(**changes: object) -> Iterator:
     backend = NvrtcBackend(dataclasses.replace(DEFAULT_TUNING, **changes))
     with registered(backend):
         yield backend
+
+
+class PairwiseOnlyBackend(Backend):
+    """A backend written before the fused products, named "old": it computes pairwise problems and gradients
+    (never called) and overrides no product hook, so the defaults' refusals show."""
+
+    name = "old"
+
+    def availability(self) -> Availability:
+        return Availability.yes()
+
+    def check_pairwise(self, problem):
+        return None
+
+    def pairwise(self, problem):
+        raise AssertionError("not called")
+
+    def check_grad(self, problem):
+        return None
+
+    def grad(self, problem):
+        raise AssertionError("not called")

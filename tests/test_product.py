@@ -16,11 +16,10 @@ from importlib import metadata
 import fuzz_programs
 import pytest
 import torch
-from helpers import BACKEND_DEVICES, require_backend
+from helpers import BACKEND_DEVICES, PairwiseOnlyBackend, require_backend
 
 import kermac
 from kermac import presets, registry
-from kermac.backend import Availability, Backend
 from kermac.costs import CostTable, CostTables, classify
 from kermac.problem import pairwise_problem, product_problem
 from kermac.programs import PairwiseProgram, swap_operands
@@ -359,34 +358,13 @@ def test_maxima_differentiate_in_v_and_raise_naming_the_program_in_x_and_z() -> 
 # -- the backend contract -------------------------------------------------------------------------
 
 
-class _Old(Backend):
-    """A backend written before the fused product: it overrides none of its methods."""
-
-    name = "old"
-
-    def availability(self) -> Availability:
-        return Availability.yes()
-
-    def check_pairwise(self, problem):
-        return None
-
-    def pairwise(self, problem):
-        raise AssertionError("not called")
-
-    def check_grad(self, problem):
-        return None
-
-    def grad(self, problem):
-        raise AssertionError("not called")
-
-
 def _problem() -> object:
     x = torch.zeros(3, 2)
     return product_problem(presets.ALL["gaussian"].lower(), x, x, torch.zeros(3, 1), out=None, hypers={})
 
 
 def test_a_backend_without_product_methods_refuses_with_a_sentence() -> None:
-    old = _Old()
+    old = PairwiseOnlyBackend()
     assert old.check_product(_problem()) == "backend 'old' does not compute fused kernel products"
     with pytest.raises(NotImplementedError, match="backend 'old' does not compute fused kernel products"):
         old.product(_problem())

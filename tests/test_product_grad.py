@@ -15,11 +15,11 @@ import fuzz_programs
 import pytest
 import torch
 from dense_programs import dense_kernel
+from helpers import PairwiseOnlyBackend
 
 import kermac
 from kermac import ops, presets
 from kermac.api import lower_kernel
-from kermac.backend import Availability, Backend
 from kermac.errors import UnsupportedProblemError
 from kermac.problem import product_grad_problem
 from kermac.programs import (
@@ -290,33 +290,15 @@ def test_second_derivatives_are_refused_naming_the_program() -> None:
         torch.autograd.grad(gx.sum(), x)
 
 
-class _Old(Backend):
-    """A backend written before the gradient product: it overrides none of its methods."""
-
-    name = "old"
-
-    def availability(self) -> Availability:
-        return Availability.yes()
-
-    def check_pairwise(self, problem):
-        return None
-
-    def pairwise(self, problem):
-        raise AssertionError("not called")
-
-    def check_grad(self, problem):
-        return None
-
-    def grad(self, problem):
-        raise AssertionError("not called")
-
-
 def test_a_backend_without_the_operation_refuses_with_a_sentence() -> None:
     x = torch.zeros(3, 2)
     problem = product_grad_problem(presets.ALL["laplace_l1"].lower(), x, x, x, x, out=None, hypers={})
-    assert _Old().check_product_grad(problem) == "backend 'old' does not compute gradients of fused kernel products"
+    assert (
+        PairwiseOnlyBackend().check_product_grad(problem)
+        == "backend 'old' does not compute gradients of fused kernel products"
+    )
     with pytest.raises(NotImplementedError, match="backend 'old' does not compute gradients of fused kernel products"):
-        _Old().product_grad(problem)
+        PairwiseOnlyBackend().product_grad(problem)
 
 
 # -- bad input --------------------------------------------------------------------------------------
