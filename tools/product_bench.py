@@ -26,13 +26,13 @@ import json
 import math
 import statistics
 import sys
-import time
 from collections.abc import Callable
 
 import torch
 
 import kermac
 from kermac import presets
+from kermac.benchmarking import time_ms
 from kermac.errors import BackendError
 
 __all__ = ["main"]
@@ -40,31 +40,6 @@ __all__ = ["main"]
 
 def _ints(text: str) -> list[int]:
     return [int(t) for t in text.split(",") if t]
-
-
-def _timer(device: torch.device) -> Callable[[Callable[[], object], int], list[float]]:
-    """``time(fn, repeat)``: the milliseconds of ``repeat`` calls, each synchronised (CUDA events on a GPU)."""
-
-    def on_gpu(fn: Callable[[], object], repeat: int) -> list[float]:
-        times = []
-        for _ in range(repeat):
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            fn()
-            end.record()
-            end.synchronize()
-            times.append(start.elapsed_time(end))
-        return times
-
-    def on_cpu(fn: Callable[[], object], repeat: int) -> list[float]:
-        times = []
-        for _ in range(repeat):
-            began = time.perf_counter()
-            fn()
-            times.append((time.perf_counter() - began) * 1e3)
-        return times
-
-    return on_gpu if device.type == "cuda" else on_cpu
 
 
 def blocked(kernel: str, x: torch.Tensor, v: torch.Tensor, out: torch.Tensor, block: int, sigma: float) -> Callable:
@@ -90,13 +65,11 @@ def fused(kernel: str, x: torch.Tensor, v: torch.Tensor, out: torch.Tensor, back
 
 def measure(fn: Callable[[], object], device: torch.device, repeat: int) -> tuple[float, int]:
     """(median ms, peak bytes allocated beyond what was allocated before) of ``fn``."""
-    timer = _timer(device)
     if device.type == "cuda":
         torch.cuda.synchronize()
         base = torch.cuda.memory_allocated()
         torch.cuda.reset_peak_memory_stats()
-    fn()  # warm-up: JIT compilation and autotuning happen here
-    times = timer(fn, repeat)
+    times = time_ms(fn, device=device, warmup=1, repeat=repeat)  # the warm-up call compiles and autotunes
     peak = torch.cuda.max_memory_allocated() - base if device.type == "cuda" else 0
     return statistics.median(times), peak
 
