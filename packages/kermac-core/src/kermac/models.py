@@ -314,10 +314,12 @@ def _plain(name: str, value: object) -> object:
     return value
 
 
-def _as_tensor(name: str, value: object, *, like: torch.Tensor) -> torch.Tensor:
+def _as_tensor(name: str, value: object, *, like: torch.Tensor | None) -> torch.Tensor:
+    """`value` as a tensor: in `like`'s dtype and on its device, else as given (other data on the CPU)."""
     value = _plain(name, value)
+    placement = {} if like is None else {"dtype": like.dtype, "device": like.device}
     try:
-        return torch.as_tensor(value, dtype=like.dtype, device=like.device)
+        return torch.as_tensor(value, **placement)
     except (TypeError, ValueError, RuntimeError) as exc:
         raise TypeError(f"{name}: expected a numpy array or a torch.Tensor, got {type(value).__name__}") from exc
 
@@ -325,17 +327,9 @@ def _as_tensor(name: str, value: object, *, like: torch.Tensor) -> torch.Tensor:
 def _as_matrix(name: str, value: object, *, like: torch.Tensor | None = None) -> torch.Tensor:
     """`value` as a finite `[n, d]` floating tensor (`like`'s dtype and device; else a tensor as given and other
     data on the CPU, float64 unless it is float32)."""
-    if like is not None:
-        x = _as_tensor(name, value, like=like)
-    elif isinstance(value, torch.Tensor):
-        x = _plain(name, value)
-    else:
-        value = _plain(name, value)
-        try:
-            x = torch.as_tensor(value)
-        except (TypeError, ValueError, RuntimeError) as exc:
-            raise TypeError(f"{name}: expected a numpy array or a torch.Tensor, got {type(value).__name__}") from exc
-        x = x if x.dtype in (torch.float32, torch.float64) else x.to(torch.float64)
+    x = _as_tensor(name, value, like=like)
+    if like is None and not isinstance(value, torch.Tensor) and x.dtype not in (torch.float32, torch.float64):
+        x = x.to(torch.float64)
     if x.dim() != 2 or not x.dtype.is_floating_point:
         raise ValueError(
             f"{name}: expected a 2-d floating array [n, d], got shape {list(x.shape)} of {x.dtype}. Reshape your "
