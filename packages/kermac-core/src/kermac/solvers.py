@@ -9,7 +9,7 @@ its regularisation (`KernelOperator(kernel, x, x, ..., regularization=λ)`, so `
   on CUDA when `kermac-linalg` is installed, `torch.linalg` otherwise.
 * `method="cg"`: conjugate gradient on the matrix-free operator (one fused product per iteration, memory
   `O(N·(D + C))`), every column with its own step sizes `α_k, β_k` and its own convergence; optionally
-  preconditioned by a Nyström approximation ([`NystromPreconditioner`][kermac.solvers.NystromPreconditioner]).
+  preconditioned by a Nyström approximation ([`NystromPreconditioner`][kermac.preconditioners.NystromPreconditioner]).
 * `method="auto"`: `"cholesky"` while the dense matrix fits ([`dense_fits`][kermac.solvers.dense_fits]),
   `"cg"` with the Nyström preconditioner beyond.
 
@@ -27,13 +27,12 @@ import torch
 
 from kermac.logs import debug_enabled, logger
 from kermac.operator import KernelOperator
+from kermac.preconditioners import NystromPreconditioner
 
 __all__ = [
     "DENSE_BUDGET_CPU_BYTES",
     "DENSE_MAX_N",
-    "NYSTROM_DENSE_ENTRIES",
     "ConvergenceError",
-    "NystromPreconditioner",
     "Solution",
     "cholesky_solve",
     "dense_fits",
@@ -46,10 +45,6 @@ DENSE_BUDGET_CPU_BYTES = 4 << 30
 """On the CPU, `method="auto"` factors the dense matrix while it takes at most a quarter of this many bytes."""
 _METHODS = ("auto", "cholesky", "cg")
 _PRECONDITIONERS = ("auto", "nystrom", None)
-NYSTROM_DENSE_ENTRIES = 1 << 26
-"""The Nyström preconditioner keeps `K_nS` (`n × m`) as a dense matrix up to this many entries (256 MiB in
-float32); beyond, it applies it by fused kernel products."""
-_PRODUCT_CHUNK_ELEMENTS = 1 << 24  # bound on the n × b dense block of K_nS evaluated per step of the Nyström setup
 
 
 class ConvergenceError(RuntimeError):
@@ -338,74 +333,3 @@ def _cg(
         p.mul_(beta[..., None, :]).add_(z)
         rz = rz_next
     return alpha, iterations
-
-
-class NystromPreconditioner:
-    r"""Randomized-Nyström preconditioner (Frangella, Tropp and Udell, SIAM J. Matrix Anal. Appl. 2023) on
-    inducing points, applied as `P⁻¹`.
-
-    `S` are m = `rank` rows of `x` chosen by a seeded random permutation and `K_nS = K(x, x_S)` (the kernel
-    without λ). The Nyström approximation `K ≈ K_nS K_SS⁺ K_Sn = U Λ̂ Uᵀ` (U orthonormal, `n × m`) is
-    never formed: with `K_SS = W S Wᵀ` (eigenvalues raised to at least `δ · mean diag K_SS`,
-    `δ = (m · eps(dtype))^{1/2}`), `T = W S^{-1/2}` and `Tᵀ K_Sn K_nS T = V Λ̂ Vᵀ`, `U = K_nS T V Λ̂^{-1/2}`.
-    Then
-
-    $$
-    P^{-1} = (\hat\lambda_\ell + \lambda)\, U (\hat\Lambda + \lambda I)^{-1} U^T + (I - U U^T)
-           = I + K_{nS} Q \,\mathrm{diag}\Big(\frac{\hat\lambda_\ell - \hat\lambda_i}{\hat\lambda_i(\hat\lambda_i
-             + \lambda)}\Big)\, Q^T K_{Sn},\qquad Q = T V,
-    $$
-
-    where only the eigenvalues `λ̂_i` above `δ · λ̂_max` are kept and `λ̂_ℓ` is the smallest kept one. The
-    columns `K_nS q_i` are computed in the kernel's dtype with an error of about `eps · ‖K_nS‖ ‖q_i‖`, which
-    for a direction near `δ` is no longer small against its norm `λ̂_i^{1/2}`: keeping it would make `P⁻¹`
-    indefinite, so `δ` bounds both floors (about 7·10⁻³ in float32 at m = 400, 3·10⁻⁷ in float64: float32
-    preconditions less). `P⁻¹ (K + λI)` has its eigenvalues between about `λ + λ_min(K − U Λ̂ Uᵀ)` and
-    `max(λ̂_ℓ + λ, λ + ‖K − U Λ̂ Uᵀ‖)`: a condition number of about the latter over λ; unlike the Woodbury form
-    `(I − …)/λ`, nothing is divided by λ, so a small λ does not turn rounding into an indefinite preconditioner.
-
-    Each application costs two products with `K_nS` (`K_Sn r`, `K_nS w`) and two `m × m` matrix products:
-    matrix products with `K_nS` kept dense where it has at most
-    [`NYSTROM_DENSE_ENTRIES`][kermac.solvers.NYSTROM_DENSE_ENTRIES] entries, fused kernel products otherwise.
-    Setup: `K_Sn K_nS` by column blocks of `K_nS` (each `n × b` block evaluated, then one product with
-    `K_Sn`; blocks bounded to about 16 M entries) and two `m × m` eigendecompositions, in float64 whatever
-    the kernel's dtype. Memory: `x_S` (`m·D`), `Q` (`m²`, float64) and one block, or the dense `K_nS`.
-    """
-
-    def __init__(self, K: KernelOperator, lam: float | torch.Tensor, rank: int, seed: int) -> None:
-        n = K.shape[-1]
-        index = torch.randperm(n, generator=torch.Generator().manual_seed(seed))[:rank].to(K.device)
-        xs = K.x[..., index, :]
-        self._nS = K.kernel_on(K.x, xs)  # the kernel alone: λ belongs to the system, not to these blocks
-        resolved = (rank * torch.finfo(K.dtype).eps) ** 0.5  # δ: the smallest relative scale the products resolve
-        kss = K.kernel_on(xs, xs).to_dense().double()
-        s, w = torch.linalg.eigh((kss + kss.mT) / 2)
-        floor = resolved * kss.diagonal(dim1=-2, dim2=-1).mean(-1)
-        t = w * torch.maximum(s, floor[..., None]).rsqrt()[..., None, :]  # T = W S^{-1/2}
-        if n * rank <= NYSTROM_DENSE_ENTRIES:
-            # kept dense: K_Sn r has only m rows, too few for the fused product to fill a GPU; the
-            # n × m block is bounded by NYSTROM_DENSE_ENTRIES
-            self._nS = self._nS.to_dense()
-            self._Sn = self._nS.mT
-            gram = self._Sn @ self._nS
-        else:
-            self._Sn = self._nS.T
-            gram = torch.empty(kss.shape, dtype=K.dtype, device=K.device)
-            block = max(1, _PRODUCT_CHUNK_ELEMENTS // max(n, 1))
-            for j in range(0, rank, block):
-                columns = self._nS[:, j : j + block].to_dense()
-                gram[..., j : j + block] = self._Sn @ columns
-        inner = t.mT @ gram.double() @ t
-        e, v = torch.linalg.eigh((inner + inner.mT) / 2)  # ascending: λ̂_max is the last
-        kept = e > resolved * e[..., -1:]
-        smallest = torch.where(kept, e, torch.inf).min(-1, keepdim=True).values if rank else e  # λ̂_ℓ
-        lam64 = lam.double()[..., 0] if isinstance(lam, torch.Tensor) else lam  # a float, or [..., 1]
-        safe = torch.where(kept, e, 1.0)
-        coefficient = torch.where(kept, (smallest - e) / (safe * (safe + lam64)), 0.0)
-        self._Q = t @ v
-        self._coefficient = coefficient[..., :, None]  # a column [..., m, 1]
-
-    def __call__(self, r: torch.Tensor) -> torch.Tensor:
-        """`P⁻¹ r` for `r [..., n, C]`."""
-        w = self._Q.mT @ (self._Sn @ r).double()
-        return r + self._nS @ (self._Q @ (self._coefficient * w)).to(r.dtype)
