@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 
 import kermac
-from kermac import solvers
+from kermac.kernel_system import KernelSystem
 
 F64 = torch.float64
 
@@ -25,6 +25,6 @@ def reference_solve(K: kermac.KernelOperator, y: torch.Tensor) -> torch.Tensor:
     x = K.x
     d = torch.cdist(x, x, compute_mode="donot_use_mm_for_euclid_dist")
     k = torch.exp(-d / 1.3) if K._name == "laplace_l2" else torch.exp(-(d**2) / (2 * 1.3**2))
-    lam = solvers._regularization(K)
+    lam = KernelSystem(K).regularization
     a = k + lam * torch.eye(x.shape[-2], dtype=F64)
     return torch.linalg.solve(a, y if y.dim() > 1 else y[:, None])

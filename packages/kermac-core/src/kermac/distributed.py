@@ -117,7 +117,9 @@ class ShardedKernelOperator:
     [`kermac.distributed`][kermac.distributed].
     """
 
-    __slots__ = ("_col_sizes", "_cols", "_group", "_make", "_peers", "_rank", "_row_sizes", "_rows", "_transposed")
+    __slots__ = (
+        "_col_sizes", "_cols", "_group", "_make", "_peers", "_rank", "_row_sizes", "_rows", "_template", "_transposed",
+    )  # fmt: skip
 
     def __init__(
         self,
@@ -146,14 +148,14 @@ class ShardedKernelOperator:
         error: Exception | None = None
         nccl = dist.get_backend(group) == "nccl"
         try:
-            _check_local(make, x_shard, z_shard, nccl)
+            template = _check_local(make, x_shard, z_shard, nccl)
         except (TypeError, ValueError) as exc:
             error = exc
         table = _gather_table(group, nccl, x_shard, z_shard, failed=error is not None)
         _check_table(table, rank, error)
         world = len(table)
         self._group, self._rank, self._make, self._transposed = group, rank, make, False
-        self._rows, self._cols = x_shard, z_shard
+        self._rows, self._cols, self._template = x_shard, z_shard, template
         self._row_sizes, self._col_sizes = tuple(s.m for s in table), tuple(s.n for s in table)
         self._peers = (dist.get_global_rank(group, (rank + 1) % world), dist.get_global_rank(group, (rank - 1) % world))
 
@@ -169,6 +171,42 @@ class ShardedKernelOperator:
     @property
     def device(self) -> torch.device:
         return self._rows.device
+
+    @property
+    def regularization(self) -> float | torch.Tensor | None:
+        """λ on the global diagonal, as [`KernelOperator.regularization`][kermac.operator.KernelOperator.regularization]
+        reports it (None without regularisation)."""
+        return self._template.regularization
+
+    @property
+    def local_rows(self) -> torch.Tensor:
+        """This rank's shard of the points of the rows: `x_shard` (`z_shard` for the transpose)."""
+        return self._rows
+
+    def kernel_on(self, a: torch.Tensor, b: torch.Tensor) -> KernelOperator:
+        """The kernel alone (no λ) on this rank's points `a`, `b`: a local
+        [`KernelOperator`][kermac.operator.KernelOperator] (see
+        [`KernelOperator.kernel_on`][kermac.operator.KernelOperator.kernel_on]); no communication."""
+        return self._template.kernel_on(a, b)
+
+    def to(self, dtype: torch.dtype) -> ShardedKernelOperator:
+        """The same sharded operator with this rank's shards converted to `dtype` (copies, one when the row and
+        column shards are the same tensor; this operator when it has that dtype).  Local: every rank must call
+        it with the same dtype before the next product."""
+        template = self._template.to(dtype)
+        if template is self._template:
+            return self
+        op = self._copy()
+        rows = self._rows.to(dtype)
+        op._rows, op._cols = rows, rows if self._cols is self._rows else self._cols.to(dtype)
+        op._template = template
+        return op
+
+    def _copy(self) -> ShardedKernelOperator:
+        op = object.__new__(ShardedKernelOperator)
+        for name in self.__slots__:
+            setattr(op, name, getattr(self, name))
+        return op
 
     @property
     def group(self) -> dist.ProcessGroup:
@@ -192,9 +230,8 @@ class ShardedKernelOperator:
     @property
     def T(self) -> ShardedKernelOperator:
         """`Kᵀ`, sharded like `K` with rows and columns exchanged: `K.T @ u` takes `u` sharded like `x`."""
-        op = object.__new__(ShardedKernelOperator)
-        op._group, op._rank, op._make, op._peers = self._group, self._rank, self._make, self._peers
-        op._transposed = not self._transposed
+        op = self._copy()
+        op._transposed, op._template = not self._transposed, self._template.T
         op._rows, op._cols = self._cols, self._rows
         op._row_sizes, op._col_sizes = self._col_sizes, self._row_sizes
         return op
@@ -352,9 +389,10 @@ class _RingProduct(torch.autograd.Function):
         return (None, *ctx.op._backward(rows, cols, v, g, tuple(ctx.needs_input_grad[1:])))
 
 
-def _check_local(make: Callable[..., KernelOperator], x: object, z: object, nccl: bool) -> None:
+def _check_local(make: Callable[..., KernelOperator], x: object, z: object, nccl: bool) -> KernelOperator:
     """This rank's shards: what [`KernelOperator`][kermac.operator.KernelOperator] accepts, 2-D, one matrix
-    (no batched hyperparameter), and CUDA tensors on an NCCL group."""
+    (no batched hyperparameter), and CUDA tensors on an NCCL group.  Returns the local operator `K(x, z)`
+    (without the global diagonal offsets: it serves for λ and for the kernel on other points)."""
     for name, t in (("x_shard", x), ("z_shard", z)):
         if check_tensor(name, t).dim() != 2:
             raise ValueError(f"{name}: expected a 2-D shard [rows, D], got shape {list(t.shape)}")
@@ -366,6 +404,7 @@ def _check_local(make: Callable[..., KernelOperator], x: object, z: object, nccl
         )
     if nccl and not x.is_cuda:
         raise ValueError(f"x_shard: expected a CUDA tensor (the process group's backend is NCCL), got {x.device}")
+    return local
 
 
 def _gather_table(group: dist.ProcessGroup, nccl: bool, x: object, z: object, *, failed: bool) -> list[_Shard]:

@@ -154,6 +154,18 @@ class KernelOperator:
         offsets = (0, x.shape[-2])  # m + 0 == n + M' has no solution with m < M': no diagonal entry
         return self._derived(self._key, x, z, offsets, self._checked_shape(self._key, x, z, self._hypers, offsets))
 
+    def to(self, dtype: torch.dtype) -> KernelOperator:
+        """The same operator on `x` and `z` converted to `dtype` (copies, made once when `z` is `x`; this operator
+        when it has that dtype already). Hyperparameters are kept as they are: kernels compute in the operands'
+        dtype whatever the hyperparameters' dtype."""
+        if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+            raise TypeError(f"dtype: expected a floating torch.dtype, got {dtype!r}")
+        if dtype == self.dtype:
+            return self
+        x = self.x.to(dtype)
+        z = x if self.z is self.x else self.z.to(dtype)
+        return self._derived(self._key, x, z, self._offsets, self._shape)
+
     @property
     def T(self) -> KernelOperator:
         """`Kᵀ`, lazily: the swapped program on `(z, x)`, offsets exchanged."""
