@@ -6,7 +6,7 @@ from kermac's operations and torch operations only, so it is itself differentiab
 are, and a trace (`torch.compile`) records it like any other.
 
 A pairwise program computes `out[m, n] = e(acc[m, n], diag)` with `acc = ⊕_j τ(x[m, j], z[n, j])`.
-For the inner terms kermac can differentiate — `τ = |x − z|^P` (P a number or the hyperparameter
+For the inner terms with a dedicated route — `τ = |x − z|^P` (P a number or the hyperparameter
 `p`; `|x − z|` and `(x − z)²` are P = 1 and 2) and, under a sum, `τ = x·z` — and an upstream
 gradient `g = ∂L/∂out`:
 
@@ -36,12 +36,40 @@ gradient, which is not one; away from ties the two agree), NaN for a pair whose 
   documented workspace of this backward), not a fused kernel.
 * A count (L0, `cdist` with p = 0) has zero gradient.
 
+Every other program — any inner term and epilogue built from the operations
+[`kermac.ir_diff`][kermac.ir_diff] differentiates (all of [`kermac.ir`][kermac.ir]'s), any reduction with
+weights in [`REDUCTION_WEIGHTS`][kermac.pairwise_gradients.REDUCTION_WEIGHTS] (sum, max, min) — is
+differentiated symbolically ([`kermac.pairwise_gradients`][kermac.pairwise_gradients]):
+
+$$
+G = g \cdot e'(\mathrm{acc}),\qquad
+\frac{\partial L}{\partial x[m, j]} = \sum_n G[m, n]\, w[m, n, j]\, \tau_x(x[m, j], z[n, j]),\qquad
+\frac{\partial L}{\partial z[n, j]} = \sum_m G[m, n]\, w[m, n, j]\, \tau_z(x[m, j], z[n, j])
+$$
+
+with `τ_x`, `τ_z` the inner term's symbolic derivatives and `w` the reduction's weights (as above: 1 for a
+sum, `1/k` on the `k` terms attaining a maximum or minimum).  Values at special points are those of
+[`kermac.ir_diff`][kermac.ir_diff] (torch's), except that `G` is 0 where `e'(acc)` is infinite (`√acc`,
+`acc^{1/p}` or `log acc` at `acc = 0`, an overflowing `exp`): the subgradient torch.cdist takes at zero
+distance, exact where every `τ_x` of the pair is 0 there (a point paired with itself), 0 also where it is not.
+A NaN `e'` (the epilogue outside its domain) or a NaN term gives NaN.  An epilogue or inner term constant in
+the points has zero gradient.
+
+* For a sum, each sum over `n` (or `m`) is one fused gradient contraction (`kermac::grad`) of the generated
+  program [`contraction_program`][kermac.pairwise_gradients.contraction_program] (multiply `τ_x(d, b)`) with
+  `a = Gᵀ`, `b = zᵀ`, `c = 1`, `d = xᵀ` (and `a = G`, `b = xᵀ`, `d = zᵀ` with `τ_z` for z), on the forward's
+  backend; `G` takes the fused pass for `acc` unless `e'` is a number.
+* For a maximum or minimum: torch operations on blocks of at most `CHUNK_ELEMENTS` `(m, n, j)` elements, as
+  above.
+* First derivatives only: differentiating them again raises `NotImplementedError` naming the program.  A
+  reduction without weights raises `NotImplementedError` naming it and the program when the backward runs.
+
 Derivatives of any order (`create_graph=True`) are exact for `Σ (x − z)²` programs (cdist p = 2,
 squared distances, Gaussian, Laplace-L2, Matérn, Cauchy) and `x·z` programs, any epilogue: the
 backward is built from the fused pass (`acc`), the epilogue's derivative in torch operations, matrix
 products and `cdist_grad` with p = 2, whose own backward is a few matrix products.  For every other
-program the gradients carry a `grad_fn` that raises `NotImplementedError` when differentiated (the
-operation `kermac::no_gradient`) — never a silent zero.
+program the gradients carry a `grad_fn` that raises `NotImplementedError` naming the program when
+differentiated (the operation `kermac::first_order_only`) — never a silent zero.
 
 The fused product `out[m, c] = Σ_n K[m, n] v[n, c]` (`kermac::product`,
 [`kermac.kernel_product`][kermac.kernel_product]) is differentiated without building K:
@@ -65,9 +93,8 @@ The fused product `out[m, c] = Σ_n K[m, n] v[n, c]` (`kermac::product`,
   the program when computed (`kermac::no_gradient`), never a silent zero.
 
 Hyperparameters are constants (a tensor that requires grad is refused by [`kermac.hyperparams`][kermac.hyperparams]);
-`out=` is refused while autograd records.  Other programs run forward as usual and raise
-`NotImplementedError` naming the program when their backward runs; so does `cdist_grad` with p ≠ 2
-and `run_grad_program`.  Broadcast batches are summed back to each input's shape.
+`out=` is refused while autograd records.  `cdist_grad` with p ≠ 2 and `run_grad_program` raise
+`NotImplementedError` when their backward runs.  Broadcast batches are summed back to each input's shape.
 
 `cdist_grad` with p = 2 is the bilinear `out[o, n, m] = d[n, m]·(c a)[o, m] − Σ_k c[o, k] a[k, m] b[n, k]`;
 its backward is that formula's matrix products in the compute type.
@@ -107,12 +134,13 @@ __all__ = ["inner_power"]
 DOT = "dot"
 
 
-def inner_power(program: PairwiseProgram) -> float | str:
+def inner_power(program: PairwiseProgram) -> float | str | None:
     """`P` of a program reducing `|x − z|^P` (a number, or `"p"` for `Hyper("p")`), `0.0` for a
-    count of differing coordinates, or `"dot"` for `Σ x·z`.
+    count of differing coordinates, `"dot"` for `Σ x·z`, or `None` for any other program (which
+    autograd differentiates symbolically): the shapes with a dedicated backward.
 
     Decided on the normal form of the inner term ([`kermac.canonical`][kermac.canonical]), as the backends' fast
-    paths are.  Raises `NotImplementedError` for programs autograd does not cover.
+    paths are.
     """
     if is_product_sum(program):
         return DOT
@@ -121,10 +149,7 @@ def inner_power(program: PairwiseProgram) -> float | str:
         return float(exponent.value)  # 0 for a count of differing coordinates (L0): zero gradient
     if exponent == ir.Hyper("p"):
         return "p"
-    raise NotImplementedError(
-        f"automatic differentiation covers sums, maxima and minima of |x − z|^P and sums of x·z; program "
-        f"{program.key()} is not one (call it under torch.no_grad() or with detached inputs)"
-    )
+    return None
 
 
 @dataclass(frozen=True)
@@ -140,7 +165,7 @@ class _Setup:
     op: str
 
     @property
-    def power(self) -> float | str:
+    def power(self) -> float | str | None:
         return inner_power(self.program)
 
     def inner_only(self) -> _Setup:
@@ -178,9 +203,8 @@ def _gradients(
 ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
     """The first derivatives `(∂L/∂x, ∂L/∂z)` (`None` where not wanted)."""
     want_x, want_z = want
-    try:
-        power = s.power
-    except NotImplementedError:
+    power = s.power
+    if power is None:
         grad_x, grad_z = _symbolic_gradients(s, x, z, g, want)
     else:
         grad_x, grad_z = _power_gradients(s, x, z, g, want, power)
