@@ -128,11 +128,12 @@ def test_random_programs_match_torch_autograd_and_gradcheck(seed):
         assert torch.autograd.gradcheck(forward, (x[:1, :3], z[:4]))
 
 
-@pytest.mark.parametrize("seed", range(6))
-def test_random_programs_gradcheck_on_triton(seed):
-    """The Triton backend runs the generated contraction programs (the interpreter on the CPU)."""
+@pytest.mark.parametrize(("seed", "reduction"), [*((seed, "sum") for seed in range(6)), (6, "max"), (7, "min")])
+def test_random_programs_gradcheck_on_triton(seed, reduction):
+    """The Triton backend runs the generated contraction programs of sums (the interpreter on the CPU), and the
+    pass for `acc` of every program."""
     require_backend("triton", "cpu", "grad")
-    program = random_program(seed, reduction="sum")
+    program = random_program(seed, reduction)
     gen = torch.Generator().manual_seed(seed)
     x, z = _points(gen, 3, 2), _points(gen, 4, 2)
 
@@ -268,11 +269,28 @@ def test_a_reduction_without_weights_is_refused(monkeypatch):
         out.sum().backward()
 
 
-def test_constant_terms_have_zero_gradient():
-    program = kermac.PairwiseProgram(ir.sign(X - Z) + ir.lt(X, Z), "sum", ir.exp(ACC))
+@pytest.mark.parametrize("reduction", ["sum", "min"])
+def test_constant_terms_have_zero_gradient(monkeypatch, reduction):
+    """Terms (or an epilogue) constant in an input give it a zero gradient without a contraction, also where the
+    upstream gradient is NaN (as torch's autograd: no path from the input to the output)."""
+    launched = []
+    original = kermac.ops.grad
+    monkeypatch.setattr(kermac.ops, "grad", lambda key, *a, **k: launched.append(key) or original(key, *a, **k))
+    program = kermac.PairwiseProgram(ir.sign(X - Z) + ir.lt(X, Z), reduction, ir.exp(ACC))
     x = torch.randn(3, 2, dtype=torch.float64, requires_grad=True)
-    (gx,) = torch.autograd.grad(run(program, x, torch.randn(4, 2, dtype=torch.float64)).sum(), x)
+    z = torch.randn(4, 2, dtype=torch.float64, requires_grad=True)
+    gx, gz = torch.autograd.grad(run(program, x, z).sum(), (x, z))
+    assert torch.equal(gx, torch.zeros_like(x)) and torch.equal(gz, torch.zeros_like(z))
+    assert launched == []
+    in_z = kermac.PairwiseProgram(ir.exp(Z) * 0.5 + ir.sign(X), reduction, ir.log(ACC * ACC + 1.0))
+    g = torch.randn(3, 4, dtype=torch.float64)
+    g[0, 0] = float("nan")
+    gx, gz = torch.autograd.grad(run(in_z, x, z), (x, z), g)
     assert torch.equal(gx, torch.zeros_like(x))
+    expected = torch.autograd.grad(formula(in_z, x, z, 0.0), (z,), g)[0]
+    torch.testing.assert_close(gz, expected, equal_nan=True)
+    assert gz.isnan().any()
+    assert len(launched) == (1 if reduction == "sum" else 0)
 
 
 def test_generated_contraction_programs_compile_with_nvrtc(tmp_path, monkeypatch):

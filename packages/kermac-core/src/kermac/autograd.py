@@ -253,16 +253,25 @@ def _symbolic_gradients(
         reason = f"{s.op}: program {program.key()} cannot be differentiated: {exc}"
         return (_no_gradient(x, reason) if want_x else None), (_no_gradient(z, reason) if want_z else None)
     zero = ir.Const(0.0)
-    if epilogue_slope(program) == zero or slopes == (zero, zero):  # a term or epilogue constant in the points
-        return torch.zeros_like(x) if want_x else None, torch.zeros_like(z) if want_z else None
+    constant = epilogue_slope(program) == zero
+    # Where the output does not move with an input (an epilogue constant in acc, terms constant in it): zeros.
+    moving = tuple(w and not constant and slope != zero for w, slope in zip(want, slopes, strict=True))
+    if not any(moving):
+        return (torch.zeros_like(x) if want_x else None), (torch.zeros_like(z) if want_z else None)
     G = _symbolic_outer_factor(g, _epilogue_derivative(s, x, z))
     if weights is None:
-        grad_x = _sum_gradient(s, "x", G, z, x) if want_x else None
-        grad_z = _sum_gradient(s, "z", G.mT, x, z) if want_z else None
+        grads = (
+            _sum_gradient(s, "x", G, z, x) if moving[0] else None,
+            _sum_gradient(s, "z", G.mT, x, z) if moving[1] else None,
+        )
     else:
-        grad_x, grad_z = _blockwise_gradients(s, x, z, G, _symbolic_slopes(slopes), want)
+        grads = _blockwise_gradients(s, x, z, G, _symbolic_slopes(slopes), moving)
     what = f"program {program.key()}"
-    return _first_order(s, what, grad_x), _first_order(s, what, grad_z)
+    grad_x, grad_z = (
+        _first_order(s, what, grad) if grad is not None else torch.zeros_like(own) if wanted else None
+        for grad, own, wanted in zip(grads, (x, z), want, strict=True)
+    )
+    return grad_x, grad_z
 
 
 def _first_order(s: _Setup, what: str, grad: torch.Tensor | None) -> torch.Tensor | None:
@@ -380,32 +389,31 @@ def _contract(
     return out[..., 0, :, :].mT
 
 
-Slopes = Callable[[torch.Tensor, torch.Tensor, dict], tuple[torch.Tensor, torch.Tensor]]
-"""`(∂τ/∂x, ∂τ/∂z)` on a block of terms, from `x [..., bm, 1, D]`, `z [..., 1, bn, D]` and the hyperparameters."""
+Slope = Callable[[torch.Tensor, torch.Tensor, dict], torch.Tensor]
+"""`∂τ/∂x` or `∂τ/∂z` on a block of terms, from `x [..., bm, 1, D]`, `z [..., 1, bn, D]` and the hyperparameters."""
 
 
-def _power_slopes(p: HyperValue) -> Slopes:
+def _power_slopes(p: HyperValue) -> tuple[Slope, Slope]:
     """The slopes of `|x − z|^P`: `±P sgn(t)|t|^(P−1)`, 0 where `t = x − z = 0`."""
 
-    def slopes(xs: torch.Tensor, zs: torch.Tensor, env: dict) -> tuple[torch.Tensor, torch.Tensor]:
+    def slope(xs: torch.Tensor, zs: torch.Tensor, env: dict) -> torch.Tensor:
         power = p.scalar if p.tensor is None else env["p"]
         t = xs - zs
-        slope = torch.where(t != 0, torch.sign(t) * t.abs().pow(power - 1) * power, torch.zeros_like(t))
-        return slope, -slope
+        return torch.where(t != 0, torch.sign(t) * t.abs().pow(power - 1) * power, torch.zeros_like(t))
 
-    return slopes
+    return slope, lambda xs, zs, env: -slope(xs, zs, env)
 
 
-def _symbolic_slopes(slopes: tuple[ir.Expr, ir.Expr]) -> Slopes:
+def _symbolic_slopes(slopes: tuple[ir.Expr, ir.Expr]) -> tuple[Slope, Slope]:
     """The slopes [`point_slope`][kermac.pairwise_gradients.point_slope] of any inner term, evaluated."""
 
-    def evaluated(xs: torch.Tensor, zs: torch.Tensor, env: dict) -> tuple[torch.Tensor, torch.Tensor]:
-        shape = torch.broadcast_shapes(xs.shape, zs.shape)
-        sx = evaluate(slopes[0], {"x": xs, "z": zs, **env}, like=xs).expand(shape)
-        sz = evaluate(slopes[1], {"x": zs, "z": xs, **env}, like=xs).expand(shape)
-        return sx, sz
+    def in_x(xs: torch.Tensor, zs: torch.Tensor, env: dict) -> torch.Tensor:
+        return evaluate(slopes[0], {"x": xs, "z": zs, **env}, like=xs)
 
-    return evaluated
+    def in_z(xs: torch.Tensor, zs: torch.Tensor, env: dict) -> torch.Tensor:
+        return evaluate(slopes[1], {"x": zs, "z": xs, **env}, like=xs)
+
+    return in_x, in_z
 
 
 def _blockwise_gradients(
@@ -413,7 +421,7 @@ def _blockwise_gradients(
     x: torch.Tensor,
     z: torch.Tensor,
     G: torch.Tensor,
-    slopes: Slopes,
+    slopes: tuple[Slope, Slope],
     want: tuple[bool, bool],
 ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
     """The gradients of a program whose reduction has weights ([`reduction_weights`][kermac.pairwise_gradients.
@@ -440,12 +448,9 @@ def _blockwise_gradients(
             tau = tau.expand(torch.broadcast_shapes(tau.shape, xs.shape, zs.shape))
             weight = weights(tau, reduce(tau, dim=-1, keepdim=True))
             Gb = Gc[..., m0:m1, n0:n1, None]
-            for slope, grad, dim, rows in zip(
-                slopes(xs, zs, env), (grad_x, grad_z), (-2, -3), ((m0, m1), (n0, n1)), strict=True
-            ):
-                if grad is None:
-                    continue
-                grad[..., rows[0] : rows[1], :] += (Gb * weight * slope).sum(dim)
+            for slope, grad, dim, rows in zip(slopes, (grad_x, grad_z), (-2, -3), ((m0, m1), (n0, n1)), strict=True):
+                if grad is not None:
+                    grad[..., rows[0] : rows[1], :] += (Gb * weight * slope(xs, zs, env)).sum(dim)
     return grad_x, grad_z
 
 
