@@ -169,23 +169,27 @@ def test_sum_runs_the_fused_contraction_and_extremes_do_not(monkeypatch, reducti
         assert seen == []
 
 
-def test_batched_hyperparameters_and_diagonal_offsets():
-    """A per-batch tensor hyperparameter and a shifted diagonal, every reduction."""
+@pytest.mark.parametrize(
+    ("backend", "reduction"), [("torch", "sum"), ("torch", "max"), ("torch", "min"), ("triton", "sum")]
+)
+def test_batched_hyperparameters_and_diagonal_offsets(backend, reduction):
+    """A per-batch tensor hyperparameter, read by the inner term (so by the contraction) and the epilogue, and a
+    shifted diagonal."""
+    require_backend(backend, "cpu", "grad")
     for seed in (1, 5, 8):
-        for reduction in ("sum", "max", "min"):
-            program = random_program(seed, reduction)
-            program = kermac.PairwiseProgram(program.inner, reduction, program.epilogue + ir.Hyper("h") * DIAG * ACC)
-            gen = torch.Generator().manual_seed(seed)
-            x, z = _points(gen, 2, 4, 3), _points(gen, 2, 5, 3)
-            h = torch.tensor([0.6, 1.3], dtype=torch.float64)
-            out = run(program, x, z, h, offset_n=1)
-            expected_out = formula(program, x, z, h, offset=-1)
-            torch.testing.assert_close(out, expected_out)
-            g = torch.randn(out.shape, generator=gen, dtype=torch.float64)
-            got = torch.autograd.grad(out, (x, z), g)
-            expected = torch.autograd.grad(expected_out, (x, z), g)
-            for a, b in zip(got, expected, strict=True):
-                torch.testing.assert_close(a, b)
+        program = random_program(seed, reduction)
+        program = kermac.PairwiseProgram(program.inner + H * X * Z, reduction, program.epilogue + H * DIAG * ACC)
+        gen = torch.Generator().manual_seed(seed)
+        x, z = _points(gen, 2, 4, 3), _points(gen, 2, 5, 3)
+        h = torch.tensor([0.6, 1.3], dtype=torch.float64)
+        out = run(program, x, z, h, backend=backend, offset_n=1)
+        expected_out = formula(program, x, z, h, offset=-1)
+        torch.testing.assert_close(out, expected_out)
+        g = torch.randn(out.shape, generator=gen, dtype=torch.float64)
+        got = torch.autograd.grad(out, (x, z), g)
+        expected = torch.autograd.grad(expected_out, (x, z), g)
+        for a, b in zip(got, expected, strict=True):
+            torch.testing.assert_close(a, b)
 
 
 @pytest.mark.parametrize("reduction", ["sum", "max"])
@@ -327,3 +331,27 @@ def test_generated_contraction_programs_compile_with_nvrtc(tmp_path, monkeypatch
                 variant = plan.plan_grad(problem, 80, dataclasses.replace(tuning, tensor_cores=tensor_cores))[0]
                 built = compiler.compile_cubin(kernel_source(variant)[0], "sm_80", name="kermac_grad")
                 assert built.cubin[:4] == b"\x7fELF"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("backend", ["torch", "nvrtc", "triton"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_random_programs_on_the_gpu(backend, dtype):
+    """Real sizes on CUDA (past the tiles, not multiples of 4, a broadcast batch) against torch's float64 autograd
+    of the formula on the CPU; in float32 only sums (the extreme a float32 pass selects may differ from the
+    float64 one where two terms are within rounding)."""
+    from helpers import assert_close
+
+    require_backend(backend, "cuda", "grad")
+    for seed in range(12):
+        program = random_program(seed, "sum" if dtype == torch.float32 else None)
+        gen = torch.Generator().manual_seed(seed)
+        x, z = _points(gen, 2, 133, 37).to(dtype), _points(gen, 70, 37).to(dtype)
+        g = torch.randn(2, 133, 70, generator=gen, dtype=torch.float64)
+        x64, z64 = (t.detach().double().requires_grad_() for t in (x, z))
+        expected = torch.autograd.grad(formula(program, x64, z64, 0.7), (x64, z64), g)
+        xc, zc = (t.detach().cuda().requires_grad_() for t in (x, z))
+        got = torch.autograd.grad(run(program, xc, zc, backend=backend), (xc, zc), g.to(dtype).cuda())
+        for a, b in zip(got, expected, strict=True):
+            assert a.dtype == dtype and a.is_cuda
+            assert_close(a.cpu(), b, 1e-4 if dtype == torch.float32 else 1e-9)
