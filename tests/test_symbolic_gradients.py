@@ -355,3 +355,15 @@ def test_random_programs_on_the_gpu(backend, dtype):
         for a, b in zip(got, expected, strict=True):
             assert a.dtype == dtype and a.is_cuda
             assert_close(a.cpu(), b, 1e-4 if dtype == torch.float32 else 1e-9)
+
+
+def test_contraction_programs_are_the_slopes_in_each_operand():
+    """`∂τ/∂x` with x → d, z → b; `∂τ/∂z` with z → d, x → b (the operand differentiated is `d`)."""
+    program = kermac.PairwiseProgram(ir.exp(X) * Z * Z, "sum", ACC)
+    d, b = ir.Var("d"), ir.Var("b")
+    assert contraction_program(program, "x").multiply == ir.exp(d) * b * b
+    grad_z = contraction_program(program, "z").multiply
+    values = {"d": torch.tensor(0.3, dtype=torch.float64), "b": torch.tensor(-0.7, dtype=torch.float64)}
+    torch.testing.assert_close(evaluate(grad_z, values, like=values["d"]), 2 * torch.exp(values["b"]) * values["d"])
+    with pytest.raises(ValueError, match="wrt: expected 'x' or 'z', got 'y'"):
+        contraction_program(program, "y")

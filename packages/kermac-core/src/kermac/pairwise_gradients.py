@@ -18,7 +18,8 @@ Where the weights are all 1 (a sum) the sum over `n` is the gradient contraction
 [`kermac.programs.GradProgram`][kermac.programs.GradProgram] with `O = 1`, `c = 1`,
 `a[n, m] = g[m, n]·e'(acc[m, n])`, `b = zᵀ`, `d = xᵀ` and the multiply `τ_x(d, b)`
 ([`contraction_program`][kermac.pairwise_gradients.contraction_program]), which every backend runs in its
-fused gradient kernel.
+fused gradient kernel; [`kermac.autograd`][kermac.autograd] evaluates other weights (a maximum's) with torch
+operations on bounded blocks, and states the values at special points.
 """
 
 from __future__ import annotations
@@ -72,6 +73,8 @@ def point_slope(program: PairwiseProgram, wrt: str) -> ir.Expr:
     (`wrt = "z"`): the derivative in the operand whose gradient is summed, read as `x`, with the other as `z`.
 
     Raises `ValueError` for an inner term [`kermac.ir_diff`][kermac.ir_diff] has no rule for."""
+    if wrt not in ("x", "z"):
+        raise ValueError(f"wrt: expected 'x' or 'z', got {wrt!r}")
     return inner_slope(program if wrt == "x" else swap_operands(program))
 
 
