@@ -6,7 +6,7 @@ from kermac's operations and torch operations only, so it is itself differentiab
 are, and a trace (`torch.compile`) records it like any other.
 
 A pairwise program computes `out[m, n] = e(acc[m, n], diag)` with `acc = ⊕_j τ(x[m, j], z[n, j])`.
-For the inner terms kermac can differentiate — `τ = |x − z|^P` (P a number or the hyperparameter
+For the inner terms with a dedicated route — `τ = |x − z|^P` (P a number or the hyperparameter
 `p`; `|x − z|` and `(x − z)²` are P = 1 and 2) and, under a sum, `τ = x·z` — and an upstream
 gradient `g = ∂L/∂out`:
 
@@ -36,12 +36,40 @@ gradient, which is not one; away from ties the two agree), NaN for a pair whose 
   documented workspace of this backward), not a fused kernel.
 * A count (L0, `cdist` with p = 0) has zero gradient.
 
+Every other program — any inner term and epilogue built from the operations
+[`kermac.ir_diff`][kermac.ir_diff] differentiates (all of [`kermac.ir`][kermac.ir]'s), any reduction with
+weights in [`REDUCTION_WEIGHTS`][kermac.pairwise_gradients.REDUCTION_WEIGHTS] (sum, max, min) — is
+differentiated symbolically ([`kermac.pairwise_gradients`][kermac.pairwise_gradients]):
+
+$$
+G = g \cdot e'(\mathrm{acc}),\qquad
+\frac{\partial L}{\partial x[m, j]} = \sum_n G[m, n]\, w[m, n, j]\, \tau_x(x[m, j], z[n, j]),\qquad
+\frac{\partial L}{\partial z[n, j]} = \sum_m G[m, n]\, w[m, n, j]\, \tau_z(x[m, j], z[n, j])
+$$
+
+with `τ_x`, `τ_z` the inner term's symbolic derivatives and `w` the reduction's weights (as above: 1 for a
+sum, `1/k` on the `k` terms attaining a maximum or minimum).  Values at special points are those of
+[`kermac.ir_diff`][kermac.ir_diff] (torch's), except that `G` is 0 where `e'(acc)` is infinite (`√acc`,
+`acc^{1/p}` or `log acc` at `acc = 0`, an overflowing `exp`): the subgradient torch.cdist takes at zero
+distance, exact where every `τ_x` of the pair is 0 there (a point paired with itself), 0 also where it is not.
+A NaN `e'` (the epilogue outside its domain) or a NaN term gives NaN.  An epilogue or inner term constant in
+the points has zero gradient.
+
+* For a sum, each sum over `n` (or `m`) is one fused gradient contraction (`kermac::grad`) of the generated
+  program [`contraction_program`][kermac.pairwise_gradients.contraction_program] (multiply `τ_x(d, b)`) with
+  `a = Gᵀ`, `b = zᵀ`, `c = 1`, `d = xᵀ` (and `a = G`, `b = xᵀ`, `d = zᵀ` with `τ_z` for z), on the forward's
+  backend; `G` takes the fused pass for `acc` unless `e'` is a number.
+* For a maximum or minimum: torch operations on blocks of at most `CHUNK_ELEMENTS` `(m, n, j)` elements, as
+  above.
+* First derivatives only: differentiating them again raises `NotImplementedError` naming the program.  A
+  reduction without weights raises `NotImplementedError` naming it and the program when the backward runs.
+
 Derivatives of any order (`create_graph=True`) are exact for `Σ (x − z)²` programs (cdist p = 2,
 squared distances, Gaussian, Laplace-L2, Matérn, Cauchy) and `x·z` programs, any epilogue: the
 backward is built from the fused pass (`acc`), the epilogue's derivative in torch operations, matrix
 products and `cdist_grad` with p = 2, whose own backward is a few matrix products.  For every other
-program the gradients carry a `grad_fn` that raises `NotImplementedError` when differentiated (the
-operation `kermac::no_gradient`) — never a silent zero.
+program the gradients carry a `grad_fn` that raises `NotImplementedError` naming the program when
+differentiated (the operation `kermac::first_order_only`) — never a silent zero.
 
 The fused product `out[m, c] = Σ_n K[m, n] v[n, c]` (`kermac::product`,
 [`kermac.kernel_product`][kermac.kernel_product]) is differentiated without building K:
@@ -65,9 +93,8 @@ The fused product `out[m, c] = Σ_n K[m, n] v[n, c]` (`kermac::product`,
   the program when computed (`kermac::no_gradient`), never a silent zero.
 
 Hyperparameters are constants (a tensor that requires grad is refused by [`kermac.hyperparams`][kermac.hyperparams]);
-`out=` is refused while autograd records.  Other programs run forward as usual and raise
-`NotImplementedError` naming the program when their backward runs; so does `cdist_grad` with p ≠ 2
-and `run_grad_program`.  Broadcast batches are summed back to each input's shape.
+`out=` is refused while autograd records.  `cdist_grad` with p ≠ 2 and `run_grad_program` raise
+`NotImplementedError` when their backward runs.  Broadcast batches are summed back to each input's shape.
 
 `cdist_grad` with p = 2 is the bilinear `out[o, n, m] = d[n, m]·(c a)[o, m] − Σ_k c[o, k] a[k, m] b[n, k]`;
 its backward is that formula's matrix products in the compute type.
@@ -76,6 +103,7 @@ its backward is that formula's matrix products in the compute type.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from functools import cache
 
@@ -86,8 +114,10 @@ from kermac.hyperparams import HyperValue
 from kermac.ir_eval import evaluate
 from kermac.jacobians import product_jacobian
 from kermac.lowering import grad_program
+from kermac.pairwise_gradients import contraction_program, point_slope, reduction_weights
 from kermac.problem import compute_dtype, diagonal_offsets
 from kermac.programs import (
+    GradProgram,
     PairwiseProgram,
     epilogue_slope,
     inner_difference_power,
@@ -104,12 +134,13 @@ __all__ = ["inner_power"]
 DOT = "dot"
 
 
-def inner_power(program: PairwiseProgram) -> float | str:
+def inner_power(program: PairwiseProgram) -> float | str | None:
     """`P` of a program reducing `|x − z|^P` (a number, or `"p"` for `Hyper("p")`), `0.0` for a
-    count of differing coordinates, or `"dot"` for `Σ x·z`.
+    count of differing coordinates, `"dot"` for `Σ x·z`, or `None` for any other program (which
+    autograd differentiates symbolically): the shapes with a dedicated backward.
 
     Decided on the normal form of the inner term ([`kermac.canonical`][kermac.canonical]), as the backends' fast
-    paths are.  Raises `NotImplementedError` for programs autograd does not cover.
+    paths are.
     """
     if is_product_sum(program):
         return DOT
@@ -118,10 +149,7 @@ def inner_power(program: PairwiseProgram) -> float | str:
         return float(exponent.value)  # 0 for a count of differing coordinates (L0): zero gradient
     if exponent == ir.Hyper("p"):
         return "p"
-    raise NotImplementedError(
-        f"automatic differentiation covers sums, maxima and minima of |x − z|^P and sums of x·z; program "
-        f"{program.key()} is not one (call it under torch.no_grad() or with detached inputs)"
-    )
+    return None
 
 
 @dataclass(frozen=True)
@@ -137,7 +165,7 @@ class _Setup:
     op: str
 
     @property
-    def power(self) -> float | str:
+    def power(self) -> float | str | None:
         return inner_power(self.program)
 
     def inner_only(self) -> _Setup:
@@ -175,34 +203,83 @@ def _gradients(
 ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
     """The first derivatives `(∂L/∂x, ∂L/∂z)` (`None` where not wanted)."""
     want_x, want_z = want
-    try:
-        power = s.power
-    except NotImplementedError as exc:
-        reason = f"{s.op}: {exc}"
-        return (_no_gradient(x, reason) if want_x else None), (_no_gradient(z, reason) if want_z else None)
+    power = s.power
+    if power is None:
+        grad_x, grad_z = _symbolic_gradients(s, x, z, g, want)
+    else:
+        grad_x, grad_z = _power_gradients(s, x, z, g, want, power)
+    grad_x = grad_x.to(x.dtype).sum_to_size(x.shape) if want_x else None
+    grad_z = grad_z.to(z.dtype).sum_to_size(z.shape) if want_z else None
+    return grad_x, grad_z
+
+
+def _power_gradients(
+    s: _Setup, x: torch.Tensor, z: torch.Tensor, g: torch.Tensor, want: tuple[bool, bool], power: float | str
+) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """The first derivatives of a program reducing `|x − z|^P` or summing `x·z` (`power` is `inner_power`),
+    with the batch shape of `g`."""
+    want_x, want_z = want
     if power == 0.0:
         return torch.zeros_like(x) if want_x else None, torch.zeros_like(z) if want_z else None
     G = _outer_factor(s, x, z, g)
     if power == DOT:
-        grad_x = G @ z.to(G.dtype) if want_x else None
-        grad_z = G.mT @ x.to(G.dtype) if want_z else None
+        return (G @ z.to(G.dtype) if want_x else None), (G.mT @ x.to(G.dtype) if want_z else None)
+    p = s.hypers["p"] if power == "p" else HyperValue("p", power)
+    if s.program.reduction != "sum":
+        grad_x, grad_z = _blockwise_gradients(s, x, z, G, _power_slopes(p), want)
+        what = f"program {s.program.key()} (a maximum or minimum over coordinates)"
+        return _first_order(s, what, grad_x), _first_order(s, what, grad_z)
+    G = G * (p.scalar if p.tensor is None else p.tensor[..., None, None].to(G.dtype))
+    if 0 in G.stride():  # an expanded upstream gradient (e.g. from .sum())
+        G = G.contiguous()
+    program = grad_program(p.scalar)
+    return (_contract(G.mT, z, x, program, {"p": p}, s) if want_x else None), (
+        _contract(G, x, z, program, {"p": p}, s) if want_z else None
+    )
+
+
+def _symbolic_gradients(
+    s: _Setup, x: torch.Tensor, z: torch.Tensor, g: torch.Tensor, want: tuple[bool, bool]
+) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """The first derivatives of any other program from the symbolic derivatives of its inner term and epilogue
+    (module docstring), with the batch shape of `g`; refusing gradients (`kermac::no_gradient`) for a program
+    without one."""
+    want_x, want_z = want
+    program = s.program
+    try:
+        weights = reduction_weights(program.reduction)
+        slopes = point_slope(program, "x"), point_slope(program, "z")
+    except (NotImplementedError, ValueError) as exc:
+        reason = f"{s.op}: program {program.key()} cannot be differentiated: {exc}"
+        return (_no_gradient(x, reason) if want_x else None), (_no_gradient(z, reason) if want_z else None)
+    zero = ir.Const(0.0)
+    constant = epilogue_slope(program) == zero
+    # Where the output does not move with an input (an epilogue constant in acc, terms constant in it): zeros.
+    moving = tuple(w and not constant and slope != zero for w, slope in zip(want, slopes, strict=True))
+    if not any(moving):
+        return (torch.zeros_like(x) if want_x else None), (torch.zeros_like(z) if want_z else None)
+    G = _symbolic_outer_factor(g, _epilogue_derivative(s, x, z))
+    if weights is None:
+        grads = (
+            _sum_gradient(s, "x", G, z, x) if moving[0] else None,
+            _sum_gradient(s, "z", G.mT, x, z) if moving[1] else None,
+        )
     else:
-        p = s.hypers["p"] if power == "p" else HyperValue("p", power)
-        if s.program.reduction != "sum":
-            grad_x, grad_z = _extreme_gradients(s, x, z, G, p, want)
-            if torch.is_grad_enabled():  # a create_graph backward: differentiating these again must raise
-                reason = _first_order_only(s.op, f"program {s.program.key()} (a maximum or minimum over coordinates)")
-                grad_x = None if grad_x is None else torch.ops.kermac.first_order_only(grad_x, reason)
-                grad_z = None if grad_z is None else torch.ops.kermac.first_order_only(grad_z, reason)
-        else:
-            G = G * (p.scalar if p.tensor is None else p.tensor[..., None, None].to(G.dtype))
-            if 0 in G.stride():  # an expanded upstream gradient (e.g. from .sum())
-                G = G.contiguous()
-            grad_x = _contract(G.mT, z, x, p, s) if want_x else None
-            grad_z = _contract(G, x, z, p, s) if want_z else None
-    grad_x = grad_x.to(x.dtype).sum_to_size(x.shape) if want_x else None
-    grad_z = grad_z.to(z.dtype).sum_to_size(z.shape) if want_z else None
+        grads = _blockwise_gradients(s, x, z, G, _symbolic_slopes(slopes), moving)
+    what = f"program {program.key()}"
+    grad_x, grad_z = (
+        _first_order(s, what, grad) if grad is not None else torch.zeros_like(own) if wanted else None
+        for grad, own, wanted in zip(grads, (x, z), want, strict=True)
+    )
     return grad_x, grad_z
+
+
+def _first_order(s: _Setup, what: str, grad: torch.Tensor | None) -> torch.Tensor | None:
+    """`grad`, whose own derivative raises `NotImplementedError` naming `what` where this backward records
+    (`create_graph=True`)."""
+    if grad is None or not torch.is_grad_enabled():
+        return grad
+    return torch.ops.kermac.first_order_only(grad, _first_order_only(s.op, what))
 
 
 def _no_list_grads(*lists: list) -> tuple[list[None] | None, ...]:
@@ -233,66 +310,147 @@ def _outer_factor(s: _Setup, x: torch.Tensor, z: torch.Tensor, g: torch.Tensor) 
     if program.epilogue == ir.Var("acc"):
         return g
     slope = epilogue_slope(program)
-    inner = s.inner_only()
-    acc = ops.pairwise(inner.program.key(), x, z, inner.hypers, backend=s.backend, debug=s.debug, op=s.op)
+    acc = _accumulated(s, x, z)
     if slope == ir.Const(0.0):  # the epilogue does not depend on acc
         return torch.zeros_like(acc)
     cdtype = compute_dtype(acc.dtype)
     a = acc.to(cdtype)
     zero = a == 0 if s.power != DOT else None  # every t = 0: the inner derivative is 0, e' may be infinite
     safe = a if zero is None else torch.where(zero, torch.ones((), dtype=cdtype, device=a.device), a)
-    env: dict[str, torch.Tensor | float] = {"acc": safe, **hyper_env(s.hypers, cdtype, 2)}
-    if "diag" in ir.free_vars(slope):
-        m, n = acc.shape[-2:]
-        om, on = diagonal_offsets(int(s.offset_m), int(s.offset_n), m, n)  # validated by the forward
-        rows = torch.arange(m, device=acc.device) + om
-        cols = torch.arange(n, device=acc.device) + on
-        env["diag"] = (rows[:, None] == cols[None, :]).to(cdtype)
-    G = g.to(cdtype) * evaluate(slope, env, like=a)
+    G = g.to(cdtype) * _slope_values(s, slope, safe)
     if zero is not None:
         G = torch.where(zero, torch.zeros((), dtype=cdtype, device=G.device), G)
     return G.to(x.dtype)
 
 
-def _contract(a: torch.Tensor, other: torch.Tensor, own: torch.Tensor, p: HyperValue, s: _Setup) -> torch.Tensor:
-    """`Σ_k a[k, m] sgn(t)|t|^{p−1}`, `t = own[m, j] − other[k, j]`, as `[..., rows of own, D]`."""
+def _accumulated(s: _Setup, x: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
+    """`acc` of the forward: one fused pass of the program without its epilogue, `[..., M, N]`."""
+    inner = s.inner_only()
+    return ops.pairwise(inner.program.key(), x, z, inner.hypers, backend=s.backend, debug=s.debug, op=s.op)
+
+
+def _slope_values(s: _Setup, slope: ir.Expr, acc: torch.Tensor) -> torch.Tensor:
+    """`slope` (an expression in `acc`, `diag` and the hyperparameters) at `acc` `[..., M, N]`, in `acc`'s dtype."""
+    env: dict[str, torch.Tensor | float] = {"acc": acc, **hyper_env(s.hypers, acc.dtype, 2)}
+    if "diag" in ir.free_vars(slope):
+        m, n = acc.shape[-2:]
+        om, on = diagonal_offsets(int(s.offset_m), int(s.offset_n), m, n)  # validated by the forward
+        rows = torch.arange(m, device=acc.device) + om
+        cols = torch.arange(n, device=acc.device) + on
+        env["diag"] = (rows[:, None] == cols[None, :]).to(acc.dtype)
+    return evaluate(slope, env, like=acc)
+
+
+def _epilogue_derivative(s: _Setup, x: torch.Tensor, z: torch.Tensor) -> float | torch.Tensor:
+    """`e'(acc)`: a number where it is constant (no pass then; 1 for the epilogue `acc`), else `[..., M, N]` in the
+    compute dtype from one fused pass for `acc`."""
+    constant = _constant_slope(s.program)
+    if constant is not None:
+        return constant
+    acc = _accumulated(s, x, z)
+    return _slope_values(s, epilogue_slope(s.program), acc.to(compute_dtype(acc.dtype)))
+
+
+@cache
+def _constant_slope(program: PairwiseProgram) -> float | None:
+    """`e'` of `program` as a number where it reads neither `acc`, `diag` nor a hyperparameter, else `None`."""
+    slope = epilogue_slope(program)
+    if ir.free_vars(slope) or ir.hyper_names(slope):
+        return None
+    return float(evaluate(slope, {}, like=torch.empty((), dtype=torch.float64)))
+
+
+def _symbolic_outer_factor(g: torch.Tensor, E: float | torch.Tensor) -> torch.Tensor:
+    """`G = g·e'(acc)`, 0 where `e'` is infinite; `[..., M, N]` in the compute dtype of `g`."""
+    gc = g.to(compute_dtype(g.dtype))
+    if isinstance(E, float):
+        return gc if E == 1.0 else torch.zeros_like(gc) if math.isinf(E) else gc * E
+    return torch.where(torch.isinf(E), 0.0, gc * E)
+
+
+def _sum_gradient(s: _Setup, wrt: str, G: torch.Tensor, other: torch.Tensor, own: torch.Tensor) -> torch.Tensor:
+    """`Σ_k G[r, k] h(own[r, j], other[k, j])` over the rows `k` of `other`, `h` the slope of a sum's terms in
+    `wrt` ([`contraction_program`][kermac.pairwise_gradients.contraction_program]); `G` has the rows of `own`
+    first."""
+    G = G.to(own.dtype)
+    if 0 in G.stride():  # an expanded upstream gradient (e.g. from .sum())
+        G = G.contiguous()
+    return _contract(G.mT, other, own, contraction_program(s.program, wrt), s.hypers, s)
+
+
+def _contract(
+    a: torch.Tensor, other: torch.Tensor, own: torch.Tensor, program: GradProgram, hypers: dict, s: _Setup
+) -> torch.Tensor:
+    """`Σ_k a[k, m] h(own[m, j], other[k, j])`, `h` the multiply of `program` (`d` = own, `b` = other), as
+    `[..., rows of own, D]`: the gradient contraction with `O = 1`, `c = 1`."""
     ones = torch.ones(1, other.shape[-2], dtype=own.dtype, device=own.device)
-    program = grad_program(p.scalar)
-    hypers = {"p": p} if "p" in program.hypers else {}
-    out = ops.grad(program.key(), a, other.mT, ones, own.mT, hypers, backend=s.backend, debug=s.debug, op=s.op)
+    used = {n: hypers[n] for n in program.hypers}
+    out = ops.grad(program.key(), a, other.mT, ones, own.mT, used, backend=s.backend, debug=s.debug, op=s.op)
     return out[..., 0, :, :].mT
 
 
-def _extreme_gradients(
-    s: _Setup, x: torch.Tensor, z: torch.Tensor, G: torch.Tensor, p: HyperValue, want: tuple[bool, bool]
+Slope = Callable[[torch.Tensor, torch.Tensor, dict], torch.Tensor]
+"""`∂τ/∂x` or `∂τ/∂z` on a block of terms, from `x [..., bm, 1, D]`, `z [..., 1, bn, D]` and the hyperparameters."""
+
+
+def _power_slopes(p: HyperValue) -> tuple[Slope, Slope]:
+    """The slopes of `|x − z|^P`: `±P sgn(t)|t|^(P−1)`, 0 where `t = x − z = 0`."""
+
+    def slope(xs: torch.Tensor, zs: torch.Tensor, env: dict) -> torch.Tensor:
+        power = p.scalar if p.tensor is None else env["p"]
+        t = xs - zs
+        return torch.where(t != 0, torch.sign(t) * t.abs().pow(power - 1) * power, torch.zeros_like(t))
+
+    return slope, lambda xs, zs, env: -slope(xs, zs, env)
+
+
+def _symbolic_slopes(slopes: tuple[ir.Expr, ir.Expr]) -> tuple[Slope, Slope]:
+    """The slopes [`point_slope`][kermac.pairwise_gradients.point_slope] of any inner term, evaluated."""
+
+    def in_x(xs: torch.Tensor, zs: torch.Tensor, env: dict) -> torch.Tensor:
+        return evaluate(slopes[0], {"x": xs, "z": zs, **env}, like=xs)
+
+    def in_z(xs: torch.Tensor, zs: torch.Tensor, env: dict) -> torch.Tensor:
+        return evaluate(slopes[1], {"x": zs, "z": xs, **env}, like=xs)
+
+    return in_x, in_z
+
+
+def _blockwise_gradients(
+    s: _Setup,
+    x: torch.Tensor,
+    z: torch.Tensor,
+    G: torch.Tensor,
+    slopes: tuple[Slope, Slope],
+    want: tuple[bool, bool],
 ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
-    """The gradients of a maximum or minimum of `τ = |x − z|^P` (see the module docstring), in blocks
-    of at most `CHUNK_ELEMENTS` `(m, n, j)` elements; `[*batch, M, D]` and `[*batch, N, D]`."""
+    """The gradients of a program whose reduction has weights ([`reduction_weights`][kermac.pairwise_gradients.
+    reduction_weights]: a maximum or minimum) in blocks of at most `CHUNK_ELEMENTS` `(m, n, j)` elements;
+    `[*batch, M, D]` and `[*batch, N, D]`.
+
+    Each term is `G·w·slope`, `G = g·e'(acc)`."""
     batch, (m, n), d = G.shape[:-2], G.shape[-2:], x.shape[-1]
     cdtype = compute_dtype(x.dtype)
     grad_x = torch.zeros(batch + (m, d), dtype=cdtype, device=x.device) if want[0] else None
     grad_z = torch.zeros(batch + (n, d), dtype=cdtype, device=x.device) if want[1] else None
-    if d == 0 or x.device.type == "meta":
+    if d == 0 or m == 0 or n == 0 or x.device.type == "meta":
         return grad_x, grad_z
-    reduce = REDUCE[s.program.reduction]  # the reference backend's maximum or minimum: the forward's definition
+    reduce = REDUCE[s.program.reduction]  # the reference backend's reduction: the forward's definition
+    weights = reduction_weights(s.program.reduction)
     like = torch.empty((), dtype=cdtype, device=x.device)
     env = hyper_env(s.hypers, cdtype, 3)
-    power = p.scalar if p.tensor is None else p.tensor.to(cdtype).reshape(p.tensor.shape + (1, 1, 1))
     xb, zb, Gc = x.expand(batch + (m, d)), z.expand(batch + (n, d)), G.to(cdtype)
     bm, bn = tile(m, n, math.prod(batch) * d)
     for m0, m1 in blocks(m, bm):
         for n0, n1 in blocks(n, bn):
             xs, zs = xb[..., m0:m1, None, :].to(cdtype), zb[..., None, n0:n1, :].to(cdtype)
             tau = evaluate(s.program.inner, {"x": xs, "z": zs, **env}, like=like)  # the forward's terms
-            active = (tau == reduce(tau, dim=-1, keepdim=True)).to(cdtype)
-            weight = active / active.sum(-1, keepdim=True)  # 1/k on k tied coordinates; NaN for a NaN extreme
-            t = xs - zs
-            slope = torch.where(t != 0, torch.sign(t) * t.abs().pow(power - 1) * power, torch.zeros_like(t))
-            terms = Gc[..., m0:m1, n0:n1, None] * weight * slope
-            if grad_x is not None:
-                grad_x[..., m0:m1, :] += terms.sum(-2)
-            if grad_z is not None:
-                grad_z[..., n0:n1, :] -= terms.sum(-3)
+            tau = tau.expand(torch.broadcast_shapes(tau.shape, xs.shape, zs.shape))
+            weight = weights(tau, reduce(tau, dim=-1, keepdim=True))
+            Gb = Gc[..., m0:m1, n0:n1, None]
+            for slope, grad, dim, rows in zip(slopes, (grad_x, grad_z), (-2, -3), ((m0, m1), (n0, n1)), strict=True):
+                if grad is not None:
+                    grad[..., rows[0] : rows[1], :] += (Gb * weight * slope(xs, zs, env)).sum(dim)
     return grad_x, grad_z
 
 
