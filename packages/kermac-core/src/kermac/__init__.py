@@ -19,7 +19,7 @@ from __future__ import annotations
 from typing import Any
 
 from kermac import autograd as _autograd  # noqa: F401 (registers the backward of kermac's torch.library operations)
-from kermac import ir, presets
+from kermac import dsl, ir, presets
 from kermac._version import __version__
 from kermac.api import (
     backends,
@@ -32,6 +32,7 @@ from kermac.api import (
     run_program,
 )
 from kermac.descriptor import KernelDescriptor
+from kermac.dsl import gradient_program, program
 from kermac.errors import BackendError, BackendUnavailableError, UnsupportedProblemError
 from kermac.operator import KernelOperator
 from kermac.predictor import predictor_gradient
@@ -50,22 +51,26 @@ __all__ = [
     "cdist",
     "cdist_grad",
     "distributed",
+    "dsl",
+    "gradient_program",
     "ir",
     "kernel_product",
     "linalg",
     "models",
     "predictor_gradient",
     "presets",
+    "program",
     "program_product",
     "run_grad_program",
     "run_kernel",
     "run_program",
     "solvers",
+    "zoo",
 ]
 
 
 def __getattr__(name: str) -> Any:
-    if name in ("distributed", "solvers", "models"):  # imported when used, not with kermac (import stays cheap)
+    if name in ("distributed", "solvers", "models", "zoo"):  # imported when used, not with kermac (import stays cheap)
         import importlib
 
         return importlib.import_module(f"kermac.{name}")
