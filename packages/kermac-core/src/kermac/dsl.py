@@ -286,7 +286,9 @@ class Traced:
                 f"numpy.{name} cannot trace: a program is built from + − * / **, comparisons and the functions "
                 f"of kermac.dsl (write kermac.dsl.{name}(...) if kermac.dsl has it)"
             )
-        return op(*(_as_traced(i) for i in inputs))
+        # numpy numbers (and the 0-d arrays numpy hands them over as) become Python numbers: the operator
+        # then traces as with those, instead of calling numpy back
+        return op(*(i if isinstance(i, Traced) or getattr(i, "shape", None) != () else i.item() for i in inputs))
 
     def __array_function__(self, func: Any, types: object, args: object, kwargs: object) -> Any:
         raise TypeError(
