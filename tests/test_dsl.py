@@ -377,3 +377,35 @@ def test_a_traced_program_is_an_ordinary_program() -> None:
     assert isinstance(g.program, GradProgram) and g.key() == grad_program(1.0).key()
     x = torch.randn(3, 2, dtype=torch.float64)
     assert torch.equal(kermac.run_program(k.program, x, x), k(x, x))
+
+
+# -- the examples --------------------------------------------------------------------------------
+
+EXAMPLES = {
+    "build_a_kernel.py": ["-m", "23", "-n", "17", "-d", "5"],
+    "broadcast_kernel.py": ["-l", "3", "-m", "13", "-n", "11", "-d", "5"],
+    "hyper_semiring.py": ["-m", "19", "-n", "23", "-k", "7"],
+    "hyper_semiring_gradient.py": ["-m", "9", "-n", "7", "-o", "2", "-k", "11", "-l", "2"],
+}
+
+
+@pytest.mark.parametrize("backend", CPU_BACKENDS)
+@pytest.mark.parametrize("script", sorted(EXAMPLES))
+def test_example_runs_and_checks_its_results(script: str, backend: str) -> None:
+    """Each example of the DSL runs on the CPU and passes its own float64 checks (exit code 0, no line flagged)."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    require_backend(backend, "cpu", "grad" if "gradient" in script else "pairwise")
+    path = Path(__file__).resolve().parents[1] / "examples" / script
+    result = subprocess.run(
+        [sys.executable, str(path), "--device", "cpu", "--backend", backend, *EXAMPLES[script]],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    lines = result.stdout.splitlines()
+    assert len(lines) >= 3 and all("max rel error" in line for line in lines), result.stdout
+    assert "TOO LARGE" not in result.stdout
