@@ -224,7 +224,7 @@ class SumPowerLaplace(_Zoo):
         )
 
     def __call__(self, x: torch.Tensor, z: torch.Tensor, **kwargs: object) -> torch.Tensor:  # type: ignore[override]
-        """As [`Kernel.__call__`][kermac.dsl.Kernel.__call__], with `features` = `x.shape[-1]`."""
+        """As [`Kernel`][kermac.dsl.Kernel], with `features` = `x.shape[-1]`."""
         return super().__call__(x, z, features=float(x.shape[-1]), **kwargs)
 
     def product(self, x: torch.Tensor, z: torch.Tensor, v: torch.Tensor, **kwargs: object) -> torch.Tensor:  # type: ignore[override]
@@ -269,7 +269,7 @@ class Mahalanobis(Kernel):
 
     def __call__(self, x: torch.Tensor, z: torch.Tensor, *, scale: torch.Tensor, **kwargs: object) -> torch.Tensor:  # type: ignore[override]
         """The kernel matrix of `x·scale` and `z·scale` (the other arguments as
-        [`Kernel.__call__`][kermac.dsl.Kernel.__call__])."""
+        [`Kernel`][kermac.dsl.Kernel])."""
         return super().__call__(*self._scaled(x, z, scale), **kwargs)
 
     def product(  # type: ignore[override]
