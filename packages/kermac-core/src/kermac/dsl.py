@@ -54,19 +54,15 @@ takes the preset's fast path: backends choose their kernels on the normal form o
 
 from __future__ import annotations
 
-import inspect
-import linecache
-import numbers
-import operator
 from collections.abc import Callable, Mapping
-from types import CodeType, TracebackType
 from typing import Any
 
 import torch
 
 from kermac.canonical import canonical
-from kermac.ir import Call, Const, Expr, Hyper, Var, free_vars, hyper_names, to_sexpr
+from kermac.ir import Call, Const, Expr, Var, free_vars, to_sexpr
 from kermac.programs import REDUCTIONS, GradProgram, PairwiseProgram
+from kermac.tracing import OPERANDS, RESERVED, Traced, as_traced, describe, trace, traced_call
 
 __all__ = [
     "OPERANDS",
@@ -96,232 +92,8 @@ __all__ = [
     "where",
 ]
 
+
 HyperInput = float | torch.Tensor
-
-_ROLES: dict[str, tuple[str, ...]] = {
-    "inner": ("x", "z"),
-    "epilogue": ("acc", "diag"),
-    "multiply": ("a", "b", "d"),
-    "gradient epilogue": ("acc",),
-}
-"""The operands each function reads, by name (the module docs' table)."""
-
-OPERANDS: frozenset[str] = frozenset({"x", "z", "acc", "diag", "a", "b", "c", "d"})
-"""The operand names of every program kind; none can be a hyperparameter."""
-
-RESERVED: frozenset[str] = OPERANDS | frozenset({"v", "out", "transpose", "offset_m", "offset_n", "backend", "debug"})
-"""Names no hyperparameter can take: the operands and the keywords of a kernel's call."""
-
-_WHERE_OPERAND = {
-    "x": "the inner term",
-    "z": "the inner term",
-    "acc": "an epilogue",
-    "diag": "the epilogue of a pairwise program",
-    "a": "the multiply of a gradient program",
-    "b": "the multiply of a gradient program",
-    "d": "the multiply of a gradient program",
-    "c": "no function (it enters by the accumulation Σ_k c·multiply)",
-}
-
-
-# -- traced values -------------------------------------------------------------------------------
-
-
-def _expr(value: object) -> Expr:
-    """The expression of a proxy or a real number (numpy's too); `TypeError` naming what came."""
-    if isinstance(value, Traced):
-        return value.expr
-    if isinstance(value, torch.Tensor):
-        raise TypeError(
-            "a torch.Tensor cannot enter a program: pass it as a hyperparameter (a parameter of the function, "
-            "given by keyword at call time as a number or one value per batch entry)"
-        )
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):  # numpy's bool_ is no Real either
-        raise TypeError(f"expected a traced value or a real number, got {type(value).__name__}")
-    return Const(float(value))
-
-
-def _traced(op: str, *args: object) -> Traced:
-    return Traced(Call(op, tuple(_expr(a) for a in args)))
-
-
-_NOT_BOOL = (
-    "a traced value has no truth value: Python's `if`, `and`, `or`, `not`, chained comparisons and the builtins "
-    "min()/max() need one. Write kermac.dsl.where(cond, a, b) for a choice, `*` for `and`, "
-    "kermac.dsl.minimum / kermac.dsl.maximum for min/max"
-)
-
-
-class Traced:
-    """A traced value: a proxy for an operand or hyperparameter while a function is traced.
-
-    Arithmetic, comparisons and the functions of [`kermac.dsl`][kermac.dsl] build
-    [`kermac.ir`][kermac.ir] expressions; `expr` is the expression built so far.  Everything else raises
-    `TypeError` (or `AttributeError` for an attribute) saying what to write instead.
-    """
-
-    __slots__ = ("expr",)
-    __hash__ = None  # `==` builds an expression, so a proxy is no dictionary key
-
-    def __init__(self, expr: Expr) -> None:
-        object.__setattr__(self, "expr", expr)
-
-    def __repr__(self) -> str:
-        return f"Traced({to_sexpr(self.expr)})"
-
-    # arithmetic
-    def __add__(self, other: object) -> Traced:
-        return _traced("add", self, other)
-
-    def __radd__(self, other: object) -> Traced:
-        return _traced("add", other, self)
-
-    def __sub__(self, other: object) -> Traced:
-        return _traced("sub", self, other)
-
-    def __rsub__(self, other: object) -> Traced:
-        return _traced("sub", other, self)
-
-    def __mul__(self, other: object) -> Traced:
-        return _traced("mul", self, other)
-
-    def __rmul__(self, other: object) -> Traced:
-        return _traced("mul", other, self)
-
-    def __truediv__(self, other: object) -> Traced:
-        return _traced("div", self, other)
-
-    def __rtruediv__(self, other: object) -> Traced:
-        return _traced("div", other, self)
-
-    def __pow__(self, other: object) -> Traced:
-        return _traced("pow", self, other)
-
-    def __rpow__(self, other: object) -> Traced:
-        return _traced("pow", other, self)
-
-    def __neg__(self) -> Traced:
-        return _traced("neg", self)
-
-    def __pos__(self) -> Traced:
-        return self
-
-    def __abs__(self) -> Traced:
-        return _traced("abs", self)
-
-    # comparisons: 1.0 or 0.0
-    def __lt__(self, other: object) -> Traced:
-        return _traced("lt", self, other)
-
-    def __le__(self, other: object) -> Traced:
-        return _traced("le", self, other)
-
-    def __gt__(self, other: object) -> Traced:
-        return _traced("gt", self, other)
-
-    def __ge__(self, other: object) -> Traced:
-        return _traced("ge", self, other)
-
-    def __eq__(self, other: object) -> Traced:  # type: ignore[override]
-        return _traced("eq", self, other)
-
-    def __ne__(self, other: object) -> Traced:  # type: ignore[override]
-        return _traced("ne", self, other)
-
-    # what the IR cannot express
-    def __bool__(self) -> bool:
-        raise TypeError(_NOT_BOOL)
-
-    def __float__(self, *args: object) -> float:
-        raise TypeError(
-            "a traced value cannot become a Python number (math.exp, math.sqrt, float(), int(), round() need "
-            "one): use the functions of kermac.dsl (dsl.exp, dsl.sqrt, dsl.log, ...)"
-        )
-
-    __int__ = __index__ = __complex__ = __round__ = __trunc__ = __floor__ = __ceil__ = __float__
-
-    def _unsupported(self, *args: object) -> Traced:
-        raise TypeError(
-            "the IR has no %, //, @, bit operations or divmod; programs use + − * / **, comparisons and the "
-            "functions of kermac.dsl"
-        )
-
-    __mod__ = __rmod__ = __floordiv__ = __rfloordiv__ = __matmul__ = __rmatmul__ = _unsupported
-    __and__ = __rand__ = __or__ = __ror__ = __xor__ = __rxor__ = __invert__ = _unsupported
-    __lshift__ = __rlshift__ = __rshift__ = __rrshift__ = __divmod__ = __rdivmod__ = _unsupported
-
-    def __getitem__(self, key: object) -> Traced:
-        raise TypeError(
-            "a traced value is one element (x[ℓ, m, k], ...), not an array: it has no items; the reduction over "
-            "the features is the program's `reduce`"
-        )
-
-    def __iter__(self) -> Traced:
-        raise TypeError("a traced value is one element, not a sequence: it cannot be iterated or unpacked")
-
-    def __len__(self) -> int:
-        raise TypeError("a traced value is one element, not a sequence: it has no len()")
-
-    def __setattr__(self, name: str, value: object) -> None:
-        raise AttributeError("a traced value is immutable")
-
-    def __getattr__(self, name: str) -> Any:
-        if name.startswith("__"):  # protocol probes (numpy's __array_interface__, copy's __deepcopy__, ...)
-            raise AttributeError(name)
-        raise AttributeError(
-            f"a traced value has no attribute {name!r}: write kermac.dsl.{name}(value) if kermac.dsl has it "
-            f"(exp, log, sqrt, sign, where, minimum, maximum, ...)"
-        )
-
-    def __array__(self, *args: object, **kwargs: object) -> Any:
-        raise TypeError("a traced value cannot become a numpy array: use the functions of kermac.dsl")
-
-    def __array_ufunc__(self, ufunc: Any, method: str, *inputs: object, **kwargs: object) -> Any:
-        """Arithmetic with numpy numbers (`np.float32(2) * x`) traces as with Python numbers; any other
-        numpy function is refused, naming the kermac.dsl function to use."""
-        name = getattr(ufunc, "__name__", str(ufunc))
-        op = _NUMPY_OPERATORS.get(name)
-        if method != "__call__" or op is None or kwargs:
-            raise TypeError(
-                f"numpy.{name} cannot trace: a program is built from + − * / **, comparisons and the functions "
-                f"of kermac.dsl (write kermac.dsl.{name}(...) if kermac.dsl has it)"
-            )
-        # numpy numbers (and the 0-d arrays numpy hands them over as) become Python numbers: the operator
-        # then traces as with those, instead of calling numpy back
-        return op(*(i if isinstance(i, Traced) or getattr(i, "shape", None) != () else i.item() for i in inputs))
-
-    def __array_function__(self, func: Any, types: object, args: object, kwargs: object) -> Any:
-        raise TypeError(
-            f"numpy.{getattr(func, '__name__', func)} cannot trace: use the functions of kermac.dsl "
-            "(where, minimum, maximum, exp, ...)"
-        )
-
-    @classmethod
-    def __torch_function__(cls, func: Any, types: object, args: object = (), kwargs: object = None) -> Any:
-        raise TypeError(
-            f"torch function {getattr(func, '__name__', func)} cannot trace: a program is built from + − * / **, "
-            "comparisons and the functions of kermac.dsl; a tensor enters a program only as a hyperparameter"
-        )
-
-
-_NUMPY_OPERATORS: dict[str, Callable[..., Traced]] = {
-    "add": operator.add,
-    "subtract": operator.sub,
-    "multiply": operator.mul,
-    "true_divide": operator.truediv,
-    "divide": operator.truediv,
-    "power": operator.pow,
-    "negative": operator.neg,
-    "positive": operator.pos,
-    "absolute": operator.abs,
-    "less": operator.lt,
-    "less_equal": operator.le,
-    "greater": operator.gt,
-    "greater_equal": operator.ge,
-    "equal": operator.eq,
-    "not_equal": operator.ne,
-}
-"""numpy ufuncs that are Python operators: with a numpy number and a proxy they trace as the operator."""
 
 
 # -- the functions of the DSL --------------------------------------------------------------------
@@ -331,82 +103,82 @@ Value = Traced | float
 
 def abs(a: Value) -> Traced:
     """|a| (the builtin `abs()` works on traced values too)."""
-    return _traced("abs", a)
+    return traced_call("abs", a)
 
 
 def sqrt(a: Value) -> Traced:
     """√a."""
-    return _traced("sqrt", a)
+    return traced_call("sqrt", a)
 
 
 def exp(a: Value) -> Traced:
     """eᵃ."""
-    return _traced("exp", a)
+    return traced_call("exp", a)
 
 
 def log(a: Value) -> Traced:
     """ln a."""
-    return _traced("log", a)
+    return traced_call("log", a)
 
 
 def pow(a: Value, b: Value) -> Traced:
     """aᵇ (IEEE `pow`), as `a ** b`."""
-    return _traced("pow", a, b)
+    return traced_call("pow", a, b)
 
 
 def sign(a: Value) -> Traced:
     """sgn(a) ∈ {−1, +0, 1} (+0 also for −0, as torch.sign), NaN for NaN."""
-    return _traced("sign", a)
+    return traced_call("sign", a)
 
 
 def minimum(a: Value, b: Value) -> Traced:
     """min(a, b), NaN propagating."""
-    return _traced("min", a, b)
+    return traced_call("min", a, b)
 
 
 def maximum(a: Value, b: Value) -> Traced:
     """max(a, b), NaN propagating."""
-    return _traced("max", a, b)
+    return traced_call("max", a, b)
 
 
 def where(cond: Value, if_true: Value, if_false: Value) -> Traced:
     """`if_true` where `cond ≠ 0` (a comparison is 1.0 or 0.0), else `if_false`: the IR's `select`."""
-    return _traced("select", cond, if_true, if_false)
+    return traced_call("select", cond, if_true, if_false)
 
 
 def lt(a: Value, b: Value) -> Traced:
     """1.0 if a < b else 0.0 (as `a < b`)."""
-    return _traced("lt", a, b)
+    return traced_call("lt", a, b)
 
 
 def le(a: Value, b: Value) -> Traced:
     """1.0 if a ≤ b else 0.0 (as `a <= b`)."""
-    return _traced("le", a, b)
+    return traced_call("le", a, b)
 
 
 def gt(a: Value, b: Value) -> Traced:
     """1.0 if a > b else 0.0 (as `a > b`)."""
-    return _traced("gt", a, b)
+    return traced_call("gt", a, b)
 
 
 def ge(a: Value, b: Value) -> Traced:
     """1.0 if a ≥ b else 0.0 (as `a >= b`)."""
-    return _traced("ge", a, b)
+    return traced_call("ge", a, b)
 
 
 def eq(a: Value, b: Value) -> Traced:
     """1.0 if a = b else 0.0 (as `a == b`)."""
-    return _traced("eq", a, b)
+    return traced_call("eq", a, b)
 
 
 def ne(a: Value, b: Value) -> Traced:
     """1.0 if a ≠ b else 0.0 (as `a != b`)."""
-    return _traced("ne", a, b)
+    return traced_call("ne", a, b)
 
 
 def sigmoid(a: Value) -> Traced:
     """1 / (1 + e^(−a)): 0 at −∞, 1 at +∞."""
-    return 1.0 / (1.0 + exp(-_as_traced(a)))
+    return 1.0 / (1.0 + exp(-as_traced(a)))
 
 
 def tanh(a: Value) -> Traced:
@@ -415,103 +187,7 @@ def tanh(a: Value) -> Traced:
     Written with one exponential, as the IR has no `tanh`: its error is about the compute type's unit
     roundoff in absolute terms (not relative to tanh a where |a| is tiny).
     """
-    return 1.0 - 2.0 / (exp(2.0 * _as_traced(a)) + 1.0)
-
-
-def _as_traced(a: Value) -> Traced:
-    return a if isinstance(a, Traced) else Traced(_expr(a))
-
-
-# -- tracing -------------------------------------------------------------------------------------
-
-
-def _code(fn: object) -> CodeType | None:
-    return getattr(inspect.unwrap(fn), "__code__", None) if callable(fn) else None
-
-
-def _describe(role: str, fn: object) -> str:
-    """`inner (<lambda> at file.py:12)`: the function of `role` and where it is defined."""
-    code = _code(fn)
-    if code is None:
-        return f"{role} ({fn!r})"
-    return f"{role} ({code.co_name} at {code.co_filename}:{code.co_firstlineno})"
-
-
-def _failing_line(fn: object, tb: TracebackType | None) -> str:
-    """` (line N: source)` for the deepest line of `fn`'s file in the traceback `tb`, or ``."""
-    code = _code(fn)
-    if code is None:
-        return ""
-    line = None
-    while tb is not None:
-        if tb.tb_frame.f_code.co_filename == code.co_filename:
-            line = tb.tb_lineno
-        tb = tb.tb_next
-    if line is None:
-        return ""
-    source = linecache.getline(code.co_filename, line).strip()
-    at = "" if line == code.co_firstlineno else f"line {line}: "
-    return f" ({at}{source})" if source else f" (line {line})" if at else ""
-
-
-def _trace(role: str, fn: object, order: list[str]) -> Expr:
-    """The expression `fn` computes from proxies of its parameters; adds its hyperparameters to `order`."""
-    if not callable(fn):
-        raise TypeError(f"{role}: expected a function (e.g. a lambda), got {type(fn).__name__}")
-    where = _describe(role, fn)
-    try:
-        signature = inspect.signature(fn)
-    except (TypeError, ValueError) as exc:
-        raise TypeError(f"{where}: its parameters cannot be read ({exc}); pass a lambda or a def") from None
-    operands = _ROLES[role]
-    positional, keywords, mine = [], {}, []
-    for param in signature.parameters.values():
-        name = param.name
-        if param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD):
-            raise TypeError(f"{where}: parameter {'*' if param.kind == param.VAR_POSITIONAL else '**'}{name}: "
-                            "every parameter must be named (an operand or a hyperparameter)")  # fmt: skip
-        if param.default is not param.empty:
-            raise TypeError(
-                f"{where}: parameter {name!r} has a default; a hyperparameter's value is given when the kernel is "
-                "called (Kernel.bind fixes one)"
-            )
-        if name in operands:
-            value = Traced(Var(name))
-        elif name in OPERANDS:
-            raise ValueError(
-                f"{where}: parameter {name!r} is an operand of {_WHERE_OPERAND[name]}; {role} reads "
-                f"{', '.join(operands)} and hyperparameters"
-            )
-        elif name in RESERVED:
-            raise ValueError(
-                f"{where}: parameter {name!r} is a keyword of the kernel's call, which no hyperparameter can be "
-                f"named (reserved: {', '.join(sorted(RESERVED))})"
-            )
-        elif name.startswith("_"):
-            raise ValueError(f"{where}: parameter {name!r}: a hyperparameter's name cannot start with '_'")
-        else:
-            value = Traced(Hyper(name))
-            mine.append(name)
-        if param.kind == param.KEYWORD_ONLY:
-            keywords[name] = value
-        else:
-            positional.append(value)
-    try:
-        result = fn(*positional, **keywords)
-    except Exception as exc:
-        message = str(exc) if isinstance(exc, (TypeError, AttributeError)) else f"{type(exc).__name__}: {exc}"
-        raise TypeError(f"{where}{_failing_line(fn, exc.__traceback__)}: {message}") from exc
-    if isinstance(result, Traced):
-        expr = result.expr
-    elif isinstance(result, bool) or not isinstance(result, numbers.Real):
-        raise TypeError(f"{where}: returned {type(result).__name__}; expected a traced value or a number")
-    else:
-        expr = Const(float(result))
-    unused = [n for n in mine if n not in hyper_names(expr)]
-    if unused:
-        raise ValueError(f"{where}: hyperparameter(s) {unused} not used by the expression it returns")
-    order.extend(n for n in mine if n not in order)
-    return expr
+    return 1.0 - 2.0 / (exp(2.0 * as_traced(a)) + 1.0)
 
 
 def program(inner: Callable[..., object], reduce: str = "sum", epilogue: Callable[..., object] | None = None) -> Kernel:
@@ -541,8 +217,8 @@ def program(inner: Callable[..., object], reduce: str = "sum", epilogue: Callabl
     if reduce not in REDUCTIONS:
         raise ValueError(f"reduce: expected one of {sorted(REDUCTIONS)}, got {reduce!r}")
     order: list[str] = []
-    inner_expr = _trace("inner", inner, order)
-    epilogue_expr = Var("acc") if epilogue is None else _trace("epilogue", epilogue, order)
+    inner_expr = trace("inner", inner, order)
+    epilogue_expr = Var("acc") if epilogue is None else trace("epilogue", epilogue, order)
     return Kernel(PairwiseProgram(inner_expr, reduce, epilogue_expr), tuple(order))
 
 
@@ -572,14 +248,14 @@ def gradient_program(multiply: Callable[..., object], epilogue: Callable[..., ob
         ValueError: a bad parameter name.
     """
     order: list[str] = []
-    term = _trace("multiply", multiply, order)
+    term = trace("multiply", multiply, order)
     factor = _without_factor_a(term)
     if factor is None:
         raise TypeError(
-            f"{_describe('multiply', multiply)}: expected a · g(b, d), a product with the operand a as one factor "
+            f"{describe('multiply', multiply)}: expected a · g(b, d), a product with the operand a as one factor "
             f"and no other use of a (the fused gradient kernels compute Σ_k c·a·g(b, d)); got {to_sexpr(term)}"
         )
-    epilogue_expr = Var("acc") if epilogue is None else _trace("gradient epilogue", epilogue, order)
+    epilogue_expr = Var("acc") if epilogue is None else trace("gradient epilogue", epilogue, order)
     return GradKernel(GradProgram(factor, epilogue_expr), tuple(order))
 
 
@@ -624,7 +300,7 @@ def canonical_key(program: PairwiseProgram | GradProgram) -> str:
 # -- the kernels ----------------------------------------------------------------------------------
 
 
-class _Traced:
+class _TracedKernel:
     """What both kernel kinds share: the program, its hyperparameter names and the values bound to some."""
 
     __slots__ = ("_bound", "parameters", "program")
@@ -657,7 +333,7 @@ class _Traced:
         if unknown:
             raise ValueError(f"bind: expected hyperparameters of {list(self.hypers)}, got unknown {unknown}")
         bound = object.__new__(type(self))  # the same class (a zoo kernel keeps its call), not its constructor
-        _Traced.__init__(bound, self.program, self.parameters, {**self._bound, **hypers})
+        _TracedKernel.__init__(bound, self.program, self.parameters, {**self._bound, **hypers})
         return bound
 
     def _hypers(self, given: Mapping[str, HyperInput]) -> dict[str, HyperInput]:
@@ -671,7 +347,7 @@ class _Traced:
         return f"{type(self).__name__}({self.key()!r}, hypers={list(self.hypers)}{bound})"
 
 
-class Kernel(_Traced):
+class Kernel(_TracedKernel):
     """A pairwise kernel built by [`program`][kermac.dsl.program]: call it as `kernel(x, z, **hypers)`.
 
     Attributes:
@@ -745,7 +421,7 @@ class Kernel(_Traced):
         )  # fmt: skip
 
 
-class GradKernel(_Traced):
+class GradKernel(_TracedKernel):
     """A gradient kernel built by [`gradient_program`][kermac.dsl.gradient_program]:
     `kernel(a, b, c, d, **hypers)`.
 
