@@ -409,3 +409,12 @@ def test_example_runs_and_checks_its_results(script: str, backend: str) -> None:
     lines = result.stdout.splitlines()
     assert len(lines) >= 3 and all("max rel error" in line for line in lines), result.stdout
     assert "TOO LARGE" not in result.stdout
+
+
+def test_a_traced_kernel_is_differentiable_like_its_program() -> None:
+    """A traced kernel's call is `run_program`, so autograd differentiates it wherever it differentiates the program
+    (here a sum of squared differences; tests/test_autograd.py covers which programs)."""
+    k = kermac.program(lambda x, z: (x - z) ** 2, epilogue=lambda acc, gamma: 1 / (1 + gamma * acc))
+    x = torch.randn(4, 3, dtype=torch.float64, requires_grad=True)
+    z = torch.randn(5, 3, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(lambda x, z: k(x, z, gamma=0.7, backend="torch"), (x, z))
