@@ -246,6 +246,8 @@ def test_signature_errors() -> None:
         kermac.program(2.0)
     with pytest.raises(ValueError, match=r"reduce: expected one of .*'sum'.*, got 'prod'"):
         kermac.program(lambda x, z: x * z, reduce="prod")
+    with pytest.raises(ValueError, match=r"reduce: expected one of .*, got \['sum'\]"):
+        kermac.program(lambda x, z: x * z, reduce=["sum"])
 
 
 # -- hyperparameters at call time -----------------------------------------------------------------

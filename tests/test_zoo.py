@@ -121,6 +121,8 @@ def test_mahalanobis_bad_input() -> None:
         zoo.Mahalanobis()(x, z, scale=2.0, bandwidth=1.0)
     with pytest.raises(ValueError, match=r"scale: expected shape \[\.\.\., 3\] .* got \[2\]"):
         zoo.Mahalanobis()(x, z, scale=torch.ones(2, dtype=F64), bandwidth=1.0)
+    with pytest.raises(ValueError, match=r"scale: expected a tensor of x's dtype and device \(torch\.float64, cpu\)"):
+        zoo.Mahalanobis()(x, z, scale=torch.ones(3), bandwidth=1.0)
     with pytest.raises(TypeError, match=r"kernel: expected a kermac\.dsl\.Kernel"):
         zoo.Mahalanobis(presets.gaussian)
 

@@ -214,7 +214,7 @@ def program(inner: Callable[..., object], reduce: str = "sum", epilogue: Callabl
         TypeError: a function uses what the IR cannot express (the message names its file and line).
         ValueError: a bad parameter name, or an unknown `reduce`.
     """
-    if reduce not in REDUCTIONS:
+    if not isinstance(reduce, str) or reduce not in REDUCTIONS:
         raise ValueError(f"reduce: expected one of {sorted(REDUCTIONS)}, got {reduce!r}")
     order: list[str] = []
     inner_expr = trace("inner", inner, order)

@@ -261,6 +261,11 @@ class Mahalanobis(Kernel):
     def _scaled(x: torch.Tensor, z: torch.Tensor, scale: object) -> tuple[torch.Tensor, torch.Tensor]:
         if not isinstance(scale, torch.Tensor):
             raise TypeError(f"scale: expected a tensor of one value per feature, got {type(scale).__name__}")
+        if scale.dtype != x.dtype or scale.device != x.device:
+            raise ValueError(
+                f"scale: expected a tensor of x's dtype and device ({x.dtype}, {x.device}), "
+                f"got ({scale.dtype}, {scale.device})"
+            )
         if scale.dim() == 0 or scale.shape[-1] not in (1, x.shape[-1]):
             raise ValueError(
                 f"scale: expected shape [..., {x.shape[-1]}] (one value per feature of x), got {list(scale.shape)}"
