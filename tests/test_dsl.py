@@ -193,6 +193,8 @@ BAD_INNER = [
     ("returns None", lambda x, z: None, "returned NoneType"),
     ("returns a bool", lambda x, z: True, "returned bool"),
     ("raises", lambda x, z: 1 / 0, "ZeroDivisionError"),
+    ("wrong arity", lambda x, z: dsl.where(x > z, x), "missing 1 required positional argument"),
+    ("unknown dsl function", lambda x, z: dsl.erf(x), "has no attribute 'erf'"),
 ]
 
 
