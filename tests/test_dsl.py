@@ -183,7 +183,7 @@ BAD_INNER = [
     ("numpy where", lambda x, z: np.where(x > z, x, z), "cannot"),
     ("torch function", lambda x, z: torch.exp(x), "torch function exp cannot trace"),
     ("tensor on the right", lambda x, z: x * torch.ones(()), "torch.Tensor cannot enter a program"),
-    ("tensor on the left", lambda x, z: torch.ones(()) * x, "cannot trace"),
+    ("tensor on the left", lambda x, z: torch.ones(()) * x, "torch"),  # either refusal: torch may defer to __rmul__
     ("attribute", lambda x, z: x.exp(), "no attribute 'exp'"),
     ("indexing", lambda x, z: x[0], "no items"),
     ("unpacking", lambda x, z: sum(x), "cannot be iterated"),
