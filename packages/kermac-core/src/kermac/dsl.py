@@ -348,7 +348,12 @@ class _TracedKernel:
 
 
 class Kernel(_TracedKernel):
-    """A pairwise kernel built by [`program`][kermac.dsl.program]: call it as `kernel(x, z, **hypers)`.
+    """A pairwise kernel built by [`program`][kermac.dsl.program].
+
+    `kernel(x, z, *, out=None, offset_m=0, offset_n=0, backend="auto", debug=False, **hypers)` is the kernel
+    matrix `[..., M, N]` of `x [..., M, D]` and `z [..., N, D]`, computed as
+    [`run_program`][kermac.api.run_program] computes it (those arguments mean what they mean there), with each
+    hyperparameter by keyword.
 
     Attributes:
         program: the traced [`PairwiseProgram`][kermac.programs.PairwiseProgram].
@@ -422,8 +427,11 @@ class Kernel(_TracedKernel):
 
 
 class GradKernel(_TracedKernel):
-    """A gradient kernel built by [`gradient_program`][kermac.dsl.gradient_program]:
-    `kernel(a, b, c, d, **hypers)`.
+    """A gradient kernel built by [`gradient_program`][kermac.dsl.gradient_program].
+
+    `kernel(a, b, c, d, *, out=None, backend="auto", debug=False, **hypers)` is `out [..., O, N, M]` for
+    `a [..., K, M]`, `b [..., N, K]`, `c [..., O, K]`, `d [..., N, M]`, computed as
+    [`run_grad_program`][kermac.api.run_grad_program] computes it, with each hyperparameter by keyword.
 
     Attributes:
         program: the traced [`GradProgram`][kermac.programs.GradProgram] (its `multiply` is the factor `g`
