@@ -3,7 +3,8 @@
 Pairwise p-norm distances ([`cdist`][kermac.cdist]), fused kernel matrices ([`run_kernel`][kermac.run_kernel] with a
 [`KernelDescriptor`][kermac.KernelDescriptor] or a preset), the gradient contraction behind AGOP
 ([`cdist_grad`][kermac.cdist_grad]), semiring programs written in [`kermac.ir`][kermac.ir]
-([`run_program`][kermac.run_program]), fused kernel products that never materialise the kernel matrix
+([`run_program`][kermac.run_program]) or traced from Python functions ([`program`][kermac.dsl.program], with a zoo
+of ready ones in [`kermac.zoo`][kermac.zoo]), fused kernel products that never materialise the kernel matrix
 ([`kernel_product`][kermac.kernel_product], [`program_product`][kermac.program_product],
 [`KernelOperator`][kermac.KernelOperator], the gradient of a kernel predictor at many points
 [`predictor_gradient`][kermac.predictor_gradient], and sharded over several GPUs
