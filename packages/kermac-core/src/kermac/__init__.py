@@ -3,7 +3,8 @@
 Pairwise p-norm distances ([`cdist`][kermac.cdist]), fused kernel matrices ([`run_kernel`][kermac.run_kernel] with a
 [`KernelDescriptor`][kermac.KernelDescriptor] or a preset), the gradient contraction behind AGOP
 ([`cdist_grad`][kermac.cdist_grad]), semiring programs written in [`kermac.ir`][kermac.ir]
-([`run_program`][kermac.run_program]), fused kernel products that never materialise the kernel matrix
+([`run_program`][kermac.run_program]) or traced from Python functions ([`program`][kermac.dsl.program], with a zoo
+of ready ones in [`kermac.zoo`][kermac.zoo]), fused kernel products that never materialise the kernel matrix
 ([`kernel_product`][kermac.kernel_product], [`program_product`][kermac.program_product],
 [`KernelOperator`][kermac.KernelOperator], the gradient of a kernel predictor at many points
 [`predictor_gradient`][kermac.predictor_gradient], and sharded over several GPUs
@@ -19,7 +20,7 @@ from __future__ import annotations
 from typing import Any
 
 from kermac import autograd as _autograd  # noqa: F401 (registers the backward of kermac's torch.library operations)
-from kermac import ir, presets
+from kermac import dsl, ir, presets
 from kermac._version import __version__
 from kermac.api import (
     backends,
@@ -32,6 +33,7 @@ from kermac.api import (
     run_program,
 )
 from kermac.descriptor import KernelDescriptor
+from kermac.dsl import gradient_program, program
 from kermac.errors import BackendError, BackendUnavailableError, UnsupportedProblemError
 from kermac.operator import KernelOperator
 from kermac.predictor import predictor_gradient
@@ -50,22 +52,26 @@ __all__ = [
     "cdist",
     "cdist_grad",
     "distributed",
+    "dsl",
+    "gradient_program",
     "ir",
     "kernel_product",
     "linalg",
     "models",
     "predictor_gradient",
     "presets",
+    "program",
     "program_product",
     "run_grad_program",
     "run_kernel",
     "run_program",
     "solvers",
+    "zoo",
 ]
 
 
 def __getattr__(name: str) -> Any:
-    if name in ("distributed", "solvers", "models"):  # imported when used, not with kermac (import stays cheap)
+    if name in ("distributed", "solvers", "models", "zoo"):  # imported when used, not with kermac (import stays cheap)
         import importlib
 
         return importlib.import_module(f"kermac.{name}")

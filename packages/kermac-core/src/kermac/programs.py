@@ -1,24 +1,27 @@
 """Semiring programs: the complete per-element description of a fused kernel, in IR.
 
-A *pairwise program* computes, for every batch entry `b` and every pair `(m, n)`:
+A *pairwise program* computes, for every batch entry `ℓ` and every pair `(m, n)`:
 
 ```text
-acc          = REDUCE_{k < D} inner(x = x[b, m, k], z = z[b, n, k])
-out[b, m, n] = epilogue(acc = acc, diag = [m + offset_m == n + offset_n])
+acc          = REDUCE_{k < D} inner(x = x[ℓ, m, k], z = z[ℓ, n, k])
+out[ℓ, m, n] = epilogue(acc = acc, diag = [m + offset_m == n + offset_n])
 ```
 
 with `REDUCE` one of sum / max / min (identities 0, −∞, +∞).  `diag` is 1.0 on the shifted
 diagonal and 0.0 elsewhere (it implements `K + λI`).
 
-A *gradient program* computes, for every batch entry `b` and every `(o, n, m)`:
+A *gradient program* computes, for every batch entry `ℓ` and every `(o, n, m)`:
 
 ```text
-acc             = Σ_{k < K} c[b, o, k] · a[b, k, m] · multiply(d = d[b, n, m], b = b[b, n, k])
-out[b, o, n, m] = epilogue(acc = acc)
+acc             = Σ_{k < K} c[ℓ, o, k] · a[ℓ, k, m] · multiply(d = d[ℓ, n, m], b = b[ℓ, n, k])
+out[ℓ, o, n, m] = epilogue(acc = acc)
 ```
 
 The product structure `c · a · multiply(d, b)` is fixed (it is what lets a backend turn the
 contraction over `k` into matrix products); `multiply` and `epilogue` are free.
+
+[`kermac.dsl`][kermac.dsl] builds both kinds from Python functions (`kermac.program`,
+`kermac.gradient_program`), reading the operands by these names.
 
 Both are frozen and hashable; `key` is their canonical text, used in JIT cache keys.  What a
 program derives from its expressions (hash, hyperparameter names) is computed on first use and kept
@@ -103,7 +106,7 @@ def _check_vars(what: str, expr: Expr, allowed: frozenset[str]) -> None:
 
 @dataclass(frozen=True)
 class PairwiseProgram:
-    """`out[b,m,n] = epilogue(REDUCE_k inner(x[b,m,k], z[b,n,k]), diag)`; see the module docs."""
+    """`out[ℓ,m,n] = epilogue(REDUCE_k inner(x[ℓ,m,k], z[ℓ,n,k]), diag)` (ℓ the batch entry); see the module docs."""
 
     inner: Expr
     reduction: str
@@ -154,7 +157,7 @@ class PairwiseProgram:
 
 @dataclass(frozen=True)
 class GradProgram:
-    """`out[b,o,n,m] = epilogue(Σ_k c[b,o,k]·a[b,k,m]·multiply(d[b,n,m], b[b,n,k]))`."""
+    """`out[ℓ,o,n,m] = epilogue(Σ_k c[ℓ,o,k]·a[ℓ,k,m]·multiply(d[ℓ,n,m], b[ℓ,n,k]))` (ℓ the batch entry)."""
 
     multiply: Expr
     epilogue: Expr

@@ -11,7 +11,8 @@ The table calls kermac's reference backend (`backend="torch"`) `reference`: it i
 correctness oracle, never the `best` of a row.  `--write-costs PATH` turns the run into a cost
 table for `auto` ([`kermac.costs`][kermac.costs]).  `--calls` runs the small-calls section
 instead: the host time per call of each operation (`kermac.cli.bench_calls`); `--fit` the fit section, the
-time each solver takes to a residual (`kermac.cli.bench_fit`).
+time each solver takes to a residual (`kermac.cli.bench_fit`); `--programs` the programs section, presets beside
+the same kernels written as lambdas (`kermac.cli.bench_programs`).
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ import torch
 import kermac
 from kermac import benchmarking as bm
 from kermac import costs
-from kermac.cli import bench_calls, bench_fit
+from kermac.cli import bench_calls, bench_fit, bench_programs
 from kermac.cli._bench_common import (
     BASELINE,
     REFERENCE_LABEL,
@@ -121,6 +122,15 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="the fit section: time to --fit-tol of each solver (cholesky, cg, cg + nystrom) on a Gaussian kernel "
         "ridge system of N points in 32 dimensions (default 20000,100000 on GPU, 300,1000 on CPU)",
     )
+    sizes.add_argument(
+        "--programs",
+        nargs="?",
+        const=(),  # a bare --programs: the device's default size (bench_programs.default_sizes)
+        type=_mnd,
+        metavar="M,N,D",
+        help="the programs section: the gaussian, laplace_l1 and laplace_l2 presets beside the same kernels written "
+        "as lambdas (kermac.zoo), on every backend (default 16384,16384,128 on GPU, 256,256,32 on CPU)",
+    )
     p.add_argument(
         "--fit-lambda", type=_positive_float, default=1e-3, help="with --fit: the regularisation λ (default 1e-3)"
     )
@@ -161,6 +171,16 @@ def _sizes(text: str) -> list[int]:
         values = []
     if not values or min(values) < 1:
         raise argparse.ArgumentTypeError(f"expected comma-separated numbers of points >= 1, got {text!r}")
+    return values
+
+
+def _mnd(text: str) -> tuple[int, int, int]:
+    try:
+        values = tuple(int(t) for t in text.split(","))
+    except ValueError:
+        values = ()
+    if len(values) != 3 or min(values) < 1:
+        raise argparse.ArgumentTypeError(f"expected three comma-separated sizes M,N,D >= 1, got {text!r}")
     return values
 
 
@@ -255,6 +275,8 @@ def run(args: argparse.Namespace) -> int:
     gpu = device.type == "cuda"
     warmup = args.warmup if args.warmup is not None else 1 if args.quick or not gpu else 2
     repeat = args.repeat if args.repeat is not None else 3 if args.quick else 10 if gpu else 5
+    if args.programs is not None:
+        return bench_programs.run(args, device, backends, warmup, repeat, args.max_seconds)
     cases = bm.cases_for(device, full=args.full, quick=args.quick, small=args.small)
     settings = _Settings(device, warmup, repeat, args.max_seconds or None, not args.no_rotate)
 
@@ -294,6 +316,8 @@ def _refusal(
     args: argparse.Namespace, device: torch.device, backends: list[str], statuses: dict[str, BackendStatus]
 ) -> str | None:
     """Why the run cannot give what was asked (a named backend unavailable, --full off a GPU), or None."""
+    if args.programs is not None and args.write_costs:
+        return "--write-costs: a cost table is made from the timed cases, not from the programs section"
     if args.calls is not None and args.write_costs:
         return "--write-costs: a cost table is made from the timed cases, not from the host time of --calls"
     if args.fit is not None and (args.write_costs or args.backends):
