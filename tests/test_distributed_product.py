@@ -12,60 +12,22 @@ from __future__ import annotations
 import contextlib
 import io
 import os
-import socket
 import subprocess
 import sys
-from collections.abc import Callable
-from datetime import timedelta
 
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
+from distributed_helpers import F64, full, shard, spawn
 from helpers import load_script
 
 import kermac
 from kermac.distributed import NOT_INITIALISED, ShardedKernelOperator
 
-F64 = torch.float64
-
 SHARDS = {2: ((5, 0), (3, 6)), 3: ((4, 0, 7), (6, 5, 0))}
 """Rows of `x` and of `z` per rank, for each world size."""
 
 KW = {"bandwidth": 1.3, "regularization": 0.7}
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _spawn(world: int, checks: Callable[[int, int, torch.device], None], device_type: str = "cpu") -> None:
-    mp.spawn(_worker, args=(world, _free_port(), checks, device_type), nprocs=world, join=True)
-
-
-def _worker(rank: int, world: int, port: int, checks: Callable, device_type: str) -> None:
-    if device_type == "cuda":
-        torch.cuda.set_device(rank)
-    dist.init_process_group(
-        "nccl" if device_type == "cuda" else "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
-        world_size=world, timeout=timedelta(seconds=60),
-    )  # fmt: skip
-    try:
-        checks(rank, world, torch.device(device_type, rank) if device_type == "cuda" else torch.device("cpu"))
-    finally:
-        dist.destroy_process_group()
-
-
-def _full(rows: int, cols: int, seed: int) -> torch.Tensor:
-    """The same global float64 tensor on every rank."""
-    return torch.randn(rows, cols, generator=torch.Generator().manual_seed(seed), dtype=F64)
-
-
-def _shard(t: torch.Tensor, sizes: tuple[int, ...], rank: int) -> torch.Tensor:
-    start = sum(sizes[:rank])
-    return t[start : start + sizes[rank]]
 
 
 def _close(actual: torch.Tensor, expected: torch.Tensor) -> None:
@@ -77,11 +39,11 @@ def _values(rank: int, world: int, device: torch.device) -> None:
     """K @ v (C = 3, C = 1, 1-D v) and Kᵀ @ u against the dense reference and the unsharded operator."""
     dtype = F64 if device.type == "cpu" else torch.float32
     ms, ns = SHARDS[world]
-    x, z = _full(sum(ms), 4, 1), _full(sum(ns), 4, 2)
-    v, u = _full(sum(ns), 3, 3), _full(sum(ms), 2, 4)
+    x, z = full(sum(ms), 4, 1), full(sum(ns), 4, 2)
+    v, u = full(sum(ns), 3, 3), full(sum(ms), 2, 4)
     local = {name: t.to(dtype=dtype, device=device) for name, t in (("x", x), ("z", z), ("v", v), ("u", u))}
     k = ShardedKernelOperator(
-        "gaussian", _shard(local["x"], ms, rank), _shard(local["z"], ns, rank), **KW
+        "gaussian", shard(local["x"], ms, rank), shard(local["z"], ns, rank), **KW
     )  # fmt: skip
     dense = kermac.run_kernel("gaussian", x, z, backend="torch", **KW)
     whole = kermac.KernelOperator("gaussian", local["x"], local["z"], **KW)
@@ -90,23 +52,23 @@ def _values(rank: int, world: int, device: torch.device) -> None:
     assert k.row_range == (sum(ms[:rank]), sum(ms[: rank + 1]))
     assert k.column_range == (sum(ns[:rank]), sum(ns[: rank + 1]))
     assert k.T.row_range == k.column_range and k.T.column_range == k.row_range
-    v_r = _shard(local["v"], ns, rank)
+    v_r = shard(local["v"], ns, rank)
     y = k @ v_r
     assert y.shape == (ms[rank], 3) and y.dtype == dtype
-    _close(y, _shard(dense @ v, ms, rank))
-    _close(y, _shard(whole @ local["v"], ms, rank).cpu().double())
-    _close(k @ v_r[:, 1:2], _shard(dense @ v[:, 1:2], ms, rank))
-    _close(k.matmul(v_r[:, 2]), _shard(dense @ v[:, 2], ms, rank))
-    t = k.T @ _shard(local["u"], ms, rank)
+    _close(y, shard(dense @ v, ms, rank))
+    _close(y, shard(whole @ local["v"], ms, rank).cpu().double())
+    _close(k @ v_r[:, 1:2], shard(dense @ v[:, 1:2], ms, rank))
+    _close(k.matmul(v_r[:, 2]), shard(dense @ v[:, 2], ms, rank))
+    t = k.T @ shard(local["u"], ms, rank)
     assert t.shape == (ns[rank], 2)
-    _close(t, _shard(dense.mT @ u, ns, rank))
-    _close(k.T.T @ v_r, _shard(dense @ v, ms, rank))
+    _close(t, shard(dense.mT @ u, ns, rank))
+    _close(k.T.T @ v_r, shard(dense @ v, ms, rank))
     if device.type == "cpu":  # half shards: products in float32, their sum too, rounded to half once
-        half = ShardedKernelOperator("gaussian", *(_shard(t.half(), s, rank) for t, s in ((x, ms), (z, ns))), **KW)
-        y16 = half @ _shard(v.half(), ns, rank)
+        half = ShardedKernelOperator("gaussian", *(shard(t.half(), s, rank) for t, s in ((x, ms), (z, ns))), **KW)
+        y16 = half @ shard(v.half(), ns, rank)
         ref = kermac.run_kernel("gaussian", x.half().double(), z.half().double(), backend="torch", **KW)
         assert y16.dtype == torch.float16
-        torch.testing.assert_close(y16.double(), _shard(ref @ v.half().double(), ms, rank), rtol=4e-3, atol=4e-3)
+        torch.testing.assert_close(y16.double(), shard(ref @ v.half().double(), ms, rank), rtol=4e-3, atol=4e-3)
 
 
 def _gradients(rank: int, world: int, device: torch.device) -> None:
@@ -114,32 +76,32 @@ def _gradients(rank: int, world: int, device: torch.device) -> None:
     float64 reference."""
     dtype = F64 if device.type == "cpu" else torch.float32
     ms, ns = SHARDS[world]
-    full = {"x": _full(sum(ms), 4, 1), "z": _full(sum(ns), 4, 2), "v": _full(sum(ns), 3, 3), "u": _full(sum(ms), 2, 4)}
-    w, w2 = _full(sum(ms), 3, 5), _full(sum(ns), 2, 6)
+    tensors = {"x": full(sum(ms), 4, 1), "z": full(sum(ns), 4, 2), "v": full(sum(ns), 3, 3), "u": full(sum(ms), 2, 4)}
+    w, w2 = full(sum(ms), 3, 5), full(sum(ns), 2, 6)
     sizes = {"x": ms, "z": ns, "v": ns, "u": ms}
     mine = {
-        n: _shard(t, sizes[n], rank).to(dtype=dtype, device=device).requires_grad_() for n, t in full.items()
+        n: shard(t, sizes[n], rank).to(dtype=dtype, device=device).requires_grad_() for n, t in tensors.items()
     }  # fmt: skip
     k = ShardedKernelOperator("gaussian", mine["x"], mine["z"], **KW)
-    loss = ((k @ mine["v"]) * _shard(w, ms, rank).to(dtype=dtype, device=device)).sum()
-    loss = loss + ((k.T @ mine["u"]) * _shard(w2, ns, rank).to(dtype=dtype, device=device)).sum()
+    loss = ((k @ mine["v"]) * shard(w, ms, rank).to(dtype=dtype, device=device)).sum()
+    loss = loss + ((k.T @ mine["u"]) * shard(w2, ns, rank).to(dtype=dtype, device=device)).sum()
     loss.backward()
-    ref = {n: t.clone().requires_grad_() for n, t in full.items()}
+    ref = {n: t.clone().requires_grad_() for n, t in tensors.items()}
     dense = kermac.run_kernel("gaussian", ref["x"], ref["z"], backend="torch", **KW)
     ((dense @ ref["v"]) * w).sum().add(((dense.mT @ ref["u"]) * w2).sum()).backward()
     for name, t in mine.items():
-        _close(t.grad, _shard(ref[name].grad, sizes[name], rank))
+        _close(t.grad, shard(ref[name].grad, sizes[name], rank))
 
     # Laplace-L1: ∂/∂v and ∂/∂x (gradient products) through the ring; the l∞ distance (a maximum over
     # features) has no ∂/∂x and says so on every rank.
     x_r, z_r = mine["x"].detach().requires_grad_(), mine["z"].detach()
     v = mine["v"].detach().requires_grad_()
     (ShardedKernelOperator("laplace_l1", x_r, z_r, bandwidth=2.0) @ v).sum().backward()
-    ref_x = full["x"].clone().requires_grad_()
-    dense = kermac.run_kernel("laplace_l1", ref_x, full["z"], bandwidth=2.0, backend="torch")
-    (dense @ full["v"]).sum().backward()
-    _close(v.grad, _shard(dense.detach().mT @ torch.ones(sum(ms), 3, dtype=F64), ns, rank))
-    _close(x_r.grad, _shard(ref_x.grad, ms, rank))
+    ref_x = tensors["x"].clone().requires_grad_()
+    dense = kermac.run_kernel("laplace_l1", ref_x, tensors["z"], bandwidth=2.0, backend="torch")
+    (dense @ tensors["v"]).sum().backward()
+    _close(v.grad, shard(dense.detach().mT @ torch.ones(sum(ms), 3, dtype=F64), ns, rank))
+    _close(x_r.grad, shard(ref_x.grad, ms, rank))
     linf = ShardedKernelOperator("linf_distance", x_r, z_r)
     with pytest.raises(NotImplementedError, match="with respect to x and z is implemented for programs whose"):
         (linf @ v).sum().backward()
@@ -148,9 +110,9 @@ def _gradients(rank: int, world: int, device: torch.device) -> None:
 def _nan(rank: int, world: int, device: torch.device) -> None:
     """A NaN in one rank's v reaches every rank's rows of its column (the Gaussian has no zero entry)."""
     ms, ns = SHARDS[world]
-    x, z = _shard(_full(sum(ms), 4, 1), ms, rank), _shard(_full(sum(ns), 4, 2), ns, rank)
+    x, z = shard(full(sum(ms), 4, 1), ms, rank), shard(full(sum(ns), 4, 2), ns, rank)
     k = ShardedKernelOperator("gaussian", x, z, **KW)
-    v = _shard(_full(sum(ns), 2, 3), ns, rank).clone()
+    v = shard(full(sum(ns), 2, 3), ns, rank).clone()
     if rank == 0:
         v[0, 1] = float("nan")
     y = k @ v
@@ -160,7 +122,7 @@ def _nan(rank: int, world: int, device: torch.device) -> None:
 def _bad_input(rank: int, world: int, device: torch.device) -> None:
     """Bad input raises on every rank, naming the argument, and never leaves a rank waiting."""
     ms, ns = SHARDS[world]
-    x, z = _shard(_full(sum(ms), 4, 1), ms, rank), _shard(_full(sum(ns), 4, 2), ns, rank)
+    x, z = shard(full(sum(ms), 4, 1), ms, rank), shard(full(sum(ns), 4, 2), ns, rank)
     k = ShardedKernelOperator("gaussian", x, z, **KW)
     with pytest.raises(ValueError, match=rf"^v: expected shape \[{ns[rank]}, C\] or \[{ns[rank]}\]"):
         k @ torch.zeros(ns[rank] + 1, 2, dtype=F64)
@@ -189,8 +151,8 @@ def _subgroup(rank: int, world: int, device: torch.device) -> None:
     """On a group of ranks 0 and 2 (of 3) the operator is that of their shards; rank 1 is not a member."""
     sub = dist.new_group([0, 2])  # every rank of the default group creates it
     ms, ns = SHARDS[world]
-    x, z, v = _full(sum(ms), 4, 1), _full(sum(ns), 4, 2), _full(sum(ns), 3, 3)
-    x_r, z_r, v_r = _shard(x, ms, rank), _shard(z, ns, rank), _shard(v, ns, rank)
+    x, z, v = full(sum(ms), 4, 1), full(sum(ns), 4, 2), full(sum(ns), 3, 3)
+    x_r, z_r, v_r = shard(x, ms, rank), shard(z, ns, rank), shard(v, ns, rank)
     if rank == 1:
         with pytest.raises(ValueError, match=r"^group: expected a process group this process belongs to"):
             ShardedKernelOperator("gaussian", x_r, z_r, group=sub, **KW)
@@ -198,9 +160,9 @@ def _subgroup(rank: int, world: int, device: torch.device) -> None:
     k = ShardedKernelOperator("gaussian", x_r, z_r, group=sub, **KW)
     assert k.group is sub and k.shape == (ms[0] + ms[2], ns[0] + ns[2])
     keep = [i for i in range(3) if i != 1]
-    xs, zs, vs = (torch.cat([_shard(t, sizes, i) for i in keep]) for t, sizes in ((x, ms), (z, ns), (v, ns)))
+    xs, zs, vs = (torch.cat([shard(t, sizes, i) for i in keep]) for t, sizes in ((x, ms), (z, ns), (v, ns)))
     dense = kermac.run_kernel("gaussian", xs, zs, backend="torch", **KW)
-    _close(k @ v_r, _shard(dense @ vs, (ms[0], ms[2]), keep.index(rank)))
+    _close(k @ v_r, shard(dense @ vs, (ms[0], ms[2]), keep.index(rank)))
 
 
 def _bench(rank: int, world: int, device: torch.device) -> None:
@@ -221,7 +183,7 @@ def _cpu_checks(rank: int, world: int, device: torch.device) -> None:
 
 @pytest.mark.parametrize("world", [2, 3])
 def test_sharded_operator_over_gloo(world: int) -> None:
-    _spawn(world, _cpu_checks)
+    spawn(world, _cpu_checks)
 
 
 def _gpu_checks(rank: int, world: int, device: torch.device) -> None:
@@ -232,7 +194,7 @@ def _gpu_checks(rank: int, world: int, device: torch.device) -> None:
 @pytest.mark.gpu
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two CUDA GPUs")
 def test_sharded_operator_over_nccl_on_two_gpus() -> None:
-    _spawn(2, _gpu_checks, "cuda")
+    spawn(2, _gpu_checks, "cuda")
 
 
 def test_without_a_process_group() -> None:

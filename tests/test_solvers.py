@@ -137,6 +137,52 @@ def test_solve_on_cuda_float32_at_scale(method, preconditioner):
     assert bool((residual <= 2e-3).all()), residual
 
 
+def _stalling_float32_system() -> tuple[kermac.KernelOperator, torch.Tensor]:
+    """A float32 Gaussian system (condition number about 10⁵) on which float32 CG's true residual stalls near
+    10⁻³ while its recursive residual reaches 10⁻⁶."""
+    x = _randn(200, 3, seed=1).float()
+    return kermac.KernelOperator("gaussian", x, x, bandwidth=1.0, regularization=1e-3, backend="torch"), _randn(
+        200, 2, seed=2
+    )
+
+
+def test_mixed_precision_cg_reaches_what_float32_cannot():
+    K, y = _stalling_float32_system()
+    options = {"method": "cg", "preconditioner": "nystrom", "rank": 60, "tol": 1e-6, "max_iter": 400}
+    narrow = solvers.solve(K, y.float(), **options)
+    assert narrow.refinements == 0 and not bool(narrow.converged.any()) and float(narrow.residual.min()) > 1e-4
+    mixed = solvers.solve(K, y, **options)
+    assert mixed.alpha.dtype == F64 and mixed.residual.dtype == F64 and mixed.refinements >= 2
+    assert bool(mixed.converged.all()) and float(mixed.residual.max()) <= 1e-6, mixed.residual
+    # against an independent solve of the float64 system whose kernel is that of the float32 points
+    x64 = K.x.double()
+    d = torch.cdist(x64, x64, compute_mode="donot_use_mm_for_euclid_dist")
+    a = torch.exp(-(d**2) / 2) + 1e-3 * torch.eye(200, dtype=F64)
+    torch.testing.assert_close(
+        mixed.alpha, torch.linalg.solve(a, y), rtol=1e-4, atol=1e-4 * float(mixed.alpha.abs().max())
+    )
+    residual = torch.linalg.vector_norm(y - a @ mixed.alpha, dim=0) / torch.linalg.vector_norm(y, dim=0)
+    assert float(residual.max()) <= 2e-6
+
+
+def test_mixed_precision_cholesky_factors_the_wide_matrix():
+    K, y = _stalling_float32_system()
+    narrow = solvers.solve(K, y.float(), method="cholesky")
+    wide = solvers.solve(K, y[:, 0], method="cholesky")
+    assert float(narrow.residual.max()) > 1e-5 and wide.alpha.dtype == F64 and wide.alpha.shape == (200,)
+    assert float(wide.residual) <= 1e-10 and bool(wide.converged) and wide.refinements == 0
+
+
+def test_mixed_precision_refinement_ends_with_its_budget(monkeypatch):
+    """The iteration limit counts every step's CG iterations; MAX_REFINEMENTS bounds the steps."""
+    K, y = _stalling_float32_system()
+    s = solvers.solve(K, y, method="cg", preconditioner=None, tol=1e-6, max_iter=3, check_every=1)
+    assert s.refinements == 1 and s.iterations.tolist() == [3, 3] and not bool(s.converged.any())
+    monkeypatch.setattr(solvers, "MAX_REFINEMENTS", 1)
+    s = solvers.solve(K, y, method="cg", preconditioner="nystrom", rank=60, tol=1e-6)
+    assert s.refinements == 1 and not bool(s.converged.any()) and float(s.residual.max()) <= 1e-2
+
+
 def test_bad_input():
     K = _operator("gaussian", 10, 0.1)
     y = _randn(10, seed=0)
@@ -148,11 +194,13 @@ def test_bad_input():
         solvers.solve(K, _randn(9, seed=0))
     with pytest.raises(ValueError, match=r"y: expected shape"):
         solvers.solve(K, _randn(10, 2, seed=0).mT)
-    with pytest.raises(ValueError, match="y: expected dtype"):
-        solvers.solve(K, y.float())
+    with pytest.raises(ValueError, match=r"y: expected dtype torch\.float64 or a wider floating dtype"):
+        solvers.solve(K, y.float())  # narrower than the operator
+    with pytest.raises(ValueError, match=r"y: expected dtype torch\.float32 or a wider"):
+        solvers.solve(K.to(torch.float32), y.to(torch.int64))
     with pytest.raises(TypeError, match=r"y: expected a torch\.Tensor"):
         solvers.solve(K, y.numpy())
-    with pytest.raises(TypeError, match=r"K: expected a kermac\.KernelOperator"):
+    with pytest.raises(TypeError, match=r"K: expected a kermac\.KernelOperator or ShardedKernelOperator"):
         solvers.solve(K.to_dense(), y)
     with pytest.raises(ValueError, match="K: expected a square"):
         solvers.solve(K[:5], y)

@@ -183,6 +183,11 @@ class ShardedKernelOperator:
         """This rank's shard of the points of the rows: `x_shard` (`z_shard` for the transpose)."""
         return self._rows
 
+    @property
+    def local_columns(self) -> torch.Tensor:
+        """This rank's shard of the points of the columns: `z_shard` (`x_shard` for the transpose)."""
+        return self._cols
+
     def kernel_on(self, a: torch.Tensor, b: torch.Tensor) -> KernelOperator:
         """The kernel alone (no λ) on this rank's points `a`, `b`: a local
         [`KernelOperator`][kermac.operator.KernelOperator] (see

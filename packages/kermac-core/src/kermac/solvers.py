@@ -224,17 +224,12 @@ def solve(
 
 def _system(K: object) -> KernelSystem:
     """The [`KernelSystem`][kermac.kernel_system.KernelSystem] of a square operator (the checks every rank
-    decides alike: the type, the global shape and the shard sizes)."""
+    decides alike: the type and the global shape)."""
     if not isinstance(K, (KernelOperator, ShardedKernelOperator)):
         raise TypeError(f"K: expected a kermac.KernelOperator or ShardedKernelOperator, got {type(K).__name__}")
     m, n = K.shape[-2:]
     if m != n:
         raise ValueError(f"K: expected a square operator [..., N, N], got shape {list(K.shape)}")
-    if isinstance(K, ShardedKernelOperator) and K.row_range != K.column_range:
-        raise ValueError(
-            f"K: expected a sharded operator whose every rank holds the same rows and columns (x_shard and "
-            f"z_shard the same tensor), got rows {list(K.row_range)} and columns {list(K.column_range)} on this rank"
-        )
     return KernelSystem(K)
 
 
@@ -244,6 +239,11 @@ def _check_rhs(system: KernelSystem, y: object) -> tuple[torch.Tensor | None, bo
     n = system.points.shape[-2] if system.group is not None else system.n
     what = f"this rank's {n} of the {system.n} rows" if system.group is not None else f"N = {n}, K's size"
     try:
+        if system.group is not None and not _same_tensor(system.operator.local_rows, system.operator.local_columns):
+            raise ValueError(
+                "K: expected a sharded operator built with the same tensor as x_shard and z_shard on every rank "
+                "(the square system K(x, x)), got different row and column shards on this rank"
+            )
         if not isinstance(y, torch.Tensor):
             raise TypeError(f"y: expected a torch.Tensor, got {type(y).__name__}")
         dtype = system.dtype
@@ -268,6 +268,13 @@ def _check_rhs(system: KernelSystem, y: object) -> tuple[torch.Tensor | None, bo
             raise
         return None, False, exc
     return (y[:, None] if y.dim() == 1 else y), y.dim() == 1, None
+
+
+def _same_tensor(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether `a` and `b` are views of the same elements (the same memory, shape and strides)."""
+    return a is b or (
+        a.data_ptr() == b.data_ptr() and a.shape == b.shape and a.stride() == b.stride() and a.dtype == b.dtype
+    )
 
 
 def _check_options(
