@@ -22,7 +22,8 @@ takes at zero distance, where `e'` may be infinite).  The weight `w` is 1 for a 
 maximum or minimum (`cdist` with p = ∞) it is `1/k` on the `k` coordinates whose `τ` attains
 the extreme and 0 elsewhere: a subgradient (torch.cdist gives each tied coordinate the whole
 gradient, which is not one; away from ties the two agree), NaN for a pair whose extreme is NaN
-(`cdist`'s p = ∞ skips NaN differences, so a NaN coordinate there gets no gradient).
+(`cdist`'s p = ∞ skips NaN differences, so a NaN coordinate there gets no gradient); for a log-sum-exp
+it is `exp(τ_j − acc)`, the softmax of the pair's terms ([`term_weights`][kermac.reductions.term_weights]).
 
 * `e'(acc)` is the epilogue's symbolic derivative ([`kermac.ir_diff.derivative`][kermac.ir_diff.derivative])
   evaluated with torch operations ([`kermac.ir_eval.evaluate`][kermac.ir_eval.evaluate]); when the epilogue is
@@ -31,7 +32,7 @@ gradient, which is not one; away from ties the two agree), NaN for a pair whose 
 * For a sum, each sum over `n` (or `m`) is [`kermac.cdist_grad`][kermac.cdist_grad] with `O = 1`, `c = 1`:
   `a = Gᵀ [N, M]`, `b = zᵀ`, `d = xᵀ` → `[1, D, M]` for x; `a = G`, `b = xᵀ`, `d = zᵀ`
   for z — on the same backend as the forward, never building `[M, N, D]`.
-* For a maximum or minimum the weights need every coordinate of a pair at once: torch operations on
+* For a maximum, minimum or log-sum-exp the weights need every coordinate of a pair at once: torch operations on
   blocks of at most `CHUNK_ELEMENTS` `(m, n, j)` elements (the
   documented workspace of this backward), not a fused kernel.
 * A count (L0, `cdist` with p = 0) has zero gradient.
@@ -61,7 +62,7 @@ The fused product `out[m, c] = Σ_n K[m, n] v[n, c]` (`kermac::product`,
   symbolic, the term 0 where `∂τ/∂x = 0`, as torch.cdist's subgradient at `x = z`), and `∂L/∂z` the
   same on the swapped program with `(z, x)` and `v`, `g` exchanged.  First derivatives only: differentiating
   these again raises `NotImplementedError` naming the program.
-* For a maximum or minimum over features the gradient in `x` or `z` raises `NotImplementedError` naming
+* For a maximum, minimum or log-sum-exp over features the gradient in `x` or `z` raises `NotImplementedError` naming
   the program when computed (`kermac::no_gradient`), never a silent zero.
 
 Hyperparameters are constants (a tensor that requires grad is refused by [`kermac.hyperparams`][kermac.hyperparams]);
@@ -97,7 +98,9 @@ from kermac.programs import (
     slope_program,
     swap_operands,
 )
-from kermac.reference.backend import REDUCE, blocks, hyper_env, tile
+from kermac.reductions import ALL as REDUCTIONS
+from kermac.reductions import term_weights
+from kermac.reference.backend import blocks, hyper_env, tile
 
 __all__ = ["inner_power"]
 
@@ -191,7 +194,8 @@ def _gradients(
         if s.program.reduction != "sum":
             grad_x, grad_z = _extreme_gradients(s, x, z, G, p, want)
             if torch.is_grad_enabled():  # a create_graph backward: differentiating these again must raise
-                reason = _first_order_only(s.op, f"program {s.program.key()} (a maximum or minimum over coordinates)")
+                noun = REDUCTIONS[s.program.reduction].noun
+                reason = _first_order_only(s.op, f"program {s.program.key()} (a {noun} over coordinates)")
                 grad_x = None if grad_x is None else torch.ops.kermac.first_order_only(grad_x, reason)
                 grad_z = None if grad_z is None else torch.ops.kermac.first_order_only(grad_z, reason)
         else:
@@ -266,15 +270,14 @@ def _contract(a: torch.Tensor, other: torch.Tensor, own: torch.Tensor, p: HyperV
 def _extreme_gradients(
     s: _Setup, x: torch.Tensor, z: torch.Tensor, G: torch.Tensor, p: HyperValue, want: tuple[bool, bool]
 ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
-    """The gradients of a maximum or minimum of `τ = |x − z|^P` (see the module docstring), in blocks
-    of at most `CHUNK_ELEMENTS` `(m, n, j)` elements; `[*batch, M, D]` and `[*batch, N, D]`."""
+    """The gradients of a maximum, minimum or log-sum-exp of `τ = |x − z|^P` (see the module docstring), in
+    blocks of at most `CHUNK_ELEMENTS` `(m, n, j)` elements; `[*batch, M, D]` and `[*batch, N, D]`."""
     batch, (m, n), d = G.shape[:-2], G.shape[-2:], x.shape[-1]
     cdtype = compute_dtype(x.dtype)
     grad_x = torch.zeros(batch + (m, d), dtype=cdtype, device=x.device) if want[0] else None
     grad_z = torch.zeros(batch + (n, d), dtype=cdtype, device=x.device) if want[1] else None
     if d == 0 or x.device.type == "meta":
         return grad_x, grad_z
-    reduce = REDUCE[s.program.reduction]  # the reference backend's maximum or minimum: the forward's definition
     like = torch.empty((), dtype=cdtype, device=x.device)
     env = hyper_env(s.hypers, cdtype, 3)
     power = p.scalar if p.tensor is None else p.tensor.to(cdtype).reshape(p.tensor.shape + (1, 1, 1))
@@ -284,8 +287,7 @@ def _extreme_gradients(
         for n0, n1 in blocks(n, bn):
             xs, zs = xb[..., m0:m1, None, :].to(cdtype), zb[..., None, n0:n1, :].to(cdtype)
             tau = evaluate(s.program.inner, {"x": xs, "z": zs, **env}, like=like)  # the forward's terms
-            active = (tau == reduce(tau, dim=-1, keepdim=True)).to(cdtype)
-            weight = active / active.sum(-1, keepdim=True)  # 1/k on k tied coordinates; NaN for a NaN extreme
+            weight = term_weights(s.program.reduction, tau)  # 1/k on k tied extremes (NaN for a NaN one); softmax
             t = xs - zs
             slope = torch.where(t != 0, torch.sign(t) * t.abs().pow(power - 1) * power, torch.zeros_like(t))
             terms = Gc[..., m0:m1, n0:n1, None] * weight * slope
@@ -370,9 +372,10 @@ def _backward_product(ctx, g):
         elif s.program.reduction == "sum":
             grad_x, grad_z = _product_grad_gradients(s, x, z, v, g, (want_x, want_z))
         else:
+            noun = REDUCTIONS[s.program.reduction].noun
             reason = (
                 f"{op}: the gradient of a kernel product with respect to x and z is implemented for programs whose "
-                f"reduction over features is a sum; program {s.program.key()} takes the {s.program.reduction}imum "
+                f"reduction over features is a sum; program {s.program.key()} takes the {noun} "
                 "(detach x and z, or call under torch.no_grad())"
             )
             grad_x = _no_gradient(x, reason) if want_x else None
