@@ -8,7 +8,7 @@ Every kernel is one translation unit, compiled by one NVRTC call:
    `KM_BATCH_OFFSETS` (statements run once per block for its batch entry), `KM_DIAG(m, n)`;
 2. the library parts the route needs (`prelude.cuh`, `loader.cuh`, tensor-core helpers);
 3. the generated *functors*: one-line device functions returning the IR's expressions
-   (`km_inner`, `km_reduce` — the reduction's combine of `kermac.reductions` —, `km_epilogue`,
+   (`km_inner`, `km_reduce` (the reduction's combine, `kermac.reductions`), `km_epilogue`,
    `km_multiply`; `.render`);
 4. the route's kernel file.
 

@@ -214,15 +214,16 @@ CASES: tuple[Case, ...] = (
     Case("user_max_of_negatives", "pairwise", MAX_OF_NEGATIVES, _ODD),
     Case("user_min_of_positives", "pairwise", MIN_OF_POSITIVES, _ODD),
     Case("user_lopsided_ridge", "pairwise", LOPSIDED_RIDGE, ((37, 5), (29, 5)), offsets=(0, 3)),
-    Case("user_soft_min", "pairwise", SOFT_MIN, _ODD),
-    Case("user_soft_min_nan_inf", "pairwise", SOFT_MIN, _ODD, special=True),
+    # Few features: an interpreted backend folds a log-sum-exp chunk term by term (kermac_backend_triton.generated).
+    Case("user_soft_min", "pairwise", SOFT_MIN, ((37, 7), (29, 7))),
+    Case("user_soft_min_nan_inf", "pairwise", SOFT_MIN, ((37, 7), (29, 7)), special=True),
     Case("user_soft_min_d0", "pairwise", SOFT_MIN, ((7, 0), (9, 0))),
     Case("user_soft_min_d1", "pairwise", SOFT_MIN, ((7, 1), (9, 1))),
     Case(
         "user_soft_min_batched_gamma",
         "pairwise",
         SOFT_MIN,
-        ((3, 1, 7, 5), (4, 9, 5)),
+        ((3, 1, 7, 5), (2, 9, 5)),
         {"gamma": [[0.25], [1.0], [4.0]]},
         layout="transposed",
     ),
@@ -290,7 +291,6 @@ _PRODUCTS = (
     "user_soft_l1",
     "user_max_of_negatives",
     "user_lopsided_ridge",
-    "user_soft_min",
     "user_soft_min_batched_gamma",
     "l1_multi_tile",
     "l2_multi_tile",
@@ -307,7 +307,6 @@ _PRODUCTS = (
     "matern52_batched_ridge",
     "l1_distance_nan_inf",
     "gaussian_nan_inf",
-    "user_soft_min_nan_inf",
 )
 _BY_NAME = {c.name: c for c in CASES}
 PRODUCT_CASES: tuple[Case, ...] = tuple(_BY_NAME[name] for name in _PRODUCTS)
