@@ -15,7 +15,7 @@ soft minimum is `−γ·logsumexp_j(−τ_j/γ)` (an inner term `−τ/γ`, an e
 stable `logaddexp(a, t) = max(a, t) + log(1 + exp(−|a − t|))`, `a + log 2` where `a = t` (so `+∞ ⊕ +∞ = +∞`
 and `−∞ ⊕ −∞ = −∞` instead of the `∞ − ∞` of the general form).  Its values are those of `torch.logsumexp`:
 NaN if a term is NaN, +∞ if a term is +∞ (and none is NaN), −∞ if every term is −∞ or there is none.  The
-rounding of `log(1 + e)` errs by at most about one unit in the last place of 1 per combined term, as
+rounding of `log(1 + e)` errs by at most about half a unit in the last place of 1 per combined term, as
 `torch.logsumexp`'s `log Σ exp(τ − max)` does (an absolute error, not relative to a result near 0).
 
 Every backend reads a reduction's facts from [`ALL`][kermac.reductions.ALL]:
