@@ -7,9 +7,10 @@ separate process because Triton's CPU interpreter, once it has run a kernel, pat
 generated helpers must be ``@triton.jit`` functions, not interpreted ones (``TRITON_INTERPRET``
 unset).
 
-A job: ``{"id", "preset", "regularized", "spec": {PairwiseSpec field changes}, "meta",
-"warps", "arch", "constants": {argument: value}}``; pointers are 16-byte aligned and ``N``,
-``SXM``, ``SZN``, ``SOM`` divisible by 16 unless given as constants.
+A job: ``{"id", "preset", "regularized", "spec": {PairwiseSpec field changes}, "meta", "warps", "arch",
+"constants": {argument: value}}``, or ``"program"`` (a program's key) in place of ``"preset"`` and
+``"regularized"``; pointers are 16-byte aligned and ``N``, ``SXM``, ``SZN``, ``SOM`` divisible by 16 unless
+given as constants.
 """
 
 from __future__ import annotations
@@ -26,10 +27,15 @@ def compile_job(job: dict) -> str:
     from triton.experimental.gluon._runtime import GluonASTSource
 
     from kermac import presets
+    from kermac.programs import program_from_key
     from kermac_backend_triton.generated import PairwiseSpec, kernel_source
     from kermac_backend_triton.modules import load_module
 
-    program = presets.ALL[job["preset"]].lower(regularized=job["regularized"])
+    program = (
+        program_from_key(job["program"])
+        if "program" in job
+        else presets.ALL[job["preset"]].lower(regularized=job["regularized"])
+    )
     spec = PairwiseSpec(
         **spec_fields(
             job, program=program, compute="float32", nbatch=0, tensor_hypers=frozenset(), int64=False, kernel="gluon"

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 import kermac
-from kermac import ir, presets
+from kermac import ir, presets, testing
 from kermac.hyperparams import HyperValue
 from kermac.lowering import cdist_program, grad_program
 from kermac.problem import grad_problem, pairwise_problem
@@ -120,6 +120,12 @@ def _every_op_program() -> kermac.PairwiseProgram:
     return kermac.PairwiseProgram(inner=inner, reduction="max", epilogue=-epi)
 
 
+LOGSUMEXP_SQUARES = kermac.PairwiseProgram(
+    (ir.Var("x") - ir.Var("z")) * (ir.Var("x") - ir.Var("z")), "logsumexp", ir.exp(-ir.Var("acc"))
+)
+"""log Σ exp((x − z)²): the squared differences of the tensor-core programs under another reduction."""
+
+
 def _cases() -> dict[str, object]:
     cases: dict[str, object] = {}
     for name, desc in presets.ALL.items():
@@ -171,6 +177,19 @@ def _cases() -> dict[str, object]:
         _t(N, D, dtype=torch.float64),
         h=0.5,
     )
+    # Log-sum-exp (kermac.reductions): the soft minimum in both compute types, a half input with a batched
+    # tensor hyperparameter, and a sum of (x − z)² under it, which stays off the tensor cores.
+    cases["logsumexp-soft-min"] = _pw(testing.SOFT_MIN, gamma=0.5)
+    cases["logsumexp-soft-min-f64"] = _pw(
+        testing.SOFT_MIN, _t(M, D, dtype=torch.float64), _t(N, D, dtype=torch.float64), gamma=0.5
+    )
+    cases["logsumexp-soft-min-f16-batched-gamma"] = _pw(
+        testing.SOFT_MIN,
+        _t(2, M, D, dtype=torch.float16),
+        _t(N, D, dtype=torch.float16),
+        gamma=torch.tensor([0.5, 2.0], dtype=torch.float16),
+    )
+    cases["logsumexp-squared-differences"] = _pw(LOGSUMEXP_SQUARES, _t(M, 32), _t(N, 32))
     for p in (1.0, 2.0):
         cases[f"grad-p{p:g}"] = _gr(p)
     cases["grad-p1.5"] = _gr(None, p=1.5)
@@ -1164,3 +1183,21 @@ def test_sign_formula() -> None:
     s = 2.0 * u - 1.0
     assert s.tolist() == [1, -1, 1, -1, 1, -1, 1, 0, 0, 0, 0, -1]
     assert "fma.rn.ftz.sat.f32 %0, %1, 0f7E800000, 0f3F000000" in kernel_file("sign_grad_helpers.cuh")
+
+
+def test_logsumexp_reduces_by_its_combine_on_the_simt_kernel() -> None:
+    """A log-sum-exp program (`kermac.reductions`) takes the SIMT kernel, a sum of (x − z)² under it too (the
+    tensor cores expand a sum only), with the short unroll and shallow k tile of an expensive per-term step:
+    `km_reduce` is the registry's logaddexp and the accumulators start at its identity −∞.  The built-in
+    reductions keep their one-operation functors."""
+    for case in ("logsumexp-soft-min", "logsumexp-squared-differences"):
+        variant, _ = _plan_pairwise(CASES[case])
+        assert type(variant) is variants.SimtPairwise and variant.k_unroll == 2 and not variant.deep_k, case
+    source = _source(CASES["logsumexp-soft-min"])
+    logaddexp = (
+        "km_reduce(km_t acc, km_t v) { return ((km_eq(acc, v)) != km_t(0) ? ((acc + km_t(0.6931471824645996))) : "
+        "((km_max(acc, v) + km_log((km_t(1.0) + km_exp((-km_abs((acc - v))))))))); }"
+    )
+    assert logaddexp in source and "#define KM_IDENTITY (-km_inf(km_t(0)))" in source
+    assert "km_reduce(km_t acc, km_t v) { return (acc + v); }" in _source(CASES["preset-l1_distance"])
+    assert "km_reduce(km_t acc, km_t v) { return km_max(acc, v); }" in _source(CASES["preset-linf_distance"])

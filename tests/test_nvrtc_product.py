@@ -21,7 +21,7 @@ import torch
 from helpers import require_backend
 
 import kermac
-from kermac import ir, presets
+from kermac import ir, presets, testing
 from kermac.hyperparams import HyperValue
 from kermac.lowering import cdist_program
 from kermac.problem import pairwise_problem, product_problem
@@ -100,6 +100,12 @@ def _cases() -> dict[str, object]:
         _user_program(), _t(m, d, dtype=F64), _t(n, d, dtype=F64), _t(n, 3, dtype=F64), h=torch.tensor([0.5], dtype=F64)
     )
     cases["cdist-p-tensor"] = _pr(cdist_program(None), _t(3, m, d), _t(n, d), _t(n, 2), p=torch.tensor([0.5, 1.5, 3.0]))
+    # Log-sum-exp (kermac.reductions): its combine in km_reduce, a batched tensor hyperparameter, float64.
+    cases["soft-min-c3"] = _pr(testing.SOFT_MIN, _t(m, d), _t(n, d), _t(n, 3), gamma=0.5)
+    cases["soft-min-f64-batched-gamma"] = _pr(
+        testing.SOFT_MIN, _t(2, m, d, dtype=F64), _t(n, d, dtype=F64), _t(n, 5, dtype=F64),
+        gamma=torch.tensor([0.5, 2.0], dtype=F64),
+    )  # fmt: skip
     return cases
 
 

@@ -15,6 +15,7 @@ from helpers import BACKEND_DEVICES, require_backend
 import kermac
 from kermac import ir
 from kermac.programs import PairwiseProgram
+from kermac.testing import SOFT_MIN
 
 F64 = torch.float64
 SQUARED = ["gaussian", "laplace_l2", "matern32", "matern52", "cauchy", "l2_distance"]
@@ -130,6 +131,13 @@ def test_maxima_over_features_are_refused_naming_the_program() -> None:
     key = re.escape(kermac.presets.ALL["linf_distance"].lower().key())
     with pytest.raises(NotImplementedError, match=rf"predictor_gradient: .* is a sum .*program {key} takes the max"):
         kermac.predictor_gradient("linf_distance", x, x, _randn(4, 1, seed=2))
+
+
+def test_a_log_sum_exp_over_features_is_refused_by_its_name() -> None:
+    """A log-sum-exp kernel (`kermac.reductions`) is refused like a maximum, the reduction named as a noun."""
+    x, key = _randn(4, 3, seed=1), re.escape(SOFT_MIN.key())
+    with pytest.raises(NotImplementedError, match=rf"program {key} takes the log-sum-exp$"):
+        kermac.predictor_gradient(SOFT_MIN, x, x, _randn(4, 1, seed=2), gamma=0.5)
 
 
 @pytest.mark.parametrize(

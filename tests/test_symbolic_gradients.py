@@ -18,7 +18,7 @@ from kermac import ir
 from kermac.autograd import inner_power
 from kermac.hyperparams import HyperValue
 from kermac.ir_eval import evaluate
-from kermac.pairwise_gradients import REDUCTION_WEIGHTS, contraction_program
+from kermac.pairwise_gradients import contraction_program
 from kermac.problem import grad_problem
 
 X, Z, ACC, DIAG = ir.Var("x"), ir.Var("z"), ir.Var("acc"), ir.Var("diag")
@@ -261,16 +261,6 @@ def test_second_derivatives_raise_naming_the_program():
         with pytest.raises(NotImplementedError, match="run_program: second derivatives are implemented") as info:
             torch.autograd.grad(gx.pow(2).sum(), x)
         assert f"program {program.key()} has first derivatives only" in str(info.value)
-
-
-def test_a_reduction_without_weights_is_refused(monkeypatch):
-    """A reduction missing from REDUCTION_WEIGHTS raises naming it and the program, never a zero gradient."""
-    program = random_program(6, "min")
-    monkeypatch.delitem(REDUCTION_WEIGHTS, "min")
-    x = torch.randn(3, 2, dtype=torch.float64, requires_grad=True)
-    out = run(program, x, torch.randn(4, 2, dtype=torch.float64))
-    with pytest.raises(NotImplementedError, match=r"program pairwise;min;.* the reduction 'min' has no derivative"):
-        out.sum().backward()
 
 
 @pytest.mark.parametrize("reduction", ["sum", "min"])

@@ -15,7 +15,7 @@ import torch
 from helpers import BACKEND_DEVICES, require_backend
 
 import kermac
-from kermac import ir, presets
+from kermac import ir, presets, testing
 from kermac import kernel_facts as facts
 from kermac.programs import GradProgram, PairwiseProgram
 
@@ -545,7 +545,8 @@ TRANSPOSED = {"SXM": 1, "SZN": 1, "SON": 1, "XT": 1, "ZT": 1}
 def gluon_jobs() -> dict[str, dict]:
     """What CI compiles: every preset (regularised: the diagonal path) in the default
     configuration; transposed operands (the row-wise load layouts), 64-bit indices and batches with
-    a per-batch tensor hyperparameter, for sm_80 as well; every configuration of the space."""
+    a per-batch tensor hyperparameter, for sm_80 as well; every configuration of the space; a log-sum-exp
+    program (its combine in the k loop), on sm_80 and sm_90."""
     configs = pytest.importorskip("kermac_backend_triton.configs")
     meta, warps, _, _ = configs.GLUON_PAIRWISE_SPACE[0]
     base = dict(regularized=False, spec={}, meta=meta, warps=warps, arch=90, constants=ROW_MAJOR)
@@ -553,6 +554,8 @@ def gluon_jobs() -> dict[str, dict]:
     jobs["transposed-sm80"] = base | dict(preset="l1_distance", arch=80, constants=TRANSPOSED)
     jobs["int64-sm80"] = base | dict(preset="l1_distance", arch=80, spec={"int64": True})
     jobs["batched-tensor-hyper"] = base | dict(preset="lp_distance", spec={"nbatch": 2, "tensor_hypers": ["p"]})
+    for arch in (80, 90):
+        jobs[f"logsumexp-sm{arch}"] = base | dict(program=testing.SOFT_MIN.key(), arch=arch)
     for i, (meta_i, warps_i, _, _) in enumerate(configs.GLUON_PAIRWISE_SPACE):
         jobs[f"config-{i}"] = base | dict(preset="l1_distance", meta=meta_i, warps=warps_i)
     return {key: job | {"id": key} for key, job in jobs.items()}
@@ -643,3 +646,37 @@ def test_an_epilogue_of_the_diagonal_alone_computes_in_float64(backend: str, dev
     got = kermac.run_program(program, x, x, backend=backend).cpu()
     expected = torch.ones(5, 5, dtype=torch.float64).fill_diagonal_(math.e)
     assert torch.equal(got, expected)
+
+
+@pytest.mark.parametrize("kernel", ["simt", "gluon"])
+def test_the_reduction_is_the_registrys_combine(kernel: str) -> None:
+    """The generated module holds the reduction's rule of `kermac.reductions`: `combine` rendered from its IR
+    (log-sum-exp's logaddexp; the sum's `acc + t`) and, for the `tl` kernels, `combine_chunk`, which reduces a
+    chunk of terms by `tl.reduce` with that combine (by `tl.sum` for the sum); the tile reads no reduction by
+    name but for its identity."""
+    lse = pairwise(presets.l1_distance, program=testing.SOFT_MIN, kernel=kernel)
+    combine = function(lse, "combine")
+    assert "tl.where((acc == t).to(tl.float32) != 0, (acc + " in combine and "tl.log(" in combine
+    entry = function(lse, generated.PAIRWISE_ENTRY)
+    if kernel == "gluon":
+        assert "combine_chunk" not in lse and "inner, epilogue,\n        combine, 'logsumexp', False" in entry
+        return
+    assert "return combine(acc, tl.reduce(t, 0, combine))" in function(lse, "combine_chunk")
+    assert "inner, epilogue,\n        combine_chunk, 'logsumexp', False" in entry
+    sums = pairwise(presets.l1_distance)
+    assert "return (acc + t)" in function(sums, "combine")
+    assert "return combine(acc, tl.sum(t, 0))" in function(sums, "combine_chunk")
+
+
+@pytest.mark.parametrize("backend", ["torch", "triton"])
+def test_a_power_of_a_logsumexp_of_nonnegative_terms_keeps_negative_bases(backend: str) -> None:
+    """Non-negative terms do not make a log-sum-exp non-negative (its identity is −∞; `nonnegative` of
+    `kermac.reductions`): the epilogue's `acc³` keeps the negative-base cases, −∞ with no feature."""
+    require_backend(backend, "cpu")
+    program = PairwiseProgram(abs(ir.Var("x") - ir.Var("z")), "logsumexp", ir.pow(ir.Var("acc"), 3.0))
+    assert "pow_ieee(acc, " in function(pairwise(presets.l1_distance, program=program), "epilogue")
+    for d in (0, 2):
+        x, z = torch.randn(3, d, dtype=torch.float64), torch.randn(4, d, dtype=torch.float64)
+        got = kermac.run_program(program, x, z, backend=backend)
+        expected = torch.logsumexp((x[:, None, :] - z[None, :, :]).abs(), dim=-1) ** 3
+        torch.testing.assert_close(got, expected, rtol=1e-12, atol=0)

@@ -6,7 +6,8 @@ prints a JSON object mapping each job's ``id`` to its ``cuobjdump -res-usage`` r
 interpreter patches ``triton.language`` for the whole process; ``TRITON_INTERPRET`` unset).
 
 A job: ``{"id", "preset", "regularized", "spec": {ProductSpec field changes}, "meta", "warps",
-"arch", "dtype"}``; pointers are 16-byte aligned, the unit strides 1 and the others divisible by 16.
+"arch", "dtype"}``, or ``"program"`` (a program's key) in place of ``"preset"`` and ``"regularized"``;
+pointers are 16-byte aligned, the unit strides 1 and the others divisible by 16.
 """
 
 from __future__ import annotations
@@ -25,12 +26,17 @@ def compile_job(job: dict) -> str:
     from triton.compiler import ASTSource
 
     from kermac import presets
+    from kermac.programs import program_from_key
     from kermac_backend_triton.generated import ProductSpec, kernel_source
     from kermac_backend_triton.modules import load_module
 
     dtype = job["dtype"]
     compute = "float64" if dtype == "float64" else "float32"
-    program = presets.ALL[job["preset"]].lower(regularized=job["regularized"])
+    program = (
+        program_from_key(job["program"])
+        if "program" in job
+        else presets.ALL[job["preset"]].lower(regularized=job["regularized"])
+    )
     spec = ProductSpec(
         **spec_fields(
             job, program=program, compute=compute, nbatch=0, tensor_hypers=frozenset(), int64=False, kernel="simt"

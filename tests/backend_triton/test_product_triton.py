@@ -32,7 +32,7 @@ import torch
 from helpers import assert_close, tolerance
 
 import kermac
-from kermac import ir, presets
+from kermac import ir, presets, testing
 from kermac.hyperparams import program_hypers
 from kermac.problem import ProductProblem, product_problem
 from kermac.programs import PairwiseProgram
@@ -334,7 +334,7 @@ def test_check_product_refuses_other_devices_with_a_sentence() -> None:
 
 def _compile_jobs() -> dict[str, dict]:
     """The default tiles of both product kernels (C up to 16, and C = 64 on SIMT), float32 and a
-    batched float64 variant with 64-bit indices."""
+    batched float64 variant with 64-bit indices; a log-sum-exp program (its combine of a chunk) in both."""
     simt_meta, simt_warps, _, _ = configs.PRODUCT_SPACE[0]
     tc_meta, tc_warps, _, _ = configs.PRODUCT_TC_SPACE[0]
     base = dict(regularized=True, spec={}, meta=simt_meta | {"BC": 16}, warps=simt_warps, arch=90, dtype="float32")
@@ -346,6 +346,8 @@ def _compile_jobs() -> dict[str, dict]:
         "tc-gaussian-sm80": base | tc | dict(preset="gaussian", arch=80),
         "tc-gaussian-sm90": base | tc | dict(preset="gaussian"),
         "simt-float64-batched-int64-sm90": base | dict(preset="laplace_l2", dtype="float64", spec=batched),
+        "simt-logsumexp-sm90": base | dict(program=testing.SOFT_MIN.key()),
+        "simt-logsumexp-float64-sm80": base | dict(program=testing.SOFT_MIN.key(), dtype="float64", arch=80),
     }
     return {key: job | {"id": key} for key, job in jobs.items()}
 

@@ -23,6 +23,7 @@ from kermac.kernel_facts import cancellation_guard, fits_int32, passed_by_value,
 from kermac.layout import BatchLayout, batch_layout, grad_operands, pairwise_operands
 from kermac.problem import GradProblem, PairwiseProblem, ProductProblem
 from kermac.programs import GradProgram, PairwiseProgram, is_abs_difference_sum
+from kermac.reductions import ALL as REDUCTIONS
 from kermac_backend_nvrtc import pow_table, tiles
 from kermac_backend_nvrtc.render import half_power_hypers, half_steps, is_sign_product, rounded, split_exponent
 from kermac_backend_nvrtc.tuning import NvrtcTuning
@@ -153,8 +154,10 @@ def _expensive(expr: Expr) -> bool:
 # (a program's hash is cached on it).
 @lru_cache(maxsize=256)
 def _pairwise_traits(prog: PairwiseProgram) -> tuple[bool, bool, bool]:
-    """(Σ (x − z)² on tensor cores in float32, inner has an expensive operation, epilogue has one)."""
-    return tensor_core_eligible(prog, "float32"), _expensive(prog.inner), _expensive(prog.epilogue)
+    """(Σ (x − z)² on tensor cores in float32, the k loop's work — the inner term and the reduction's combine
+    (`kermac.reductions`) — has an expensive operation, the epilogue has one)."""
+    per_term = _expensive(prog.inner) or _expensive(REDUCTIONS[prog.reduction].combine)
+    return tensor_core_eligible(prog, "float32"), per_term, _expensive(prog.epilogue)
 
 
 @lru_cache(maxsize=256)

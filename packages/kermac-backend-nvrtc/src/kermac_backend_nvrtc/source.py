@@ -8,7 +8,8 @@ Every kernel is one translation unit, compiled by one NVRTC call:
    `KM_BATCH_OFFSETS` (statements run once per block for its batch entry), `KM_DIAG(m, n)`;
 2. the library parts the route needs (`prelude.cuh`, `loader.cuh`, tensor-core helpers);
 3. the generated *functors*: one-line device functions returning the IR's expressions
-   (`km_inner`, `km_reduce`, `km_epilogue`, `km_multiply`; `.render`);
+   (`km_inner`, `km_reduce` (the reduction's combine, `kermac.reductions`), `km_epilogue`,
+   `km_multiply`; `.render`);
 4. the route's kernel file.
 
 `#include "name.cuh"` lines of the package files are expanded in place here, so the
@@ -24,6 +25,7 @@ from functools import cache
 from importlib import resources
 
 from kermac.programs import zero_padding_is_neutral
+from kermac.reductions import ALL as REDUCTIONS
 from kermac_backend_nvrtc import tiles, variants
 from kermac_backend_nvrtc.render import cuda_constant, is_sign_product, render_expr, split_exponent
 
@@ -221,7 +223,7 @@ def _simt_parts(
             "KM_EXP2_POLY(r)": _horner(EXP2_COEFFS, "r"),
         }
     inner = render_expr(prog.inner, names, **_render_options(v, ftz=flush))
-    reduce = {"sum": "acc + v", "max": "km_max(acc, v)", "min": "km_min(acc, v)"}[prog.reduction]
+    reduce = render_expr(REDUCTIONS[prog.reduction].combine, {"acc": "acc", "t": "v"}, compute=compute)
     functors = [
         f"typedef {tin} km_in_t;",
         f"__device__ __forceinline__ km_t km_inner(km_t x, km_t z KM_HYPER_FORMALS) {{ return {inner}; }}",

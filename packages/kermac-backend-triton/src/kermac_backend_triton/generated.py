@@ -11,6 +11,10 @@ generated here, as a small module (`kernel_source`, loaded by
   (pairwise and product), `multiply(d, b, hypers)`, `epilogue(acc, hypers)` and, for a signed power,
   `signed_base` / `signed_exponent` (gradient), rendered by
   `kermac_backend_triton.expressions`;
+* its reduction's rule (`kermac.reductions`): `combine(acc, t)` and, for the kernels that reduce a
+  chunk of features at once, `combine_chunk(acc, t)` (`t` reduced over its axis 0 by `combine`;
+  by `tl.sum` for the arithmetic sum, the same values, which the CPU interpreter computes as one
+  vector operation where a function of its own is folded element by element);
 * the entry kernel, whose parameter list depends on the program's hyperparameters (a typed
   scalar `h_<name>`, or a pointer `H_<name>` per batch entry) and on the number of coalesced
   batch dimensions of `kermac.layout.batch_layout` (sizes `BS<i>`, per-operand strides
@@ -34,6 +38,7 @@ from dataclasses import dataclass
 from kermac.ir import free_vars
 from kermac.kernel_facts import tensor_core_eligible
 from kermac.programs import GradProgram, PairwiseProgram, signed_power
+from kermac.reductions import ALL as REDUCTIONS
 from kermac_backend_triton.expressions import COMPUTE_TYPES, hyper_arg, nonnegative, render_expr
 
 __all__ = [
@@ -215,23 +220,25 @@ _TILE_ORDER = {
 _CALL = {
     "simt": "simt_tile(\n"
     "        X, Z, OUT, M, N, D, OFF_M, OFF_N, SXM, SXK, SZN, SZK, SOM, SON, pm, pn, {hypers}, inner, epilogue,\n"
-    "        {reduction!r}, {uses_diag}, {cdt}, BK, MI, NI, MT, NT, PF, SPLIT_TAIL=True, INT64={int64},\n    )",
+    "        combine_chunk, {reduction!r}, {uses_diag}, {cdt}, BK, MI, NI, MT, NT, PF, SPLIT_TAIL=True,\n"
+    "        INT64={int64},\n    )",
     "tensor_cores": "tensor_core_tile(\n"
     "        X, Z, OUT, M, N, D, OFF_M, OFF_N, SXM, SXK, SZN, SZK, SOM, SON, GUARD, pm, pn, {hypers},\n"
-    "        inner, epilogue, {uses_diag}, BM, BN, BK, INT64={int64},\n    )",
+    "        inner, epilogue, combine_chunk, {uses_diag}, BM, BN, BK, INT64={int64},\n    )",
     "gluon": "gluon_tile(\n"
     "        X, Z, OUT, M, N, D, OFF_M, OFF_N, SXM, SXK, SZN, SZK, SOM, SON, pm, pn, {hypers}, inner, epilogue,\n"
-    "        {reduction!r}, {uses_diag}, {cdt}, BM, BN, BK, TM, XT, ZT, INT64={int64},\n    )",
+    "        combine, {reduction!r}, {uses_diag}, {cdt}, BM, BN, BK, TM, XT, ZT, INT64={int64},\n    )",
     "grad": "gradient_tile(\n"
     "        A, B, C, DD, OUT, M, N, O, K, SAK, SAM, SBN, SBK, SCO, SCK, SDN, SDM, SOO, SON, SOM, po, pn, pm,\n"
     "        {hypers}, multiply, epilogue, {signed_base}, {signed_exponent}, {signed}, {cdt}, BN, BM, BK, BO,\n"
     "        INT64={int64},\n    )",
     "product_simt": "simt_product_tile(\n"
     "        X, Z, V, OUT, M, N, D, C, OFF_M, OFF_N, SXM, SXK, SZN, SZK, SVN, SVC, SOM, SOC, pm, pc, {hypers},\n"
-    "        inner, epilogue, {reduction!r}, {uses_diag}, {cdt}, BK, MI, NI, MT, NT, PF, BC, INT64={int64},\n    )",
+    "        inner, epilogue, combine_chunk, {reduction!r}, {uses_diag}, {cdt}, BK, MI, NI, MT, NT, PF, BC,\n"
+    "        INT64={int64},\n    )",
     "product_tensor_cores": "tensor_core_product_tile(\n"
     "        X, Z, V, OUT, M, N, D, C, OFF_M, OFF_N, SXM, SXK, SZN, SZK, SVN, SVC, SOM, SOC, GUARD, pm, pc,\n"
-    "        {hypers}, inner, epilogue, {uses_diag}, BM, BN, BK, BC, INT64={int64},\n    )",
+    "        {hypers}, inner, epilogue, combine_chunk, {uses_diag}, BM, BN, BK, BC, INT64={int64},\n    )",
 }
 """The last line of each entry kernel's body: the call of its tile function."""
 
@@ -289,25 +296,33 @@ def _hypers_in(text: str, hypers: tuple[str, ...]) -> set[str]:
 
 
 def _pairwise_functions(spec: PairwiseSpec | ProductSpec) -> list[str]:
-    """`inner` and `epilogue` of a pairwise program.
+    """`inner`, `epilogue`, `combine` and (but for Gluon) `combine_chunk` of a pairwise program.
 
-    The accumulator is known to be non-negative (simpler `pow`) when the reduction is a sum or
-    a min of non-negative inner terms: every term, and the identity (0 or +inf), is then ≥ 0.
-    The inner term runs in the k loop (`fast`: `log2` from the special-function unit).
+    The accumulator is known to be non-negative (simpler `pow`) when the inner terms are and the
+    reduction keeps them so (`nonnegative` of `kermac.reductions`: a sum or a min, whose identity, 0 or
+    +inf, is ≥ 0 too).  The inner term and the combine run in the k loop (`fast`: `log2` from the
+    special-function unit).
     """
     prog, gluon = spec.program, spec.kernel == "gluon"
     lang = "gl" if gluon else "tl"
+    reduction = REDUCTIONS[prog.reduction]
     inner = render_expr(prog.inner, {"x": "x", "z": "z"}, spec.compute, fast=True, lang=lang)
-    known = frozenset({"acc"}) if prog.reduction != "max" and nonnegative(prog.inner) else frozenset()
+    combine = render_expr(reduction.combine, {"acc": "acc", "t": "t"}, spec.compute, fast=True, lang=lang)
+    known = frozenset({"acc"}) if reduction.nonnegative and nonnegative(prog.inner) else frozenset()
     epilogue = render_expr(prog.epilogue, {"acc": "acc", "diag": "diag"}, spec.compute, known, lang=lang)
     if gluon and not free_vars(prog.epilogue) & {"acc", "diag"}:
         # An epilogue without acc is a scalar: where(c, v, v) = v, broadcast to the tile (Gluon
         # tensors carry a layout, which broadcast_to of a 0-d value cannot give).
         epilogue = f"tl.where(acc == acc, {epilogue}, {epilogue})"
-    return [
+    functions = [
         _function("inner", "x, z, hypers", prog.hypers, inner, _hypers_in(inner, prog.hypers), gluon),
         _function("epilogue", "acc, diag, hypers", prog.hypers, epilogue, _hypers_in(epilogue, prog.hypers), gluon),
+        _function("combine", "acc, t", (), combine, set(), gluon),
     ]
+    if not gluon:
+        chunk = "tl.sum(t, 0)" if reduction.sum_fast_paths else "tl.reduce(t, 0, combine)"
+        functions.append(_function("combine_chunk", "acc, t", (), f"combine(acc, {chunk})", set(), False))
+    return functions
 
 
 def _scalar_signed_power(prog: GradProgram) -> tuple | None:

@@ -22,8 +22,8 @@ operand, four barriers per chunk); here the staging is explicit, as in the NVRTC
   identity); the epilogue and the streaming, masked store read the accumulator in place.
 
 `tl` builtins and `@triton.jit` functions work inside Gluon kernels, so the program's
-`inner(x, z, hypers)` and `epilogue(acc, diag, hypers)` are rendered by the same code as for
-the `tl` kernels (`kermac_backend_triton.generated`).  float64 programs keep the `tl`
+`inner(x, z, hypers)`, `epilogue(acc, diag, hypers)` and its reduction's `combine(acc, t)` are rendered
+by the same code as for the `tl` kernels (`kermac_backend_triton.generated`).  float64 programs keep the `tl`
 kernel: with the accurate `pow` inlined per output, the Gluon tile compiles for over a minute.
 Gluon has no CPU interpreter: the interpreter tier runs the `tl` kernel, and CI compiles this
 one to cubin (`tests/test_triton_codegen.py`).
@@ -36,7 +36,6 @@ import triton.language as tl
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 
-from kermac_backend_triton.kernel_math import max_nan, min_nan
 from kermac_backend_triton.pairwise_simt import index_type, reduction_identity
 
 __all__ = ["gluon_tile"]
@@ -58,18 +57,6 @@ def load_layout(block: int, BK: int, warps: int, transposed: bool):
     return gl.BlockedLayout([1, 4], [32 // (BK // 4), BK // 4], [warps, 1], [1, 0])
 
 
-@triton.jit
-def fold_term(acc, t, REDUCTION: tl.constexpr):
-    """`acc` combined elementwise with the terms `t` of one feature."""
-    if REDUCTION == "sum":
-        return acc + t
-    elif REDUCTION == "max":
-        return max_nan(acc, t)
-    else:
-        tl.static_assert(REDUCTION == "min", "REDUCTION: expected 'sum', 'max' or 'min'")
-        return min_nan(acc, t)
-
-
 @gluon.jit
 def _stage(xs, zs, buffer, xg, zg, COMPUTE: gl.constexpr):
     """Store one chunk of x and z, k-major, into shared buffer `buffer`."""
@@ -78,23 +65,23 @@ def _stage(xs, zs, buffer, xg, zg, COMPUTE: gl.constexpr):
 
 
 @gluon.jit
-def _combine_buffer(acc, xs, zs, buffer, hypers, inner, k0, D, REDUCTION: gl.constexpr, BK: gl.constexpr,
+def _combine_buffer(acc, xs, zs, buffer, hypers, inner, combine, k0, D, REDUCTION: gl.constexpr, BK: gl.constexpr,
                     ACC: gl.constexpr, MASKED: gl.constexpr):  # fmt: skip
-    """`acc` combined with the terms of every feature of shared buffer `buffer` (`MASKED`:
-    features `k0 + kk` ≥ D give the reduction's identity)."""
+    """`acc` combined (`combine(acc, t)`, the reduction's rule) with the terms of every feature of shared buffer
+    `buffer` (`MASKED`: features `k0 + kk` ≥ D give the reduction's identity)."""
     for kk in gl.static_range(BK):
         xk = xs.index(buffer).slice(kk, 1, 0).permute([1, 0]).load(ACC)
         zk = zs.index(buffer).slice(kk, 1, 0).load(ACC)
         if MASKED:
-            acc = fold_term(acc, tl.where(k0 + kk < D, inner(xk, zk, hypers), reduction_identity(REDUCTION)), REDUCTION)
+            acc = combine(acc, tl.where(k0 + kk < D, inner(xk, zk, hypers), reduction_identity(REDUCTION)))
         else:
-            acc = fold_term(acc, inner(xk, zk, hypers), REDUCTION)
+            acc = combine(acc, inner(xk, zk, hypers))
     return acc
 
 
 @gluon.jit
 def gluon_tile(
-    X, Z, OUT, M, N, D, OFF_M, OFF_N, SXM, SXK, SZN, SZK, SOM, SON, pm, pn, hypers, inner, epilogue,
+    X, Z, OUT, M, N, D, OFF_M, OFF_N, SXM, SXK, SZN, SZK, SOM, SON, pm, pn, hypers, inner, epilogue, combine,
     REDUCTION: gl.constexpr, USES_DIAG: gl.constexpr, COMPUTE: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr,
     BK: gl.constexpr, TM: gl.constexpr, XT: gl.constexpr, ZT: gl.constexpr, INT64: gl.constexpr,
 ):  # fmt: skip
@@ -132,7 +119,7 @@ def gluon_tile(
         kn = index_type(gl.minimum(c + 1, nfull - 1), INT64) * BK
         xg = gl.load(xp + kn * SXK)
         zg = gl.load(zp + kn * SZK)
-        acc = _combine_buffer(acc, xs, zs, cur, hypers, inner, 0, D, REDUCTION, BK, ACC, False)
+        acc = _combine_buffer(acc, xs, zs, cur, hypers, inner, combine, 0, D, REDUCTION, BK, ACC, False)
         _stage(xs, zs, 1 - cur, xg, zg, COMPUTE)
         _barrier()
     if nfull * BK < D:
@@ -142,7 +129,7 @@ def gluon_tile(
         zg = gl.load(zp + k0 * SZK, mask=gl.expand_dims(k0 + zkr, 0) < D, other=0.0)
         _stage(xs, zs, last, xg, zg, COMPUTE)
         _barrier()
-        acc = _combine_buffer(acc, xs, zs, last, hypers, inner, k0, D, REDUCTION, BK, ACC, True)
+        acc = _combine_buffer(acc, xs, zs, last, hypers, inner, combine, k0, D, REDUCTION, BK, ACC, True)
     om = gl.expand_dims(pm * BM + index_type(gl.arange(0, BM, layout=gl.SliceLayout(1, ACC)), INT64), 1)
     on = gl.expand_dims(pn * BN + index_type(gl.arange(0, BN, layout=gl.SliceLayout(0, ACC)), INT64), 0)
     diag = 0.0

@@ -17,7 +17,10 @@ not re-read).
 
 `inner(x, z, hypers)` and `epilogue(acc, diag, hypers)` are the program's `@triton.jit`
 functions (generated from the IR by `kermac_backend_triton.generated`); `hypers` is the
-tuple of hyperparameter values they read.
+tuple of hyperparameter values they read.  `combine_chunk(acc, t)` combines the accumulator with
+the terms `t` reduced over their axis 0 (a chunk's features), by the reduction's rule
+(`kermac.reductions`), also generated: the kernels know a reduction only by its name `REDUCTION`,
+which gives the identity.
 """
 
 from __future__ import annotations
@@ -25,11 +28,10 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from kermac_backend_triton.kernel_math import INF, NINF, max_nan, min_nan
+from kermac import reductions
 
 __all__ = [
     "PREFETCH_DEPTHS",
-    "combine_chunk",
     "grouped_tile",
     "index_type",
     "reduction_identity",
@@ -43,8 +45,8 @@ PREFETCH_DEPTHS = (0, 1, 2)
 
 @triton.constexpr_function
 def reduction_identity(reduction: str) -> float:
-    """The value a masked-off term takes: the identity of `reduction`."""
-    return {"sum": 0.0, "max": NINF.value, "min": INF.value}[reduction]
+    """The value a masked-off term takes: the identity of `reduction` (`kermac.reductions`)."""
+    return reductions.ALL[reduction].identity
 
 
 @triton.jit
@@ -78,38 +80,28 @@ def grouped_tile(M, N, BM: tl.constexpr, BN: tl.constexpr, GROUP_M: tl.constexpr
 
 
 @triton.jit
-def combine_chunk(acc, t, REDUCTION: tl.constexpr):
-    """`acc` combined with the terms `t` reduced over axis 0 (the chunk's features)."""
-    if REDUCTION == "sum":
-        return acc + tl.sum(t, 0)
-    elif REDUCTION == "max":
-        return max_nan(acc, tl.reduce(t, 0, max_nan))
-    else:
-        tl.static_assert(REDUCTION == "min", "REDUCTION: expected 'sum', 'max' or 'min'")
-        return min_nan(acc, tl.reduce(t, 0, min_nan))
-
-
-@triton.jit
-def _step(acc, xv, zv, hypers, inner, REDUCTION: tl.constexpr, FULL: tl.constexpr):
+def _step(acc, xv, zv, hypers, inner, combine_chunk, FULL: tl.constexpr):
     """One unmasked chunk: x `[BK, MI, 1, MT, 1]` and z `[BK, 1, NI, 1, NT]`, terms of shape `FULL`."""
     t = tl.broadcast_to(inner(xv, zv, hypers), FULL)
-    return combine_chunk(acc, t, REDUCTION)
+    return combine_chunk(acc, t)
 
 
 @triton.jit
-def _masked_step(acc, xrow, zrow, kk, D, SXK, SZK, hypers, inner, REDUCTION: tl.constexpr, FULL: tl.constexpr):
+def _masked_step(
+    acc, xrow, zrow, kk, D, SXK, SZK, hypers, inner, combine_chunk, REDUCTION: tl.constexpr, FULL: tl.constexpr
+):  # fmt: skip
     """One chunk at features `kk`, those ≥ D masked to the reduction's identity."""
     km = kk < D
     xv = tl.load(xrow + kk * SXK, mask=km, other=0.0).to(acc.dtype)[:, :, None, :, None]
     zv = tl.load(zrow + kk * SZK, mask=km, other=0.0).to(acc.dtype)[:, None, :, None, :]
     t = tl.where(km[:, :, :, None, None], tl.broadcast_to(inner(xv, zv, hypers), FULL), reduction_identity(REDUCTION))
-    return combine_chunk(acc, t, REDUCTION)
+    return combine_chunk(acc, t)
 
 
 @triton.jit
 def simt_values(
     X, Z, M, N, D, OFF_M, OFF_N, SXM, SXK, SZN, SZK, pm, pn, hypers, inner, epilogue,
-    REDUCTION: tl.constexpr, USES_DIAG: tl.constexpr, COMPUTE: tl.constexpr,
+    combine_chunk, REDUCTION: tl.constexpr, USES_DIAG: tl.constexpr, COMPUTE: tl.constexpr,
     BK: tl.constexpr, MI: tl.constexpr, NI: tl.constexpr, MT: tl.constexpr, NT: tl.constexpr,
     PF: tl.constexpr, SPLIT_TAIL: tl.constexpr, INT64: tl.constexpr,
 ):  # fmt: skip
@@ -137,7 +129,7 @@ def simt_values(
             for k0 in range(0, d_full, BK):
                 xv = tl.load(xrow + (k0 + kr) * SXK).to(COMPUTE)[:, :, None, :, None]
                 zv = tl.load(zrow + (k0 + kr) * SZK).to(COMPUTE)[:, None, :, None, :]
-                acc = _step(acc, xv, zv, hypers, inner, REDUCTION, FULL)
+                acc = _step(acc, xv, zv, hypers, inner, combine_chunk, FULL)
         elif PF == 1:
             xa0 = tl.load(xrow + kr * SXK, mask=kr < d_full, other=0.0)
             za0 = tl.load(zrow + kr * SZK, mask=kr < d_full, other=0.0)
@@ -148,7 +140,7 @@ def simt_values(
                 kb = (tl.minimum(k0 + 1 * BK, d_full - BK) // BK) * BK
                 xa0 = tl.load(xrow + (kb + kr) * SXK)
                 za0 = tl.load(zrow + (kb + kr) * SZK)
-                acc = _step(acc, xv, zv, hypers, inner, REDUCTION, FULL)
+                acc = _step(acc, xv, zv, hypers, inner, combine_chunk, FULL)
         elif PF == 2:
             xa0 = tl.load(xrow + kr * SXK, mask=kr < d_full, other=0.0)
             za0 = tl.load(zrow + kr * SZK, mask=kr < d_full, other=0.0)
@@ -161,14 +153,14 @@ def simt_values(
                 kb = (tl.minimum(k0 + 2 * BK, d_full - BK) // BK) * BK
                 xa1 = tl.load(xrow + (kb + kr) * SXK)
                 za1 = tl.load(zrow + (kb + kr) * SZK)
-                acc = _step(acc, xv, zv, hypers, inner, REDUCTION, FULL)
+                acc = _step(acc, xv, zv, hypers, inner, combine_chunk, FULL)
         else:
             tl.static_assert(False, "PF: prefetch depth must be 0, 1 or 2")
         if d_full < D:
-            acc = _masked_step(acc, xrow, zrow, d_full + kr, D, SXK, SZK, hypers, inner, REDUCTION, FULL)
+            acc = _masked_step(acc, xrow, zrow, d_full + kr, D, SXK, SZK, hypers, inner, combine_chunk, REDUCTION, FULL)
     else:
         for k0 in range(0, D, BK):
-            acc = _masked_step(acc, xrow, zrow, k0 + kr, D, SXK, SZK, hypers, inner, REDUCTION, FULL)
+            acc = _masked_step(acc, xrow, zrow, k0 + kr, D, SXK, SZK, hypers, inner, combine_chunk, REDUCTION, FULL)
     om4 = om[:, None, :, None]
     on4 = on[None, :, None, :]
     diag = 0.0
@@ -182,14 +174,14 @@ def simt_values(
 @triton.jit
 def simt_tile(
     X, Z, OUT, M, N, D, OFF_M, OFF_N, SXM, SXK, SZN, SZK, SOM, SON, pm, pn, hypers, inner, epilogue,
-    REDUCTION: tl.constexpr, USES_DIAG: tl.constexpr, COMPUTE: tl.constexpr,
+    combine_chunk, REDUCTION: tl.constexpr, USES_DIAG: tl.constexpr, COMPUTE: tl.constexpr,
     BK: tl.constexpr, MI: tl.constexpr, NI: tl.constexpr, MT: tl.constexpr, NT: tl.constexpr,
     PF: tl.constexpr, SPLIT_TAIL: tl.constexpr, INT64: tl.constexpr,
 ):  # fmt: skip
     """Compute (`simt_values`) and store output tile `(pm, pn)` (see the module docs)."""
     val, om4, on4 = simt_values(
         X, Z, M, N, D, OFF_M, OFF_N, SXM, SXK, SZN, SZK, pm, pn, hypers, inner, epilogue,
-        REDUCTION, USES_DIAG, COMPUTE, BK, MI, NI, MT, NT, PF, SPLIT_TAIL, INT64,
+        combine_chunk, REDUCTION, USES_DIAG, COMPUTE, BK, MI, NI, MT, NT, PF, SPLIT_TAIL, INT64,
     )  # fmt: skip
     tl.store(
         OUT + om4 * SOM + on4 * SON,

@@ -84,11 +84,12 @@ def d2_values(d2, om2, on2, OFF_M, OFF_N, hypers, epilogue, USES_DIAG: tl.conste
 @triton.jit
 def tensor_core_tile(
     X, Z, OUT, M, N, D, OFF_M, OFF_N, SXM, SXK, SZN, SZK, SOM, SON, GUARD, pm, pn, hypers, inner, epilogue,
-    USES_DIAG: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, INT64: tl.constexpr,
+    combine_chunk, USES_DIAG: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, INT64: tl.constexpr,
 ):  # fmt: skip
     """Compute and store output tile `(pm, pn)` of a (x − z)²-sum program (see the module docs).
 
-    `inner` is the program's (x − z)² (the recompute's term), `epilogue(d2, diag, hypers)` its epilogue.
+    `inner` is the program's (x − z)² (the recompute's term), `combine_chunk` its sum of a chunk of terms,
+    `epilogue(d2, diag, hypers)` its epilogue.
     """
     om = pm * BM + index_type(tl.arange(0, BM), INT64)
     on = pn * BN + index_type(tl.arange(0, BN), INT64)
@@ -99,8 +100,8 @@ def tensor_core_tile(
     if recompute:
         simt_tile(
             X, Z, OUT, M, N, D, OFF_M, OFF_N, SXM, SXK, SZN, SZK, SOM, SON, pm, pn, hypers, inner, epilogue,
-            "sum", USES_DIAG, tl.float32, BK=2, MI=BM // 8, NI=BN // 16, MT=8, NT=16, PF=0, SPLIT_TAIL=False,
-            INT64=INT64,
+            combine_chunk, "sum", USES_DIAG, tl.float32, BK=2, MI=BM // 8, NI=BN // 16, MT=8, NT=16, PF=0,
+            SPLIT_TAIL=False, INT64=INT64,
         )  # fmt: skip
     else:
         om2 = om[:, None]

@@ -47,7 +47,7 @@ def product_order(M, C, BM: tl.constexpr, BC: tl.constexpr, INT64: tl.constexpr)
 
 @triton.jit
 def _simt_k_tile(
-    X, Z, M, N, D, OFF_M, OFF_N, SXM, SXK, SZN, SZK, pm, pn, hypers, inner, epilogue,
+    X, Z, M, N, D, OFF_M, OFF_N, SXM, SXK, SZN, SZK, pm, pn, hypers, inner, epilogue, combine_chunk,
     REDUCTION: tl.constexpr, USES_DIAG: tl.constexpr, COMPUTE: tl.constexpr,
     BK: tl.constexpr, MI: tl.constexpr, NI: tl.constexpr, MT: tl.constexpr, NT: tl.constexpr,
     PF: tl.constexpr, SPLIT_TAIL: tl.constexpr, INT64: tl.constexpr,
@@ -55,7 +55,7 @@ def _simt_k_tile(
     """`simt_values`' tile `(pm, pn)` as `[MI·MT, NI·NT]`: its entry `[i, j, s, t]` at row
     `i·MT + s`, column `j·NT + t`, as `simt_values` numbers them."""
     val = simt_values(
-        X, Z, M, N, D, OFF_M, OFF_N, SXM, SXK, SZN, SZK, pm, pn, hypers, inner, epilogue,
+        X, Z, M, N, D, OFF_M, OFF_N, SXM, SXK, SZN, SZK, pm, pn, hypers, inner, epilogue, combine_chunk,
         REDUCTION, USES_DIAG, COMPUTE, BK, MI, NI, MT, NT, PF, SPLIT_TAIL, INT64,
     )[0]  # fmt: skip
     return tl.reshape(tl.permute(val, (0, 2, 1, 3)), (MI * MT, NI * NT))
@@ -82,7 +82,7 @@ def _store(OUT, acc, om, oc, M, C, SOM, SOC):
 @triton.jit
 def simt_product_tile(
     X, Z, V, OUT, M, N, D, C, OFF_M, OFF_N, SXM, SXK, SZN, SZK, SVN, SVC, SOM, SOC, pm, pc, hypers, inner, epilogue,
-    REDUCTION: tl.constexpr, USES_DIAG: tl.constexpr, COMPUTE: tl.constexpr,
+    combine_chunk, REDUCTION: tl.constexpr, USES_DIAG: tl.constexpr, COMPUTE: tl.constexpr,
     BK: tl.constexpr, MI: tl.constexpr, NI: tl.constexpr, MT: tl.constexpr, NT: tl.constexpr,
     PF: tl.constexpr, BC: tl.constexpr, INT64: tl.constexpr,
 ):  # fmt: skip
@@ -95,7 +95,7 @@ def simt_product_tile(
     for n_tile in range(0, tl.cdiv(N, BN)):
         pn = n_tile + 0 * pm  # pm's index type (64-bit where INT64); the interpreter's n_tile is a Python int
         k = _simt_k_tile(
-            X, Z, M, N, D, OFF_M, OFF_N, SXM, SXK, SZN, SZK, pm, pn, hypers, inner, epilogue,
+            X, Z, M, N, D, OFF_M, OFF_N, SXM, SXK, SZN, SZK, pm, pn, hypers, inner, epilogue, combine_chunk,
             REDUCTION, USES_DIAG, COMPUTE, BK, MI, NI, MT, NT, PF, True, INT64,
         )  # fmt: skip
         on = pn * BN + index_type(tl.arange(0, BN), INT64)
@@ -106,8 +106,8 @@ def simt_product_tile(
 @triton.jit
 def tensor_core_product_tile(
     X, Z, V, OUT, M, N, D, C, OFF_M, OFF_N, SXM, SXK, SZN, SZK, SVN, SVC, SOM, SOC, GUARD, pm, pc, hypers, inner,
-    epilogue, USES_DIAG: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, BC: tl.constexpr,
-    INT64: tl.constexpr,
+    epilogue, combine_chunk, USES_DIAG: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
+    BC: tl.constexpr, INT64: tl.constexpr,
 ):  # fmt: skip
     """Compute and store `out` tile `(pm, pc)` of a float32 (x − z)²-sum program with K tiles of
     the tensor-core pairwise kernel: a tile the guard flags is recomputed from differences by
@@ -124,7 +124,7 @@ def tensor_core_product_tile(
         d2, recompute = guarded_d2(xrow, zrow, kr, D, SXK, SZK, GUARD, BM, BN, BK)
         if recompute:
             k = _simt_k_tile(
-                X, Z, M, N, D, OFF_M, OFF_N, SXM, SXK, SZN, SZK, pm, pn, hypers, inner, epilogue,
+                X, Z, M, N, D, OFF_M, OFF_N, SXM, SXK, SZN, SZK, pm, pn, hypers, inner, epilogue, combine_chunk,
                 "sum", USES_DIAG, tl.float32, 2, BM // 8, BN // 16, 8, 16, 0, False, INT64,
             )  # fmt: skip
         else:

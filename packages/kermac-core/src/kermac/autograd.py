@@ -22,7 +22,8 @@ takes at zero distance, where `e'` may be infinite).  The weight `w` is 1 for a 
 maximum or minimum (`cdist` with p = ∞) it is `1/k` on the `k` coordinates whose `τ` attains
 the extreme and 0 elsewhere: a subgradient (torch.cdist gives each tied coordinate the whole
 gradient, which is not one; away from ties the two agree), NaN for a pair whose extreme is NaN
-(`cdist`'s p = ∞ skips NaN differences, so a NaN coordinate there gets no gradient).
+(`cdist`'s p = ∞ skips NaN differences, so a NaN coordinate there gets no gradient); for a log-sum-exp
+it is `exp(τ_j − acc)`, the softmax of the pair's terms ([`term_weights`][kermac.reductions.term_weights]).
 
 * `e'(acc)` is the epilogue's symbolic derivative ([`kermac.ir_diff.derivative`][kermac.ir_diff.derivative])
   evaluated with torch operations ([`kermac.ir_eval.evaluate`][kermac.ir_eval.evaluate]); when the epilogue is
@@ -31,14 +32,14 @@ gradient, which is not one; away from ties the two agree), NaN for a pair whose 
 * For a sum, each sum over `n` (or `m`) is [`kermac.cdist_grad`][kermac.cdist_grad] with `O = 1`, `c = 1`:
   `a = Gᵀ [N, M]`, `b = zᵀ`, `d = xᵀ` → `[1, D, M]` for x; `a = G`, `b = xᵀ`, `d = zᵀ`
   for z — on the same backend as the forward, never building `[M, N, D]`.
-* For a maximum or minimum the weights need every coordinate of a pair at once: torch operations on
+* For a maximum, minimum or log-sum-exp the weights need every coordinate of a pair at once: torch operations on
   blocks of at most `CHUNK_ELEMENTS` `(m, n, j)` elements (the
   documented workspace of this backward), not a fused kernel.
 * A count (L0, `cdist` with p = 0) has zero gradient.
 
 Every other program — any inner term and epilogue built from the operations
-[`kermac.ir_diff`][kermac.ir_diff] differentiates (all of [`kermac.ir`][kermac.ir]'s), any reduction with
-weights in [`REDUCTION_WEIGHTS`][kermac.pairwise_gradients.REDUCTION_WEIGHTS] (sum, max, min) — is
+[`kermac.ir_diff`][kermac.ir_diff] differentiates (all of [`kermac.ir`][kermac.ir]'s), any reduction
+of [`kermac.reductions`][kermac.reductions] (each has its weights `∂acc/∂τ_j`) — is
 differentiated symbolically ([`kermac.pairwise_gradients`][kermac.pairwise_gradients]):
 
 $$
@@ -89,7 +90,7 @@ The fused product `out[m, c] = Σ_n K[m, n] v[n, c]` (`kermac::product`,
   symbolic, the term 0 where `∂τ/∂x = 0`, as torch.cdist's subgradient at `x = z`), and `∂L/∂z` the
   same on the swapped program with `(z, x)` and `v`, `g` exchanged.  First derivatives only: differentiating
   these again raises `NotImplementedError` naming the program.
-* For a maximum or minimum over features the gradient in `x` or `z` raises `NotImplementedError` naming
+* For a maximum, minimum or log-sum-exp over features the gradient in `x` or `z` raises `NotImplementedError` naming
   the program when computed (`kermac::no_gradient`), never a silent zero.
 
 Hyperparameters are constants (a tensor that requires grad is refused by [`kermac.hyperparams`][kermac.hyperparams]);
@@ -114,7 +115,7 @@ from kermac.hyperparams import HyperValue
 from kermac.ir_eval import evaluate
 from kermac.jacobians import product_jacobian
 from kermac.lowering import grad_program
-from kermac.pairwise_gradients import contraction_program, point_slope, reduction_weights
+from kermac.pairwise_gradients import contraction_program, point_slope
 from kermac.problem import compute_dtype, diagonal_offsets
 from kermac.programs import (
     GradProgram,
@@ -127,7 +128,9 @@ from kermac.programs import (
     slope_program,
     swap_operands,
 )
-from kermac.reference.backend import REDUCE, blocks, hyper_env, tile
+from kermac.reductions import ALL as REDUCTIONS
+from kermac.reductions import term_weights
+from kermac.reference.backend import blocks, hyper_env, tile
 
 __all__ = ["inner_power"]
 
@@ -227,7 +230,7 @@ def _power_gradients(
     p = s.hypers["p"] if power == "p" else HyperValue("p", power)
     if s.program.reduction != "sum":
         grad_x, grad_z = _blockwise_gradients(s, x, z, G, _power_slopes(p), want)
-        what = f"program {s.program.key()} (a maximum or minimum over coordinates)"
+        what = f"program {s.program.key()} (a {REDUCTIONS[s.program.reduction].noun} over coordinates)"
         return _first_order(s, what, grad_x), _first_order(s, what, grad_z)
     G = G * (p.scalar if p.tensor is None else p.tensor[..., None, None].to(G.dtype))
     if 0 in G.stride():  # an expanded upstream gradient (e.g. from .sum())
@@ -247,9 +250,8 @@ def _symbolic_gradients(
     want_x, want_z = want
     program = s.program
     try:
-        weights = reduction_weights(program.reduction)
         slopes = point_slope(program, "x"), point_slope(program, "z")
-    except (NotImplementedError, ValueError) as exc:
+    except ValueError as exc:
         reason = f"{s.op}: program {program.key()} cannot be differentiated: {exc}"
         return (_no_gradient(x, reason) if want_x else None), (_no_gradient(z, reason) if want_z else None)
     zero = ir.Const(0.0)
@@ -259,7 +261,7 @@ def _symbolic_gradients(
     if not any(moving):
         return (torch.zeros_like(x) if want_x else None), (torch.zeros_like(z) if want_z else None)
     G = _symbolic_outer_factor(g, _epilogue_derivative(s, x, z))
-    if weights is None:
+    if REDUCTIONS[program.reduction].sum_fast_paths:  # weights all 1: the fused contraction
         grads = (
             _sum_gradient(s, "x", G, z, x) if moving[0] else None,
             _sum_gradient(s, "z", G.mT, x, z) if moving[1] else None,
@@ -424,9 +426,9 @@ def _blockwise_gradients(
     slopes: tuple[Slope, Slope],
     want: tuple[bool, bool],
 ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
-    """The gradients of a program whose reduction has weights ([`reduction_weights`][kermac.pairwise_gradients.
-    reduction_weights]: a maximum or minimum) in blocks of at most `CHUNK_ELEMENTS` `(m, n, j)` elements;
-    `[*batch, M, D]` and `[*batch, N, D]`.
+    """The gradients of a program whose reduction is not the sum (a maximum, minimum or log-sum-exp; its weights
+    [`term_weights`][kermac.reductions.term_weights]) in blocks of at most `CHUNK_ELEMENTS` `(m, n, j)`
+    elements; `[*batch, M, D]` and `[*batch, N, D]`.
 
     Each term is `G·w·slope`, `G = g·e'(acc)`."""
     batch, (m, n), d = G.shape[:-2], G.shape[-2:], x.shape[-1]
@@ -435,8 +437,6 @@ def _blockwise_gradients(
     grad_z = torch.zeros(batch + (n, d), dtype=cdtype, device=x.device) if want[1] else None
     if d == 0 or m == 0 or n == 0 or x.device.type == "meta":
         return grad_x, grad_z
-    reduce = REDUCE[s.program.reduction]  # the reference backend's reduction: the forward's definition
-    weights = reduction_weights(s.program.reduction)
     like = torch.empty((), dtype=cdtype, device=x.device)
     env = hyper_env(s.hypers, cdtype, 3)
     xb, zb, Gc = x.expand(batch + (m, d)), z.expand(batch + (n, d)), G.to(cdtype)
@@ -446,7 +446,7 @@ def _blockwise_gradients(
             xs, zs = xb[..., m0:m1, None, :].to(cdtype), zb[..., None, n0:n1, :].to(cdtype)
             tau = evaluate(s.program.inner, {"x": xs, "z": zs, **env}, like=like)  # the forward's terms
             tau = tau.expand(torch.broadcast_shapes(tau.shape, xs.shape, zs.shape))
-            weight = weights(tau, reduce(tau, dim=-1, keepdim=True))
+            weight = term_weights(s.program.reduction, tau)
             Gb = Gc[..., m0:m1, n0:n1, None]
             for slope, grad, dim, rows in zip(slopes, (grad_x, grad_z), (-2, -3), ((m0, m1), (n0, n1)), strict=True):
                 if grad is not None:
@@ -528,9 +528,10 @@ def _backward_product(ctx, g):
         elif s.program.reduction == "sum":
             grad_x, grad_z = _product_grad_gradients(s, x, z, v, g, (want_x, want_z))
         else:
+            noun = REDUCTIONS[s.program.reduction].noun
             reason = (
                 f"{op}: the gradient of a kernel product with respect to x and z is implemented for programs whose "
-                f"reduction over features is a sum; program {s.program.key()} takes the {s.program.reduction}imum "
+                f"reduction over features is a sum; program {s.program.key()} takes the {noun} "
                 "(detach x and z, or call under torch.no_grad())"
             )
             grad_x = _no_gradient(x, reason) if want_x else None

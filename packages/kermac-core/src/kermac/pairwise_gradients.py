@@ -12,7 +12,8 @@ and likewise for `z` with `τ_z`, summed over `m`: `e'` is the epilogue's symbol
 ([`epilogue_slope`][kermac.programs.epilogue_slope]), `τ_x` the inner term's
 ([`inner_slope`][kermac.programs.inner_slope]; `τ_z` is `τ_x` of the program with its operands swapped,
 [`swap_operands`][kermac.programs.swap_operands]) and `w_j = ∂acc/∂τ_j` the reduction's weight
-([`REDUCTION_WEIGHTS`][kermac.pairwise_gradients.REDUCTION_WEIGHTS]).
+([`term_weights`][kermac.reductions.term_weights], from the reduction's entry in
+[`kermac.reductions.ALL`][kermac.reductions.ALL]).
 
 Where the weights are all 1 (a sum) the sum over `n` is the gradient contraction of
 [`kermac.programs.GradProgram`][kermac.programs.GradProgram] with `O = 1`, `c = 1`,
@@ -24,48 +25,13 @@ operations on bounded blocks, and states the values at special points.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from functools import cache
-
-import torch
 
 from kermac import ir
 from kermac.ir import Var
 from kermac.programs import GradProgram, PairwiseProgram, inner_slope, swap_operands
 
-__all__ = ["REDUCTION_WEIGHTS", "Weights", "contraction_program", "point_slope", "reduction_weights"]
-
-Weights = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
-"""`w(τ, acc)`: the weights `∂acc/∂τ_j` of the terms `τ[..., D]` of a pair whose reduction is `acc[..., 1]`."""
-
-
-def _extreme_weights(tau: torch.Tensor, acc: torch.Tensor) -> torch.Tensor:
-    """`1/k` on the `k` terms equal to the extreme `acc`, 0 elsewhere: a subgradient of a maximum or minimum
-    (shared among ties, so the weights sum to 1); NaN where `acc` is NaN (no term equals it)."""
-    active = (tau == acc).to(tau.dtype)
-    return active / active.sum(-1, keepdim=True)
-
-
-REDUCTION_WEIGHTS: dict[str, Weights | None] = {"sum": None, "max": _extreme_weights, "min": _extreme_weights}
-"""Reduction name → its weights `∂acc/∂τ_j` (`None`: all 1, the fused contraction).
-
-A reduction added to [`REDUCTIONS`][kermac.programs.REDUCTIONS] becomes differentiable by adding its
-weights here, a function of the pair's terms and of its reduction: log-sum-exp's are `exp(τ_j − acc)`, the
-softmax of the terms.  A reduction missing here is refused by
-[`reduction_weights`][kermac.pairwise_gradients.reduction_weights], never differentiated to zero.
-"""
-
-
-def reduction_weights(reduction: str) -> Weights | None:
-    """The weights of `reduction` ([`REDUCTION_WEIGHTS`][kermac.pairwise_gradients.REDUCTION_WEIGHTS]); raises
-    `NotImplementedError` for a reduction that has none."""
-    try:
-        return REDUCTION_WEIGHTS[reduction]
-    except KeyError:
-        raise NotImplementedError(
-            f"the reduction {reduction!r} has no derivative (kermac.pairwise_gradients.REDUCTION_WEIGHTS lists "
-            f"{sorted(REDUCTION_WEIGHTS)})"
-        ) from None
+__all__ = ["contraction_program", "point_slope"]
 
 
 def point_slope(program: PairwiseProgram, wrt: str) -> ir.Expr:

@@ -18,10 +18,11 @@ from kermac.jacobians import gradient_product_jacobian, product_jacobian
 from kermac.logs import debug_enabled
 from kermac.problem import check_tensor
 from kermac.programs import PairwiseProgram, is_squared_difference_sum, program_from_key
+from kermac.reductions import ALL as REDUCTIONS
 
 _NOT_SUMS = (
     "predictor_gradient: implemented for kernels whose reduction over features is a sum (every preset but the "
-    "l∞ distance, and user programs of that shape); program {key} takes the {reduction}imum"
+    "l∞ distance, and user programs of that shape); program {key} takes the {noun}"
 )
 
 __all__ = ["predictor_gradient"]
@@ -92,8 +93,9 @@ def predictor_gradient(
             )
         key, hv = lower_kernel(kernel, x, p, bandwidth, None, debug, what="kernel")
         program = program_from_key(key)
-    if program.reduction != "sum":
-        raise NotImplementedError(_NOT_SUMS.format(key=program.key(), reduction=program.reduction))
+    reduction = REDUCTIONS[program.reduction]
+    if not reduction.gradient_product:
+        raise NotImplementedError(_NOT_SUMS.format(key=program.key(), noun=reduction.noun))
     if alpha.dtype != x.dtype or alpha.device != x.device:
         raise TypeError(
             f"alpha: expected a tensor of x's dtype and device ({x.dtype} on {x.device}), got {alpha.dtype} on "

@@ -7,8 +7,8 @@ acc          = REDUCE_{k < D} inner(x = x[ℓ, m, k], z = z[ℓ, n, k])
 out[ℓ, m, n] = epilogue(acc = acc, diag = [m + offset_m == n + offset_n])
 ```
 
-with `REDUCE` one of sum / max / min (identities 0, −∞, +∞).  `diag` is 1.0 on the shifted
-diagonal and 0.0 elsewhere (it implements `K + λI`).
+with `REDUCE` one of the reductions of [`kermac.reductions`][kermac.reductions]: sum, max, min or logsumexp
+(identities 0, −∞, +∞, −∞).  `diag` is 1.0 on the shifted diagonal and 0.0 elsewhere (it implements `K + λI`).
 
 A *gradient program* computes, for every batch entry `ℓ` and every `(o, n, m)`:
 
@@ -38,12 +38,14 @@ rewriting changes); the program itself, and what a backend renders from it, stay
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, fields
 from functools import cache
+from types import MappingProxyType
 
 import torch
 
+from kermac import reductions
 from kermac.canonical import canonical, equivalent
 from kermac.ir import Call, Const, Expr, Var, eq, free_vars, from_sexpr, hyper_names, select, substitute, to_sexpr
 from kermac.ir_diff import derivative
@@ -69,8 +71,9 @@ __all__ = [
     "zero_padding_is_neutral",
 ]
 
-REDUCTIONS: dict[str, float] = {"sum": 0.0, "max": -math.inf, "min": math.inf}
-"""Reduction name → identity element."""
+REDUCTIONS: Mapping[str, float] = MappingProxyType({name: r.identity for name, r in reductions.ALL.items()})
+"""Reduction name → identity element (the reductions and their other facts:
+[`kermac.reductions`][kermac.reductions])."""
 
 
 _UNSET = object()
@@ -265,8 +268,11 @@ def canonical_inner(program: PairwiseProgram) -> Expr:
 
 
 def _is_sum_of(program: PairwiseProgram, name: str, term: Expr) -> bool:
-    """Whether `program` sums the canonical `term`; kept on the program as `name`."""
-    return _derived(program, name, lambda: program.reduction == "sum" and canonical_inner(program) == term)
+    """Whether `program` sums the canonical `term` (its reduction takes the sum's fast paths); kept on the
+    program as `name`."""
+    return _derived(
+        program, name, lambda: reductions.ALL[program.reduction].sum_fast_paths and canonical_inner(program) == term
+    )
 
 
 def is_squared_difference_sum(program: PairwiseProgram) -> bool:

@@ -11,7 +11,8 @@ block with `v` at once, so K is never held whole.  Its workspace: one evaluation
 `CHUNK_ELEMENTS` elements), the kernel block it reduces to, the matching rows of `v` in the compute
 dtype, and one accumulator of the output's row block (batch × block rows × C) in the compute dtype.
 
-The gradient product (`kermac.problem.ProductGradProblem`, sum reductions only) goes by the same blocks:
+The gradient product (`kermac.problem.ProductGradProblem`, sum reductions only: `gradient_product` of
+`kermac.reductions`) goes by the same blocks:
 per block of pairs it evaluates the inner terms, then their derivative `∂τ/∂x`, its product with
 `e'(acc)` and where it is 0 (batch × block rows × block columns × D each), and `acc`, `e'(acc)`,
 `G = g vᵀ` and the diagonal (batch × block rows × block columns each), all of them together at most
@@ -29,15 +30,17 @@ from kermac.backend import Availability, Backend
 from kermac.ir import Expr
 from kermac.ir_eval import evaluate
 from kermac.problem import GradProblem, PairwiseProblem, ProductGradProblem, ProductProblem, compute_dtype
-from kermac.programs import REDUCTIONS, epilogue_slope, inner_slope
+from kermac.programs import epilogue_slope, inner_slope
+from kermac.reductions import ALL
 
 __all__ = ["CHUNK_ELEMENTS", "REDUCE", "ReferenceBackend", "blocks", "hyper_env", "tile"]
 
 CHUNK_ELEMENTS = 1 << 22
 """Upper bound on the elements of one evaluated block (~16 MB in float32)."""
 
-REDUCE = {"sum": torch.sum, "max": torch.amax, "min": torch.amin}
-"""The reductions as torch functions (NaN-propagating maximum and minimum, as the IR defines them)."""
+REDUCE = {name: r.reference for name, r in ALL.items()}
+"""The reductions as torch functions `f(terms, dim)` ([`kermac.reductions`][kermac.reductions]: NaN-propagating
+maximum and minimum, as the IR defines them; `torch.logsumexp`)."""
 
 
 def blocks(size: int, block: int) -> list[tuple[int, int]]:
@@ -81,10 +84,11 @@ class ReferenceBackend(Backend):
         return None
 
     def check_product_grad(self, problem: ProductGradProblem) -> str | None:
-        if problem.program.reduction != "sum":
+        reduction = ALL[problem.program.reduction]
+        if not reduction.gradient_product:
             return (
                 f"the gradient product covers programs whose reduction is a sum; program {problem.program.key()} takes "
-                f"the {problem.program.reduction}imum over features, whose derivative selects one term per pair"
+                f"the {reduction.noun} over features, whose derivative weighs the terms unequally"
             )
         return None
 
@@ -176,7 +180,7 @@ class _KernelBlocks:
         d = pr.x.shape[-1]
         shape = pr.batch_shape + (m1 - m0, n1 - n0)
         if d == 0:
-            acc = torch.full(shape, REDUCTIONS[prog.reduction], dtype=self.cdtype, device=device)
+            acc = torch.full(shape, ALL[prog.reduction].identity, dtype=self.cdtype, device=device)
         else:
             xs = pr.x[..., m0:m1, None, :].to(self.cdtype)
             zs = pr.z[..., None, n0:n1, :].to(self.cdtype)

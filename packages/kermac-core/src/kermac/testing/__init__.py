@@ -19,7 +19,8 @@ globals().update(conformance_tests("mybackend", devices=["cpu"]))
 They check that the registry lists the backend and `backend="mybackend"` (and `KERMAC_BACKEND`)
 reaches it, that its hooks return the documented types, and, for every problem of
 [`CASES`][kermac.testing.CASES] (every preset, user programs -- among them a max of negative and a
-min of positive terms, which only the reduction's identity gets right -- and the gradient programs,
+min of positive terms, which only the reduction's identity gets right, and a log-sum-exp soft minimum
+([`SOFT_MIN`][kermac.testing.SOFT_MIN]) -- and the gradient programs,
 on sizes that are not tile multiples, sizes larger than any tile in every dimension, size-0 and
 size-1 dimensions, transposed and strided views, broadcast batches, batched tensor hyperparameters,
 NaN and infinite inputs), that `check_pairwise`
@@ -66,6 +67,7 @@ from kermac.testing.cases import (
     PRODUCT_CASES,
     PRODUCT_COLUMNS,
     SOFT_L1,
+    SOFT_MIN,
     TRANSPOSED_PRODUCT_CASE,
     Case,
 )
@@ -94,6 +96,7 @@ __all__ = [
     "PRODUCT_CASES",
     "PRODUCT_COLUMNS",
     "SOFT_L1",
+    "SOFT_MIN",
     "TOLERANCE",
     "TRANSPOSED_PRODUCT_CASE",
     "Case",

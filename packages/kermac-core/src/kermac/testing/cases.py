@@ -27,11 +27,12 @@ __all__ = [
     "PRODUCT_COLUMNS",
     "SAMPLE_CASES",
     "SOFT_L1",
+    "SOFT_MIN",
     "TRANSPOSED_PRODUCT_CASE",
     "Case",
 ]
 
-HYPER_VALUES: Mapping[str, float] = {"bandwidth": 1.3, "p": 1.5, "regularization": 0.1, "eps": 0.25}
+HYPER_VALUES: Mapping[str, float] = {"bandwidth": 1.3, "p": 1.5, "regularization": 0.1, "eps": 0.25, "gamma": 0.5}
 """The number each hyperparameter of a case takes unless the case gives it (a tensor, say)."""
 
 _X, _Z = ir.Var("x"), ir.Var("z")
@@ -45,6 +46,10 @@ the max from 0 instead of −∞ (the identity of max) returns 0."""
 MIN_OF_POSITIVES = PairwiseProgram(ir.abs_(_X - _Z) + 1.0, "min", ir.Var("acc"))
 """A user program whose terms are all positive: min over k of (|x − z| + 1).  A backend that starts
 the min from 0 instead of +∞ returns 0."""
+SOFT_MIN = PairwiseProgram(-ir.abs_(_X - _Z) / ir.Hyper("gamma"), "logsumexp", -ir.Hyper("gamma") * ir.Var("acc"))
+"""A log-sum-exp program: the soft minimum −γ·log Σ_k exp(−|x − z|/γ) of the coordinates' distances (within
+γ·log D below their minimum).  A NaN coordinate gives NaN, an infinite one no term (exp(−∞) = 0), no feature +∞
+(the epilogue of the identity −∞)."""
 LOPSIDED_RIDGE = PairwiseProgram(
     ir.abs_(_X - 2.0 * _Z), "sum", ir.exp(-0.25 * ir.Var("acc")) + ir.Hyper("regularization") * ir.Var("diag")
 )
@@ -209,6 +214,19 @@ CASES: tuple[Case, ...] = (
     Case("user_max_of_negatives", "pairwise", MAX_OF_NEGATIVES, _ODD),
     Case("user_min_of_positives", "pairwise", MIN_OF_POSITIVES, _ODD),
     Case("user_lopsided_ridge", "pairwise", LOPSIDED_RIDGE, ((37, 5), (29, 5)), offsets=(0, 3)),
+    # Few features: an interpreted backend folds a log-sum-exp chunk term by term (kermac_backend_triton.generated).
+    Case("user_soft_min", "pairwise", SOFT_MIN, ((37, 7), (29, 7))),
+    Case("user_soft_min_nan_inf", "pairwise", SOFT_MIN, ((37, 7), (29, 7)), special=True),
+    Case("user_soft_min_d0", "pairwise", SOFT_MIN, ((7, 0), (9, 0))),
+    Case("user_soft_min_d1", "pairwise", SOFT_MIN, ((7, 1), (9, 1))),
+    Case(
+        "user_soft_min_batched_gamma",
+        "pairwise",
+        SOFT_MIN,
+        ((3, 1, 7, 5), (2, 9, 5)),
+        {"gamma": [[0.25], [1.0], [4.0]]},
+        layout="transposed",
+    ),
     Case("l1_multi_tile", "pairwise", _L1, ((133, 21), (67, 21))),
     Case("l2_multi_tile", "pairwise", _L2, ((133, 21), (67, 21))),
     Case("l1_multi_block", "pairwise", _L1, _MULTI_BLOCK),
@@ -273,6 +291,7 @@ _PRODUCTS = (
     "user_soft_l1",
     "user_max_of_negatives",
     "user_lopsided_ridge",
+    "user_soft_min_batched_gamma",
     "l1_multi_tile",
     "l2_multi_tile",
     "l2_multi_block",
@@ -293,8 +312,8 @@ _BY_NAME = {c.name: c for c in CASES}
 PRODUCT_CASES: tuple[Case, ...] = tuple(_BY_NAME[name] for name in _PRODUCTS)
 """The pairwise cases whose kernel is also checked as a product `K @ v` (each with `v` of every
 [`PRODUCT_COLUMNS`][kermac.testing.PRODUCT_COLUMNS]): a representative subset of the pairwise cases --
-distances, kernel functions, user programs (a max reduction, an asymmetric one), regularised diagonals
-with offsets, N longer than the tiles of 64 and 128 (also with few rows and features, cheap where kernels are
+distances, kernel functions, user programs (a max reduction, a log-sum-exp one, an asymmetric one), regularised
+diagonals with offsets, N longer than the tiles of 64 and 128 (also with few rows and features, cheap where kernels are
 interpreted), sizes beyond a tile in every dimension, size-0 and size-1 dimensions, views, broadcast
 batches, batched hyperparameters, NaN and ±inf (and NaN in `v`)."""
 
