@@ -9,7 +9,9 @@ its regularisation (`KernelOperator(kernel, x, x, ..., regularization=λ)`, so `
   on CUDA when `kermac-linalg` is installed, `torch.linalg` otherwise.
 * `method="cg"`: conjugate gradient on the matrix-free operator (one fused product per iteration, memory
   `O(N·(D + C))`), every column with its own step sizes `α_k, β_k` and its own convergence; optionally
-  preconditioned by a Nyström approximation ([`NystromPreconditioner`][kermac.preconditioners.NystromPreconditioner]).
+  preconditioned by a Nyström approximation ([`NystromPreconditioner`][kermac.preconditioners.NystromPreconditioner])
+  or by EigenPro's flattening of the top eigenspace
+  ([`EigenProPreconditioner`][kermac.preconditioners.EigenProPreconditioner]).
 * `method="auto"`: `"cholesky"` while the dense matrix fits ([`dense_fits`][kermac.solvers.dense_fits]),
   `"cg"` with the Nyström preconditioner beyond.
 
@@ -27,7 +29,7 @@ import torch
 
 from kermac.logs import debug_enabled, logger
 from kermac.operator import KernelOperator
-from kermac.preconditioners import NystromPreconditioner
+from kermac.preconditioners import EigenProPreconditioner, NystromPreconditioner
 
 __all__ = [
     "DENSE_BUDGET_CPU_BYTES",
@@ -44,7 +46,7 @@ DENSE_MAX_N = 20_000
 DENSE_BUDGET_CPU_BYTES = 4 << 30
 """On the CPU, `method="auto"` factors the dense matrix while it takes at most a quarter of this many bytes."""
 _METHODS = ("auto", "cholesky", "cg")
-_PRECONDITIONERS = ("auto", "nystrom", None)
+_PRECONDITIONERS = ("auto", "nystrom", "eigenpro", None)
 
 
 class ConvergenceError(RuntimeError):
@@ -69,7 +71,7 @@ class Solution:
             `"cholesky"`: the factorisation succeeded and the residual is finite).
         residual: like `iterations`, in `alpha`'s dtype: `‖y − (K + λI) α‖ / ‖y‖` recomputed from `alpha`
             after solving (0 for a zero column of `y`).
-        preconditioner: `"nystrom"` or None.
+        preconditioner: `"nystrom"`, `"eigenpro"` or None.
     """
 
     alpha: torch.Tensor
@@ -101,6 +103,7 @@ def solve(
     max_iter: int | None = None,
     preconditioner: str | None = "auto",
     rank: int | None = None,
+    subsample: int | None = None,
     check_every: int = 10,
     seed: int = 0,
     raise_on_failure: bool = False,
@@ -117,11 +120,14 @@ def solve(
         tol: CG stops a column when its relative residual `‖r‖/‖y‖` is at most `tol`; every method reports a
             column as converged when its recomputed residual is.
         max_iter: CG iteration limit (default `10·N + 100`).
-        preconditioner: for CG: `"nystrom"`, None, or `"auto"` (`"nystrom"`).
-        rank: the Nyström preconditioner's number of inducing points m (default `min(N, max(100, ⌈√N⌉))`).
+        preconditioner: for CG: `"nystrom"`, `"eigenpro"`, None, or `"auto"` (`"nystrom"`).
+        rank: the Nyström preconditioner's number of inducing points m, or the number q of eigen-directions the
+            EigenPro preconditioner flattens (default `min(N, max(100, ⌈√N⌉))`).
+        subsample: the EigenPro preconditioner's subsample size s, at least `rank` (default `2·rank`; at most
+            N).
         check_every: CG reads on the host whether any column still runs once every this many iterations (one
             `bool` of a device tensor per check); converged columns stop changing at their own iteration.
-        seed: seed of the random choice of the Nyström inducing points.
+        seed: seed of the random choice of the Nyström inducing points or the EigenPro subsample.
         raise_on_failure: raise [`ConvergenceError`][kermac.solvers.ConvergenceError] (one more host read) when a
             column did not converge, instead of only reporting it in the [`Solution`][kermac.solvers.Solution].
         debug: log what `method="auto"` picked and CG's preconditioner and iteration limit (`kermac.logs`).
@@ -138,7 +144,7 @@ def solve(
     """
     debug = debug_enabled(debug)
     n, y2, vector = _check_system(K, y)
-    method, preconditioner = _check_options(method, tol, max_iter, preconditioner, rank, check_every)
+    method, preconditioner = _check_options(method, tol, max_iter, preconditioner, rank, subsample, check_every)
     lam = _regularization(K)
     batch = math.prod(torch.broadcast_shapes(K.shape[:-2], y2.shape[:-2]))
     if method == "auto":
@@ -153,8 +159,11 @@ def solve(
         alpha, iterations, ok = _cholesky(K, y2, lam)
         precond = None
     else:
-        precond = "nystrom" if preconditioner in ("auto", "nystrom") else None
-        apply = NystromPreconditioner(K, lam, _rank(rank, n), seed) if precond else None
+        precond = "nystrom" if preconditioner == "auto" else preconditioner
+        if precond == "eigenpro":
+            apply = EigenProPreconditioner(K, lam, _rank(rank, n), subsample, seed)
+        else:
+            apply = NystromPreconditioner(K, lam, _rank(rank, n), seed) if precond else None
         limit = max_iter if max_iter is not None else 10 * n + 100
         alpha, iterations = _cg(K, y2, apply, tol, limit, check_every)
         if debug:
@@ -197,7 +206,13 @@ def _check_system(K: object, y: object) -> tuple[int, torch.Tensor, bool]:
 
 
 def _check_options(
-    method: object, tol: object, max_iter: object, preconditioner: object, rank: object, check_every: object
+    method: object,
+    tol: object,
+    max_iter: object,
+    preconditioner: object,
+    rank: object,
+    subsample: object,
+    check_every: object,
 ) -> tuple[str, str | None]:
     if method not in _METHODS:
         raise ValueError(f"method: expected one of {list(_METHODS)}, got {method!r}")
@@ -205,13 +220,23 @@ def _check_options(
         raise ValueError(f"preconditioner: expected one of {list(_PRECONDITIONERS)}, got {preconditioner!r}")
     if isinstance(tol, bool) or not isinstance(tol, (int, float)) or not (0 < tol < math.inf):
         raise ValueError(f"tol: expected a positive finite number, got {tol!r}")
-    for name, value, low in (("max_iter", max_iter, 0), ("rank", rank, 1), ("check_every", check_every, 1)):
+    options = (
+        ("max_iter", max_iter, 0),
+        ("rank", rank, 1),
+        ("subsample", subsample, 1),
+        ("check_every", check_every, 1),
+    )
+    for name, value, low in options:
         if value is None and name != "check_every":
             continue
         if isinstance(value, bool) or not isinstance(value, int) or value < low:
             raise ValueError(
                 f"{name}: expected an int ≥ {low}{' or None' if name != 'check_every' else ''}, got {value!r}"
             )
+    if rank is not None and subsample is not None and subsample < rank:
+        raise ValueError(
+            f"subsample: expected an int ≥ rank = {rank} (the subsample holds the eigenpairs), got {subsample}"
+        )
     return method, preconditioner
 
 
@@ -294,7 +319,7 @@ def _relative_residual(K: KernelOperator, y: torch.Tensor, alpha: torch.Tensor) 
 def _cg(
     K: KernelOperator,
     y: torch.Tensor,
-    precondition: NystromPreconditioner | None,
+    precondition: NystromPreconditioner | EigenProPreconditioner | None,
     tol: float,
     max_iter: int,
     check_every: int,
