@@ -58,7 +58,7 @@ def test_eigenpro_stays_positive_definite_when_lambda_is_below_the_rounding_of_t
     """The system of the Nyström test (400 points, λ = 10⁻³, a Gram matrix singular to working precision), q = 50
     directions from a subsample of 50 or 100: P⁻¹ symmetric positive definite, CG's iterations cut, and the
     condition number of `P⁻¹ (K + λI)` far below that of `K + λI`. Without the orthonormalisation of the
-    extended eigenvectors P⁻¹ is indefinite here (eigenvalues down to −417); trusting the subsample's eigenvalues
+    extended eigenvectors P⁻¹ is indefinite here (eigenvalues down to −418); trusting the subsample's eigenvalues
     `(n/s) σ_i` without the Rayleigh–Ritz step raises that condition number (to 10⁷ in float64, above the
     2·10⁵ of `K + λI`; to 7·10³ in float32)."""
     x = _randn(400, 3, seed=3).to(dtype)
