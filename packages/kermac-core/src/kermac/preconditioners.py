@@ -162,8 +162,9 @@ class EigenProPreconditioner:
         self._coefficient = coefficient.to(K.dtype)[..., :, None]  # D as a column [..., q, 1]
 
     def __call__(self, r: torch.Tensor) -> torch.Tensor:
-        """`P⁻¹ r` for `r [..., n, C]`."""
-        return r - self._U @ (self._coefficient * (self._U.mT @ r))
+        """`P⁻¹ r` for `r [..., n, C]`: one `[..., n, C]` result and a `[..., q, C]` workspace."""
+        w = (self._U.mT @ r).mul_(self._coefficient).neg_()
+        return (self._U @ w).add_(r)
 
 
 def _top_eigenpairs(a: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
