@@ -125,8 +125,8 @@ class EigenProPreconditioner:
     `K_nS B` (`B = V Σ⁻¹ (s/n)^{1/2}`, `s × q`: `n · s · (D + q)`); the Gram `G` (`n · q²`, float64, by row
     blocks of at most about 16 M entries); two `q × q` eigendecompositions; `Ũ = U (W Γ^{-1/2} Z)` (`n · q²`). No
     `K_Sn K_nS` (`n · s²`, the Nyström setup's largest term). Each application: `r − Ũ (D (Ũᵀ r))`, two dense
-    products with `Ũ` (`2 · n · q · C`). Memory: `Ũ` `[..., n, q]` in the kernel's dtype (and `U` during the
-    setup), `K_SS` (`s²`, float64) during the setup.
+    products with `Ũ` (`2 · n · q · C`). Memory: `Ũ` `[..., n, q]` in the kernel's dtype; during the setup
+    also `U`, `K_SS` (`s²`, float64) and a float64 row block of `U` (at most about 16 M entries).
     """
 
     def __init__(

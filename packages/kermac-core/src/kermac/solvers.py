@@ -123,8 +123,8 @@ def solve(
         preconditioner: for CG: `"nystrom"`, `"eigenpro"`, None, or `"auto"` (`"nystrom"`).
         rank: the Nyström preconditioner's number of inducing points m, or the number q of eigen-directions the
             EigenPro preconditioner flattens (default `min(N, max(100, ⌈√N⌉))`).
-        subsample: the EigenPro preconditioner's subsample size s, at least `rank` (default `2·rank`; at most
-            N).
+        subsample: the EigenPro preconditioner's subsample size s, at least `rank` when both are given (default
+            `2·rank`; at most N, and q at most s).
         check_every: CG reads on the host whether any column still runs once every this many iterations (one
             `bool` of a device tensor per check); converged columns stop changing at their own iteration.
         seed: seed of the random choice of the Nyström inducing points or the EigenPro subsample.
