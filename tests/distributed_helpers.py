@@ -30,7 +30,7 @@ def _worker(rank: int, world: int, port: int, checks: Callable, device_type: str
         torch.cuda.set_device(rank)
     dist.init_process_group(
         "nccl" if device_type == "cuda" else "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
-        world_size=world, timeout=timedelta(seconds=60),
+        world_size=world, timeout=timedelta(seconds=300),
     )  # fmt: skip
     try:
         checks(rank, world, torch.device(device_type, rank) if device_type == "cuda" else torch.device("cpu"))

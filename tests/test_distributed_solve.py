@@ -1,5 +1,5 @@
 """`kermac.solvers.solve` on a `ShardedKernelOperator`: every rank's rows of α against an independent float64
-dense solve, the Nyström preconditioner on shards equal to the one-device preconditioner, mixed precision, and
+dense solve, the preconditioners on shards equal to the one-device ones, mixed precision, and
 input errors agreed over the ranks (every rank raises, none is left waiting).
 
 The ranks are processes on a gloo group (tests/distributed_helpers.py); the shards are uneven and one rank's is
@@ -16,7 +16,7 @@ import kermac
 from kermac import solvers
 from kermac.distributed import ShardedKernelOperator
 from kermac.kernel_system import KernelSystem
-from kermac.preconditioners import NystromPreconditioner
+from kermac.preconditioners import EigenProPreconditioner, NystromPreconditioner
 
 SHARDS = {2: (70, 50), 3: (45, 0, 75)}
 """Rows per rank, for each world size (120 points)."""
@@ -46,7 +46,7 @@ def _solves(rank: int, world: int, device: torch.device) -> None:
     reference = _reference(x, y)
     expected, scale = shard(reference, sizes, rank), float(reference.abs().max())
     tol = 1e-10 if dtype == F64 else 1e-3
-    for preconditioner in (None, "nystrom"):
+    for preconditioner in (None, "nystrom", "eigenpro"):
         s = solvers.solve(K, y_r.to(dtype), method="auto", preconditioner=preconditioner, rank=30, tol=tol)
         assert s.method == "cg" and s.preconditioner == preconditioner and s.alpha.shape == (sizes[rank], 2)
         assert bool(s.converged.all()) and float(s.residual.max()) <= tol, s.residual
@@ -67,15 +67,17 @@ def _solves(rank: int, world: int, device: torch.device) -> None:
     torch.testing.assert_close(mixed.alpha.cpu(), shard(_reference(x32, y), sizes, rank), rtol=1e-5, atol=1e-3)
 
 
-def _nystrom(rank: int, world: int, device: torch.device) -> None:
-    """P⁻¹ r on shards is the rank's rows of the one-device P⁻¹ r."""
+def _preconditioners(rank: int, world: int, device: torch.device) -> None:
+    """P⁻¹ r on shards is the rank's rows of the one-device P⁻¹ r, for each preconditioner."""
     sizes = SHARDS[world]
     K, x, _, _ = _problem(world, rank, device, F64)
     r = full(sum(sizes), 3, 7)
     one = KernelSystem(kermac.KernelOperator("gaussian", x, x, bandwidth=BANDWIDTH, regularization=LAMBDA))
-    expected = NystromPreconditioner(one, 25, seed=3)(r)
-    got = NystromPreconditioner(KernelSystem(K), 25, seed=3)(shard(r, sizes, rank))
-    torch.testing.assert_close(got, shard(expected, sizes, rank), rtol=1e-9, atol=1e-9)
+    for make in (lambda system: NystromPreconditioner(system, 25, seed=3),
+                 lambda system: EigenProPreconditioner(system, 20, 50, seed=3)):  # fmt: skip
+        expected = make(one)(r)
+        got = make(KernelSystem(K))(shard(r, sizes, rank))
+        torch.testing.assert_close(got, shard(expected, sizes, rank), rtol=1e-9, atol=1e-9)
 
 
 def _errors(rank: int, world: int, device: torch.device) -> None:
@@ -115,7 +117,7 @@ def _errors(rank: int, world: int, device: torch.device) -> None:
 
 def _cpu_checks(rank: int, world: int, device: torch.device) -> None:
     _solves(rank, world, device)
-    _nystrom(rank, world, device)
+    _preconditioners(rank, world, device)
     _errors(rank, world, device)
 
 

@@ -1,5 +1,6 @@
 """`kermac.solvers.solve`: every method against `torch.linalg.solve` in float64 on the reference backend,
-Nyström preconditioning on an ill-conditioned system, the convergence report and bad input."""
+Nyström preconditioning on an ill-conditioned system, the convergence report and bad input; every test over
+CASES runs each method and CG preconditioner."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from solver_helpers import seeded_randn as _randn
 import kermac
 from kermac import solvers
 
-CASES = [("cholesky", None), ("cg", None), ("cg", "nystrom")]
+CASES = [("cholesky", None), ("cg", None), ("cg", "nystrom"), ("cg", "eigenpro")]
 
 
 @pytest.mark.parametrize("kernel", ["gaussian", "laplace_l2"])
@@ -217,13 +218,18 @@ def test_bad_input():
     with pytest.raises(ValueError, match="method: expected one of"):
         solvers.solve(K, y, method="lu")
     with pytest.raises(ValueError, match="preconditioner: expected one of"):
-        solvers.solve(K, y, preconditioner="eigenpro")
+        solvers.solve(K, y, preconditioner="jacobi")
     with pytest.raises(ValueError, match="tol: expected a positive finite"):
         solvers.solve(K, y, tol=0)
     with pytest.raises(ValueError, match="check_every: expected an int ≥ 1"):
         solvers.solve(K, y, check_every=0)
     with pytest.raises(ValueError, match="rank: expected an int ≥ 1"):
         solvers.solve(K, y, rank=0)
+    for subsample in (0, 2.5, True):
+        with pytest.raises(ValueError, match="subsample: expected an int ≥ 1 or None"):
+            solvers.solve(K, y, method="cg", preconditioner="eigenpro", subsample=subsample)
+    with pytest.raises(ValueError, match="subsample: expected an int ≥ rank = 5"):
+        solvers.solve(K, y, method="cg", preconditioner="eigenpro", rank=5, subsample=4)
 
 
 @pytest.mark.parametrize(("method", "preconditioner"), CASES)

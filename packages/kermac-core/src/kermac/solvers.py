@@ -10,8 +10,10 @@ hold a shard of the rows, and right-hand sides `y` `[N]` or `[..., N, C]` (a ran
   on CUDA when `kermac-linalg` is installed, `torch.linalg` otherwise.
 * `method="cg"`: conjugate gradient on the matrix-free operator (one fused product per iteration, memory
   `O(N·(D + C))`), every column with its own step sizes `α_k, β_k` and its own convergence; optionally
-  preconditioned by a Nyström approximation ([`NystromPreconditioner`][kermac.preconditioners.NystromPreconditioner]).
-  On a sharded operator each iteration is one ring product and two `all_reduce`s of `C` (or `2C`) numbers.
+  preconditioned by a Nyström approximation ([`NystromPreconditioner`][kermac.preconditioners.NystromPreconditioner])
+  or by EigenPro's flattening of the top eigenspace
+  ([`EigenProPreconditioner`][kermac.preconditioners.EigenProPreconditioner]). On a sharded operator each
+  iteration is one ring product and two `all_reduce`s of `C` (or `2C`) numbers.
 * `method="auto"`: `"cholesky"` while the dense matrix fits ([`dense_fits`][kermac.solvers.dense_fits]) on the
   operator's one device, `"cg"` with the Nyström preconditioner beyond and for a sharded operator.
 
@@ -40,7 +42,7 @@ from kermac.distributed import ShardedKernelOperator
 from kermac.kernel_system import KernelSystem
 from kermac.logs import debug_enabled, logger
 from kermac.operator import KernelOperator
-from kermac.preconditioners import NystromPreconditioner
+from kermac.preconditioners import EigenProPreconditioner, NystromPreconditioner
 
 __all__ = [
     "DENSE_BUDGET_CPU_BYTES",
@@ -66,7 +68,7 @@ MAX_REFINEMENTS = 20
 """Mixed-precision CG: the largest number of refinement steps (a step that improves no column ends the solve
 earlier)."""
 _METHODS = ("auto", "cholesky", "cg")
-_PRECONDITIONERS = ("auto", "nystrom", None)
+_PRECONDITIONERS = ("auto", "nystrom", "eigenpro", None)
 _WIDER = {torch.float64: 3, torch.float32: 2, torch.bfloat16: 1, torch.float16: 1}  # y may be wider than K
 
 
@@ -93,7 +95,7 @@ class Solution:
             `"cholesky"`: the factorisation succeeded and the residual is finite).
         residual: like `iterations`, in `y`'s dtype: `‖y − (K + λI) α‖ / ‖y‖` recomputed from `alpha`
             after solving (0 for a zero column of `y`).
-        preconditioner: `"nystrom"` or None.
+        preconditioner: `"nystrom"`, `"eigenpro"` or None.
         refinements: mixed-precision CG's refinement steps (0 when `y` has the operator's dtype).
     """
 
@@ -127,6 +129,7 @@ def solve(
     max_iter: int | None = None,
     preconditioner: str | None = "auto",
     rank: int | None = None,
+    subsample: int | None = None,
     check_every: int = 10,
     seed: int = 0,
     raise_on_failure: bool = False,
@@ -148,11 +151,15 @@ def solve(
         tol: CG stops a column when its relative residual `‖r‖/‖y‖` is at most `tol`; every method reports a
             column as converged when its recomputed residual is.
         max_iter: CG iteration limit (default `10·N + 100`), over all refinement steps together.
-        preconditioner: for CG: `"nystrom"`, None, or `"auto"` (`"nystrom"`).
-        rank: the Nyström preconditioner's number of inducing points m (default `min(N, max(100, ⌈√N⌉))`).
+        preconditioner: for CG: `"nystrom"`, `"eigenpro"`, None, or `"auto"` (`"nystrom"`).
+        rank: the Nyström preconditioner's number of inducing points m, or the number q of eigen-directions the
+            EigenPro preconditioner flattens (default `min(N, max(100, ⌈√N⌉))`).
+        subsample: the EigenPro preconditioner's subsample size s, at least `rank` when both are given (default
+            `2·rank`; at most N, and q at most s).
         check_every: CG reads on the host whether any column still runs once every this many iterations (one
             `bool` of a device tensor per check); converged columns stop changing at their own iteration.
-        seed: seed of the random choice of the Nyström inducing points (the same on every rank).
+        seed: seed of the random choice of the Nyström inducing points or the EigenPro subsample (the same on
+            every rank).
         raise_on_failure: raise [`ConvergenceError`][kermac.solvers.ConvergenceError] (one more host read) when a
             column did not converge, instead of only reporting it in the [`Solution`][kermac.solvers.Solution].
         debug: log what `method="auto"` picked and CG's preconditioner and iteration limit (`kermac.logs`).
@@ -173,7 +180,7 @@ def solve(
     """
     debug = debug_enabled(debug)
     system = _system(K)
-    method, preconditioner = _check_options(method, tol, max_iter, preconditioner, rank, check_every)
+    method, preconditioner = _check_options(method, tol, max_iter, preconditioner, rank, subsample, check_every)
     if system.group is not None and method == "cholesky":
         raise ValueError(
             "method: 'cholesky' needs the dense matrix on one device; a ShardedKernelOperator solves by 'cg' "
@@ -198,8 +205,11 @@ def solve(
         alpha, iterations, ok = _cholesky(wide, y2)
         precond = None
     else:
-        precond = "nystrom" if preconditioner in ("auto", "nystrom") else None
-        apply = NystromPreconditioner(system, _rank(rank, n), seed) if precond else None
+        precond = "nystrom" if preconditioner == "auto" else preconditioner
+        if precond == "eigenpro":
+            apply = EigenProPreconditioner(system, _rank(rank, n), subsample, seed)
+        else:
+            apply = NystromPreconditioner(system, _rank(rank, n), seed) if precond else None
         limit = max_iter if max_iter is not None else 10 * n + 100
         if debug:
             logger.debug("kermac.solvers.solve: cg with preconditioner %r, up to %d iterations", precond, limit)
@@ -278,7 +288,13 @@ def _same_tensor(a: torch.Tensor, b: torch.Tensor) -> bool:
 
 
 def _check_options(
-    method: object, tol: object, max_iter: object, preconditioner: object, rank: object, check_every: object
+    method: object,
+    tol: object,
+    max_iter: object,
+    preconditioner: object,
+    rank: object,
+    subsample: object,
+    check_every: object,
 ) -> tuple[str, str | None]:
     if method not in _METHODS:
         raise ValueError(f"method: expected one of {list(_METHODS)}, got {method!r}")
@@ -286,13 +302,23 @@ def _check_options(
         raise ValueError(f"preconditioner: expected one of {list(_PRECONDITIONERS)}, got {preconditioner!r}")
     if isinstance(tol, bool) or not isinstance(tol, (int, float)) or not (0 < tol < math.inf):
         raise ValueError(f"tol: expected a positive finite number, got {tol!r}")
-    for name, value, low in (("max_iter", max_iter, 0), ("rank", rank, 1), ("check_every", check_every, 1)):
+    options = (
+        ("max_iter", max_iter, 0),
+        ("rank", rank, 1),
+        ("subsample", subsample, 1),
+        ("check_every", check_every, 1),
+    )
+    for name, value, low in options:
         if value is None and name != "check_every":
             continue
         if isinstance(value, bool) or not isinstance(value, int) or value < low:
             raise ValueError(
                 f"{name}: expected an int ≥ {low}{' or None' if name != 'check_every' else ''}, got {value!r}"
             )
+    if rank is not None and subsample is not None and subsample < rank:
+        raise ValueError(
+            f"subsample: expected an int ≥ rank = {rank} (the subsample holds the eigenpairs), got {subsample}"
+        )
     return method, preconditioner
 
 
