@@ -50,10 +50,11 @@ def test_table_marks_a_dense_matrix_that_does_not_fit_and_a_solver_error(capsys,
     assert code == 1
     lines = out.splitlines()
     assert lines[0].startswith("kermac bench --fit") and "Gaussian kernel, D = 32, λ = 0.001" in out
-    cholesky, cg, nystrom = (line.split() for line in lines[-3:])
-    assert cholesky[:3] == ["70", "cholesky", "n/a"] and "does not fit" in lines[-3]
+    cholesky, cg, nystrom, eigenpro = (line.split() for line in lines[-4:])
+    assert cholesky[:3] == ["70", "cholesky", "n/a"] and "does not fit" in lines[-4]
     assert cg[:2] == ["70", "cg"] and cg[-1] == "yes"
-    assert nystrom[:5] == ["70", "cg", "+", "nystrom", "n/a"] and "RuntimeError: out of memory" in lines[-1]
+    assert nystrom[:5] == ["70", "cg", "+", "nystrom", "n/a"] and "RuntimeError: out of memory" in lines[-2]
+    assert eigenpro[:4] == ["70", "cg", "+", "eigenpro"] and eigenpro[-1] == "yes"
 
 
 def test_default_sizes_per_device():

@@ -2,12 +2,14 @@
 
 For each N of the section it builds the Gaussian kernel operator of `x = randn(N, 32)` (bandwidth √32 ≈ the
 typical distance of its rows over √2, regularisation λ = `--fit-lambda`) and the target
-`y = sin(x u) + 0.1·noise` for a fixed unit vector `u`, in float32 on a GPU and float64 on the CPU, and solves
-`(K + λI) α = y` with [`kermac.solvers.solve`][kermac.solvers.solve]:
+`y = sin(x u) + 0.1·noise` for a fixed unit vector `u` — on a GPU a float32 operator with float64 `y` (mixed
+precision: float32 kernels, residuals and `α` in float64, see [`kermac.solvers`][kermac.solvers]), on the CPU
+float64 throughout — and solves `(K + λI) α = y` with [`kermac.solvers.solve`][kermac.solvers.solve]:
 
 * `cholesky`, where the dense matrix fits ([`dense_fits`][kermac.solvers.dense_fits]; otherwise an n/a row);
 * `cg` without a preconditioner;
-* `cg` with the Nyström preconditioner (its default rank, `max(100, ⌈√N⌉)` inducing points),
+* `cg` with the Nyström preconditioner (its default rank, `max(100, ⌈√N⌉)` inducing points);
+* `cg` with the EigenPro preconditioner (the same rank, its default subsample of twice as many points),
 
 each to the relative residual `--fit-tol`, with at most `MAX_ITER` iterations. One untimed solve of a small
 system of the same kernel first compiles the kernels; each row is then one timed solve, from a synchronised
@@ -37,7 +39,9 @@ __all__ = ["FEATURES", "MAX_ITER", "FitRow", "default_sizes", "run"]
 
 FEATURES = 32
 MAX_ITER = 1000
-SOLVERS: tuple[tuple[str, str | None], ...] = (("cholesky", None), ("cg", None), ("cg", "nystrom"))
+SOLVERS: tuple[tuple[str, str | None], ...] = (
+    ("cholesky", None), ("cg", None), ("cg", "nystrom"), ("cg", "eigenpro"),
+)  # fmt: skip
 """The rows of each N: (method, preconditioner)."""
 
 
@@ -56,18 +60,22 @@ class FitRow:
     error: str | None = None
 
 
+K_DTYPE = {"cuda": "float32", "cpu": "float64"}
+"""The operator's dtype on each device type (y is float64 on both)."""
+
+
 def default_sizes(device: torch.device) -> list[int]:
     """The N of the section when `--fit` names none: 20 000 and 100 000 on a GPU, 300 and 1 000 on the CPU."""
     return [20_000, 100_000] if device.type == "cuda" else [300, 1_000]
 
 
 def _problem(n: int, lam: float, device: torch.device) -> tuple[kermac.KernelOperator, torch.Tensor]:
-    dtype = torch.float32 if device.type == "cuda" else torch.float64
+    dtype = getattr(torch, K_DTYPE[device.type])
     gen = torch.Generator().manual_seed(n)
     x = torch.randn(n, FEATURES, generator=gen, dtype=torch.float64)
     u = torch.randn(FEATURES, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
     y = torch.sin(x @ (u / u.norm())) + 0.1 * torch.randn(n, generator=gen, dtype=torch.float64)
-    x, y = x.to(device, dtype), y.to(device, dtype)
+    x, y = x.to(device, dtype), y.to(device)  # y stays float64: mixed precision on a GPU
     K = kermac.KernelOperator("gaussian", x, x, bandwidth=math.sqrt(FEATURES), regularization=lam)
     return K, y
 
@@ -82,7 +90,7 @@ def _solve_row(
 ) -> FitRow:
     n, device = K.shape[-1], K.device
     row = FitRow(n, method, preconditioner)
-    if method == "cholesky" and not solvers.dense_fits(n, 1, K.dtype, device):
+    if method == "cholesky" and not solvers.dense_fits(n, 1, y.dtype, device):
         row.why = f"the dense {n}x{n} matrix does not fit (kermac.solvers.dense_fits)"
         return row
     try:
@@ -123,6 +131,7 @@ def run(args: argparse.Namespace, device: torch.device) -> int:
         "features": FEATURES,
         "lambda": args.fit_lambda,
         "tol": args.fit_tol,
+        "precision": f"{K_DTYPE[device.type]} kernels, float64 y",
         "max_iter": MAX_ITER,
     }
     if args.json:
@@ -135,8 +144,9 @@ def run(args: argparse.Namespace, device: torch.device) -> int:
 def _report(head: dict[str, object], rows: list[FitRow]) -> str:
     lines = title("kermac bench --fit", head)
     lines.append(
-        f"(K + λI) α = y, Gaussian kernel, D = {head['features']}, λ = {head['lambda']}, to relative residual "
-        f"{head['tol']} (at most {head['max_iter']} iterations); one timed solve per row, set-up included"
+        f"(K + λI) α = y, Gaussian kernel, D = {head['features']}, λ = {head['lambda']}, {head['precision']}, to "
+        f"relative residual {head['tol']} (at most {head['max_iter']} iterations); one timed solve per row, set-up "
+        "included"
     )
     lines.append("")
     cells = []
