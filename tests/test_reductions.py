@@ -141,7 +141,7 @@ def test_only_the_sum_takes_its_fast_paths() -> None:
 def _soft_min(x: torch.Tensor, z: torch.Tensor, gamma: float | torch.Tensor) -> torch.Tensor:
     """SOFT_MIN in float64 from the formula: −γ·logsumexp_k(−|x − z|/γ) over an explicit [..., M, N, D] tensor
     (a tensor γ has the batch dimensions)."""
-    g = torch.as_tensor(gamma).double()[..., None, None]  # [..., 1, 1]
+    g = torch.as_tensor(gamma, device=x.device).double()[..., None, None]  # [..., 1, 1]
     terms = -(x.double()[..., :, None, :] - z.double()[..., None, :, :]).abs() / g[..., None]
     return -g * torch.logsumexp(terms, dim=-1)
 

@@ -126,16 +126,18 @@ def test_cholesky_solve_uses_kermac_linalg_on_cuda():
 @pytest.mark.gpu
 @pytest.mark.parametrize(("method", "preconditioner"), CASES)
 def test_solve_on_cuda_float32_at_scale(method, preconditioner):
-    """N = 6000 in float32 on the GPU (condition number about 10⁴): every method reports convergence, and the
-    residual of α recomputed in float64 from the dense matrix agrees."""
+    """N = 6000, a float32 operator on the GPU (condition number about 10⁴) with float64 right-hand sides (mixed
+    precision): every method reaches 10⁻⁶, and the residual of α recomputed in float64 from the dense matrix
+    agrees."""
     x = _randn(6000, 8, seed=3).float().cuda()
     K = kermac.KernelOperator("gaussian", x, x, bandwidth=2.0, regularization=0.1)
-    y = _randn(6000, 4, seed=5).float().cuda()
-    s = solvers.solve(K, y, method=method, preconditioner=preconditioner, tol=1e-3, rank=400)
+    y = _randn(6000, 4, seed=5).cuda()
+    s = solvers.solve(K, y, method=method, preconditioner=preconditioner, tol=1e-6, rank=400)
     assert s.method == method and bool(s.converged.all()), s.residual
-    a, y64 = K.to_dense().double(), y.double()
-    residual = torch.linalg.vector_norm(y64 - a @ s.alpha.double(), dim=0) / torch.linalg.vector_norm(y64, dim=0)
-    assert bool((residual <= 2e-3).all()), residual
+    assert s.alpha.dtype == F64 and (s.refinements > 0) == (method == "cg")
+    a = K.to(F64).to_dense()
+    residual = torch.linalg.vector_norm(y - a @ s.alpha, dim=0) / torch.linalg.vector_norm(y, dim=0)
+    assert bool((residual <= 2e-6).all()), residual
 
 
 def _stalling_float32_system() -> tuple[kermac.KernelOperator, torch.Tensor]:
