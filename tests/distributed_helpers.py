@@ -34,6 +34,7 @@ def _worker(rank: int, world: int, port: int, checks: Callable, device_type: str
     )  # fmt: skip
     try:
         checks(rank, world, torch.device(device_type, rank) if device_type == "cuda" else torch.device("cpu"))
+        dist.barrier()  # no rank tears its connections down while a peer's last exchange is still in flight
     finally:
         dist.destroy_process_group()
 
