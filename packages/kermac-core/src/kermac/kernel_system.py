@@ -94,6 +94,12 @@ class KernelSystem:
         with the operator's kernel, hyperparameters and backend."""
         return self.operator.kernel_on(a, b)
 
+    def random_points(self, count: int, seed: int) -> torch.Tensor:
+        """`count` rows of the global points chosen by a random permutation seeded with `seed` (the same on every
+        rank), on every rank: `[..., count, D]` ([`gather_points`][kermac.kernel_system.KernelSystem.gather_points])."""
+        index = torch.randperm(self.n, generator=torch.Generator().manual_seed(seed))[:count]
+        return self.gather_points(index.to(self.device))
+
     def gather_points(self, index: torch.Tensor) -> torch.Tensor:
         """The rows `x[..., index, :]` of the global points (`index` int64 `[m]`, the same on every rank), on
         every rank: `[..., m, D]`.  Sharded: each rank fills the rows it holds into zeros and one `all_reduce`

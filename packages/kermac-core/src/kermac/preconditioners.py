@@ -60,9 +60,8 @@ class NystromPreconditioner:
     """
 
     def __init__(self, system: KernelSystem, rank: int, seed: int) -> None:
-        n, local = system.n, system.points.shape[-2]
-        index = torch.randperm(n, generator=torch.Generator().manual_seed(seed))[:rank].to(system.device)
-        xs = system.gather_points(index)
+        local = system.points.shape[-2]
+        xs = system.random_points(rank, seed)
         self._system = system
         self._nS = system.kernel_on(system.points, xs)  # the kernel alone: λ belongs to the system
         resolved = (rank * torch.finfo(system.dtype).eps) ** 0.5  # δ: the smallest relative scale products resolve
@@ -157,8 +156,7 @@ class EigenProPreconditioner:
         n, dtype = system.n, system.dtype
         s = min(n, 2 * rank if subsample is None else subsample)
         q = min(rank, s)
-        index = torch.randperm(n, generator=torch.Generator().manual_seed(seed))[:s].to(system.device)
-        xs = system.gather_points(index)
+        xs = system.random_points(s, seed)
         kss = system.kernel_on(xs, xs).to_dense().double()
         sigma, v = _top_eigenpairs((kss + kss.mT) / 2, min(q + 1, s))  # ascending: σ_1 is the last
         lead, vectors = sigma[..., sigma.shape[-1] - q :], v[..., sigma.shape[-1] - q :]
