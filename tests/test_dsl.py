@@ -17,7 +17,7 @@ from kermac import dsl, ir, presets
 from kermac.dsl import canonical_key
 from kermac.ir import Call, Const, Hyper, Var
 from kermac.lowering import grad_program
-from kermac.programs import REDUCTIONS, GradProgram, PairwiseProgram
+from kermac.programs import REDUCTIONS, GradProgram, PairwiseProgram, product_factor
 
 X, Z, ACC, DIAG = Var("x"), Var("z"), Var("acc"), Var("diag")
 THIS_FILE = __file__
@@ -148,7 +148,7 @@ def test_the_issue_example_is_cdist() -> None:
 
 
 def test_reserved_names() -> None:
-    assert {"x", "z", "acc", "diag", "a", "b", "c", "d"} == dsl.OPERANDS
+    assert {"x", "z", "acc", "diag", "a", "b", "c", "d", "term"} == dsl.OPERANDS
     assert dsl.OPERANDS | {"v", "out", "transpose", "offset_m", "offset_n", "backend", "debug"} == dsl.RESERVED
     # every call keyword of the kernels is reserved, so no hyperparameter can shadow one
     import inspect
@@ -222,7 +222,7 @@ BAD_NAMES = [
     ("operand of the epilogue in the inner term", dict(inner=lambda x, acc: x), "'acc' is an operand of an epilogue"),
     ("operand of a gradient", dict(inner=lambda a, b: a), "'a' is an operand of the multiply of a gradient program"),
     ("inner operand in the epilogue", dict(inner=lambda x, z: x, epilogue=lambda acc, x: acc), "'x' is an operand"),
-    ("c", dict(inner=lambda x, c: x), "it enters by the accumulation"),
+    ("c", dict(inner=lambda x, c: x), "'c' is an operand of the accumulate of a gradient program"),
     ("call keyword", dict(inner=lambda x, z, out: x * out), "'out' is a keyword of the kernel's call"),
     ("call keyword backend", dict(inner=lambda x, z, backend: x), "'backend' is a keyword"),
     ("underscore", dict(inner=lambda x, z, _p: x * _p), "cannot start with '_'"),
@@ -328,14 +328,21 @@ def test_the_factor_a_is_taken_out_of_the_multiply() -> None:
     "fn",
     [lambda a, b, d: a + d - b, lambda a, b, d: a * a * (d - b), lambda b, d: d - b, lambda a, b, d: dsl.exp(a) * b],
 )
-def test_a_multiply_the_kernels_cannot_compute_is_refused(fn: object) -> None:
-    with pytest.raises(TypeError, match=f"multiply \\(<lambda> at {THIS_FILE}:\\d+\\): expected a · g\\(b, d\\)"):
-        kermac.gradient_program(fn)
+def test_a_multiply_without_the_factor_a_is_a_general_program(fn: object) -> None:
+    """Multiplies that are not `a · g(b, d)` keep the sum of `c · term` in the general form (they were refused
+    before the general gradient kernels existed)."""
+    program = kermac.gradient_program(fn).program
+    assert program.accumulate == Var("c") * Var("term") and program.reduction == "sum"
+    assert product_factor(program) is None
 
 
 def test_gradient_program_names() -> None:
-    with pytest.raises(ValueError, match="'c' is an operand of no function"):
+    with pytest.raises(ValueError, match="'c' is an operand of the accumulate"):
         kermac.gradient_program(lambda a, b, c, d: a * c)
+    with pytest.raises(ValueError, match="accumulate .*'a' is an operand of the multiply"):
+        kermac.gradient_program(lambda a: a, accumulate=lambda a, term: a * term)
+    with pytest.raises(ValueError, match="reduce: expected one of"):
+        kermac.gradient_program(lambda a: a, reduce="prod")
     with pytest.raises(ValueError, match="'x' is an operand of the inner term"):
         kermac.gradient_program(lambda a, x: a * x)
     with pytest.raises(ValueError, match="'diag' is an operand"):

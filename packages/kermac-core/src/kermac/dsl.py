@@ -23,7 +23,8 @@ program kind, and no hyperparameter can take them:
 | `acc` | the reduced value | `epilogue` (both kinds) |
 | `diag` | 1.0 where `m + offset_m == n + offset_n`, else 0.0 | the pairwise `epilogue` |
 | `a`, `b`, `d` | `a[ℓ, k, m]`, `b[ℓ, n, k]`, `d[ℓ, n, m]` | `multiply` |
-| `c` | `c[ℓ, o, k]` | the accumulation `Σ_k c · multiply` (no function reads it) |
+| `c` | `c[ℓ, o, k]` | `accumulate` |
+| `term` | the multiply's value | `accumulate` |
 
 (ℓ is the batch entry.)  Every other parameter is a **hyperparameter**: a name given by keyword when the
 kernel is called, as a number or as a tensor broadcasting against the batch dimensions (one value per batch
@@ -60,8 +61,8 @@ from typing import Any
 import torch
 
 from kermac.canonical import canonical
-from kermac.ir import Call, Const, Expr, Var, free_vars, to_sexpr
-from kermac.programs import REDUCTIONS, GradProgram, PairwiseProgram
+from kermac.ir import Call, Var, to_sexpr
+from kermac.programs import REDUCTIONS, GradProgram, PairwiseProgram, factor_without_a
 from kermac.tracing import OPERANDS, RESERVED, Traced, as_traced, describe, trace, traced_call
 
 __all__ = [
@@ -222,63 +223,60 @@ def program(inner: Callable[..., object], reduce: str = "sum", epilogue: Callabl
     return Kernel(PairwiseProgram(inner_expr, reduce, epilogue_expr), tuple(order))
 
 
-def gradient_program(multiply: Callable[..., object], epilogue: Callable[..., object] | None = None) -> GradKernel:
+def gradient_program(
+    multiply: Callable[..., object],
+    epilogue: Callable[..., object] | None = None,
+    *,
+    accumulate: Callable[..., object] | None = None,
+    reduce: str = "sum",
+) -> GradKernel:
     r"""A gradient kernel traced from Python functions (see the module docs for names and tracing).
 
     $$
-    \mathrm{out}[\ell, o, n, m] = \mathrm{epilogue}\Big(\mathrm{acc} = \sum_k c[\ell, o, k]\cdot
-        \mathrm{multiply}(a[\ell, k, m], b[\ell, n, k], d[\ell, n, m])\Big)
+    \mathrm{out}[\ell, o, n, m] = \mathrm{epilogue}\Big(\mathrm{acc} = \operatorname*{REDUCE}_k
+        \mathrm{accumulate}\big(c[\ell, o, k],\ \mathrm{term} = \mathrm{multiply}(a[\ell, k, m],
+        b[\ell, n, k], d[\ell, n, m])\big)\Big)
     $$
 
-    with the shapes of [`cdist_grad`][kermac.api.cdist_grad].  The fused gradient kernels compute
-    `Σ_k c·a·g(b, d)`: `multiply` must be `a` times a factor that does not read `a` (any product with `a` as
-    one factor, e.g. `alpha * (d - b) * a`); the kernels multiply `c`, `a` and that factor in their own
-    order.  The accumulation is the sum of `c · multiply`.
+    with the shapes of [`cdist_grad`][kermac.api.cdist_grad]; by default `REDUCE` is the sum and `accumulate`
+    is `c · term`, the gradient contraction `Σ_k c·multiply(a, b, d)`.
+
+    A sum of `c · term` whose multiply is `a` times a factor that does not read `a` (e.g.
+    `alpha * (d - b) * a`) is the product form [`kermac.programs.GradProgram`][kermac.programs.GradProgram]
+    `Σ_k c·a·g(b, d)` and runs the fused product-form kernels (tensor cores where they apply); any other
+    multiply, accumulation or reduction runs the general fused kernels, which evaluate `multiply` once per
+    `(n, m, k)` and `accumulate` once per `(o, n, m, k)`.
 
     Args:
-        multiply: a function of `a`, `b`, `d` and hyperparameters, e.g. `lambda a, b, d: a * dsl.sign(d - b)`.
+        multiply: a function of `a`, `b`, `d` (any may be left out) and hyperparameters, e.g.
+            `lambda a, b, d: a * dsl.sign(d - b)`.
         epilogue: a function of `acc` and hyperparameters; `None` returns `acc`.
+        accumulate: a function of `c`, `term` (the multiply's value) and hyperparameters whose values are
+            reduced over `k`, e.g. `lambda c, term: c * term` (the default) or `lambda c, term: term - c`.
+        reduce: the reduction over `k`, a name of [`kermac.programs.REDUCTIONS`][kermac.programs.REDUCTIONS]
+            (`"sum"`, `"max"`, `"min"`, `"logsumexp"`).
 
     Returns:
         A [`GradKernel`][kermac.dsl.GradKernel]: `kernel(a, b, c, d, **hyperparameters)`.
 
     Raises:
-        TypeError: a function uses what the IR or the gradient kernels cannot express (naming its file and
-            line), e.g. `a` other than as a factor.
-        ValueError: a bad parameter name.
+        TypeError: a function uses what the IR cannot express (naming its file and line).
+        ValueError: a bad parameter name, or an unknown `reduce`.
     """
+    if not isinstance(reduce, str) or reduce not in REDUCTIONS:
+        raise ValueError(f"reduce: expected one of {sorted(REDUCTIONS)}, got {reduce!r}")
     order: list[str] = []
     term = trace("multiply", multiply, order)
-    factor = _without_factor_a(term)
-    if factor is None:
-        raise TypeError(
-            f"{describe('multiply', multiply)}: expected a · g(b, d), a product with the operand a as one factor "
-            f"and no other use of a (the fused gradient kernels compute Σ_k c·a·g(b, d)); got {to_sexpr(term)}"
-        )
+    combine = _PRODUCT if accumulate is None else trace("accumulate", accumulate, order)
     epilogue_expr = Var("acc") if epilogue is None else trace("gradient epilogue", epilogue, order)
-    return GradKernel(GradProgram(factor, epilogue_expr), tuple(order))
+    factor = factor_without_a(term) if reduce == "sum" and combine == _PRODUCT else None
+    if factor is not None:
+        return GradKernel(GradProgram(factor, epilogue_expr), tuple(order))
+    return GradKernel(GradProgram(term, epilogue_expr, combine, reduce), tuple(order))
 
 
-def _factors(expr: Expr) -> list[Expr]:
-    """The factors of a product tree (`expr` itself if it is no product)."""
-    if isinstance(expr, Call) and expr.op == "mul":
-        return _factors(expr.args[0]) + _factors(expr.args[1])
-    return [expr]
-
-
-def _without_factor_a(term: Expr) -> Expr | None:
-    """`g` if `term` is a product with `Var("a")` as exactly one factor and `g` (the other factors, in their
-    order) does not read `a`; else `None`."""
-    factors = _factors(term)
-    rest = [f for f in factors if f != Var("a")]
-    if len(rest) != len(factors) - 1 or any("a" in free_vars(f) for f in rest):
-        return None
-    if not rest:
-        return Const(1.0)
-    g = rest[0]
-    for f in rest[1:]:
-        g = Call("mul", (g, f))
-    return g
+_PRODUCT = Call("mul", (Var("c"), Var("term")))
+"""The default accumulation `c · term`."""
 
 
 def canonical_key(program: PairwiseProgram | GradProgram) -> str:
@@ -292,8 +290,11 @@ def canonical_key(program: PairwiseProgram | GradProgram) -> str:
         return (
             f"pairwise;{program.reduction};{to_sexpr(canonical(program.inner))};{to_sexpr(canonical(program.epilogue))}"
         )
-    if isinstance(program, GradProgram):
+    if isinstance(program, GradProgram) and program.accumulate is None:
         return f"grad;{to_sexpr(canonical(program.multiply))};{to_sexpr(canonical(program.epilogue))}"
+    if isinstance(program, GradProgram):
+        multiply, accumulate, epilogue = (canonical(e) for e in (program.multiply, program.accumulate, program.epilogue))
+        return f"grad;{program.reduction};{to_sexpr(multiply)};{to_sexpr(accumulate)};{to_sexpr(epilogue)}"
     raise TypeError(f"program: expected a PairwiseProgram or GradProgram, got {type(program).__name__}")
 
 
@@ -434,8 +435,8 @@ class GradKernel(_TracedKernel):
     [`run_grad_program`][kermac.api.run_grad_program] computes it, with each hyperparameter by keyword.
 
     Attributes:
-        program: the traced [`GradProgram`][kermac.programs.GradProgram] (its `multiply` is the factor `g`
-            of `a · g(b, d)`).
+        program: the traced [`GradProgram`][kermac.programs.GradProgram]: in the product form (its `multiply`
+            the factor `g` of `a · g(b, d)`) where the functions compute one, else in the general form.
         parameters: every hyperparameter name, in the order the functions declare them.
     """
 

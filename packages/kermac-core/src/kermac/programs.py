@@ -10,15 +10,28 @@ out[ℓ, m, n] = epilogue(acc = acc, diag = [m + offset_m == n + offset_n])
 with `REDUCE` one of the reductions of [`kermac.reductions`][kermac.reductions]: sum, max, min or logsumexp
 (identities 0, −∞, +∞, −∞).  `diag` is 1.0 on the shifted diagonal and 0.0 elsewhere (it implements `K + λI`).
 
-A *gradient program* computes, for every batch entry `ℓ` and every `(o, n, m)`:
+A *gradient program* computes, for every batch entry `ℓ` and every `(o, n, m)`, in one of two forms.  The
+*product form* (`accumulate` left `None`):
 
 ```text
 acc             = Σ_{k < K} c[ℓ, o, k] · a[ℓ, k, m] · multiply(d = d[ℓ, n, m], b = b[ℓ, n, k])
 out[ℓ, o, n, m] = epilogue(acc = acc)
 ```
 
-The product structure `c · a · multiply(d, b)` is fixed (it is what lets a backend turn the
-contraction over `k` into matrix products); `multiply` and `epilogue` are free.
+whose structure `c · a · multiply(d, b)` lets a backend turn the contraction over `k` into matrix products
+(the gradients of `cdist` and of every program's autograd are of this form); and the *general form*
+(`accumulate` given):
+
+```text
+term            = multiply(a = a[ℓ, k, m], b = b[ℓ, n, k], d = d[ℓ, n, m])
+acc             = REDUCE_{k < K} accumulate(c = c[ℓ, o, k], term = term)
+out[ℓ, o, n, m] = epilogue(acc = acc)
+```
+
+where `multiply` reads every operand but `c`, `accumulate` combines the term with `c`, and `REDUCE` is any
+reduction of [`kermac.reductions`][kermac.reductions].  A general program equal to a product form (a sum,
+`accumulate` = `c·term`, `multiply` = `a` times a factor without `a`) runs the product form's kernels:
+[`product_factor`][kermac.programs.product_factor] finds that factor.
 
 [`kermac.dsl`][kermac.dsl] builds both kinds from Python functions (`kermac.program`,
 `kermac.gradient_program`), reading the operands by these names.
@@ -60,11 +73,13 @@ __all__ = [
     "canonical_inner",
     "difference_power",
     "epilogue_slope",
+    "factor_without_a",
     "inner_difference_power",
     "inner_slope",
     "is_abs_difference_sum",
     "is_product_sum",
     "is_squared_difference_sum",
+    "product_factor",
     "program_from_key",
     "signed_power",
     "swap_operands",
@@ -160,21 +175,54 @@ class PairwiseProgram:
 
 @dataclass(frozen=True)
 class GradProgram:
-    """`out[ℓ,o,n,m] = epilogue(Σ_k c[ℓ,o,k]·a[ℓ,k,m]·multiply(d[ℓ,n,m], b[ℓ,n,k]))` (ℓ the batch entry)."""
+    """A gradient contraction over `k` (ℓ the batch entry); see the module docs.
+
+    Product form (`accumulate` None, `reduction` "sum"):
+    `out[ℓ,o,n,m] = epilogue(Σ_k c[ℓ,o,k]·a[ℓ,k,m]·multiply(d[ℓ,n,m], b[ℓ,n,k]))`, `multiply` over `d`, `b`.
+
+    General form (`accumulate` given): `out[ℓ,o,n,m] = epilogue(REDUCE_k accumulate(c[ℓ,o,k],
+    multiply(a[ℓ,k,m], b[ℓ,n,k], d[ℓ,n,m])))`, `multiply` over `a`, `b`, `d`, `accumulate` over `c` and `term`
+    (the multiply's value), `REDUCE` the reduction named `reduction`.
+    """
 
     multiply: Expr
     epilogue: Expr
+    accumulate: Expr | None = None
+    reduction: str = "sum"
 
     MULTIPLY_VARS = frozenset({"d", "b"})
+    GENERAL_MULTIPLY_VARS = frozenset({"a", "b", "d"})
+    ACCUMULATE_VARS = frozenset({"c", "term"})
     EPILOGUE_VARS = frozenset({"acc"})
 
     def __post_init__(self) -> None:
-        _check_vars("multiply", self.multiply, self.MULTIPLY_VARS)
+        if self.accumulate is None:
+            _check_vars("multiply", self.multiply, self.MULTIPLY_VARS)
+            if self.reduction != "sum":
+                raise ValueError(
+                    f"reduction: the product form (accumulate None) sums c·a·multiply; got {self.reduction!r} "
+                    "(give an accumulate, e.g. c·term, for another reduction)"
+                )
+        else:
+            _check_vars("multiply", self.multiply, self.GENERAL_MULTIPLY_VARS)
+            _check_vars("accumulate", self.accumulate, self.ACCUMULATE_VARS)
+            if self.reduction not in REDUCTIONS:
+                raise ValueError(f"reduction: expected one of {sorted(REDUCTIONS)}, got {self.reduction!r}")
         _check_vars("epilogue", self.epilogue, self.EPILOGUE_VARS)
         _set_key(self)
 
+    @property
+    def general(self) -> bool:
+        """Whether the program is in the general form (it has an `accumulate`)."""
+        return self.accumulate is not None
+
+    @property
+    def identity(self) -> float:
+        """The reduction's identity (the value of an empty contraction, `K = 0`)."""
+        return REDUCTIONS[self.reduction]
+
     def __hash__(self) -> int:
-        return _derived(self, "_hash", lambda: hash((self.multiply, self.epilogue)))
+        return _derived(self, "_hash", lambda: hash((self.multiply, self.epilogue, self.accumulate, self.reduction)))
 
     def __getstate__(self) -> dict[str, object]:
         return _fields_state(self)
@@ -186,14 +234,70 @@ class GradProgram:
     @property
     def hypers(self) -> tuple[str, ...]:
         """Sorted names of the hyperparameters the program reads."""
-        return _derived(self, "_hypers", lambda: tuple(sorted(hyper_names(self.multiply) | hyper_names(self.epilogue))))
+
+        def names() -> tuple[str, ...]:
+            exprs = (e for e in (self.multiply, self.accumulate, self.epilogue) if e is not None)
+            return tuple(sorted(set().union(*(hyper_names(e) for e in exprs))))
+
+        return _derived(self, "_hypers", names)
 
     def key(self) -> str:
         """Canonical text of the program."""
         return self._key
 
     def _key_text(self) -> str:
-        return f"grad;{to_sexpr(self.multiply)};{to_sexpr(self.epilogue)}"
+        if self.accumulate is None:
+            return f"grad;{to_sexpr(self.multiply)};{to_sexpr(self.epilogue)}"
+        return (
+            f"grad;{self.reduction};{to_sexpr(self.multiply)};{to_sexpr(self.accumulate)};{to_sexpr(self.epilogue)}"
+        )
+
+
+_PRODUCT_ACCUMULATE = canonical(Call("mul", (Var("c"), Var("term"))))
+"""`c·term` in normal form: the accumulation of the product form."""
+
+
+def _factors(expr: Expr) -> list[Expr]:
+    """The factors of a product tree (`expr` itself if it is no product)."""
+    if isinstance(expr, Call) and expr.op == "mul":
+        return _factors(expr.args[0]) + _factors(expr.args[1])
+    return [expr]
+
+
+def factor_without_a(term: Expr) -> Expr | None:
+    """`g` if `term` is a product with `Var("a")` as exactly one factor and `g` (the other factors, in their
+    order; `1` if there are none) does not read `a`; else `None`."""
+    factors = _factors(term)
+    rest = [f for f in factors if f != Var("a")]
+    if len(rest) != len(factors) - 1 or any("a" in free_vars(f) for f in rest):
+        return None
+    if not rest:
+        return Const(1.0)
+    g = rest[0]
+    for f in rest[1:]:
+        g = Call("mul", (g, f))
+    return g
+
+
+def product_factor(program: GradProgram) -> Expr | None:
+    """The factor `g(d, b)` of the product form `Σ_k c·a·g(d, b)` that `program` computes, or `None`.
+
+    It is `program.multiply` for a program in the product form, and for a general one the multiply without its
+    factor `a` ([`factor_without_a`][kermac.programs.factor_without_a]) where the reduction is the sum and the
+    accumulation is `c·term` (decided on the normal form: `term·c` qualifies).  Backends run a program with a
+    factor on their product-form kernels (the tensor-core and sign-product routes among them) and render the
+    factor as their multiply; a program without one runs the general kernels.  The product form computes the
+    same values up to the order of the multiplications `c·(a·g)`.
+    """
+
+    def find() -> Expr | None:
+        if program.accumulate is None:
+            return program.multiply
+        if not reductions.ALL[program.reduction].sum_fast_paths or canonical(program.accumulate) != _PRODUCT_ACCUMULATE:
+            return None
+        return factor_without_a(program.multiply)
+
+    return _derived(program, "_product_factor", find)
 
 
 def swap_operands(program: PairwiseProgram) -> PairwiseProgram:
@@ -230,6 +334,9 @@ def program_from_key(key: str) -> PairwiseProgram | GradProgram:
             program = PairwiseProgram(from_sexpr(parts[1]), parts[0], from_sexpr(parts[2]))
         elif kind == "grad" and len(parts) == 2:
             program = GradProgram(from_sexpr(parts[0]), from_sexpr(parts[1]))
+        elif kind == "grad" and len(parts) == 4:
+            reduction, multiply, accumulate, epilogue = parts
+            program = GradProgram(from_sexpr(multiply), from_sexpr(epilogue), from_sexpr(accumulate), reduction)
         else:
             raise ValueError(f"program: expected the key of a PairwiseProgram or GradProgram, got {key!r}")
         _BY_KEY[key] = program

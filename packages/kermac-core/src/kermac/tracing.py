@@ -29,11 +29,12 @@ ROLES: dict[str, tuple[str, ...]] = {
     "inner": ("x", "z"),
     "epilogue": ("acc", "diag"),
     "multiply": ("a", "b", "d"),
+    "accumulate": ("c", "term"),
     "gradient epilogue": ("acc",),
 }
 """The operands each function reads, by name (the table of [`kermac.dsl`][kermac.dsl])."""
 
-OPERANDS: frozenset[str] = frozenset({"x", "z", "acc", "diag", "a", "b", "c", "d"})
+OPERANDS: frozenset[str] = frozenset({"x", "z", "acc", "diag", "a", "b", "c", "d", "term"})
 """The operand names of every program kind; none can be a hyperparameter."""
 
 RESERVED: frozenset[str] = OPERANDS | frozenset({"v", "out", "transpose", "offset_m", "offset_n", "backend", "debug"})
@@ -47,7 +48,8 @@ _WHERE_OPERAND = {
     "a": "the multiply of a gradient program",
     "b": "the multiply of a gradient program",
     "d": "the multiply of a gradient program",
-    "c": "no function (it enters by the accumulation Σ_k c·multiply)",
+    "c": "the accumulate of a gradient program",
+    "term": "the accumulate of a gradient program (the multiply's value)",
 }
 
 

@@ -132,6 +132,9 @@ class ReferenceBackend(Backend):
             problem.out[..., m0:m1, :].copy_(acc)
 
     def grad(self, problem: GradProblem) -> None:
+        if problem.program.accumulate is not None:
+            self._general_grad(problem)
+            return
         prog, batch = problem.program, problem.batch_shape
         m, n, o, k = problem.sizes
         cdtype = compute_dtype(problem.dtype)
@@ -151,6 +154,36 @@ class ReferenceBackend(Backend):
                     acc += torch.einsum("...ok,...nmk->...onm", problem.c[..., :, k0:k1].to(cdtype), terms)
                 value = evaluate(prog.epilogue, {"acc": acc, **hypers}, like=like)
                 problem.out[..., :, n0:n1, m0:m1].copy_(value.expand(acc.shape))
+
+    def _general_grad(self, problem: GradProblem) -> None:
+        """A gradient program in the general form: `multiply` on blocks `[*B, n, m, k]`, `accumulate` on
+        `[*B, O, n, m, k]`, each block of `k` reduced and combined with the value so far by the reduction."""
+        prog, batch = problem.program, problem.batch_shape
+        m, n, o, k = problem.sizes
+        cdtype = compute_dtype(problem.dtype)
+        like = torch.empty((), dtype=cdtype, device=problem.device)
+        reduce = REDUCE[prog.reduction]
+        term_env = hyper_env(dict(problem.hypers), cdtype, 3)  # [*B, n, m, k] and the epilogue's [*B, O, n, m]
+        accumulate_env = hyper_env(dict(problem.hypers), cdtype, 4)  # [*B, O, n, m, k]
+        bk = max(1, min(k, 64))
+        bn, bm = tile(n, m, math.prod(batch) * (o + 1) * bk)
+        for n0, n1 in blocks(n, bn):
+            for m0, m1 in blocks(m, bm):
+                shape = batch + (o, n1 - n0, m1 - m0)
+                acc = torch.full(shape, prog.identity, dtype=cdtype, device=problem.device)
+                for k0, k1 in blocks(k, bk):
+                    env = {
+                        "a": problem.a[..., None, k0:k1, m0:m1].to(cdtype).transpose(-1, -2),
+                        "b": problem.b[..., n0:n1, None, k0:k1].to(cdtype),
+                        "d": problem.d[..., n0:n1, m0:m1, None].to(cdtype),
+                    }
+                    term = evaluate(prog.multiply, {**env, **term_env}, like=like)
+                    c = problem.c[..., :, None, None, k0:k1].to(cdtype)
+                    parts = evaluate(prog.accumulate, {"c": c, "term": term[..., None, :, :, :], **accumulate_env}, like=like)
+                    parts = parts.expand(shape + (k1 - k0,))
+                    acc = reduce(torch.stack((acc, reduce(parts, -1)), -1), -1)
+                value = evaluate(prog.epilogue, {"acc": acc, **term_env}, like=like)
+                problem.out[..., :, n0:n1, m0:m1].copy_(value.expand(shape))
 
 
 class _KernelBlocks:

@@ -17,16 +17,20 @@ from kermac.programs import GradProgram, PairwiseProgram, swap_operands
 
 __all__ = [
     "CASES",
+    "GENERAL_SUM_GRAD",
     "HUBER_GRAD",
     "HYPER_VALUES",
     "LAYOUTS",
     "LOPSIDED_RIDGE",
+    "MAX_GRAD",
     "MAX_OF_NEGATIVES",
+    "MIN_GRAD",
     "MIN_OF_POSITIVES",
     "PRODUCT_CASES",
     "PRODUCT_COLUMNS",
     "SAMPLE_CASES",
     "SOFT_L1",
+    "SOFT_MAX_GRAD",
     "SOFT_MIN",
     "TRANSPOSED_PRODUCT_CASE",
     "Case",
@@ -40,6 +44,15 @@ SOFT_L1 = PairwiseProgram(ir.sqrt((_X - _Z) * (_X - _Z) + ir.Hyper("eps")), "sum
 """A user program: Σ √((x − z)² + ε), then e^−acc."""
 HUBER_GRAD = GradProgram(ir.minimum(ir.maximum(ir.Var("d") - ir.Var("b"), -1.0), 1.0), ir.Var("acc"))
 """A user gradient program: Σ c·a·clip(d − b, −1, 1)."""
+_A, _B, _C, _D, _TERM, _ACC = (ir.Var(n) for n in ("a", "b", "c", "d", "term", "acc"))
+GENERAL_SUM_GRAD = GradProgram(_A + (_D - _B) * (_D - _B), _ACC, _C * _TERM)
+"""A gradient program in the general form whose multiply is not `a` times a factor: Σ_k c·(a + (d − b)²)."""
+MAX_GRAD = GradProgram(ir.abs_(_D - _B) - _A, _ACC, _TERM * _C, "max")
+"""A general gradient program reducing by a maximum: max_k c·(|d − b| − a) (−∞ for K = 0)."""
+MIN_GRAD = GradProgram(_A * _B - _D, _ACC, _TERM - _C, "min")
+"""A general gradient program reducing by a minimum, with an accumulation other than a product: min_k (a·b − d − c)."""
+SOFT_MAX_GRAD = GradProgram(_A * (_D - _B) / ir.Hyper("gamma"), ir.Hyper("gamma") * _ACC, _C * _TERM, "logsumexp")
+"""A general gradient program reducing by log-sum-exp: the soft maximum γ·log Σ_k exp(c·a·(d − b)/γ)."""
 MAX_OF_NEGATIVES = PairwiseProgram(-ir.abs_(_X - _Z) - 1.0, "max", ir.Var("acc"))
 """A user program whose terms are all negative: max over k of (−|x − z| − 1).  A backend that starts
 the max from 0 instead of −∞ (the identity of max) returns 0."""
@@ -273,6 +286,20 @@ CASES: tuple[Case, ...] = (
     Case("grad_batched_p", "grad", _GP, _grad_shapes(37, 29, 19, 3, (2,)), {"p": [1.5, 3.0]}),
     Case("grad_p2_nan_inf", "grad", _G2, _GRAD_ODD, special=True),
     Case("grad_p1_nan_inf", "grad", _G1, _GRAD_ODD, special=True),
+    Case("grad_user_general_sum", "grad", GENERAL_SUM_GRAD, _GRAD_ODD),
+    Case("grad_user_max", "grad", MAX_GRAD, _GRAD_ODD),
+    Case("grad_user_max_nan_inf", "grad", MAX_GRAD, _GRAD_ODD, special=True),
+    Case("grad_user_max_multi_block", "grad", MAX_GRAD, _GRAD_MULTI_BLOCK),
+    Case("grad_user_min_k0", "grad", MIN_GRAD, _grad_shapes(0, 29, 19, 3)),
+    Case("grad_user_min_transposed", "grad", MIN_GRAD, _GRAD_ODD, layout="transposed"),
+    Case(
+        "grad_user_soft_max_batched_gamma",
+        "grad",
+        SOFT_MAX_GRAD,
+        _grad_shapes(37, 29, 19, 3, (2,)),
+        {"gamma": [0.5, 2.0]},
+    ),
+    Case("grad_user_soft_max_nan_inf", "grad", SOFT_MAX_GRAD, _GRAD_ODD, special=True),
 )
 """The problems every backend is checked on (each also in each dtype the suite is given)."""
 
