@@ -339,7 +339,7 @@ def test_a_multiply_without_the_factor_a_is_a_general_program(fn: object) -> Non
 def test_gradient_program_names() -> None:
     with pytest.raises(ValueError, match="'c' is an operand of the accumulate"):
         kermac.gradient_program(lambda a, b, c, d: a * c)
-    with pytest.raises(ValueError, match="accumulate .*'a' is an operand of the multiply"):
+    with pytest.raises(ValueError, match=r"accumulate .*'a' is an operand of the multiply"):
         kermac.gradient_program(lambda a: a, accumulate=lambda a, term: a * term)
     with pytest.raises(ValueError, match="reduce: expected one of"):
         kermac.gradient_program(lambda a: a, reduce="prod")

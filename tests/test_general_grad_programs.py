@@ -144,11 +144,11 @@ def test_construction_checks() -> None:
         GradProgram(C * D, ACC, C * TERM)
     with pytest.raises(ValueError, match="multiply: may use variables \\['b', 'd'\\], got unknown \\['a'\\]"):
         GradProgram(A * D, ACC)  # the product form's multiply is the factor of a
-    with pytest.raises(ValueError, match="reduction: the product form .* got 'max'"):
+    with pytest.raises(ValueError, match=r"reduction: the product form .* got 'max'"):
         GradProgram(D - B, ACC, None, "max")
-    with pytest.raises(ValueError, match="reduction: expected one of .* got 'prod'"):
+    with pytest.raises(ValueError, match=r"reduction: expected one of .* got 'prod'"):
         GradProgram(D - B, ACC, C * TERM, "prod")
-    with pytest.raises(TypeError, match="accumulate: expected a kermac.ir.Expr, got str"):
+    with pytest.raises(TypeError, match=r"accumulate: expected a kermac\.ir\.Expr, got str"):
         GradProgram(D - B, ACC, "c * term")
 
 

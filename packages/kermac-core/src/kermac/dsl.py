@@ -63,7 +63,7 @@ import torch
 from kermac.canonical import canonical
 from kermac.ir import Call, Var, to_sexpr
 from kermac.programs import REDUCTIONS, GradProgram, PairwiseProgram, factor_without_a
-from kermac.tracing import OPERANDS, RESERVED, Traced, as_traced, describe, trace, traced_call
+from kermac.tracing import OPERANDS, RESERVED, Traced, as_traced, trace, traced_call
 
 __all__ = [
     "OPERANDS",
@@ -293,8 +293,8 @@ def canonical_key(program: PairwiseProgram | GradProgram) -> str:
     if isinstance(program, GradProgram) and program.accumulate is None:
         return f"grad;{to_sexpr(canonical(program.multiply))};{to_sexpr(canonical(program.epilogue))}"
     if isinstance(program, GradProgram):
-        multiply, accumulate, epilogue = (canonical(e) for e in (program.multiply, program.accumulate, program.epilogue))
-        return f"grad;{program.reduction};{to_sexpr(multiply)};{to_sexpr(accumulate)};{to_sexpr(epilogue)}"
+        parts = (program.multiply, program.accumulate, program.epilogue)
+        return f"grad;{program.reduction};" + ";".join(to_sexpr(canonical(e)) for e in parts)
     raise TypeError(f"program: expected a PairwiseProgram or GradProgram, got {type(program).__name__}")
 
 

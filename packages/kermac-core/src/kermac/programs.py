@@ -248,9 +248,7 @@ class GradProgram:
     def _key_text(self) -> str:
         if self.accumulate is None:
             return f"grad;{to_sexpr(self.multiply)};{to_sexpr(self.epilogue)}"
-        return (
-            f"grad;{self.reduction};{to_sexpr(self.multiply)};{to_sexpr(self.accumulate)};{to_sexpr(self.epilogue)}"
-        )
+        return f"grad;{self.reduction};{to_sexpr(self.multiply)};{to_sexpr(self.accumulate)};{to_sexpr(self.epilogue)}"
 
 
 _PRODUCT_ACCUMULATE = canonical(Call("mul", (Var("c"), Var("term"))))

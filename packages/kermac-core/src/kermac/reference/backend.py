@@ -179,7 +179,8 @@ class ReferenceBackend(Backend):
                     }
                     term = evaluate(prog.multiply, {**env, **term_env}, like=like)
                     c = problem.c[..., :, None, None, k0:k1].to(cdtype)
-                    parts = evaluate(prog.accumulate, {"c": c, "term": term[..., None, :, :, :], **accumulate_env}, like=like)
+                    term = term[..., None, :, :, :]  # [*B, 1, n, m, k]
+                    parts = evaluate(prog.accumulate, {"c": c, "term": term, **accumulate_env}, like=like)
                     parts = parts.expand(shape + (k1 - k0,))
                     acc = reduce(torch.stack((acc, reduce(parts, -1)), -1), -1)
                 value = evaluate(prog.epilogue, {"acc": acc, **term_env}, like=like)
