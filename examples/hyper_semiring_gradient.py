@@ -7,10 +7,13 @@ the gradient zoo.
 A gradient kernel computes, with a [L, K, M], b [L, N, K], c [L, O, K], d [L, N, M] (mm-kermac's
 grad_kernel_matrix, x, coefs and z),
 
-    out[l, o, n, m] = epilogue(Σ_k c[l, o, k] · multiply(a[l, k, m], b[l, n, k], d[l, n, m]))
+    out[l, o, n, m] = epilogue(REDUCE_k accumulate(c[l, o, k], multiply(a[l, k, m], b[l, n, k], d[l, n, m])))
+
+with the sum of c · multiply by default (mm-kermac's accumulate_lambda: c times the multiply's value, added up).
 
 1. mm-kermac's sketch: multiply α·(d − b)·a, epilogue scale·acc, with α = 0.25 and scale = 2.
 2. The gradient zoo: NormL1Grad, NormL2Grad and NormLpGrad (p = 1.3, with a floor ε on |d − b|).
+3. Another accumulation and reduction: a soft maximum over k, γ·log Σ_k exp(c·(|d − b| − a)/γ).
 
 Each result is checked against a float64 einsum; the exit code is 1 if an error exceeds --tol.
 """
@@ -73,6 +76,19 @@ def main() -> int:
     eps, q = 1e-3, 1.3 - 1.0
     lp = zoo.NormLpGrad(epsilon=eps)(a, b, c, d, p_power_grad=torch.tensor([q], device=device), **run)
     check("2. NormLpGrad p=1.3", lp, reference(a, b, c, d, lambda t: torch.sign(t) * t.abs().clamp_min(eps).pow(q)))
+
+    # 3. A soft maximum over k of c·(|d − b| − a): any accumulation and reduction run the general fused kernel.
+    soft = kermac.gradient_program(
+        multiply=lambda a, b, d: abs(d - b) - a,
+        accumulate=lambda c, term, gamma: c * term / gamma,
+        reduce="logsumexp",
+        epilogue=lambda acc, gamma: gamma * acc,
+    )
+    gamma = 0.5
+    a64, b64, c64, d64 = (t.double() for t in (a, b, c, d))
+    shifted = (d64[..., :, :, None] - b64[..., :, None, :]).abs() - a64.mT[..., None, :, :]  # [L, N, M, K]
+    terms = c64[..., :, None, None, :] * shifted[..., None, :, :, :]  # [L, O, N, M, K]
+    check("3. soft max_k c*(|d - b| - a)", soft(a, b, c, d, gamma=gamma, **run), gamma * (terms / gamma).logsumexp(-1))
     return 0 if ok else 1
 
 
