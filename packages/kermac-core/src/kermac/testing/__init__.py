@@ -20,7 +20,9 @@ They check that the registry lists the backend and `backend="mybackend"` (and `K
 reaches it, that its hooks return the documented types, and, for every problem of
 [`CASES`][kermac.testing.CASES] (every preset, user programs -- among them a max of negative and a
 min of positive terms, which only the reduction's identity gets right, and a log-sum-exp soft minimum
-([`SOFT_MIN`][kermac.testing.SOFT_MIN]) -- and the gradient programs,
+([`SOFT_MIN`][kermac.testing.SOFT_MIN]) -- and the gradient programs, in the product form and the general
+form with each reduction ([`MAX_GRAD`][kermac.testing.MAX_GRAD], [`MIN_GRAD`][kermac.testing.MIN_GRAD],
+[`SOFT_MAX_GRAD`][kermac.testing.SOFT_MAX_GRAD], [`GENERAL_SUM_GRAD`][kermac.testing.GENERAL_SUM_GRAD]),
 on sizes that are not tile multiples, sizes larger than any tile in every dimension, size-0 and
 size-1 dimensions, transposed and strided views, broadcast batches, batched tensor hyperparameters,
 NaN and infinite inputs), that `check_pairwise`
