@@ -90,7 +90,8 @@ def _errors(rank: int, world: int, device: torch.device) -> None:
     K, _, _, y_r = _problem(world, rank, device, F64)
     with pytest.raises(ValueError, match="'cholesky' needs the dense matrix on one device"):
         solvers.solve(K, y_r, method="cholesky")
-    bad = torch.where(torch.arange(sizes[rank])[:, None] == 0, torch.nan, y_r) if rank == world - 1 else y_r
+    first_row = torch.arange(sizes[rank], device=y_r.device)[:, None] == 0
+    bad = torch.where(first_row, torch.nan, y_r) if rank == world - 1 else y_r
     with pytest.raises(ValueError, match="y: expected finite values"):
         solvers.solve(K, bad)
     if rank == 0:
@@ -112,7 +113,7 @@ def _errors(rank: int, world: int, device: torch.device) -> None:
     )
     with pytest.raises(expected[0], match=expected[1]):
         solvers.solve(ShardedKernelOperator("gaussian", K.local_rows, other, bandwidth=1.0, regularization=1.0), y_r)
-    uneven = shard(full(sum(sizes), 3, 1), sizes[::-1], rank)
+    uneven = shard(full(sum(sizes), 3, 1), sizes[::-1], rank).to(K.local_rows)
     with pytest.raises(ValueError, match="K: expected a square operator"):  # 2 ranks: 70 + 50 rows, 50 + 70 columns
         solvers.solve(ShardedKernelOperator("gaussian", K.local_rows, uneven[:1], bandwidth=1.0), y_r)
     # the solve still works after every refusal: nobody was left inside a collective

@@ -11,9 +11,11 @@ float64 throughout — and solves `(K + λI) α = y` with [`kermac.solvers.solve
 * `cg` with the Nyström preconditioner (its default rank, `max(100, ⌈√N⌉)` inducing points);
 * `cg` with the EigenPro preconditioner (the same rank, its default subsample of twice as many points),
 
-each to the relative residual `--fit-tol`, with at most `MAX_ITER` iterations. One untimed solve of a small
-system of the same kernel first compiles the kernels; each row is then one timed solve, from a synchronised
-device to a synchronised device, including the preconditioner's set-up. The row gives the time, the iterations
+each to the relative residual `--fit-tol`, with at most `MAX_ITER` iterations. Before each row an untimed solve
+of the same system with the same solver, stopped after one iteration, compiles the kernels of every shape the row
+uses and initialises the libraries it calls (cuSOLVER, cuBLAS): costs of a process's first call, not of a fit.
+Each row is then one timed solve, from a synchronised device to a synchronised device, including the
+preconditioner's set-up. The row gives the time, the iterations
 (the most over the columns; 0 for `cholesky`), the residual recomputed from `α` and whether it is at most the
 tol (also for `cholesky`, whose float32 factorisation need not reach it).
 A solve that raises is a row with its error and makes the exit code 1; a tol not reached is a measurement.
@@ -94,6 +96,7 @@ def _solve_row(
         row.why = f"the dense {n}x{n} matrix does not fit (kermac.solvers.dense_fits)"
         return row
     try:
+        solvers.solve(K, y, method=method, preconditioner=preconditioner, tol=tol, max_iter=1)  # warm-up
         _sync(device)
         start = time.perf_counter()
         s = solvers.solve(K, y, method=method, preconditioner=preconditioner, tol=tol, max_iter=MAX_ITER)
@@ -107,17 +110,9 @@ def _solve_row(
     return row
 
 
-def _warm_up(lam: float, device: torch.device) -> None:
-    K, y = _problem(64, lam, device)
-    for method, preconditioner in SOLVERS:
-        solvers.solve(K, y, method=method, preconditioner=preconditioner, tol=1e-2, max_iter=2)
-    _sync(device)
-
-
 def run(args: argparse.Namespace, device: torch.device) -> int:
     """Run the section with the options of `args`; print the table (or JSON); return the exit code."""
     sizes = args.fit or default_sizes(device)
-    _warm_up(args.fit_lambda, device)
     rows = []
     for n in sizes:
         K, y = _problem(n, args.fit_lambda, device)  # one system per N, solved by every solver
