@@ -137,6 +137,17 @@ def test_nan_and_infinities(backend: str, device: str) -> None:
     assert torch.allclose(out[finite], ref[finite], rtol=1e-12, atol=0)
 
 
+@pytest.mark.parametrize("backend, device", BACKEND_DEVICES)
+def test_functions_that_read_no_operand(backend: str, device: str) -> None:
+    """A constant multiply and an accumulate of `c` alone still have the shape of every operand."""
+    require_backend(backend, device, "grad")
+    a, b, c, d = (t.to(device) for t in _operands(6, 4, 3, 2, batch=(2,)))
+    constant = kermac.run_grad_program(GradProgram(ir.Const(2.0), ACC, C * TERM, "max"), a, b, c, d, backend=backend)
+    assert torch.equal(constant.cpu(), (2.0 * c.cpu()).amax(-1)[..., :, None, None].expand(2, 2, 3, 4))
+    only_c = kermac.run_grad_program(GradProgram(A, ACC, C, "min"), a, b, c, d, backend=backend)
+    assert torch.equal(only_c.cpu(), c.cpu().amin(-1)[..., :, None, None].expand(2, 2, 3, 4))
+
+
 def test_construction_checks() -> None:
     with pytest.raises(ValueError, match="accumulate: may use variables \\['c', 'term'\\], got unknown \\['a'\\]"):
         GradProgram(A, ACC, A * TERM)

@@ -178,8 +178,8 @@ class ReferenceBackend(Backend):
                         "d": problem.d[..., n0:n1, m0:m1, None].to(cdtype),
                     }
                     term = evaluate(prog.multiply, {**env, **term_env}, like=like)
+                    term = term.expand(batch + (n1 - n0, m1 - m0, k1 - k0))[..., None, :, :, :]  # [*B, 1, n, m, k]
                     c = problem.c[..., :, None, None, k0:k1].to(cdtype)
-                    term = term[..., None, :, :, :]  # [*B, 1, n, m, k]
                     parts = evaluate(prog.accumulate, {"c": c, "term": term, **accumulate_env}, like=like)
                     parts = parts.expand(shape + (k1 - k0,))
                     acc = reduce(torch.stack((acc, reduce(parts, -1)), -1), -1)
