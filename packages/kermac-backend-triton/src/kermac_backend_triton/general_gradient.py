@@ -25,15 +25,18 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from kermac_backend_triton.pairwise_simt import index_type, reduction_identity
+from kermac_backend_triton.pairwise_simt import reduction_identity
 
 __all__ = ["general_gradient_tile"]
 
 
 @triton.jit
 def _step(acc, acol, brow, crow, dv, k, SAK, SBK, SCK, hypers, multiply, accumulate, combine, INT64: tl.constexpr):
-    """`acc` combined with the terms of index `k`: `term[n, m]` once, `accumulate(c[o, k], term)` per `o`."""
-    k = index_type(k, INT64)
+    """`acc` combined with the terms of index `k`: `term[n, m]` once, `accumulate(c[o, k], term)` per `o`.
+
+    `INT64`: `k` as a 64-bit index (by `tl.cast`, which also takes the interpreter's Python integer)."""
+    if INT64:
+        k = tl.cast(k, tl.int64)
     av = tl.load(acol + k * SAK).to(acc.dtype)
     bv = tl.load(brow + k * SBK).to(acc.dtype)
     cv = tl.load(crow + k * SCK).to(acc.dtype)
