@@ -8,6 +8,7 @@ float64 formulas written with broadcasting (no kermac code):
   (tensor) hyperparameter; M, N or O of 0;
 - 64-bit indices;
 - NaN and ±inf through a minimum (NaN propagates, as the IR's `min`).
+- functions that read fewer operands (a constant multiply, accumulate or epilogue) fill the whole tile.
 
 The general programs' values on every backend, K = 0 and the product-form route are in
 tests/test_general_grad_programs.py and the conformance cases `grad_user_*`.
@@ -171,3 +172,21 @@ def test_a_minimum_propagates_nan_and_infinities(backend: str, device: str) -> N
     special = ~ref.isfinite() & ~ref.isnan()
     assert torch.equal(out[special], ref[special])
     torch.testing.assert_close(out[ref.isfinite()], ref[ref.isfinite()], rtol=1e-12, atol=0)
+
+
+@pytest.mark.parametrize(("backend", "device"), TRITON_DEVICES)
+def test_functions_of_fewer_operands_broadcast(backend: str, device: str) -> None:
+    """A constant multiply (`max_k c`), an accumulate without `c` (`Σ_k (a + b)`) and one of neither operand
+    (`Σ_k 1 = K`), a constant epilogue: each fills the whole `[o, n, m]` tile."""
+    require_backend(backend, device, "grad")
+    a, b, c, d = _operands(7, 5, 4, 3, seed=6)
+    ap, bp, _, _ = _pieces(a, b, c, d)
+    cases = [
+        (GradProgram(ir.Const(2.0), ACC, C, "max"), c.amax(-1)[:, None, None].expand(3, 4, 5)),
+        (GradProgram(A + B, ACC, TERM), (ap + bp).sum(-1).expand(3, 4, 5)),
+        (GradProgram(A + B, ACC, ir.Const(1.0)), torch.full((3, 4, 5), 7.0, dtype=torch.float64)),
+        (GradProgram(A * B - D, ir.Const(3.0), TERM - C, "min"), torch.full((3, 4, 5), 3.0, dtype=torch.float64)),
+    ]
+    for program, ref in cases:
+        out = kermac.run_grad_program(program, *(t.to(device) for t in (a, b, c, d)), backend=backend)
+        _close(out, ref, 1e-12, program.key())

@@ -131,7 +131,8 @@ class ProductSpec:
 
 @dataclass(frozen=True)
 class GradSpec:
-    """Everything the gradient kernel's generated module depends on (fields as `PairwiseSpec`)."""
+    """Everything a gradient kernel's generated module depends on (fields as `PairwiseSpec`; the kernel,
+    `grad_kernel`, follows from the program)."""
 
     program: GradProgram
     compute: str
@@ -201,12 +202,8 @@ def kernel_source(spec: PairwiseSpec | ProductSpec | GradSpec) -> str:
         kind, operation, operands, pointers = spec.kernel, "pairwise", ("x", "z", "out"), "X, Z, OUT"
         functions = _pairwise_functions(spec)
     else:
-        kind, operation, operands, pointers = (
-            grad_kernel(spec.program),
-            "grad",
-            ("a", "b", "c", "d", "out"),
-            "A, B, C, DD, OUT",
-        )
+        kind = grad_kernel(spec.program)
+        operation, operands, pointers = "grad", ("a", "b", "c", "d", "out"), "A, B, C, DD, OUT"
         functions = _grad_functions(spec) if kind == "grad" else _general_grad_functions(spec)
     prog, cdt = spec.program, COMPUTE_TYPES[spec.compute]
     gluon = kind == "gluon"
