@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ast
 import math
+import re
 
 import pytest
 import torch
@@ -124,6 +125,69 @@ def test_grad_signed_power_needs_a_scalar_exponent() -> None:
     prog = GradProgram(ir.select(ir.ne(t, 0.0), ir.sign(t) * ir.pow(abs(t), ir.Var("d")), 0.0), ir.Var("acc"))
     source = generated.kernel_source(generated.GradSpec(prog, "float32", 0, frozenset(), False))
     assert "signed_base" not in source and "None, None, False" in source
+
+
+_A, _B, _C, _D, _TERM, _ACC = (ir.Var(n) for n in ("a", "b", "c", "d", "term", "acc"))
+
+
+def grad_source(program: GradProgram, **changes: object) -> str:
+    spec = dict(program=program, compute="float32", nbatch=0, tensor_hypers=frozenset(), int64=False)
+    spec.update(changes)
+    return generated.kernel_source(generated.GradSpec(**spec))
+
+
+def test_general_grad_source() -> None:
+    """A program without a product factor: `multiply` of `a, b, d`, its `accumulate`, the reduction's `combine`
+    rendered from `kermac.reductions` by the pairwise kernels' renderer, and the general kernel's tile."""
+    program = GradProgram(abs(_D - _B) - _A, ir.Hyper("s") * _ACC, _TERM * _C + ir.Hyper("t"), "max")
+    source = grad_source(program, nbatch=1, tensor_hypers=frozenset({"t"}))
+    assert generated.grad_kernel(program) == "grad_general"
+    assert "return (tl.abs((d - b)) - a)" in function(source, "multiply")
+    assert "def multiply(a, b, d, hypers):" in source
+    accumulate = function(source, "accumulate")
+    assert "def accumulate(c, term, hypers):" in accumulate and "return ((term * c) + h_t)" in accumulate
+    assert "h_t = hypers[1]" in accumulate and "h_s" not in accumulate
+    assert "return (h_s * acc)" in function(source, "epilogue")
+    assert "return max_nan(acc, t)" in function(source, "combine")
+    assert "combine_chunk" not in source and "signed_base" not in source and not re.search(r"\bgradient_tile\(", source)
+    entry = function(source, generated.GRAD_ENTRY)
+    assert "general_gradient_tile(" in entry and "multiply, accumulate, combine, epilogue, 'max', tl.float32" in entry
+    assert "H_t += b0 * SB_hyper_t_0" in entry and "h_s: tl.float32" in entry
+    # The combine is the pairwise kernels' text of the same reduction (one renderer): log-sum-exp's logaddexp.
+    soft = grad_source(testing.SOFT_MAX_GRAD)
+    assert function(soft, "combine") == function(pairwise(presets.l1_distance, program=testing.SOFT_MIN), "combine")
+
+
+def test_a_product_form_program_takes_the_product_path() -> None:
+    """A program without an accumulate is its own product factor: the product-form kernel, its multiply of `d, b`."""
+    program = grad_program(1.0)
+    source = grad_source(program)
+    assert generated.grad_kernel(program) == "grad"
+    assert "gradient_tile(" in function(source, generated.GRAD_ENTRY) and "general_gradient" not in source
+    assert "def multiply(d, b, hypers):" in source and "accumulate" not in source and "combine" not in source
+
+
+@pytest.mark.parametrize(
+    "general, product",
+    [
+        (GradProgram(_A * ir.sign(_D - _B), _ACC, _C * _TERM), GradProgram(ir.sign(_D - _B), _ACC)),
+        (
+            GradProgram((_D - _B) * ir.Hyper("s") * _A, ir.Hyper("e") * _ACC, _TERM * _C),
+            GradProgram((_D - _B) * ir.Hyper("s"), ir.Hyper("e") * _ACC),
+        ),
+        (GradProgram(grad_program(1.5).multiply * _A, _ACC, _C * _TERM), grad_program(1.5)),
+    ],
+    ids=["sign", "hypers_and_order", "signed_power"],
+)
+def test_a_general_program_equal_to_a_product_form_takes_the_product_path(
+    general: GradProgram, product: GradProgram
+) -> None:
+    """A sum of `c·term` whose multiply is `a` times a factor generates the product form's module: the same text
+    but for the program's key in a comment (the signed-power route included)."""
+    assert generated.grad_kernel(general) == "grad"
+    for changes in ({}, {"compute": "float64", "nbatch": 2, "int64": True}):
+        general_source, product_source = grad_source(general, **changes), grad_source(product, **changes)
+        assert general_source.replace(general.key(), product.key()) == product_source
 
 
 def test_op_table_covers_the_ir() -> None:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import itertools
 import math
 
 import pytest
@@ -386,9 +387,10 @@ def test_the_grid_size_check_agrees_with_the_smallest_tiles() -> None:
             -(-m // (c["MI"] * c["MT"])) * -(-n // (c["NI"] * c["NT"])) for c, _, _ in configs.PAIRWISE_SPACE
         )
 
-    def tiles_grad(batch: int, m: int, n: int, o: int) -> int:
-        pairs = min(-(-n // c["BN"]) * -(-m // c["BM"]) for c, *_ in configs.GRAD_SPACE)
-        return batch * -(-o // configs.grad_block_o(o)) * pairs
+    def tiles_grad(batch: int, m: int, n: int, o: int, general: bool) -> int:
+        space = configs.GENERAL_GRAD_SPACE if general else configs.GRAD_SPACE
+        pairs = min(-(-n // c["BN"]) * -(-m // c["BM"]) for c, *_ in space)
+        return batch * -(-o // (configs.general_grad_block_o if general else configs.grad_block_o)(o)) * pairs
 
     one = torch.zeros(1, 1)
     for batch, m, n in [
@@ -404,12 +406,16 @@ def test_the_grid_size_check_agrees_with_the_smallest_tiles() -> None:
         problem = PairwiseProblem(presets.l1_distance.lower(), x, z, one, {}, 0, 0, (batch,))
         verdict = launch.grid_size_problem(problem)
         assert (verdict is None) == (tiles_pairwise(batch, m, n) <= limit), (batch, m, n, verdict)
-    for batch, m, n, o in [(1, 5, 3, 2), (2**10, 2**12, 2**8, 17), (2**16, 2**12, 2**12, 64)]:
+    product = kermac.GradProgram(kermac.ir.Var("d") - kermac.ir.Var("b"), kermac.ir.Var("acc"))
+    general = kermac.GradProgram(kermac.ir.Var("d") - kermac.ir.Var("a"), kermac.ir.Var("acc"), kermac.ir.Var("term"))
+    # (2**14, 2**12, 2**12, 64): one o tile of the product form's kernel fits the limit, four of the general one do not
+    sizes = [(1, 5, 3, 2), (2**10, 2**12, 2**8, 17), (2**16, 2**12, 2**12, 64), (2**14, 2**12, 2**12, 64)]
+    for (batch, m, n, o), program in itertools.product(sizes, (product, general)):
         a = one.expand(batch, 1, m)
         b = one.expand(batch, n, 1)
         c = one.expand(batch, o, 1)
         d = one.expand(batch, n, m)
-        program = kermac.GradProgram(kermac.ir.Var("d") - kermac.ir.Var("b"), kermac.ir.Var("acc"))
         problem = GradProblem(program, a, b, c, d, one, {}, (batch,))
         verdict = launch.grid_size_problem(problem)
-        assert (verdict is None) == (tiles_grad(batch, m, n, o) <= limit), (batch, m, n, o, verdict)
+        expected = tiles_grad(batch, m, n, o, program is general) <= limit
+        assert (verdict is None) == expected, (batch, m, n, o, program.key(), verdict)

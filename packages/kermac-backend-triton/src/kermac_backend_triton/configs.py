@@ -7,7 +7,7 @@ separate compilation, so the spaces stay small (compile time matters).  Under th
 single small configuration is used (no timing is possible there).  With
 `TritonTuning` `autotune=False` every launch on a GPU takes
 the default configuration (`DEFAULT_PAIRWISE`, `default_pairwise_tc`,
-`DEFAULT_GLUON_PAIRWISE`, `DEFAULT_GRAD`), compiling one kernel per program instead of
+`DEFAULT_GLUON_PAIRWISE`, `DEFAULT_GRAD`, `DEFAULT_GENERAL_GRAD`), compiling one kernel per program instead of
 one per configuration.
 
 Pairwise meta-parameters (see `kermac_backend_triton.pairwise_simt`): `BK` features per
@@ -16,7 +16,8 @@ loaded ahead; `GROUP_M`.
 Tensor-core pairwise kernel (float32 p = 2 family): `BM × BN` outputs per program, `BK` per
 step, from one of two spaces chosen by D (the autotuner prunes to it, so a program compiles
 two configurations).
-Gradient: `BN × BM` (n, m) pairs and `BO` outputs rows per program, `BK` per step.
+Gradient: `BN × BM` (n, m) pairs and `BO` outputs rows per program, `BK` per step; `BO` is chosen
+from O (`grad_block_o`, and `general_grad_block_o` for the general form's kernel), not tuned.
 Kernel product (`kermac_backend_triton.product`): the K tile's meta-parameters as above, and
 `BC` columns of `v` per program, chosen from C (`product_block_c`), not tuned; on the tensor
 cores `BK` is chosen from D (`product_tc_block_k`).
@@ -27,10 +28,13 @@ says what each entry is for.
 from __future__ import annotations
 
 __all__ = [
+    "DEFAULT_GENERAL_GRAD",
     "DEFAULT_GLUON_PAIRWISE",
     "DEFAULT_GRAD",
     "DEFAULT_PAIRWISE",
+    "GENERAL_GRAD_SPACE",
     "GLUON_PAIRWISE_SPACE",
+    "INTERPRET_GENERAL_GRAD",
     "INTERPRET_GRAD",
     "INTERPRET_PAIRWISE",
     "INTERPRET_PAIRWISE_TC",
@@ -42,6 +46,8 @@ __all__ = [
     "TC_SHORT_D",
     "bucket",
     "default_pairwise_tc",
+    "general_grad_block_o",
+    "general_grad_configs",
     "gluon_pairwise_configs",
     "grad_block_o",
     "grad_configs",
@@ -105,6 +111,18 @@ A operand of the tensor-core product), so registers set the occupancy: at 8 warp
 without the cap; with it, a few spills).
 """
 
+GENERAL_GRAD_SPACE: tuple[tuple[dict[str, int], int, int, int | None], ...] = (
+    ({"BN": 4, "BM": 32, "BK": 4}, 4, 2, None),
+    ({"BN": 8, "BM": 32, "BK": 2}, 4, 2, None),
+    ({"BN": 4, "BM": 64, "BK": 4}, 8, 2, None),
+)
+"""The general gradient kernel's space (`kermac_backend_triton.general_gradient`), as `GRAD_SPACE`; `BO` comes
+from O (`general_grad_block_o`).  Each thread holds `BK × BO` accumulated terms per `(n, m)` pair it owns (the
+`(n, m)` pairs go to the threads, the chunk of `k` stays in registers), so `BK` stays small: one pair per thread
+at `BK` = 4 (the default), two at `BK` = 2; chosen by that count, not yet by time.  Every entry keeps
+`BN` ≥ 2 and `BM` ≥ 8 (the bound on the number of programs in `kermac_backend_triton.launch`).
+"""
+
 GLUON_PAIRWISE_SPACE: tuple[tuple[dict[str, int], int, int, int | None], ...] = (
     ({"BM": 128, "BN": 128, "BK": 8, "TM": 4, "GROUP_M": 8}, 8, 1, None),
     ({"BM": 64, "BN": 128, "BK": 8, "TM": 2, "GROUP_M": 8}, 4, 1, None),
@@ -125,6 +143,7 @@ INTERPRET_PAIRWISE = {"BK": 8, "MI": 2, "NI": 2, "MT": 4, "NT": 4, "PF": 2, "GRO
 """The interpreter's only configurations: small tiles so CPU tests stay fast."""
 INTERPRET_PAIRWISE_TC = {"BM": 16, "BN": 16, "BK": 16, "GROUP_M": 2}
 INTERPRET_GRAD = {"BN": 2, "BM": 8, "BK": 16}
+INTERPRET_GENERAL_GRAD = {"BN": 4, "BM": 16, "BK": 4}
 INTERPRET_PRODUCT = {"BK": 8, "MI": 4, "NI": 4, "MT": 4, "NT": 4, "PF": 2}
 """16 × 16 K tiles, the smallest a `tl.dot` takes."""
 INTERPRET_PRODUCT_TC = {"BM": 16, "BN": 16}
@@ -202,6 +221,11 @@ def grad_configs() -> list:
     return [_config(entry) for entry in GRAD_SPACE]
 
 
+def general_grad_configs() -> list:
+    """The general gradient space as `triton.Config` objects."""
+    return [_config(entry) for entry in GENERAL_GRAD_SPACE]
+
+
 def launch_options(entry: tuple) -> dict:
     """Meta-parameters and launch options of one space entry, as `run_pairwise(meta=…)` takes them."""
     meta, warps, stages, *rest = entry
@@ -213,6 +237,8 @@ def launch_options(entry: tuple) -> dict:
 
 DEFAULT_GRAD = launch_options(GRAD_SPACE[0])
 """The gradient configuration used when autotuning is off."""
+DEFAULT_GENERAL_GRAD = launch_options(GENERAL_GRAD_SPACE[0])
+"""The general gradient configuration used when autotuning is off."""
 DEFAULT_GLUON_PAIRWISE = launch_options(GLUON_PAIRWISE_SPACE[0])
 """The Gluon pairwise configuration used when autotuning is off."""
 
@@ -242,6 +268,12 @@ def product_tc_block_k(d: int) -> int:
 def grad_block_o(o: int) -> int:
     """Rows of `o` per program: the next power of two ≥ O, at least 16 (`tl.dot`), at most 64."""
     return min(64, max(16, 1 << max(0, o - 1).bit_length()))
+
+
+def general_grad_block_o(o: int) -> int:
+    """Rows of `o` per program of the general gradient kernel: the next power of two ≥ O, at most 16 (no
+    `tl.dot` sets a minimum; each row adds `BK` terms per `(n, m)` pair to a thread's registers)."""
+    return min(16, 1 << max(0, o - 1).bit_length())
 
 
 def bucket(*sizes: int) -> int:

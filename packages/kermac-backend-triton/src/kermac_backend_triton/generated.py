@@ -1,18 +1,21 @@
 """The per-program module: the few lines of each kernel that come from the IR, as Python source.
 
 The kernels themselves are ordinary `@triton.jit` code (`pairwise_simt`,
-`pairwise_tensor_cores`, `gluon_pairwise`, `gradient`, and `product`, which contracts the SIMT
-or tensor-core pairwise tiles with `v`).  What varies with the program and the launch's layout is
+`pairwise_tensor_cores`, `gluon_pairwise`, `gradient` and `general_gradient`, and `product`, which
+contracts the SIMT or tensor-core pairwise tiles with `v`).  What varies with the program and the launch's layout is
 generated here, as a small module (`kernel_source`, loaded by
 `kermac_backend_triton.modules.load_module`) holding:
 
 * the program's expressions as `@triton.jit` functions of their variables and the tuple
   `hypers` of hyperparameter values — `inner(x, z, hypers)` and `epilogue(acc, diag, hypers)`
-  (pairwise and product), `multiply(d, b, hypers)`, `epilogue(acc, hypers)` and, for a signed power,
-  `signed_base` / `signed_exponent` (gradient), rendered by
-  `kermac_backend_triton.expressions`;
-* its reduction's rule (`kermac.reductions`): `combine(acc, t)` and, for the kernels that reduce a
-  chunk of features at once, `combine_chunk(acc, t)` (`t` reduced over its axis 0 by `combine`;
+  (pairwise and product); `multiply(d, b, hypers)` (the factor of
+  [`kermac.programs.product_factor`][kermac.programs.product_factor]), `epilogue(acc, hypers)` and, for a signed
+  power, `signed_base` / `signed_exponent` (a gradient program with a product factor, `gradient`);
+  `multiply(a, b, d, hypers)`, `accumulate(c, term, hypers)` and `epilogue(acc, hypers)` (one without,
+  `general_gradient`), rendered by `kermac_backend_triton.expressions`;
+* its reduction's rule (`kermac.reductions`; a gradient program's only where it has no product factor):
+  `combine(acc, t)` and, for the kernels that reduce a
+  chunk of terms at once, `combine_chunk(acc, t)` (`t` reduced over its axis 0 by `combine`;
   by `tl.sum` for the arithmetic sum, the same values, which the CPU interpreter computes as one
   vector operation where a function of its own is folded element by element);
 * the entry kernel, whose parameter list depends on the program's hyperparameters (a typed
@@ -35,14 +38,15 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from kermac.ir import free_vars
+from kermac.ir import Expr, free_vars
 from kermac.kernel_facts import tensor_core_eligible
-from kermac.programs import GradProgram, PairwiseProgram, signed_power
+from kermac.programs import GradProgram, PairwiseProgram, product_factor, signed_power
 from kermac.reductions import ALL as REDUCTIONS
 from kermac_backend_triton.expressions import COMPUTE_TYPES, hyper_arg, nonnegative, render_expr
 
 __all__ = [
     "GRAD_ENTRY",
+    "GRAD_KERNELS",
     "KERNELS",
     "PAIRWISE_ENTRY",
     "PRODUCT_ENTRY",
@@ -50,6 +54,7 @@ __all__ = [
     "GradSpec",
     "PairwiseSpec",
     "ProductSpec",
+    "grad_kernel",
     "kernel_source",
 ]
 
@@ -61,6 +66,16 @@ KERNELS = ("simt", "tensor_cores", "gluon")
 """The pairwise kernels: the `tl` SIMT kernel, the tensor-core one, the Gluon SIMT one."""
 PRODUCT_KERNELS = ("simt", "tensor_cores")
 """The pairwise kernels whose K tiles the product contracts (`kermac_backend_triton.product`)."""
+GRAD_KERNELS = ("grad", "grad_general")
+"""The gradient kernels: the product form's (`kermac_backend_triton.gradient`) and the general form's
+(`kermac_backend_triton.general_gradient`)."""
+
+
+def grad_kernel(program: GradProgram) -> str:
+    """The gradient kernel (one of `GRAD_KERNELS`) that runs `program`: `"grad"` where it computes a product
+    form `Σ_k c·a·g(d, b)` ([`kermac.programs.product_factor`][kermac.programs.product_factor] finds `g`), else
+    `"grad_general"`."""
+    return "grad" if product_factor(program) is not None else "grad_general"
 
 
 def _check_pairwise_fields(spec: PairwiseSpec | ProductSpec, kernels: tuple[str, ...]) -> None:
@@ -116,7 +131,8 @@ class ProductSpec:
 
 @dataclass(frozen=True)
 class GradSpec:
-    """Everything the gradient kernel's generated module depends on (fields as `PairwiseSpec`)."""
+    """Everything a gradient kernel's generated module depends on (fields as `PairwiseSpec`; the kernel,
+    `grad_kernel`, follows from the program)."""
 
     program: GradProgram
     compute: str
@@ -145,6 +161,8 @@ _SKELETON_IMPORTS = {
     "from kermac_backend_triton.gluon_pairwise import gluon_tile\n"
     "from kermac_backend_triton.pairwise_simt import grouped_tile\n",
     "grad": "from kermac_backend_triton.gradient import gradient_tile, grid_order\n",
+    "grad_general": "from kermac_backend_triton.general_gradient import general_gradient_tile\n"
+    "from kermac_backend_triton.gradient import grid_order\n",
     "product_simt": "from kermac_backend_triton.product import product_order, simt_product_tile\n",
     "product_tensor_cores": "from kermac_backend_triton.product import product_order, tensor_core_product_tile\n",
 }
@@ -160,11 +178,17 @@ _META = {
     "tensor_cores": ("BM BN BK GROUP_M", '"M", "OFF_M", "OFF_N", "GUARD", "KEY"'),
     "gluon": ("BM BN BK TM GROUP_M XT ZT", '"M", "D", "OFF_M", "OFF_N", "KEY"'),
     "grad": ("BN BM BK BO", '"M", "N", "O", "K", "KEY"'),
+    "grad_general": ("BN BM BK BO", '"M", "N", "O", "K", "KEY"'),
     "product_simt": ("BK MI NI MT NT PF BC", '"M", "N", "D", "C", "OFF_M", "OFF_N", "KEY"'),
     "product_tensor_cores": ("BM BN BK BC", '"M", "N", "C", "OFF_M", "OFF_N", "GUARD", "KEY"'),
 }
 """Meta-parameters of each kernel (after `KEY`), and the sizes never specialised on."""
-_ENTRIES = {"grad": GRAD_ENTRY, "product_simt": PRODUCT_ENTRY, "product_tensor_cores": PRODUCT_ENTRY}
+_ENTRIES = {
+    "grad": GRAD_ENTRY,
+    "grad_general": GRAD_ENTRY,
+    "product_simt": PRODUCT_ENTRY,
+    "product_tensor_cores": PRODUCT_ENTRY,
+}
 """The entry kernel's name, where it is not `PAIRWISE_ENTRY`."""
 
 
@@ -178,8 +202,9 @@ def kernel_source(spec: PairwiseSpec | ProductSpec | GradSpec) -> str:
         kind, operation, operands, pointers = spec.kernel, "pairwise", ("x", "z", "out"), "X, Z, OUT"
         functions = _pairwise_functions(spec)
     else:
-        kind, operation, operands, pointers = "grad", "grad", ("a", "b", "c", "d", "out"), "A, B, C, DD, OUT"
-        functions = _grad_functions(spec)
+        kind = grad_kernel(spec.program)
+        operation, operands, pointers = "grad", ("a", "b", "c", "d", "out"), "A, B, C, DD, OUT"
+        functions = _grad_functions(spec) if kind == "grad" else _general_grad_functions(spec)
     prog, cdt = spec.program, COMPUTE_TYPES[spec.compute]
     gluon = kind == "gluon"
     lang = "gl" if gluon else "tl"
@@ -213,6 +238,7 @@ _TILE_ORDER = {
     "tensor_cores": "bat, pm, pn = grouped_tile(M, N, BM, BN, GROUP_M, {int64})",
     "gluon": "bat, pm, pn = grouped_tile(M, N, BM, BN, GROUP_M, {int64})",
     "grad": "bat, po, pn, pm = grid_order(M, N, O, BN, BM, BO, {int64})",
+    "grad_general": "bat, po, pn, pm = grid_order(M, N, O, BN, BM, BO, {int64})",
     "product_simt": "bat, pm, pc = product_order(M, C, MI * MT, BC, {int64})",
     "product_tensor_cores": "bat, pm, pc = product_order(M, C, BM, BC, {int64})",
 }
@@ -232,6 +258,10 @@ _CALL = {
     "        A, B, C, DD, OUT, M, N, O, K, SAK, SAM, SBN, SBK, SCO, SCK, SDN, SDM, SOO, SON, SOM, po, pn, pm,\n"
     "        {hypers}, multiply, epilogue, {signed_base}, {signed_exponent}, {signed}, {cdt}, BN, BM, BK, BO,\n"
     "        INT64={int64},\n    )",
+    "grad_general": "general_gradient_tile(\n"
+    "        A, B, C, DD, OUT, M, N, O, K, SAK, SAM, SBN, SBK, SCO, SCK, SDN, SDM, SOO, SON, SOM, po, pn, pm,\n"
+    "        {hypers}, multiply, accumulate, combine, epilogue, {reduction!r}, {cdt}, BN, BM, BK, BO,\n"
+    "        INT64={int64},\n    )",
     "product_simt": "simt_product_tile(\n"
     "        X, Z, V, OUT, M, N, D, C, OFF_M, OFF_N, SXM, SXK, SZN, SZK, SVN, SVC, SOM, SOC, pm, pc, {hypers},\n"
     "        inner, epilogue, combine_chunk, {reduction!r}, {uses_diag}, {cdt}, BK, MI, NI, MT, NT, PF, BC,\n"
@@ -246,7 +276,10 @@ _CALL = {
 def _program_constants(spec: PairwiseSpec | ProductSpec | GradSpec) -> dict[str, object]:
     if not isinstance(spec, GradSpec):
         return {"reduction": spec.program.reduction, "uses_diag": spec.program.uses_diag}
-    signed = _scalar_signed_power(spec.program) is not None
+    factor = product_factor(spec.program)
+    if factor is None:
+        return {"reduction": spec.program.reduction}
+    signed = _scalar_signed_power(factor) is not None
     names = ("signed_base", "signed_exponent") if signed else ("None", "None")
     return {"signed_base": names[0], "signed_exponent": names[1], "signed": signed}
 
@@ -307,7 +340,6 @@ def _pairwise_functions(spec: PairwiseSpec | ProductSpec) -> list[str]:
     lang = "gl" if gluon else "tl"
     reduction = REDUCTIONS[prog.reduction]
     inner = render_expr(prog.inner, {"x": "x", "z": "z"}, spec.compute, fast=True, lang=lang)
-    combine = render_expr(reduction.combine, {"acc": "acc", "t": "t"}, spec.compute, fast=True, lang=lang)
     known = frozenset({"acc"}) if reduction.nonnegative and nonnegative(prog.inner) else frozenset()
     epilogue = render_expr(prog.epilogue, {"acc": "acc", "diag": "diag"}, spec.compute, known, lang=lang)
     if gluon and not free_vars(prog.epilogue) & {"acc", "diag"}:
@@ -317,32 +349,62 @@ def _pairwise_functions(spec: PairwiseSpec | ProductSpec) -> list[str]:
     functions = [
         _function("inner", "x, z, hypers", prog.hypers, inner, _hypers_in(inner, prog.hypers), gluon),
         _function("epilogue", "acc, diag, hypers", prog.hypers, epilogue, _hypers_in(epilogue, prog.hypers), gluon),
-        _function("combine", "acc, t", (), combine, set(), gluon),
     ]
-    if not gluon:
-        chunk = "tl.sum(t, 0)" if reduction.sum_fast_paths else "tl.reduce(t, 0, combine)"
-        functions.append(_function("combine_chunk", "acc, t", (), f"combine(acc, {chunk})", set(), False))
+    return functions + _reduction_functions(prog.reduction, spec.compute, gluon, chunk=not gluon)
+
+
+def _reduction_functions(name: str, compute: str, gluon: bool = False, chunk: bool = True) -> list[str]:
+    """`combine(acc, t)` of reduction `name` (`kermac.reductions`), rendered from its IR as the k loop's (`fast`),
+    and with `chunk` `combine_chunk(acc, t)`: `t` reduced over its axis 0 (by `tl.sum` for the sum), then
+    combined with `acc`.  `gluon`: `@gluon.jit` functions."""
+    reduction = REDUCTIONS[name]
+    combine = render_expr(reduction.combine, {"acc": "acc", "t": "t"}, compute, fast=True, lang="gl" if gluon else "tl")
+    functions = [_function("combine", "acc, t", (), combine, set(), gluon)]
+    if chunk:
+        reduced = "tl.sum(t, 0)" if reduction.sum_fast_paths else "tl.reduce(t, 0, combine)"
+        functions.append(_function("combine_chunk", "acc, t", (), f"combine(acc, {reduced})", set(), gluon))
     return functions
 
 
-def _scalar_signed_power(prog: GradProgram) -> tuple | None:
-    """(t, e) where the multiply is sgn(t)·|t|^e with an e free of variables (one value per launch)."""
-    signed = signed_power(prog.multiply)
+def _scalar_signed_power(factor: Expr) -> tuple | None:
+    """(t, e) where the factor is sgn(t)·|t|^e with an e free of variables (one value per launch)."""
+    signed = signed_power(factor)
     return signed if signed is not None and not free_vars(signed[1]) else None
 
 
 def _grad_functions(spec: GradSpec) -> list[str]:
-    """`multiply` (the k loop's, `fast`) and `epilogue` of a gradient program, and for a signed
-    power with a scalar exponent its base `t` and exponent `e`."""
+    """`multiply` (the product factor `g(d, b)`, in the k loop: `fast`) and `epilogue` of a gradient program
+    with a product factor, and for a signed power with a scalar exponent its base `t` and exponent `e`."""
     prog, hypers = spec.program, spec.program.hypers
+    factor = product_factor(prog)
     texts = {
-        ("multiply", "d, b, hypers"): render_expr(prog.multiply, {"d": "d", "b": "b"}, spec.compute, fast=True),
+        ("multiply", "d, b, hypers"): render_expr(factor, {"d": "d", "b": "b"}, spec.compute, fast=True),
         ("epilogue", "acc, hypers"): render_expr(prog.epilogue, {"acc": "acc"}, spec.compute),
     }
-    signed = _scalar_signed_power(prog)
+    signed = _scalar_signed_power(factor)
     if signed is not None:
         texts[("signed_base", "d, b, hypers")] = render_expr(signed[0], {"d": "d", "b": "b"}, spec.compute, fast=True)
         texts[("signed_exponent", "hypers")] = render_expr(signed[1], {}, spec.compute)
     return [
         _function(name, params, hypers, text, _hypers_in(text, hypers), False) for (name, params), text in texts.items()
     ]
+
+
+def _general_grad_functions(spec: GradSpec) -> list[str]:
+    """`multiply(a, b, d)` and `accumulate(c, term)` (the k loop's, `fast`), `epilogue(acc)`, and the reduction's
+    `combine` of a gradient program without a product factor."""
+    prog, hypers = spec.program, spec.program.hypers
+    assert prog.accumulate is not None  # a program without an accumulate is its own product factor
+    texts = {
+        ("multiply", "a, b, d, hypers"): render_expr(
+            prog.multiply, {"a": "a", "b": "b", "d": "d"}, spec.compute, fast=True
+        ),
+        ("accumulate", "c, term, hypers"): render_expr(
+            prog.accumulate, {"c": "c", "term": "term"}, spec.compute, fast=True
+        ),
+        ("epilogue", "acc, hypers"): render_expr(prog.epilogue, {"acc": "acc"}, spec.compute),
+    }
+    functions = [
+        _function(name, params, hypers, text, _hypers_in(text, hypers), False) for (name, params), text in texts.items()
+    ]
+    return functions + _reduction_functions(prog.reduction, spec.compute, chunk=False)

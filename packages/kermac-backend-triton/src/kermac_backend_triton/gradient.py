@@ -1,5 +1,9 @@
 """The gradient kernel: `out[o, n, m] = epilogue(Σ_k c[o,k]·a[k,m]·multiply(d[n,m], b[n,k]))`.
 
+The kernel of every gradient program with a product factor (`multiply` here is
+[`kermac.programs.product_factor`][kermac.programs.product_factor]); the others run
+`kermac_backend_triton.general_gradient`.
+
 One program owns a `BN × BM` tile of `(n, m)` pairs and `BO` rows of `o`.  Per `BK`
 chunk it forms `w[n,m,k] = a[k,m]·multiply(d[n,m], b[n,k])` elementwise and contracts it with
 `c` on the tensor cores: `acc[(n,m), o] += w[(n,m), k] @ cᵀ[k, o]` — in float32 as 3×TF32 by

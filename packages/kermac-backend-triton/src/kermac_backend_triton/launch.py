@@ -39,6 +39,7 @@ from kermac_backend_triton.generated import (
     GradSpec,
     PairwiseSpec,
     ProductSpec,
+    grad_kernel,
     kernel_source,
 )
 from kermac_backend_triton.interpreter import interpreting
@@ -126,7 +127,8 @@ def _kernel(spec: Spec, autotune: bool, debug: bool) -> Callable[..., Any]:
         return kernel
     module = load_module(kernel_source(spec), debug=debug)
     if isinstance(spec, GradSpec):
-        fn, space, prune, key_args = getattr(module, GRAD_ENTRY), configs.grad_configs, None, ["KEY"]
+        space = configs.grad_configs if grad_kernel(spec.program) == "grad" else configs.general_grad_configs
+        fn, prune, key_args = getattr(module, GRAD_ENTRY), None, ["KEY"]
     elif isinstance(spec, ProductSpec):
         fn, prune, key_args = getattr(module, PRODUCT_ENTRY), None, ["KEY"]
         space = configs.product_tc_configs if spec.kernel == "tensor_cores" else configs.product_configs
@@ -180,8 +182,10 @@ def grid_size_problem(problem: Problem) -> str | None:
         m, n, o, _ = problem.sizes
         if batch * m * n * o <= INT32_MAX:
             return None
-        pairs = min(_cdiv(n, c["BN"]) * _cdiv(m, c["BM"]) for c, *_ in configs.GRAD_SPACE)
-        tiles = _cdiv(o, configs.grad_block_o(o)) * pairs
+        kernel = grad_kernel(problem.program)
+        space = configs.GRAD_SPACE if kernel == "grad" else configs.GENERAL_GRAD_SPACE
+        pairs = min(_cdiv(n, c["BN"]) * _cdiv(m, c["BM"]) for c, *_ in space)
+        tiles = _cdiv(o, _grad_block_o(kernel, o)) * pairs
     if batch * tiles > INT32_MAX:
         return f"the problem needs {batch * tiles} thread blocks, more than CUDA's limit of {INT32_MAX}"
     return None
@@ -216,11 +220,23 @@ def pairwise_spec(problem: PairwiseProblem, tuning: TritonTuning = DEFAULT_TUNIN
     return _pairwise_spec(problem, kernel, len(layout.shape), int64), layout
 
 
+def _grad_block_o(kernel: str, o: int) -> int:
+    """Rows of `o` per program of gradient kernel `kernel` (one of `kermac_backend_triton.generated.GRAD_KERNELS`)."""
+    return configs.grad_block_o(o) if kernel == "grad" else configs.general_grad_block_o(o)
+
+
+def _grad_programs(kernel: str, batch: int, m: int, n: int, o: int) -> int:
+    """A bound on the programs of a launch of gradient kernel `kernel`: every space's tiles hold at least 2 `n`
+    and 8 `m`, and the product form's at least 16 `o` (its `BO`, which is 16 or more); the general form's `BO`
+    is fixed by O."""
+    return batch * _cdiv(m, 8) * _cdiv(n, 2) * _cdiv(o, min(16, _grad_block_o(kernel, o)))
+
+
 def grad_spec(problem: GradProblem) -> tuple[GradSpec, BatchLayout]:
     """The kernel specialisation and batch layout of a gradient problem."""
     layout = batch_layout(problem.batch_shape, grad_operands(problem))
     m, n, o, _ = problem.sizes
-    programs = layout.size * _cdiv(m, 8) * _cdiv(n, 2) * _cdiv(o, 16)
+    programs = _grad_programs(grad_kernel(problem.program), layout.size, m, n, o)
     int64 = _needs_int64(list(grad_operands(problem).values()), programs)
     return _grad_spec(problem, len(layout.shape), int64), layout
 
@@ -361,7 +377,7 @@ def run_grad(
     fkey = (problem.program, tuning, a.dtype, a.is_cuda)
     family = _families.get(fkey)
     if family is None:
-        family = _family(fkey, lambda: "grad", compute_type(a.dtype))
+        family = _family(fkey, lambda: grad_kernel(problem.program), compute_type(a.dtype))
     hyper_args, tensor_names = _hyper_values(problem)
     operands = ["a", "b", "c", "d", "out"] + [f"hyper_{h}" for h in tensor_names]
     layout_args, nbatch, batch = _batch_args(problem, operands)
@@ -369,10 +385,10 @@ def run_grad(
     strides = [sa[-2], sa[-1], sb[-2], sb[-1], sc[-2], sc[-1], sd[-2], sd[-1], so[-3], so[-2], so[-1]]
     args = [a, b, c, d, out, *hyper_args, m, n, o, k, *strides, *layout_args]
     pointers = 5 + len(hyper_args)
-    programs = batch * _cdiv(m, 8) * _cdiv(n, 2) * _cdiv(o, 16)
+    programs = _grad_programs(family.kernel, batch, m, n, o)
     int64 = _needs_int64([t for t in args[:pointers] if isinstance(t, torch.Tensor)], programs)
     spec_of = functools.partial(_grad_spec, problem, nbatch, int64)
-    block_o = configs.grad_block_o(o)
+    block_o = _grad_block_o(family.kernel, o)
     batches = batch * _cdiv(o, block_o)  # programs per (n, m) tile
     bucket = configs.bucket(batch, m, n, o, k)
     if meta is not None:
@@ -485,16 +501,18 @@ def _launch_meta(spec: Spec, tuning: TritonTuning, d: int) -> dict[str, Any]:
         if tuning.autotune:
             return {}
         return configs.launch_options((configs.PRODUCT_TC_SPACE if tc else configs.PRODUCT_SPACE)[0])
-    grad = isinstance(spec, GradSpec)
-    tc = not grad and spec.kernel == "tensor_cores"
+    if isinstance(spec, GradSpec):
+        general = grad_kernel(spec.program) == "grad_general"
+        if interpreting():
+            return dict(configs.INTERPRET_GENERAL_GRAD if general else configs.INTERPRET_GRAD)
+        if tuning.autotune:
+            return {}
+        return dict(configs.DEFAULT_GENERAL_GRAD if general else configs.DEFAULT_GRAD)
+    tc = spec.kernel == "tensor_cores"
     if interpreting():
-        if grad:
-            return dict(configs.INTERPRET_GRAD)
         return dict(configs.INTERPRET_PAIRWISE_TC if tc else configs.INTERPRET_PAIRWISE)
     if tuning.autotune:
         return {}
-    if grad:
-        return dict(configs.DEFAULT_GRAD)
     if tc:
         return configs.default_pairwise_tc(d)
     return dict(configs.DEFAULT_GLUON_PAIRWISE if spec.kernel == "gluon" else configs.DEFAULT_PAIRWISE)
@@ -517,8 +535,10 @@ def _tiles_of(spec: Spec) -> Callable[[Mapping[str, Any]], tuple[int, int]]:
 def _describe(spec: Spec) -> str:
     if isinstance(spec, ProductSpec):
         kernel = f"kernel-product ({spec.kernel} K tiles)"
+    elif isinstance(spec, GradSpec):
+        kernel = "gradient" if grad_kernel(spec.program) == "grad" else "general gradient"
     else:
-        kernel = "gradient" if isinstance(spec, GradSpec) else spec.kernel
+        kernel = spec.kernel
     indices = "64" if spec.int64 else "32"
     return (
         f"its {kernel} kernel of program {spec.program.key()!r} ({spec.compute}, {spec.nbatch} batch "
