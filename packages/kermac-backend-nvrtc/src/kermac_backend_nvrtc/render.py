@@ -20,7 +20,7 @@ import torch
 
 from kermac import ir
 from kermac.ir import Call, Const, Expr, Hyper, Var
-from kermac.programs import canonical_inner, signed_power
+from kermac.programs import canonical_inner, product_factor, signed_power
 
 __all__ = [
     "CUDA_OPS",
@@ -254,6 +254,6 @@ _SIGN = ir.sign(ir.Var("d") - ir.Var("b"))
 
 
 def is_sign_product(program: object) -> bool:
-    """Whether a gradient program's multiply is exactly `sign(d − b)` (p = 1): the programs the
-    bf16 sign-product kernel (`cuda/sign_grad.cuh`) computes."""
-    return program.multiply == _SIGN
+    """Whether a gradient program computes the product form with the factor exactly `sign(d − b)` (p = 1,
+    `kermac.programs.product_factor`): the programs the bf16 sign-product kernel (`cuda/sign_grad.cuh`) computes."""
+    return product_factor(program) == _SIGN
