@@ -17,7 +17,7 @@ from test_general_grad_programs import KERNELS
 from kermac import ir, testing
 from kermac.hyperparams import HyperValue
 from kermac.lowering import grad_program
-from kermac.problem import grad_problem
+from kermac.problem import grad_problem, pairwise_problem
 from kermac.programs import GradProgram, product_factor
 
 pytest.importorskip("kermac_backend_nvrtc.source")
@@ -70,6 +70,11 @@ def _problem(program: GradProgram, o: int, dtype: torch.dtype = torch.float32, *
     k, m, n = 21, 19, 11
     a, b, c, d = (torch.randn(s, dtype=torch.float64).to(dtype) for s in ((k, m), (n, k), (o, k), (n, m)))
     return grad_problem(program, a, b, c, d, out=None, hypers=_hypers(**hypers))
+
+
+def _soft_min_problem():
+    """A pairwise log-sum-exp problem (`testing.SOFT_MIN`): its kernel renders the reduction's combine."""
+    return pairwise_problem(testing.SOFT_MIN, torch.randn(5, 3), torch.randn(4, 3), out=None, hypers=_hypers(gamma=0.5))
 
 
 def _source(problem, capability: int = 90, tuning=DEFAULT_TUNING) -> str:
@@ -131,13 +136,6 @@ def test_general_source_renders_multiply_accumulate_and_combine() -> None:
     assert _functor(source, "km_reduce") == _functor(pairwise, "km_reduce")
     assert _functor(source, "km_term").endswith("{ return km_div_inv((a * (d - b)), h_gamma); }")
     assert "hp_gamma" in source
-
-
-def _soft_min_problem():
-    from kermac.problem import pairwise_problem
-
-    x, z = torch.randn(5, 3), torch.randn(4, 3)
-    return pairwise_problem(testing.SOFT_MIN, x, z, out=None, hypers=_hypers(gamma=0.5))
 
 
 def test_accumulate_reads_hyperparameters() -> None:
