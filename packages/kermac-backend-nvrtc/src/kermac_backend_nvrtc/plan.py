@@ -25,7 +25,14 @@ from kermac.problem import GradProblem, PairwiseProblem, ProductProblem
 from kermac.programs import GradProgram, PairwiseProgram, is_abs_difference_sum, product_factor
 from kermac.reductions import ALL as REDUCTIONS
 from kermac_backend_nvrtc import pow_table, tiles
-from kermac_backend_nvrtc.render import half_power_hypers, half_steps, is_sign_product, rounded, split_exponent
+from kermac_backend_nvrtc.render import (
+    half_power_hypers,
+    half_steps,
+    hyper_identifier,
+    is_sign_product,
+    rounded,
+    split_exponent,
+)
 from kermac_backend_nvrtc.tuning import NvrtcTuning
 from kermac_backend_nvrtc.variants import (
     INPUT_TYPES,
@@ -222,7 +229,7 @@ def _batch_args(layout: BatchLayout, rename: dict[str, str]) -> dict[str, int]:
 
 
 def _rename(names: list[str]) -> dict[str, str]:
-    return {n: ("o" if n == "out" else f"h_{n[6:]}" if n.startswith("hyper_") else n) for n in names}
+    return {n: ("o" if n == "out" else hyper_identifier(n[6:]) if n.startswith("hyper_") else n) for n in names}
 
 
 def device_capability(problem: PairwiseProblem | GradProblem) -> int | None:

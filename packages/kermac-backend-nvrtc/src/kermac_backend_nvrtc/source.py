@@ -25,10 +25,10 @@ from dataclasses import dataclass
 from functools import cache
 from importlib import resources
 
-from kermac.programs import GradProgram, product_factor, zero_padding_is_neutral
+from kermac.programs import product_factor, zero_padding_is_neutral
 from kermac.reductions import ALL as REDUCTIONS
 from kermac_backend_nvrtc import tiles, variants
-from kermac_backend_nvrtc.render import cuda_constant, is_sign_product, render_expr, split_exponent
+from kermac_backend_nvrtc.render import cuda_constant, hyper_identifier, is_sign_product, render_expr, split_exponent
 
 __all__ = ["EXP2_COEFFS", "Param", "kernel_file", "kernel_source"]
 
@@ -94,11 +94,11 @@ def _interface(
     for h in hypers:
         if h in tensor_hypers:
             hyper_params.append(Param(f"hp_{h}", f"const {tensor_hypers[h]}*"))
-            loads.append(f"const km_t h_{h} = km_cvt(hp_{h}[off_h_{h}], km_t(0));")
-            operands.append(f"h_{h}")
+            loads.append(f"const km_t {hyper_identifier(h)} = km_cvt(hp_{h}[off_{hyper_identifier(h)}], km_t(0));")
+            operands.append(hyper_identifier(h))
         else:
             hyper_params.append(Param(f"hv_{h}", "km_t"))
-            loads.append(f"const km_t h_{h} = hv_{h};")
+            loads.append(f"const km_t {hyper_identifier(h)} = hv_{h};")
     batch_params = []
     offsets = [f"long long {', '.join(f'off_{o} = 0' for o in operands)};"]
     if batch_dims:
@@ -111,8 +111,8 @@ def _interface(
                 offsets.append(f"off_{o} += q * b{o}{i};")
         offsets.append("}")
     macros = {
-        "KM_HYPER_FORMALS": "".join(f", km_t h_{h}" for h in hypers),
-        "KM_HYPER_ACTUALS": "".join(f", h_{h}" for h in hypers),
+        "KM_HYPER_FORMALS": "".join(f", km_t {hyper_identifier(h)}" for h in hypers),
+        "KM_HYPER_ACTUALS": "".join(f", {hyper_identifier(h)}" for h in hypers),
         "KM_HYPER_LOADS": " ".join(loads),
         "KM_BATCH_OFFSETS": " ".join(offsets),
     }
@@ -125,9 +125,8 @@ def _render_options(v: variants.KernelVariant, **facts: object) -> dict:
     return {"compute": v.compute, "half_powers": v.half_powers, "known": fixed, "ge1": v.hypers_at_least_one, **facts}
 
 
-def _pairwise_names(prog: object) -> dict[str, str]:
-    """C names of the pairwise IR variables and hyperparameters."""
-    return {"x": "x", "z": "z", "acc": "acc", "diag": "diag"} | {h: f"h_{h}" for h in prog.hypers}
+_PAIRWISE_NAMES = {n: n for n in ("x", "z", "acc", "diag")}
+"""C names of the pairwise IR variables (the functors' parameters)."""
 
 
 def _loads(**operands: variants.TileLoad) -> dict[str, int]:
@@ -166,7 +165,7 @@ def _pairwise_interface(
 
 
 def _epilogue_functor(v: variants.KernelVariant, inline: str = "__forceinline__") -> str:
-    text = render_expr(v.program.epilogue, _pairwise_names(v.program), **_render_options(v))
+    text = render_expr(v.program.epilogue, _PAIRWISE_NAMES, **_render_options(v))
     return f"__device__ {inline} km_t km_epilogue(km_t acc, km_t diag KM_HYPER_FORMALS) {{ return {text}; }}"
 
 
@@ -193,7 +192,7 @@ def _simt_parts(
     without a `split` power) and the functors km_inner, km_reduce and km_epilogue."""
     prog = v.program
     tin, compute = variants.INPUT_TYPES[v.dtype]
-    names = _pairwise_names(prog)
+    names = _PAIRWISE_NAMES
     degree = split.degree if isinstance(split, variants.PowerTable) else 0
     flush = getattr(v, "flush_subnormals", False)
     deep_k, padded_tail = getattr(v, "deep_k", False), getattr(v, "padded_tail", False)
@@ -299,13 +298,12 @@ def _grad_interface(
     return params, {"KM_PARAMS": ", ".join(p.decl for p in params), **macros}
 
 
-def _grad_names(prog: GradProgram) -> dict[str, str]:
-    """C names of the gradient IR variables (the functors' parameters) and hyperparameters."""
-    return {n: n for n in ("a", "b", "c", "d", "term", "acc")} | {h: f"h_{h}" for h in prog.hypers}
+_GRAD_NAMES = {n: n for n in ("a", "b", "c", "d", "term", "acc")}
+"""C names of the gradient IR variables (the functors' parameters)."""
 
 
 def _grad_epilogue_functor(v: variants.SimtGrad | variants.MmaGrad | variants.SignGrad, options: dict) -> str:
-    epilogue = render_expr(v.program.epilogue, _grad_names(v.program), **options)
+    epilogue = render_expr(v.program.epilogue, _GRAD_NAMES, **options)
     return f"__device__ __forceinline__ km_t km_epilogue(km_t acc KM_HYPER_FORMALS) {{ return {epilogue}; }}"
 
 
@@ -318,7 +316,7 @@ def _multiply_functor(v: variants.SimtGrad | variants.MmaGrad, options: dict) ->
             f"{type(v).__name__}: needs a gradient program in the product form (sum of c·a·g(d, b)); "
             f"got {v.program.key()}"
         )
-    multiply = render_expr(factor, _grad_names(v.program), **options)
+    multiply = render_expr(factor, _GRAD_NAMES, **options)
     return f"__device__ __forceinline__ km_t km_multiply(km_t d, km_t b KM_HYPER_FORMALS) {{ return {multiply}; }}"
 
 
@@ -341,9 +339,8 @@ def _simt_grad_functors(v: variants.SimtGrad, compute: str, options: dict) -> li
             f"{accumulate_head} {{ return km_fma(c, term, acc); }}",
             _grad_epilogue_functor(v, options),
         ]
-    names = _grad_names(prog)
-    term = render_expr(prog.multiply, names, **options)
-    contribution = render_expr(prog.accumulate, names, **options)
+    term = render_expr(prog.multiply, _GRAD_NAMES, **options)
+    contribution = render_expr(prog.accumulate, _GRAD_NAMES, **options)
     return [
         _reduce_functor(prog.reduction, compute),
         f"{term_head} {{ return {term}; }}",
