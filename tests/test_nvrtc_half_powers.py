@@ -83,7 +83,7 @@ def test_half_power_hypers_only_where_an_exponent_becomes_a_half_step() -> None:
 
 
 def test_render_uses_products_and_one_square_root() -> None:
-    names = {"x": "x", "z": "z", "d": "d", "b": "b", "p": "h_p"}
+    names = {"x": "x", "z": "z", "d": "d", "b": "b"}  # a hyperparameter p is h_p
     on = {"half_powers": True}
     x, z = ir.Var("x"), ir.Var("z")
     assert (

@@ -16,7 +16,7 @@ import math
 import pytest
 import torch
 
-from kermac import ir, presets
+from kermac import ir, presets, testing
 from kermac.hyperparams import HyperValue
 from kermac.lowering import cdist_program, grad_program
 from kermac.problem import GradProblem, grad_problem, pairwise_problem
@@ -87,6 +87,15 @@ def _grad_cases(offset: int) -> list:
         grad_problem(
             grad_program(None), v(2, 1, k, m), v(n, k), v(3, 5, k), v(1, n, m), out=v(2, 3, 5, n, m),
             hypers=_hypers(p=v(2, 1).abs_().add_(1)),
+        )
+    )  # fmt: skip
+    # gradient programs in the general form (the SIMT kernel only, whatever O)
+    for program, o in ((testing.MAX_GRAD, 3), (testing.MIN_GRAD, 16), (testing.GENERAL_SUM_GRAD, 8)):
+        cases.append(grad_problem(program, v(k, m), v(n, k), v(o, k), v(n, m), out=v(o, n, m), hypers={}))
+    cases.append(
+        grad_problem(
+            testing.SOFT_MAX_GRAD, v(2, k, m), v(n, k), v(16, k), v(n, m), out=v(2, 16, n, m),
+            hypers=_hypers(gamma=v(2).abs_().add_(1)),
         )
     )  # fmt: skip
     return cases

@@ -22,10 +22,17 @@ from kermac.ir import Call, Const, Expr, walk
 from kermac.kernel_facts import cancellation_guard, fits_int32, passed_by_value, tensor_core_eligible
 from kermac.layout import BatchLayout, batch_layout, grad_operands, pairwise_operands
 from kermac.problem import GradProblem, PairwiseProblem, ProductProblem
-from kermac.programs import GradProgram, PairwiseProgram, is_abs_difference_sum
+from kermac.programs import GradProgram, PairwiseProgram, is_abs_difference_sum, product_factor
 from kermac.reductions import ALL as REDUCTIONS
 from kermac_backend_nvrtc import pow_table, tiles
-from kermac_backend_nvrtc.render import half_power_hypers, half_steps, is_sign_product, rounded, split_exponent
+from kermac_backend_nvrtc.render import (
+    half_power_hypers,
+    half_steps,
+    hyper_identifier,
+    is_sign_product,
+    rounded,
+    split_exponent,
+)
 from kermac_backend_nvrtc.tuning import NvrtcTuning
 from kermac_backend_nvrtc.variants import (
     INPUT_TYPES,
@@ -165,12 +172,21 @@ def _split_exponent(prog: PairwiseProgram, ge1: frozenset[str]) -> Expr | None:
     return split_exponent(prog, ge1)
 
 
+def _rendered(prog: PairwiseProgram | GradProgram) -> list[Expr]:
+    """The expressions of `prog` a kernel renders: a pairwise program's inner term and epilogue; a gradient
+    program's factor (`kermac.programs.product_factor`) and epilogue where it is in the product form, else its
+    multiply, accumulate and epilogue."""
+    if isinstance(prog, PairwiseProgram):
+        return [prog.inner, prog.epilogue]
+    factor = product_factor(prog)
+    return [prog.multiply, prog.accumulate, prog.epilogue] if factor is None else [factor, prog.epilogue]
+
+
 @lru_cache(maxsize=1024)
 def _half_power_hypers(
     prog: PairwiseProgram | GradProgram, scalars: tuple[tuple[str, float], ...]
 ) -> tuple[tuple[str, float], ...]:
-    exprs = [prog.inner, prog.epilogue] if isinstance(prog, PairwiseProgram) else [prog.multiply, prog.epilogue]
-    return half_power_hypers(exprs, dict(scalars))
+    return half_power_hypers(_rendered(prog), dict(scalars))
 
 
 def _exponent_value(b: Expr, problem: PairwiseProblem) -> float:
@@ -213,7 +229,7 @@ def _batch_args(layout: BatchLayout, rename: dict[str, str]) -> dict[str, int]:
 
 
 def _rename(names: list[str]) -> dict[str, str]:
-    return {n: ("o" if n == "out" else f"h_{n[6:]}" if n.startswith("hyper_") else n) for n in names}
+    return {n: ("o" if n == "out" else hyper_identifier(n[6:]) if n.startswith("hyper_") else n) for n in names}
 
 
 def device_capability(problem: PairwiseProblem | GradProblem) -> int | None:
@@ -342,7 +358,8 @@ def plan_pairwise(
 def plan_grad(problem: GradProblem, capability: int | None, tuning: NvrtcTuning) -> tuple[KernelVariant, Launch]:
     """Variant and launch of `problem` (which `size_problem` accepted) for a device of
     `capability` (`None`: the problem's; it decides whether a sign program runs on wgmma),
-    chosen among equivalent kernels by `tuning`."""
+    chosen among equivalent kernels by `tuning`.  A program in the product form (one with a factor,
+    `kermac.programs.product_factor`) may run on the tensor-core kernels; any other runs on the SIMT one."""
     capability = device_capability(problem) if capability is None else capability
     dtype = str(problem.dtype).removeprefix("torch.")
     compute = INPUT_TYPES[dtype][1]
@@ -352,6 +369,7 @@ def plan_grad(problem: GradProblem, capability: int | None, tuning: NvrtcTuning)
     if wgmma and o >= tuning.sign_product_min_o and is_sign_product(prog):
         return _plan_sign_grad(problem)
     tensor_cores = tuning.tensor_cores and dtype == "float32" and o >= tuning.tensor_core_grad_min_o
+    tensor_cores = tensor_cores and product_factor(prog) is not None
     cfg = tiles.TC_GRAD_CONFIG if tensor_cores else tiles.grad_config(compute)
     ot = min(cfg.max_ot, 1 << max(0, (o - 1).bit_length()))
     if tensor_cores:

@@ -20,13 +20,14 @@ import torch
 
 from kermac import ir
 from kermac.ir import Call, Const, Expr, Hyper, Var
-from kermac.programs import canonical_inner, signed_power
+from kermac.programs import canonical_inner, product_factor, signed_power
 
 __all__ = [
     "CUDA_OPS",
     "cuda_constant",
     "half_power_hypers",
     "half_steps",
+    "hyper_identifier",
     "is_sign_product",
     "render_expr",
     "rounded",
@@ -65,6 +66,11 @@ def rounded(v: float, compute: str) -> float:
     """`v` rounded to compute type `compute` ("float" or "double"): to nearest, float32
     subnormals kept, ±inf past the range (what the reference backend computes with)."""
     return torch.tensor(v, dtype=torch.float64).to(_COMPUTE_DTYPES[compute]).item()
+
+
+def hyper_identifier(name: str) -> str:
+    """The C identifier of hyperparameter `name` in a kernel's functors: `h_<name>`, never a variable's."""
+    return f"h_{name}"
 
 
 def cuda_constant(v: float, compute: str) -> str:
@@ -177,8 +183,10 @@ def render_expr(
     half_powers: bool = False,
     known: Mapping[str, float] = {},
 ) -> str:
-    """CUDA C++ for `expr` computed in `compute` ("float" or "double"); `names` maps Var and
-    Hyper names to C identifiers.  Constants are rounded to `compute` (`cuda_constant`).
+    """CUDA C++ for `expr` computed in `compute` ("float" or "double"); `names` maps Var names to C
+    identifiers, a hyperparameter is `hyper_identifier` of its name (a program may name a
+    hyperparameter as one of its variables: they stay apart).  Constants are rounded to `compute`
+    (`cuda_constant`).
 
     `half_powers`: a power of an absolute value (signed or not) whose exponent constants and
     `known` (hyperparameter values fixed in the source) make a multiple of 1/2 in [1/2, 4]
@@ -233,7 +241,7 @@ def render_expr(
         return names[name]
 
     return ir.render(
-        rewrite(expr), const=lambda v: cuda_constant(v, compute), var=var, hyper=lambda n: names[n], ops=CUDA_OPS
+        rewrite(expr), const=lambda v: cuda_constant(v, compute), var=var, hyper=hyper_identifier, ops=CUDA_OPS
     )
 
 
@@ -254,6 +262,6 @@ _SIGN = ir.sign(ir.Var("d") - ir.Var("b"))
 
 
 def is_sign_product(program: object) -> bool:
-    """Whether a gradient program's multiply is exactly `sign(d − b)` (p = 1): the programs the
-    bf16 sign-product kernel (`cuda/sign_grad.cuh`) computes."""
-    return program.multiply == _SIGN
+    """Whether a gradient program computes the product form with the factor exactly `sign(d − b)` (p = 1,
+    `kermac.programs.product_factor`): the programs the bf16 sign-product kernel (`cuda/sign_grad.cuh`) computes."""
+    return product_factor(program) == _SIGN

@@ -9,7 +9,8 @@ Every kernel is one translation unit, compiled by one NVRTC call:
 2. the library parts the route needs (`prelude.cuh`, `loader.cuh`, tensor-core helpers);
 3. the generated *functors*: one-line device functions returning the IR's expressions
    (`km_inner`, `km_reduce` (the reduction's combine, `kermac.reductions`), `km_epilogue`,
-   `km_multiply`; `.render`);
+   `km_multiply` (a gradient program's product-form factor), `km_term` and `km_accumulate` (the
+   SIMT gradient's per-term and per-output steps); `.render`);
 4. the route's kernel file.
 
 `#include "name.cuh"` lines of the package files are expanded in place here, so the
@@ -24,10 +25,10 @@ from dataclasses import dataclass
 from functools import cache
 from importlib import resources
 
-from kermac.programs import zero_padding_is_neutral
+from kermac.programs import product_factor, zero_padding_is_neutral
 from kermac.reductions import ALL as REDUCTIONS
 from kermac_backend_nvrtc import tiles, variants
-from kermac_backend_nvrtc.render import cuda_constant, is_sign_product, render_expr, split_exponent
+from kermac_backend_nvrtc.render import cuda_constant, hyper_identifier, is_sign_product, render_expr, split_exponent
 
 __all__ = ["EXP2_COEFFS", "Param", "kernel_file", "kernel_source"]
 
@@ -93,11 +94,11 @@ def _interface(
     for h in hypers:
         if h in tensor_hypers:
             hyper_params.append(Param(f"hp_{h}", f"const {tensor_hypers[h]}*"))
-            loads.append(f"const km_t h_{h} = km_cvt(hp_{h}[off_h_{h}], km_t(0));")
-            operands.append(f"h_{h}")
+            loads.append(f"const km_t {hyper_identifier(h)} = km_cvt(hp_{h}[off_{hyper_identifier(h)}], km_t(0));")
+            operands.append(hyper_identifier(h))
         else:
             hyper_params.append(Param(f"hv_{h}", "km_t"))
-            loads.append(f"const km_t h_{h} = hv_{h};")
+            loads.append(f"const km_t {hyper_identifier(h)} = hv_{h};")
     batch_params = []
     offsets = [f"long long {', '.join(f'off_{o} = 0' for o in operands)};"]
     if batch_dims:
@@ -110,8 +111,8 @@ def _interface(
                 offsets.append(f"off_{o} += q * b{o}{i};")
         offsets.append("}")
     macros = {
-        "KM_HYPER_FORMALS": "".join(f", km_t h_{h}" for h in hypers),
-        "KM_HYPER_ACTUALS": "".join(f", h_{h}" for h in hypers),
+        "KM_HYPER_FORMALS": "".join(f", km_t {hyper_identifier(h)}" for h in hypers),
+        "KM_HYPER_ACTUALS": "".join(f", {hyper_identifier(h)}" for h in hypers),
         "KM_HYPER_LOADS": " ".join(loads),
         "KM_BATCH_OFFSETS": " ".join(offsets),
     }
@@ -124,9 +125,8 @@ def _render_options(v: variants.KernelVariant, **facts: object) -> dict:
     return {"compute": v.compute, "half_powers": v.half_powers, "known": fixed, "ge1": v.hypers_at_least_one, **facts}
 
 
-def _pairwise_names(prog: object) -> dict[str, str]:
-    """C names of the pairwise IR variables and hyperparameters."""
-    return {"x": "x", "z": "z", "acc": "acc", "diag": "diag"} | {h: f"h_{h}" for h in prog.hypers}
+_PAIRWISE_NAMES = {n: n for n in ("x", "z", "acc", "diag")}
+"""C names of the pairwise IR variables (the functors' parameters)."""
 
 
 def _loads(**operands: variants.TileLoad) -> dict[str, int]:
@@ -165,8 +165,14 @@ def _pairwise_interface(
 
 
 def _epilogue_functor(v: variants.KernelVariant, inline: str = "__forceinline__") -> str:
-    text = render_expr(v.program.epilogue, _pairwise_names(v.program), **_render_options(v))
+    text = render_expr(v.program.epilogue, _PAIRWISE_NAMES, **_render_options(v))
     return f"__device__ {inline} km_t km_epilogue(km_t acc, km_t diag KM_HYPER_FORMALS) {{ return {text}; }}"
+
+
+def _reduce_functor(reduction: str, compute: str) -> str:
+    """`km_reduce(acc, v)`: the combine `acc ⊕ v` of reduction `reduction` (`kermac.reductions`) in `compute`."""
+    combine = render_expr(REDUCTIONS[reduction].combine, {"acc": "acc", "t": "v"}, compute=compute)
+    return f"__device__ __forceinline__ km_t km_reduce(km_t acc, km_t v) {{ return {combine}; }}"
 
 
 def _horner(coeffs: tuple[float, ...], x: str) -> str:
@@ -186,7 +192,7 @@ def _simt_parts(
     without a `split` power) and the functors km_inner, km_reduce and km_epilogue."""
     prog = v.program
     tin, compute = variants.INPUT_TYPES[v.dtype]
-    names = _pairwise_names(prog)
+    names = _PAIRWISE_NAMES
     degree = split.degree if isinstance(split, variants.PowerTable) else 0
     flush = getattr(v, "flush_subnormals", False)
     deep_k, padded_tail = getattr(v, "deep_k", False), getattr(v, "padded_tail", False)
@@ -223,11 +229,10 @@ def _simt_parts(
             "KM_EXP2_POLY(r)": _horner(EXP2_COEFFS, "r"),
         }
     inner = render_expr(prog.inner, names, **_render_options(v, ftz=flush))
-    reduce = render_expr(REDUCTIONS[prog.reduction].combine, {"acc": "acc", "t": "v"}, compute=compute)
     functors = [
         f"typedef {tin} km_in_t;",
         f"__device__ __forceinline__ km_t km_inner(km_t x, km_t z KM_HYPER_FORMALS) {{ return {inner}; }}",
-        f"__device__ __forceinline__ km_t km_reduce(km_t acc, km_t v) {{ return {reduce}; }}",
+        _reduce_functor(prog.reduction, compute),
         _epilogue_functor(v),
     ]
     return config, part_config, functors
@@ -274,10 +279,9 @@ def _tensor_core_pairwise_source(v: variants.MmaPairwise | variants.WgmmaPairwis
 
 
 def _grad_interface(
-    v: variants.SimtGrad | variants.MmaGrad | variants.SignGrad, tin: str, tiles: str, **facts: object
-) -> tuple[list[Param], dict[str, object], list[str]]:
-    """Parameters (in order) of a gradient kernel, its shared configuration, and its functors
-    (`facts`: render_expr's gt1 and ftz).
+    v: variants.SimtGrad | variants.MmaGrad | variants.SignGrad, tin: str, tiles: str
+) -> tuple[list[Param], dict[str, object]]:
+    """Parameters (in order) of a gradient kernel and its shared configuration.
 
     Parameters: operands a, b, c, d, out; sizes M, N, O, K; `tiles` (the tile count along the
     grid's fastest dimension: `tiles_m` or `tiles_n`); `ochunks`; `zbase`; the strides; batch
@@ -286,27 +290,70 @@ def _grad_interface(
     prog = v.program
     operands = ["a", "b", "c", "d", "o"]
     hyper_params, batch_params, macros = _interface(prog.hypers, dict(v.tensor_hypers), operands, v.batch_dims)
-    names = {"d": "d", "b": "b", "acc": "acc"} | {h: f"h_{h}" for h in prog.hypers}
     params = [Param(n, f"const {tin}*") for n in ("a", "b", "c", "d")]
     params += [Param("out", f"{tin}*"), *(Param(n, "int") for n in ("M", "N", "O", "K", tiles, "ochunks"))]
     strides = ("zbase", "sak", "sam", "sbn", "sbk", "sco", "sck", "sdn", "sdm", "soo", "son", "som")
     params += [Param(n, "long long") for n in strides]
     params += batch_params + hyper_params
-    options = _render_options(v, **facts)
-    config = {"KM_PARAMS": ", ".join(p.decl for p in params), **macros}
-    multiply, epilogue = render_expr(prog.multiply, names, **options), render_expr(prog.epilogue, names, **options)
-    functors = [
-        f"__device__ __forceinline__ km_t km_multiply(km_t d, km_t b KM_HYPER_FORMALS) {{ return {multiply}; }}",
-        f"__device__ __forceinline__ km_t km_epilogue(km_t acc KM_HYPER_FORMALS) {{ return {epilogue}; }}",
+    return params, {"KM_PARAMS": ", ".join(p.decl for p in params), **macros}
+
+
+_GRAD_NAMES = {n: n for n in ("a", "b", "c", "d", "term", "acc")}
+"""C names of the gradient IR variables (the functors' parameters)."""
+
+
+def _grad_epilogue_functor(v: variants.SimtGrad | variants.MmaGrad | variants.SignGrad, options: dict) -> str:
+    epilogue = render_expr(v.program.epilogue, _GRAD_NAMES, **options)
+    return f"__device__ __forceinline__ km_t km_epilogue(km_t acc KM_HYPER_FORMALS) {{ return {epilogue}; }}"
+
+
+def _multiply_functor(v: variants.SimtGrad | variants.MmaGrad, options: dict) -> str:
+    """`km_multiply(d, b)`: the factor `g(d, b)` of a program in the product form `Σ_k c·a·g(d, b)`
+    (`kermac.programs.product_factor`); a program without one is refused."""
+    factor = product_factor(v.program)
+    if factor is None:
+        raise ValueError(
+            f"{type(v).__name__}: needs a gradient program in the product form (sum of c·a·g(d, b)); "
+            f"got {v.program.key()}"
+        )
+    multiply = render_expr(factor, _GRAD_NAMES, **options)
+    return f"__device__ __forceinline__ km_t km_multiply(km_t d, km_t b KM_HYPER_FORMALS) {{ return {multiply}; }}"
+
+
+def _simt_grad_functors(v: variants.SimtGrad, compute: str, options: dict) -> list[str]:
+    """The functors `cuda/simt_grad.cuh` reads: `km_term(a, b, d)` (evaluated once per (n, m, k)),
+    `km_accumulate(acc, c, term)` (once per o: the value so far combined with the term's contribution)
+    and `km_epilogue`.
+
+    A program with a factor `g` (`kermac.programs.product_factor`) is the product form: `a·g(d, b)` and
+    the FMA `c·term + acc`; another is the general form: its multiply over `a, b, d`, and its accumulate
+    over `c` and `term` combined by its reduction's `km_reduce` (`kermac.reductions`)."""
+    prog = v.program
+    formals = "KM_HYPER_FORMALS"
+    term_head = f"__device__ __forceinline__ km_t km_term(km_t a, km_t b, km_t d {formals})"
+    accumulate_head = f"__device__ __forceinline__ km_t km_accumulate(km_t acc, km_t c, km_t term {formals})"
+    if product_factor(prog) is not None:
+        return [
+            _multiply_functor(v, options),
+            f"{term_head} {{ return a * km_multiply(d, b KM_HYPER_ACTUALS); }}",
+            f"{accumulate_head} {{ return km_fma(c, term, acc); }}",
+            _grad_epilogue_functor(v, options),
+        ]
+    term = render_expr(prog.multiply, _GRAD_NAMES, **options)
+    contribution = render_expr(prog.accumulate, _GRAD_NAMES, **options)
+    return [
+        _reduce_functor(prog.reduction, compute),
+        f"{term_head} {{ return {term}; }}",
+        f"{accumulate_head} {{ return km_reduce(acc, {contribution}); }}",
+        _grad_epilogue_functor(v, options),
     ]
-    return params, config, functors
 
 
 def _simt_grad_source(v: variants.SimtGrad) -> tuple[str, list[Param]]:
-    """The SIMT gradient kernel (`cuda/simt_grad.cuh`)."""
+    """The SIMT gradient kernel (`cuda/simt_grad.cuh`): every gradient program, in either form."""
     tin, compute = variants.INPUT_TYPES[v.dtype]
     cfg = tiles.grad_config(compute)
-    params, shared, functors = _grad_interface(v, tin, "tiles_m", ftz=v.flush_subnormals)
+    params, shared = _grad_interface(v, tin, "tiles_m")
     config = {
         "NT": 256,
         **{k.upper(): getattr(cfg, k) for k in ("bmm", "bnn", "bk", "tpm", "tpn")},
@@ -314,17 +361,20 @@ def _simt_grad_source(v: variants.SimtGrad) -> tuple[str, list[Param]]:
         "SPAD": cfg.spad,
         "KM_MIN_BLOCKS": cfg.min_blocks,
         "KM_K_UNROLL": v.k_unroll,
+        "KM_IDENTITY": cuda_constant(v.program.identity, compute),
         **shared,
         **_loads(a=v.a, b=v.b, c=v.c),
     }
-    functors = [f"typedef {tin} km_in_t;", *functors]
+    functors = [f"typedef {tin} km_in_t;", *_simt_grad_functors(v, compute, _render_options(v, ftz=v.flush_subnormals))]
     return _assemble(compute, ["prelude.cuh", "loader.cuh"], config, functors, "simt_grad.cuh"), params
 
 
 def _mma_grad_source(v: variants.MmaGrad) -> tuple[str, list[Param]]:
     """The float32 gradient on `mma.sync` with the tile `.tiles.TC_GRAD_CONFIG`."""
     cfg = tiles.TC_GRAD_CONFIG
-    params, shared, functors = _grad_interface(v, "float", "tiles_n", ftz=v.flush_subnormals, gt1=v.hypers_above_one)
+    params, shared = _grad_interface(v, "float", "tiles_n")
+    options = _render_options(v, ftz=v.flush_subnormals, gt1=v.hypers_above_one)
+    functors = [_multiply_functor(v, options), _grad_epilogue_functor(v, options)]
     config = {
         "NT": 256,
         "WARPS_M": cfg.warps_m,
@@ -371,9 +421,11 @@ def _sign_grad_source(v: variants.SignGrad) -> tuple[str, list[Param]]:
     are `_grad_interface`'s, then `bvec` (b's tile rows can be copied 16 bytes at a time) and
     `ovec` (8-byte stores of 2 consecutive m)."""
     if not is_sign_product(v.program):  # the kernel computes sign(d − b) itself: no km_multiply
-        raise ValueError(f"sign-product gradient: needs the multiply sign(d - b); got {v.program.multiply}")
+        raise ValueError(
+            f"sign-product gradient: needs the product form with the factor sign(d - b); got {v.program.key()}"
+        )
     tile = tiles.SIGN_GRAD_TILE
-    params, shared, functors = _grad_interface(v, "float", "tiles_n")
+    params, shared = _grad_interface(v, "float", "tiles_n")
     config = {
         "NT": tile.threads,
         "OT": v.ot,
@@ -386,7 +438,8 @@ def _sign_grad_source(v: variants.SignGrad) -> tuple[str, list[Param]]:
         **shared,
     }
     parts = ["prelude.cuh", "loader.cuh", "wgmma_sync.cuh", "sign_grad_helpers.cuh"]
-    source = _assemble("float", parts, config, [_wgmma_bf16(3 * v.ot), functors[1]], "sign_grad.cuh")
+    functors = [_wgmma_bf16(3 * v.ot), _grad_epilogue_functor(v, _render_options(v))]
+    source = _assemble("float", parts, config, functors, "sign_grad.cuh")
     return source, [*params, Param("bvec", "int"), Param("ovec", "int")]
 
 

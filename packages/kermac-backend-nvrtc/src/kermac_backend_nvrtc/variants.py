@@ -10,9 +10,9 @@ fields, so a combination no kernel implements cannot be built:
 - `KContiguousPairwise` (the same with `cuda/kcontig_loop.cuh`): float32 `Σ |x − z|`, row-major x;
 - `MmaPairwise` (`cuda/mma_pairwise.cuh`): float32 `Σ (x − z)²`;
 - `WgmmaPairwise` (`cuda/wgmma_pairwise.cuh`, sm_90a): float32 `Σ (x − z)²` on sm_90;
-- `SimtGrad` (`cuda/simt_grad.cuh`): every gradient program;
-- `MmaGrad` (`cuda/mma_grad.cuh`): float32 gradients with O >= 5;
-- `SignGrad` (`cuda/sign_grad.cuh`, sm_90a): float32 `sign(d − b)` gradients on sm_90;
+- `SimtGrad` (`cuda/simt_grad.cuh`): every gradient program, in the product or the general form;
+- `MmaGrad` (`cuda/mma_grad.cuh`): float32 gradients in the product form with O >= 5;
+- `SignGrad` (`cuda/sign_grad.cuh`, sm_90a): float32 gradients of the factor `sign(d − b)` on sm_90;
 - `SimtProduct` (`cuda/simt_product.cuh`): the fused kernel product K @ v of every pairwise program.
 
 Sizes, strides, pointers and hyperparameter values are kernel arguments, not variant fields.
@@ -233,8 +233,8 @@ class SimtProduct(KernelVariant):
 
 @dataclass(frozen=True, kw_only=True)
 class SimtGrad(KernelVariant):
-    """The SIMT gradient kernel for any program and input type: `ot` outputs per pair in registers.
-    `flush_subnormals`: signed powers with exponents known >= 0 flush subnormals."""
+    """The SIMT gradient kernel for any program (product or general form) and input type: `ot` outputs
+    per pair in registers.  `flush_subnormals`: signed powers with exponents known >= 0 flush subnormals."""
 
     dtype: str
     a: TileLoad
@@ -249,9 +249,10 @@ class SimtGrad(KernelVariant):
 
 @dataclass(frozen=True, kw_only=True)
 class MmaGrad(KernelVariant):
-    """The float32 gradient as a 3×TF32 matrix product on `mma.sync`: `eights` groups of 8 outputs
-    per block (1 or 2).  `hypers_above_one`: scalar hyperparameters known finite and > 1 (the
-    signed power then needs no zero case)."""
+    """The float32 gradient of a program in the product form (`kermac.programs.product_factor`) as a
+    3×TF32 matrix product on `mma.sync`: `eights` groups of 8 outputs per block (1 or 2).
+    `hypers_above_one`: scalar hyperparameters known finite and > 1 (the signed power then needs no
+    zero case)."""
 
     a: TileLoad
     b: TileLoad

@@ -1,6 +1,10 @@
-// The SIMT gradient kernel: out[o, n, m] = Σ_k c[o, k]·a[k, m]·multiply(d[n, m], b[n, k]).  Tiles
-// (n, m) like the pairwise kernel and keeps all OT outputs of a pair in registers: per (n, m, k) it
-// evaluates a·multiply(d, b) once and does OT FMAs.  Reads the functors km_multiply and km_epilogue.
+// The SIMT gradient kernel, for every gradient program: out[o, n, m] = epilogue(acc) with
+// acc = REDUCE_k accumulate(c[o, k], term), term = term(a[k, m], b[n, k], d[n, m]), starting from the
+// reduction's identity KM_IDENTITY (the value of K = 0).  The product form renders term = a·multiply(d, b)
+// and accumulate = the FMA c·term + acc; the general form its multiply and the reduction's combine of the
+// value so far with its accumulate.  Tiles (n, m) like the pairwise kernel and keeps all OT outputs of a
+// pair in registers: per (n, m, k) it evaluates the term once and accumulates it into the OT outputs.
+// Reads the functors km_term, km_accumulate and km_epilogue.
 extern "C" __global__ void __launch_bounds__(NT, KM_MIN_BLOCKS)
 kermac_grad(KM_PARAMS) {
   __shared__ __align__(16) km_t As[2][BK][BMM + SPAD];
@@ -31,7 +35,7 @@ kermac_grad(KM_PARAMS) {
 #pragma unroll
       for (int i = 0; i < TPN; ++i)
 #pragma unroll
-        for (int j = 0; j < TPM; ++j) acc[o][i][j] = km_t(0);
+        for (int j = 0; j < TPM; ++j) acc[o][i][j] = KM_IDENTITY;
 
     if (ntiles > 0) {
       at.load(ab, sam, sak, M - m0, 0, K);
@@ -59,9 +63,9 @@ kermac_grad(KM_PARAMS) {
           km_lds<(OT < 4 ? OT : 4)>(&Cs[cur][kk][o], cr + o);                     \
         _Pragma("unroll") for (int i = 0; i < TPN; ++i)                           \
         _Pragma("unroll") for (int j = 0; j < TPM; ++j) {                         \
-          const km_t v = ar[j] * km_multiply(dv[i][j], br[i] KM_HYPER_ACTUALS);      \
+          const km_t v = km_term(ar[j], br[i], dv[i][j] KM_HYPER_ACTUALS);        \
           _Pragma("unroll") for (int o = 0; o < OT; ++o)                          \
-            acc[o][i][j] = km_fma(cr[o], v, acc[o][i][j]);                        \
+            acc[o][i][j] = km_accumulate(acc[o][i][j], cr[o], v KM_HYPER_ACTUALS); \
         }                                                                         \
       }
       if (kcount == BK) {
