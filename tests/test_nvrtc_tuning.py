@@ -15,6 +15,7 @@ import torch
 
 import kermac
 from kermac import presets, registry
+from kermac.hyperparams import HyperValue
 from kermac.lowering import cdist_program
 from kermac.problem import pairwise_problem
 from kermac_backend_nvrtc import DEFAULT_TUNING, NvrtcBackend, NvrtcTuning, launcher, plan
@@ -32,6 +33,7 @@ OLD_DEFAULTS = {
     "power_table_pairs_high_p": 32,
     "ex2_polynomial_pairs": 36,
     "inline_expensive_epilogue": True,
+    "inline_expensive_combine": False,
     "zero_padded_k_tail": True,
     "k_contiguous_tiles": True,
     "tensor_core_grad_min_o": 5,
@@ -240,3 +242,28 @@ def test_plan_functions_take_the_tuning() -> None:
         type(plan.plan_pairwise(lp, 90, NvrtcTuning(ex2_polynomial_pairs=0, power_table=False))[0]).__name__
         == "SimtPairwise"
     )
+
+
+@pytest.mark.parametrize("inline", [False, True])
+def test_an_expensive_combine_is_called_unless_inlined(inline: bool) -> None:
+    """Log-sum-exp's combine (exp and log) is a called function by default, in the pairwise, product and general
+    gradient kernels; a cheap combine (max) stays inlined either way."""
+    from kermac.problem import grad_problem, product_problem
+    from kermac.testing import MAX_GRAD, SOFT_MAX_GRAD, SOFT_MIN
+    from kermac_backend_nvrtc.source import kernel_source
+
+    tuning = dataclasses.replace(DEFAULT_TUNING, inline_expensive_combine=inline)
+    x, z, v = (torch.empty(s, device="meta") for s in ((37, 5), (29, 5), (29, 3)))
+    a, b, c, d = (torch.empty(s, device="meta") for s in ((7, 9), (6, 7), (2, 7), (6, 9)))
+    hypers = {"gamma": HyperValue("gamma", 0.5)}
+    problems = {
+        "pairwise": (plan.plan_pairwise, pairwise_problem(SOFT_MIN, x, z, out=None, hypers=hypers)),
+        "product": (plan.plan_product, product_problem(SOFT_MIN, x, z, v, out=None, hypers=hypers)),
+        "grad": (plan.plan_grad, grad_problem(SOFT_MAX_GRAD, a, b, c, d, out=None, hypers=hypers)),
+        "max grad": (plan.plan_grad, grad_problem(MAX_GRAD, a, b, c, d, out=None, hypers={})),
+    }
+    for what, (planner, problem) in problems.items():
+        source = kernel_source(planner(problem, 90, tuning)[0])[0]
+        called = "max" not in what and not inline
+        expected = "__noinline__" if called else "__forceinline__"
+        assert f"__device__ {expected} km_t km_reduce(" in source, what

@@ -156,6 +156,11 @@ def _expensive(expr: Expr) -> bool:
     return any(isinstance(n, Call) and n.op in _EXPENSIVE for n in walk(expr))
 
 
+def _call_combine(reduction: str, tuning: NvrtcTuning) -> bool:
+    """Whether a SIMT kernel calls the combine of `reduction` as a function (`inline_expensive_combine`)."""
+    return not tuning.inline_expensive_combine and _expensive(REDUCTIONS[reduction].combine)
+
+
 # What planning reads off a program's expressions depends on the program (and the hyperparameter
 # facts passed) only: computed once per program, so a repeated call does not walk its trees again
 # (a program's hash is cached on it).
@@ -313,6 +318,7 @@ def plan_pairwise(
         "k_unroll": 2 if expensive_inner else cfg.bk,
         "flush_subnormals": tuning.flush_subnormals,
     }
+    call_combine = _call_combine(prog.reduction, tuning)
     variant: KernelVariant
     if tensor_cores:
         route = WgmmaPairwise if uses_wgmma(prog, dtype, capability, tuning) else MmaPairwise
@@ -324,9 +330,8 @@ def plan_pairwise(
         power = PowerTable(table_pairs, degree) if table else Ex2Polynomial(tuning.ex2_polynomial_pairs)
         variant = SplitPowerPairwise(**common, **simt, split=power)
     else:
-        variant = SimtPairwise(
-            **common, **simt, deep_k=deep_k, padded_tail=tuning.zero_padded_k_tail and abs_sum and vector_loads
-        )
+        padded_tail = tuning.zero_padded_k_tail and abs_sum and vector_loads
+        variant = SimtPairwise(**common, **simt, deep_k=deep_k, padded_tail=padded_tail, call_combine=call_combine)
     m, n, d = problem.m, problem.n, problem.d
     tiles_m, tiles_n = -(-m // cfg.bm), -(-n // cfg.bn)
     x, z, out = problem.x, problem.z, problem.out
@@ -392,7 +397,8 @@ def plan_grad(problem: GradProblem, capability: int | None, tuning: NvrtcTuning)
         above_one = frozenset(h for h in ge1 if problem.hypers[h].scalar > 1.0)
         variant = MmaGrad(**common, **loads, eights=ot // 8, flush_subnormals=flush, hypers_above_one=above_one)
     else:
-        variant = SimtGrad(**common, **loads, dtype=dtype, ot=ot, k_unroll=4, flush_subnormals=flush)
+        call = prog.accumulate is not None and _call_combine(prog.reduction, tuning)
+        variant = SimtGrad(**common, **loads, dtype=dtype, ot=ot, k_unroll=4, flush_subnormals=flush, call_combine=call)
     tiles_m, tiles_n = -(-m // cfg.bmm), -(-n // cfg.bnn)
     args = _grad_args(problem, ochunks)
     if tensor_cores:
@@ -487,6 +493,7 @@ def plan_product(problem: ProductProblem, capability: int | None, tuning: NvrtcT
         k_unroll=2 if _pairwise_traits(prog)[1] else cfg.bk,
         cc=cc,
         flush_subnormals=tuning.flush_subnormals,
+        call_combine=_call_combine(prog.reduction, tuning),
     )
     x, z, v, out = problem.x, problem.z, problem.v, problem.out
     tiles_m = -(-m // cfg.bm)

@@ -169,10 +169,12 @@ def _epilogue_functor(v: variants.KernelVariant, inline: str = "__forceinline__"
     return f"__device__ {inline} km_t km_epilogue(km_t acc, km_t diag KM_HYPER_FORMALS) {{ return {text}; }}"
 
 
-def _reduce_functor(reduction: str, compute: str) -> str:
-    """`km_reduce(acc, v)`: the combine `acc ⊕ v` of reduction `reduction` (`kermac.reductions`) in `compute`."""
+def _reduce_functor(reduction: str, compute: str, call: bool = False) -> str:
+    """`km_reduce(acc, v)`: the combine `acc ⊕ v` of reduction `reduction` (`kermac.reductions`) in `compute`;
+    a called function with `call` (the variant's `call_combine`), else inlined."""
     combine = render_expr(REDUCTIONS[reduction].combine, {"acc": "acc", "t": "v"}, compute=compute)
-    return f"__device__ __forceinline__ km_t km_reduce(km_t acc, km_t v) {{ return {combine}; }}"
+    inline = "__noinline__" if call else "__forceinline__"
+    return f"__device__ {inline} km_t km_reduce(km_t acc, km_t v) {{ return {combine}; }}"
 
 
 def _horner(coeffs: tuple[float, ...], x: str) -> str:
@@ -232,7 +234,7 @@ def _simt_parts(
     functors = [
         f"typedef {tin} km_in_t;",
         f"__device__ __forceinline__ km_t km_inner(km_t x, km_t z KM_HYPER_FORMALS) {{ return {inner}; }}",
-        _reduce_functor(prog.reduction, compute),
+        _reduce_functor(prog.reduction, compute, getattr(v, "call_combine", False)),
         _epilogue_functor(v),
     ]
     return config, part_config, functors
@@ -342,7 +344,7 @@ def _simt_grad_functors(v: variants.SimtGrad, compute: str, options: dict) -> li
     term = render_expr(prog.multiply, _GRAD_NAMES, **options)
     contribution = render_expr(prog.accumulate, _GRAD_NAMES, **options)
     return [
-        _reduce_functor(prog.reduction, compute),
+        _reduce_functor(prog.reduction, compute, v.call_combine),
         f"{term_head} {{ return {term}; }}",
         f"{accumulate_head} {{ return km_reduce(acc, {contribution}); }}",
         _grad_epilogue_functor(v, options),

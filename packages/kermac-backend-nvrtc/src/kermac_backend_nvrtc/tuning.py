@@ -89,6 +89,12 @@ class NvrtcTuning:
     with slow paths, 64 copies per thread), which runs faster than a call.  False calls it as a
     function: ptxas has less code to schedule and compiles faster, the kernel runs slower."""
 
+    inline_expensive_combine: bool = False
+    """The SIMT kernels inline a reduction's expensive combine (log-sum-exp's exp and log), once per term
+    and pair of a thread's tile: thousands of copies, which take ptxas over a second to schedule.  False (the
+    default) calls it as a function: the kernel compiles about three times faster and runs about as fast,
+    its time being the combine's exp and log either way (docs/dev/semiring-reductions.md)."""
+
     zero_padded_k_tail: bool = True
     """Float32 sums of |x − z| (cdist p = 1, Laplace-L1) whose operands load as 16-byte vectors
     run every k tile, the partial last one zero-padded (|0 − 0| adds nothing to the sum), on the

@@ -121,7 +121,9 @@ class SimtPairwise(KernelVariant):
     epilogue are cheap).  `padded_tail`: every k tile, the partial one zero-padded, runs the
     unrolled loop with no branch to a tail loop — for programs whose term of two zero features is
     the reduction's identity.  `flush_subnormals`: powers with exponents known >= 1 skip the
-    denormal fix-ups (terms below 2^-126 become 0)."""
+    denormal fix-ups (terms below 2^-126 become 0).  `call_combine`: the reduction's combine is a called
+    function instead of inlined (an expensive one, such as log-sum-exp's: faster compiles, see
+    `NvrtcTuning.inline_expensive_combine`)."""
 
     dtype: str
     x: TileLoad
@@ -130,6 +132,7 @@ class SimtPairwise(KernelVariant):
     deep_k: bool = False
     padded_tail: bool = False
     flush_subnormals: bool = False
+    call_combine: bool = False
 
     kernel: ClassVar[str] = "kermac_pairwise"
 
@@ -215,7 +218,7 @@ class SimtProduct(KernelVariant):
     pairwise main loop computes each tile of K (as `SimtPairwise` without its deep, padded or split
     forms), which is contracted with `v` in registers.  `v`: how v's tiles (BN rows × `cc` columns)
     load; `cc`: columns of out per block (a power of two; more columns take more blocks, each computing
-    K again)."""
+    K again).  `call_combine` as in `SimtPairwise`."""
 
     dtype: str
     x: TileLoad
@@ -224,6 +227,7 @@ class SimtProduct(KernelVariant):
     k_unroll: int
     cc: int
     flush_subnormals: bool = False
+    call_combine: bool = False
 
     kernel: ClassVar[str] = "kermac_product"
 
@@ -234,7 +238,8 @@ class SimtProduct(KernelVariant):
 @dataclass(frozen=True, kw_only=True)
 class SimtGrad(KernelVariant):
     """The SIMT gradient kernel for any program (product or general form) and input type: `ot` outputs
-    per pair in registers.  `flush_subnormals`: signed powers with exponents known >= 0 flush subnormals."""
+    per pair in registers.  `flush_subnormals`: signed powers with exponents known >= 0 flush subnormals.
+    `call_combine` as in `SimtPairwise` (general programs only: the product form's combine is an FMA)."""
 
     dtype: str
     a: TileLoad
@@ -243,6 +248,7 @@ class SimtGrad(KernelVariant):
     ot: int
     k_unroll: int
     flush_subnormals: bool = False
+    call_combine: bool = False
 
     kernel: ClassVar[str] = "kermac_grad"
 
