@@ -496,10 +496,12 @@ def _product_form_acc(
     w = fb.Interval(*(t[..., None, :, :, :] for t in dataclasses.astuple(w)))  # [B, 1, N, M, K]
     terms = fb.mul(fb.point(c[..., :, None, None, :]), w, prec)  # [B, O, N, M, K]
     if tf32_split:
-        # 3×TF32: a factor beyond TF32's range (or infinite) splits into inf and inf − inf = NaN,
-        # so the entry may be NaN where the exact sum is ±inf (docs/formulas.md).
+        # 3×TF32: a factor beyond TF32's range (or infinite) splits into inf and inf − inf = NaN, and a
+        # term that overflows has partial products that overflow with either sign, so the entry may be
+        # NaN where the exact sum is ±inf (docs/formulas.md: "a factor or term that is infinite").
         big = (w.hi >= TF32_OVERFLOW) | (w.lo <= -TF32_OVERFLOW)
         big = big | (c[..., :, None, None, :].abs() >= TF32_OVERFLOW)
+        big = big | (terms.hi == math.inf) | (terms.lo == -math.inf)
         terms = dataclasses.replace(terms, may=terms.may | big)
     terms = _expand(terms, c.shape[:-1] + (b.shape[-2], a.shape[-1], a.shape[-2]))
     return fb.reduce_terms(terms, "sum", prec, extra_rel=2.0**-19 if prec.dtype == torch.float32 else 0.0)

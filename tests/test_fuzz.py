@@ -257,6 +257,27 @@ def test_gpu_intervals_contain_the_cpu_results() -> None:
         assert not fb.check(case.run("torch"), iv).any(), case.describe()
 
 
+def test_tf32_intervals_allow_nan_where_a_term_overflows() -> None:
+    """3×TF32 splits each factor into parts whose products overflow with either sign where a term c·a·g
+    overflows float32, though no factor does (docs/formulas.md): the entry may be NaN where the exact sum
+    is +inf.  The interval of the tensor-core kernels allows it (the Triton interpreter gives it here),
+    the plain float32 interval does not."""
+    require_backend("triton", "cpu")
+    program = GradProgram(ir.Const(1.0), ir.Var("acc"))
+    operands = {
+        "a": torch.tensor([[1e30], [0.5]]),
+        "b": torch.zeros(1, 2),
+        "c": torch.tensor([[1e30, 2.0]]),
+        "d": torch.zeros(1, 1),
+    }
+    case = fp.Case(0, program, torch.float32, operands, {})
+    split = fp.bounds(case, torch.float32, flush=False, tf32_split=True)
+    plain = fp.bounds(case, torch.float32, flush=False)
+    assert not fb.check(case.run("triton"), split).any() and not fb.check(case.run("torch"), split).any()
+    nan, inf = torch.full((1, 1, 1), math.nan), torch.full((1, 1, 1), math.inf)
+    assert not fb.check(nan, split).any() and fb.check(nan, plain).all() and not fb.check(inf, plain).any()
+
+
 def _text(case: fp.Case) -> str:
     return ir.to_sexpr(case.program.inner) + ir.to_sexpr(case.program.epilogue)
 
