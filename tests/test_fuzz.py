@@ -110,12 +110,16 @@ def test_fuzz_gpu(backend: str, seed: int) -> None:
     _fuzz(seeds, backend, "cuda", budget)
 
 
+#: The programs of cdist_grad (p = 1, p = 2, any other p).
+CDIST_GRADS = tuple(lowering.grad_program(p) for p in (1.0, 2.0, 1.5))
+
+
 def test_generated_cases_are_deterministic_and_varied() -> None:
     """A seed gives one case; the cases cover both program kinds, every dtype and reduction (of pairwise
     programs and of general gradient programs), the product form of gradients (cdist's among them) and
     general programs that compute one, empty and single-element shapes, views, batches, tensor
     hyperparameters and special values."""
-    for seed in (7, 120):
+    for seed in (7, 120):  # a pairwise program; a general gradient program
         a, b = fp.generate(seed), fp.generate(seed)
         assert a.program == b.program and a.dtype == b.dtype
         assert all(torch.equal(a.operands[k].nan_to_num(), b.operands[k].nan_to_num()) for k in a.operands)
@@ -144,10 +148,6 @@ def test_generated_cases_are_deterministic_and_varied() -> None:
     fresh = [fp.generate(s).program for s in _fresh_seeds(12345, 200)]
     assert any(isinstance(p, GradProgram) and p.general for p in fresh)
     assert any(isinstance(p, PairwiseProgram) and p.reduction == "logsumexp" for p in fresh)
-
-
-#: The programs of cdist_grad (p = 1, p = 2, any other p).
-CDIST_GRADS = tuple(lowering.grad_program(p) for p in (1.0, 2.0, 1.5))
 
 
 def test_the_oracle_catches_wrong_results() -> None:
