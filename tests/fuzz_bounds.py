@@ -36,7 +36,7 @@ import torch
 
 from kermac.ir import Call, Const, Expr, Hyper, Var
 
-__all__ = ["Interval", "Precision", "check", "evaluate", "mul", "point", "reduce_terms", "widen_output"]
+__all__ = ["Interval", "Precision", "check", "evaluate", "hull", "mul", "point", "reduce_terms", "widen_output"]
 
 
 @dataclass(frozen=True)
@@ -131,6 +131,15 @@ def _hull(*candidates: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     lo = torch.where(stack.isnan(), math.inf, stack).amin(0)
     hi = torch.where(stack.isnan(), -math.inf, stack).amax(0)
     return lo, hi
+
+
+def hull(a: Interval, b: Interval) -> Interval:
+    """The values either ``a`` or ``b`` allows: where two computations may give a result (NaN certain only
+    where both are)."""
+    # A certain NaN's ends (0) are no values: the other's ends stand where one is NaN for sure.
+    a_lo, a_hi = torch.where(a.must, b.lo, a.lo), torch.where(a.must, b.hi, a.hi)
+    b_lo, b_hi = torch.where(b.must, a.lo, b.lo), torch.where(b.must, a.hi, b.hi)
+    return _make(torch.minimum(a_lo, b_lo), torch.maximum(a_hi, b_hi), a.may | b.may, a.must & b.must)
 
 
 def _has(iv: Interval, value: float) -> torch.Tensor:
@@ -338,14 +347,18 @@ def evaluate(expr: Expr, env: Mapping[str, Interval], prec: Precision) -> Interv
 
 
 def reduce_terms(terms: Interval, reduction: str, prec: Precision, extra_rel: float = 0.0) -> Interval:
-    """The reduction over the last dimension (``sum``, ``max`` or ``min``; identities 0, −inf, +inf).
+    """The reduction over the last dimension (``sum``, ``max``, ``min`` or ``logsumexp``; identities 0,
+    −inf, +inf, −inf).
 
     A sum may round each partial sum: its error is at most (n + 1)·u·Σ|term| in any order of
     summation, plus ``eta`` per term; ``extra_rel`` adds a relative error of the sum of magnitudes
-    (3×TF32 products, the tensor-core expansion of a squared distance).
+    (3×TF32 products, the tensor-core expansion of a squared distance).  A maximum or minimum is
+    exact.  Log-sum-exp: see :func:`_logsumexp`.
     """
     n = terms.lo.shape[-1]
     may, must = terms.may.any(-1), terms.must.any(-1)
+    if reduction == "logsumexp":
+        return _logsumexp(terms, prec)
     if reduction == "sum":
         lo, hi = terms.lo.sum(-1), terms.hi.sum(-1)
         inf_inf = (terms.hi == math.inf).any(-1) & (terms.lo == -math.inf).any(-1)
@@ -367,6 +380,37 @@ def reduce_terms(terms: Interval, reduction: str, prec: Precision, extra_rel: fl
         return point(value)
     fn = torch.amax if reduction == "max" else torch.amin
     return _make(fn(terms.lo, -1), fn(terms.hi, -1), may, must)
+
+
+def _logsumexp(terms: Interval, prec: Precision) -> Interval:
+    """``log Σ exp`` over the last dimension, with the values of ``torch.logsumexp`` (NaN if a term is NaN,
+    +inf if one is +inf, −inf if all are −inf or there is none: no ``∞ − ∞``).
+
+    It is increasing in every term, so its exact values over the terms' intervals lie between its values
+    at their lower and at their upper ends, and ``max_j τ_j ≤ logsumexp ≤ max_j τ_j + log n``.  Computed
+    pairwise, ``acc ⊕ t = max(acc, t) + log(1 + exp(−|acc − t|))``, one combine errs by the rounding of
+    ``|acc − t|`` and of an approximate ``exp`` (a relative error of ``e = exp(−|acc − t|)`` of about
+    ``(2|acc − t| + 4)·u``, at most ``5u`` absolute since ``x·e^−x ≤ 1/e``), of ``1 + e`` and of an
+    approximate ``log`` (``lg2.approx``: about ``4u`` absolute near 1), so a few ``u`` absolute, and by the
+    final addition, ``u·|acc ⊕ t|``; as ``torch.logsumexp``'s ``max + log Σ exp(τ − max)`` does, with
+    ``n`` in place of the count of combines.  A combine's result moves by at most the larger of its
+    operands' errors (its partial derivatives are non-negative and sum to 1), so the total is at most the
+    sum over the ``n − 1`` combines: ``(n + 1)·(32 + 2·L)·u`` with ``L`` bounding every partial result
+    (the largest finite end of a term, plus ``log n``), plus ``eta`` per term.  It is exact where at most
+    one term can exceed −inf (a combine with −inf returns the other operand exactly).
+    """
+    n = terms.lo.shape[-1]
+    may, must = terms.may.any(-1), terms.must.any(-1)
+    # Certain-NaN terms have ends 0 (their result is NaN anyway); the others' ends are numbers or ±inf.
+    lo, hi = torch.logsumexp(terms.lo, -1), torch.logsumexp(terms.hi, -1)
+    ends = torch.cat((terms.lo, terms.hi), -1).abs()
+    largest = torch.where(ends.isfinite(), ends, 0.0).amax(-1) if n else torch.zeros(lo.shape, dtype=torch.float64)
+    err = (n + 1) * (32 + 2 * (largest + math.log(max(n, 1)))) * prec.u + n * prec.eta
+    live = ((terms.hi > -math.inf) | terms.may).sum(-1)
+    err = torch.where(live <= 1, 0.0, err)
+    lo = torch.where(lo.isinf(), lo, lo - err)
+    hi = torch.where(hi.isinf(), hi, hi + err)
+    return _range(_make(lo, hi, may, must), prec)
 
 
 def widen_output(iv: Interval, out: Precision) -> Interval:

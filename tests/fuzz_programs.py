@@ -1,14 +1,17 @@
 """Random kermac programs and inputs for the differential fuzzer (``tests/test_fuzz.py``).
 
 :func:`generate` turns one integer seed into one :class:`Case`: a pairwise program (inner term,
-sum/max/min reduction, epilogue) or a gradient program (multiply, epilogue) built from
-:mod:`kermac.ir` — constants (0, −0, negative, subnormal, huge, ±inf, NaN), scalar and per-batch
-tensor hyperparameters, comparisons, selects and every operation — together with inputs of random
-shapes (0 and 1 included), dtypes (float16, bfloat16, float32, float64), layouts (transposed,
-strided, broadcast batches), values (ties, ±0, NaN, ±inf, subnormals) and an ``out`` poisoned with
-NaN.  Half of the programs are the shapes backends specialise (``Σ|x − z|``, ``Σ(x − z)²``,
-``Σ|x − z|^p``, the signed power of the gradient, ...), with random epilogues, so the fast paths
-are fuzzed too.
+sum/max/min/logsumexp reduction, epilogue) or a gradient program (in the product form: multiply over
+d and b, epilogue; or in the general form: multiply over a, b and d, an accumulate over c and the
+term, any reduction, epilogue) built from :mod:`kermac.ir` — constants (0, −0, negative, subnormal,
+huge, ±inf, NaN), scalar and per-batch tensor hyperparameters, comparisons, selects and every
+operation — together with inputs of random shapes (0 and 1 included), dtypes (float16, bfloat16,
+float32, float64), layouts (transposed, strided, broadcast batches), values (ties, ±0, NaN, ±inf,
+subnormals) and an ``out`` poisoned with NaN.  Half of the programs are the shapes backends
+specialise (``Σ|x − z|``, ``Σ(x − z)²``, ``Σ|x − z|^p``, the signed power of the gradient, soft
+minima, ...), with random epilogues, so the fast paths are fuzzed too, and general gradient
+programs that compute a product form (``Σ c·(a·g)``), which backends send to their product-form
+kernels.
 
 :func:`verify` runs a case on a backend and on the reference backend and checks every output
 element against the error interval of :mod:`fuzz_bounds` (NaN positions and infinities exactly,
@@ -30,8 +33,8 @@ import fuzz_bounds as fb
 import torch
 
 import kermac
-from kermac import ir, lowering
-from kermac.programs import GradProgram, PairwiseProgram, is_squared_difference_sum
+from kermac import ir, lowering, reductions
+from kermac.programs import GradProgram, PairwiseProgram, is_squared_difference_sum, product_factor
 
 __all__ = ["Case", "Failure", "generate", "shrink", "verify"]
 
@@ -44,6 +47,8 @@ SPECIAL_CONSTANTS = (1e-40, 1e-310, 1e30, 1e300, -1e30, math.inf, -math.inf, mat
 UNARY = ("neg", "abs", "sqrt", "exp", "log", "sign")
 BINARY = ("add", "sub", "mul", "div", "pow", "min", "max", "lt", "le", "gt", "ge", "eq", "ne")
 HYPERS = ("h0", "h1")
+#: Every reduction a program may name (sum, max, min, logsumexp).
+REDUCTIONS = tuple(reductions.ALL)
 
 
 @dataclass
@@ -113,6 +118,11 @@ class Case:
             prog = (
                 f"PairwiseProgram(inner={ir.to_sexpr(p.inner)}, reduction={p.reduction}, "
                 f"epilogue={ir.to_sexpr(p.epilogue)})"
+            )
+        elif p.general:
+            prog = (
+                f"GradProgram(multiply={ir.to_sexpr(p.multiply)}, epilogue={ir.to_sexpr(p.epilogue)}, "
+                f"accumulate={ir.to_sexpr(p.accumulate)}, reduction={p.reduction})"
             )
         else:
             prog = f"GradProgram(multiply={ir.to_sexpr(p.multiply)}, epilogue={ir.to_sexpr(p.epilogue)})"
@@ -194,9 +204,13 @@ def _pairwise_program(rng: random.Random, hypers: tuple[str, ...]) -> PairwisePr
         )
     else:
         inner = _tree(rng, rng.choice((1, 2, 3)), ("x", "z"), hypers)
-    reduction = rng.choice(("sum", "sum", "max", "min"))
+    reduction = rng.choice(("sum", *REDUCTIONS))  # the sum twice as often: its fast paths
     acc, diag = ir.Var("acc"), ir.Var("diag")
-    if rng.random() < 0.5:
+    if reduction == "logsumexp" and rng.random() < 0.4:  # a soft minimum: −γ·logsumexp(−τ/γ)
+        gamma = ir.Hyper(hypers[-1]) if hypers else ir.Const(rng.choice((0.1, 0.7, 2.0)))
+        inner = -(rng.choice((abs(t), t * t, inner)) / gamma)
+        epilogue = _leaf_or(rng, -gamma * acc, hypers)
+    elif rng.random() < 0.5:
         h = ir.Hyper(hypers[-1]) if hypers else ir.Const(1.5)
         epilogue = rng.choice(
             (
@@ -216,17 +230,59 @@ def _pairwise_program(rng: random.Random, hypers: tuple[str, ...]) -> PairwisePr
 
 
 def _grad_program(rng: random.Random, hypers: tuple[str, ...]) -> GradProgram:
+    """A gradient program: in the product form 40% of the time, else in the general form."""
+    if rng.random() < 0.4:
+        return GradProgram(multiply=_factor(rng, hypers), epilogue=_grad_epilogue(rng, hypers))
+    return _general_grad_program(rng, hypers)
+
+
+def _factor(rng: random.Random, hypers: tuple[str, ...]) -> ir.Expr:
+    """A multiply of the product form, over d and b: half of the time a shape backends specialise."""
     t = ir.Var("d") - ir.Var("b")
     if rng.random() < 0.5:
         e = ir.Hyper(hypers[0]) - 1.0 if hypers and rng.random() < 0.5 else ir.Const(rng.choice((0.5, 1.5, -0.3, 2.0)))
-        multiply = rng.choice(
+        return rng.choice(
             (t, ir.sign(t), ir.select(ir.ne(t, 0.0), ir.sign(t) * ir.pow(abs(t), e), 0.0), ir.exp(-abs(t)), t * t)
         )
-    else:
-        multiply = _tree(rng, rng.choice((1, 2, 3)), ("d", "b"), hypers)
+    return _tree(rng, rng.choice((1, 2, 3)), ("d", "b"), hypers)
+
+
+def _grad_epilogue(rng: random.Random, hypers: tuple[str, ...]) -> ir.Expr:
     acc = ir.Var("acc")
-    epilogue = _leaf_or(rng, acc, hypers) if rng.random() < 0.6 else _tree(rng, 2, ("acc",), hypers)
-    return GradProgram(multiply=multiply, epilogue=epilogue)
+    return _leaf_or(rng, acc, hypers) if rng.random() < 0.6 else _tree(rng, 2, ("acc",), hypers)
+
+
+def _general_grad_program(rng: random.Random, hypers: tuple[str, ...]) -> GradProgram:
+    """A gradient program in the general form: ``REDUCE_k accumulate(c, multiply(a, b, d))``.
+
+    Some compute a product form (a sum of ``c·term`` with ``term = a·g(d, b)``, either order), which
+    backends run on their product-form kernels; the others mix a fixed or random multiply over a, b and
+    d, an accumulation (the product, a difference, a sum, an exponential weight, a maximum, or random)
+    and any reduction."""
+    a, b, c, d, term = (ir.Var(name) for name in ("a", "b", "c", "d", "term"))
+    if rng.random() < 0.15:
+        g = _factor(rng, hypers)
+        multiply, accumulate = rng.choice(((a * g, c * term), (g * a, term * c), (a * g, term * c)))
+        return GradProgram(multiply, _grad_epilogue(rng, hypers), accumulate, "sum")
+    t = d - b
+    h = ir.Hyper(hypers[0]) if hypers else ir.Const(rng.choice((0.5, 1.5)))
+    if rng.random() < 0.5:
+        shapes = (a * t, abs(t) - a, a * t / h, a + t * t, ir.exp(-abs(t) / h) * a, a * b - d)
+        multiply = rng.choice((*shapes, ir.select(ir.gt(a, 0.0), t, -t)))
+    else:
+        multiply = _tree(rng, rng.choice((1, 2, 3)), ("a", "b", "d"), hypers)
+    if rng.random() < 0.7:
+        accumulate = rng.choice((c * term, term * c, term - c, c + term, ir.exp(c) * term, ir.maximum(c, term)))
+    else:
+        accumulate = _tree(rng, rng.choice((1, 2)), ("c", "term"), hypers)
+    reduction = rng.choice(REDUCTIONS)
+    acc = ir.Var("acc")
+    if reduction == "logsumexp" and rng.random() < 0.4:  # a soft maximum γ·logsumexp(τ/γ) or minimum
+        sign = rng.choice((1.0, -1.0))
+        multiply, epilogue = sign * multiply / h, sign * h * acc
+    else:
+        epilogue = _grad_epilogue(rng, hypers)
+    return GradProgram(multiply, epilogue, accumulate, reduction)
 
 
 # ---- inputs ---------------------------------------------------------------------------------------
@@ -325,7 +381,6 @@ def generate(seed: int) -> Case:
         operands = {"x": _layout(rng, gen, bx + (m, d), dtype), "z": _layout(rng, gen, bz + (n, d), dtype)}
         offsets = (rng.choice((0, 0, 1, 3)), rng.choice((0, 0, 2)))
     else:
-        program = _grad_program(rng, hypers)
         m, n, o, k = rng.choice(SIZES), rng.choice(SIZES[:9]), rng.choice((1, 1, 2, 3, 5, 16, 17)), rng.choice(FEATURES)
         ba, bb, bc, bd = _batches(rng, 4)
         operands = {
@@ -367,7 +422,8 @@ def bounds(
     conversion to a narrower output type may truncate instead of rounding to nearest (one whole
     unit in the last place) and lose subnormal results: Triton's CPU interpreter (3.x) converts
     float32 to bfloat16 that way, where compiled code rounds to nearest.  ``tf32_split``: the
-    gradient's products are 3×TF32 (the float32 gradient kernels of the Triton and NVRTC backends).
+    product-form gradient's products are 3×TF32 (the float32 product-form gradient kernels of the Triton
+    and NVRTC backends; the general-form kernels evaluate the multiply and the accumulation as written).
     """
     prec = fb.Precision.of(compute, flush=flush)
     shape = case.out_shape()
@@ -399,27 +455,17 @@ def bounds(
         env = {"acc": acc, "diag": fb.point(diag)} | {name: hyper(v, 2) for name, v in case.hypers.items()}
         value = fb.evaluate(program.epilogue, env, prec)
     else:
-        a = ops["a"].expand(batch + ops["a"].shape[-2:])
-        b = ops["b"].expand(batch + ops["b"].shape[-2:])
-        c = ops["c"].expand(batch + ops["c"].shape[-2:])
-        d = ops["d"].expand(batch + ops["d"].shape[-2:])
-        env = {"d": fb.point(d[..., :, :, None]), "b": fb.point(b[..., :, None, :])}
-        env |= {name: hyper(v, 3) for name, v in case.hypers.items()}
-        mult = fb.evaluate(program.multiply, env, prec)  # [B, N, M, K]
-        w = fb.mul(fb.point(a.mT[..., None, :, :]), mult, prec)  # [B, N, M, K]
-        w = fb.Interval(*(t[..., None, :, :, :] for t in dataclasses.astuple(w)))  # [B, 1, N, M, K]
-        terms = fb.mul(fb.point(c[..., :, None, None, :]), w, prec)  # [B, O, N, M, K]
-        if tf32_split:
-            # 3×TF32: a factor beyond TF32's range (or infinite) splits into inf and inf − inf = NaN,
-            # so the entry may be NaN where the exact sum is ±inf (docs/formulas.md).
-            big = (w.hi >= TF32_OVERFLOW) | (w.lo <= -TF32_OVERFLOW)
-            big = big | (c[..., :, None, None, :].abs() >= TF32_OVERFLOW)
-            terms = dataclasses.replace(terms, may=terms.may | big)
-        full = batch + (c.shape[-2], b.shape[-2], a.shape[-1], a.shape[-2])
-        terms = fb.Interval(*(t.expand(full) for t in dataclasses.astuple(terms)))
-        acc = fb.reduce_terms(terms, "sum", prec, extra_rel=2.0**-19 if compute == torch.float32 else 0.0)
-        env = {"acc": acc} | {name: hyper(v, 3) for name, v in case.hypers.items()}
-        value = fb.evaluate(program.epilogue, env, prec)
+        a, b, c, d = (ops[name].expand(batch + ops[name].shape[-2:]) for name in ("a", "b", "c", "d"))
+        hypers = {name: hyper(v, 3) for name, v in case.hypers.items()}  # against [B, N, M, K] and [B, O, N, M]
+        # A program with a product factor runs a backend's product-form kernels (the reference backend's
+        # general loop where it is written in the general form): its result may be either's.
+        factor = product_factor(program)
+        acc = None if factor is None else _product_form_acc(factor, a, b, c, d, hypers, prec, tf32_split)
+        if program.general:
+            hypers4 = {name: hyper(v, 4) for name, v in case.hypers.items()}  # against [B, O, N, M, K]
+            general = _general_form_acc(program, a, b, c, d, hypers, hypers4, prec)
+            acc = general if acc is None else fb.hull(acc, general)
+        value = fb.evaluate(program.epilogue, {"acc": acc} | hypers, prec)
     value = fb.Interval(*(t.expand(shape) for t in dataclasses.astuple(value)))
     if case.dtype != compute:
         out = fb.Precision.of(case.dtype)
@@ -427,6 +473,59 @@ def bounds(
             out = dataclasses.replace(out, u=2 * out.u, eta=torch.finfo(case.dtype).smallest_normal)
         value = fb.widen_output(value, out)
     return value
+
+
+def _expand(iv: fb.Interval, shape: tuple[int, ...]) -> fb.Interval:
+    return fb.Interval(*(t.expand(shape) for t in dataclasses.astuple(iv)))
+
+
+def _product_form_acc(
+    factor: ir.Expr,
+    a: torch.Tensor,
+    b: torch.Tensor,
+    c: torch.Tensor,
+    d: torch.Tensor,
+    hypers: dict[str, fb.Interval],
+    prec: fb.Precision,
+    tf32_split: bool,
+) -> fb.Interval:
+    """``Σ_k c·(a·factor(d, b))`` ([B, O, N, M]), the products as the product-form kernels round them."""
+    env = {"d": fb.point(d[..., :, :, None]), "b": fb.point(b[..., :, None, :])} | hypers
+    mult = fb.evaluate(factor, env, prec)  # [B, N, M, K]
+    w = fb.mul(fb.point(a.mT[..., None, :, :]), mult, prec)  # [B, N, M, K]
+    w = fb.Interval(*(t[..., None, :, :, :] for t in dataclasses.astuple(w)))  # [B, 1, N, M, K]
+    terms = fb.mul(fb.point(c[..., :, None, None, :]), w, prec)  # [B, O, N, M, K]
+    if tf32_split:
+        # 3×TF32: a factor beyond TF32's range (or infinite) splits into inf and inf − inf = NaN, and a
+        # term that overflows has partial products that overflow with either sign, so the entry may be
+        # NaN where the exact sum is ±inf (docs/formulas.md: "a factor or term that is infinite").
+        big = (w.hi >= TF32_OVERFLOW) | (w.lo <= -TF32_OVERFLOW)
+        big = big | (c[..., :, None, None, :].abs() >= TF32_OVERFLOW)
+        big = big | (terms.hi == math.inf) | (terms.lo == -math.inf)
+        terms = dataclasses.replace(terms, may=terms.may | big)
+    terms = _expand(terms, c.shape[:-1] + (b.shape[-2], a.shape[-1], a.shape[-2]))
+    return fb.reduce_terms(terms, "sum", prec, extra_rel=2.0**-19 if prec.dtype == torch.float32 else 0.0)
+
+
+def _general_form_acc(
+    program: GradProgram,
+    a: torch.Tensor,
+    b: torch.Tensor,
+    c: torch.Tensor,
+    d: torch.Tensor,
+    hypers: dict[str, fb.Interval],
+    hypers4: dict[str, fb.Interval],
+    prec: fb.Precision,
+) -> fb.Interval:
+    """``REDUCE_k accumulate(c, multiply(a, b, d))`` ([B, O, N, M]): the multiply once per (n, m, k), the
+    accumulation per (o, n, m, k), then the program's reduction (the general kernels use no tensor cores)."""
+    n, (k, m) = b.shape[-2], a.shape[-2:]
+    env = {"a": fb.point(a.mT[..., None, :, :]), "b": fb.point(b[..., :, None, :]), "d": fb.point(d[..., :, :, None])}
+    term = _expand(fb.evaluate(program.multiply, env | hypers, prec), a.shape[:-2] + (n, m, k))
+    term = fb.Interval(*(t[..., None, :, :, :] for t in dataclasses.astuple(term)))  # [B, 1, N, M, K]
+    env = {"c": fb.point(c[..., :, None, None, :]), "term": term} | hypers4
+    terms = _expand(fb.evaluate(program.accumulate, env, prec), c.shape[:-1] + (n, m, k))  # [B, O, N, M, K]
+    return fb.reduce_terms(terms, program.reduction, prec)
 
 
 @dataclass

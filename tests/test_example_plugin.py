@@ -142,7 +142,7 @@ def test_a_reduction_it_lacks_is_refused(monkeypatch: pytest.MonkeyPatch) -> Non
 
     monkeypatch.setattr(evaluate, "REDUCE", {k: v for k, v in evaluate.REDUCE.items() if k != "max"})
     x = torch.randn(4, 3)
-    with pytest.raises(UnsupportedProblemError, match="reduces with sum, min only, got 'max'"):
+    with pytest.raises(UnsupportedProblemError, match="reduces with sum, min, logsumexp only, got 'max'"):
         kermac.run_program(presets.linf_distance.lower(), x, x, backend="numpy")
 
 
@@ -154,6 +154,33 @@ def test_max_and_min_start_from_their_identity(reduction: str, d: int) -> None:
     program = PairwiseProgram(sign * ir.abs_(ir.Var("x") - ir.Var("z")) + sign, reduction, ir.Var("acc"))
     x, z = torch.randn(2, 7, d, dtype=torch.float64), torch.randn(9, d, dtype=torch.float64)
     testing.assert_pairwise_conforms("numpy", program, x, z)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=["float32", "float64"])
+def test_logsumexp_has_the_values_of_kermac_reductions(dtype: torch.dtype) -> None:
+    """`log Σ_k exp(x_k + z_k)` against torch.logsumexp in float64: a NaN term gives NaN, a +∞ term +∞ (even
+    beside −∞ terms), terms that are all −∞ give −∞, large terms do not overflow; and D = 0 gives −∞."""
+    inf, nan = torch.inf, torch.nan
+    x = torch.tensor(
+        [
+            [0.5, -1.0, 2.0, 0.0],
+            [nan, 1.0, 2.0, 3.0],
+            [inf, -inf, 1.0, 0.0],
+            [-inf, -inf, -inf, -inf],
+            [800.0, 801.0, -800.0, 0.0],
+            [1.0, 1.0, 1.0, 1.0],
+        ],
+        dtype=torch.float64,
+    )
+    z = torch.tensor([[0.25, 0.5, -0.75, 1.0], [-1.0, 2.0, 0.0, -3.0]], dtype=torch.float64)
+    program = PairwiseProgram(ir.Var("x") + ir.Var("z"), "logsumexp", ir.Var("acc"))
+    expected = torch.logsumexp(x[:, None, :] + z[None, :, :], -1)
+    out = kermac.run_program(program, x.to(dtype), z.to(dtype), backend="numpy")
+    rtol = 1e-6 if dtype == torch.float32 else 1e-14
+    torch.testing.assert_close(out.double(), expected, rtol=rtol, atol=0, equal_nan=True)
+    assert out[1].isnan().all() and (out[2] == inf).all() and (out[3] == -inf).all() and out[4].isfinite().all()
+    empty = kermac.run_program(program, x[:, :0].to(dtype), z[:, :0].to(dtype), backend="numpy")
+    assert torch.equal(empty, torch.full((6, 2), -inf, dtype=dtype))
 
 
 def test_blocks_of_rows_cover_out_and_keep_the_diagonal(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -1,6 +1,8 @@
 """Differential fuzzing of the generated kernels against the reference backend.
 
-Every case is a random pairwise or gradient program of :mod:`kermac.ir` with random inputs
+Every case is a random pairwise program (any reduction: sum, max, min, logsumexp) or gradient program
+(the product form, or the general form with an accumulation and any reduction) of :mod:`kermac.ir` with
+random inputs
 (:mod:`fuzz_programs`: constants from 0 and −0 to subnormals, huge values, ±inf and NaN; scalar and
 per-batch hyperparameters; comparisons and selects; shapes with 0 and 1; transposed, strided and
 broadcast operands; float16, bfloat16, float32 and float64; NaN/inf entries), run on a backend and
@@ -22,6 +24,7 @@ which replays the unshrunk case.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 import time
@@ -32,7 +35,8 @@ import pytest
 import torch
 from helpers import require_backend
 
-from kermac import ir
+from kermac import ir, lowering
+from kermac.programs import GradProgram, PairwiseProgram, product_factor
 
 #: Cases with fixed seeds per CPU run, and fresh ones (from the suite's seed) per run.
 FIXED_CASES = 400
@@ -106,17 +110,30 @@ def test_fuzz_gpu(backend: str, seed: int) -> None:
     _fuzz(seeds, backend, "cuda", budget)
 
 
+#: The programs of cdist_grad (p = 1, p = 2, any other p).
+CDIST_GRADS = tuple(lowering.grad_program(p) for p in (1.0, 2.0, 1.5))
+
+
 def test_generated_cases_are_deterministic_and_varied() -> None:
-    """A seed gives one case; the cases cover both program kinds, every dtype and reduction, empty
-    and single-element shapes, views, batches, tensor hyperparameters and special values."""
-    a, b = fp.generate(7), fp.generate(7)
-    assert a.program == b.program and a.dtype == b.dtype
-    assert all(torch.equal(a.operands[k].nan_to_num(), b.operands[k].nan_to_num()) for k in a.operands)
+    """A seed gives one case; the cases cover both program kinds, every dtype and reduction (of pairwise
+    programs and of general gradient programs), the product form of gradients (cdist's among them) and
+    general programs that compute one, empty and single-element shapes, views, batches, tensor
+    hyperparameters and special values."""
+    for seed in (7, 120):  # a pairwise program; a general gradient program
+        a, b = fp.generate(seed), fp.generate(seed)
+        assert a.program == b.program and a.dtype == b.dtype
+        assert all(torch.equal(a.operands[k].nan_to_num(), b.operands[k].nan_to_num()) for k in a.operands)
     cases = [fp.generate(s) for s in range(FIXED_CASES)]
     kinds = {c.pairwise for c in cases}
     dtypes = {c.dtype for c in cases}
     reductions = {c.program.reduction for c in cases if c.pairwise}
-    assert kinds == {True, False} and dtypes == set(fp.DTYPES) and reductions == {"sum", "max", "min"}
+    assert kinds == {True, False} and dtypes == set(fp.DTYPES) and reductions == set(fp.REDUCTIONS)
+    grads = [c.program for c in cases if not c.pairwise]
+    general = [p for p in grads if p.general]
+    assert {p.reduction for p in general if product_factor(p) is None} == set(fp.REDUCTIONS)
+    assert any(product_factor(p) is not None for p in general)  # runs the product-form kernels
+    assert any(not p.general and p not in CDIST_GRADS for p in grads)
+    assert {p for p in grads if p in CDIST_GRADS} == set(CDIST_GRADS)
     sizes = {s for c in cases for t in c.operands.values() for s in t.shape[-2:]}
     assert {0, 1} <= sizes
     assert any(not t.is_contiguous() for c in cases for t in c.operands.values())
@@ -125,8 +142,12 @@ def test_generated_cases_are_deterministic_and_varied() -> None:
     values = torch.cat([t.detach().double().flatten() for c in cases for t in c.operands.values()])
     assert values.isnan().any() and values.isinf().any() and (values == 0).any()
     texts = " ".join(c.describe() for c in cases)
-    for op in ("select", "pow", "sign", "exp", "log", "sqrt", "lt", "ne", "nan", "inf", "1e-310"):
+    for op in ("select", "pow", "sign", "exp", "log", "sqrt", "lt", "ne", "nan", "inf", "1e-310", "accumulate="):
         assert op in texts, op
+    # Fresh seeds (the suite's seed picks them) draw the new kinds too.
+    fresh = [fp.generate(s).program for s in _fresh_seeds(12345, 200)]
+    assert any(isinstance(p, GradProgram) and p.general for p in fresh)
+    assert any(isinstance(p, PairwiseProgram) and p.reduction == "logsumexp" for p in fresh)
 
 
 def test_the_oracle_catches_wrong_results() -> None:
@@ -157,6 +178,75 @@ def test_the_oracle_catches_wrong_results() -> None:
     assert all(count > 0 for count in caught.values()), caught
 
 
+#: The wrong reduction each reduction is swapped for: the others' values differ from its own.
+WRONG_REDUCTION = {"sum": "logsumexp", "logsumexp": "sum", "max": "min", "min": "max"}
+
+
+def test_the_oracle_catches_a_wrong_reduction() -> None:
+    """A program run with another reduction (log-sum-exp as a sum and back, max as min and back), pairwise or
+    general gradient, is caught wherever the interval is narrow and the wrong value is off by more than 1%
+    (D = 1, or terms that are all equal, give some reductions the same values); cases of every reduction
+    have such elements (the intervals of each reduction are narrow where it is well-conditioned)."""
+    caught = dict.fromkeys(WRONG_REDUCTION, 0)
+    tight = dict.fromkeys(WRONG_REDUCTION, 0)  # cases with narrow, rounded intervals the wrong values leave
+    for case_seed in range(FIXED_CASES):
+        case = fp.generate(case_seed)
+        program = case.program
+        if not case.pairwise and not (program.general and product_factor(program) is None):
+            continue  # the product form sums by definition
+        wrong_program = dataclasses.replace(program, reduction=WRONG_REDUCTION[program.reduction])
+        iv = fp.bounds(case, fp._compute_dtype(case.dtype), flush=False)
+        right = case.run("torch").double()
+        wrong = dataclasses.replace(case, program=wrong_program).run("torch").double()
+        flagged = fb.check(wrong, iv)
+        narrow = ~iv.may & iv.lo.isfinite() & iv.hi.isfinite()
+        narrow &= (iv.hi - iv.lo) <= 1e-3 * torch.maximum(iv.lo.abs(), iv.hi.abs()) + 1e-6
+        far = ((wrong - right).abs() > 1e-2 * right.abs() + 1e-2) | (wrong.isnan() | wrong.isinf())
+        must = narrow & far & right.isfinite()
+        assert flagged[must].all(), (program.reduction, case.describe())
+        caught[program.reduction] += bool(flagged.any())
+        tight[program.reduction] += bool((must & (iv.hi > iv.lo)).any())  # not only exact elements
+    assert all(count >= 3 for count in caught.values()), caught
+    assert all(count >= 3 for count in tight.values()), tight
+
+
+@pytest.mark.parametrize("compute", [torch.float32, torch.float64], ids=["float32", "float64"])
+def test_logsumexp_intervals(compute: torch.dtype) -> None:
+    """The log-sum-exp interval of exact terms (numbers of the compute type) holds torch.logsumexp and a
+    fold of the stable combine, both in the compute type; it lies within [max, max + log n], is exact for
+    special values (NaN, +inf, all −inf, n = 0) and for one finite term, and is narrow for moderate terms:
+    1e-3 (float32) or 1e-11 (float64) wide, so a sum in its place, or a value 1% of the width off, is caught."""
+    prec = fb.Precision.of(compute)
+    gen = torch.Generator().manual_seed(0)
+    for n in (0, 1, 2, 7, 33):
+        terms = (torch.randn((300, n), generator=gen, dtype=torch.float64) * 4.0).to(compute).double()
+        iv = fb.reduce_terms(fb.point(terms), "logsumexp", prec)
+        fold = torch.full((300,), -math.inf, dtype=compute)
+        for j in range(n):  # the combine of kermac.reductions, left to right in the compute type
+            t = terms[:, j].to(compute)
+            step = torch.maximum(fold, t) + torch.log1p(torch.exp(-(fold - t).abs()))
+            fold = torch.where(fold == t, fold + math.log(2.0), step)
+        for got in (torch.logsumexp(terms.to(compute), -1), fold):
+            assert not fb.check(got, iv).any(), n
+        if n == 0:
+            assert (iv.lo == -math.inf).all() and (iv.hi == -math.inf).all()
+            continue
+        largest = terms.amax(-1)
+        assert (iv.lo >= largest - 1e-3).all() and (iv.hi <= largest + math.log(n) + 1e-3).all()
+        width = (iv.hi - iv.lo).max().item()
+        assert width <= (1e-3 if compute == torch.float32 else 1e-11), width
+        if n == 1:
+            assert torch.equal(iv.lo, terms[:, 0]) and torch.equal(iv.hi, terms[:, 0])
+        else:
+            assert fb.check(terms.sum(-1), iv).any()
+            assert fb.check(iv.hi + max(width, 1e-12) / 100 + 1e-6 * iv.hi.abs(), iv).all()
+    inf, nan = math.inf, math.nan
+    special = torch.tensor([[nan, 1.0], [inf, 1.0], [inf, -inf], [-inf, -inf], [inf, inf], [-inf, 2.5]])
+    iv = fb.reduce_terms(fb.point(special), "logsumexp", prec)
+    assert iv.must.tolist() == [True, False, False, False, False, False] and not iv.may[1:].any()
+    assert iv.lo[1:].tolist() == [inf, inf, -inf, inf, 2.5] and iv.hi[1:].tolist() == [inf, inf, -inf, inf, 2.5]
+
+
 def test_gpu_intervals_contain_the_cpu_results() -> None:
     """The intervals of GPU code (subnormal results and operands may flush, 3×TF32 products) only
     widen the CPU ones: the reference backend's exact-underflow results lie inside them too."""
@@ -165,6 +255,27 @@ def test_gpu_intervals_contain_the_cpu_results() -> None:
         compute = fp._compute_dtype(case.dtype)
         iv = fp.bounds(case, compute, flush=True, tf32_split=compute == torch.float32)
         assert not fb.check(case.run("torch"), iv).any(), case.describe()
+
+
+def test_tf32_intervals_allow_nan_where_a_term_overflows() -> None:
+    """3×TF32 splits each factor into parts whose products overflow with either sign where a term c·a·g
+    overflows float32, though no factor does (docs/formulas.md): the entry may be NaN where the exact sum
+    is +inf.  The interval of the tensor-core kernels allows it (the Triton interpreter gives it here),
+    the plain float32 interval does not."""
+    require_backend("triton", "cpu")
+    program = GradProgram(ir.Const(1.0), ir.Var("acc"))
+    operands = {
+        "a": torch.tensor([[1e30], [0.5]]),
+        "b": torch.zeros(1, 2),
+        "c": torch.tensor([[1e30, 2.0]]),
+        "d": torch.zeros(1, 1),
+    }
+    case = fp.Case(0, program, torch.float32, operands, {})
+    split = fp.bounds(case, torch.float32, flush=False, tf32_split=True)
+    plain = fp.bounds(case, torch.float32, flush=False)
+    assert not fb.check(case.run("triton"), split).any() and not fb.check(case.run("torch"), split).any()
+    nan, inf = torch.full((1, 1, 1), math.nan), torch.full((1, 1, 1), math.inf)
+    assert not fb.check(nan, split).any() and fb.check(nan, plain).all() and not fb.check(inf, plain).any()
 
 
 def _text(case: fp.Case) -> str:

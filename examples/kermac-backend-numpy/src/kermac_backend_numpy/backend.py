@@ -3,7 +3,7 @@
 For a [`PairwiseProblem`][kermac.problem.PairwiseProblem] it computes, block of rows by block of rows,
 
 ```text
-acc[*B, m, n] = REDUCE_k inner(x = x[*B, m, k], z = z[*B, n, k])      (REDUCE: sum, max or min)
+acc[*B, m, n] = REDUCE_k inner(x = x[*B, m, k], z = z[*B, n, k])      (REDUCE: sum, max, min or logsumexp)
 out[*B, m, n] = epilogue(acc, diag = [m + offset_m == n + offset_n])
 ```
 
@@ -139,8 +139,10 @@ def _kernel_rows(problem: PairwiseProblem | ProductProblem) -> Iterator[tuple[in
         m1 = min(m, m0 + rows_per_block)
         shape = batch + (m1 - m0, n)
         terms = evaluate(prog.inner, {"x": x[..., m0:m1, None, :], "z": z[..., None, :, :], **inner_env}, dtype)
-        # `initial` is the reduction's identity, so D = 0 gives it.
-        acc = reduce.reduce(np.broadcast_to(terms, shape + (d,)), axis=-1, initial=REDUCTIONS[prog.reduction])
+        # `initial` is the reduction's identity, so D = 0 gives it.  NaN and infinite terms give their IEEE
+        # results silently, as in `evaluate` (np.logaddexp warns on them otherwise).
+        with np.errstate(all="ignore"):
+            acc = reduce.reduce(np.broadcast_to(terms, shape + (d,)), axis=-1, initial=REDUCTIONS[prog.reduction])
         rows = np.arange(m0, m1) + problem.offset_m
         diag = (rows[:, None] == cols[None, :]).astype(dtype)
         value = evaluate(prog.epilogue, {"acc": acc, "diag": diag, **epi_env}, dtype)

@@ -42,9 +42,12 @@ OPS: Mapping[str, Callable[..., np.ndarray]] = {
 }
 """IR operation name → NumPy function of the same arity."""
 
-REDUCE: Mapping[str, np.ufunc] = {"sum": np.add, "max": np.maximum, "min": np.minimum}
-"""Reduction of a pairwise program → the ufunc whose `reduce` computes it (maximum and minimum propagate
-NaN, as the IR's max and min do).  A reduction core adds later is refused until it is added here."""
+REDUCE: Mapping[str, np.ufunc] = {"sum": np.add, "max": np.maximum, "min": np.minimum, "logsumexp": np.logaddexp}
+"""Reduction of a pairwise program → the binary ufunc whose `reduce` folds it, with the values of
+[`kermac.reductions`][kermac.reductions]: maximum and minimum propagate NaN, as the IR's max and min do;
+`np.logaddexp` is the stable `max(a, t) + log1p(exp(−|a − t|))`, `a + log 2` where `a = t`, so a NaN term
+gives NaN, a +∞ term +∞, and terms that are all −∞ give −∞.  A reduction core adds later is refused until
+it is added here."""
 
 
 def unsupported_ops(*exprs: ir.Expr) -> list[str]:
