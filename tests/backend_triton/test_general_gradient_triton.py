@@ -133,9 +133,8 @@ def test_views_batches_and_tensor_hyperparameters(backend: str, device: str) -> 
     ap, bp, cp, dp = _pieces(a, b, c, d)
     g = gamma[..., None, None, None]
     ref = g * torch.logsumexp(cp * ap * (dp - bp) / g[..., None], -1)
-    out = kermac.run_grad_program(
-        program, *(t.to(device) for t in (a_t, b.expand(2, 3, 7, 10), c_s, d)), hypers={"gamma": gamma}, backend=backend
-    )
+    operands = (t.to(device) for t in (a_t, b.expand(2, 3, 7, 10), c_s, d))
+    out = kermac.run_grad_program(program, *operands, hypers={"gamma": gamma.to(device)}, backend=backend)
     assert out.shape == (2, 3, 5, 7, 9)
     _close(out, ref, 1e-12, "views")
     for k, m, n, o in ((4, 0, 3, 2), (4, 5, 0, 2), (4, 5, 3, 0)):
