@@ -63,6 +63,15 @@ def _solves(rank: int, world: int, device: torch.device) -> None:
             assert abs(int(s.iterations.max()) - int(one.iterations.max())) <= 2  # the same, up to rounding
     vector = solvers.solve(K, y_r[:, 0], tol=tol)
     assert vector.alpha.shape == (sizes[rank],) and vector.converged.shape == ()
+    assert vector.preconditioner == "eigenpro"  # "auto", where its basis fits on every rank
+    # one rank without room for EigenPro's basis: every rank takes Nyström's
+    fits = solvers.eigenpro_fits
+    solvers.eigenpro_fits = lambda *args: rank != world - 1 and fits(*args)
+    try:
+        declined = solvers.solve(K, y_r, tol=tol)
+    finally:
+        solvers.eigenpro_fits = fits
+    assert declined.preconditioner == "nystrom" and bool(declined.converged.all())
     # mixed precision on the CPU too: float32 shards, float64 right-hand sides
     K32 = K.to(torch.float32)
     mixed = solvers.solve(K32, y_r, preconditioner="nystrom", rank=60, tol=1e-8)

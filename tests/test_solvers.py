@@ -90,14 +90,37 @@ def test_auto_picks_cholesky_while_dense_fits(caplog, monkeypatch):
         s = solvers.solve(K, y, debug=True)
     assert s.method == "cholesky" and "picked 'cholesky'" in caplog.text
     monkeypatch.setattr(solvers, "DENSE_MAX_N", 29)
+    with caplog.at_level(logging.DEBUG, logger="kermac"):
+        s = solvers.solve(K, y, tol=1e-10, debug=True)
+    assert s.method == "cg" and s.preconditioner == "eigenpro" and bool(s.converged)
+    assert "cg with preconditioner 'eigenpro'" in caplog.text
+    torch.testing.assert_close(s.alpha, _reference(K, y)[:, 0], rtol=1e-8, atol=1e-9)
+    asked = []
+
+    def too_large(rows, rank, batch, dtype, device):
+        asked.append((rows, rank, batch, dtype, device))
+        return False
+
+    monkeypatch.setattr(solvers, "eigenpro_fits", too_large)
     s = solvers.solve(K, y, tol=1e-10)
     assert s.method == "cg" and s.preconditioner == "nystrom" and bool(s.converged)
+    assert asked == [(30, 30, 1, F64, torch.device("cpu"))]  # q = min(N, max(100, ⌈√N⌉)) = N here
     torch.testing.assert_close(s.alpha, _reference(K, y)[:, 0], rtol=1e-8, atol=1e-9)
+    asked.clear()
+    s = solvers.solve(K, y, method="cg", preconditioner="nystrom", tol=1e-10)  # a named one is not asked about
+    assert s.preconditioner == "nystrom" and not asked
 
 
 def test_dense_fits_rule():
     assert solvers.dense_fits(20_000, 1, F64, torch.device("cpu")) is False  # 3.2 GB > a quarter of 4 GiB
     assert solvers.dense_fits(10_000, 1, F64, torch.device("cpu")) is True
+
+
+def test_eigenpro_fits_rule():
+    """U and Ũ, 2·batch·rows·q entries, within a quarter of the CPU budget of 4 GiB."""
+    assert solvers.eigenpro_fits(1_000_000, 1000, 1, torch.float32, torch.device("cpu")) is False  # 8 GB
+    assert solvers.eigenpro_fits(100_000, 317, 1, F64, torch.device("cpu")) is True  # 0.5 GB
+    assert solvers.eigenpro_fits(100_000, 317, 3, F64, torch.device("cpu")) is False  # 1.5 GB
     assert solvers.dense_fits(20_001, 1, torch.float16, torch.device("cpu")) is False
 
 

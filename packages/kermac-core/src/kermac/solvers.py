@@ -15,7 +15,9 @@ hold a shard of the rows, and right-hand sides `y` `[N]` or `[..., N, C]` (a ran
   ([`EigenProPreconditioner`][kermac.preconditioners.EigenProPreconditioner]). On a sharded operator each
   iteration is one ring product and two `all_reduce`s of `C` (or `2C`) numbers.
 * `method="auto"`: `"cholesky"` while the dense matrix fits ([`dense_fits`][kermac.solvers.dense_fits]) on the
-  operator's one device, `"cg"` with the Nyström preconditioner beyond and for a sharded operator.
+  operator's one device, `"cg"` beyond and for a sharded operator. CG's `preconditioner="auto"` is EigenPro's
+  while its dense `N × q` basis fits ([`eigenpro_fits`][kermac.solvers.eigenpro_fits], on every rank of a sharded
+  operator), Nyström's beyond.
 
 **Mixed precision.** `y` may be wider than the operator (float64 with a float32 or half operator, float32 with
 a half one): `α` and the residuals then have `y`'s dtype. `"cholesky"` factors the matrix computed in `y`'s
@@ -53,6 +55,7 @@ __all__ = [
     "Solution",
     "cholesky_solve",
     "dense_fits",
+    "eigenpro_fits",
     "solve",
 ]
 
@@ -120,6 +123,22 @@ def dense_fits(n: int, batch: int, dtype: torch.dtype, device: torch.device) -> 
     return 4 * size <= budget
 
 
+def eigenpro_fits(rows: int, rank: int, batch: int, dtype: torch.dtype, device: torch.device) -> bool:
+    """The rule of `preconditioner="auto"`: the EigenPro preconditioner when its basis `Ũ` and the extension `U`
+    it is computed from (`2·batch·rows·rank` entries of `dtype`, `rows` this process's rows) take at most a quarter
+    of the free memory of the CUDA device (`torch.cuda.mem_get_info`, a driver query that does not wait for the
+    stream) or of [`DENSE_BUDGET_CPU_BYTES`][kermac.solvers.DENSE_BUDGET_CPU_BYTES] on the CPU; the Nyström
+    preconditioner otherwise.
+
+    EigenPro reached the same residual in fewer iterations at the same cost per iteration (bench_fit's Gaussian
+    system on a GPU: N = 20 000 in 257 iterations against Nyström's 563, N = 100 000 in 568 against 1 000 and
+    more; docs/dev/eigenpro-preconditioner.md); its price is the dense basis, `N·q` entries where Nyström keeps
+    `q²` (`q = max(100, ⌈√N⌉)` by default: 4 GB in float32 at N = 10⁶, 126 GB at 10⁷)."""
+    size = 2 * batch * rows * rank * torch.empty((), dtype=dtype).element_size()
+    budget = torch.cuda.mem_get_info(device)[0] if device.type == "cuda" else DENSE_BUDGET_CPU_BYTES
+    return 4 * size <= budget
+
+
 def solve(
     K: KernelOperator | ShardedKernelOperator,
     y: torch.Tensor,
@@ -151,7 +170,8 @@ def solve(
         tol: CG stops a column when its relative residual `‖r‖/‖y‖` is at most `tol`; every method reports a
             column as converged when its recomputed residual is.
         max_iter: CG iteration limit (default `10·N + 100`), over all refinement steps together.
-        preconditioner: for CG: `"nystrom"`, `"eigenpro"`, None, or `"auto"` (`"nystrom"`).
+        preconditioner: for CG: `"nystrom"`, `"eigenpro"`, None, or `"auto"` (`"eigenpro"` where
+            [`eigenpro_fits`][kermac.solvers.eigenpro_fits] on every rank, else `"nystrom"`).
         rank: the Nyström preconditioner's number of inducing points m, or the number q of eigen-directions the
             EigenPro preconditioner flattens (default `min(N, max(100, ⌈√N⌉))`).
         subsample: the EigenPro preconditioner's subsample size s, at least `rank` when both are given (default
@@ -162,7 +182,8 @@ def solve(
             every rank).
         raise_on_failure: raise [`ConvergenceError`][kermac.solvers.ConvergenceError] (one more host read) when a
             column did not converge, instead of only reporting it in the [`Solution`][kermac.solvers.Solution].
-        debug: log what `method="auto"` picked and CG's preconditioner and iteration limit (`kermac.logs`).
+        debug: log what `method="auto"` picked and CG's preconditioner (also under `"auto"`) and iteration limit
+            (`kermac.logs`).
 
     Every rank of a sharded operator calls `solve` with the same arguments (but its own rows of `y`), as for
     any collective; the checks of `y` are agreed over the ranks before any rank raises.
@@ -198,18 +219,22 @@ def solve(
                 ", sharded" if system.group is not None else "",
             )  # fmt: skip
     lam = system.regularization
-    _check_agreed(system, y2, error, lam if method == "cg" else None)
+    q = _rank(rank, n)
+    fits = None
+    if method == "cg" and preconditioner == "auto":
+        fits = eigenpro_fits(system.points.shape[-2], q, batch, system.dtype, system.device)
+    declined = _check_agreed(system, y2, error, lam if method == "cg" else None, fits)
     wide = system.to(y2.dtype)
     refinements = 0
     if method == "cholesky":
         alpha, iterations, ok = _cholesky(wide, y2)
         precond = None
     else:
-        precond = "nystrom" if preconditioner == "auto" else preconditioner
+        precond = ("nystrom" if declined else "eigenpro") if preconditioner == "auto" else preconditioner
         if precond == "eigenpro":
-            apply = EigenProPreconditioner(system, _rank(rank, n), subsample, seed)
+            apply = EigenProPreconditioner(system, q, subsample, seed)
         else:
-            apply = NystromPreconditioner(system, _rank(rank, n), seed) if precond else None
+            apply = NystromPreconditioner(system, q, seed) if precond else None
         limit = max_iter if max_iter is not None else 10 * n + 100
         if debug:
             logger.debug("kermac.solvers.solve: cg with preconditioner %r, up to %d iterations", precond, limit)
@@ -323,24 +348,31 @@ def _check_options(
 
 
 def _check_agreed(
-    system: KernelSystem, y: torch.Tensor | None, error: Exception | None, lam: float | torch.Tensor | None
-) -> None:
+    system: KernelSystem,
+    y: torch.Tensor | None,
+    error: Exception | None,
+    lam: float | torch.Tensor | None,
+    eigenpro_fits: bool | None,
+) -> bool:
     """The one host read before solving: whether `y` was refused, holds a NaN or an infinity, has another number
     of columns than on the other ranks, and whether a tensor λ has an entry ≤ 0 (a Python λ is checked on the
-    host) — OR-ed over the ranks of a sharded operator, so that every rank raises or none does."""
+    host) — OR-ed over the ranks of a sharded operator, so that every rank raises or none does.  Returns whether
+    some rank's EigenPro basis does not fit (`eigenpro_fits` False on a rank; None: not asked), which every rank
+    then decides alike."""
     device = system.device
-    flags = torch.zeros(4, dtype=torch.int64, device=device)  # refused, non-finite y, λ ≤ 0, columns (±)
+    flags = torch.zeros(5, dtype=torch.int64, device=device)  # refused, non-finite y, λ ≤ 0, too large, columns (±)
+    flags[3] = eigenpro_fits is False
     if error is not None:
         flags[0] = 1
     else:
         flags[1] = ~torch.isfinite(y).all()
         columns = y.shape[-1]
-        flags[3] = columns
+        flags[4] = columns
         if isinstance(lam, torch.Tensor):
             flags[2] = (lam <= 0).any()
     if system.group is not None:
-        flags = torch.cat([flags, -flags[3:]])  # the largest and the smallest number of columns
-    refused, bad_y, bad_lam, *columns = system.any_rank(flags).tolist()
+        flags = torch.cat([flags, -flags[4:]])  # the largest and the smallest number of columns
+    refused, bad_y, bad_lam, declined, *columns = system.any_rank(flags).tolist()
     if error is not None:
         raise error
     if refused:
@@ -357,6 +389,7 @@ def _check_agreed(
             f"regularization: conjugate gradient needs λ > 0 on the operator (KernelOperator(..., regularization=λ)) "
             f"for a positive-definite system, got {shown}; use method='cholesky' for λ = 0"
         )
+    return bool(declined)
 
 
 def _rank(rank: int | None, n: int) -> int:
