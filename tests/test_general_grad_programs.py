@@ -14,7 +14,7 @@ import kermac
 from kermac import dsl, ir
 from kermac.ir import Hyper, Var
 from kermac.lowering import grad_program
-from kermac.programs import GradProgram, product_factor, program_from_key
+from kermac.programs import GradProgram, PairwiseProgram, product_factor, program_from_key
 
 A, B, C, D, TERM, ACC = (Var(n) for n in ("a", "b", "c", "d", "term", "acc"))
 
@@ -161,6 +161,20 @@ def test_construction_checks() -> None:
         GradProgram(D - B, ACC, C * TERM, "prod")
     with pytest.raises(TypeError, match=r"accumulate: expected a kermac\.ir\.Expr, got str"):
         GradProgram(D - B, ACC, "c * term")
+
+
+@pytest.mark.parametrize("name", ["x", "z", "acc", "diag", "a", "b", "c", "d", "term"])
+def test_a_hyperparameter_cannot_be_named_as_a_variable(name: str) -> None:
+    """Backends look variables and hyperparameters up by name: `$d` beside `d` (or `$x` in a pairwise program, which
+    becomes `d` in its gradient program) would read one for the other."""
+    with pytest.raises(
+        ValueError, match=rf"accumulate: a hyperparameter cannot be named as a program variable .* \['{name}'\]"
+    ):
+        GradProgram(A * (D - B), ACC, C * TERM * Hyper(name), "max")
+    with pytest.raises(ValueError, match=rf"inner: a hyperparameter cannot be named .* \['{name}'\]"):
+        PairwiseProgram(Var("x") - Var("z") * Hyper(name), "sum", ACC)
+    with pytest.raises(ValueError, match=rf"multiply: a hyperparameter cannot be named .* \['{name}'\]"):
+        GradProgram((D - B) * Hyper(name), ACC)
 
 
 def test_keys_round_trip_and_pickle() -> None:
