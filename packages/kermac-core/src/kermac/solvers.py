@@ -27,9 +27,10 @@ recomputes `r = y − (K + λI) α` with one product in `y`'s dtype — so a flo
 float32 arithmetic alone cannot (the products' rounding bounds plain float32 CG at about `eps₃₂ · cond`).
 
 The host is consulted at documented points only: once before solving (one read of the checks of `y` and of a
-tensor λ and of whether EigenPro's basis fits, agreed over the ranks of a sharded operator), once after a Cholesky factorisation (to raise on a
-matrix that is not positive definite), in CG once every `check_every` iterations (whether any column is still
-running), and once per refinement step (whether every column has converged).
+tensor λ and of whether EigenPro's basis fits, agreed over the ranks of a sharded operator), once after a
+Cholesky factorisation (to raise on a matrix that is not positive definite), in CG once every `check_every`
+iterations (whether any column is still running), and once per refinement step (whether every column has
+converged).
 """
 
 from __future__ import annotations
