@@ -68,6 +68,7 @@ __all__ = [
     "L0_TERM",
     "LINF_TERM",
     "OPERANDS",
+    "PRODUCT_ACCUMULATE",
     "REDUCTIONS",
     "GradProgram",
     "PairwiseProgram",
@@ -263,8 +264,9 @@ class GradProgram:
         return f"grad;{self.reduction};{to_sexpr(self.multiply)};{to_sexpr(self.accumulate)};{to_sexpr(self.epilogue)}"
 
 
-_PRODUCT_ACCUMULATE = canonical(Call("mul", (Var("c"), Var("term"))))
-"""`c·term` in normal form: the accumulation of the product form."""
+PRODUCT_ACCUMULATE = Call("mul", (Var("c"), Var("term")))
+"""`c·term`: the accumulation of the product form (a general program's default accumulation)."""
+_PRODUCT_ACCUMULATE = canonical(PRODUCT_ACCUMULATE)
 
 
 def _factors(expr: Expr) -> list[Expr]:
