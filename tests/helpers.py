@@ -153,6 +153,33 @@ def nvrtc_tuning(**changes: object) -> Iterator:
         yield backend
 
 
+@contextlib.contextmanager
+def plugin_beside_reference(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, module: str, source: str, entry: str
+) -> Iterator[None]:
+    """Inside the block, kermac's backends are the reference backend and those of a plugin module `module`
+    (written from `source` into `tmp_path`, put on `sys.path`), registered under the entry point `entry`;
+    `KERMAC_BACKEND` is unset.  The registry is rebuilt from the installed plugins afterwards."""
+    from importlib import metadata
+
+    from kermac import registry
+
+    (tmp_path / f"{module}.py").write_text(source)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delenv("KERMAC_BACKEND", raising=False)
+    group = "kermac.backends"
+    registry.reset(
+        [
+            metadata.EntryPoint(name="torch", value="kermac.reference.plugin", group=group),
+            metadata.EntryPoint(name=entry, value=module, group=group),
+        ]
+    )
+    try:
+        yield
+    finally:
+        registry.reset()
+
+
 class PairwiseOnlyBackend(Backend):
     """A backend written before the fused products, named "old": it computes pairwise problems and gradients
     (never called) and overrides no product hook, so the defaults' refusals show."""

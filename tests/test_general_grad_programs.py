@@ -5,14 +5,13 @@ independent float64 formulas written with broadcasting (no kermac code)."""
 from __future__ import annotations
 
 import pickle
-from importlib import metadata
 
 import pytest
 import torch
-from helpers import BACKEND_DEVICES, require_backend
+from helpers import BACKEND_DEVICES, plugin_beside_reference, require_backend
 
 import kermac
-from kermac import dsl, ir, registry
+from kermac import dsl, ir
 from kermac.ir import Hyper, Var
 from kermac.lowering import grad_program
 from kermac.programs import GradProgram, PairwiseProgram, product_factor, program_from_key
@@ -254,18 +253,8 @@ def kermac_backends():
 
 @pytest.fixture
 def product_form_only(tmp_path, monkeypatch):
-    (tmp_path / "kermac_general_grad_test_plugin.py").write_text(OLD_PLUGIN)
-    monkeypatch.syspath_prepend(str(tmp_path))
-    monkeypatch.delenv("KERMAC_BACKEND", raising=False)
-    group = "kermac.backends"
-    registry.reset(
-        [
-            metadata.EntryPoint(name="torch", value="kermac.reference.plugin", group=group),
-            metadata.EntryPoint(name="old", value="kermac_general_grad_test_plugin", group=group),
-        ]
-    )
-    yield
-    registry.reset()
+    with plugin_beside_reference(tmp_path, monkeypatch, "kermac_general_grad_test_plugin", OLD_PLUGIN, "old"):
+        yield
 
 
 def test_a_backend_written_for_the_product_form_is_never_handed_a_general_program(product_form_only) -> None:

@@ -11,15 +11,14 @@ import math
 import re
 import textwrap
 import warnings
-from importlib import metadata
 
 import fuzz_programs
 import pytest
 import torch
-from helpers import BACKEND_DEVICES, PairwiseOnlyBackend, require_backend
+from helpers import BACKEND_DEVICES, PairwiseOnlyBackend, plugin_beside_reference, require_backend
 
 import kermac
-from kermac import presets, registry
+from kermac import presets
 from kermac.costs import CostTable, CostTables, classify
 from kermac.problem import pairwise_problem, product_problem
 from kermac.programs import PairwiseProgram, swap_operands
@@ -418,18 +417,8 @@ def kermac_backends():
 
 @pytest.fixture
 def old_plugins(tmp_path, monkeypatch):
-    (tmp_path / "kermac_product_test_plugin.py").write_text(textwrap.dedent(PLUGIN))
-    monkeypatch.syspath_prepend(str(tmp_path))
-    monkeypatch.delenv("KERMAC_BACKEND", raising=False)
-    group = "kermac.backends"
-    registry.reset(
-        [
-            metadata.EntryPoint(name="torch", value="kermac.reference.plugin", group=group),
-            metadata.EntryPoint(name="olds", value="kermac_product_test_plugin", group=group),
-        ]
-    )
-    yield
-    registry.reset()
+    with plugin_beside_reference(tmp_path, monkeypatch, "kermac_product_test_plugin", textwrap.dedent(PLUGIN), "olds"):
+        yield
 
 
 def test_older_plugins_load_and_auto_passes_over_them_for_products(old_plugins) -> None:
