@@ -153,6 +153,19 @@ def nvrtc_tuning(**changes: object) -> Iterator:
         yield backend
 
 
+def require_nvrtc_compiler(*, module_level: bool = False) -> None:
+    """Skip (the whole module with `module_level`) unless the NVRTC backend and cuda.core import and the NVRTC
+    library loads: what compiling kernels to cubin needs, with or without a GPU."""
+    pytest.importorskip("kermac_backend_nvrtc.source")
+    pytest.importorskip("cuda.core")
+    from kermac_backend_nvrtc import compiler
+
+    try:
+        compiler.nvrtc_version()
+    except Exception as exc:  # pragma: no cover - depends on the machine
+        pytest.skip(f"NVRTC library not loadable: {exc}", allow_module_level=module_level)
+
+
 @contextlib.contextmanager
 def plugin_beside_reference(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, module: str, source: str, entry: str

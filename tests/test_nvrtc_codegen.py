@@ -13,6 +13,7 @@ import math
 import numpy as np
 import pytest
 import torch
+from helpers import require_nvrtc_compiler
 
 import kermac
 from kermac import ir, presets, testing
@@ -27,10 +28,7 @@ from kermac_backend_nvrtc import compiler, launcher, plan, render, tiles, varian
 from kermac_backend_nvrtc.source import EXP2_COEFFS, kernel_file, kernel_source
 from kermac_backend_nvrtc.tuning import NvrtcTuning
 
-try:
-    compiler.nvrtc_version()
-except Exception as exc:  # pragma: no cover - depends on the machine
-    pytest.skip(f"NVRTC library not loadable: {exc}", allow_module_level=True)
+require_nvrtc_compiler(module_level=True)
 
 ARCHS = ("sm_80", "sm_90")
 M, N, D = 37, 29, 13

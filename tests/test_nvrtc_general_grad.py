@@ -12,6 +12,7 @@ import dataclasses
 
 import pytest
 import torch
+from helpers import require_nvrtc_compiler
 from test_general_grad_programs import KERNELS
 
 from kermac import ir, testing
@@ -26,10 +27,7 @@ from kermac_backend_nvrtc import compiler, plan, variants
 from kermac_backend_nvrtc.source import kernel_source
 from kermac_backend_nvrtc.tuning import DEFAULT_TUNING
 
-try:
-    compiler.nvrtc_version()
-except Exception as exc:  # pragma: no cover - depends on the machine
-    pytest.skip(f"NVRTC library not loadable: {exc}", allow_module_level=True)
+require_nvrtc_compiler(module_level=True)
 
 A, B, C, D, TERM, ACC = (ir.Var(n) for n in ("a", "b", "c", "d", "term", "acc"))
 GENERAL_CASES = {c.name: c for c in testing.CASES if c.op == "grad" and product_factor(c.program) is None}

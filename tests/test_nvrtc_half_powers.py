@@ -12,6 +12,7 @@ import re
 
 import pytest
 import torch
+from helpers import require_nvrtc_compiler
 
 import kermac
 from kermac import ir, presets
@@ -25,10 +26,7 @@ from kermac_backend_nvrtc import compiler, plan, render, variants
 from kermac_backend_nvrtc.source import kernel_source
 from kermac_backend_nvrtc.tuning import DEFAULT_TUNING, NvrtcTuning
 
-try:
-    compiler.nvrtc_version()
-except Exception as exc:  # pragma: no cover - depends on the machine
-    pytest.skip(f"NVRTC library not loadable: {exc}", allow_module_level=True)
+require_nvrtc_compiler(module_level=True)
 
 P, Q = ir.Hyper("p"), ir.Hyper("q")
 

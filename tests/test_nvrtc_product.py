@@ -18,7 +18,7 @@ import math
 
 import pytest
 import torch
-from helpers import require_backend
+from helpers import require_backend, require_nvrtc_compiler
 
 import kermac
 from kermac import ir, presets, testing
@@ -32,10 +32,7 @@ from kermac_backend_nvrtc import NvrtcBackend, compiler, launcher, plan, tiles, 
 from kermac_backend_nvrtc.source import kernel_file, kernel_source
 from kermac_backend_nvrtc.tuning import DEFAULT_TUNING
 
-try:
-    compiler.nvrtc_version()
-except Exception as exc:  # pragma: no cover - depends on the machine
-    pytest.skip(f"NVRTC library not loadable: {exc}", allow_module_level=True)
+require_nvrtc_compiler(module_level=True)
 
 ARCHS = ("sm_80", "sm_90")
 F64 = torch.float64

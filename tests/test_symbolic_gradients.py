@@ -11,7 +11,7 @@ import random
 
 import pytest
 import torch
-from helpers import require_backend
+from helpers import require_backend, require_nvrtc_compiler
 
 import kermac
 from kermac import ir
@@ -290,15 +290,11 @@ def test_constant_terms_have_zero_gradient(monkeypatch, reduction):
 def test_generated_contraction_programs_compile_with_nvrtc(tmp_path, monkeypatch):
     """The gradient kernels of NVRTC (SIMT and tensor-core) compile the generated programs to cubin."""
     pytest.importorskip("cuda.core")
-    compiler = pytest.importorskip("kermac_backend_nvrtc.compiler")
-    from kermac_backend_nvrtc import plan
+    require_nvrtc_compiler()
+    from kermac_backend_nvrtc import compiler, plan
     from kermac_backend_nvrtc.source import kernel_source
     from kermac_backend_nvrtc.tuning import NvrtcTuning
 
-    try:
-        compiler.nvrtc_version()
-    except Exception as exc:  # pragma: no cover - depends on the machine
-        pytest.skip(f"NVRTC library not loadable: {exc}")
     monkeypatch.setenv("KERMAC_CACHE_DIR", str(tmp_path / "cache"))
     monkeypatch.setattr(compiler, "_memo", {})
     tuning = NvrtcTuning(half_powers=False, tensor_core_grad_min_o=1)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from helpers import CPU_BACKENDS, assert_close, ref_grad, require_backend
+from helpers import CPU_BACKENDS, assert_close, ref_grad, require_backend, require_nvrtc_compiler
 
 from kermac import presets, zoo
 from kermac.dsl import GradKernel, Kernel, canonical_key
@@ -242,17 +242,13 @@ def test_mm_kermac_quickstart_numbers() -> None:
 def test_zoo_program_compiles_to_cubin_on_nvrtc(name: str, tmp_path, monkeypatch) -> None:
     """The NVRTC backend renders and compiles every zoo program (sm_90 cubin, a private cache): no IR operation
     or hyperparameter of the zoo lacks a rendering."""
-    pytest.importorskip("cuda.core")
+    require_nvrtc_compiler()
     from kermac.hyperparams import HyperValue
     from kermac.problem import grad_problem, pairwise_problem
     from kermac_backend_nvrtc import compiler, plan
     from kermac_backend_nvrtc.source import kernel_source
     from kermac_backend_nvrtc.tuning import NvrtcTuning
 
-    try:
-        compiler.nvrtc_version()
-    except Exception as exc:
-        pytest.skip(f"NVRTC library not loadable: {exc}")
     monkeypatch.setenv("KERMAC_CACHE_DIR", str(tmp_path / "cache"))
     kernel = getattr(zoo, name)()
     hypers = {h: HyperValue(h, 1.5) for h in kernel.program.hypers}
