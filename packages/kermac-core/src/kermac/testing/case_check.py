@@ -98,10 +98,7 @@ def _assert_refused(backend: str, what: str, reason: str, call: Callable[..., ob
 
 
 def _assert_no_sync(found: Backend, problem: PairwiseProblem | GradProblem | ProductProblem) -> None:
-    if isinstance(problem, ProductProblem):
-        run = found.product
-    else:
-        run = found.pairwise if isinstance(problem, PairwiseProblem) else found.grad
+    run = getattr(found, problem.hooks[1])
     previous = torch.cuda.get_sync_debug_mode()
     torch.cuda.set_sync_debug_mode("error")
     try:
