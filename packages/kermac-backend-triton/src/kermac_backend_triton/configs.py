@@ -21,6 +21,9 @@ from O (`grad_block_o`, and `general_grad_block_o` for the general form's kernel
 Kernel product (`kermac_backend_triton.product`): the K tile's meta-parameters as above, and
 `BC` columns of `v` per program, chosen from C (`product_block_c`), not tuned; on the tensor
 cores `BK` is chosen from D (`product_tc_block_k`).
+Gradient product (`kermac_backend_triton.product_gradient`): `BM` rows of x and `BN` of z per step, `BK`
+features per step of the pairwise sum, and `BD` output features per program, chosen from D
+(`product_grad_block_d`), not tuned.
 The spaces were chosen by sweeps on an H100 (the decision records in `docs/dev/`); each comment
 says what each entry is for.
 """
@@ -39,7 +42,9 @@ __all__ = [
     "INTERPRET_PAIRWISE",
     "INTERPRET_PAIRWISE_TC",
     "INTERPRET_PRODUCT",
+    "INTERPRET_PRODUCT_GRAD",
     "INTERPRET_PRODUCT_TC",
+    "PRODUCT_GRAD_SPACE",
     "PRODUCT_SPACE",
     "PRODUCT_TC_SPACE",
     "TC_MIN_D",
@@ -57,6 +62,8 @@ __all__ = [
     "pairwise_tc_space",
     "product_block_c",
     "product_configs",
+    "product_grad_block_d",
+    "product_grad_configs",
     "product_tc_block_k",
     "product_tc_configs",
     "prune_pairwise_tc",
@@ -147,6 +154,18 @@ INTERPRET_GENERAL_GRAD = {"BN": 4, "BM": 16, "BK": 4}
 INTERPRET_PRODUCT = {"BK": 8, "MI": 4, "NI": 4, "MT": 4, "NT": 4, "PF": 2}
 """16 × 16 K tiles, the smallest a `tl.dot` takes."""
 INTERPRET_PRODUCT_TC = {"BM": 16, "BN": 16}
+INTERPRET_PRODUCT_GRAD = {"BM": 8, "BN": 4, "BK": 4}
+"""Tiles smaller than the test sizes, so the interpreter walks several row, column and feature steps."""
+
+PRODUCT_GRAD_SPACE: tuple[tuple[dict[str, int], int, int, int | None], ...] = (
+    ({"BM": 32, "BN": 16, "BK": 8}, 4, 2, None),
+    ({"BM": 64, "BN": 8, "BK": 8}, 4, 2, None),
+)
+"""Gradient product, (meta-parameters, num_warps, num_stages, maxnreg); the first entry is the default.  Each
+thread holds its part of the `[BN, BM, BD]` slope tile and of the `[BK, BN, BM]` terms of the pairwise sum
+beside the `BM × BD` accumulator, so the tiles stay small: chosen by register use (`cuobjdump -res-usage`, both
+build without spills for sm_90 at `BD` = 16), not yet by time.
+"""
 
 PRODUCT_SPACE: tuple[tuple[dict[str, int], int, int, int | None], ...] = (
     ({"BK": 4, "MI": 4, "NI": 4, "MT": 8, "NT": 16, "PF": 1}, 4, 3, None),
@@ -257,6 +276,18 @@ def product_block_c(c: int) -> int:
     """Columns of `v` per program: the next power of two ≥ C, at least 16 (`tl.dot`), at most 64
     (beyond, the columns take several programs, each recomputing its K tiles)."""
     return grad_block_o(c)
+
+
+def product_grad_configs() -> list:
+    """The gradient product's space as `triton.Config` objects."""
+    return [_config(entry) for entry in PRODUCT_GRAD_SPACE]
+
+
+def product_grad_block_d(d: int) -> int:
+    """Output features per program of the gradient product: the next power of two ≥ D, at most 16 (each
+    thread holds its part of a `[BN, BM, BD]` tile; beyond, the features take several programs, each
+    recomputing the pairwise sums)."""
+    return min(16, 1 << max(0, d - 1).bit_length())
 
 
 def product_tc_block_k(d: int) -> int:
