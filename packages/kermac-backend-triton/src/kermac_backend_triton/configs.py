@@ -158,13 +158,16 @@ INTERPRET_PRODUCT_GRAD = {"BM": 8, "BN": 4, "BK": 4}
 """Tiles smaller than the test sizes, so the interpreter walks several row, column and feature steps."""
 
 PRODUCT_GRAD_SPACE: tuple[tuple[dict[str, int], int, int, int | None], ...] = (
-    ({"BM": 32, "BN": 16, "BK": 8}, 4, 2, None),
-    ({"BM": 64, "BN": 8, "BK": 8}, 4, 2, None),
+    ({"BM": 64, "BN": 8, "BK": 4}, 8, 2, None),
+    ({"BM": 64, "BN": 8, "BK": 8}, 8, 2, None),
+    ({"BM": 64, "BN": 4, "BK": 4}, 4, 2, None),
 )
 """Gradient product, (meta-parameters, num_warps, num_stages, maxnreg); the first entry is the default.  Each
 thread holds its part of the `[BN, BM, BD]` slope tile and of the `[BK, BN, BM]` terms of the pairwise sum
-beside the `BM × BD` accumulator, so the tiles stay small: chosen by register use (`cuobjdump -res-usage`, both
-build without spills for sm_90 at `BD` = 16), not yet by time.
+beside the `BM × BD` accumulator, so the tiles stay small.  Chosen by register use (`cuobjdump -res-usage` for
+sm_90, Laplace-L1, Laplace-Lp and Gaussian at `BD` = 4 and 16), not yet by time: the default takes 40–112
+registers in float32 and 64–239 in float64 without spilling; 32 × 16 tiles at 4 warps took 150–250 in
+float32, 128-row tiles spilled in float64.
 """
 
 PRODUCT_SPACE: tuple[tuple[dict[str, int], int, int, int | None], ...] = (
