@@ -7,11 +7,12 @@ interpreter with tiles (8 rows, 4 columns, 4 features per step) far smaller than
 tests run the same at real sizes, tuned and untuned.
 
 - Laplace-L1, Laplace-Lp with one p per batch entry, a user program whose epilogue's slope reads the diagonal
-  (regularised, with offsets), a Gaussian; sizes beyond one tile in M, N and D (two feature tiles), C = 1 and 5,
+  (regularised, with offsets), a Gaussian; sizes beyond one tile in M, N and D, C = 1 and 5,
   float32 and float64;
-- every size 0, transposed and strided views of every operand and of `out`, broadcast batches, 64-bit indices;
-- half inputs computed in float32; NaN and ±inf in `g` and `v`, coincident points (flat inner terms where `e'` is
-  infinite), as the reference backend;
+- every size 0, transposed and strided views of every operand and of `out`, broadcast batches, 64-bit indices,
+  each with D held in registers and with D accumulated in `out` (read-modify-write);
+- half inputs computed in float32 (through a float32 workspace where D is accumulated in `out`); NaN and ±inf
+  in `g` and `v`, coincident points (flat inner terms where `e'` is infinite), as the reference backend;
 - gradcheck of `program_product` in float64 on `backend="triton"` for x, z and v;
 - `check_product_grad`'s refusals, and the generated kernel compiling to cubins (sm_80, sm_90) in a clean process.
 """
@@ -128,7 +129,8 @@ CASES = {  # program, hypers, offsets
 @pytest.mark.parametrize(("m", "n", "d", "c"), [(19, 11, 5, 1), (13, 17, 19, 5)])
 @pytest.mark.parametrize("dtype", [torch.float32, F64])
 def test_programs_match_both_references(case: str, m: int, n: int, d: int, c: int, dtype: torch.dtype) -> None:
-    """Sizes beyond one tile in M, N and D (D = 19: two feature tiles of 16, each recomputing the sums)."""
+    """Sizes beyond one tile in M, N and D (D = 19: past the 16 features held in registers, accumulated in `out`
+    16 features per step)."""
     device = _device()
     _skip_without_backend(device)
     program, hypers, offsets = CASES[case]
@@ -162,17 +164,18 @@ def test_the_dot_product_keeps_its_slope_where_acc_is_zero() -> None:
     _check(program, x, z, _randn(3, 2, dtype=F64), _randn(2, 2, dtype=F64), {})
 
 
-def test_broadcast_batches_and_views() -> None:
+@pytest.mark.parametrize("d", [7, 18])
+def test_broadcast_batches_and_views(d: int) -> None:
     """x [2, 1, M, D] against z [3, N, D] (batch [2, 3], a bandwidth per entry of its last dimension); x, v and g
     transposed views, z a strided slice, `out` a transposed view poisoned with NaN: every element is written."""
     device = _device()
     _skip_without_backend(device)
-    x = _randn(2, 1, 7, 9).mT  # [2, 1, 9, 7]
-    z = _randn(3, 22, 14)[:, ::2, ::2]  # [3, 11, 7]
+    x = _randn(2, 1, d, 9).mT  # [2, 1, 9, D]
+    z = _randn(3, 22, 2 * d)[:, ::2, ::2]  # [3, 11, D]
     v = _randn(2, 11).t()  # [11, 2]
     g = _randn(2, 3, 2, 9).mT  # [2, 3, 9, 2]
     hypers = {"bandwidth": torch.tensor([0.7, 1.1, 2.4], device=device), "regularization": 0.5}
-    out = torch.full((2, 3, 7, 9), float("nan"), device=device).mT
+    out = torch.full((2, 3, d, 9), float("nan"), device=device).mT
     program = _preset("laplace_l1")
     got = _triton(program, x, z, v, g, hypers, out=out, offset_n=2)
     assert got is out
@@ -181,10 +184,11 @@ def test_broadcast_batches_and_views() -> None:
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
-def test_half_inputs_compute_in_float32(dtype: torch.dtype) -> None:
+@pytest.mark.parametrize("d", [5, 18])
+def test_half_inputs_compute_in_float32(dtype: torch.dtype, d: int) -> None:
     device = _device()
     _skip_without_backend(device)
-    x, z = _randn(11, 5, dtype=dtype), _randn(9, 5, dtype=dtype)
+    x, z = _randn(11, d, dtype=dtype), _randn(9, d, dtype=dtype)
     v, g = _randn(9, 2, dtype=dtype), _randn(11, 2, dtype=dtype)
     program, hypers = _preset("laplace_l1"), {"bandwidth": 2.0, "regularization": 0.1}
     got = _triton(program, x, z, v, g, hypers)
@@ -195,13 +199,15 @@ def test_half_inputs_compute_in_float32(dtype: torch.dtype) -> None:
 
 
 def test_size_zero_dimensions() -> None:
-    """N = 0 writes zeros (an empty sum); M, D, C = 0 and an empty batch give what the references give."""
+    """N = 0 writes zeros (an empty sum, also where D is accumulated in `out`); M, D, C = 0 and an empty batch give
+    what the references give."""
     device = _device()
     _skip_without_backend(device)
     program, hypers = _preset("laplace_l1"), {"bandwidth": 1.3, "regularization": 0.2}
-    out = torch.full((5, 3), float("nan"), device=device)
-    _triton(program, _randn(5, 3), _randn(0, 3), _randn(0, 2), _randn(5, 2), hypers, out=out)
-    assert torch.equal(out, torch.zeros(5, 3, device=device))
+    for d in (3, 20):
+        out = torch.full((5, d), float("nan"), device=device)
+        _triton(program, _randn(5, d), _randn(0, d), _randn(0, 2), _randn(5, 2), hypers, out=out)
+        assert torch.equal(out, torch.zeros(5, d, device=device))
     for m, n, d, c, b in [(0, 6, 3, 2, ()), (5, 6, 0, 2, ()), (5, 6, 3, 0, ()), (5, 6, 3, 2, (0,))]:
         x, z, v, g = _randn(*b, m, d), _randn(n, d), _randn(n, c), _randn(*b, m, c)
         got = _triton(program, x, z, v, g, hypers)
@@ -249,7 +255,8 @@ def test_coincident_points_take_the_subgradient(name: str, hypers: dict) -> None
     assert_close(got, _reference(program, x, z, v, g, hypers), 1e-10)
 
 
-def test_64_bit_indices(monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("d", [5, 17])
+def test_64_bit_indices(monkeypatch: pytest.MonkeyPatch, d: int) -> None:
     """The variant with 64-bit indices (chosen for operands past 2³¹ elements) computes the same values; forced
     here on small, batched operands."""
     device = _device()
@@ -257,7 +264,7 @@ def test_64_bit_indices(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(launch, "_families", {})
     monkeypatch.setattr(launch, "_needs_int64", lambda tensors, programs: True)
     program, hypers, offsets = CASES["diag_user"]
-    x, z, v, g = _randn(2, 12, 5), _randn(2, 10, 5), _randn(10, 3), _randn(2, 12, 3)
+    x, z, v, g = _randn(2, 12, d), _randn(2, 10, d), _randn(10, 3), _randn(2, 12, 3)
     _check(program, x, z, v, g, hypers, **offsets)
 
 
@@ -324,8 +331,7 @@ def test_check_product_grad_refuses_other_devices_with_a_sentence() -> None:
 
 
 def test_check_product_grad_refuses_a_grid_beyond_cudas_limit() -> None:
-    """Shapes alone decide (stride-0 views, nothing allocated): 2³¹ rows of 16 features fit (2²⁵ row tiles), 2⁴⁰
-    rows of 1024 features do not."""
+    """Shapes alone decide (stride-0 views, nothing allocated): 2³¹ rows fit (2²⁵ row tiles), 2⁴⁰ rows do not."""
     device = _device()
     _skip_without_backend(device)
     backend = backend_module.TritonBackend(UNTUNED)
@@ -342,19 +348,24 @@ def test_check_product_grad_refuses_a_grid_beyond_cudas_limit() -> None:
 
 
 def _compile_jobs() -> dict[str, dict]:
-    """The default tiles for Laplace-L1, Laplace-Lp, the Gaussian and the user program (sm_90, float32, 16 and 4
-    features per program), a batched float64 variant with 64-bit indices and tensor hyperparameters, and sm_80."""
+    """The default tiles for Laplace-L1, Laplace-Lp, the Gaussian and the user program (sm_90, float32, 16 features
+    in registers, 8 per step accumulated in `out`), 4 features, batched float64 variants with 64-bit indices and
+    tensor hyperparameters, and sm_80."""
     meta, warps, _, _ = configs.PRODUCT_GRAD_SPACE[0]
-    base = dict(spec={}, meta=meta | {"BD": 16}, warps=warps, arch=90, dtype="float32")
+    base = dict(spec={}, meta=meta | {"BD": 16, "RMW": False}, warps=warps, arch=90, dtype="float32")
+    rmw = meta | {"BD": configs.PRODUCT_GRAD_RMW_BD, "RMW": True}
     batched = {"nbatch": 2, "tensor_hypers": ["bandwidth", "p"], "int64": True}
     keys = {name: _preset(name).key() for name in ("laplace_l1", "laplace_lp", "gaussian")} | {
         "diag_user": _diag_program().key()
     }
     jobs = {f"{name}-sm90": base | dict(program=key) for name, key in keys.items()}
-    jobs["laplace_l1-bd4-sm90"] = base | dict(program=keys["laplace_l1"], meta=meta | {"BD": 4})
+    jobs |= {f"{name}-rmw-sm90": base | dict(program=key, meta=rmw) for name, key in keys.items()}
+    jobs["laplace_l1-bd4-sm90"] = base | dict(program=keys["laplace_l1"], meta=meta | {"BD": 4, "RMW": False})
     lp = keys["laplace_lp"]
     jobs["laplace_lp-float64-batched-int64-sm90"] = base | dict(program=lp, dtype="float64", spec=batched)
+    jobs["laplace_lp-float64-batched-int64-rmw-sm90"] = base | dict(program=lp, dtype="float64", spec=batched, meta=rmw)
     jobs["gaussian-sm80"] = base | dict(program=keys["gaussian"], arch=80)
+    jobs["gaussian-rmw-sm80"] = base | dict(program=keys["gaussian"], arch=80, meta=rmw)
     return {key: job | {"id": key} for key, job in jobs.items()}
 
 

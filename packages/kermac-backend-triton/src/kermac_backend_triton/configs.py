@@ -22,8 +22,9 @@ Kernel product (`kermac_backend_triton.product`): the K tile's meta-parameters a
 `BC` columns of `v` per program, chosen from C (`product_block_c`), not tuned; on the tensor
 cores `BK` is chosen from D (`product_tc_block_k`).
 Gradient product (`kermac_backend_triton.product_gradient`): `BM` rows of x and `BN` of z per step, `BK`
-features per step of the pairwise sum, and `BD` output features per program, chosen from D
-(`product_grad_block_d`), not tuned.
+features per step of the pairwise sum, and `BD` output features per step, chosen from D
+(`product_grad_block_d`), not tuned; beyond `PRODUCT_GRAD_MAX_BD` features a program accumulates in `out`
+(`RMW`).
 The spaces were chosen by sweeps on an H100 (the decision records in `docs/dev/`); each comment
 says what each entry is for.
 """
@@ -44,6 +45,8 @@ __all__ = [
     "INTERPRET_PRODUCT",
     "INTERPRET_PRODUCT_GRAD",
     "INTERPRET_PRODUCT_TC",
+    "PRODUCT_GRAD_MAX_BD",
+    "PRODUCT_GRAD_RMW_BD",
     "PRODUCT_GRAD_SPACE",
     "PRODUCT_SPACE",
     "PRODUCT_TC_SPACE",
@@ -158,16 +161,19 @@ INTERPRET_PRODUCT_GRAD = {"BM": 8, "BN": 4, "BK": 4}
 """Tiles smaller than the test sizes, so the interpreter walks several row, column and feature steps."""
 
 PRODUCT_GRAD_SPACE: tuple[tuple[dict[str, int], int, int, int | None], ...] = (
-    ({"BM": 64, "BN": 8, "BK": 4}, 8, 2, None),
-    ({"BM": 64, "BN": 8, "BK": 8}, 8, 2, None),
-    ({"BM": 64, "BN": 4, "BK": 4}, 4, 2, None),
+    ({"BM": 64, "BN": 8, "BK": 4}, 8, 1, None),
+    ({"BM": 64, "BN": 8, "BK": 8}, 8, 1, None),
+    ({"BM": 64, "BN": 4, "BK": 4}, 4, 1, None),
 )
-"""Gradient product, (meta-parameters, num_warps, num_stages, maxnreg); the first entry is the default.  Each
+"""Gradient product, (meta-parameters, num_warps, num_stages, maxnreg); the first entry is the default.  One
+stage: the kernel has no `tl.dot` for Triton's pipeliner, and its read-modify-write of `out` must stay in
+program order.  Each
 thread holds its part of the `[BN, BM, BD]` slope tile and of the `[BK, BN, BM]` terms of the pairwise sum
-beside the `BM × BD` accumulator, so the tiles stay small.  Chosen by register use (`cuobjdump -res-usage` for
-sm_90, Laplace-L1, Laplace-Lp and Gaussian at `BD` = 4 and 16), not yet by time: the default takes 40–112
-registers in float32 and 64–239 in float64 without spilling; 32 × 16 tiles at 4 warps took 150–250 in
-float32, 128-row tiles spilled in float64.
+beside the `BM × BD` accumulator (or, accumulating in `out`, `acc`, `e'` and `G` across the steps over the
+features), so the tiles stay small.  Chosen by register use (`cuobjdump -res-usage` for
+sm_90: Laplace-L1, Laplace-Lp, Gaussian and a user program at `BD` = 4 and 16 in registers and 8 accumulated
+in `out`), not yet by time: every entry builds without spilling, the default with 40–110 registers in float32
+and 64–240 in float64; 32 × 16 tiles at 4 warps took 150–250 in float32, 128-row tiles spilled in float64.
 """
 
 PRODUCT_SPACE: tuple[tuple[dict[str, int], int, int, int | None], ...] = (
@@ -286,11 +292,18 @@ def product_grad_configs() -> list:
     return [_config(entry) for entry in PRODUCT_GRAD_SPACE]
 
 
+PRODUCT_GRAD_MAX_BD = 16
+"""The most output features the gradient product holds in registers (each thread holds its part of a
+`[BN, BM, BD]` tile); a larger D is accumulated in `out`, `PRODUCT_GRAD_RMW_BD` features per step."""
+PRODUCT_GRAD_RMW_BD = 8
+"""Features per step where the gradient product accumulates in `out`: `acc`, `e'` and `G` of the tile of z stay
+live across the steps, and 16 features per step spilled in float64 (Laplace-Lp, sm_90)."""
+
+
 def product_grad_block_d(d: int) -> int:
-    """Output features per program of the gradient product: the next power of two ≥ D, at most 16 (each
-    thread holds its part of a `[BN, BM, BD]` tile; beyond, the features take several programs, each
-    recomputing the pairwise sums)."""
-    return min(16, 1 << max(0, d - 1).bit_length())
+    """Output features per step of the gradient product: the next power of two ≥ D up to `PRODUCT_GRAD_MAX_BD`,
+    else `PRODUCT_GRAD_RMW_BD`."""
+    return 1 << max(0, d - 1).bit_length() if d <= PRODUCT_GRAD_MAX_BD else PRODUCT_GRAD_RMW_BD
 
 
 def product_tc_block_k(d: int) -> int:

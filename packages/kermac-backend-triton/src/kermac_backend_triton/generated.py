@@ -207,7 +207,7 @@ _META = {
     "grad_general": ("BN BM BK BO", '"M", "N", "O", "K", "KEY"'),
     "product_simt": ("BK MI NI MT NT PF BC", '"M", "N", "D", "C", "OFF_M", "OFF_N", "KEY"'),
     "product_tensor_cores": ("BM BN BK BC", '"M", "N", "C", "OFF_M", "OFF_N", "GUARD", "KEY"'),
-    "product_grad": ("BM BN BK BD", '"M", "N", "D", "C", "OFF_M", "OFF_N", "KEY"'),
+    "product_grad": ("BM BN BK BD RMW", '"M", "N", "D", "C", "OFF_M", "OFF_N", "KEY"'),
 }
 """Meta-parameters of each kernel (after `KEY`), and the sizes never specialised on."""
 _ENTRIES = {
@@ -273,7 +273,7 @@ _TILE_ORDER = {
     "grad_general": "bat, po, pn, pm = grid_order(M, N, O, BN, BM, BO, {int64})",
     "product_simt": "bat, pm, pc = product_order(M, C, MI * MT, BC, {int64})",
     "product_tensor_cores": "bat, pm, pc = product_order(M, C, BM, BC, {int64})",
-    "product_grad": "bat, pm, pd = product_order(M, D, BM, BD, {int64})",
+    "product_grad": "bat, pm, _ = product_order(M, 1, BM, 1, {int64})",
 }
 """The first line of each entry kernel's body: its tile and batch entry."""
 _CALL = {
@@ -303,8 +303,8 @@ _CALL = {
     "        X, Z, V, OUT, M, N, D, C, OFF_M, OFF_N, SXM, SXK, SZN, SZK, SVN, SVC, SOM, SOC, GUARD, pm, pc,\n"
     "        {hypers}, inner, epilogue, combine_chunk, {uses_diag}, BM, BN, BK, BC, INT64={int64},\n    )",
     "product_grad": "product_grad_tile(\n"
-    "        X, Z, V, G, OUT, M, N, D, C, OFF_M, OFF_N, SXM, SXK, SZN, SZK, SVN, SVC, SGM, SGC, SOM, SOK, pm, pd,\n"
-    "        {hypers}, inner, combine_chunk, slope, inner_slope, {uses_diag}, {cdt}, BM, BN, BK, BD,\n"
+    "        X, Z, V, G, OUT, M, N, D, C, OFF_M, OFF_N, SXM, SXK, SZN, SZK, SVN, SVC, SGM, SGC, SOM, SOK, pm,\n"
+    "        {hypers}, inner, combine_chunk, slope, inner_slope, {uses_diag}, {cdt}, BM, BN, BK, BD, RMW,\n"
     "        INT64={int64},\n    )",
 }
 """The last line of each entry kernel's body: the call of its tile function."""

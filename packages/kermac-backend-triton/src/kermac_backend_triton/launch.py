@@ -10,14 +10,15 @@ whether D reaches the tensor cores, device type; for a kernel product or its gra
 one) fixes the kernel; within it, the key holds the
 facts of this call that decide the compiled kernel and its configuration (device, coalesced
 batch dimensions, 64-bit indexing, the autotuning bucket, the gradient's `BO`, the product's
-`BC`, the gradient product's `BD`, and what Triton specialises on: `kermac_backend_triton.launchers.int_facts`,
-`kermac_backend_triton.launchers.pointer_facts`).  A key seen before launches its `Launcher`;
-a new one compiles, autotunes and launches through `kernel[grid]` (refused while a CUDA graph
-is being captured).
+`BC`, the gradient product's `BD` and `RMW`, and what Triton specialises on:
+`kermac_backend_triton.launchers.int_facts`, `kermac_backend_triton.launchers.pointer_facts`).  A key seen
+before launches its `Launcher`; a new one compiles, autotunes and launches through `kernel[grid]` (refused while
+a CUDA graph is being captured).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 import operator
@@ -171,11 +172,10 @@ def grid_size_problem(problem: Problem) -> str | None:
     """`None` if the launch grid fits CUDA's limit with the smallest tiles, else why not."""
     batch = math.prod(problem.batch_shape)
     if isinstance(problem, ProductGradProblem):
-        m, _, d, _ = problem.sizes
-        if batch * m * d <= INT32_MAX:
+        m = problem.sizes[0]
+        if batch * m <= INT32_MAX:
             return None
-        rows = max(meta["BM"] for meta, *_ in configs.PRODUCT_GRAD_SPACE)
-        tiles = _cdiv(m, rows) * _cdiv(d, configs.product_grad_block_d(d))
+        tiles = _cdiv(m, max(meta["BM"] for meta, *_ in configs.PRODUCT_GRAD_SPACE))
     elif isinstance(problem, ProductProblem):
         m, _, _, c = problem.sizes
         if batch * m * c <= INT32_MAX:
@@ -478,10 +478,24 @@ def run_product(problem: ProductProblem, *, tuning: TritonTuning = DEFAULT_TUNIN
 
 def run_product_grad(problem: ProductGradProblem, *, tuning: TritonTuning = DEFAULT_TUNING) -> None:
     """Launch the gradient product of `problem` (`kermac_backend_triton.product_gradient`): one program per
-    batch entry, `BM` rows and `BD` features of `out`."""
-    x, z, v, g, out = problem.x, problem.z, problem.v, problem.g, problem.out
-    if out.numel() == 0:  # M, D or the batch is 0: nothing to write (N = 0 writes zeros)
+    batch entry and `BM` rows of `out`.  A D beyond `PRODUCT_GRAD_MAX_BD` is accumulated in `out` (`RMW`); a
+    half-precision `out` then takes a float32 workspace of its shape, copied into it afterwards."""
+    out = problem.out
+    if out.numel() == 0:  # M, D or the batch is 0: nothing to write
         return
+    if problem.sizes[1] == 0:  # an empty sum over n
+        out.zero_()
+        return
+    if problem.sizes[2] > configs.PRODUCT_GRAD_MAX_BD and out.dtype not in (torch.float32, torch.float64):
+        workspace = torch.empty(out.shape, dtype=torch.float32, device=out.device)
+        _launch_product_grad(dataclasses.replace(problem, out=workspace), tuning)
+        out.copy_(workspace)
+        return
+    _launch_product_grad(problem, tuning)
+
+
+def _launch_product_grad(problem: ProductGradProblem, tuning: TritonTuning) -> None:
+    x, z, v, g, out = problem.x, problem.z, problem.v, problem.g, problem.out
     m, n, d, c = problem.sizes
     fkey = ("product_grad", problem.program, tuning, x.dtype, x.is_cuda)
     family = _families.get(fkey)
@@ -496,20 +510,20 @@ def run_product_grad(problem: ProductGradProblem, *, tuning: TritonTuning = DEFA
     args = [x, z, v, g, out, *hyper_args, m, n, d, c, off_m, off_n, *strides, *layout_args]
     pointers = 5 + len(hyper_args)
     block_d = configs.product_grad_block_d(d)
+    rmw = d > configs.PRODUCT_GRAD_MAX_BD
     tensors = [t for t in args[:pointers] if isinstance(t, torch.Tensor)]
-    int64 = _needs_int64(tensors, batch * _cdiv(m, 8) * _cdiv(d, block_d))
+    int64 = _needs_int64(tensors, batch * _cdiv(m, 8))
     bucket = configs.bucket(batch, m, n, d, c)
     device = x.get_device()
-    key = (device, nbatch, int64, bucket, block_d, int_facts([*strides, *layout_args], [m, n, d, c, off_m, off_n]))
-    key += (pointer_facts(args[:pointers]),)
+    key = (device, nbatch, int64, bucket, block_d, rmw)
+    key += (int_facts([*strides, *layout_args], [m, n, d, c, off_m, off_n]), pointer_facts(args[:pointers]))
     launcher = family.launchers.get(key)
     if launcher is None:
         spec = ProductGradSpec(problem.program, family.compute, nbatch, _tensor_hypers(problem), int64)
-        extra = {**_launch_meta(spec, tuning, d), "KEY": bucket, "BD": block_d}
-        _first_launch(family, key, spec, tuning, problem.debug, args, extra, (batch, m, d))
+        extra = {**_launch_meta(spec, tuning, d), "KEY": bucket, "BD": block_d, "RMW": rmw}
+        _first_launch(family, key, spec, tuning, problem.debug, args, extra, (batch, m, 1))
         return
-    tm, td = launcher.tiles
-    launcher.launch(args, batch * _cdiv(m, tm) * _cdiv(d, td), device)
+    launcher.launch(args, batch * _cdiv(m, launcher.tiles[0]), device)
 
 
 def _pairwise_spec(problem: PairwiseProblem, kernel: str, nbatch: int, int64: bool) -> PairwiseSpec:
@@ -578,8 +592,9 @@ def _product_tiles(kernel: str) -> Callable[[Mapping[str, Any]], tuple[int, int]
 
 
 def _product_grad_tiles(meta: Mapping[str, Any]) -> tuple[int, int]:
-    """Rows and features of `out` of one gradient-product program, from its meta-parameters."""
-    return meta["BM"], meta["BD"]
+    """Rows of `out` of one gradient-product program, from its meta-parameters (and 1: it owns every feature,
+    the grid's one column)."""
+    return meta["BM"], 1
 
 
 def _tiles_of(spec: Spec) -> Callable[[Mapping[str, Any]], tuple[int, int]]:

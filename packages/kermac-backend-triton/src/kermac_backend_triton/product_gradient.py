@@ -6,21 +6,24 @@ the epilogue in `acc` (it may read `diag`), `τ_x = ∂τ/∂x`; the bracket is 
 infinite, and `G` multiplies the bracket afterwards, so a NaN or ±inf in `g` or `v` propagates as in the
 reference backend.
 
-One program owns a `BM × BD` tile of `out` (rows `pm`, features `pd`; `BD` is a power of two chosen from D by
-`kermac_backend_triton.configs.product_grad_block_d`: a larger D takes several feature tiles, each recomputing
-`acc`, as the kernel product's column tiles recompute K) and loops over N in `BN` tiles.  Both sums below run
-over the leading axis of their tile, the one Triton's default layouts spread over threads last:
+One program owns `BM` rows of `out` (`pm`) and loops over N in `BN` tiles.  Both sums below run over the
+leading axis of their tile, the one Triton's default layouts spread over threads last:
 
 * `acc[BN, BM]`: the sum over all D features of the inner terms, `BK` features per step, the terms of
   features past D set to the sum's identity 0;
 * `G[BN, BM]` by a loop over the C columns of `g` and `v`, and `e'(acc, diag)`;
-* `τ_x` on the program's `BD` features `[BN, BM, BD]`, `where(τ_x == 0, 0, e'·τ_x)·G`, set to 0 in the
-  columns past N (whose rows of `z` and `v` are clamped copies), summed over the `BN` axis into the
-  `[BM, BD]` accumulator in the compute type.
+* `τ_x` on `BD` features `[BN, BM, BD]`, `where(τ_x == 0, 0, e'·τ_x)·G`, set to 0 in the columns past N
+  (whose rows of `z` and `v` are clamped copies), summed over the `BN` axis in the compute type.
 
-The accumulator stays in registers for the whole loop over N: no workspace, no atomics, one order of
-summation per output (deterministic).  Rows past M hold values of clamped rows and features past D values
-of zeros; neither is stored.  Half inputs are loaded and computed in float32 and stored in their own dtype.
+The program owns every feature.  Where D ≤ `kermac_backend_triton.configs.PRODUCT_GRAD_MAX_BD` (`BD` ≥ D), its
+`[BM, BD]` accumulator stays in registers for the whole loop over N.  Beyond (`RMW`), for each tile of z it
+walks the features `BD` (`kermac_backend_triton.configs.PRODUCT_GRAD_RMW_BD`) at a time, adding each part to
+what it stored in `out` for the previous tiles (read-modify-write; `out` is then in the compute type, a float32
+workspace for half inputs, `kermac_backend_triton.launch.run_product_grad`), with a barrier between tiles since
+another thread of the program may read what one stored.  Either way: no other workspace, no atomics (each
+element of `out` has one program), one order of summation per output (deterministic).  Rows past M hold values
+of clamped rows and features past D values of zeros; neither is stored.  Half inputs are loaded and computed
+in float32 and stored in their own dtype.
 
 `inner(x, z, hypers)`, `combine_chunk(acc, t)`, `slope(acc, diag, hypers)` (`e'`) and
 `inner_slope(x, z, hypers)` (`τ_x`) are the program's `@triton.jit` functions
@@ -68,22 +71,34 @@ def _weight_tile(grow, vrow, C, SGC, SVC, COMPUTE: tl.constexpr, BN: tl.constexp
 
 
 @triton.jit
-def product_grad_tile(
-    X, Z, V, G, OUT, M, N, D, C, OFF_M, OFF_N, SXM, SXK, SZN, SZK, SVN, SVC, SGM, SGC, SOM, SOK, pm, pd, hypers,
-    inner, combine_chunk, slope, inner_slope, USES_DIAG: tl.constexpr, COMPUTE: tl.constexpr, BM: tl.constexpr,
-    BN: tl.constexpr, BK: tl.constexpr, BD: tl.constexpr, INT64: tl.constexpr,
+def _feature_part(
+    X, Z, rm, rn, od, D, SXM, SXK, SZN, SZK, e, w, on, N, hypers, inner_slope, COMPUTE: tl.constexpr,
+    BN: tl.constexpr, BM: tl.constexpr, BD: tl.constexpr,
 ):  # fmt: skip
-    """Compute and store the `out` tile `(pm, pd)` (see the module docs)."""
+    """`Σ_n w[n, m]·where(τ_x == 0, 0, e[n, m]·τ_x(x[m, j], z[n, j]))` `[BM, BD]` over one tile of z, for the
+    features `od`; the columns past N contribute 0."""
+    d_in = (od < D)[None, None, :]
+    xd = tl.load(X + (rm * SXM)[None, :, None] + od[None, None, :] * SXK, mask=d_in, other=0.0).to(COMPUTE)
+    zd = tl.load(Z + (rn * SZN)[:, None, None] + od[None, None, :] * SZK, mask=d_in, other=0.0).to(COMPUTE)
+    tau = tl.broadcast_to(inner_slope(xd, zd, hypers), [BN, BM, BD])
+    bracket = tl.where(tau == 0, 0.0, e[:, :, None] * tau)
+    return tl.sum(tl.where((on < N)[:, None, None], w[:, :, None] * bracket, 0.0), 0)
+
+
+@triton.jit
+def product_grad_tile(
+    X, Z, V, G, OUT, M, N, D, C, OFF_M, OFF_N, SXM, SXK, SZN, SZK, SVN, SVC, SGM, SGC, SOM, SOK, pm, hypers,
+    inner, combine_chunk, slope, inner_slope, USES_DIAG: tl.constexpr, COMPUTE: tl.constexpr, BM: tl.constexpr,
+    BN: tl.constexpr, BK: tl.constexpr, BD: tl.constexpr, RMW: tl.constexpr, INT64: tl.constexpr,
+):  # fmt: skip
+    """Compute and store the rows `pm` of `out` (see the module docs); with `RMW` accumulate in `out`, whose dtype
+    is then the compute type, else hold the `BD` ≥ D features in registers."""
     om = pm * BM + index_type(tl.arange(0, BM), INT64)
-    od = pd * BD + index_type(tl.arange(0, BD), INT64)
     rm = om % M
-    d_in = od < D
     kr = index_type(tl.arange(0, BK), INT64)[:, None, None]
     xrow = X + (rm * SXM)[None, None, :]
     grow = G + (rm * SGM)[None, :]
-    # The program's features of x, [1, BM, BD]: the same for every tile of z.
-    xd = tl.load(X + (rm * SXM)[None, :, None] + od[None, None, :] * SXK, mask=d_in[None, None, :], other=0.0)
-    xd = xd.to(COMPUTE)
+    m_in = (om < M)[:, None]
     out = tl.zeros([BM, BD], COMPUTE)
     for n_tile in range(0, tl.cdiv(N, BN)):
         pn = n_tile + 0 * pm  # pm's index type (64-bit where INT64); the interpreter's n_tile is a Python int
@@ -97,10 +112,26 @@ def product_grad_tile(
             diag = tl.where(on[:, None] + OFF_N == om[None, :] + OFF_M, 1.0, 0.0).to(COMPUTE)
         e = tl.broadcast_to(slope(acc, diag, hypers), [BN, BM])
         w = _weight_tile(grow, V + (rn * SVN)[:, None], C, SGC, SVC, COMPUTE, BN, BM)
-        zd = tl.load(Z + (rn * SZN)[:, None, None] + od[None, None, :] * SZK, mask=d_in[None, None, :], other=0.0)
-        tau = tl.broadcast_to(inner_slope(xd, zd.to(COMPUTE), hypers), [BN, BM, BD])
-        bracket = tl.where(tau == 0, 0.0, e[:, :, None] * tau)
-        term = tl.where((on < N)[:, None, None], w[:, :, None] * bracket, 0.0)
-        out += tl.sum(term, 0)
-    optr = OUT + om[:, None] * SOM + od[None, :] * SOK
-    tl.store(optr, out.to(OUT.dtype.element_ty), mask=(om < M)[:, None] & d_in[None, :])
+        if RMW:
+            for d0 in range(0, D, BD):
+                od = d0 + index_type(tl.arange(0, BD), INT64)
+                part = _feature_part(
+                    X, Z, rm, rn, od, D, SXM, SXK, SZN, SZK, e, w, on, N, hypers, inner_slope, COMPUTE, BN, BM, BD
+                )
+                optr = OUT + om[:, None] * SOM + od[None, :] * SOK
+                mask = m_in & (od < D)[None, :]
+                # the first tile of z starts the sum (over whatever `out` held); later ones add to what this
+                # program stored before
+                part += tl.where(pn > 0, tl.load(optr, mask=mask, other=0.0).to(COMPUTE), 0.0)
+                tl.store(optr, part.to(OUT.dtype.element_ty), mask=mask)
+            # another thread of this program may read back what one stored: order them
+            tl.debug_barrier()
+        else:
+            od = index_type(tl.arange(0, BD), INT64)
+            out += _feature_part(
+                X, Z, rm, rn, od, D, SXM, SXK, SZN, SZK, e, w, on, N, hypers, inner_slope, COMPUTE, BN, BM, BD
+            )
+    if not RMW:
+        od = index_type(tl.arange(0, BD), INT64)
+        optr = OUT + om[:, None] * SOM + od[None, :] * SOK
+        tl.store(optr, out.to(OUT.dtype.element_ty), mask=m_in & (od < D)[None, :])
