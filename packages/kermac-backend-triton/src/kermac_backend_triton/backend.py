@@ -147,5 +147,6 @@ class TritonBackend(Backend):
     def product_grad(self, problem: ProductGradProblem) -> None:
         """`problem.out[*B, M, D]`, the gradient in x of `Σ g·(K v)` (`kermac.problem.ProductGradProblem`), with K
         and its derivative computed tile by tile and never stored (`kermac_backend_triton.product_gradient`), on
-        the current stream."""
+        the current stream.  Its one workspace: a float32 tensor of `out`'s shape where `out` is float16 or bfloat16
+        and D exceeds the features held in registers (`kermac_backend_triton.launch.run_product_grad`)."""
         run_product_grad(problem, tuning=self.tuning)
