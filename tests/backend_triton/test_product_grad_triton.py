@@ -419,12 +419,14 @@ def test_gpu_batches_views_half_inputs_and_batched_p() -> None:
 
 
 @pytest.mark.gpu
-def test_gpu_memory_stays_that_of_the_operands() -> None:
+@pytest.mark.parametrize("d", [8, 40])
+def test_gpu_memory_stays_that_of_the_operands(d: int) -> None:
     """M = 16,384 rows against N = 10⁶ (K would take 65 GB in float32): the gradient product runs into a given
-    `out` without allocating anything, and its first rows match the reference backend."""
-    program, hypers = _preset("laplace_l1"), {"bandwidth": 4.0, "regularization": 0.1}
-    x, z, v, g = _randn(2**14, 8), _randn(10**6, 8), _randn(10**6, 2), _randn(2**14, 2)
-    out = torch.empty(2**14, 8, device="cuda")
+    float32 `out` without allocating anything (D in registers, and D accumulated in `out`), and its first rows
+    match the reference backend."""
+    program, hypers = _preset("laplace_l1"), {"bandwidth": 4.0 * d, "regularization": 0.1}
+    x, z, v, g = _randn(2**14, d), _randn(10**6, d), _randn(10**6, 2), _randn(2**14, 2)
+    out = torch.empty(2**14, d, device="cuda")
     _triton(program, x, z, v, g, hypers, out=out)  # compiles and loads the variant
     torch.cuda.synchronize()
     torch.cuda.reset_peak_memory_stats()
