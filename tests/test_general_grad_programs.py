@@ -5,16 +5,17 @@ independent float64 formulas written with broadcasting (no kermac code)."""
 from __future__ import annotations
 
 import pickle
+from importlib import metadata
 
 import pytest
 import torch
 from helpers import BACKEND_DEVICES, require_backend
 
 import kermac
-from kermac import dsl, ir
+from kermac import dsl, ir, registry
 from kermac.ir import Hyper, Var
 from kermac.lowering import grad_program
-from kermac.programs import GradProgram, product_factor, program_from_key
+from kermac.programs import GradProgram, PairwiseProgram, product_factor, program_from_key
 
 A, B, C, D, TERM, ACC = (Var(n) for n in ("a", "b", "c", "d", "term", "acc"))
 
@@ -163,6 +164,20 @@ def test_construction_checks() -> None:
         GradProgram(D - B, ACC, "c * term")
 
 
+@pytest.mark.parametrize("name", ["x", "z", "acc", "diag", "a", "b", "c", "d", "term"])
+def test_a_hyperparameter_cannot_be_named_as_a_variable(name: str) -> None:
+    """Backends look variables and hyperparameters up by name: `$d` beside `d` (or `$x` in a pairwise program, which
+    becomes `d` in its gradient program) would read one for the other."""
+    with pytest.raises(
+        ValueError, match=rf"accumulate: a hyperparameter cannot be named as a program variable .* \['{name}'\]"
+    ):
+        GradProgram(A * (D - B), ACC, C * TERM * Hyper(name), "max")
+    with pytest.raises(ValueError, match=rf"inner: a hyperparameter cannot be named .* \['{name}'\]"):
+        PairwiseProgram(Var("x") - Var("z") * Hyper(name), "sum", ACC)
+    with pytest.raises(ValueError, match=rf"multiply: a hyperparameter cannot be named .* \['{name}'\]"):
+        GradProgram((D - B) * Hyper(name), ACC)
+
+
 def test_keys_round_trip_and_pickle() -> None:
     programs = [
         GradProgram(ir.abs_(D - B) - A, Hyper("s") * ACC, TERM * C + Hyper("t"), "logsumexp"),
@@ -200,3 +215,73 @@ def test_a_general_program_equal_to_a_product_form_gives_its_values(backend: str
     out = kermac.run_grad_program(program, *operands, backend=backend)
     expected = kermac.cdist_grad(*operands, p=1.0, backend=backend)
     torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5)
+
+
+OLD_PLUGIN = """
+from kermac.backend import Availability, Backend
+from kermac.hookspecs import hookimpl
+from kermac.reference.backend import ReferenceBackend
+
+_REF = ReferenceBackend()
+
+
+class ProductFormOnly(Backend):
+    # a backend written before the general form: its grad reads program.multiply as the factor of c·a·multiply
+    name = "product-form-only"
+    priority = 50
+
+    def availability(self):
+        return Availability.yes()
+
+    def check_pairwise(self, problem):
+        return None
+
+    def pairwise(self, problem):
+        _REF.pairwise(problem)
+
+    def check_grad(self, problem):
+        return None
+
+    def grad(self, problem):
+        _REF.grad(problem)
+
+
+@hookimpl
+def kermac_backends():
+    return [ProductFormOnly()]
+"""
+
+
+@pytest.fixture
+def product_form_only(tmp_path, monkeypatch):
+    (tmp_path / "kermac_general_grad_test_plugin.py").write_text(OLD_PLUGIN)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delenv("KERMAC_BACKEND", raising=False)
+    group = "kermac.backends"
+    registry.reset(
+        [
+            metadata.EntryPoint(name="torch", value="kermac.reference.plugin", group=group),
+            metadata.EntryPoint(name="old", value="kermac_general_grad_test_plugin", group=group),
+        ]
+    )
+    yield
+    registry.reset()
+
+
+def test_a_backend_written_for_the_product_form_is_never_handed_a_general_program(product_form_only) -> None:
+    """Its check_general_grad is the refusing default: `auto` passes it over (here it outranks the reference), a
+    request for it by name raises quoting the refusal; a general program equal to a product form reaches it in the
+    product form and gives the right values."""
+    a, b, c, d = _operands(9, 5, 4, 2)
+    ap, bp, cp, dp = _pieces(a, b, c, d)
+    general = GradProgram(ir.abs_(D - B) - A, ACC, C * TERM, "max")
+    torch.testing.assert_close(kermac.run_grad_program(general, a, b, c, d), (cp * ((dp - bp).abs() - ap)).amax(-1))
+    with pytest.raises(
+        kermac.UnsupportedProblemError,
+        match=r"backend 'product-form-only' cannot run this gradient problem: backend 'product-form-only' computes "
+        r"gradient programs in the product form Σ_k c·a·g\(d, b\) only",
+    ):
+        kermac.run_grad_program(general, a, b, c, d, backend="product-form-only")
+    in_general_form = GradProgram(A * ir.sign(D - B), ACC, C * TERM)
+    out = kermac.run_grad_program(in_general_form, a, b, c, d, backend="product-form-only")
+    torch.testing.assert_close(out, (cp * ap * torch.sign(dp - bp)).sum(-1))

@@ -18,7 +18,7 @@ from kermac import ir, testing
 from kermac.hyperparams import HyperValue
 from kermac.lowering import grad_program
 from kermac.problem import grad_problem, pairwise_problem
-from kermac.programs import GradProgram, PairwiseProgram, product_factor
+from kermac.programs import GradProgram, product_factor
 
 pytest.importorskip("kermac_backend_nvrtc.source")
 pytest.importorskip("cuda.core")
@@ -221,26 +221,3 @@ def test_tensor_core_sources_refuse_a_general_program() -> None:
         assert isinstance(variant, variants.MmaGrad | variants.SignGrad)
         with pytest.raises(ValueError, match=r"needs .*product form"):
             kernel_source(dataclasses.replace(variant, program=general))
-
-
-@pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
-def test_a_hyperparameter_named_like_a_variable_stays_apart(arch: str) -> None:
-    """A program built from IR may name a hyperparameter as one of its variables (`$a` beside `a`, `$z` beside
-    `z`): the kernel reads each where the program does (the hyperparameter is `h_<name>`)."""
-    general = GradProgram(A * (D - B), ACC, C * TERM * ir.Hyper("a"), "max")
-    batch_a = torch.randn(2, 21, 19)  # a tensor hyperparameter too: its batch offsets are named after it
-    problem = grad_problem(general, batch_a, *(torch.randn(s) for s in ((11, 21), (3, 21), (11, 19))), out=None,
-                           hypers=_hypers(a=torch.tensor([0.5, 2.0])))  # fmt: skip
-    variant = plan.plan_grad(problem, 90, DEFAULT_TUNING)[0]
-    source = kernel_source(variant)[0]
-    assert _functor(source, "km_term").endswith("{ return (a * (d - b)); }")
-    assert _functor(source, "km_accumulate").endswith("{ return km_reduce(acc, ((c * term) * h_a)); }")
-    assert compiler.compile_cubin(source, arch, name=variant.kernel).cubin[:4] == b"\x7fELF"
-    pairwise = PairwiseProgram(ir.Var("x") - ir.Var("z") * ir.Hyper("z"), "sum", ir.Var("acc") * ir.Hyper("x"))
-    x, z = torch.randn(5, 3), torch.randn(4, 3)
-    variant = plan.plan_pairwise(pairwise_problem(pairwise, x, z, out=None, hypers=_hypers(x=0.5, z=2.0)), 90,
-                                 DEFAULT_TUNING)[0]  # fmt: skip
-    source = kernel_source(variant)[0]
-    assert _functor(source, "km_inner").endswith("{ return (x - (z * h_z)); }")
-    assert _functor(source, "km_epilogue").endswith("{ return (acc * h_x); }")
-    assert compiler.compile_cubin(source, arch, name=variant.kernel).cubin[:4] == b"\x7fELF"

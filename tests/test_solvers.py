@@ -114,6 +114,7 @@ def test_auto_picks_cholesky_while_dense_fits(caplog, monkeypatch):
 def test_dense_fits_rule():
     assert solvers.dense_fits(20_000, 1, F64, torch.device("cpu")) is False  # 3.2 GB > a quarter of 4 GiB
     assert solvers.dense_fits(10_000, 1, F64, torch.device("cpu")) is True
+    assert solvers.dense_fits(20_001, 1, torch.float16, torch.device("cpu")) is False
 
 
 def test_eigenpro_fits_rule():
@@ -121,7 +122,6 @@ def test_eigenpro_fits_rule():
     assert solvers.eigenpro_fits(1_000_000, 1000, 1, torch.float32, torch.device("cpu")) is False  # 8 GB
     assert solvers.eigenpro_fits(100_000, 317, 1, F64, torch.device("cpu")) is True  # 0.5 GB
     assert solvers.eigenpro_fits(100_000, 317, 3, F64, torch.device("cpu")) is False  # 1.5 GB
-    assert solvers.dense_fits(20_001, 1, torch.float16, torch.device("cpu")) is False
 
 
 def test_cholesky_solve_picks_torch_on_cpu():

@@ -166,6 +166,10 @@ class NvrtcBackend(Backend):
         m, n, o, k = problem.sizes
         return self._device_reason(problem.a) or size_problem("gradient", {"M": m, "N": n, "O": o, "K": k})
 
+    def check_general_grad(self, problem: GradProblem) -> str | None:
+        """As `check_grad`: the SIMT gradient kernel runs every program in the general form."""
+        return self.check_grad(problem)
+
     def check_product(self, problem: ProductProblem) -> str | None:
         """Every pairwise program in every dtype runs the SIMT product kernel: refused only off a
         supported CUDA device and beyond the kernel's index and grid limits (`plan.size_product`)."""
@@ -260,6 +264,9 @@ class NvrtcBackend(Backend):
         self._run(problem, plan_pairwise)
 
     def grad(self, problem: GradProblem) -> None:
+        self._run(problem, plan_grad)
+
+    def general_grad(self, problem: GradProblem) -> None:
         self._run(problem, plan_grad)
 
     def product(self, problem: ProductProblem) -> None:

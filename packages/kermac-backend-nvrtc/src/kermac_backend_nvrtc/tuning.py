@@ -92,8 +92,8 @@ class NvrtcTuning:
     inline_expensive_combine: bool = False
     """The SIMT kernels inline a reduction's expensive combine (log-sum-exp's exp and log), once per term
     and pair of a thread's tile: thousands of copies, which take ptxas over a second to schedule.  False (the
-    default) calls it as a function: the kernel compiles about three times faster (a new log-sum-exp program in
-    about a second) and runs 7 to 14 % slower (docs/dev/semiring-reductions.md)."""
+    default) calls it as a function: the kernel compiles several times faster and runs somewhat slower (the
+    measurement: docs/dev/semiring-reductions.md)."""
 
     zero_padded_k_tail: bool = True
     """Float32 sums of |x − z| (cdist p = 1, Laplace-L1) whose operands load as 16-byte vectors

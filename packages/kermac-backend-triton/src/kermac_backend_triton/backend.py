@@ -106,6 +106,10 @@ class TritonBackend(Backend):
     def check_grad(self, problem: GradProblem) -> str | None:
         return self._check_device(problem.device) or grid_size_problem(problem)
 
+    def check_general_grad(self, problem: GradProblem) -> str | None:
+        """As `check_grad`: the general gradient kernel runs every program in the general form."""
+        return self.check_grad(problem)
+
     def check_product(self, problem: ProductProblem) -> str | None:
         """`None` if `product` can run `problem` (every pairwise program, reduction and dtype is
         supported), else why not: the device, or a launch grid beyond CUDA's limit."""
@@ -137,6 +141,9 @@ class TritonBackend(Backend):
         run_pairwise(problem, tuning=self.tuning)
 
     def grad(self, problem: GradProblem) -> None:
+        run_grad(problem, tuning=self.tuning)
+
+    def general_grad(self, problem: GradProblem) -> None:
         run_grad(problem, tuning=self.tuning)
 
     def product(self, problem: ProductProblem) -> None:

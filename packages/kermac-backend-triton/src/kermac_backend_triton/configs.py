@@ -127,10 +127,11 @@ GENERAL_GRAD_SPACE: tuple[tuple[dict[str, int], int, int, int | None], ...] = (
     ({"BN": 4, "BM": 64, "BK": 4}, 8, 2, None),
 )
 """The general gradient kernel's space (`kermac_backend_triton.general_gradient`), as `GRAD_SPACE`; `BO` comes
-from O (`general_grad_block_o`).  Each thread holds `BK × BO` accumulated terms per `(n, m)` pair it owns (the
-`(n, m)` pairs go to the threads, the chunk of `k` stays in registers), so `BK` stays small: one pair per thread
-at `BK` = 4 (the default), two at `BK` = 2; chosen by that count, not yet by time.  Every entry keeps
-`BN` ≥ 2 and `BM` ≥ 8 (the bound on the number of programs in `kermac_backend_triton.launch`).
+from O (`general_grad_block_o`).  The kernel combines one term at a time, so each thread holds `BO` accumulators
+per `(n, m)` pair it owns (Triton's default layouts give the `BN × BM` pairs to the threads of `num_warps` warps)
+and `BK` only sets how many `k` steps are unrolled; the entries were chosen by register use without spills, their
+speed not measured.  Every entry keeps `BN` ≥ 2 and `BM` ≥ 8 (the bound on the number of programs in
+`kermac_backend_triton.launch`).
 """
 
 GLUON_PAIRWISE_SPACE: tuple[tuple[dict[str, int], int, int, int | None], ...] = (
@@ -319,7 +320,7 @@ def grad_block_o(o: int) -> int:
 
 def general_grad_block_o(o: int) -> int:
     """Rows of `o` per program of the general gradient kernel: the next power of two ≥ O, at most 16 (no
-    `tl.dot` sets a minimum; each row adds `BK` terms per `(n, m)` pair to a thread's registers)."""
+    `tl.dot` sets a minimum; each row adds one accumulator per `(n, m)` pair to a thread's registers)."""
     return min(16, 1 << max(0, o - 1).bit_length())
 
 

@@ -14,7 +14,9 @@ cuda-core, ...) are imported inside [`Backend.availability`][kermac.backend.Back
 The contract grows without breaking plugins: an operation added after the first release (the fused
 product, [`check_product`][kermac.backend.Backend.check_product] / [`product`][kermac.backend.Backend.product], and its
 gradient, [`check_product_grad`][kermac.backend.Backend.check_product_grad] /
-[`product_grad`][kermac.backend.Backend.product_grad]) arrives with a default that refuses it, so a backend written
+[`product_grad`][kermac.backend.Backend.product_grad], and gradient programs in the general form,
+[`check_general_grad`][kermac.backend.Backend.check_general_grad] /
+[`general_grad`][kermac.backend.Backend.general_grad]) arrives with a default that refuses it, so a backend written
 before it keeps loading and simply is not chosen for that operation; a backend opts in by overriding both
 methods.
 """
@@ -60,7 +62,9 @@ class Backend(abc.ABC):
 
     The hooks `priority`, [`availability`][kermac.backend.Backend.availability],
     [`preference`][kermac.backend.Backend.preference], [`check_pairwise`][kermac.backend.Backend.check_pairwise],
-    [`check_grad`][kermac.backend.Backend.check_grad], [`check_product`][kermac.backend.Backend.check_product] and
+    [`check_grad`][kermac.backend.Backend.check_grad],
+    [`check_general_grad`][kermac.backend.Backend.check_general_grad],
+    [`check_product`][kermac.backend.Backend.check_product] and
     [`check_product_grad`][kermac.backend.Backend.check_product_grad] must not raise and must return the
     documented types; one that does not is a plugin error, which [`kermac.registry`][kermac.registry] reports once
     and survives (`auto` skips the backend for that decision).
@@ -92,6 +96,21 @@ class Backend(abc.ABC):
     @abc.abstractmethod
     def grad(self, problem: GradProblem) -> None:
         """Compute the gradient contraction of `problem` into `problem.out` (every element of it)."""
+
+    def check_general_grad(self, problem: GradProblem) -> str | None:
+        """`None` if [`general_grad`][kermac.backend.Backend.general_grad] can run `problem`, a gradient contraction
+        whose program is in the general form (`problem.program.accumulate` is set: any multiply, accumulation and
+        reduction; [`kermac.programs.GradProgram`][kermac.programs.GradProgram]), else the reason it cannot.
+
+        Not abstract: the default refuses, so that a backend written for the product form only is never handed a
+        general program (it would read `program.multiply` as the factor of `c·a·multiply`)."""
+        return f"backend {self.name!r} computes gradient programs in the product form Σ_k c·a·g(d, b) only"
+
+    def general_grad(self, problem: GradProblem) -> None:
+        """Compute the gradient contraction of a program in the general form into `problem.out` (every element of
+        it).  The default raises `NotImplementedError` (kermac only calls it after
+        [`check_general_grad`][kermac.backend.Backend.check_general_grad] accepted)."""
+        raise NotImplementedError(self.check_general_grad(problem))
 
     def check_product(self, problem: ProductProblem) -> str | None:
         """`None` if [`product`][kermac.backend.Backend.product] can run `problem`, else the reason it cannot (a str).

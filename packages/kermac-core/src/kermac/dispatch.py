@@ -26,32 +26,34 @@ Problem = PairwiseProblem | GradProblem | ProductProblem | ProductGradProblem
 def run_pairwise(problem: PairwiseProblem, backend: str, op: str) -> torch.Tensor:
     """`problem.out` written by the backend `backend` (a name or `"auto"`) chooses; `op`
     names the public operation in log messages.  Empty and `meta` outputs are returned as they are."""
-    return _run(problem, backend, op, "pairwise problem", "check_pairwise", "pairwise", "M={} N={} D={}", "program")
+    return _run(problem, backend, op, "pairwise problem", "M={} N={} D={}", "program")
 
 
 def run_grad(problem: GradProblem, backend: str, op: str) -> torch.Tensor:
-    """As `run_pairwise`, for a gradient problem."""
-    return _run(problem, backend, op, "gradient problem", "check_grad", "grad", "M={} N={} O={} K={}", "program")
+    """As `run_pairwise`, for a gradient problem (in either form: `problem.hooks`)."""
+    return _run(problem, backend, op, "gradient problem", "M={} N={} O={} K={}", "program")
 
 
 def run_product(problem: ProductProblem, backend: str, op: str) -> torch.Tensor:
     """As `run_pairwise`, for a fused kernel product.  With `N = 0` the sum over `n` is empty: `out` is
     filled with zeros here, without asking a backend (as an empty output is returned without one)."""
     what = "kernel product problem"
-    return _run(problem, backend, op, what, "check_product", "product", "M={} N={} D={} C={}", "program")
+    return _run(problem, backend, op, what, "M={} N={} D={} C={}", "program")
 
 
 def run_product_grad(problem: ProductGradProblem, backend: str, op: str) -> torch.Tensor:
     """As `run_product`, for the gradient product of a fused kernel product (with `N = 0` the sum is empty: zeros)."""
     what = "kernel product gradient problem"
     sizes = "M={} N={} D={} C={}"
-    return _run(problem, backend, op, what, "check_product_grad", "product_grad", sizes, "gradient of program")
+    return _run(problem, backend, op, what, sizes, "gradient of program")
 
 
-def _run(problem: Problem, backend: str, op: str, what: str, check: str, run: str, sizes: str, of: str) -> torch.Tensor:
+def _run(problem: Problem, backend: str, op: str, what: str, sizes: str, of: str) -> torch.Tensor:
     """The one path of every operation: nothing to do for an empty or `meta` output, zeros for a product's empty
-    sum, else the backend the registry selects by its hook `check` runs its hook `run`, logged under `debug`
-    (`sizes` a format of the problem's sizes, filled only then: this path runs for every call)."""
+    sum, else the backend the registry selects by the problem's check hook runs its run hook (`problem.hooks`),
+    logged under `debug` (`sizes` a format of the problem's sizes, filled only then: this path runs for every
+    call)."""
+    check, run = problem.hooks
     if problem.out.numel() == 0 or problem.device.type == "meta":
         return problem.out
     if isinstance(problem, (ProductProblem, ProductGradProblem)) and problem.sizes[1] == 0:

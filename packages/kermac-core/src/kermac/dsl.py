@@ -61,8 +61,8 @@ from typing import Any
 import torch
 
 from kermac.canonical import canonical
-from kermac.ir import Call, Var, to_sexpr
-from kermac.programs import REDUCTIONS, GradProgram, PairwiseProgram, factor_without_a
+from kermac.ir import Var, to_sexpr
+from kermac.programs import PRODUCT_ACCUMULATE, REDUCTIONS, GradProgram, PairwiseProgram, product_factor
 from kermac.tracing import OPERANDS, RESERVED, Traced, as_traced, trace, traced_call
 
 __all__ = [
@@ -267,16 +267,12 @@ def gradient_program(
         raise ValueError(f"reduce: expected one of {sorted(REDUCTIONS)}, got {reduce!r}")
     order: list[str] = []
     term = trace("multiply", multiply, order)
-    combine = _PRODUCT if accumulate is None else trace("accumulate", accumulate, order)
+    combine = PRODUCT_ACCUMULATE if accumulate is None else trace("accumulate", accumulate, order)
     epilogue_expr = Var("acc") if epilogue is None else trace("gradient epilogue", epilogue, order)
-    factor = factor_without_a(term) if reduce == "sum" and combine == _PRODUCT else None
-    if factor is not None:
-        return GradKernel(GradProgram(factor, epilogue_expr), tuple(order))
-    return GradKernel(GradProgram(term, epilogue_expr, combine, reduce), tuple(order))
-
-
-_PRODUCT = Call("mul", (Var("c"), Var("term")))
-"""The default accumulation `c · term`."""
+    general = GradProgram(term, epilogue_expr, combine, reduce)
+    factor = product_factor(general)
+    program = general if factor is None else GradProgram(factor, epilogue_expr)
+    return GradKernel(program, tuple(order))
 
 
 def canonical_key(program: PairwiseProgram | GradProgram) -> str:

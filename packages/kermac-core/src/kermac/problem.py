@@ -13,12 +13,13 @@ from __future__ import annotations
 import numbers
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 
 from kermac.hyperparams import HyperValue
 from kermac.memory import check_addressable, internal_overlap, overlap
-from kermac.programs import GradProgram, PairwiseProgram
+from kermac.programs import GradProgram, PairwiseProgram, product_factor
 
 __all__ = [
     "OFFSET_RANGE",
@@ -56,6 +57,12 @@ class _OnPoints:
 
     __slots__ = ()
     x: torch.Tensor
+    HOOKS: ClassVar[tuple[str, str]]
+
+    @property
+    def hooks(self) -> tuple[str, str]:
+        """The backend hooks (`kermac.backend.Backend`) that answer whether a backend runs this problem and run it."""
+        return self.HOOKS
 
     @property
     def dtype(self) -> torch.dtype:
@@ -88,6 +95,7 @@ class PairwiseProblem(_OnPoints):
     backend may add them to row and column indices in the indices' own integer type.
     """
 
+    HOOKS: ClassVar[tuple[str, str]] = ("check_pairwise", "pairwise")
     program: PairwiseProgram
     x: torch.Tensor
     z: torch.Tensor
@@ -113,7 +121,14 @@ class PairwiseProblem(_OnPoints):
 
 @dataclass(eq=False, slots=True)
 class GradProblem:
-    """`out[*B, O, N, M] = program(a[*B, K, M], b[*B, N, K], c[*B, O, K], d[*B, N, M])`."""
+    """`out[*B, O, N, M] = program(a[*B, K, M], b[*B, N, K], c[*B, O, K], d[*B, N, M])`.
+
+    A program in the general form ([`kermac.programs.GradProgram`][kermac.programs.GradProgram] with an
+    `accumulate`) goes to the hooks `check_general_grad` / `general_grad`, which backends written before the
+    general form do not override (their defaults refuse it); one in the product form to `check_grad` / `grad`.
+    [`grad_problem`][kermac.problem.grad_problem] hands a general program that computes a product form over in
+    that form ([`product_factor`][kermac.programs.product_factor]), so only programs without one are general here.
+    """
 
     program: GradProgram
     a: torch.Tensor
@@ -129,6 +144,11 @@ class GradProblem:
     def sizes(self) -> tuple[int, int, int, int]:
         """(M, N, O, K)."""
         return self.a.shape[-1], self.b.shape[-2], self.c.shape[-2], self.a.shape[-2]
+
+    @property
+    def hooks(self) -> tuple[str, str]:
+        """The backend hooks that answer whether a backend runs this problem and run it (see the class docs)."""
+        return ("check_general_grad", "general_grad") if self.program.general else ("check_grad", "grad")
 
     @property
     def dtype(self) -> torch.dtype:
@@ -151,6 +171,7 @@ class ProductProblem(_ProductSizes):
     its operands swapped ([`kermac.programs`][kermac.programs]), so backends see only this form.
     """
 
+    HOOKS: ClassVar[tuple[str, str]] = ("check_product", "product")
     program: PairwiseProgram
     x: torch.Tensor
     z: torch.Tensor
@@ -187,6 +208,7 @@ class ProductGradProblem(_ProductSizes):
     [`compute_dtype`][kermac.problem.compute_dtype]; every tensor has the dtype and device of `x`.
     """
 
+    HOOKS: ClassVar[tuple[str, str]] = ("check_product_grad", "product_grad")
     program: PairwiseProgram
     x: torch.Tensor
     z: torch.Tensor
@@ -388,7 +410,9 @@ def grad_problem(
     fake: bool = False,
 ) -> GradProblem:
     """Validate and normalise a gradient contraction: a [..,K,M], b [..,N,K], c [..,O,K], d [..,N,M]
-    (`fake` as in `pairwise_problem`)."""
+    (`fake` as in `pairwise_problem`).  A general program that computes a product form is handed over in the
+    product form (`GradProgram(product_factor(program), program.epilogue)`): the same values, and every backend's
+    product-form kernels."""
     names = ("a", "b", "c", "d")
     ts = tuple(check_tensor(nm, t) for nm, t in zip(names, (a, b, c, d), strict=True))
     _check_memory(dict(zip(names, ts, strict=True)), hypers)
@@ -409,8 +433,9 @@ def grad_problem(
     if d.shape[-2] != n:
         raise ValueError(f"d: expected size {n} in dimension -2 to match N (b.shape[-2]), got shape {list(d.shape)}")
     batch = _batch_shape({nm: tuple(t.shape[:-2]) for nm, t in zip(names, ts, strict=True)} | _hyper_shapes(hypers))
+    factor = product_factor(program) if program.general else None
     return GradProblem(
-        program=program,
+        program=program if factor is None else GradProgram(factor, program.epilogue),
         a=_expand(a, batch + (k, m)),
         b=_expand(b, batch + (n, k)),
         c=_expand(c, batch + (o, k)),

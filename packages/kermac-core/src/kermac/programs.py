@@ -67,6 +67,8 @@ from kermac.ir_eval import evaluate
 __all__ = [
     "L0_TERM",
     "LINF_TERM",
+    "OPERANDS",
+    "PRODUCT_ACCUMULATE",
     "REDUCTIONS",
     "GradProgram",
     "PairwiseProgram",
@@ -114,12 +116,23 @@ def _set_key(program: PairwiseProgram | GradProgram) -> None:
     program.__dict__["_key"] = program._key_text()
 
 
+OPERANDS: frozenset[str] = frozenset({"x", "z", "acc", "diag", "a", "b", "c", "d", "term"})
+"""The variables of every program kind: no hyperparameter may take one of these names (a gradient of a pairwise
+program reads `d`, `b` where the program read `x`, `z`, so the names are reserved across kinds)."""
+
+
 def _check_vars(what: str, expr: Expr, allowed: frozenset[str]) -> None:
     if not isinstance(expr, Expr):
         raise TypeError(f"{what}: expected a kermac.ir.Expr, got {type(expr).__name__}")
     extra = free_vars(expr) - allowed
     if extra:
         raise ValueError(f"{what}: may use variables {sorted(allowed)}, got unknown {sorted(extra)}")
+    clash = hyper_names(expr) & OPERANDS
+    if clash:
+        raise ValueError(
+            f"{what}: a hyperparameter cannot be named as a program variable ({', '.join(sorted(OPERANDS))}), "
+            f"got {sorted(clash)}"
+        )
 
 
 @dataclass(frozen=True)
@@ -251,8 +264,9 @@ class GradProgram:
         return f"grad;{self.reduction};{to_sexpr(self.multiply)};{to_sexpr(self.accumulate)};{to_sexpr(self.epilogue)}"
 
 
-_PRODUCT_ACCUMULATE = canonical(Call("mul", (Var("c"), Var("term"))))
-"""`c·term` in normal form: the accumulation of the product form."""
+PRODUCT_ACCUMULATE = Call("mul", (Var("c"), Var("term")))
+"""`c·term`: the accumulation of the product form (a general program's default accumulation)."""
+_PRODUCT_ACCUMULATE = canonical(PRODUCT_ACCUMULATE)
 
 
 def _factors(expr: Expr) -> list[Expr]:

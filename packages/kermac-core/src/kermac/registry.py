@@ -11,7 +11,8 @@ within a time limit; every plugin it refuses or that fails is reported once -- a
 plugin, its distribution and why -- and skipped, never fatal to the others.
 
 The backends' hooks are plugin code too: `priority`, `availability()`, `preference()`,
-`check_pairwise()`, `check_grad()`, `check_product()` and `check_product_grad()`.  One that raises
+`check_pairwise()`, `check_grad()`, `check_general_grad()`, `check_product()` and `check_product_grad()`.
+One that raises
 (anything but `KeyboardInterrupt`, which propagates untouched) or returns a value of the wrong type (an int
 from `priority` and `preference()`, an `Availability` from `availability()`, None or a str from the checks) is a *plugin
 error*: reported once per backend and hook as a `RuntimeWarning`, after which
@@ -50,7 +51,6 @@ from kermac.discovery import (
     load_timeout,
 )
 from kermac.errors import BackendUnavailableError, UnsupportedProblemError
-from kermac.problem import GradProblem, ProductGradProblem, ProductProblem
 
 if TYPE_CHECKING:
     from collections.abc import Iterable
@@ -205,6 +205,7 @@ _RESULTS: dict[str, tuple[Callable[[object], bool], str]] = {
     "preference()": (_is_int, "an int"),
     "check_pairwise()": (_is_reason, "None or a str"),
     "check_grad()": (_is_reason, "None or a str"),
+    "check_general_grad()": (_is_reason, "None or a str"),
     "check_product()": (_is_reason, "None or a str"),
     "check_product_grad()": (_is_reason, "None or a str"),
 }
@@ -282,11 +283,7 @@ def _preference(reg: _Registry, name: str, entry: Loaded, problem: object, prior
 
 def _check_hook(problem: object) -> str:
     """The name of the hook that `check` calls for `problem` (for messages)."""
-    if isinstance(problem, GradProblem):
-        return "check_grad()"
-    if isinstance(problem, ProductGradProblem):
-        return "check_product_grad()"
-    return "check_product()" if isinstance(problem, ProductProblem) else "check_pairwise()"
+    return f"{problem.hooks[0]}()"
 
 
 def _check(entry: Loaded, problem: object, check: Callable[[Backend, object], str | None], hook: str) -> str | None:

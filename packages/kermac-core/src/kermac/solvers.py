@@ -27,9 +27,10 @@ recomputes `r = y − (K + λI) α` with one product in `y`'s dtype — so a flo
 float32 arithmetic alone cannot (the products' rounding bounds plain float32 CG at about `eps₃₂ · cond`).
 
 The host is consulted at documented points only: once before solving (one read of the checks of `y` and of a
-tensor λ, agreed over the ranks of a sharded operator), once after a Cholesky factorisation (to raise on a
-matrix that is not positive definite), in CG once every `check_every` iterations (whether any column is still
-running), and once per refinement step (whether every column has converged).
+tensor λ and of whether EigenPro's basis fits, agreed over the ranks of a sharded operator), once after a
+Cholesky factorisation (to raise on a matrix that is not positive definite), in CG once every `check_every`
+iterations (whether any column is still running), and once per refinement step (whether every column has
+converged).
 """
 
 from __future__ import annotations
@@ -118,25 +119,29 @@ def dense_fits(n: int, batch: int, dtype: torch.dtype, device: torch.device) -> 
     [`DENSE_BUDGET_CPU_BYTES`][kermac.solvers.DENSE_BUDGET_CPU_BYTES] on the CPU."""
     if n > DENSE_MAX_N:
         return False
-    size = batch * n * n * torch.empty((), dtype=dtype).element_size()
+    return _fits(batch * n * n, dtype, device)
+
+
+def _fits(entries: int, dtype: torch.dtype, device: torch.device) -> bool:
+    """Whether `entries` of `dtype` take at most a quarter of the free memory of the CUDA device
+    (`torch.cuda.mem_get_info`, a driver query that does not wait for the stream) or of
+    [`DENSE_BUDGET_CPU_BYTES`][kermac.solvers.DENSE_BUDGET_CPU_BYTES] on the CPU."""
+    size = entries * torch.empty((), dtype=dtype).element_size()
     budget = torch.cuda.mem_get_info(device)[0] if device.type == "cuda" else DENSE_BUDGET_CPU_BYTES
     return 4 * size <= budget
 
 
 def eigenpro_fits(rows: int, rank: int, batch: int, dtype: torch.dtype, device: torch.device) -> bool:
     """The rule of `preconditioner="auto"`: the EigenPro preconditioner when its basis `Ũ` and the extension `U`
-    it is computed from (`2·batch·rows·rank` entries of `dtype`, `rows` this process's rows) take at most a quarter
-    of the free memory of the CUDA device (`torch.cuda.mem_get_info`, a driver query that does not wait for the
-    stream) or of [`DENSE_BUDGET_CPU_BYTES`][kermac.solvers.DENSE_BUDGET_CPU_BYTES] on the CPU; the Nyström
-    preconditioner otherwise.
+    it is computed from (`2·batch·rows·rank` entries of `dtype`, `rows` this process's rows, `batch` the operator's
+    batch entries) take at most a quarter of the free memory of the CUDA device or of
+    [`DENSE_BUDGET_CPU_BYTES`][kermac.solvers.DENSE_BUDGET_CPU_BYTES] on the CPU; the Nyström preconditioner
+    otherwise.
 
-    EigenPro reached the same residual in fewer iterations at the same cost per iteration (bench_fit's Gaussian
-    system on a GPU: N = 20 000 in 257 iterations against Nyström's 563, N = 100 000 in 568 against 1 000 and
-    more; docs/dev/eigenpro-preconditioner.md); its price is the dense basis, `N·q` entries where Nyström keeps
-    `q²` (`q = max(100, ⌈√N⌉)` by default: 4 GB in float32 at N = 10⁶, 126 GB at 10⁷)."""
-    size = 2 * batch * rows * rank * torch.empty((), dtype=dtype).element_size()
-    budget = torch.cuda.mem_get_info(device)[0] if device.type == "cuda" else DENSE_BUDGET_CPU_BYTES
-    return 4 * size <= budget
+    EigenPro took fewer iterations than Nyström at about the same cost per iteration where measured
+    (docs/dev/eigenpro-preconditioner.md); its price is the dense basis, `N·q` entries where Nyström keeps `q²`
+    (`q = max(100, ⌈√N⌉)` by default: 4 GB in float32 at N = 10⁶, 126 GB at 10⁷)."""
+    return _fits(2 * batch * rows * rank, dtype, device)
 
 
 def solve(
@@ -222,7 +227,7 @@ def solve(
     q = _rank(rank, n)
     fits = None
     if method == "cg" and preconditioner == "auto":
-        fits = eigenpro_fits(system.points.shape[-2], q, batch, system.dtype, system.device)
+        fits = eigenpro_fits(system.points.shape[-2], q, math.prod(system.batch), system.dtype, system.device)
     declined = _check_agreed(system, y2, error, lam if method == "cg" else None, fits)
     wide = system.to(y2.dtype)
     refinements = 0

@@ -21,6 +21,7 @@ from typing import Any
 
 import torch
 
+from kermac import programs
 from kermac.ir import Call, Const, Expr, Hyper, Var, hyper_names, to_sexpr
 
 __all__ = ["OPERANDS", "RESERVED", "ROLES", "Traced", "as_traced", "describe", "trace", "traced_call"]
@@ -34,8 +35,9 @@ ROLES: dict[str, tuple[str, ...]] = {
 }
 """The operands each function reads, by name (the table of [`kermac.dsl`][kermac.dsl])."""
 
-OPERANDS: frozenset[str] = frozenset({"x", "z", "acc", "diag", "a", "b", "c", "d", "term"})
-"""The operand names of every program kind; none can be a hyperparameter."""
+OPERANDS: frozenset[str] = programs.OPERANDS
+"""The operand names of every program kind; none can be a hyperparameter
+([`kermac.programs.OPERANDS`][kermac.programs.OPERANDS])."""
 
 RESERVED: frozenset[str] = OPERANDS | frozenset({"v", "out", "transpose", "offset_m", "offset_n", "backend", "debug"})
 """Names no hyperparameter can take: the operands and the keywords of a kernel's call."""

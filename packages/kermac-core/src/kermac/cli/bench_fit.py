@@ -12,8 +12,9 @@ float64 throughout — and solves `(K + λI) α = y` with [`kermac.solvers.solve
 * `cg` with the EigenPro preconditioner (the same rank, its default subsample of twice as many points),
 
 each to the relative residual `--fit-tol`, with at most `MAX_ITER` iterations. Before each row an untimed solve
-of the same system with the same solver, stopped after one iteration, compiles the kernels of every shape the row
-uses and initialises the libraries it calls (cuSOLVER, cuBLAS): costs of a process's first call, not of a fit.
+of the same system with the same solver (CG stopped after one iteration; `cholesky` whole) compiles the kernels of
+every shape the row uses and initialises the libraries it calls (cuSOLVER, cuBLAS): costs of a process's first
+call, not of a fit.
 Each row is then one timed solve, from a synchronised device to a synchronised device, including the
 preconditioner's set-up. The row gives the time, the iterations
 (the most over the columns; 0 for `cholesky`), the residual recomputed from `α` and whether it is at most the

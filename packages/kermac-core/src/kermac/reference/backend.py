@@ -80,6 +80,9 @@ class ReferenceBackend(Backend):
     def check_grad(self, problem: GradProblem) -> str | None:
         return None
 
+    def check_general_grad(self, problem: GradProblem) -> str | None:
+        return None
+
     def check_product(self, problem: ProductProblem) -> str | None:
         return None
 
@@ -132,9 +135,6 @@ class ReferenceBackend(Backend):
             problem.out[..., m0:m1, :].copy_(acc)
 
     def grad(self, problem: GradProblem) -> None:
-        if problem.program.accumulate is not None:
-            self._general_grad(problem)
-            return
         prog, batch = problem.program, problem.batch_shape
         m, n, o, k = problem.sizes
         cdtype = compute_dtype(problem.dtype)
@@ -155,7 +155,7 @@ class ReferenceBackend(Backend):
                 value = evaluate(prog.epilogue, {"acc": acc, **hypers}, like=like)
                 problem.out[..., :, n0:n1, m0:m1].copy_(value.expand(acc.shape))
 
-    def _general_grad(self, problem: GradProblem) -> None:
+    def general_grad(self, problem: GradProblem) -> None:
         """A gradient program in the general form: `multiply` on blocks `[*B, n, m, k]`, `accumulate` on
         `[*B, O, n, m, k]`, each block of `k` reduced and combined with the value so far by the reduction."""
         prog, batch = problem.program, problem.batch_shape

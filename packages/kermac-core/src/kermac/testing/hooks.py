@@ -55,14 +55,11 @@ def _is_reason(value: object) -> bool:
     return isinstance(value, str) and bool(value.strip())
 
 
-_CHECKS = {PairwiseProblem: "check_pairwise", GradProblem: "check_grad", ProductProblem: "check_product"}
-"""The hook that answers whether a backend runs a problem, by the problem's class."""
-
-
 def check_answer(found: Backend, problem: PairwiseProblem | GradProblem | ProductProblem) -> str | None:
-    """The backend's answer to `check_pairwise` / `check_grad` / `check_product` for `problem`, which must be
-    None (it runs the problem) or the reason it refuses, a non-empty str (`AssertionError` otherwise)."""
-    hook = _CHECKS[type(problem)]
+    """The backend's answer to the check hook of `problem` (`check_pairwise`, `check_grad`,
+    `check_general_grad` or `check_product`: `problem.hooks`), which must be None (it runs the problem) or the
+    reason it refuses, a non-empty str (`AssertionError` otherwise)."""
+    hook = problem.hooks[0]
     reason = getattr(found, hook)(problem)
     assert reason is None or _is_reason(reason), (
         f"backend {found.name!r}: {hook} returned {reason!r}; expected None (it runs the problem) or the reason "

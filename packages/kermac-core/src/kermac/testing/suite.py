@@ -23,9 +23,6 @@ if TYPE_CHECKING:
 
 __all__ = ["conformance_tests"]
 
-_RUNS = {PairwiseProblem: "pairwise", GradProblem: "grad", ProductProblem: "product"}
-"""The hook that runs a problem, by the problem's class."""
-
 
 def _samples(device: str | torch.device) -> list[tuple[PairwiseProblem | GradProblem | ProductProblem, Callable]]:
     """The sample problems on `device` (a pairwise, a gradient and a product one), each with the call that
@@ -52,7 +49,7 @@ def _reaches(backend: str, device: str | torch.device, monkeypatch: pytest.Monke
     for problem, call in _samples(device):
         if check_answer(found, problem) is not None:
             continue
-        hook = _RUNS[type(problem)]
+        hook = problem.hooks[1]
         calls = []
         original = getattr(found, hook)
 
