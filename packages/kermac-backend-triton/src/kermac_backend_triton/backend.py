@@ -5,7 +5,9 @@ Available where triton imports and a CUDA GPU of compute capability ≥ 8.0 is v
 tensors are accepted, and the backend ranks below the reference backend so `auto` never picks
 the slow interpreter.  Inputs may be float32, float16, bfloat16 (computed in float32) or float64.
 Besides the pairwise and gradient operations it computes the fused kernel product `K(x, z) @ v`
-of every pairwise program (`check_product`, `product`; `kermac_backend_triton.product`).
+of every pairwise program (`check_product`, `product`; `kermac_backend_triton.product`) and its gradient in
+the points for every program whose reduction is a sum (`check_product_grad`, `product_grad`;
+`kermac_backend_triton.product_gradient`).
 Its choices of kernel and autotuning are a `TritonTuning`
 (`TritonBackend(tuning=...)`; the registered backend takes the defaults).
 """
@@ -16,7 +18,8 @@ import functools
 from typing import TYPE_CHECKING
 
 from kermac.backend import Availability, Backend
-from kermac.problem import PairwiseProblem, ProductProblem
+from kermac.problem import PairwiseProblem, ProductGradProblem, ProductProblem
+from kermac.reductions import ALL as REDUCTIONS
 from kermac_backend_triton.interpreter import interpreting
 from kermac_backend_triton.launch import (
     grid_size_problem,
@@ -25,6 +28,7 @@ from kermac_backend_triton.launch import (
     run_grad,
     run_pairwise,
     run_product,
+    run_product_grad,
 )
 from kermac_backend_triton.tuning import DEFAULT_TUNING, TritonTuning
 
@@ -111,7 +115,18 @@ class TritonBackend(Backend):
         supported), else why not: the device, or a launch grid beyond CUDA's limit."""
         return self._check_device(problem.device) or grid_size_problem(problem)
 
-    def preference(self, problem: PairwiseProblem | GradProblem | ProductProblem) -> int:
+    def check_product_grad(self, problem: ProductGradProblem) -> str | None:
+        """`None` if `product_grad` can run `problem` (every program whose reduction is a sum, every dtype),
+        else why not: the reduction, the device, or a launch grid beyond CUDA's limit."""
+        reduction = REDUCTIONS[problem.program.reduction]
+        if not reduction.gradient_product:
+            return (
+                f"the Triton gradient product covers programs whose reduction is a sum; program "
+                f"{problem.program.key()} takes the {reduction.noun} over features"
+            )
+        return self._check_device(problem.device) or grid_size_problem(problem)
+
+    def preference(self, problem: PairwiseProblem | GradProblem | ProductProblem | ProductGradProblem) -> int:
         """`TENSOR_CORE_PREFERENCE` where a pairwise or product problem runs on a tensor-core kernel on a GPU,
         else the priority."""
         if isinstance(problem, PairwiseProblem):
@@ -135,3 +150,10 @@ class TritonBackend(Backend):
         """`problem.out[*B, M, C] = K[*B, M, N] @ v[*B, N, C]` with K the pairwise program's matrix,
         computed tile by tile and never stored (`kermac_backend_triton.product`), on the current stream."""
         run_product(problem, tuning=self.tuning)
+
+    def product_grad(self, problem: ProductGradProblem) -> None:
+        """`problem.out[*B, M, D]`, the gradient in x of `Σ g·(K v)` (`kermac.problem.ProductGradProblem`), with K
+        and its derivative computed tile by tile and never stored (`kermac_backend_triton.product_gradient`), on
+        the current stream.  Its one workspace: a float32 tensor of `out`'s shape where `out` is float16 or bfloat16
+        and D exceeds the features held in registers (`kermac_backend_triton.launch.run_product_grad`)."""
+        run_product_grad(problem, tuning=self.tuning)

@@ -21,6 +21,10 @@ from O (`grad_block_o`, and `general_grad_block_o` for the general form's kernel
 Kernel product (`kermac_backend_triton.product`): the K tile's meta-parameters as above, and
 `BC` columns of `v` per program, chosen from C (`product_block_c`), not tuned; on the tensor
 cores `BK` is chosen from D (`product_tc_block_k`).
+Gradient product (`kermac_backend_triton.product_gradient`): `BM` rows of x and `BN` of z per step, `BK`
+features per step of the pairwise sum, and `BD` output features per step, chosen from D
+(`product_grad_block_d`), not tuned; beyond `PRODUCT_GRAD_MAX_BD` features a program accumulates in `out`
+(`RMW`).
 The spaces were chosen by sweeps on an H100 (the decision records in `docs/dev/`); each comment
 says what each entry is for.
 """
@@ -39,7 +43,11 @@ __all__ = [
     "INTERPRET_PAIRWISE",
     "INTERPRET_PAIRWISE_TC",
     "INTERPRET_PRODUCT",
+    "INTERPRET_PRODUCT_GRAD",
     "INTERPRET_PRODUCT_TC",
+    "PRODUCT_GRAD_MAX_BD",
+    "PRODUCT_GRAD_RMW_BD",
+    "PRODUCT_GRAD_SPACE",
     "PRODUCT_SPACE",
     "PRODUCT_TC_SPACE",
     "TC_MIN_D",
@@ -57,6 +65,8 @@ __all__ = [
     "pairwise_tc_space",
     "product_block_c",
     "product_configs",
+    "product_grad_block_d",
+    "product_grad_configs",
     "product_tc_block_k",
     "product_tc_configs",
     "prune_pairwise_tc",
@@ -148,6 +158,24 @@ INTERPRET_GENERAL_GRAD = {"BN": 4, "BM": 16, "BK": 4}
 INTERPRET_PRODUCT = {"BK": 8, "MI": 4, "NI": 4, "MT": 4, "NT": 4, "PF": 2}
 """16 × 16 K tiles, the smallest a `tl.dot` takes."""
 INTERPRET_PRODUCT_TC = {"BM": 16, "BN": 16}
+INTERPRET_PRODUCT_GRAD = {"BM": 8, "BN": 4, "BK": 4}
+"""Tiles smaller than the test sizes, so the interpreter walks several row, column and feature steps."""
+
+PRODUCT_GRAD_SPACE: tuple[tuple[dict[str, int], int, int, int | None], ...] = (
+    ({"BM": 64, "BN": 8, "BK": 4}, 8, 1, None),
+    ({"BM": 64, "BN": 8, "BK": 8}, 8, 1, None),
+    ({"BM": 64, "BN": 4, "BK": 4}, 4, 1, None),
+)
+"""Gradient product, (meta-parameters, num_warps, num_stages, maxnreg); the first entry is the default.  One
+stage: the kernel has no `tl.dot` for Triton's pipeliner, and its read-modify-write of `out` must stay in
+program order.  Each
+thread holds its part of the `[BN, BM, BD]` slope tile and of the `[BK, BN, BM]` terms of the pairwise sum
+beside the `BM × BD` accumulator (or, accumulating in `out`, `acc`, `e'` and `G` across the steps over the
+features), so the tiles stay small.  Chosen by register use (`cuobjdump -res-usage` for
+sm_90: Laplace-L1, Laplace-Lp, Gaussian and a user program at `BD` = 4 and 16 in registers and 8 accumulated
+in `out`), not yet by time: every entry builds without spilling, the default with 40–110 registers in float32
+and 64–240 in float64; 32 × 16 tiles at 4 warps took 150–250 in float32, 128-row tiles spilled in float64.
+"""
 
 PRODUCT_SPACE: tuple[tuple[dict[str, int], int, int, int | None], ...] = (
     ({"BK": 4, "MI": 4, "NI": 4, "MT": 8, "NT": 16, "PF": 1}, 4, 3, None),
@@ -258,6 +286,25 @@ def product_block_c(c: int) -> int:
     """Columns of `v` per program: the next power of two ≥ C, at least 16 (`tl.dot`), at most 64
     (beyond, the columns take several programs, each recomputing its K tiles)."""
     return grad_block_o(c)
+
+
+def product_grad_configs() -> list:
+    """The gradient product's space as `triton.Config` objects."""
+    return [_config(entry) for entry in PRODUCT_GRAD_SPACE]
+
+
+PRODUCT_GRAD_MAX_BD = 16
+"""The most output features the gradient product holds in registers (each thread holds its part of a
+`[BN, BM, BD]` tile); a larger D is accumulated in `out`, `PRODUCT_GRAD_RMW_BD` features per step."""
+PRODUCT_GRAD_RMW_BD = 8
+"""Features per step where the gradient product accumulates in `out`: `acc`, `e'` and `G` of the tile of z stay
+live across the steps, and 16 features per step spilled in float64 (Laplace-Lp, sm_90)."""
+
+
+def product_grad_block_d(d: int) -> int:
+    """Output features per step of the gradient product: the next power of two ≥ D up to `PRODUCT_GRAD_MAX_BD`,
+    else `PRODUCT_GRAD_RMW_BD`."""
+    return 1 << max(0, d - 1).bit_length() if d <= PRODUCT_GRAD_MAX_BD else PRODUCT_GRAD_RMW_BD
 
 
 def product_tc_block_k(d: int) -> int:

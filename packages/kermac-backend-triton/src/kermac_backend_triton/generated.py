@@ -1,14 +1,17 @@
 """The per-program module: the few lines of each kernel that come from the IR, as Python source.
 
 The kernels themselves are ordinary `@triton.jit` code (`pairwise_simt`,
-`pairwise_tensor_cores`, `gluon_pairwise`, `gradient` and `general_gradient`, and `product`, which
-contracts the SIMT or tensor-core pairwise tiles with `v`).  What varies with the program and the launch's layout is
-generated here, as a small module (`kernel_source`, loaded by
-`kermac_backend_triton.modules.load_module`) holding:
+`pairwise_tensor_cores`, `gluon_pairwise`, `gradient` and `general_gradient`, `product`, which
+contracts the SIMT or tensor-core pairwise tiles with `v`, and `product_gradient`, the gradient of that
+product).  What varies with the program and the launch's layout is generated here, as a small module
+(`kernel_source`, loaded by `kermac_backend_triton.modules.load_module`) holding:
 
 * the program's expressions as `@triton.jit` functions of their variables and the tuple
   `hypers` of hyperparameter values — `inner(x, z, hypers)` and `epilogue(acc, diag, hypers)`
-  (pairwise and product); `multiply(d, b, hypers)` (the factor of
+  (pairwise and product); `inner(x, z, hypers)`, `slope(acc, diag, hypers)` (the epilogue's derivative
+  [`kermac.programs.epilogue_slope`][kermac.programs.epilogue_slope]) and `inner_slope(x, z, hypers)`
+  ([`kermac.programs.inner_slope`][kermac.programs.inner_slope]) (the gradient product);
+  `multiply(d, b, hypers)` (the factor of
   [`kermac.programs.product_factor`][kermac.programs.product_factor]), `epilogue(acc, hypers)` and, for a signed
   power, `signed_base` / `signed_exponent` (a gradient program with a product factor, `gradient`);
   `multiply(a, b, d, hypers)`, `accumulate(c, term, hypers)` and `epilogue(acc, hypers)` (one without,
@@ -25,12 +28,13 @@ generated here, as a small module (`kernel_source`, loaded by
   pointer to it, loads the hyperparameters, and calls the kernel's tile function.
 
 Argument order of the entry kernels (what `kermac_backend_triton.launch` passes): operand
-pointers, hyperparameters in the program's order, sizes, offsets (pairwise, product), operand strides,
+pointers, hyperparameters in the program's order, sizes, offsets (pairwise, products), operand strides,
 batch sizes and strides, the guard threshold (tensor cores), `KEY` (the autotuning bucket,
 never specialised), then the meta-parameters.  Sizes that only bound loops (M, D, the offsets) are
 never specialised; N (and D on tensor cores) are, on divisibility by 16, so the store (and k)
 masks keep 16-byte vectors: at most two compilations per configuration.  The product
-specialises none of its sizes but D on the tensor cores (its k masks, as the pairwise kernel).
+specialises none of its sizes but D on the tensor cores (its k masks, as the pairwise kernel); the gradient
+product none.
 """
 
 from __future__ import annotations
@@ -40,7 +44,7 @@ from dataclasses import dataclass
 
 from kermac.ir import Expr, free_vars
 from kermac.kernel_facts import tensor_core_eligible
-from kermac.programs import GradProgram, PairwiseProgram, product_factor, signed_power
+from kermac.programs import GradProgram, PairwiseProgram, epilogue_slope, inner_slope, product_factor, signed_power
 from kermac.reductions import ALL as REDUCTIONS
 from kermac_backend_triton.expressions import COMPUTE_TYPES, hyper_arg, nonnegative, render_expr
 
@@ -50,9 +54,11 @@ __all__ = [
     "KERNELS",
     "PAIRWISE_ENTRY",
     "PRODUCT_ENTRY",
+    "PRODUCT_GRAD_ENTRY",
     "PRODUCT_KERNELS",
     "GradSpec",
     "PairwiseSpec",
+    "ProductGradSpec",
     "ProductSpec",
     "grad_kernel",
     "kernel_source",
@@ -61,6 +67,7 @@ __all__ = [
 PAIRWISE_ENTRY = "kermac_pairwise"
 GRAD_ENTRY = "kermac_grad"
 PRODUCT_ENTRY = "kermac_product"
+PRODUCT_GRAD_ENTRY = "kermac_product_grad"
 
 KERNELS = ("simt", "tensor_cores", "gluon")
 """The pairwise kernels: the `tl` SIMT kernel, the tensor-core one, the Gluon SIMT one."""
@@ -130,6 +137,22 @@ class ProductSpec:
 
 
 @dataclass(frozen=True)
+class ProductGradSpec:
+    """Everything a gradient product's generated module depends on (fields as `PairwiseSpec`; one kernel,
+    `kermac_backend_triton.product_gradient`)."""
+
+    program: PairwiseProgram
+    compute: str
+    nbatch: int
+    tensor_hypers: frozenset[str]
+    int64: bool
+
+    def __post_init__(self) -> None:
+        if self.compute not in COMPUTE_TYPES:
+            raise ValueError(f"compute: expected one of {sorted(COMPUTE_TYPES)}, got {self.compute!r}")
+
+
+@dataclass(frozen=True)
 class GradSpec:
     """Everything a gradient kernel's generated module depends on (fields as `PairwiseSpec`; the kernel,
     `grad_kernel`, follows from the program)."""
@@ -165,12 +188,15 @@ _SKELETON_IMPORTS = {
     "from kermac_backend_triton.gradient import grid_order\n",
     "product_simt": "from kermac_backend_triton.product import product_order, simt_product_tile\n",
     "product_tensor_cores": "from kermac_backend_triton.product import product_order, tensor_core_product_tile\n",
+    "product_grad": "from kermac_backend_triton.product import product_order\n"
+    "from kermac_backend_triton.product_gradient import product_grad_tile\n",
 }
 
 _SIZES_AND_STRIDES = {
     "pairwise": "M, N, D, OFF_M, OFF_N,\n    SXM, SXK, SZN, SZK, SOM, SON, ",
     "grad": "M, N, O, K,\n    SAK, SAM, SBN, SBK, SCO, SCK, SDN, SDM, SOO, SON, SOM, ",
     "product": "M, N, D, C, OFF_M, OFF_N,\n    SXM, SXK, SZN, SZK, SVN, SVC, SOM, SOC, ",
+    "product_grad": "M, N, D, C, OFF_M, OFF_N,\n    SXM, SXK, SZN, SZK, SVN, SVC, SGM, SGC, SOM, SOK, ",
 }
 """Parameters of each entry kernel between the hyperparameters and the batch layout."""
 _META = {
@@ -181,6 +207,7 @@ _META = {
     "grad_general": ("BN BM BK BO", '"M", "N", "O", "K", "KEY"'),
     "product_simt": ("BK MI NI MT NT PF BC", '"M", "N", "D", "C", "OFF_M", "OFF_N", "KEY"'),
     "product_tensor_cores": ("BM BN BK BC", '"M", "N", "C", "OFF_M", "OFF_N", "GUARD", "KEY"'),
+    "product_grad": ("BM BN BK BD RMW", '"M", "N", "D", "C", "OFF_M", "OFF_N", "KEY"'),
 }
 """Meta-parameters of each kernel (after `KEY`), and the sizes never specialised on."""
 _ENTRIES = {
@@ -188,13 +215,18 @@ _ENTRIES = {
     "grad_general": GRAD_ENTRY,
     "product_simt": PRODUCT_ENTRY,
     "product_tensor_cores": PRODUCT_ENTRY,
+    "product_grad": PRODUCT_GRAD_ENTRY,
 }
 """The entry kernel's name, where it is not `PAIRWISE_ENTRY`."""
 
 
-def kernel_source(spec: PairwiseSpec | ProductSpec | GradSpec) -> str:
+def kernel_source(spec: PairwiseSpec | ProductSpec | ProductGradSpec | GradSpec) -> str:
     """Python source of the module for `spec`: imports, the program's functions, the entry kernel."""
-    if isinstance(spec, ProductSpec):
+    if isinstance(spec, ProductGradSpec):
+        kind, operation = "product_grad", "product_grad"
+        operands, pointers = ("x", "z", "v", "g", "out"), "X, Z, V, G, OUT"
+        functions = _product_grad_functions(spec)
+    elif isinstance(spec, ProductSpec):
         kind, operation = f"product_{spec.kernel}", "product"
         operands, pointers = ("x", "z", "v", "out"), "X, Z, V, OUT"
         functions = _pairwise_functions(spec)
@@ -241,6 +273,7 @@ _TILE_ORDER = {
     "grad_general": "bat, po, pn, pm = grid_order(M, N, O, BN, BM, BO, {int64})",
     "product_simt": "bat, pm, pc = product_order(M, C, MI * MT, BC, {int64})",
     "product_tensor_cores": "bat, pm, pc = product_order(M, C, BM, BC, {int64})",
+    "product_grad": "bat, pm, _ = product_order(M, 1, BM, 1, {int64})",
 }
 """The first line of each entry kernel's body: its tile and batch entry."""
 _CALL = {
@@ -269,11 +302,17 @@ _CALL = {
     "product_tensor_cores": "tensor_core_product_tile(\n"
     "        X, Z, V, OUT, M, N, D, C, OFF_M, OFF_N, SXM, SXK, SZN, SZK, SVN, SVC, SOM, SOC, GUARD, pm, pc,\n"
     "        {hypers}, inner, epilogue, combine_chunk, {uses_diag}, BM, BN, BK, BC, INT64={int64},\n    )",
+    "product_grad": "product_grad_tile(\n"
+    "        X, Z, V, G, OUT, M, N, D, C, OFF_M, OFF_N, SXM, SXK, SZN, SZK, SVN, SVC, SGM, SGC, SOM, SOK, pm,\n"
+    "        {hypers}, inner, combine_chunk, slope, inner_slope, {uses_diag}, {cdt}, BM, BN, BK, BD, RMW,\n"
+    "        INT64={int64},\n    )",
 }
 """The last line of each entry kernel's body: the call of its tile function."""
 
 
-def _program_constants(spec: PairwiseSpec | ProductSpec | GradSpec) -> dict[str, object]:
+def _program_constants(spec: PairwiseSpec | ProductSpec | ProductGradSpec | GradSpec) -> dict[str, object]:
+    if isinstance(spec, ProductGradSpec):
+        return {"uses_diag": "diag" in free_vars(epilogue_slope(spec.program))}
     if not isinstance(spec, GradSpec):
         return {"reduction": spec.program.reduction, "uses_diag": spec.program.uses_diag}
     factor = product_factor(spec.program)
@@ -293,7 +332,7 @@ def _batch_decoding(nbatch: int, pointer_keys: list[str]) -> list[str]:
     for i in reversed(range(1, nbatch)):
         lines += [f"b{i} = rest % BS{i}", f"rest = rest // BS{i}"]
     lines.append("b0 = rest")
-    names = {"x": "X", "z": "Z", "v": "V", "out": "OUT", "a": "A", "b": "B", "c": "C", "d": "DD"}
+    names = {"x": "X", "z": "Z", "v": "V", "g": "G", "out": "OUT", "a": "A", "b": "B", "c": "C", "d": "DD"}
     for key in pointer_keys:
         pointer = names.get(key) or f"H_{key.removeprefix('hyper_')}"
         lines.append(f"{pointer} += " + " + ".join(f"b{i} * SB_{key}_{i}" for i in range(nbatch)))
@@ -331,16 +370,13 @@ def _hypers_in(text: str, hypers: tuple[str, ...]) -> set[str]:
 def _pairwise_functions(spec: PairwiseSpec | ProductSpec) -> list[str]:
     """`inner`, `epilogue`, `combine` and (but for Gluon) `combine_chunk` of a pairwise program.
 
-    The accumulator is known to be non-negative (simpler `pow`) when the inner terms are and the
-    reduction keeps them so (`nonnegative` of `kermac.reductions`: a sum or a min, whose identity, 0 or
-    +inf, is ≥ 0 too).  The inner term and the combine run in the k loop (`fast`: `log2` from the
-    special-function unit).
+    The accumulator may be known to be non-negative (simpler `pow`, `_known_nonnegative`).  The inner term
+    and the combine run in the k loop (`fast`: `log2` from the special-function unit).
     """
     prog, gluon = spec.program, spec.kernel == "gluon"
     lang = "gl" if gluon else "tl"
-    reduction = REDUCTIONS[prog.reduction]
     inner = render_expr(prog.inner, {"x": "x", "z": "z"}, spec.compute, fast=True, lang=lang)
-    known = frozenset({"acc"}) if reduction.nonnegative and nonnegative(prog.inner) else frozenset()
+    known = _known_nonnegative(prog)
     epilogue = render_expr(prog.epilogue, {"acc": "acc", "diag": "diag"}, spec.compute, known, lang=lang)
     if gluon and not free_vars(prog.epilogue) & {"acc", "diag"}:
         # An epilogue without acc is a scalar: where(c, v, v) = v, broadcast to the tile (Gluon
@@ -351,6 +387,29 @@ def _pairwise_functions(spec: PairwiseSpec | ProductSpec) -> list[str]:
         _function("epilogue", "acc, diag, hypers", prog.hypers, epilogue, _hypers_in(epilogue, prog.hypers), gluon),
     ]
     return functions + _reduction_functions(prog.reduction, spec.compute, gluon, chunk=not gluon)
+
+
+def _known_nonnegative(prog: PairwiseProgram) -> frozenset[str]:
+    """`{"acc"}` where the accumulator is known to be non-negative: the inner terms are and the reduction keeps
+    them so (`nonnegative` of `kermac.reductions`: a sum or a min, whose identity, 0 or +inf, is ≥ 0 too)."""
+    return frozenset({"acc"}) if REDUCTIONS[prog.reduction].nonnegative and nonnegative(prog.inner) else frozenset()
+
+
+def _product_grad_functions(spec: ProductGradSpec) -> list[str]:
+    """`inner`, `combine`, `combine_chunk`, `slope` (`e'`, of `acc` and `diag`) and `inner_slope` (`∂τ/∂x`) of a
+    gradient product.  The inner term and its slope run per feature (`fast`), `e'` per pair, as the epilogue."""
+    prog, hypers, compute = spec.program, spec.program.hypers, spec.compute
+    texts = {
+        ("inner", "x, z, hypers"): render_expr(prog.inner, {"x": "x", "z": "z"}, compute, fast=True),
+        ("slope", "acc, diag, hypers"): render_expr(
+            epilogue_slope(prog), {"acc": "acc", "diag": "diag"}, compute, _known_nonnegative(prog)
+        ),
+        ("inner_slope", "x, z, hypers"): render_expr(inner_slope(prog), {"x": "x", "z": "z"}, compute, fast=True),
+    }
+    functions = [
+        _function(name, params, hypers, text, _hypers_in(text, hypers), False) for (name, params), text in texts.items()
+    ]
+    return functions + _reduction_functions(prog.reduction, compute)
 
 
 def _reduction_functions(name: str, compute: str, gluon: bool = False, chunk: bool = True) -> list[str]:

@@ -6,18 +6,19 @@ strides, stride-0 broadcast batches) is read in place.  The kernel runs on PyTor
 stream of the operands' device.
 
 A call is keyed in two steps, each a dictionary lookup: its *family* (program, tuning, dtype,
-whether D reaches the tensor cores, device type; for a kernel product also that it is one) fixes
-the kernel; within it, the key holds the
+whether D reaches the tensor cores, device type; for a kernel product or its gradient also that it is
+one) fixes the kernel; within it, the key holds the
 facts of this call that decide the compiled kernel and its configuration (device, coalesced
 batch dimensions, 64-bit indexing, the autotuning bucket, the gradient's `BO`, the product's
-`BC`, and what Triton specialises on: `kermac_backend_triton.launchers.int_facts`,
-`kermac_backend_triton.launchers.pointer_facts`).  A key seen before launches its `Launcher`;
-a new one compiles, autotunes and launches through `kernel[grid]` (refused while a CUDA graph
-is being captured).
+`BC`, the gradient product's `BD` and `RMW`, and what Triton specialises on:
+`kermac_backend_triton.launchers.int_facts`, `kermac_backend_triton.launchers.pointer_facts`).  A key seen
+before launches its `Launcher`; a new one compiles, autotunes and launches through `kernel[grid]` (refused while
+a CUDA graph is being captured).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 import operator
@@ -30,14 +31,16 @@ import torch
 
 from kermac.kernel_facts import INT32_MAX, TILE_SLACK, cancellation_guard, tensor_core_eligible
 from kermac.layout import BatchLayout, batch_layout, grad_operands, pairwise_operands
-from kermac.problem import GradProblem, PairwiseProblem, ProductProblem
+from kermac.problem import GradProblem, PairwiseProblem, ProductGradProblem, ProductProblem
 from kermac_backend_triton import configs
 from kermac_backend_triton.generated import (
     GRAD_ENTRY,
     PAIRWISE_ENTRY,
     PRODUCT_ENTRY,
+    PRODUCT_GRAD_ENTRY,
     GradSpec,
     PairwiseSpec,
+    ProductGradSpec,
     ProductSpec,
     grad_kernel,
     kernel_source,
@@ -65,11 +68,12 @@ __all__ = [
     "run_grad",
     "run_pairwise",
     "run_product",
+    "run_product_grad",
     "uses_tensor_cores",
 ]
 
-Problem = PairwiseProblem | GradProblem | ProductProblem
-Spec = PairwiseSpec | GradSpec | ProductSpec
+Problem = PairwiseProblem | GradProblem | ProductProblem | ProductGradProblem
+Spec = PairwiseSpec | GradSpec | ProductSpec | ProductGradSpec
 
 _lock = threading.Lock()
 _kernels: dict[tuple[Spec, bool], Callable[..., Any]] = {}
@@ -129,6 +133,8 @@ def _kernel(spec: Spec, autotune: bool, debug: bool) -> Callable[..., Any]:
     if isinstance(spec, GradSpec):
         space = configs.grad_configs if grad_kernel(spec.program) == "grad" else configs.general_grad_configs
         fn, prune, key_args = getattr(module, GRAD_ENTRY), None, ["KEY"]
+    elif isinstance(spec, ProductGradSpec):
+        fn, prune, key_args, space = getattr(module, PRODUCT_GRAD_ENTRY), None, ["KEY"], configs.product_grad_configs
     elif isinstance(spec, ProductSpec):
         fn, prune, key_args = getattr(module, PRODUCT_ENTRY), None, ["KEY"]
         space = configs.product_tc_configs if spec.kernel == "tensor_cores" else configs.product_configs
@@ -165,7 +171,12 @@ def _cdiv(a: int, b: int) -> int:
 def grid_size_problem(problem: Problem) -> str | None:
     """`None` if the launch grid fits CUDA's limit with the smallest tiles, else why not."""
     batch = math.prod(problem.batch_shape)
-    if isinstance(problem, ProductProblem):
+    if isinstance(problem, ProductGradProblem):
+        m = problem.sizes[0]
+        if batch * m <= INT32_MAX:
+            return None
+        tiles = _cdiv(m, max(meta["BM"] for meta, *_ in configs.PRODUCT_GRAD_SPACE))
+    elif isinstance(problem, ProductProblem):
         m, _, _, c = problem.sizes
         if batch * m * c <= INT32_MAX:
             return None
@@ -276,12 +287,14 @@ def _grad_tiles(meta: Mapping[str, Any]) -> tuple[int, int]:
 
 def _operands(problem: Problem) -> dict[str, torch.Tensor]:
     """The batched tensors of `problem` by name (`kermac.layout`'s, and x, z, v, out and tensor
-    hyperparameters of a product)."""
+    hyperparameters of a product, with g of a gradient product)."""
     if isinstance(problem, PairwiseProblem):
         return pairwise_operands(problem)
     if isinstance(problem, GradProblem):
         return grad_operands(problem)
     ops = {"x": problem.x, "z": problem.z, "v": problem.v, "out": problem.out}
+    if isinstance(problem, ProductGradProblem):
+        ops["g"] = problem.g
     ops.update({f"hyper_{k}": h.tensor for k, h in problem.hypers.items() if h.tensor is not None})
     return ops
 
@@ -463,6 +476,56 @@ def run_product(problem: ProductProblem, *, tuning: TritonTuning = DEFAULT_TUNIN
     launcher.launch(args, batch * _cdiv(m, tm) * _cdiv(c, tc_cols), device)
 
 
+def run_product_grad(problem: ProductGradProblem, *, tuning: TritonTuning = DEFAULT_TUNING) -> None:
+    """Launch the gradient product of `problem` (`kermac_backend_triton.product_gradient`): one program per
+    batch entry and `BM` rows of `out`.  A D beyond `PRODUCT_GRAD_MAX_BD` is accumulated in `out` (`RMW`); a
+    half-precision `out` then takes a float32 workspace of its shape, copied into it afterwards."""
+    out = problem.out
+    if out.numel() == 0:  # M, D or the batch is 0: nothing to write
+        return
+    if problem.sizes[1] == 0:  # an empty sum over n
+        out.zero_()
+        return
+    if problem.sizes[2] > configs.PRODUCT_GRAD_MAX_BD and out.dtype not in (torch.float32, torch.float64):
+        workspace = torch.empty(out.shape, dtype=torch.float32, device=out.device)
+        _launch_product_grad(dataclasses.replace(problem, out=workspace), tuning)
+        out.copy_(workspace)
+        return
+    _launch_product_grad(problem, tuning)
+
+
+def _launch_product_grad(problem: ProductGradProblem, tuning: TritonTuning) -> None:
+    x, z, v, g, out = problem.x, problem.z, problem.v, problem.g, problem.out
+    m, n, d, c = problem.sizes
+    fkey = ("product_grad", problem.program, tuning, x.dtype, x.is_cuda)
+    family = _families.get(fkey)
+    if family is None:
+        family = _family(fkey, lambda: "product_grad", compute_type(x.dtype))
+    hyper_args, tensor_names = _hyper_values(problem)
+    operands = ["x", "z", "v", "g", "out"] + [f"hyper_{h}" for h in tensor_names]
+    layout_args, nbatch, batch = _batch_args(problem, operands)
+    xs, zs, vs, gs, os_ = x.stride(), z.stride(), v.stride(), g.stride(), out.stride()
+    strides = [xs[-2], xs[-1], zs[-2], zs[-1], vs[-2], vs[-1], gs[-2], gs[-1], os_[-2], os_[-1]]
+    off_m, off_n = problem.offset_m, problem.offset_n
+    args = [x, z, v, g, out, *hyper_args, m, n, d, c, off_m, off_n, *strides, *layout_args]
+    pointers = 5 + len(hyper_args)
+    block_d = configs.product_grad_block_d(d)
+    rmw = d > configs.PRODUCT_GRAD_MAX_BD
+    tensors = [t for t in args[:pointers] if isinstance(t, torch.Tensor)]
+    int64 = _needs_int64(tensors, batch * _cdiv(m, 8))
+    bucket = configs.bucket(batch, m, n, d, c)
+    device = x.get_device()
+    key = (device, nbatch, int64, bucket, block_d, rmw)
+    key += (int_facts([*strides, *layout_args], [m, n, d, c, off_m, off_n]), pointer_facts(args[:pointers]))
+    launcher = family.launchers.get(key)
+    if launcher is None:
+        spec = ProductGradSpec(problem.program, family.compute, nbatch, _tensor_hypers(problem), int64)
+        extra = {**_launch_meta(spec, tuning, d), "KEY": bucket, "BD": block_d, "RMW": rmw}
+        _first_launch(family, key, spec, tuning, problem.debug, args, extra, (batch, m, 1))
+        return
+    launcher.launch(args, batch * _cdiv(m, launcher.tiles[0]), device)
+
+
 def _pairwise_spec(problem: PairwiseProblem, kernel: str, nbatch: int, int64: bool) -> PairwiseSpec:
     return PairwiseSpec(
         program=problem.program,
@@ -494,6 +557,10 @@ def _transposed(problem: PairwiseProblem, spec: PairwiseSpec) -> dict[str, int]:
 def _launch_meta(spec: Spec, tuning: TritonTuning, d: int) -> dict[str, Any]:
     """Meta-parameters and launch options the launch fixes (the autotuner chooses the rest);
     `d`: the reduction length (D, or K of the gradient)."""
+    if isinstance(spec, ProductGradSpec):
+        if interpreting():
+            return dict(configs.INTERPRET_PRODUCT_GRAD)
+        return {} if tuning.autotune else configs.launch_options(configs.PRODUCT_GRAD_SPACE[0])
     if isinstance(spec, ProductSpec):
         tc = spec.kernel == "tensor_cores"
         if interpreting():
@@ -524,16 +591,26 @@ def _product_tiles(kernel: str) -> Callable[[Mapping[str, Any]], tuple[int, int]
     return lambda meta: (rows(meta)[0], meta["BC"])
 
 
+def _product_grad_tiles(meta: Mapping[str, Any]) -> tuple[int, int]:
+    """Rows of `out` of one gradient-product program, from its meta-parameters (and 1: it owns every feature,
+    the grid's one column)."""
+    return meta["BM"], 1
+
+
 def _tiles_of(spec: Spec) -> Callable[[Mapping[str, Any]], tuple[int, int]]:
     if isinstance(spec, GradSpec):
         return _grad_tiles
+    if isinstance(spec, ProductGradSpec):
+        return _product_grad_tiles
     if isinstance(spec, ProductSpec):
         return _product_tiles(spec.kernel)
     return _pairwise_tiles(spec.kernel)
 
 
 def _describe(spec: Spec) -> str:
-    if isinstance(spec, ProductSpec):
+    if isinstance(spec, ProductGradSpec):
+        kernel = "kernel-product gradient"
+    elif isinstance(spec, ProductSpec):
         kernel = f"kernel-product ({spec.kernel} K tiles)"
     elif isinstance(spec, GradSpec):
         kernel = "gradient" if grad_kernel(spec.program) == "grad" else "general gradient"

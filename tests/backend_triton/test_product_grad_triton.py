@@ -1,0 +1,439 @@
+"""The Triton backend's fused gradient product `kermac::product_grad` (`TritonBackend.product_grad`).
+
+Every value is checked against two references: the reference backend's `product_grad` on float64 copies of the
+inputs, and torch autograd of the independent dense float64 product (`dense_programs.dense_kernel`, the program
+evaluated with torch operations, then `@ v`; no symbolic derivative).  On the CPU the kernel runs in Triton's
+interpreter with tiles (8 rows, 4 columns, 4 features per step) far smaller than the sizes below; the `gpu`
+tests run the same at real sizes, tuned and untuned.
+
+- Laplace-L1, Laplace-Lp with one p per batch entry, a user program whose epilogue's slope reads the diagonal
+  (regularised, with offsets), a Gaussian; sizes beyond one tile in M, N and D, C = 1 and 5,
+  float32 and float64;
+- every size 0, transposed and strided views of every operand and of `out`, broadcast batches, 64-bit indices,
+  each with D held in registers and with D accumulated in `out` (read-modify-write);
+- half inputs computed in float32 (through a float32 workspace where D is accumulated in `out`); NaN and ±inf
+  in `g` and `v`, coincident points (flat inner terms where `e'` is infinite), as the reference backend;
+- gradcheck of `program_product` in float64 on `backend="triton"` for x, z and v;
+- `check_product_grad`'s refusals, and the generated kernel compiling to cubins (sm_80, sm_90) in a clean process.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from dense_programs import dense_kernel
+from helpers import assert_close, tolerance
+
+import kermac
+from kermac import ir, presets
+from kermac.hyperparams import program_hypers
+from kermac.problem import ProductGradProblem, product_grad_problem
+from kermac.programs import PairwiseProgram
+from kermac.reference.backend import ReferenceBackend
+
+backend_module = pytest.importorskip("kermac_backend_triton.backend")
+launch = pytest.importorskip("kermac_backend_triton.launch")
+configs = pytest.importorskip("kermac_backend_triton.configs")
+TritonTuning = pytest.importorskip("kermac_backend_triton.tuning").TritonTuning
+
+F64 = torch.float64
+UNTUNED = TritonTuning(autotune=False)
+
+
+def _device() -> str:
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def _skip_without_backend(device: str) -> None:
+    if device == "cpu" and not launch.interpreting():
+        pytest.skip("the Triton backend runs CPU tensors only under TRITON_INTERPRET=1")
+
+
+def _randn(*shape: int, dtype: torch.dtype = torch.float32, device: str | None = None) -> torch.Tensor:
+    return torch.randn(*shape, dtype=F64).to(dtype=dtype, device=device or _device())
+
+
+def _preset(name: str) -> PairwiseProgram:
+    return presets.ALL[name].lower(regularized=True)
+
+
+def _diag_program() -> PairwiseProgram:
+    """A user program: (1 + μ·diag)·exp(−Σ_k sqrt((x − z)² + ε) / h) + λ·diag (e' reads the diagonal)."""
+    t, acc, diag = ir.Var("x") - ir.Var("z"), ir.Var("acc"), ir.Var("diag")
+    epilogue = (1.0 + ir.Hyper("mu") * diag) * ir.exp(-acc / ir.Hyper("h")) + ir.select(diag, ir.Hyper("lam"), 0.0)
+    return PairwiseProgram(ir.sqrt(t * t + ir.Hyper("eps")), "sum", epilogue)
+
+
+def _problem(program, x, z, v, g, hypers, *, out=None, offset_m=0, offset_n=0) -> ProductGradProblem:
+    hv = program_hypers(program.hypers, hypers, x.device, False)
+    return product_grad_problem(program, x, z, v, g, out=out, hypers=hv, offset_m=offset_m, offset_n=offset_n)
+
+
+def _triton(program, x, z, v, g, hypers, *, tuning=UNTUNED, **kw) -> torch.Tensor:
+    problem = _problem(program, x, z, v, g, hypers, **kw)
+    backend = backend_module.TritonBackend(tuning)
+    assert backend.check_product_grad(problem) is None
+    backend.product_grad(problem)
+    return problem.out
+
+
+def _f64(hypers: dict) -> dict:
+    return {k: h.double().cpu() if isinstance(h, torch.Tensor) else h for k, h in hypers.items()}
+
+
+def _reference(program, x, z, v, g, hypers, **offsets) -> torch.Tensor:
+    """The reference backend's gradient product on float64 copies."""
+    args = [t.double().cpu() for t in (x, z, v, g)]
+    problem = _problem(program, *args, _f64(hypers), **offsets)
+    ReferenceBackend().product_grad(problem)
+    return problem.out
+
+
+def _dense(program, x, z, v, g, hypers, offset_m=0, offset_n=0) -> torch.Tensor:
+    """∂/∂x of Σ g ⊙ (K v) by torch autograd of the dense float64 kernel, per entry of the broadcast batch."""
+    tensors = [h for h in hypers.values() if isinstance(h, torch.Tensor)]
+    batch = torch.broadcast_shapes(*(t.shape[:-2] for t in (x, z, v, g)), *(h.shape for h in tensors))
+    x64 = x.double().cpu().expand(batch + x.shape[-2:]).clone().requires_grad_()
+    z64, v64, g64 = (t.double().cpu() for t in (z, v, g))
+    out = dense_kernel(program, x64, z64, _f64(hypers), (offset_m, offset_n)) @ v64
+    (grad,) = torch.autograd.grad((out * g64).sum(), x64)
+    return grad
+
+
+def _check(program, x, z, v, g, hypers, *, tuning=UNTUNED, **offsets) -> torch.Tensor:
+    """Triton's value within `tolerance` of both references (float64: within 1e-10 of the reference backend)."""
+    got = _triton(program, x, z, v, g, hypers, tuning=tuning, **offsets)
+    assert got.dtype == x.dtype
+    ref = _reference(program, x, z, v, g, hypers, **offsets)
+    assert_close(got, ref, 1e-10 if x.dtype == F64 else tolerance(x.dtype))
+    assert_close(got, _dense(program, x, z, v, g, hypers, **offsets), 1e-9 if x.dtype == F64 else tolerance(x.dtype))
+    return got
+
+
+# --- values against the reference backend and the dense gradient -----------------------------------
+
+CASES = {  # program, hypers, offsets
+    "laplace_l1": (_preset("laplace_l1"), {"bandwidth": 1.7, "regularization": 0.3}, {"offset_m": 2}),
+    "gaussian": (_preset("gaussian"), {"bandwidth": 1.9, "regularization": 0.1}, {"offset_n": 1}),
+    "diag_user": (_diag_program(), {"mu": 0.8, "h": 2.5, "lam": 0.4, "eps": 0.3}, {"offset_n": 3}),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+@pytest.mark.parametrize(("m", "n", "d", "c"), [(19, 11, 5, 1), (13, 17, 19, 5)])
+@pytest.mark.parametrize("dtype", [torch.float32, F64])
+def test_programs_match_both_references(case: str, m: int, n: int, d: int, c: int, dtype: torch.dtype) -> None:
+    """Sizes beyond one tile in M, N and D (D = 19: past the 16 features held in registers, accumulated in `out`
+    16 features per step)."""
+    device = _device()
+    _skip_without_backend(device)
+    program, hypers, offsets = CASES[case]
+    x, z = _randn(m, d, dtype=dtype), _randn(n, d, dtype=dtype)
+    v, g = _randn(n, c, dtype=dtype), _randn(m, c, dtype=dtype)
+    _check(program, x, z, v, g, hypers, **offsets)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, F64])
+def test_laplace_lp_with_one_p_per_batch_entry(dtype: torch.dtype) -> None:
+    """Tensor (batched) hyperparameters: p and the bandwidth per entry of a batch of 3, the diagonal shifted."""
+    device = _device()
+    _skip_without_backend(device)
+    hypers = {
+        "p": torch.tensor([1.3, 2.0, 3.5], dtype=dtype, device=device),
+        "bandwidth": torch.tensor([0.9, 1.5, 2.2], dtype=dtype, device=device),
+        "regularization": 0.2,
+    }
+    x, z = _randn(3, 10, 6, dtype=dtype), _randn(3, 9, 6, dtype=dtype)
+    v, g = _randn(3, 9, 2, dtype=dtype), _randn(3, 10, 2, dtype=dtype)
+    _check(_preset("laplace_lp"), x, z, v, g, hypers, offset_m=1)
+
+
+def test_the_dot_product_keeps_its_slope_where_acc_is_zero() -> None:
+    """exp(Σ x·z) at orthogonal points: acc = 0 does not zero the term (∂τ/∂x = z ≠ 0)."""
+    device = _device()
+    _skip_without_backend(device)
+    program = PairwiseProgram(ir.Var("x") * ir.Var("z"), "sum", ir.exp(ir.Var("acc")))
+    x = torch.tensor([[1.0, 0.0], [0.5, 2.0]], dtype=F64, device=device)
+    z = torch.tensor([[0.0, 3.0], [1.0, 1.0], [-2.0, 0.5]], dtype=F64, device=device)
+    _check(program, x, z, _randn(3, 2, dtype=F64), _randn(2, 2, dtype=F64), {})
+
+
+@pytest.mark.parametrize("d", [7, 18])
+def test_broadcast_batches_and_views(d: int) -> None:
+    """x [2, 1, M, D] against z [3, N, D] (batch [2, 3], a bandwidth per entry of its last dimension); x, v and g
+    transposed views, z a strided slice, `out` a transposed view poisoned with NaN: every element is written."""
+    device = _device()
+    _skip_without_backend(device)
+    x = _randn(2, 1, d, 9).mT  # [2, 1, 9, D]
+    z = _randn(3, 22, 2 * d)[:, ::2, ::2]  # [3, 11, D]
+    v = _randn(2, 11).t()  # [11, 2]
+    g = _randn(2, 3, 2, 9).mT  # [2, 3, 9, 2]
+    hypers = {"bandwidth": torch.tensor([0.7, 1.1, 2.4], device=device), "regularization": 0.5}
+    out = torch.full((2, 3, d, 9), float("nan"), device=device).mT
+    program = _preset("laplace_l1")
+    got = _triton(program, x, z, v, g, hypers, out=out, offset_n=2)
+    assert got is out
+    assert_close(out, _reference(program, x, z, v, g, hypers, offset_n=2), tolerance(torch.float32))
+    assert_close(out, _dense(program, x, z, v, g, hypers, offset_n=2), tolerance(torch.float32))
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("d", [5, 18])
+def test_half_inputs_compute_in_float32(dtype: torch.dtype, d: int) -> None:
+    device = _device()
+    _skip_without_backend(device)
+    x, z = _randn(11, d, dtype=dtype), _randn(9, d, dtype=dtype)
+    v, g = _randn(9, 2, dtype=dtype), _randn(11, 2, dtype=dtype)
+    program, hypers = _preset("laplace_l1"), {"bandwidth": 2.0, "regularization": 0.1}
+    got = _triton(program, x, z, v, g, hypers)
+    assert got.dtype == dtype
+    # computed in float32 from the half values: the rounding of the stored result alone
+    assert_close(got, _reference(program, x, z, v, g, hypers), 1e-2)
+    assert_close(got, _dense(program, x, z, v, g, hypers), 1e-2)
+
+
+def test_size_zero_dimensions() -> None:
+    """N = 0 writes zeros (an empty sum, also where D is accumulated in `out`); M, D, C = 0 and an empty batch give
+    what the references give."""
+    device = _device()
+    _skip_without_backend(device)
+    program, hypers = _preset("laplace_l1"), {"bandwidth": 1.3, "regularization": 0.2}
+    for d in (3, 20):
+        out = torch.full((5, d), float("nan"), device=device)
+        _triton(program, _randn(5, d), _randn(0, d), _randn(0, 2), _randn(5, 2), hypers, out=out)
+        assert torch.equal(out, torch.zeros(5, d, device=device))
+    for m, n, d, c, b in [(0, 6, 3, 2, ()), (5, 6, 0, 2, ()), (5, 6, 3, 0, ()), (5, 6, 3, 2, (0,))]:
+        x, z, v, g = _randn(*b, m, d), _randn(n, d), _randn(n, c), _randn(*b, m, c)
+        got = _triton(program, x, z, v, g, hypers)
+        assert got.shape == (*b, m, d)
+        torch.testing.assert_close(got.double().cpu(), _reference(program, x, z, v, g, hypers), rtol=0, atol=1e-6)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, F64])
+def test_nan_and_inf_propagate_as_in_the_reference_backend(dtype: torch.dtype) -> None:
+    """A NaN in v reaches every row (each row meets every n); ±inf in g makes its row NaN, or −inf where every
+    term has one sign (row 4's first feature: x beyond every z there, v's second column positive); the rows
+    without them stay exact."""
+    device = _device()
+    _skip_without_backend(device)
+    program, hypers = _preset("laplace_l1"), {"bandwidth": 1.3, "regularization": 0.0}
+    x, z = _randn(10, 3, dtype=dtype), _randn(9, 3, dtype=dtype)
+    v, g = _randn(9, 2, dtype=dtype), _randn(10, 2, dtype=dtype)
+    x[4, 0] = 10.0
+    v[:, 1] = v[:, 1].abs() + 0.1
+    g[4, 1] = float("inf")
+    g[7, 0], g[7, 1] = float("inf"), float("-inf")
+    got = _triton(program, x, z, v, g, hypers)
+    ref = _reference(program, x, z, v, g, hypers)
+    assert torch.equal(torch.isnan(got).cpu(), torch.isnan(ref)) and torch.isnan(ref[7]).all()
+    assert torch.equal(torch.isinf(got).cpu(), torch.isinf(ref)) and ref[4, 0] == float("-inf")
+    assert torch.equal(got.cpu()[torch.isinf(ref)], ref[torch.isinf(ref)].to(dtype))
+    rows = [0, 1, 2, 3, 5, 6, 8, 9]
+    assert_close(got[rows], ref[rows], 1e-10 if dtype == F64 else tolerance(dtype))
+    v[3, 0] = float("nan")
+    assert _triton(program, x, z, v, g, hypers).isnan().all()
+
+
+@pytest.mark.parametrize(("name", "hypers"), [("laplace_l1", {"bandwidth": 0.7}), ("lp_distance", {"p": 1.5})])
+def test_coincident_points_take_the_subgradient(name: str, hypers: dict) -> None:
+    """At x_m = z_n the inner term is flat (|x − z|'s derivative, sign(0) = 0; |t|^p's): its bracket is 0 even where
+    e' is infinite (the lp distance's (1/p)·acc^(1/p − 1) at acc = 0), as in the reference backend."""
+    device = _device()
+    _skip_without_backend(device)
+    program = presets.ALL[name].lower()
+    x = _randn(6, 3, dtype=F64)
+    z = torch.cat([x[1:4], _randn(4, 3, dtype=F64)])
+    v, g = _randn(7, 2, dtype=F64), _randn(6, 2, dtype=F64)
+    got = _triton(program, x, z, v, g, hypers)
+    assert torch.isfinite(got).all()  # torch autograd of the dense lp distance gives NaN there (∞·0)
+    assert_close(got, _reference(program, x, z, v, g, hypers), 1e-10)
+
+
+@pytest.mark.parametrize("d", [5, 17])
+def test_64_bit_indices(monkeypatch: pytest.MonkeyPatch, d: int) -> None:
+    """The variant with 64-bit indices (chosen for operands past 2³¹ elements) computes the same values; forced
+    here on small, batched operands."""
+    device = _device()
+    _skip_without_backend(device)
+    monkeypatch.setattr(launch, "_families", {})
+    monkeypatch.setattr(launch, "_needs_int64", lambda tensors, programs: True)
+    program, hypers, offsets = CASES["diag_user"]
+    x, z, v, g = _randn(2, 12, d), _randn(2, 10, d), _randn(10, 3), _randn(2, 12, 3)
+    _check(program, x, z, v, g, hypers, **offsets)
+
+
+def test_repeated_calls_reuse_their_launcher_with_new_values() -> None:
+    device = _device()
+    _skip_without_backend(device)
+    program, hypers, _ = CASES["laplace_l1"]
+    for _ in range(2):
+        _check(program, _randn(10, 3), _randn(9, 3), _randn(9, 2), _randn(10, 2), hypers)
+
+
+# --- autograd through the fused gradient product ------------------------------------------------------
+
+
+def test_gradcheck_of_program_product_on_triton() -> None:
+    """gradcheck in float64 of K @ v for the user program with a diagonal in its slope (x ≠ z everywhere): the x and
+    z gradients are Triton's gradient products (z's on the swapped program), v's Triton's transposed product."""
+    device = _device()
+    _skip_without_backend(device)
+    program, hypers, _ = CASES["diag_user"]
+    x = _randn(2, 5, 3, dtype=F64).requires_grad_()
+    z = (_randn(6, 3, dtype=F64) + 0.05).requires_grad_()
+    v = _randn(6, 2, dtype=F64).requires_grad_()
+
+    def f(x, z, v):
+        return kermac.program_product(program, x, z, v, offset_m=1, backend="triton", **hypers)
+
+    assert torch.autograd.gradcheck(f, (x, z, v))
+
+
+def test_kernel_product_gradients_on_triton_equal_the_reference_backends() -> None:
+    """Laplace-L1's x and z gradients through `kernel_product(backend="triton")` equal the reference backend's."""
+    device = _device()
+    _skip_without_backend(device)
+    x, z, v, u = _randn(2, 9, 4), _randn(13, 4), _randn(13, 3), _randn(2, 9, 3)
+    grads = []
+    for backend in ("triton", "torch"):
+        leaves = [t.clone().requires_grad_() for t in (x, z)]
+        out = kermac.kernel_product("laplace_l1", *leaves, v, bandwidth=1.4, regularization=0.1, backend=backend)
+        grads.append(torch.autograd.grad(out, leaves, u))
+    for a, b in zip(*grads, strict=True):
+        assert_close(a, b, tolerance(torch.float32))
+
+
+# --- refusals -----------------------------------------------------------------------------------------
+
+
+def test_check_product_grad_refuses_a_max_reduction_with_a_sentence() -> None:
+    t = ir.Var("x") - ir.Var("z")
+    program = PairwiseProgram(abs(t), "max", ir.exp(-ir.Var("acc")))
+    x = torch.zeros(3, 2)
+    reason = backend_module.TritonBackend(UNTUNED).check_product_grad(_problem(program, x, x, x, x, {}))
+    assert reason == (
+        f"the Triton gradient product covers programs whose reduction is a sum; program {program.key()} takes the "
+        "maximum over features"
+    )
+
+
+def test_check_product_grad_refuses_other_devices_with_a_sentence() -> None:
+    x = torch.zeros(3, 2, device="meta")
+    problem = _problem(_preset("gaussian"), x, x, x, x, {"bandwidth": 1.0, "regularization": 0.0})
+    reason = backend_module.TritonBackend(UNTUNED).check_product_grad(problem)
+    assert isinstance(reason, str) and "meta" in reason
+
+
+def test_check_product_grad_refuses_a_grid_beyond_cudas_limit() -> None:
+    """Shapes alone decide (stride-0 views, nothing allocated): 2³¹ rows fit (2²⁵ row tiles), 2⁴⁰ rows do not."""
+    device = _device()
+    _skip_without_backend(device)
+    backend = backend_module.TritonBackend(UNTUNED)
+    program = presets.ALL["laplace_l1"].lower()
+    for m, d, fits in [(2**31, 16, True), (2**40, 1024, False)]:
+        x, z = torch.zeros(1, 1, device=device).expand(m, d), torch.zeros(1, 1, device=device).expand(3, d)
+        v, g = torch.zeros(3, 1, device=device), torch.zeros(1, 1, device=device).expand(m, 1)
+        out = torch.zeros(1, 1, device=device).expand(m, d)
+        reason = backend.check_product_grad(ProductGradProblem(program, x, z, v, g, out, {}, 0, 0, ()))
+        assert (reason is None) if fits else ("thread blocks" in reason), reason
+
+
+# --- the generated kernel compiles for the GPU -----------------------------------------------------------
+
+
+def _compile_jobs() -> dict[str, dict]:
+    """The default tiles for Laplace-L1, Laplace-Lp, the Gaussian and the user program (sm_90, float32, 16 features
+    in registers, 8 per step accumulated in `out`), 4 features, batched float64 variants with 64-bit indices and
+    tensor hyperparameters, and sm_80."""
+    meta, warps, _, _ = configs.PRODUCT_GRAD_SPACE[0]
+    base = dict(spec={}, meta=meta | {"BD": 16, "RMW": False}, warps=warps, arch=90, dtype="float32")
+    rmw = meta | {"BD": configs.PRODUCT_GRAD_RMW_BD, "RMW": True}
+    batched = {"nbatch": 2, "tensor_hypers": ["bandwidth", "p"], "int64": True}
+    keys = {name: _preset(name).key() for name in ("laplace_l1", "laplace_lp", "gaussian")} | {
+        "diag_user": _diag_program().key()
+    }
+    jobs = {f"{name}-sm90": base | dict(program=key) for name, key in keys.items()}
+    jobs |= {f"{name}-rmw-sm90": base | dict(program=key, meta=rmw) for name, key in keys.items()}
+    jobs["laplace_l1-bd4-sm90"] = base | dict(program=keys["laplace_l1"], meta=meta | {"BD": 4, "RMW": False})
+    lp = keys["laplace_lp"]
+    jobs["laplace_lp-float64-batched-int64-sm90"] = base | dict(program=lp, dtype="float64", spec=batched)
+    jobs["laplace_lp-float64-batched-int64-rmw-sm90"] = base | dict(program=lp, dtype="float64", spec=batched, meta=rmw)
+    jobs["gaussian-sm80"] = base | dict(program=keys["gaussian"], arch=80)
+    jobs["gaussian-rmw-sm80"] = base | dict(program=keys["gaussian"], arch=80, meta=rmw)
+    return {key: job | {"id": key} for key, job in jobs.items()}
+
+
+@pytest.fixture(scope="module")
+def compile_reports() -> dict[str, str]:
+    """`cuobjdump -res-usage` of every job, compiled in one clean process (product_grad_compile.py)."""
+    pytest.importorskip("triton")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    script = Path(__file__).with_name("product_grad_compile.py")
+    jobs = json.dumps(list(_compile_jobs().values()))
+    done = subprocess.run([sys.executable, str(script)], input=jobs, capture_output=True, text=True, env=env)
+    assert done.returncode == 0, done.stderr[-4000:]
+    return json.loads(done.stdout)
+
+
+@pytest.mark.parametrize("job", sorted(_compile_jobs()))
+def test_the_gradient_product_compiles_without_spills(job: str, compile_reports: dict[str, str]) -> None:
+    """Each variant compiles to a cubin without a GPU; the default tiles do not spill."""
+    report = compile_reports[job]
+    assert "REG:" in report, report
+    assert "STACK:0" in report and "LOCAL:0" in report, report
+
+
+# --- real sizes on the GPU --------------------------------------------------------------------------------
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("tuning", [TritonTuning(), UNTUNED], ids=["tuned", "untuned"])
+@pytest.mark.parametrize(("case", "d", "c"), [("laplace_l1", 3, 1), ("gaussian", 37, 16), ("diag_user", 130, 5)])
+@pytest.mark.parametrize("dtype", [torch.float32, F64])
+def test_real_sizes_on_the_gpu(tuning: TritonTuning, case: str, d: int, c: int, dtype: torch.dtype) -> None:
+    program, hypers, offsets = CASES[case]
+    x, z = _randn(1001, d, dtype=dtype), _randn(1203, d, dtype=dtype)
+    v, g = _randn(1203, c, dtype=dtype), _randn(1001, c, dtype=dtype)
+    got = _triton(program, x, z, v, g, hypers, tuning=tuning, **offsets)
+    assert_close(got, _reference(program, x, z, v, g, hypers, **offsets), 1e-10 if dtype == F64 else tolerance(dtype))
+
+
+@pytest.mark.gpu
+def test_gpu_batches_views_half_inputs_and_batched_p() -> None:
+    hypers = {"p": torch.tensor([1.5, 3.0], device="cuda"), "bandwidth": 4.0, "regularization": 0.1}
+    x, z = _randn(2, 40, 700).mT[..., :33], _randn(2, 900, 33)
+    v, g = _randn(1, 3, 900).mT, _randn(2, 700, 3)
+    program = _preset("laplace_lp")
+    got = _triton(program, x, z, v, g, hypers, offset_n=7)
+    assert_close(got, _reference(program, x, z, v, g, hypers, offset_n=7), tolerance(torch.float32))
+    for dtype in (torch.float16, torch.bfloat16):
+        args = [t.to(dtype) for t in (x[0], z[0], v[0], g[0])]
+        got = _triton(_preset("laplace_l1"), *args, {"bandwidth": 4.0, "regularization": 0.1})
+        assert_close(got, _reference(_preset("laplace_l1"), *args, {"bandwidth": 4.0, "regularization": 0.1}), 1e-2)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("d", [8, 40])
+def test_gpu_memory_stays_that_of_the_operands(d: int) -> None:
+    """M = 16,384 rows against N = 10⁶ (K would take 65 GB in float32): the gradient product runs into a given
+    float32 `out` without allocating anything (D in registers, and D accumulated in `out`), and its first rows
+    match the reference backend."""
+    program, hypers = _preset("laplace_l1"), {"bandwidth": 4.0 * d, "regularization": 0.1}
+    x, z, v, g = _randn(2**14, d), _randn(10**6, d), _randn(10**6, 2), _randn(2**14, 2)
+    out = torch.empty(2**14, d, device="cuda")
+    _triton(program, x, z, v, g, hypers, out=out)  # compiles and loads the variant
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    before = torch.cuda.memory_allocated()
+    _triton(program, x, z, v, g, hypers, out=out)
+    torch.cuda.synchronize()
+    assert torch.cuda.max_memory_allocated() == before
+    rows = 16
+    want = _reference(program, x[:rows], z, v, g[:rows], hypers)
+    assert_close(out[:rows], want, tolerance(torch.float32))
