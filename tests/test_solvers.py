@@ -89,7 +89,7 @@ def test_auto_picks_cholesky_while_dense_fits(caplog, monkeypatch):
     with caplog.at_level(logging.DEBUG, logger="kermac"):
         s = solvers.solve(K, y, debug=True)
     assert s.method == "cholesky" and "picked 'cholesky'" in caplog.text
-    monkeypatch.setattr(solvers, "DENSE_MAX_N", 29)
+    monkeypatch.setattr(solvers, "dense_fits", lambda *args: False)
     with caplog.at_level(logging.DEBUG, logger="kermac"):
         s = solvers.solve(K, y, tol=1e-10, debug=True)
     assert s.method == "cg" and s.preconditioner == "eigenpro" and bool(s.converged)
@@ -112,9 +112,36 @@ def test_auto_picks_cholesky_while_dense_fits(caplog, monkeypatch):
 
 
 def test_dense_fits_rule():
+    """batch·N² entries within a quarter of the CPU budget of 4 GiB, whatever N."""
     assert solvers.dense_fits(20_000, 1, F64, torch.device("cpu")) is False  # 3.2 GB > a quarter of 4 GiB
     assert solvers.dense_fits(10_000, 1, F64, torch.device("cpu")) is True
-    assert solvers.dense_fits(20_001, 1, torch.float16, torch.device("cpu")) is False
+    assert solvers.dense_fits(22_000, 1, torch.float16, torch.device("cpu")) is True  # 0.97 GB
+    assert solvers.dense_fits(22_000, 1, torch.float32, torch.device("cpu")) is False  # 1.9 GB
+    assert solvers.dense_fits(10_000, 3, F64, torch.device("cpu")) is False  # 2.4 GB
+
+
+def test_auto_solves_by_cg_where_the_factorisation_fails(caplog, monkeypatch):
+    """A factorisation that fails (K + λI not positive definite in the operator's rounding) makes `auto` solve by
+    CG when λ > 0; a named "cholesky", or λ ≤ 0, still raises."""
+    K = _operator("gaussian", 30, 0.2)
+    y = _randn(30, 2, seed=4)
+    factorisations = []
+
+    def failing(a, b):
+        factorisations.append(a.shape)
+        return torch.full_like(b, float("nan")), torch.ones(a.shape[:-2], dtype=torch.int32)
+
+    monkeypatch.setattr(solvers, "cholesky_solve", failing)
+    with caplog.at_level(logging.DEBUG, logger="kermac"):
+        s = solvers.solve(K, y, tol=1e-10, debug=True)
+    assert factorisations == [(30, 30)]
+    assert s.method == "cg" and s.preconditioner == "eigenpro" and bool(s.converged.all())
+    assert "the Cholesky factorisation failed" in caplog.text
+    torch.testing.assert_close(s.alpha, _reference(K, y), rtol=1e-8, atol=1e-9)
+    with pytest.raises(ValueError, match="not positive definite"):
+        solvers.solve(K, y, method="cholesky")
+    with pytest.raises(ValueError, match="not positive definite"):
+        solvers.solve(_operator("gaussian", 30, 0.0), y)
 
 
 def test_eigenpro_fits_rule():

@@ -15,9 +15,10 @@ hold a shard of the rows, and right-hand sides `y` `[N]` or `[..., N, C]` (a ran
   ([`EigenProPreconditioner`][kermac.preconditioners.EigenProPreconditioner]). On a sharded operator each
   iteration is one ring product and two `all_reduce`s of `C` (or `2C`) numbers.
 * `method="auto"`: `"cholesky"` while the dense matrix fits ([`dense_fits`][kermac.solvers.dense_fits]) on the
-  operator's one device, `"cg"` beyond and for a sharded operator. CG's `preconditioner="auto"` is EigenPro's
-  while its dense `N × q` basis fits ([`eigenpro_fits`][kermac.solvers.eigenpro_fits], on every rank of a sharded
-  operator), Nyström's beyond.
+  operator's one device, `"cg"` beyond and for a sharded operator; where the factorisation fails (`K + λI` not
+  positive definite in the operator's rounding, e.g. float32 with a small λ) and λ > 0, `"cg"` instead.
+  CG's `preconditioner="auto"` is EigenPro's while its dense `N × q` basis fits
+  ([`eigenpro_fits`][kermac.solvers.eigenpro_fits], on every rank of a sharded operator), Nyström's beyond.
 
 **Mixed precision.** `y` may be wider than the operator (float64 with a float32 or half operator, float32 with
 a half one): `α` and the residuals then have `y`'s dtype. `"cholesky"` factors the matrix computed in `y`'s
@@ -28,7 +29,8 @@ float32 arithmetic alone cannot (the products' rounding bounds plain float32 CG 
 
 The host is consulted at documented points only: once before solving (one read of the checks of `y` and of a
 tensor λ and of whether EigenPro's basis fits, agreed over the ranks of a sharded operator), once after a
-Cholesky factorisation (to raise on a matrix that is not positive definite), in CG once every `check_every`
+Cholesky factorisation (to raise on a matrix that is not positive definite; under `"auto"` a failed one is
+followed by the checks before CG, one more read), in CG once every `check_every`
 iterations (whether any column is still running), and once per refinement step (whether every column has
 converged).
 """
@@ -49,7 +51,6 @@ from kermac.preconditioners import EigenProPreconditioner, NystromPreconditioner
 
 __all__ = [
     "DENSE_BUDGET_CPU_BYTES",
-    "DENSE_MAX_N",
     "MAX_REFINEMENTS",
     "REFINEMENT_TOL",
     "ConvergenceError",
@@ -60,8 +61,6 @@ __all__ = [
     "solve",
 ]
 
-DENSE_MAX_N = 20_000
-"""Largest N for which `method="auto"` factors the dense matrix."""
 DENSE_BUDGET_CPU_BYTES = 4 << 30
 """On the CPU, `method="auto"` factors the dense matrix while it takes at most a quarter of this many bytes."""
 REFINEMENT_TOL = 1e-2
@@ -113,12 +112,12 @@ class Solution:
 
 
 def dense_fits(n: int, batch: int, dtype: torch.dtype, device: torch.device) -> bool:
-    """The rule of `method="auto"` on one device: factor the dense matrix when `n ≤ DENSE_MAX_N` and its
-    `batch·n²` entries take at most a quarter of the free memory of the CUDA device (`torch.cuda.mem_get_info`,
-    a driver query that does not wait for the stream) or of
-    [`DENSE_BUDGET_CPU_BYTES`][kermac.solvers.DENSE_BUDGET_CPU_BYTES] on the CPU."""
-    if n > DENSE_MAX_N:
-        return False
+    """The rule of `method="auto"` on one device: factor the dense matrix when its `batch·n²` entries take at
+    most a quarter of the free memory of the CUDA device (`torch.cuda.mem_get_info`, a driver query that does not
+    wait for the stream) or of [`DENSE_BUDGET_CPU_BYTES`][kermac.solvers.DENSE_BUDGET_CPU_BYTES] on the CPU.
+
+    Memory is the only limit: wherever the matrix fits, its `n³/3` factorisation took less time than
+    preconditioned CG's hundreds of `n²` products where measured (docs/dev/dense-or-cg.md)."""
     return _fits(batch * n * n, dtype, device)
 
 
@@ -215,7 +214,8 @@ def solve(
     n = system.n
     y2, vector, error = _check_rhs(system, y)
     batch = math.prod(torch.broadcast_shapes(system.batch, y2.shape[:-2])) if error is None else 1
-    if method == "auto":
+    picked = method == "auto"
+    if picked:
         dense = system.group is None and dense_fits(n, batch, y2.dtype, system.device)
         method = "cholesky" if dense else "cg"
         if debug:
@@ -231,8 +231,17 @@ def solve(
     declined = _check_agreed(system, y2, error, lam if method == "cg" else None, fits)
     wide = system.to(y2.dtype)
     refinements = 0
+    factored = _cholesky(wide, y2, fall_back=picked and _positive(lam)) if method == "cholesky" else None
+    if method == "cholesky" and factored is None:
+        method = "cg"
+        if debug:
+            logger.debug("kermac.solvers.solve: the Cholesky factorisation failed (K + λI is not positive definite "
+                         "in %s); method='auto' solves by 'cg'", wide.dtype)  # fmt: skip
+        if preconditioner == "auto":
+            fits = eigenpro_fits(n, q, math.prod(system.batch), system.dtype, system.device)
+        declined = _check_agreed(system, y2, None, lam, fits)
     if method == "cholesky":
-        alpha, iterations, ok = _cholesky(wide, y2)
+        alpha, iterations, ok = factored
         precond = None
     else:
         precond = ("nystrom" if declined else "eigenpro") if preconditioner == "auto" else preconditioner
@@ -419,11 +428,21 @@ def cholesky_solve(a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, torc
     return torch.cholesky_solve(b.expand(batch + b.shape[-2:]), factor), info
 
 
-def _cholesky(system: KernelSystem, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Dense solve; one host read of the factorisation status, to raise on a matrix not positive definite."""
+def _positive(lam: float | torch.Tensor) -> bool:
+    """Whether λ is a number > 0 or a tensor (whose entries `_check_agreed` checks on the device)."""
+    return isinstance(lam, torch.Tensor) or lam > 0
+
+
+def _cholesky(
+    system: KernelSystem, y: torch.Tensor, *, fall_back: bool = False
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
+    """Dense solve; one host read of the factorisation status, to raise on a matrix not positive definite (None
+    instead with `fall_back`, for `method="auto"` to solve by CG)."""
     alpha, info = cholesky_solve(system.operator.to_dense(), y)
     failed = info != 0
     if bool(failed.any()):
+        if fall_back:
+            return None
         lam = system.regularization
         shown = f"λ = {lam!r}" if not isinstance(lam, torch.Tensor) else "the given λ"
         raise ValueError(
