@@ -85,10 +85,15 @@ def grad_kernel(program: GradProgram) -> str:
     return "grad" if product_factor(program) is not None else "grad_general"
 
 
+def _check_compute(compute: str) -> None:
+    """Refuse a compute type no kernel has."""
+    if compute not in COMPUTE_TYPES:
+        raise ValueError(f"compute: expected one of {sorted(COMPUTE_TYPES)}, got {compute!r}")
+
+
 def _check_pairwise_fields(spec: PairwiseSpec | ProductSpec, kernels: tuple[str, ...]) -> None:
     """Refuse a compute type, kernel or tensor-core program that `kernels` cannot run."""
-    if spec.compute not in COMPUTE_TYPES:
-        raise ValueError(f"compute: expected one of {sorted(COMPUTE_TYPES)}, got {spec.compute!r}")
+    _check_compute(spec.compute)
     if spec.kernel not in kernels:
         raise ValueError(f"kernel: expected one of {kernels}, got {spec.kernel!r}")
     if spec.kernel == "tensor_cores" and not tensor_core_eligible(spec.program, spec.compute):
@@ -148,8 +153,7 @@ class ProductGradSpec:
     int64: bool
 
     def __post_init__(self) -> None:
-        if self.compute not in COMPUTE_TYPES:
-            raise ValueError(f"compute: expected one of {sorted(COMPUTE_TYPES)}, got {self.compute!r}")
+        _check_compute(self.compute)
 
 
 @dataclass(frozen=True)
@@ -164,8 +168,7 @@ class GradSpec:
     int64: bool
 
     def __post_init__(self) -> None:
-        if self.compute not in COMPUTE_TYPES:
-            raise ValueError(f"compute: expected one of {sorted(COMPUTE_TYPES)}, got {self.compute!r}")
+        _check_compute(self.compute)
 
 
 _IMPORTS = """\
