@@ -1,6 +1,7 @@
 """The shared half of the scripts that compile Triton kernels to cubins without a GPU, each in a clean
-process (``tests/gluon_compile.py``, ``tests/backend_triton/product_compile.py``): one compiled source's
-register report, and the loop that answers a JSON list of jobs on stdin."""
+process (``tests/gluon_compile.py``, ``tests/backend_triton/product_compile.py``,
+``tests/backend_triton/product_grad_compile.py``): one compiled source's register report, the loop that answers a
+JSON list of jobs on stdin, and the tests' side: running such a script and reading a report."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import subprocess
 import sys
 import tempfile
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 
@@ -58,3 +60,21 @@ def serve(compile_job: Callable[[dict], str]) -> None:
         except Exception as exc:  # reported per job: one failure must not hide the others
             reports[job["id"]] = f"error: {type(exc).__name__}: {exc}"
     json.dump(reports, sys.stdout)
+
+
+def compile_in_clean_process(script: Path, jobs: list[dict]) -> dict[str, str]:
+    """The reports of ``script`` (a compile script answering by ``serve``) for ``jobs``, run in a fresh Python
+    without ``TRITON_INTERPRET`` (which must be unset before Triton is imported to compile for a GPU)."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    done = subprocess.run(
+        [sys.executable, str(script)], input=json.dumps(jobs), capture_output=True, text=True, env=env
+    )
+    assert done.returncode == 0, done.stderr[-4000:]
+    return json.loads(done.stdout)
+
+
+def assert_compiled(report: str, *, spills: bool = False) -> None:
+    """``report`` is a register report (not an error) and, unless ``spills``, shows no stack or local memory."""
+    assert "REG:" in report, report
+    if not spills:
+        assert "STACK:0" in report and "LOCAL:0" in report, report

@@ -628,31 +628,23 @@ def gluon_jobs() -> dict[str, dict]:
 @pytest.fixture(scope="module")
 def gluon_reports() -> dict[str, str]:
     """``cuobjdump -res-usage`` of every job of :func:`gluon_jobs`, compiled in one clean process."""
-    import json
-    import os
-    import subprocess
-    import sys
     from pathlib import Path
+
+    from cubin_jobs import compile_in_clean_process
 
     launch = pytest.importorskip("kermac_backend_triton.launch")
     if launch.gluon_available() is not None:
         pytest.skip(launch.gluon_available())
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    script = Path(__file__).with_name("gluon_compile.py")
-    jobs = json.dumps(list(gluon_jobs().values()))
-    done = subprocess.run([sys.executable, str(script)], input=jobs, capture_output=True, text=True, env=env)
-    assert done.returncode == 0, done.stderr[-4000:]
-    return json.loads(done.stdout)
+    return compile_in_clean_process(Path(__file__).with_name("gluon_compile.py"), list(gluon_jobs().values()))
 
 
 @pytest.mark.parametrize("job", sorted(gluon_jobs()))
 def test_gluon_source_compiles(job: str, gluon_reports: dict[str, str]) -> None:
     """Each CI variant of the Gluon kernel compiles to a cubin; the presets' default tile without
     spilling."""
-    report = gluon_reports[job]
-    assert "REG:" in report, report
-    if job.startswith("preset-"):
-        assert "STACK:0" in report and "LOCAL:0" in report, report
+    from cubin_jobs import assert_compiled
+
+    assert_compiled(gluon_reports[job], spills=not job.startswith("preset-"))
 
 
 def test_gluon_kernel_is_float32_only() -> None:

@@ -19,14 +19,11 @@ tests run the same at real sizes, tuned and untuned.
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
+from cubin_jobs import assert_compiled, compile_in_clean_process
 from dense_programs import dense_kernel
 from helpers import assert_close, tolerance
 
@@ -373,20 +370,13 @@ def _compile_jobs() -> dict[str, dict]:
 def compile_reports() -> dict[str, str]:
     """`cuobjdump -res-usage` of every job, compiled in one clean process (product_grad_compile.py)."""
     pytest.importorskip("triton")
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    script = Path(__file__).with_name("product_grad_compile.py")
-    jobs = json.dumps(list(_compile_jobs().values()))
-    done = subprocess.run([sys.executable, str(script)], input=jobs, capture_output=True, text=True, env=env)
-    assert done.returncode == 0, done.stderr[-4000:]
-    return json.loads(done.stdout)
+    return compile_in_clean_process(Path(__file__).with_name("product_grad_compile.py"), list(_compile_jobs().values()))
 
 
 @pytest.mark.parametrize("job", sorted(_compile_jobs()))
 def test_the_gradient_product_compiles_without_spills(job: str, compile_reports: dict[str, str]) -> None:
     """Each variant compiles to a cubin without a GPU; the default tiles do not spill."""
-    report = compile_reports[job]
-    assert "REG:" in report, report
-    assert "STACK:0" in report and "LOCAL:0" in report, report
+    assert_compiled(compile_reports[job])
 
 
 # --- real sizes on the GPU --------------------------------------------------------------------------------
