@@ -13,7 +13,7 @@ import torch
 from kermac.ir_eval import evaluate
 from kermac.programs import PairwiseProgram
 
-_REDUCE = {"sum": torch.sum, "max": torch.amax, "min": torch.amin}
+_REDUCE = {"sum": torch.sum, "max": torch.amax, "min": torch.amin, "logsumexp": torch.logsumexp}
 
 
 def dense_kernel(

@@ -5,8 +5,6 @@ programs; the refusal of maxima and bad input named."""
 
 from __future__ import annotations
 
-import re
-
 import pytest
 import torch
 from dense_programs import dense_kernel
@@ -126,18 +124,19 @@ def test_a_user_program_with_a_batched_hyperparameter_and_no_columns() -> None:
     assert empty.shape == (2, 5, 0, 3)
 
 
-def test_maxima_over_features_are_refused_naming_the_program() -> None:
-    x = _randn(4, 3, seed=1)
-    key = re.escape(kermac.presets.ALL["linf_distance"].lower().key())
-    with pytest.raises(NotImplementedError, match=rf"predictor_gradient: .* is a sum .*program {key} takes the max"):
-        kermac.predictor_gradient("linf_distance", x, x, _randn(4, 1, seed=2))
-
-
-def test_a_log_sum_exp_over_features_is_refused_by_its_name() -> None:
-    """A log-sum-exp kernel (`kermac.reductions`) is refused like a maximum, the reduction named as a noun."""
-    x, key = _randn(4, 3, seed=1), re.escape(SOFT_MIN.key())
-    with pytest.raises(NotImplementedError, match=rf"program {key} takes the log-sum-exp$"):
-        kermac.predictor_gradient(SOFT_MIN, x, x, _randn(4, 1, seed=2), gamma=0.5)
+@pytest.mark.parametrize("kernel", ["linf_distance", "soft_min"])
+def test_maxima_and_log_sum_exps_over_features(kernel: str) -> None:
+    """The l∞ distance and a soft minimum (a maximum and a log-sum-exp over features): the Jacobian of the dense
+    float64 predictor, through the gradient product's weighted features."""
+    x, z, alpha = _randn(4, 3, seed=1), _randn(6, 3, seed=3), _randn(6, 2, seed=2)
+    if kernel == "soft_min":
+        program, hypers = SOFT_MIN, {"gamma": 0.5}
+        got = kermac.predictor_gradient(SOFT_MIN, x, z, alpha, **hypers)
+    else:
+        program, hypers = kermac.presets.ALL["linf_distance"].lower(), {}
+        got = kermac.predictor_gradient("linf_distance", x, z, alpha)
+    want = _dense_jacobian(lambda xx: dense_kernel(program, xx, z, hypers) @ alpha, x)
+    torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-12)
 
 
 @pytest.mark.parametrize(

@@ -1,10 +1,11 @@
 """The fused gradient product (`kermac::product_grad`, `kermac.problem.ProductGradProblem`) and the x / z
-gradients of kernel products it gives every sum-reduced program: values against torch autograd of an
+gradients of kernel products it gives every program not on Σ(x − z)²: values against torch autograd of an
 independent dense float64 product (`run_kernel` on the reference backend, or the program evaluated with torch
 operations by `dense_programs.dense_kernel`, then `torch.matmul`) for every sum-reduced preset and random fuzz
 programs, odd and empty sizes, broadcast batches, batched hyperparameters, regularised diagonals with offsets,
-views, NaN in `v`, half inputs and small evaluation blocks; gradcheck in float64; the refusals (maxima, second
-derivatives, backends without the operation) and bad input named."""
+views, NaN in `v`, half inputs and small evaluation blocks; gradcheck in float64; maxima, minima and log-sum-exp
+(weighted features, ties, NaN); the refusals (second derivatives, backends without the operation) and bad input
+named."""
 
 from __future__ import annotations
 
@@ -18,9 +19,9 @@ from dense_programs import dense_kernel
 from helpers import PairwiseOnlyBackend
 
 import kermac
-from kermac import ops, presets, registry
+from kermac import ops, presets, registry, testing
 from kermac.api import lower_kernel
-from kermac.errors import UnsupportedProblemError
+from kermac.hyperparams import program_hypers
 from kermac.problem import product_grad_problem
 from kermac.programs import (
     PairwiseProgram,
@@ -267,18 +268,82 @@ def test_narrow_inputs_are_computed_in_float32(dtype: torch.dtype) -> None:
 # -- refusals ---------------------------------------------------------------------------------------
 
 
-def test_maxima_and_minima_are_refused_with_a_sentence() -> None:
-    x, z, v = _randn(3, 2, seed=1), _randn(4, 2, seed=2), _randn(4, 1, seed=3)
-    t = kermac.ir.Var("x") - kermac.ir.Var("z")
-    program = PairwiseProgram(t * t, "min", kermac.ir.exp(-kermac.ir.Var("acc")))
-    with pytest.raises(
-        UnsupportedProblemError, match=r"reduction is a sum; program .* takes the minimum over features"
-    ):
-        ops.product_grad(program.key(), x, z, v, _randn(3, 1, seed=4), {}, backend="torch")
-    xr = x.clone().requires_grad_()
-    out = kermac.program_product(program, xr, z, v, backend="torch")
-    with pytest.raises(NotImplementedError, match=rf"program_product: .*program {re.escape(program.key())} takes"):
-        out.sum().backward()
+_X, _Z, _ACC = kermac.ir.Var("x"), kermac.ir.Var("z"), kermac.ir.Var("acc")
+WEIGHTED = {
+    "min": PairwiseProgram((_X - _Z) * (_X - _Z), "min", kermac.ir.exp(-_ACC)),
+    "max": PairwiseProgram(abs(_X - 0.5 * _Z), "max", 1.0 / (1.0 + _ACC)),
+    "logsumexp": testing.SOFT_MIN,
+}
+"""Programs whose reduction weighs each feature's derivative by `∂acc/∂τ_j` (not all 1)."""
+
+
+def _dense_program_gradients(program, x, z, v, g, hypers) -> tuple[torch.Tensor, torch.Tensor]:
+    """`(∂L/∂x, ∂L/∂z)` of `L = Σ g ⊙ (K v)` by torch autograd of the program evaluated densely in float64
+    (`torch.amax`, `torch.amin`, `torch.logsumexp` over the features: ties share a maximum's gradient equally)."""
+    x, z = x.detach().requires_grad_(), z.detach().requires_grad_()
+    out = dense_kernel(program, x, z, hypers) @ v
+    return torch.autograd.grad((out * g).sum(), (x, z))
+
+
+@pytest.mark.parametrize("ties", [False, True], ids=["distinct", "ties"])
+@pytest.mark.parametrize("reduction", sorted(WEIGHTED))
+def test_every_reduction_differentiates_in_x_and_z(reduction: str, ties: bool) -> None:
+    """A maximum, minimum or log-sum-exp over features: the gradient product weighs each feature by the
+    reduction's `∂acc/∂τ_j` (1/k on k tied extremes, the softmax for log-sum-exp), on the reference backend, in
+    small blocks too; odd sizes and a broadcast batch."""
+    program = WEIGHTED[reduction]
+    hypers = {"gamma": 0.7} if reduction == "logsumexp" else {}
+    x, z = _randn(2, 7, 5, seed=1), _randn(9, 5, seed=2)
+    if ties:  # a coarse grid: many features tie for the extreme of a pair
+        x, z = x.mul(2).round(), z.mul(2).round()
+    v, g = _randn(9, 3, seed=3), _randn(2, 7, 3, seed=4)
+    want_x, want_z = _dense_program_gradients(program, x, z, v, g, hypers)
+    xr, zr = x.clone().requires_grad_(), z.clone().requires_grad_()
+    out = kermac.program_product(program, xr, zr, v, backend="torch", **hypers)
+    got_x, got_z = torch.autograd.grad((out * g).sum(), (xr, zr))
+    torch.testing.assert_close(got_x, want_x, rtol=1e-10, atol=1e-12)
+    torch.testing.assert_close(got_z, want_z, rtol=1e-10, atol=1e-12)
+    direct = ops.product_grad(program.key(), x, z, v, g, _hypers(program, hypers), backend="torch")
+    torch.testing.assert_close(direct, want_x, rtol=1e-10, atol=1e-12)
+
+
+def test_weighted_reductions_in_small_blocks_and_by_gradcheck(monkeypatch) -> None:
+    """The same sums when every block holds one pair, and `gradcheck` of the product in x and z in float64."""
+    program, hypers = testing.SOFT_MIN, {"gamma": 0.4}
+    x, z, v, g = _randn(5, 3, seed=5), _randn(4, 3, seed=6), _randn(4, 2, seed=7), _randn(5, 2, seed=8)
+    want = ops.product_grad(program.key(), x, z, v, g, _hypers(program, hypers), backend="torch")
+    monkeypatch.setattr(reference, "CHUNK_ELEMENTS", 1)
+    got = ops.product_grad(program.key(), x, z, v, g, _hypers(program, hypers), backend="torch")
+    torch.testing.assert_close(got, want, rtol=1e-13, atol=1e-14)
+    monkeypatch.undo()
+    for reduction in ("max", "logsumexp"):
+        p = WEIGHTED[reduction]
+        h = {"gamma": 0.4} if reduction == "logsumexp" else {}
+        assert torch.autograd.gradcheck(
+            lambda xx, zz, p=p, h=h: kermac.program_product(p, xx, zz, v, backend="torch", **h),
+            (x.clone().requires_grad_(), z.clone().requires_grad_()),
+        )
+
+
+def test_a_nan_extreme_gives_nan_and_a_weightless_term_with_an_infinite_slope_gives_zero() -> None:
+    """A NaN feature makes its pair's maximum NaN and the gradient NaN (torch's); a feature the maximum passes
+    over contributes 0 even where the epilogue's slope is infinite (√acc at acc = 0)."""
+    program = PairwiseProgram(abs(_X - _Z), "max", kermac.ir.sqrt(_ACC))
+    x = torch.tensor([[0.0, 1.0], [float("nan"), 0.0]], dtype=F64)
+    z = torch.tensor([[0.0, 3.0]], dtype=F64)
+    v, g = torch.ones(1, 1, dtype=F64), torch.ones(2, 1, dtype=F64)
+    got = ops.product_grad(program.key(), x, z, v, g, {}, backend="torch")
+    assert bool(got[1].isnan().any())
+    want_x, _ = _dense_program_gradients(program, x[:1], z, v, g[:1], {})
+    torch.testing.assert_close(got[:1], want_x, rtol=1e-12, atol=0)
+    x0 = torch.tensor([[0.0, 3.0]], dtype=F64)  # x = z: acc = 0, every term flat or weightless
+    assert torch.equal(
+        ops.product_grad(program.key(), x0, z, v, g[:1], {}, backend="torch"), torch.zeros(1, 2, dtype=F64)
+    )
+
+
+def _hypers(program: PairwiseProgram, values: dict) -> dict:
+    return program_hypers(program.hypers, values, torch.device("cpu"), False)
 
 
 def test_second_derivatives_are_refused_naming_the_program() -> None:

@@ -84,14 +84,13 @@ The fused product `out[m, c] = Σ_n K[m, n] v[n, c]` (`kermac::product`,
   one product of the derivative program `(inner, e')` with the `C + C·D` columns `[v, W]`; `∂L/∂z`
   likewise from one transposed product with `[g, U]`, `U[m, c, j] = g[m, c] x[m, j]`.  These are
   products too, so derivatives of any order follow.
-* For every other program whose reduction over features is a sum (Laplace-L1, the Lp kernels, `x·z`,
-  user programs), `∂L/∂x[m, j] = Σ_n (g_m·v_n) e'(acc[m, n]) ∂τ/∂x(x[m, j], z[n, j])` is one gradient
-  product (`kermac::product_grad`, `kermac.problem.ProductGradProblem`: `e'` and `∂τ/∂x`
-  symbolic, the term 0 where `∂τ/∂x = 0`, as torch.cdist's subgradient at `x = z`), and `∂L/∂z` the
-  same on the swapped program with `(z, x)` and `v`, `g` exchanged.  First derivatives only: differentiating
-  these again raises `NotImplementedError` naming the program.
-* For a maximum, minimum or log-sum-exp over features the gradient in `x` or `z` raises `NotImplementedError` naming
-  the program when computed (`kermac::no_gradient`), never a silent zero.
+* For every other program (Laplace-L1, the Lp kernels, `x·z`, the l∞ distance, soft minima, user programs with
+  any reduction), `∂L/∂x[m, j] = Σ_n (g_m·v_n) e'(acc[m, n]) w_j(m, n) ∂τ/∂x(x[m, j], z[n, j])` is one
+  gradient product (`kermac::product_grad`, `kermac.problem.ProductGradProblem`: `e'` and `∂τ/∂x`
+  symbolic, `w_j` the reduction's weights as above, the term 0 where `∂τ/∂x = 0` or `w_j = 0`, as
+  torch.cdist's subgradient at `x = z`), and `∂L/∂z` the same on the swapped program with `(z, x)` and `v`, `g`
+  exchanged.  First derivatives only: differentiating these again raises `NotImplementedError` naming the
+  program.
 
 Hyperparameters are constants (a tensor that requires grad is refused by [`kermac.hyperparams`][kermac.hyperparams]);
 `out=` is refused while autograd records.  `cdist_grad` with p ≠ 2 and `run_grad_program` raise
@@ -525,24 +524,15 @@ def _backward_product(ctx, g):
     if want_x or want_z:
         if is_squared_difference_sum(s.program):
             grad_x, grad_z = _product_point_gradients(s, x, z, v, g, (want_x, want_z))
-        elif s.program.reduction == "sum":
-            grad_x, grad_z = _product_grad_gradients(s, x, z, v, g, (want_x, want_z))
         else:
-            noun = REDUCTIONS[s.program.reduction].noun
-            reason = (
-                f"{op}: the gradient of a kernel product with respect to x and z is implemented for programs whose "
-                f"reduction over features is a sum; program {s.program.key()} takes the {noun} "
-                "(detach x and z, or call under torch.no_grad())"
-            )
-            grad_x = _no_gradient(x, reason) if want_x else None
-            grad_z = _no_gradient(z, reason) if want_z else None
+            grad_x, grad_z = _product_grad_gradients(s, x, z, v, g, (want_x, want_z))
     return grad_x, grad_z, grad_v, None, None, *ctx.list_grads, None, None, None, None, None
 
 
 def _product_grad_gradients(
     s: _Setup, x: torch.Tensor, z: torch.Tensor, v: torch.Tensor, g: torch.Tensor, want: tuple[bool, bool]
 ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
-    """`(∂L/∂x, ∂L/∂z)` of `out = K v` for a sum-reduced program: one gradient product
+    """`(∂L/∂x, ∂L/∂z)` of `out = K v` for a program not on Σ(x − z)²: one gradient product
     (`kermac::product_grad`) per input, the one for `z` on the swapped program with `v` and `g` exchanged."""
     key, hypers = s.program.key(), s.hypers
     grad_x = grad_z = None

@@ -363,8 +363,7 @@ class RecursiveFeatureMachine(Regressor):
     per row (the gradient product's `C + C·D` columns, `J'`, `J` and slack).
 
     Args:
-        kernel: a preset name or a [`KernelDescriptor`][kermac.descriptor.KernelDescriptor] whose reduction over
-            features is a sum (every preset but `"linf_distance"`) and that takes no `p`.
+        kernel: a preset name or a [`KernelDescriptor`][kermac.descriptor.KernelDescriptor] that takes no `p`.
         bandwidth: σ of the kernel.
         regularization: λ > 0 of every ridge (one number).
         iterations: AGOP updates of `M` (≥ 0; 0 is a plain kernel ridge).
@@ -417,11 +416,10 @@ class RecursiveFeatureMachine(Regressor):
 
     def _check_params(self) -> None:
         descriptor = self._ridge()._kernel_arguments()["kernel"]
-        if descriptor.reduction != "sum" or descriptor.needs_p:
-            why = f"takes the {descriptor.reduction}imum over features" if descriptor.reduction != "sum" else "needs p"
+        if descriptor.needs_p:
             raise ValueError(
-                f"kernel: RecursiveFeatureMachine needs a kernel summed over features without p (the predictor "
-                f"gradient of the AGOP), got {self.kernel!r}, which {why}"
+                f"kernel: RecursiveFeatureMachine needs a kernel without p (it has no p parameter), got "
+                f"{self.kernel!r}, which needs p"
             )
         if isinstance(self.regularization, torch.Tensor) and self.regularization.dim() > 0:
             raise ValueError(

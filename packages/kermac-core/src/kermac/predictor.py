@@ -5,7 +5,7 @@ A kernel predictor is `f(x)[m, c] = Σ_n K(x_m, z_n) α[n, c]` (a fused product,
 average gradient outer product (AGOP) of a Recursive Feature Machine needs, `G = (1/M) Σ_m J[m]ᵀ J[m]`.
 [`predictor_gradient`][kermac.predictor.predictor_gradient] computes it by the routes of
 [`kermac.jacobians`][kermac.jacobians]: one product of `C + C·D` columns for a kernel on `Σ (x − z)²`, one
-gradient product per output column for any other sum-reduced kernel.
+gradient product per output column for any other kernel (any reduction over features).
 """
 
 from __future__ import annotations
@@ -18,12 +18,6 @@ from kermac.jacobians import gradient_product_jacobian, product_jacobian
 from kermac.logs import debug_enabled
 from kermac.problem import check_tensor
 from kermac.programs import PairwiseProgram, is_squared_difference_sum, program_from_key
-from kermac.reductions import ALL as REDUCTIONS
-
-_NOT_SUMS = (
-    "predictor_gradient: implemented for kernels whose reduction over features is a sum (every preset but the "
-    "l∞ distance, and user programs of that shape); program {key} takes the {noun}"
-)
 
 __all__ = ["predictor_gradient"]
 
@@ -49,8 +43,7 @@ def predictor_gradient(
     Args:
         kernel: a [`KernelDescriptor`][kermac.descriptor.KernelDescriptor], a preset name (as
             [`run_kernel`][kermac.api.run_kernel]) or a [`PairwiseProgram`][kermac.programs.PairwiseProgram] whose
-            hyperparameters come as keywords; its reduction over features must be a sum (every preset but the
-            l∞ distance, and user programs of that shape).
+            hyperparameters come as keywords.
         x: `[..., M, D]`, the points where the gradient is taken.
         z: `[..., N, D]`, the centres (training points).
         alpha: `[..., N, C]` coefficients, or `[N]` for one output (the result is then `[..., M, D]`).
@@ -65,14 +58,14 @@ def predictor_gradient(
         Regularisation of the diagonal does not depend on the points and is not an argument.
 
     Kernels on `Σ (x − z)²` (Gaussian, Laplace-L2, Matérn, Cauchy, l2) take one fused product of `C + C·D`
-    columns, and the result is differentiable to any order (it is made of fused products); every other
-    sum-reduced kernel (Laplace-L1, the Lp kernels, dot products, user programs) takes one gradient product
-    per output column (`C` passes; [`kermac.jacobians`][kermac.jacobians]), and the result has first derivatives
-    only.  Where the
-    inner term is flat (`∂τ/∂x = 0`, e.g. `|x − z|` at `x = z`) a pair contributes 0, torch.cdist's subgradient.
+    columns, and the result is differentiable to any order (it is made of fused products); every other kernel
+    (Laplace-L1, the Lp kernels, dot products, the l∞ distance, soft minima, user programs) takes one gradient
+    product per output column (`C` passes; [`kermac.jacobians`][kermac.jacobians]; a maximum, minimum or
+    log-sum-exp over features weighs each feature by `∂acc/∂τ_j`, and only the reference backend computes those),
+    and the result has first derivatives only.  Where the inner term is flat (`∂τ/∂x = 0`, e.g. `|x − z|` at
+    `x = z`) a pair contributes 0, torch.cdist's subgradient.
 
-    Raises `NotImplementedError` for a kernel that takes a maximum or minimum over features (the l∞
-    distance), naming it; the usual `TypeError`/`ValueError` for inputs, naming the argument.
+    Raises the usual `TypeError`/`ValueError` for inputs, naming the argument.
     """
     debug = debug_enabled(debug)
     x = check_tensor("x", x)
@@ -93,9 +86,6 @@ def predictor_gradient(
             )
         key, hv = lower_kernel(kernel, x, p, bandwidth, None, debug, what="kernel")
         program = program_from_key(key)
-    reduction = REDUCTIONS[program.reduction]
-    if not reduction.gradient_product:
-        raise NotImplementedError(_NOT_SUMS.format(key=program.key(), noun=reduction.noun))
     if alpha.dtype != x.dtype or alpha.device != x.device:
         raise TypeError(
             f"alpha: expected a tensor of x's dtype and device ({x.dtype} on {x.device}), got {alpha.dtype} on "

@@ -191,15 +191,16 @@ class ProductGradProblem(_ProductSizes):
     with `K` and its derivative computed on the fly, never materialised:
 
     $$
-    \mathrm{out}[*B, m, j] = \sum_n G[m, n]\,\Big(e'(\mathrm{acc}[m, n])\;\tau_x(x[m, j], z[n, j])\Big),\qquad
-    G[m, n] = \sum_c g[*B, m, c]\, v[*B, n, c]
+    \mathrm{out}[*B, m, j] = \sum_n G[m, n]\,\Big(e'(\mathrm{acc}[m, n])\;w_j(m, n)\;\tau_x(x[m, j], z[n, j])\Big),
+    \qquad G[m, n] = \sum_c g[*B, m, c]\, v[*B, n, c]
     $$
 
-    with `acc = Σ_j τ(x[m, j], z[n, j])` the program's sum over features (the program's reduction is a sum),
-    `e'` the derivative of its epilogue in `acc` ([`epilogue_slope`][kermac.programs.epilogue_slope]; the
-    regularisation of the diagonal, constant in `acc`, drops out) and `τ_x = ∂τ/∂x`
-    ([`inner_slope`][kermac.programs.inner_slope]).  The bracket is taken as 0 where `τ_x = 0`: a flat inner
-    term contributes nothing even where `e'` is infinite (Laplace-L2 or the l2 distance at `x_m = z_n`, where
+    with `acc = ⊕_j τ(x[m, j], z[n, j])` the program's reduction over features, `w_j = ∂acc/∂τ_j` its weights
+    ([`term_weights`][kermac.reductions.term_weights]: 1 for a sum), `e'` the derivative of its epilogue in `acc`
+    ([`epilogue_slope`][kermac.programs.epilogue_slope]; the regularisation of the diagonal, constant in `acc`,
+    drops out) and `τ_x = ∂τ/∂x` ([`inner_slope`][kermac.programs.inner_slope]).  The bracket is taken as 0
+    where `τ_x = 0` or `w_j = 0`: a flat inner term (or one the maximum passes over) contributes nothing even
+    where `e'` is infinite (Laplace-L2 or the l2 distance at `x_m = z_n`, where
     `acc = 0`: torch.cdist's subgradient there is 0 too).  The gradient in `z` is this problem for the
     program with its operands swapped ([`swap_operands`][kermac.programs.swap_operands]) on `(z, x)`, with
     `v` and `g` exchanged and the offsets too.

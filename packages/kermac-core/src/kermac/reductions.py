@@ -84,7 +84,8 @@ class Reduction:
         normalized: whether the weights are divided by their sum over the terms.
         nonnegative: whether non-negative terms (and no term) reduce to a non-negative value.
         sum_fast_paths: whether the reduction is the arithmetic sum the sum-specific paths rewrite.
-        gradient_product: whether the fused gradient of a kernel product covers it.
+        gradient_product: whether the GPU backends' fused gradient-product kernels cover it (the reference backend
+            computes the gradient product of every reduction).
     """
 
     name: str

@@ -11,13 +11,12 @@ block with `v` at once, so K is never held whole.  Its workspace: one evaluation
 `CHUNK_ELEMENTS` elements), the kernel block it reduces to, the matching rows of `v` in the compute
 dtype, and one accumulator of the output's row block (batch × block rows × C) in the compute dtype.
 
-The gradient product (`kermac.problem.ProductGradProblem`, sum reductions only: `gradient_product` of
-`kermac.reductions`) goes by the same blocks:
+The gradient product (`kermac.problem.ProductGradProblem`, every reduction) goes by the same blocks:
 per block of pairs it evaluates the inner terms, then their derivative `∂τ/∂x`, its product with
-`e'(acc)` and where it is 0 (batch × block rows × block columns × D each), and `acc`, `e'(acc)`,
-`G = g vᵀ` and the diagonal (batch × block rows × block columns each), all of them together at most
-`CHUNK_ELEMENTS` elements, and accumulates one output row block (batch × block rows × D) in the compute
-dtype.
+`e'(acc)` and where it is 0 (batch × block rows × block columns × D each; for a reduction other than the sum
+also the terms again and their weights `∂acc/∂τ_j`, two more), and `acc`, `e'(acc)`, `G = g vᵀ` and the
+diagonal (batch × block rows × block columns each), all of them together at most `CHUNK_ELEMENTS` elements,
+and accumulates one output row block (batch × block rows × D) in the compute dtype.
 """
 
 from __future__ import annotations
@@ -31,7 +30,7 @@ from kermac.ir import Expr
 from kermac.ir_eval import evaluate
 from kermac.problem import GradProblem, PairwiseProblem, ProductGradProblem, ProductProblem, compute_dtype
 from kermac.programs import epilogue_slope, inner_slope
-from kermac.reductions import ALL
+from kermac.reductions import ALL, term_weights
 
 __all__ = ["CHUNK_ELEMENTS", "REDUCE", "ReferenceBackend", "blocks", "hyper_env", "tile"]
 
@@ -41,6 +40,11 @@ CHUNK_ELEMENTS = 1 << 22
 REDUCE = {name: r.reference for name, r in ALL.items()}
 """The reductions as torch functions `f(terms, dim)` ([`kermac.reductions`][kermac.reductions]: NaN-propagating
 maximum and minimum, as the IR defines them; `torch.logsumexp`)."""
+
+
+def _pairs_shape(*tensors: torch.Tensor) -> torch.Size:
+    """The broadcast shape of a block's tensors `[..., bm, bn, D]` (a term may not read both operands)."""
+    return torch.broadcast_shapes(*(t.shape for t in tensors))
 
 
 def blocks(size: int, block: int) -> list[tuple[int, int]]:
@@ -87,12 +91,6 @@ class ReferenceBackend(Backend):
         return None
 
     def check_product_grad(self, problem: ProductGradProblem) -> str | None:
-        reduction = ALL[problem.program.reduction]
-        if not reduction.gradient_product:
-            return (
-                f"the gradient product covers programs whose reduction is a sum; program {problem.program.key()} takes "
-                f"the {reduction.noun} over features, whose derivative weighs the terms unequally"
-            )
         return None
 
     def pairwise(self, problem: PairwiseProblem) -> None:
@@ -117,8 +115,11 @@ class ReferenceBackend(Backend):
         block = _KernelBlocks(problem)
         prog, cdtype, like = problem.program, block.cdtype, block.like
         slope, dinner = epilogue_slope(prog), inner_slope(prog)
-        # Per pair: the terms, or their derivative, its product with G·e' and a bool mask (D each); acc, e', G, diag.
-        bm, bn = tile(m, n, math.prod(problem.batch_shape) * (3 * max(d, 1) + 4))
+        weighted = not ALL[prog.reduction].sum_fast_paths  # a sum weighs every term by 1
+        # Per pair: the terms, or their derivative, its product with e' and a bool mask (D each; and the terms and
+        # their weights again where weighted); acc, e', G, diag.
+        per_pair = (5 if weighted else 3) * max(d, 1) + 4
+        bm, bn = tile(m, n, math.prod(problem.batch_shape) * per_pair)
         for m0, m1 in blocks(m, bm):
             acc = torch.zeros(problem.batch_shape + (m1 - m0, d), dtype=cdtype, device=problem.device)
             gs = problem.g[..., m0:m1, :].to(cdtype)
@@ -127,9 +128,16 @@ class ReferenceBackend(Backend):
                 zs = problem.z[..., None, n0:n1, :].to(cdtype)
                 env = {"x": xs, "z": zs, **block.inner_env}
                 dtau = evaluate(dinner, env, like=like)
-                # e'·∂τ/∂x, 0 where the inner term is flat, also where e' is infinite there (acc = 0 at x_m = z_n);
-                # G multiplies it afterwards, so a NaN in g or v still propagates
-                slopes = (block.epilogue(m0, m1, n0, n1, slope)[..., None] * dtau).masked_fill_(dtau == 0, 0.0)
+                # e'·w·∂τ/∂x, 0 where the inner term is flat or its weight w = ∂acc/∂τ_j is 0, also where e' is
+                # infinite there (acc = 0 at x_m = z_n); G multiplies it afterwards, so a NaN in g or v still
+                # propagates
+                slopes = block.epilogue(m0, m1, n0, n1, slope)[..., None] * dtau
+                flat = dtau == 0
+                if weighted:
+                    terms = evaluate(prog.inner, env, like=like)
+                    weights = term_weights(prog.reduction, terms.expand(_pairs_shape(terms, xs, zs)))
+                    slopes, flat = slopes * weights, flat | (weights == 0)
+                slopes.masked_fill_(flat, 0.0)
                 weight = gs @ problem.v[..., n0:n1, :].to(cdtype).mT  # G [*B, bm, bn]
                 acc += (weight[..., :, None, :] @ slopes)[..., 0, :]
             problem.out[..., m0:m1, :].copy_(acc)
