@@ -22,10 +22,11 @@ at ``--n 512`` and below (a smoke test of the script; the times mean nothing the
 ``--gradient`` times the predictor gradient ``J[m, c, j] = ∂(K(x, x) v)[m, c]/∂x[m, j]`` (the Jacobian behind
 AGOP) instead, with ``v`` in the role of the coefficients α:
 
-* **blocked**: the route without the fused gradient product: the derivative matrix
-  ``A[n, m] = ∂k/∂acc`` for ``--block`` columns at a time (``run_kernel`` into a preallocated block, scaled
-  in place: ``−k/σ`` for Laplace-L1, ``−k/σ²`` for the Gaussian), then ``kermac.cdist_grad(A, xᵀ, vᵀ, xᵀ)``
-  with p = 1 or 2 into the block's columns of a preallocated ``[C, D, M]`` output;
+* **blocked**: the route without the fused gradient product: the derivative matrix for ``--block`` columns at
+  a time (``run_kernel`` into a preallocated block, scaled in place: ``A = −k/σ = ∂k/∂acc`` for Laplace-L1 with
+  ``acc = ‖x − z‖₁``, ``A = −k/σ² = 2·∂k/∂acc`` for the Gaussian with ``acc = ‖x − z‖²``, whose
+  ``cdist_grad`` with p = 2 has no factor 2), then ``kermac.cdist_grad(A, xᵀ, vᵀ, xᵀ)`` with p = 1 or 2 into
+  the block's columns of a preallocated ``[C, D, M]`` output;
 * **fused**: ``kermac.predictor_gradient(kernel, x, x, v, backend=B)``.
 """
 

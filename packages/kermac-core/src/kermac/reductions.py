@@ -35,8 +35,8 @@ Every backend reads a reduction's facts from [`ALL`][kermac.reductions.ALL]:
 * `sum_fast_paths`: the reduction is the arithmetic sum, so the paths that rewrite a sum of terms apply
   (the tensor-core expansion of `Σ (x − z)²`, the split powers of `Σ |x − z|^p`, the sum-specific
   derivatives); every other reduction runs the generic SIMT kernels;
-* `gradient_product`: the fused gradient of a kernel product (`kermac.problem.ProductGradProblem`) covers it
-  (`∂acc/∂x_j = ∂τ/∂x_j`, weight 1).
+* `gradient_product`: the GPU backends' fused gradient-product kernels (`kermac.problem.ProductGradProblem`)
+  cover it (`∂acc/∂x_j = ∂τ/∂x_j`, weight 1); the reference backend computes every reduction's.
 
 The kernel product `K @ v` ([`kermac.kernel_product`][kermac.kernel_product]) allows every reduction: its K tiles
 are the pairwise kernel's, whatever the reduction over features.
