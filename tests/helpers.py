@@ -193,6 +193,40 @@ def plugin_beside_reference(
         registry.reset()
 
 
+def older_backend_source(class_name: str, name: str) -> str:
+    """The source of a plugin module's backend class `class_name` (backend `name`, priority 50) written before the
+    fused products and the general gradient form: it runs pairwise problems and product-form gradients on the
+    reference backend and overrides no other hook.  The module imports `Availability`, `Backend`, `hookimpl` and
+    `ReferenceBackend`; append its other classes and its `kermac_backends` hook."""
+    return f"""
+from kermac.backend import Availability, Backend
+from kermac.hookspecs import hookimpl
+from kermac.reference.backend import ReferenceBackend
+
+_REF = ReferenceBackend()
+
+
+class {class_name}(Backend):
+    name = "{name}"
+    priority = 50
+
+    def availability(self):
+        return Availability.yes()
+
+    def check_pairwise(self, problem):
+        return None
+
+    def pairwise(self, problem):
+        _REF.pairwise(problem)
+
+    def check_grad(self, problem):
+        return None
+
+    def grad(self, problem):
+        _REF.grad(problem)
+"""
+
+
 class PairwiseOnlyBackend(Backend):
     """A backend written before the fused products, named "old": it computes pairwise problems and gradients
     (never called) and overrides no product hook, so the defaults' refusals show."""

@@ -8,7 +8,7 @@ import pickle
 
 import pytest
 import torch
-from helpers import BACKEND_DEVICES, plugin_beside_reference, require_backend
+from helpers import BACKEND_DEVICES, older_backend_source, plugin_beside_reference, require_backend
 
 import kermac
 from kermac import dsl, ir
@@ -216,39 +216,16 @@ def test_a_general_program_equal_to_a_product_form_gives_its_values(backend: str
     torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5)
 
 
-OLD_PLUGIN = """
-from kermac.backend import Availability, Backend
-from kermac.hookspecs import hookimpl
-from kermac.reference.backend import ReferenceBackend
-
-_REF = ReferenceBackend()
-
-
-class ProductFormOnly(Backend):
-    # a backend written before the general form: its grad reads program.multiply as the factor of c·a·multiply
-    name = "product-form-only"
-    priority = 50
-
-    def availability(self):
-        return Availability.yes()
-
-    def check_pairwise(self, problem):
-        return None
-
-    def pairwise(self, problem):
-        _REF.pairwise(problem)
-
-    def check_grad(self, problem):
-        return None
-
-    def grad(self, problem):
-        _REF.grad(problem)
-
+# A backend written before the general form: its grad reads program.multiply as the factor of c·a·multiply.
+OLD_PLUGIN = (
+    older_backend_source("ProductFormOnly", "product-form-only")
+    + """
 
 @hookimpl
 def kermac_backends():
     return [ProductFormOnly()]
 """
+)
 
 
 @pytest.fixture

@@ -14,7 +14,13 @@ import warnings
 import fuzz_programs
 import pytest
 import torch
-from helpers import BACKEND_DEVICES, PairwiseOnlyBackend, plugin_beside_reference, require_backend
+from helpers import (
+    BACKEND_DEVICES,
+    PairwiseOnlyBackend,
+    older_backend_source,
+    plugin_beside_reference,
+    require_backend,
+)
 
 import kermac
 from kermac import presets
@@ -365,34 +371,9 @@ def test_a_backend_without_product_methods_refuses_with_a_sentence() -> None:
         old.product(_problem())
 
 
-PLUGIN = """
-import torch
-from kermac.backend import Availability, Backend
-from kermac.hookspecs import hookimpl
-from kermac.reference.backend import ReferenceBackend
-
-_REF = ReferenceBackend()
-
-
-class Old(Backend):
-    name = "old"
-    priority = 50
-
-    def availability(self):
-        return Availability.yes()
-
-    def check_pairwise(self, problem):
-        return None
-
-    def pairwise(self, problem):
-        _REF.pairwise(problem)
-
-    def check_grad(self, problem):
-        return None
-
-    def grad(self, problem):
-        _REF.grad(problem)
-
+PLUGIN = (
+    older_backend_source("Old", "old")
+    + """
 
 class Garbage(ReferenceBackend):
     name = "garbage"
@@ -409,6 +390,7 @@ class Garbage(ReferenceBackend):
 def kermac_backends():
     return [Old(), Garbage()]
 """
+)
 
 
 @pytest.fixture
