@@ -128,8 +128,7 @@ from kermac.programs import (
     swap_operands,
 )
 from kermac.reductions import ALL as REDUCTIONS
-from kermac.reductions import term_weights
-from kermac.reference.backend import blocks, hyper_env, tile
+from kermac.reference.backend import blocks, hyper_env, pair_weights, tile
 
 __all__ = ["inner_power"]
 
@@ -443,9 +442,7 @@ def _blockwise_gradients(
     for m0, m1 in blocks(m, bm):
         for n0, n1 in blocks(n, bn):
             xs, zs = xb[..., m0:m1, None, :].to(cdtype), zb[..., None, n0:n1, :].to(cdtype)
-            tau = evaluate(s.program.inner, {"x": xs, "z": zs, **env}, like=like)  # the forward's terms
-            tau = tau.expand(torch.broadcast_shapes(tau.shape, xs.shape, zs.shape))
-            weight = term_weights(s.program.reduction, tau)
+            weight = pair_weights(s.program, {"x": xs, "z": zs, **env}, like)  # from the forward's terms
             Gb = Gc[..., m0:m1, n0:n1, None]
             for slope, grad, dim, rows in zip(slopes, (grad_x, grad_z), (-2, -3), ((m0, m1), (n0, n1)), strict=True):
                 if grad is not None:

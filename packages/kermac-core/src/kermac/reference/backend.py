@@ -29,10 +29,10 @@ from kermac.backend import Availability, Backend
 from kermac.ir import Expr
 from kermac.ir_eval import evaluate
 from kermac.problem import GradProblem, PairwiseProblem, ProductGradProblem, ProductProblem, compute_dtype
-from kermac.programs import epilogue_slope, inner_slope
+from kermac.programs import PairwiseProgram, epilogue_slope, inner_slope
 from kermac.reductions import ALL, term_weights
 
-__all__ = ["CHUNK_ELEMENTS", "REDUCE", "ReferenceBackend", "blocks", "hyper_env", "tile"]
+__all__ = ["CHUNK_ELEMENTS", "REDUCE", "ReferenceBackend", "blocks", "hyper_env", "pair_weights", "tile"]
 
 CHUNK_ELEMENTS = 1 << 22
 """Upper bound on the elements of one evaluated block (~16 MB in float32)."""
@@ -42,9 +42,13 @@ REDUCE = {name: r.reference for name, r in ALL.items()}
 maximum and minimum, as the IR defines them; `torch.logsumexp`)."""
 
 
-def _pairs_shape(*tensors: torch.Tensor) -> torch.Size:
-    """The broadcast shape of a block's tensors `[..., bm, bn, D]` (a term may not read both operands)."""
-    return torch.broadcast_shapes(*(t.shape for t in tensors))
+def pair_weights(program: PairwiseProgram, env: dict, like: torch.Tensor) -> torch.Tensor:
+    """`∂acc/∂τ_j` ([`term_weights`][kermac.reductions.term_weights]) of `program`'s reduction on a block of pairs:
+    its inner terms evaluated on `env` (`x [..., bm, 1, D]`, `z [..., 1, bn, D]` and the hyperparameters),
+    broadcast to `[..., bm, bn, D]` (a term may not read both operands)."""
+    terms = evaluate(program.inner, env, like=like)
+    shape = torch.broadcast_shapes(terms.shape, env["x"].shape, env["z"].shape)
+    return term_weights(program.reduction, terms.expand(shape))
 
 
 def blocks(size: int, block: int) -> list[tuple[int, int]]:
@@ -134,8 +138,7 @@ class ReferenceBackend(Backend):
                 slopes = block.epilogue(m0, m1, n0, n1, slope)[..., None] * dtau
                 flat = dtau == 0
                 if weighted:
-                    terms = evaluate(prog.inner, env, like=like)
-                    weights = term_weights(prog.reduction, terms.expand(_pairs_shape(terms, xs, zs)))
+                    weights = pair_weights(prog, env, like)
                     slopes, flat = slopes * weights, flat | (weights == 0)
                 slopes.masked_fill_(flat, 0.0)
                 weight = gs @ problem.v[..., n0:n1, :].to(cdtype).mT  # G [*B, bm, bn]
