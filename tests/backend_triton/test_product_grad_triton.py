@@ -19,6 +19,7 @@ tests run the same at real sizes, tuned and untuned.
 
 from __future__ import annotations
 
+import hashlib
 from pathlib import Path
 
 import pytest
@@ -28,15 +29,18 @@ from dense_programs import dense_kernel
 from helpers import assert_close, tolerance
 
 import kermac
-from kermac import ir, presets
+from kermac import ir, presets, testing
 from kermac.hyperparams import program_hypers
+from kermac.ir_eval import evaluate
 from kermac.problem import ProductGradProblem, product_grad_problem
 from kermac.programs import PairwiseProgram
+from kermac.reductions import ALL as REDUCTIONS
 from kermac.reference.backend import ReferenceBackend
 
 backend_module = pytest.importorskip("kermac_backend_triton.backend")
 launch = pytest.importorskip("kermac_backend_triton.launch")
 configs = pytest.importorskip("kermac_backend_triton.configs")
+generated = pytest.importorskip("kermac_backend_triton.generated")
 TritonTuning = pytest.importorskip("kermac_backend_triton.tuning").TritonTuning
 
 F64 = torch.float64
@@ -306,18 +310,193 @@ def test_kernel_product_gradients_on_triton_equal_the_reference_backends() -> No
         assert_close(a, b, tolerance(torch.float32))
 
 
-# --- refusals -----------------------------------------------------------------------------------------
+# --- every reduction: maxima, minima and log-sum-exp over features --------------------------------------
+
+_X, _Z, _ACC = ir.Var("x"), ir.Var("z"), ir.Var("acc")
 
 
-def test_check_product_grad_refuses_a_max_reduction_with_a_sentence() -> None:
-    t = ir.Var("x") - ir.Var("z")
-    program = PairwiseProgram(abs(t), "max", ir.exp(-ir.Var("acc")))
+def _min_diag_program() -> PairwiseProgram:
+    """A user program: (1 + μ·diag)·exp(−min_k (x − z)²) (a minimum over features; e' reads the diagonal)."""
+    return PairwiseProgram((_X - _Z) * (_X - _Z), "min", (1.0 + ir.Hyper("mu") * ir.Var("diag")) * ir.exp(-_ACC))
+
+
+WEIGHTED = {  # program, hypers, offsets: one per reduction whose terms carry weights ∂acc/∂τ_j other than 1
+    "linf_distance": (presets.ALL["linf_distance"].lower(), {}, {}),
+    "max_user": (PairwiseProgram(abs(_X - 0.5 * _Z), "max", 1.0 / (1.0 + _ACC)), {}, {}),
+    "min_diag": (_min_diag_program(), {"mu": 0.6}, {"offset_m": 2}),
+    "soft_min": (testing.SOFT_MIN, {"gamma": 0.7}, {"offset_n": 1}),
+}
+
+
+def test_every_reduction_is_accepted() -> None:
+    """The gradient product covers every reduction of `kermac.reductions` (it refused all but the sum)."""
     x = torch.zeros(3, 2)
-    reason = backend_module.TritonBackend(UNTUNED).check_product_grad(_problem(program, x, x, x, x, {}))
-    assert reason == (
-        f"the Triton gradient product covers programs whose reduction is a sum; program {program.key()} takes the "
-        "maximum over features"
-    )
+    backend = backend_module.TritonBackend(UNTUNED)
+    for reduction in REDUCTIONS:
+        program = PairwiseProgram(abs(_X - _Z), reduction, ir.exp(-_ACC))
+        assert backend.check_product_grad(_problem(program, x, x, x, x, {})) is None, reduction
+
+
+def test_the_module_of_a_sum_is_unchanged() -> None:
+    """The generated module of a sum program is the one it was before the weighted reductions were covered (their
+    `weight` function and `REDUCTION` are passed only for them): digests of Laplace-L1, Laplace-Lp and the Gaussian,
+    in float32 and in float64 with batches, a tensor hyperparameter and 64-bit indices.  A deliberate change of the
+    sum's generated source updates them."""
+    want = {
+        ("laplace_l1", "float32"): "ae8f2524f053c6fac6a0214e66bdb3b9467a694e55be02ce7a16c73f5bb2ab1f",
+        ("laplace_l1", "float64"): "d2bb7eaaf45e14c440a5e6ddd185a76d9caa6597e6b1359bafca9cd5988e2eeb",
+        ("laplace_lp", "float32"): "3ac549c8cfc2a21c8814e2b7ec788dd2dd595045941d9d188430c57d4df6703e",
+        ("laplace_lp", "float64"): "7eeb4ca290f2df94a836be0f8612a6312dc3baa133277251fe58f9035ef23004",
+        ("gaussian", "float32"): "ecb3bdb9d9da910cdc6e91deaeddc23aca7011b893c9dc3e832a41bba19d1cf5",
+        ("gaussian", "float64"): "a70240a6fcde0c573491a26493a738e917266ebd27b4a63e41f588ebc2f30ffe",
+    }
+    for (name, compute), digest in want.items():
+        batched = compute == "float64"
+        spec = generated.ProductGradSpec(
+            _preset(name), compute, 2 if batched else 0, frozenset({"bandwidth"} if batched else ()), batched
+        )
+        assert hashlib.sha256(generated.kernel_source(spec).encode()).hexdigest() == digest, (name, compute)
+
+
+def test_a_weighted_module_names_its_reduction_and_weight() -> None:
+    """A maximum's module has its `weight` (1 where a term attains the extreme) and passes it with the reduction's
+    name to the tile function."""
+    spec = generated.ProductGradSpec(WEIGHTED["max_user"][0], "float32", 0, frozenset(), False)
+    source = generated.kernel_source(spec)
+    assert "def weight(acc, t):\n    return (t == acc).to(tl.float32)\n" in source
+    assert "INT64=False, REDUCTION='max', weight=weight," in source
+
+
+@pytest.mark.parametrize("case", sorted(WEIGHTED))
+@pytest.mark.parametrize(("m", "n", "d", "c"), [(19, 11, 5, 1), (13, 17, 19, 5)])
+@pytest.mark.parametrize("dtype", [torch.float32, F64])
+def test_weighted_reductions_match_both_references(case: str, m: int, n: int, d: int, c: int, dtype) -> None:
+    """Maxima, minima and log-sum-exp: sizes beyond one tile in M, N and D (D = 5 held in registers, D = 19 past
+    the 16 features held there, accumulated in `out`), C = 1 and 5, against the reference backend and torch
+    autograd of the dense program (`torch.amax`, `torch.amin`, `torch.logsumexp` over the features)."""
+    device = _device()
+    _skip_without_backend(device)
+    program, hypers, offsets = WEIGHTED[case]
+    x, z = _randn(m, d, dtype=dtype), _randn(n, d, dtype=dtype)
+    v, g = _randn(n, c, dtype=dtype), _randn(m, c, dtype=dtype)
+    _check(program, x, z, v, g, hypers, **offsets)
+
+
+@pytest.mark.parametrize("case", ["linf_distance", "max_user", "min_diag"])
+@pytest.mark.parametrize("d", [6, 19])
+def test_tied_extremes_share_the_gradient(case: str, d: int) -> None:
+    """Points on a coarse integer grid: many pairs have several features tied for the maximum or minimum, each
+    taking 1/k of the gradient (as torch.amax / torch.amin's backward)."""
+    device = _device()
+    _skip_without_backend(device)
+    program, hypers, offsets = WEIGHTED[case]
+    x, z = _randn(11, d, dtype=F64).mul(1.5).round(), _randn(9, d, dtype=F64).mul(1.5).round()
+    terms = evaluate(program.inner, {"x": x[:, None, :].cpu(), "z": z[None, :, :].cpu()}, like=x.cpu())
+    extreme = terms.amax(-1, keepdim=True) if program.reduction == "max" else terms.amin(-1, keepdim=True)
+    assert ((terms == extreme).sum(-1) > 1).float().mean() > 0.2  # the ties the test is about
+    v, g = _randn(9, 3, dtype=F64), _randn(11, 3, dtype=F64)
+    _check(program, x, z, v, g, hypers, **offsets)
+
+
+@pytest.mark.parametrize("d", [4, 18])
+def test_nan_and_inf_terms_give_the_reference_backends_values(d: int) -> None:
+    """A NaN coordinate makes its pairs' extreme NaN and their weights NaN (0/0): every feature with a slope gets
+    NaN; an infinite coordinate gives an infinite log-sum-exp (x·z terms, +∞) whose weights are NaN, as
+    torch.logsumexp's backward, or a −∞ term that weighs 0.  NaN where the reference has NaN, ±inf where it has
+    them, and the other values within the tolerance."""
+    device = _device()
+    _skip_without_backend(device)
+    programs = [
+        (WEIGHTED["max_user"][0], {}),
+        (WEIGHTED["min_diag"][0], {"mu": 0.6}),
+        (testing.SOFT_MIN, {"gamma": 0.7}),
+        (PairwiseProgram(_X * _Z, "logsumexp", ir.exp(-0.1 * _ACC)), {}),
+    ]
+    for program, hypers in programs:
+        x, z = _randn(10, d, dtype=F64), _randn(9, d, dtype=F64)
+        v, g = _randn(9, 2, dtype=F64), _randn(10, 2, dtype=F64)
+        x[1, 0] = float("nan")
+        x[3, 1], z[4, 2] = float("inf"), float("-inf")
+        got, ref = _triton(program, x, z, v, g, hypers).cpu(), _reference(program, x, z, v, g, hypers)
+        assert torch.isnan(ref).any(), program.key()
+        assert torch.equal(torch.isnan(got), torch.isnan(ref)), program.key()
+        assert torch.equal(got[torch.isinf(ref)], ref[torch.isinf(ref)]), program.key()
+        finite = torch.isfinite(ref)
+        torch.testing.assert_close(got[finite], ref[finite], rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("d", [7, 18])
+def test_weighted_broadcast_batches_and_a_gamma_per_entry(d: int) -> None:
+    """The soft minimum with γ a tensor (one per entry of the batch's last dimension), x [2, 1, M, D] against
+    z [3, N, D], views of x and z, a maximum on the same batch; D in registers and accumulated in `out`."""
+    device = _device()
+    _skip_without_backend(device)
+    x = _randn(2, 1, d, 9, dtype=F64).mT  # [2, 1, 9, D]
+    z = _randn(3, 22, 2 * d, dtype=F64)[:, ::2, ::2]  # [3, 11, D]
+    v, g = _randn(11, 2, dtype=F64), _randn(2, 3, 9, 2, dtype=F64)
+    gamma = torch.tensor([0.4, 0.9, 1.7], dtype=F64, device=device)
+    _check(testing.SOFT_MIN, x, z, v, g, {"gamma": gamma}, offset_m=1)
+    _check(WEIGHTED["max_user"][0], x, z, v, g, {})
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("d", [5, 18])
+def test_weighted_half_inputs_compute_in_float32(dtype: torch.dtype, d: int) -> None:
+    device = _device()
+    _skip_without_backend(device)
+    x, z = _randn(11, d, dtype=dtype), _randn(9, d, dtype=dtype)
+    v, g = _randn(9, 2, dtype=dtype), _randn(11, 2, dtype=dtype)
+    for case in ("max_user", "soft_min"):
+        program, hypers, _ = WEIGHTED[case]
+        got = _triton(program, x, z, v, g, hypers)
+        assert got.dtype == dtype
+        # computed in float32 from the half values (the terms and their ties exactly): the stored rounding alone
+        assert_close(got, _reference(program, x, z, v, g, hypers), 1e-2)
+        assert_close(got, _dense(program, x, z, v, g, hypers), 1e-2)
+
+
+def test_weighted_size_zero_dimensions() -> None:
+    """N = 0 writes zeros; C = 0 (G = 0), M = 0, D = 0 and an empty batch give what the reference gives."""
+    device = _device()
+    _skip_without_backend(device)
+    for case in ("max_user", "soft_min"):
+        program, hypers, _ = WEIGHTED[case]
+        for d in (3, 20):
+            out = torch.full((5, d), float("nan"), device=device)
+            _triton(program, _randn(5, d), _randn(0, d), _randn(0, 2), _randn(5, 2), hypers, out=out)
+            assert torch.equal(out, torch.zeros(5, d, device=device))
+        for m, n, d, c, b in [
+            (0, 6, 3, 2, ()),
+            (5, 6, 0, 2, ()),
+            (5, 6, 3, 0, ()),
+            (5, 6, 17, 0, ()),
+            (5, 6, 3, 2, (0,)),
+        ]:
+            x, z, v, g = _randn(*b, m, d), _randn(n, d), _randn(n, c), _randn(*b, m, c)
+            got = _triton(program, x, z, v, g, hypers)
+            assert got.shape == (*b, m, d)
+            torch.testing.assert_close(got.double().cpu(), _reference(program, x, z, v, g, hypers), rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("case", ["max_user", "min_diag", "soft_min"])
+def test_gradcheck_of_weighted_program_products_on_triton(case: str) -> None:
+    """gradcheck in float64 of K @ v in x and z (Triton's gradient products; z's on the swapped program) for a
+    maximum, a minimum and a soft minimum over features (distinct terms: no tie within gradcheck's steps).  Fast mode
+    (one random projection of each Jacobian): the interpreter folds these reductions' combine element by element."""
+    device = _device()
+    _skip_without_backend(device)
+    program, hypers, offsets = WEIGHTED[case]
+    x = _randn(2, 5, 4, dtype=F64).requires_grad_()
+    z = (_randn(6, 4, dtype=F64) + 0.05).requires_grad_()
+    v = _randn(6, 2, dtype=F64)
+
+    def f(x, z):
+        return kermac.program_product(program, x, z, v, backend="triton", **offsets, **hypers)
+
+    assert torch.autograd.gradcheck(f, (x, z), fast_mode=True)
+
+
+# --- refusals -----------------------------------------------------------------------------------------
 
 
 def test_check_product_grad_refuses_other_devices_with_a_sentence() -> None:
