@@ -385,15 +385,17 @@ def test_weighted_reductions_match_both_references(case: str, m: int, n: int, d:
 @pytest.mark.parametrize("case", ["linf_distance", "max_user", "min_diag"])
 @pytest.mark.parametrize("d", [6, 19])
 def test_tied_extremes_share_the_gradient(case: str, d: int) -> None:
-    """Points on a coarse integer grid: many pairs have several features tied for the maximum or minimum, each
-    taking 1/k of the gradient (as torch.amax / torch.amin's backward)."""
+    """Points on the integer grid {−2, …, 2}^D: many pairs have several features tied for the maximum or minimum,
+    each taking 1/k of the gradient (as torch.amax / torch.amin's backward)."""
     device = _device()
     _skip_without_backend(device)
     program, hypers, offsets = WEIGHTED[case]
-    x, z = _randn(11, d, dtype=F64).mul(1.5).round(), _randn(9, d, dtype=F64).mul(1.5).round()
-    terms = evaluate(program.inner, {"x": x[:, None, :].cpu(), "z": z[None, :, :].cpu()}, like=x.cpu())
+    grid = torch.Generator().manual_seed(d)
+    x, z = (torch.randint(-2, 3, (rows, d), generator=grid, dtype=F64) for rows in (11, 9))
+    terms = evaluate(program.inner, {"x": x[:, None, :], "z": z[None, :, :]}, like=x)
     extreme = terms.amax(-1, keepdim=True) if program.reduction == "max" else terms.amin(-1, keepdim=True)
-    assert ((terms == extreme).sum(-1) > 1).float().mean() > 0.2  # the ties the test is about
+    assert ((terms == extreme).sum(-1) > 1).float().mean() > 0.25  # the ties the test is about
+    x, z = x.to(device), z.to(device)
     v, g = _randn(9, 3, dtype=F64), _randn(11, 3, dtype=F64)
     _check(program, x, z, v, g, hypers, **offsets)
 
@@ -425,10 +427,11 @@ def test_nan_and_inf_terms_give_the_reference_backends_values(d: int) -> None:
         torch.testing.assert_close(got[finite], ref[finite], rtol=1e-10, atol=1e-12)
 
 
-@pytest.mark.parametrize("d", [7, 18])
+@pytest.mark.parametrize("d", [7, 12, 18])
 def test_weighted_broadcast_batches_and_a_gamma_per_entry(d: int) -> None:
     """The soft minimum with γ a tensor (one per entry of the batch's last dimension), x [2, 1, M, D] against
-    z [3, N, D], views of x and z, a maximum on the same batch; D in registers and accumulated in `out`."""
+    z [3, N, D], views of x and z, a maximum on the same batch; float64: D in registers (7) and accumulated in `out`
+    (12, past the 8 features a weighted reduction holds in registers in float64, and 18)."""
     device = _device()
     _skip_without_backend(device)
     x = _randn(2, 1, d, 9, dtype=F64).mT  # [2, 1, 9, D]
@@ -526,7 +529,8 @@ def test_check_product_grad_refuses_a_grid_beyond_cudas_limit() -> None:
 def _compile_jobs() -> dict[str, dict]:
     """The default tiles for Laplace-L1, Laplace-Lp, the Gaussian and the user program (sm_90, float32, 16 features
     in registers, 8 per step accumulated in `out`), 4 features, batched float64 variants with 64-bit indices and
-    tensor hyperparameters, and sm_80."""
+    tensor hyperparameters, and sm_80; the same for a maximum, a minimum and log-sum-exp (`WEIGHTED`) on sm_90 and
+    sm_80."""
     meta, warps, _, _ = configs.PRODUCT_GRAD_SPACE[0]
     base = dict(spec={}, meta=meta | {"BD": 16, "RMW": False}, warps=warps, arch=90, dtype="float32")
     rmw = meta | {"BD": configs.PRODUCT_GRAD_RMW_BD, "RMW": True}
@@ -542,6 +546,17 @@ def _compile_jobs() -> dict[str, dict]:
     jobs["laplace_lp-float64-batched-int64-rmw-sm90"] = base | dict(program=lp, dtype="float64", spec=batched, meta=rmw)
     jobs["gaussian-sm80"] = base | dict(program=keys["gaussian"], arch=80)
     jobs["gaussian-rmw-sm80"] = base | dict(program=keys["gaussian"], arch=80, meta=rmw)
+    # the weighted reductions: float32 as the sum; float64 (batched, every hyperparameter a tensor, 64-bit indices)
+    # with the fewer features in registers of PRODUCT_GRAD_WEIGHTED_F64_MAX_BD, and accumulated in `out`
+    f64_reg, f64_rmw = meta | {"BD": configs.PRODUCT_GRAD_WEIGHTED_F64_MAX_BD, "RMW": False}, rmw
+    for name, (program, _, _) in WEIGHTED.items():
+        f64 = base | dict(program=program.key(), dtype="float64")
+        f64["spec"] = {"nbatch": 2, "tensor_hypers": list(program.hypers), "int64": True}
+        for arch in (90, 80):
+            jobs[f"{name}-sm{arch}"] = base | dict(program=program.key(), arch=arch)
+            jobs[f"{name}-rmw-sm{arch}"] = base | dict(program=program.key(), arch=arch, meta=rmw)
+            jobs[f"{name}-float64-batched-int64-sm{arch}"] = f64 | dict(arch=arch, meta=f64_reg)
+            jobs[f"{name}-float64-batched-int64-rmw-sm{arch}"] = f64 | dict(arch=arch, meta=f64_rmw)
     return {key: job | {"id": key} for key, job in jobs.items()}
 
 

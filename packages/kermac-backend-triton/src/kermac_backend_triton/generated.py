@@ -49,6 +49,7 @@ from kermac.kernel_facts import tensor_core_eligible
 from kermac.programs import GradProgram, PairwiseProgram, epilogue_slope, inner_slope, product_factor, signed_power
 from kermac.reductions import ALL as REDUCTIONS
 from kermac_backend_triton.expressions import COMPUTE_TYPES, hyper_arg, nonnegative, render_expr
+from kermac_backend_triton.product_gradient import weighted_reduction
 
 __all__ = [
     "GRAD_ENTRY",
@@ -319,7 +320,7 @@ def _program_constants(spec: PairwiseSpec | ProductSpec | ProductGradSpec | Grad
     if isinstance(spec, ProductGradSpec):
         reduction = spec.program.reduction
         # a sum takes the tile function's defaults: its module names no reduction
-        weighting = "" if _sum(reduction) else f" REDUCTION={reduction!r}, weight=weight,"
+        weighting = f" REDUCTION={reduction!r}, weight=weight," if weighted_reduction(reduction) else ""
         return {"uses_diag": "diag" in free_vars(epilogue_slope(spec.program)), "weighting": weighting}
     if not isinstance(spec, GradSpec):
         return {"reduction": spec.program.reduction, "uses_diag": spec.program.uses_diag}
@@ -419,15 +420,10 @@ def _product_grad_functions(spec: ProductGradSpec) -> list[str]:
         _function(name, params, hypers, text, _hypers_in(text, hypers), False) for (name, params), text in texts.items()
     ]
     functions += _reduction_functions(prog.reduction, compute)
-    if not _sum(prog.reduction):
+    if weighted_reduction(prog.reduction):
         weight = render_expr(REDUCTIONS[prog.reduction].weight, {"acc": "acc", "t": "t"}, compute, fast=True)
         functions.append(_function("weight", "acc, t", (), weight, set(), False))
     return functions
-
-
-def _sum(reduction: str) -> bool:
-    """Whether `reduction` is the arithmetic sum, whose gradient product weighs every term by 1 (no `weight`)."""
-    return REDUCTIONS[reduction].sum_fast_paths
 
 
 def _reduction_functions(name: str, compute: str, gluon: bool = False, chunk: bool = True) -> list[str]:

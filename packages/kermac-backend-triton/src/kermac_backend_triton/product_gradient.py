@@ -22,9 +22,10 @@ leading axis of their tile, the one Triton's default layouts spread over threads
   `where((τ_x == 0) | (w == 0), 0, e'·τ_x·w)·G` (a sum: `where(τ_x == 0, 0, e'·τ_x)·G`), set to 0 in the columns
   past N (whose rows of `z` and `v` are clamped copies), summed over the `BN` axis in the compute type.
 
-The program owns every feature.  Where D ≤ `kermac_backend_triton.configs.PRODUCT_GRAD_MAX_BD` (`BD` ≥ D), its
-`[BM, BD]` accumulator stays in registers for the whole loop over N.  Beyond (`RMW`), for each tile of z it
-walks the features `BD` (`kermac_backend_triton.configs.PRODUCT_GRAD_RMW_BD`) at a time, adding each part to
+The program owns every feature.  Where D ≤ `kermac_backend_triton.configs.PRODUCT_GRAD_MAX_BD` (`BD` ≥ D; fewer
+for a weighted reduction in float64, `kermac_backend_triton.configs.product_grad_block_d`), its `[BM, BD]`
+accumulator stays in registers for the whole loop over N.  Beyond (`RMW`), for each tile of z it walks the
+features `BD` (`kermac_backend_triton.configs.PRODUCT_GRAD_RMW_BD`) at a time, adding each part to
 what it stored in `out` for the previous tiles (read-modify-write; `out` is then in the compute type, a float32
 workspace for half inputs, `kermac_backend_triton.launch.run_product_grad`), with a barrier between tiles since
 another thread of the program may read what one stored.  Either way: no other workspace, no atomics (each
@@ -46,12 +47,13 @@ import triton.language as tl
 from kermac import reductions
 from kermac_backend_triton.pairwise_simt import index_type, reduction_identity
 
-__all__ = ["product_grad_tile"]
+__all__ = ["product_grad_tile", "weighted_reduction"]
 
 
 @triton.constexpr_function
-def _weighted(reduction: str) -> bool:
-    """Whether `reduction`'s terms carry weights `∂acc/∂τ_j` other than 1 (every reduction but the sum)."""
+def weighted_reduction(reduction: str) -> bool:
+    """Whether `reduction`'s terms carry weights `∂acc/∂τ_j` other than 1 (every reduction but the arithmetic sum):
+    the gradient product then evaluates `weight` on a second `[BN, BM, BD]` tile (callable from host code too)."""
     return not reductions.ALL[reduction].sum_fast_paths
 
 
@@ -123,7 +125,7 @@ def _feature_part(
     xd = tl.load(X + (rm * SXM)[None, :, None] + od[None, None, :] * SXK, mask=d_in, other=0.0).to(COMPUTE)
     zd = tl.load(Z + (rn * SZN)[:, None, None] + od[None, None, :] * SZK, mask=d_in, other=0.0).to(COMPUTE)
     tau = tl.broadcast_to(inner_slope(xd, zd, hypers), [BN, BM, BD])
-    if _weighted(REDUCTION):
+    if weighted_reduction(REDUCTION):
         w = tl.broadcast_to(weight(acc[:, :, None], inner(xd, zd, hypers)), [BN, BM, BD])
         if _normalized(REDUCTION):
             # the quotient w / Σ w itself for the 0/1 weights of a maximum or minimum; 0·(1/0) is NaN, as 0/0
