@@ -14,6 +14,10 @@ tests run the same at real sizes, tuned and untuned.
 - half inputs computed in float32 (through a float32 workspace where D is accumulated in `out`); NaN and ±inf
   in `g` and `v`, coincident points (flat inner terms where `e'` is infinite), as the reference backend;
 - gradcheck of `program_product` in float64 on `backend="triton"` for x, z and v;
+- every reduction (a section of its own): maxima (the l∞ distance, a user program), a minimum whose slope reads
+  the diagonal and the soft minimum (log-sum-exp) against both references, in registers and in `out`, ties on an
+  integer grid (1/k of the gradient each), NaN and ±inf terms, broadcast batches with γ per entry, half inputs,
+  size 0, gradcheck in x and z; the generated module of a sum program pinned by digests;
 - `check_product_grad`'s refusals, and the generated kernel compiling to cubins (sm_80, sm_90) in a clean process.
 """
 
@@ -29,7 +33,7 @@ from dense_programs import dense_kernel
 from helpers import assert_close, tolerance
 
 import kermac
-from kermac import ir, presets, testing
+from kermac import ir, presets, registry, testing
 from kermac.hyperparams import program_hypers
 from kermac.ir_eval import evaluate
 from kermac.problem import ProductGradProblem, product_grad_problem
@@ -621,3 +625,38 @@ def test_gpu_memory_stays_that_of_the_operands(d: int) -> None:
     rows = 16
     want = _reference(program, x[:rows], z, v, g[:rows], hypers)
     assert_close(out[:rows], want, tolerance(torch.float32))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("tuning", [TritonTuning(), UNTUNED], ids=["tuned", "untuned"])
+@pytest.mark.parametrize(
+    ("case", "d", "c"), [("max_user", 3, 1), ("linf_distance", 13, 2), ("soft_min", 37, 16), ("min_diag", 130, 5)]
+)
+@pytest.mark.parametrize("dtype", [torch.float32, F64])
+def test_weighted_reductions_at_real_sizes_on_the_gpu(tuning: TritonTuning, case: str, d: int, c: int, dtype) -> None:
+    """Maxima, minima and log-sum-exp at real sizes: D in registers (3; 13 in float32), accumulated in `out` (13 in
+    float64, past the 8 features a weighted reduction holds there; 37, 130)."""
+    program, hypers, offsets = WEIGHTED[case]
+    x, z = _randn(1001, d, dtype=dtype), _randn(1203, d, dtype=dtype)
+    v, g = _randn(1203, c, dtype=dtype), _randn(1001, c, dtype=dtype)
+    got = _triton(program, x, z, v, g, hypers, tuning=tuning, **offsets)
+    assert_close(got, _reference(program, x, z, v, g, hypers, **offsets), 1e-10 if dtype == F64 else tolerance(dtype))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", sorted(WEIGHTED))
+def test_auto_runs_weighted_gradient_products_on_triton(case: str) -> None:
+    """On CUDA `auto` now runs the gradient product of a maximum, minimum or log-sum-exp on Triton (it fell back to
+    the reference backend's torch blocks), and `kernel_product`'s x and z gradients equal the reference backend's."""
+    program, hypers, _ = WEIGHTED[case]
+    x, z, v, u = _randn(700, 9), _randn(900, 9), _randn(900, 3), _randn(700, 3)
+    problem = _problem(program, x, z, v, u, hypers)
+    chosen = registry.select_backend("auto", problem, lambda b, p: b.check_product_grad(p), "gradient product")
+    assert chosen.name == "triton"
+    grads = []
+    for backend in ("auto", "torch"):
+        leaves = [t.clone().requires_grad_() for t in (x, z)]
+        out = kermac.program_product(program, *leaves, v, backend=backend, **hypers)
+        grads.append(torch.autograd.grad(out, leaves, u))
+    for a, b in zip(*grads, strict=True):
+        assert_close(a, b, tolerance(torch.float32))
