@@ -485,6 +485,19 @@ def test_weighted_size_zero_dimensions() -> None:
             torch.testing.assert_close(got.double().cpu(), _reference(program, x, z, v, g, hypers), rtol=0, atol=0)
 
 
+@pytest.mark.parametrize("d", [5, 17])
+def test_weighted_64_bit_indices(monkeypatch: pytest.MonkeyPatch, d: int) -> None:
+    """The variant with 64-bit indices of a minimum and of a soft minimum, forced on small batched operands."""
+    device = _device()
+    _skip_without_backend(device)
+    monkeypatch.setattr(launch, "_families", {})
+    monkeypatch.setattr(launch, "_needs_int64", lambda tensors, programs: True)
+    x, z, v, g = _randn(2, 12, d), _randn(2, 10, d), _randn(10, 3), _randn(2, 12, 3)
+    for case in ("min_diag", "soft_min"):
+        program, hypers, offsets = WEIGHTED[case]
+        _check(program, x, z, v, g, hypers, **offsets)
+
+
 @pytest.mark.parametrize("case", ["max_user", "min_diag", "soft_min"])
 def test_gradcheck_of_weighted_program_products_on_triton(case: str) -> None:
     """gradcheck in float64 of K @ v in x and z (Triton's gradient products; z's on the swapped program) for a
