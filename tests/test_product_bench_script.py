@@ -32,10 +32,25 @@ def test_fused_and_blocked_agree_and_a_refusal_is_reported(tmp_path: Path, capsy
     assert "| gaussian | 70 | 3 | 1 |" in printed and "refused" in printed
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU smoke test; the GPU machine runs the real sizes")
+def test_the_predictor_gradient_routes_agree(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """``--gradient``: the derivative matrix + ``cdist_grad`` and ``predictor_gradient`` give the same Jacobian
+    (the blocked route over columns that are not a multiple of the block)."""
+    path = tmp_path / "rows.json"
+    argv = ["--n", "45", "--d", "3", "--c", "1,3", "--backends", "torch", "--block", "16", "--repeat", "1"]
+    assert script.main([*argv, "--gradient", "--json", str(path)]) == 0
+    rows = json.loads(path.read_text())["rows"]
+    assert {(r["kernel"], r["c"]) for r in rows} == {(k, c) for k in ("gaussian", "laplace_l1") for c in (1, 3)}
+    for row in rows:
+        assert row["routes"]["torch"]["rel_err"] < 1e-5
+    assert "predictor gradient" in capsys.readouterr().out
+
+
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
         (["--kernels", "nope"], "--kernels: unknown preset(s) nope"),
+        (["--kernels", "cauchy", "--gradient"], "--gradient times laplace_l1, gaussian only, got cauchy"),
         (["--n", "0"], "expected positive integers"),
     ],
 )

@@ -120,28 +120,41 @@ def test_dense_fits_rule():
     assert solvers.dense_fits(10_000, 3, F64, torch.device("cpu")) is False  # 2.4 GB
 
 
-def test_auto_solves_by_cg_where_the_factorisation_fails(caplog, monkeypatch):
-    """A factorisation that fails (K + λI not positive definite in the operator's rounding) makes `auto` solve by
-    CG when λ > 0; a named "cholesky", or λ ≤ 0, still raises."""
+def test_auto_factors_in_float64_where_the_float32_factorisation_fails(caplog):
+    """A float32 K + λI that is not positive definite in float32 rounding (small λ): a named "cholesky" raises;
+    `auto` computes and factors the matrix again in float64, α then agreeing with a float64 solve."""
+    x = _randn(200, 3, seed=11).float()
+    y = _randn(200, 2, seed=12).float()
+    K = kermac.KernelOperator("gaussian", x, x, bandwidth=3.0, regularization=1e-6, backend="torch")
+    with pytest.raises(ValueError, match="K \\+ λI is not positive definite"):
+        solvers.solve(K, y, method="cholesky")
+    with caplog.at_level(logging.DEBUG, logger="kermac"):
+        s = solvers.solve(K, y, debug=True)
+    assert "the torch.float32 Cholesky factorisation failed; method='auto' factors in float64" in caplog.text
+    assert s.method == "cholesky" and s.alpha.dtype == torch.float32 and bool(s.converged.all())
+    x64 = x.double()
+    d2 = torch.cdist(x64, x64, compute_mode="donot_use_mm_for_euclid_dist") ** 2
+    want = torch.linalg.solve(torch.exp(-d2 / 18) + 1e-6 * torch.eye(200, dtype=F64), y.double())
+    assert float((s.alpha.double() - want).norm() / want.norm()) < 1e-6
+
+
+def test_auto_raises_where_the_float64_factorisation_fails_too(monkeypatch):
+    """Only a narrower factorisation is retried: a float64 one that fails raises, as a named "cholesky" does."""
     K = _operator("gaussian", 30, 0.2)
-    y = _randn(30, 2, seed=4)
-    factorisations = []
+    calls = []
 
     def failing(a, b):
-        factorisations.append(a.shape)
+        calls.append(a.dtype)
         return torch.full_like(b, float("nan")), torch.ones(a.shape[:-2], dtype=torch.int32)
 
     monkeypatch.setattr(solvers, "cholesky_solve", failing)
-    with caplog.at_level(logging.DEBUG, logger="kermac"):
-        s = solvers.solve(K, y, tol=1e-10, debug=True)
-    assert factorisations == [(30, 30)]
-    assert s.method == "cg" and s.preconditioner == "eigenpro" and bool(s.converged.all())
-    assert "the Cholesky factorisation failed" in caplog.text
-    torch.testing.assert_close(s.alpha, _reference(K, y), rtol=1e-8, atol=1e-9)
     with pytest.raises(ValueError, match="not positive definite"):
-        solvers.solve(K, y, method="cholesky")
+        solvers.solve(K, _randn(30, 2, seed=4))
+    assert calls == [F64]
+    calls.clear()
     with pytest.raises(ValueError, match="not positive definite"):
-        solvers.solve(_operator("gaussian", 30, 0.0), y)
+        solvers.solve(K.to(torch.float32), _randn(30, 2, seed=4).float())
+    assert calls == [torch.float32, F64]
 
 
 def test_eigenpro_fits_rule():

@@ -2,6 +2,7 @@
 
     python tools/product_bench.py [--n 100000] [--d 3,32,128] [--c 1,16] [--kernels gaussian,laplace_l1]
                                   [--backends nvrtc,triton] [--block 16384] [--repeat 5] [--json PATH]
+                                  [--gradient]
 
 For every (kernel, D, C), with ``x = randn(N, D)`` (float32) and ``v = randn(N, C)`` on the GPU:
 
@@ -17,6 +18,16 @@ compiles), its peak memory beyond the inputs and output is read from
 error relative to the largest entry of the blocked result).  ``σ`` is ``√2·D^(1/p)``, the typical
 distance of ``randn`` rows (as in :mod:`kermac.benchmarking`).  Without a GPU the same runs on the CPU
 at ``--n 512`` and below (a smoke test of the script; the times mean nothing there).
+
+``--gradient`` times the predictor gradient ``J[m, c, j] = ∂(K(x, x) v)[m, c]/∂x[m, j]`` (the Jacobian behind
+AGOP) instead, with ``v`` in the role of the coefficients α:
+
+* **blocked**: the route without the fused gradient product: the derivative matrix for ``--block`` columns at
+  a time (``run_kernel`` into a preallocated block, scaled in place: ``A = −k/σ = ∂k/∂acc`` for Laplace-L1 with
+  ``acc = ‖x − z‖₁``, ``A = −k/σ² = 2·∂k/∂acc`` for the Gaussian with ``acc = ‖x − z‖²``, whose
+  ``cdist_grad`` with p = 2 has no factor 2), then ``kermac.cdist_grad(A, xᵀ, vᵀ, xᵀ)`` with p = 1 or 2 into
+  the block's columns of a preallocated ``[C, D, M]`` output;
+* **fused**: ``kermac.predictor_gradient(kernel, x, x, v, backend=B)``.
 """
 
 from __future__ import annotations
@@ -63,6 +74,36 @@ def fused(kernel: str, x: torch.Tensor, v: torch.Tensor, out: torch.Tensor, back
     return run
 
 
+_GRADIENT_KERNELS = {"laplace_l1": (1.0, 1), "gaussian": (2.0, 2)}
+"""The kernels of ``--gradient``: (p of their ``cdist_grad``, power of σ in ``∂k/∂acc``)."""
+
+
+def blocked_gradient(kernel: str, x: torch.Tensor, v: torch.Tensor, out: torch.Tensor, block: int, sigma: float):
+    """``out[c, j, m] = J[m, c, j]`` from the derivative matrix built ``block`` columns at a time."""
+    n = x.shape[0]
+    p, power = _GRADIENT_KERNELS[kernel]
+    buffer = torch.empty(n, min(block, n), device=x.device, dtype=x.dtype)
+    xt, vt = x.mT, v.mT
+
+    def run() -> None:
+        for start in range(0, n, block):
+            cols = min(block, n - start)
+            a = kermac.run_kernel(kernel, x, x[start : start + cols], out=buffer[:, :cols], bandwidth=sigma)
+            a.mul_(-1.0 / sigma**power)
+            kermac.cdist_grad(a, xt, vt, xt[:, start : start + cols], p=p, out=out[..., start : start + cols])
+
+    return run
+
+
+def fused_gradient(kernel: str, x: torch.Tensor, v: torch.Tensor, out: torch.Tensor, backend: str, sigma: float):
+    """``out = predictor_gradient(...)`` (``[M, C, D]``); the tool compares it with ``blocked_gradient``'s."""
+
+    def run() -> None:
+        out.copy_(kermac.predictor_gradient(kernel, x, x, v, bandwidth=sigma, backend=backend))
+
+    return run
+
+
 def measure(fn: Callable[[], object], device: torch.device, repeat: int) -> tuple[float, int]:
     """(median ms, peak bytes allocated beyond what was allocated before) of ``fn``."""
     if device.type == "cuda":
@@ -81,14 +122,21 @@ def run_case(kernel: str, n: int, d: int, c: int, args: argparse.Namespace, devi
     x = torch.randn(n, d, device=device, generator=gen)
     v = torch.randn(n, c, device=device, generator=gen)
     row: dict = {"kernel": kernel, "n": n, "d": d, "c": c, "routes": {}}
-    reference = torch.empty(n, c, device=device)
-    ms, peak = measure(blocked(kernel, x, v, reference, args.block, sigma), device, args.repeat)
+    if args.gradient:
+        reference = torch.empty(c, d, n, device=device)  # [C, D, M], cdist_grad's layout
+        slow, fast, shape = blocked_gradient, fused_gradient, (n, c, d)
+    else:
+        reference = torch.empty(n, c, device=device)
+        slow, fast, shape = blocked, fused, (n, c)
+    ms, peak = measure(slow(kernel, x, v, reference, args.block, sigma), device, args.repeat)
     row["routes"]["blocked"] = {"ms": ms, "peak_mb": peak / 2**20}
+    if args.gradient:
+        reference = reference.permute(2, 0, 1)  # J[m, c, j]
     scale = reference.abs().max().clamp_min(torch.finfo(reference.dtype).tiny)
     for backend in args.backends:
-        out = torch.empty(n, c, device=device)
+        out = torch.empty(shape, device=device)
         try:
-            ms, peak = measure(fused(kernel, x, v, out, backend, sigma), device, args.repeat)
+            ms, peak = measure(fast(kernel, x, v, out, backend, sigma), device, args.repeat)
         except BackendError as exc:
             row["routes"][backend] = {"refused": str(exc)}
             continue
@@ -123,12 +171,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--block", type=int, default=16384, help="rows of K per block of the blocked route")
     parser.add_argument("--repeat", type=int, default=5, help="timed calls per route")
     parser.add_argument("--json", help="also write the rows as JSON to this file")
+    parser.add_argument(
+        "--gradient", action="store_true", help="time the predictor gradient against the derivative matrix + cdist_grad"
+    )
     args = parser.parse_args(argv)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     kernels = [k for k in args.kernels.split(",") if k]
     unknown = [k for k in kernels if k not in presets.ALL]
     if unknown:
         parser.error(f"--kernels: unknown preset(s) {', '.join(unknown)}; known: {', '.join(presets.ALL)}")
+    if args.gradient and set(kernels) - set(_GRADIENT_KERNELS):
+        other = sorted(set(kernels) - set(_GRADIENT_KERNELS))
+        parser.error(f"--kernels: --gradient times {', '.join(_GRADIENT_KERNELS)} only, got {', '.join(other)}")
     args.backends = [b for b in args.backends.split(",") if b]
     if device.type == "cpu" and args.n > 512:
         parser.error(f"--n: without a CUDA GPU at most 512 points (a smoke test), got {args.n}")
@@ -136,7 +190,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--n, --block, --repeat, --d and --c: expected positive integers")
     rows = [run_case(k, args.n, d, c, args, device) for k in kernels for d in args.d for c in args.c]
     name = torch.cuda.get_device_name() if device.type == "cuda" else "CPU"
-    print(f"K(x, x) @ v, float32, {name}, torch {torch.__version__}, kermac {kermac.__version__}")
+    what = "∂(K(x, x) v)/∂x (predictor gradient)" if args.gradient else "K(x, x) @ v"
+    print(f"{what}, float32, {name}, torch {torch.__version__}, kermac {kermac.__version__}")
     print(table(rows, args.backends))
     if args.json:
         with open(args.json, "w") as f:

@@ -399,9 +399,9 @@ def kernel_product(
             refuses with a sentence).
         debug: as in [`cdist`][kermac.api.cdist].
 
-    NaN and infinities in `v` propagate as in the dense `K @ v`.  Differentiable in `v` (every kernel),
-    and in `x` and `z` for kernels of `Σ (x − z)²` (Gaussian, Laplace-L2, Matérn, Cauchy, l2); for other
-    kernels that gradient raises `NotImplementedError` when computed ([`kermac.autograd`][kermac.autograd]).
+    NaN and infinities in `v` propagate as in the dense `K @ v`.  Differentiable in `v`, `x` and `z` for every
+    kernel: to any order for kernels of `Σ (x − z)²` (Gaussian, Laplace-L2, Matérn, Cauchy, l2), first order
+    (through the fused gradient product) for the others ([`kermac.autograd`][kermac.autograd]).
     """
     debug = debug_enabled(debug)
     kernel = _descriptor(kernel, "kernel")
@@ -428,7 +428,8 @@ def program_product(
     [`kermac.ir`][kermac.ir], never materialised; arguments as in [`kernel_product`][kermac.api.kernel_product], the
     program's hyperparameters as keywords (as `hypers` of [`run_program`][kermac.api.run_program]).
 
-    Differentiable in `v` for every program; in `x` and `z` for programs summing `(x − z)²`.
+    Differentiable in `v`, `x` and `z` for every program (as [`kernel_product`][kermac.api.kernel_product]: any
+    order for programs summing `(x − z)²`, first order for the others).
     """
     debug = debug_enabled(debug)
     if not isinstance(program, PairwiseProgram):

@@ -15,10 +15,12 @@ that is one product of the slope program ([`slope_program`][kermac.programs.slop
 Recursive Feature Machine needs, `G = (1/M) Σ_m J[m]ᵀ J[m]`; the backward of the product with respect to
 `x` ([`kermac.autograd`][kermac.autograd]) is its contraction with the incoming gradient.
 
-For any other kernel whose reduction over features is a sum, `K = e(acc)`, `acc = Σ_j τ(x_j, z_j)`,
+For any other kernel, `K = e(acc)`, `acc = ⊕_j τ(x_j, z_j)` its reduction over features with weights
+`w_j = ∂acc/∂τ_j` ([`term_weights`][kermac.reductions.term_weights]: 1 for a sum),
 
 $$
-J[m, c, j] = \sum_n \alpha_{n c}\, e'(\mathrm{acc}_{m n})\, \frac{\partial \tau}{\partial x}(x_{m j}, z_{n j}),
+J[m, c, j] = \sum_n \alpha_{n c}\, e'(\mathrm{acc}_{m n})\, w_j(m, n)\,
+\frac{\partial \tau}{\partial x}(x_{m j}, z_{n j}),
 $$
 
 the gradient product (`kermac.problem.ProductGradProblem`) with `v = α` and the upstream
@@ -86,8 +88,8 @@ def gradient_product_jacobian(
     debug: bool = False,
     op: str = "predictor_gradient",
 ) -> torch.Tensor:
-    """`J[*B, M, C, D]` (as [`product_jacobian`][kermac.jacobians.product_jacobian]) for any `program` whose reduction
-    is a sum (the second formula of the module docstring): one gradient product per output column, `g` the
+    """`J[*B, M, C, D]` (as [`product_jacobian`][kermac.jacobians.product_jacobian]) for any `program` (the second
+    formula of the module docstring): one gradient product per output column, `g` the
     column's one-hot row broadcast over the rows of `x` (views of one `C × C` identity, a per-call tensor)."""
     (m, d), c = x.shape[-2:], alpha.shape[-1]
     if c == 0:

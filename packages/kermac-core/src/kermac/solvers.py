@@ -15,8 +15,9 @@ hold a shard of the rows, and right-hand sides `y` `[N]` or `[..., N, C]` (a ran
   ([`EigenProPreconditioner`][kermac.preconditioners.EigenProPreconditioner]). On a sharded operator each
   iteration is one ring product and two `all_reduce`s of `C` (or `2C`) numbers.
 * `method="auto"`: `"cholesky"` while the dense matrix fits ([`dense_fits`][kermac.solvers.dense_fits]) on the
-  operator's one device, `"cg"` beyond and for a sharded operator; where the factorisation fails (`K + λI` not
-  positive definite in the operator's rounding, e.g. float32 with a small λ) and λ > 0, `"cg"` instead.
+  operator's one device, `"cg"` beyond and for a sharded operator; where a float32 (or half) factorisation fails
+  (`K + λI` not positive definite in that rounding, as with a small λ) and the float64 matrix fits too, the
+  matrix is computed and factored again in float64.
   CG's `preconditioner="auto"` is EigenPro's while its dense `N × q` basis fits
   ([`eigenpro_fits`][kermac.solvers.eigenpro_fits], on every rank of a sharded operator), Nyström's beyond.
 
@@ -29,8 +30,8 @@ float32 arithmetic alone cannot (the products' rounding bounds plain float32 CG 
 
 The host is consulted at documented points only: once before solving (one read of the checks of `y` and of a
 tensor λ and of whether EigenPro's basis fits, agreed over the ranks of a sharded operator), once after a
-Cholesky factorisation (to raise on a matrix that is not positive definite; under `"auto"` a failed one is
-followed by the checks before CG, one more read), in CG once every `check_every`
+Cholesky factorisation (to raise on a matrix that is not positive definite; under `"auto"` once more after a
+float64 factorisation that follows a failed narrower one), in CG once every `check_every`
 iterations (whether any column is still running), and once per refinement step (whether every column has
 converged).
 """
@@ -231,17 +232,17 @@ def solve(
     declined = _check_agreed(system, y2, error, lam if method == "cg" else None, fits)
     wide = system.to(y2.dtype)
     refinements = 0
-    factored = _cholesky(wide, y2, fall_back=picked and _positive(lam)) if method == "cholesky" else None
-    if method == "cholesky" and factored is None:
-        method = "cg"
-        if debug:
-            logger.debug("kermac.solvers.solve: the Cholesky factorisation failed (K + λI is not positive definite "
-                         "in %s); method='auto' solves by 'cg'", wide.dtype)  # fmt: skip
-        if preconditioner == "auto":
-            fits = eigenpro_fits(n, q, math.prod(system.batch), system.dtype, system.device)
-        declined = _check_agreed(system, y2, None, lam, fits)
     if method == "cholesky":
-        alpha, iterations, ok = factored
+        retry = picked and wide.dtype != torch.float64 and dense_fits(n, batch, torch.float64, system.device)
+        factored = _cholesky(wide, y2, fall_back=retry)
+        if factored is None:  # not positive definite in y's rounding (a small λ): the float64 factor
+            if debug:
+                logger.debug("kermac.solvers.solve: the %s Cholesky factorisation failed; method='auto' factors in "
+                             "float64", wide.dtype)  # fmt: skip
+            alpha, iterations, ok = _cholesky(wide.to(torch.float64), y2.to(torch.float64))
+            alpha = alpha.to(y2.dtype)
+        else:
+            alpha, iterations, ok = factored
         precond = None
     else:
         precond = ("nystrom" if declined else "eigenpro") if preconditioner == "auto" else preconditioner
@@ -428,16 +429,11 @@ def cholesky_solve(a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, torc
     return torch.cholesky_solve(b.expand(batch + b.shape[-2:]), factor), info
 
 
-def _positive(lam: float | torch.Tensor) -> bool:
-    """Whether λ is a number > 0 or a tensor (whose entries `_check_agreed` checks on the device)."""
-    return isinstance(lam, torch.Tensor) or lam > 0
-
-
 def _cholesky(
     system: KernelSystem, y: torch.Tensor, *, fall_back: bool = False
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
     """Dense solve; one host read of the factorisation status, to raise on a matrix not positive definite (None
-    instead with `fall_back`, for `method="auto"` to solve by CG)."""
+    instead with `fall_back`, for `method="auto"` to factor it in float64)."""
     alpha, info = cholesky_solve(system.operator.to_dense(), y)
     failed = info != 0
     if bool(failed.any()):

@@ -14,9 +14,9 @@ dtype, and one accumulator of the output's row block (batch × block rows × C) 
 The gradient product (`kermac.problem.ProductGradProblem`, every reduction) goes by the same blocks:
 per block of pairs it evaluates the inner terms, then their derivative `∂τ/∂x`, its product with
 `e'(acc)` and where it is 0 (batch × block rows × block columns × D each; for a reduction other than the sum
-also the terms again and their weights `∂acc/∂τ_j`, two more), and `acc`, `e'(acc)`, `G = g vᵀ` and the
-diagonal (batch × block rows × block columns each), all of them together at most `CHUNK_ELEMENTS` elements,
-and accumulates one output row block (batch × block rows × D) in the compute dtype.
+also the terms again, their weights `∂acc/∂τ_j`, the weighted product and its mask, four more), and `acc`,
+`e'(acc)`, `G = g vᵀ` and the diagonal (batch × block rows × block columns each), all of them together at most
+`CHUNK_ELEMENTS` elements, and accumulates one output row block (batch × block rows × D) in the compute dtype.
 """
 
 from __future__ import annotations
@@ -116,9 +116,9 @@ class ReferenceBackend(Backend):
         prog, cdtype, like = problem.program, block.cdtype, block.like
         slope, dinner = epilogue_slope(prog), inner_slope(prog)
         weighted = not ALL[prog.reduction].sum_fast_paths  # a sum weighs every term by 1
-        # Per pair: the terms, or their derivative, its product with e' and a bool mask (D each; and the terms and
-        # their weights again where weighted); acc, e', G, diag.
-        per_pair = (5 if weighted else 3) * max(d, 1) + 4
+        # Per pair: the terms, or their derivative, its product with e' and a bool mask (D each; where weighted
+        # also the terms again, their weights, the weighted product and the wider mask); acc, e', G, diag.
+        per_pair = (7 if weighted else 3) * max(d, 1) + 4
         bm, bn = tile(m, n, math.prod(problem.batch_shape) * per_pair)
         for m0, m1 in blocks(m, bm):
             acc = torch.zeros(problem.batch_shape + (m1 - m0, d), dtype=cdtype, device=problem.device)
