@@ -117,6 +117,8 @@ CASES = [  # (preset, M, N, D, C, tuning)
     ("gaussian", 23, 35, 19, 3, UNTUNED),  # D >= TC_MIN_D: tensor-core K tiles
     ("laplace_l2", 23, 35, 19, 1, UNTUNED),
     ("gaussian", 23, 35, 19, 3, SIMT),
+    ("gaussian", 23, 35, 19, 1, SIMT),
+    ("matern32", 17, 50, 6, 1, UNTUNED),
 ]
 
 
@@ -138,6 +140,7 @@ def test_a_user_program_with_a_max_reduction() -> None:
     _skip_without_backend(device)
     x, z, v = _randn(29, 7), _randn(41, 7), _randn(41, 5)
     _check(_max_program(), x, z, v, {"h": 1.3, "lam": 0.25}, offset_m=2)
+    _check(_max_program(), x, z, v[:, 2:3], {"h": 1.3, "lam": 0.25}, offset_m=2)  # one column: no dot
 
 
 @pytest.mark.parametrize("seed", range(10))
@@ -162,6 +165,9 @@ def test_random_user_programs_contract_their_pairwise_matrix(seed: int) -> None:
     ref, vd = k @ v.double(), v.double()
     finite_scale = torch.where(torch.isfinite(k), k.abs(), 0.0) @ vd.abs()
     safe = (finite_scale < 1e30).expand_as(ref)
+    column = _product(program, x, z, v[:, 1:2], hypers, offset_m=1).double()  # one column: no dot
+    got = torch.cat([got, column], dim=1)
+    ref, finite_scale, safe = (torch.cat([t, t[:, 1:2]], dim=1) for t in (ref, finite_scale, safe))
     for special in (torch.isnan, torch.isposinf, torch.isneginf):
         assert torch.equal(special(got)[safe], special(ref)[safe]), (special.__name__, program.key())
     close = safe & torch.isfinite(ref)
@@ -188,6 +194,7 @@ def test_regularisation_on_a_shifted_diagonal(tuning: TritonTuning) -> None:
     hypers = {"bandwidth": 2.5, "regularization": 0.75}
     for offsets in ({"offset_m": 5}, {"offset_n": 3}, {"offset_m": 100}):
         _check(program, x, z, v, hypers, tuning=tuning, **offsets)
+        _check(program, x, z, v[:, :1], hypers, tuning=tuning, **offsets)
 
 
 @pytest.mark.parametrize(("name", "d"), [("laplace_l1", 4), ("gaussian", 17)])
@@ -199,6 +206,7 @@ def test_broadcast_batches_and_batched_hyperparameters(name: str, d: int) -> Non
     hypers = {"bandwidth": torch.tensor([1.0, 2.0, 3.5], device=device) * d, "regularization": 0.5}
     out = _check(program, x, z, v, hypers, offset_m=1)
     assert out.shape == (2, 3, 17, 2)
+    assert _check(program, x, z, v[..., 1:], hypers, offset_m=1).shape == (2, 3, 17, 1)
 
 
 @pytest.mark.parametrize("tuning", [UNTUNED, SIMT], ids=["tensor_cores", "simt"])
@@ -228,6 +236,9 @@ def test_views_of_every_operand_and_out(tuning: TritonTuning) -> None:
     got = _product(program, x, z, v, PRESET_HYPERS, tuning=tuning, out=out)
     assert got is out
     assert_close(out, _reference(program, x, z, v, PRESET_HYPERS), tolerance(torch.float32))
+    column = torch.full((3, 21), float("nan"), device=device).t()[:, 1:2]  # one column: strides (1, 21)
+    _product(program, x, z, v[:, 2:], PRESET_HYPERS, tuning=tuning, out=column)
+    assert_close(column, _reference(program, x, z, v[:, 2:], PRESET_HYPERS), tolerance(torch.float32))
 
 
 def test_size_zero_dimensions() -> None:
@@ -267,6 +278,12 @@ def test_nan_and_inf_in_v_propagate_as_in_the_dense_product(tuning: TritonTuning
     assert (out[:, 1] == float("inf")).all() and (out[:, 3] == float("-inf")).all()
     assert torch.equal(torch.isnan(out), torch.isnan(ref)) and torch.equal(torch.isinf(out), torch.isinf(ref))
     assert_close(out[:, 4], ref[:, 4], tolerance(dtype))
+    for j in range(5):  # one column at a time: the path without a dot
+        column = _product(program, x, z, v[:, j : j + 1], hypers, tuning=tuning)
+        assert torch.equal(torch.isnan(column), torch.isnan(ref[:, j : j + 1]))
+        assert torch.equal(torch.isinf(column), torch.isinf(ref[:, j : j + 1]))
+        assert torch.equal(column[torch.isinf(column)], ref[:, j : j + 1][torch.isinf(column)].to(dtype))
+    assert_close(column, ref[:, 4:], tolerance(dtype))
 
 
 def test_columns_past_n_never_reach_the_sum() -> None:
@@ -279,11 +296,11 @@ def test_columns_past_n_never_reach_the_sum() -> None:
     program = PairwiseProgram(abs(t), "sum", 1.0 / acc)
     x, z = _randn(6, 3), _randn(20, 3)  # N = 20: the second 16-column tile repeats z[0:12]
     z[2] = x[1]
-    v = _randn(20, 2).abs() + 0.5
-    out = _product(program, x, z, v, {}, tuning=SIMT)
-    ref = _reference(program, x, z, v, {})
-    assert (out[1] == float("inf")).all() and (ref[1] == float("inf")).all()
-    assert_close(out[[0, 2, 3, 4, 5]], ref[[0, 2, 3, 4, 5]], tolerance(torch.float32))
+    for v in (_randn(20, 2).abs() + 0.5, _randn(20, 1).abs() + 0.5):  # the dot and the one-column path
+        out = _product(program, x, z, v, {}, tuning=SIMT)
+        ref = _reference(program, x, z, v, {})
+        assert (out[1] == float("inf")).all() and (ref[1] == float("inf")).all()
+        assert_close(out[[0, 2, 3, 4, 5]], ref[[0, 2, 3, 4, 5]], tolerance(torch.float32))
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
@@ -331,9 +348,12 @@ def test_check_product_refuses_other_devices_with_a_sentence() -> None:
 
 def _compile_jobs() -> dict[str, dict]:
     """The default tiles of both product kernels (C up to 16, and C = 64 on SIMT), float32 and a
-    batched float64 variant with 64-bit indices; a log-sum-exp program (its combine of a chunk) in both."""
+    batched float64 variant with 64-bit indices; a log-sum-exp program (its combine of a chunk) in both;
+    one column (`BC` = 1) on both kernels."""
     simt_meta, simt_warps, _, _ = configs.PRODUCT_SPACE[0]
     tc_meta, tc_warps, _, _ = configs.PRODUCT_TC_SPACE[0]
+    column_meta, column_warps, _, _ = configs.PRODUCT_COLUMN_SPACE[0]
+    tc_column_meta, tc_column_warps, _, _ = configs.PRODUCT_TC_COLUMN_SPACE[1]
     base = dict(regularized=True, spec={}, meta=simt_meta | {"BC": 16}, warps=simt_warps, arch=90, dtype="float32")
     tc = dict(spec={"kernel": "tensor_cores"}, meta=tc_meta | {"BC": 16, "BK": 32}, warps=tc_warps)
     batched = {"nbatch": 2, "tensor_hypers": ["bandwidth"], "int64": True}
@@ -345,6 +365,13 @@ def _compile_jobs() -> dict[str, dict]:
         "simt-float64-batched-int64-sm90": base | dict(preset="laplace_l2", dtype="float64", spec=batched),
         "simt-logsumexp-sm90": base | dict(program=testing.SOFT_MIN.key()),
         "simt-logsumexp-float64-sm80": base | dict(program=testing.SOFT_MIN.key(), dtype="float64", arch=80),
+        # one column (BC = 1): no dot, the pairwise tiles
+        "simt-c1-laplace_l1-sm90": base | dict(preset="laplace_l1", meta=column_meta | {"BC": 1}, warps=column_warps),
+        "simt-c1-float64-sm80": base
+        | dict(preset="laplace_l2", meta=column_meta | {"BC": 1}, warps=column_warps, dtype="float64", arch=80),
+        "tc-c1-gaussian-sm90": base
+        | tc
+        | dict(preset="gaussian", meta=tc_column_meta | {"BC": 1, "BK": 16}, warps=tc_column_warps),
     }
     return {key: job | {"id": key} for key, job in jobs.items()}
 

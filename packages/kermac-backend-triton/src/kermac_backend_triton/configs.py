@@ -20,7 +20,9 @@ Gradient: `BN × BM` (n, m) pairs and `BO` outputs rows per program, `BK` per st
 from O (`grad_block_o`, and `general_grad_block_o` for the general form's kernel), not tuned.
 Kernel product (`kermac_backend_triton.product`): the K tile's meta-parameters as above, and
 `BC` columns of `v` per program, chosen from C (`product_block_c`), not tuned; on the tensor
-cores `BK` is chosen from D (`product_tc_block_k`).
+cores `BK` is chosen from D (`product_tc_block_k`).  One column (`BC` = 1) has spaces of its own
+(`PRODUCT_COLUMN_SPACE`, `PRODUCT_TC_COLUMN_SPACE`); the autotuner prunes to the launch's
+(`prune_product`).
 Gradient product (`kermac_backend_triton.product_gradient`): `BM` rows of x and `BN` of z per step, `BK`
 features per step of the pairwise sum, and `BD` output features per step, chosen from D
 (`product_grad_block_d`), not tuned; beyond `PRODUCT_GRAD_MAX_BD` features (fewer for a weighted reduction in
@@ -45,11 +47,13 @@ __all__ = [
     "INTERPRET_PRODUCT",
     "INTERPRET_PRODUCT_GRAD",
     "INTERPRET_PRODUCT_TC",
+    "PRODUCT_COLUMN_SPACE",
     "PRODUCT_GRAD_MAX_BD",
     "PRODUCT_GRAD_RMW_BD",
     "PRODUCT_GRAD_SPACE",
     "PRODUCT_GRAD_WEIGHTED_F64_MAX_BD",
     "PRODUCT_SPACE",
+    "PRODUCT_TC_COLUMN_SPACE",
     "PRODUCT_TC_SPACE",
     "TC_MIN_D",
     "TC_SHORT_D",
@@ -68,9 +72,11 @@ __all__ = [
     "product_configs",
     "product_grad_block_d",
     "product_grad_configs",
+    "product_space",
     "product_tc_block_k",
     "product_tc_configs",
     "prune_pairwise_tc",
+    "prune_product",
 ]
 
 PAIRWISE_SPACE: tuple[tuple[dict[str, int], int, int], ...] = (
@@ -201,6 +207,26 @@ PRODUCT_TC_SPACE: tuple[tuple[dict[str, int], int, int, int | None], ...] = (
 """
 
 
+PRODUCT_COLUMN_SPACE: tuple[tuple[dict[str, int], int, int, int | None], ...] = (
+    ({"BK": 4, "MI": 4, "NI": 4, "MT": 8, "NT": 16, "PF": 1}, 4, 3, None),
+    ({"BK": 4, "MI": 4, "NI": 4, "MT": 8, "NT": 16, "PF": 2}, 4, 3, None),
+    ({"BK": 4, "MI": 8, "NI": 4, "MT": 8, "NT": 16, "PF": 1}, 4, 3, None),
+)
+"""Kernel product of one column (`BC` = 1) on SIMT K tiles: no dot operands; beside the `[BK, MI,
+NI, MT, NT]` terms of a step sits an accumulator of the K tile's shape.  Chosen by register use
+(sm_90, Laplace-L1, Gaussian, Matérn-5/2): 32 × 64 tiles at 4 warps take 110–133 registers (four
+programs per multiprocessor), 64 × 64 ones 164–177; 64 × 128 tiles and `BK` = 8 took 143–255 and
+spilled."""
+PRODUCT_TC_COLUMN_SPACE: tuple[tuple[dict[str, int], int, int, int | None], ...] = (
+    ({"BM": 64, "BN": 64}, 4, 3, None),
+    ({"BM": 128, "BN": 64}, 8, 3, None),
+    ({"BM": 128, "BN": 128}, 8, 3, 128),
+)
+"""Kernel product of one column on tensor-core K tiles: 64 × 64 at 4 warps (226 registers on
+sm_90), 128 × 64 at 8 (234), and 128 × 128 at 8 capped at 128 registers as the pairwise
+tensor-core space does (two programs per multiprocessor)."""
+
+
 def pairwise_tc_space(d: int) -> tuple[tuple[dict[str, int], int, int, int | None], ...]:
     """The tensor-core configurations for reduction length `d`."""
     return PAIRWISE_TC_SPACE_SHORT if d < TC_SHORT_D else PAIRWISE_TC_SPACE_LONG
@@ -274,19 +300,33 @@ DEFAULT_GLUON_PAIRWISE = launch_options(GLUON_PAIRWISE_SPACE[0])
 
 
 def product_configs() -> list:
-    """The kernel product's SIMT space as `triton.Config` objects."""
-    return [_config(entry) for entry in PRODUCT_SPACE]
+    """The kernel product's SIMT spaces (several columns and one) as `triton.Config` objects."""
+    return [_config(entry) for entry in PRODUCT_SPACE + PRODUCT_COLUMN_SPACE]
 
 
 def product_tc_configs() -> list:
-    """The kernel product's tensor-core space as `triton.Config` objects."""
-    return [_config(entry) for entry in PRODUCT_TC_SPACE]
+    """The kernel product's tensor-core spaces (several columns and one) as `triton.Config` objects."""
+    return [_config(entry) for entry in PRODUCT_TC_SPACE + PRODUCT_TC_COLUMN_SPACE]
+
+
+def product_space(tensor_cores: bool, block_c: int) -> tuple[tuple[dict[str, int], int, int, int | None], ...]:
+    """The kernel product's space for K tiles of the tensor cores (or SIMT) and `block_c` columns per program."""
+    if tensor_cores:
+        return PRODUCT_TC_COLUMN_SPACE if block_c == 1 else PRODUCT_TC_SPACE
+    return PRODUCT_COLUMN_SPACE if block_c == 1 else PRODUCT_SPACE
+
+
+def prune_product(configs: list, named_args: dict, **kwargs: object) -> list:
+    """The autotuner's `early_config_prune` for the product: keep the space of the launch's `BC`."""
+    tensor_cores = "BM" in configs[0].kwargs
+    keep = product_space(tensor_cores, int(kwargs["BC"]))
+    return [c for c in configs if _entry(c) in keep]
 
 
 def product_block_c(c: int) -> int:
-    """Columns of `v` per program: the next power of two ≥ C, at least 16 (`tl.dot`), at most 64
-    (beyond, the columns take several programs, each recomputing its K tiles)."""
-    return grad_block_o(c)
+    """Columns of `v` per program: 1 for one column, else the next power of two ≥ C, at least 16
+    (`tl.dot`), at most 64 (beyond, the columns take several programs, each recomputing its K tiles)."""
+    return 1 if c == 1 else grad_block_o(c)
 
 
 def product_grad_configs() -> list:

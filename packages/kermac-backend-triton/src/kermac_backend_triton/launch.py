@@ -137,7 +137,7 @@ def _kernel(spec: Spec, autotune: bool, debug: bool) -> Callable[..., Any]:
     elif isinstance(spec, ProductGradSpec):
         fn, prune, key_args, space = getattr(module, PRODUCT_GRAD_ENTRY), None, ["KEY"], configs.product_grad_configs
     elif isinstance(spec, ProductSpec):
-        fn, prune, key_args = getattr(module, PRODUCT_ENTRY), None, ["KEY"]
+        fn, prune, key_args = getattr(module, PRODUCT_ENTRY), {"early_config_prune": configs.prune_product}, ["KEY"]
         space = configs.product_tc_configs if spec.kernel == "tensor_cores" else configs.product_configs
     else:
         fn, prune, key_args = getattr(module, PAIRWISE_ENTRY), None, ["KEY"]
@@ -181,9 +181,10 @@ def grid_size_problem(problem: Problem) -> str | None:
         m, _, _, c = problem.sizes
         if batch * m * c <= INT32_MAX:
             return None
-        simt = [_pairwise_tiles("simt")(meta)[0] for meta, *_ in configs.PRODUCT_SPACE]
-        rows = max(simt + [meta["BM"] for meta, *_ in configs.PRODUCT_TC_SPACE])
-        tiles = _cdiv(m, rows) * _cdiv(c, configs.product_block_c(c))
+        block_c = configs.product_block_c(c)
+        simt = [_pairwise_tiles("simt")(meta)[0] for meta, *_ in configs.product_space(False, block_c)]
+        rows = max(simt + [meta["BM"] for meta, *_ in configs.product_space(True, block_c)])
+        tiles = _cdiv(m, rows) * _cdiv(c, block_c)
     elif isinstance(problem, PairwiseProblem):
         m, n = problem.m, problem.n
         if batch * m * n <= INT32_MAX:  # at most one program per output
@@ -470,7 +471,7 @@ def run_product(problem: ProductProblem, *, tuning: TritonTuning = DEFAULT_TUNIN
     launcher = family.launchers.get(key)
     if launcher is None:
         spec = ProductSpec(problem.program, family.compute, nbatch, _tensor_hypers(problem), int64, family.kernel)
-        extra = {**_launch_meta(spec, tuning, d), "KEY": bucket, **fixed}
+        extra = {**_launch_meta(spec, tuning, d, block_c), "KEY": bucket, **fixed}
         _first_launch(family, key, spec, tuning, problem.debug, args, extra, (batch, m, c))
         return
     tm, tc_cols = launcher.tiles
@@ -561,9 +562,9 @@ def _transposed(problem: PairwiseProblem, spec: PairwiseSpec) -> dict[str, int]:
     return {"XT": _rows_contiguous(problem.x), "ZT": _rows_contiguous(problem.z)}
 
 
-def _launch_meta(spec: Spec, tuning: TritonTuning, d: int) -> dict[str, Any]:
+def _launch_meta(spec: Spec, tuning: TritonTuning, d: int, block_c: int = 0) -> dict[str, Any]:
     """Meta-parameters and launch options the launch fixes (the autotuner chooses the rest);
-    `d`: the reduction length (D, or K of the gradient)."""
+    `d`: the reduction length (D, or K of the gradient); `block_c`: a product's `BC`."""
     if isinstance(spec, ProductGradSpec):
         if interpreting():
             return dict(configs.INTERPRET_PRODUCT_GRAD)
@@ -574,7 +575,7 @@ def _launch_meta(spec: Spec, tuning: TritonTuning, d: int) -> dict[str, Any]:
             return dict(configs.INTERPRET_PRODUCT_TC if tc else configs.INTERPRET_PRODUCT)
         if tuning.autotune:
             return {}
-        return configs.launch_options((configs.PRODUCT_TC_SPACE if tc else configs.PRODUCT_SPACE)[0])
+        return configs.launch_options(configs.product_space(tc, block_c)[0])
     if isinstance(spec, GradSpec):
         general = grad_kernel(spec.program) == "grad_general"
         if interpreting():

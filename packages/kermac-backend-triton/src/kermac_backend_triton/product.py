@@ -3,8 +3,8 @@
 `K[m, n]` is the pairwise program's output (`epilogue(REDUCE_k inner(x[m, k], z[n, k]), diag)`),
 computed tile by tile exactly as the pairwise kernels compute their output tiles and contracted
 with `v` where it is computed.  One program owns a `BM × BC` tile of `out` (rows `pm`, columns
-`pc`: `BC` is a power of two ≥ 16 covering C up to 64, larger C takes several column tiles, each
-recomputing K) and loops over N in `BN` tiles:
+`pc`: `BC` is 1 for one column, else a power of two ≥ 16 covering C up to 64, larger C takes
+several column tiles, each recomputing K) and loops over N in `BN` tiles:
 
 * the `BM × BN` tile of K: `simt_product_tile` takes it from the SIMT pairwise tile
   (`kermac_backend_triton.pairwise_simt.simt_values`, every reduction and program, float32 and
@@ -17,6 +17,12 @@ recomputing K) and loops over N in `BN` tiles:
 * `acc[BM, BC] += K_tile @ v_tile` (`kermac_backend_triton.gradient.contract`): float32 in
   3×TF32 on the tensor cores with non-finite operands kept exact (`NONFINITE`), each tile's
   partial product added to the float32 accumulator; float64 as an `ieee` dot.
+* one column (`C = 1`, `BC = 1`: a matrix-vector product, what a conjugate gradient or a
+  one-output predictor asks for): no dot, whose smallest operand would be 16 columns of
+  padding, and no copy of the K tile into the dot's operand layout.  Each thread multiplies
+  the K entries it holds by `v` and adds them, in the compute type, into an accumulator of
+  the K tile's own shape and layout (one fused multiply-add per entry of K); the tile's
+  columns are summed once, after the last N tile.
 
 Half inputs are loaded and computed in float32 and stored in their own dtype.
 """
@@ -71,6 +77,21 @@ def _accumulate(acc, k, V, on, oc, N, C, SVN, SVC):
 
 
 @triton.jit
+def _accumulate_column(acc, k, V, on, N, SVN):
+    """`acc + K_tile ∘ v` entry by entry (`C = 1`): `k` and `acc` of one shape, `on` the columns of `k`
+    broadcast against it; columns past N add nothing (K set to 0, `v` loaded as 0)."""
+    n_in = on < N
+    vv = tl.load(V + on * SVN, mask=n_in, other=0.0).to(acc.dtype)
+    return acc + tl.where(n_in, k, 0.0) * vv
+
+
+@triton.jit
+def _store_column(OUT, col, om, M, SOM):
+    """Store the one-column result `col` at rows `om` (same shape)."""
+    tl.store(OUT + om * SOM, col.to(OUT.dtype.element_ty), mask=om < M)
+
+
+@triton.jit
 def _store(OUT, acc, om, oc, M, C, SOM, SOC):
     tl.store(
         OUT + om[:, None] * SOM + oc[None, :] * SOC,
@@ -87,20 +108,34 @@ def simt_product_tile(
     PF: tl.constexpr, BC: tl.constexpr, INT64: tl.constexpr,
 ):  # fmt: skip
     """Compute and store `out` tile `(pm, pc)` with K tiles of the SIMT pairwise kernel
-    (`BM = MI·MT`, `BN = NI·NT`, both ≥ 16 for the dot; see the module docs)."""
+    (`BM = MI·MT`, `BN = NI·NT`, both ≥ 16 for the dot where `BC` > 1; see the module docs)."""
     BM: tl.constexpr = MI * MT
     BN: tl.constexpr = NI * NT
     oc = pc * BC + index_type(tl.arange(0, BC), INT64)
-    acc = tl.zeros([BM, BC], COMPUTE)
+    if BC == 1:
+        acc = tl.zeros([MI, NI, MT, NT], COMPUTE)  # the K tile's shape: summed over NI, NT at the end
+    else:
+        acc = tl.zeros([BM, BC], COMPUTE)
     for n_tile in range(0, tl.cdiv(N, BN)):
         pn = n_tile + 0 * pm  # pm's index type (64-bit where INT64); the interpreter's n_tile is a Python int
-        k = _simt_k_tile(
-            X, Z, M, N, D, OFF_M, OFF_N, SXM, SXK, SZN, SZK, pm, pn, hypers, inner, epilogue, combine_chunk,
-            REDUCTION, USES_DIAG, COMPUTE, BK, MI, NI, MT, NT, PF, True, INT64,
-        )  # fmt: skip
-        on = pn * BN + index_type(tl.arange(0, BN), INT64)
-        acc = _accumulate(acc, k, V, on, oc, N, C, SVN, SVC)
-    _store(OUT, acc, pm * BM + index_type(tl.arange(0, BM), INT64), oc, M, C, SOM, SOC)
+        if BC == 1:
+            val, _, on4 = simt_values(
+                X, Z, M, N, D, OFF_M, OFF_N, SXM, SXK, SZN, SZK, pm, pn, hypers, inner, epilogue, combine_chunk,
+                REDUCTION, USES_DIAG, COMPUTE, BK, MI, NI, MT, NT, PF, True, INT64,
+            )  # fmt: skip
+            acc = _accumulate_column(acc, val, V, on4, N, SVN)
+        else:
+            k = _simt_k_tile(
+                X, Z, M, N, D, OFF_M, OFF_N, SXM, SXK, SZN, SZK, pm, pn, hypers, inner, epilogue, combine_chunk,
+                REDUCTION, USES_DIAG, COMPUTE, BK, MI, NI, MT, NT, PF, True, INT64,
+            )  # fmt: skip
+            on = pn * BN + index_type(tl.arange(0, BN), INT64)
+            acc = _accumulate(acc, k, V, on, oc, N, C, SVN, SVC)
+    if BC == 1:
+        om = pm * BM + index_type(tl.arange(0, MI)[:, None] * MT + tl.arange(0, MT)[None, :], INT64)
+        _store_column(OUT, tl.sum(tl.sum(acc, 3), 1), om, M, SOM)
+    else:
+        _store(OUT, acc, pm * BM + index_type(tl.arange(0, BM), INT64), oc, M, C, SOM, SOC)
 
 
 @triton.jit
@@ -116,7 +151,10 @@ def tensor_core_product_tile(
     oc = pc * BC + index_type(tl.arange(0, BC), INT64)
     xrow = X + ((om % M) * SXM)[:, None]
     kr = index_type(tl.arange(0, BK)[None, :], INT64)
-    acc = tl.zeros([BM, BC], tl.float32)
+    if BC == 1:
+        acc = tl.zeros([BM, BN], tl.float32)  # the K tile's shape: summed over its columns at the end
+    else:
+        acc = tl.zeros([BM, BC], tl.float32)
     for n_tile in range(0, tl.cdiv(N, BN)):
         pn = n_tile + 0 * pm  # pm's index type (64-bit where INT64); the interpreter's n_tile is a Python int
         on = pn * BN + index_type(tl.arange(0, BN), INT64)
@@ -129,5 +167,11 @@ def tensor_core_product_tile(
             )  # fmt: skip
         else:
             k = d2_values(d2, om[:, None], on[None, :], OFF_M, OFF_N, hypers, epilogue, USES_DIAG)
-        acc = _accumulate(acc, k, V, on, oc, N, C, SVN, SVC)
-    _store(OUT, acc, om, oc, M, C, SOM, SOC)
+        if BC == 1:
+            acc = _accumulate_column(acc, k, V, on[None, :], N, SVN)
+        else:
+            acc = _accumulate(acc, k, V, on, oc, N, C, SVN, SVC)
+    if BC == 1:
+        _store_column(OUT, tl.sum(acc, 1), om, M, SOM)
+    else:
+        _store(OUT, acc, om, oc, M, C, SOM, SOC)
