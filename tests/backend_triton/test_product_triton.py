@@ -119,6 +119,8 @@ CASES = [  # (preset, M, N, D, C, tuning)
     ("gaussian", 23, 35, 19, 3, SIMT),
     ("gaussian", 23, 35, 19, 1, SIMT),
     ("matern32", 17, 50, 6, 1, UNTUNED),
+    ("gaussian", 21, 40, 40, 5, UNTUNED),  # D > PRODUCT_TC_RESIDENT_D: x reloaded per N tile
+    ("laplace_l2", 21, 40, 40, 1, UNTUNED),
 ]
 
 
@@ -183,6 +185,10 @@ def test_the_tensor_core_recompute_of_near_duplicate_rows() -> None:
     x = _randn(20, 24) * 30.0 + 100.0  # large norms: the expansion cancels badly near d = 0
     z = torch.cat([x[:13], _randn(7, 24) * 30.0 + 100.0])
     _check(_program("laplace_l2"), x, z, _randn(20, 2), {"bandwidth": 40.0})
+    x = _randn(20, 40) * 30.0 + 100.0  # x not resident: its rows reloaded for each N tile
+    _check(
+        _program("laplace_l2"), x, torch.cat([x[:13], _randn(7, 40) * 30.0 + 100.0]), _randn(20, 1), {"bandwidth": 60.0}
+    )
 
 
 @pytest.mark.parametrize("tuning", [UNTUNED, SIMT], ids=["tensor_cores", "simt"])
@@ -355,7 +361,7 @@ def _compile_jobs() -> dict[str, dict]:
     column_meta, column_warps, _, _ = configs.PRODUCT_COLUMN_SPACE[0]
     tc_column_meta, tc_column_warps, _, _ = configs.PRODUCT_TC_COLUMN_SPACE[1]
     base = dict(regularized=True, spec={}, meta=simt_meta | {"BC": 16}, warps=simt_warps, arch=90, dtype="float32")
-    tc = dict(spec={"kernel": "tensor_cores"}, meta=tc_meta | {"BC": 16, "BK": 32}, warps=tc_warps)
+    tc = dict(spec={"kernel": "tensor_cores"}, meta=tc_meta | {"BC": 16, "BK": 32, "X_RESIDENT": 0}, warps=tc_warps)
     batched = {"nbatch": 2, "tensor_hypers": ["bandwidth"], "int64": True}
     jobs = {
         "simt-laplace_l1-sm90": base | dict(preset="laplace_l1"),
@@ -371,7 +377,19 @@ def _compile_jobs() -> dict[str, dict]:
         | dict(preset="laplace_l2", meta=column_meta | {"BC": 1}, warps=column_warps, dtype="float64", arch=80),
         "tc-c1-gaussian-sm90": base
         | tc
-        | dict(preset="gaussian", meta=tc_column_meta | {"BC": 1, "BK": 16}, warps=tc_column_warps),
+        | dict(preset="gaussian", meta=tc_column_meta | {"BC": 1, "BK": 16, "X_RESIDENT": 0}, warps=tc_column_warps),
+        # D ≤ 32: x split once, in registers across the N tiles
+        "tc-resident-gaussian-sm90": base
+        | tc
+        | dict(preset="gaussian", meta=tc_meta | {"BC": 16, "BK": 32, "X_RESIDENT": 1}),
+        "tc-resident-c1-gaussian-sm80": base
+        | tc
+        | dict(
+            preset="gaussian",
+            meta=tc_column_meta | {"BC": 1, "BK": 32, "X_RESIDENT": 1},
+            warps=tc_column_warps,
+            arch=80,
+        ),
     }
     return {key: job | {"id": key} for key, job in jobs.items()}
 

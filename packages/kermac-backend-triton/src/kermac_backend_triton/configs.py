@@ -54,6 +54,7 @@ __all__ = [
     "PRODUCT_GRAD_WEIGHTED_F64_MAX_BD",
     "PRODUCT_SPACE",
     "PRODUCT_TC_COLUMN_SPACE",
+    "PRODUCT_TC_RESIDENT_D",
     "PRODUCT_TC_SPACE",
     "TC_MIN_D",
     "TC_SHORT_D",
@@ -355,9 +356,17 @@ def product_grad_block_d(d: int, compute: str, weighted: bool) -> tuple[int, boo
     return (1 << max(0, d - 1).bit_length(), False) if d <= most else (PRODUCT_GRAD_RMW_BD, True)
 
 
+PRODUCT_TC_RESIDENT_D = 32
+"""The most features for which the tensor-core product takes every feature in one step and keeps x's
+split rows in registers across its N tiles (`kermac_backend_triton.product.tensor_core_product_tile`)."""
+
+
 def product_tc_block_k(d: int) -> int:
-    """Features per step of the tensor-core K tile: 16 below `TC_SHORT_D`, else 32 (as the
-    pairwise spaces, whose sweep preferred BK = 16 at D = 16 and 32)."""
+    """Features per step of the tensor-core K tile: one step of 16 or 32 up to `PRODUCT_TC_RESIDENT_D`
+    (x then stays in registers), beyond that 16 below `TC_SHORT_D`, else 32 (as the pairwise spaces, whose
+    sweep preferred BK = 16 at D = 16 and 32)."""
+    if d <= PRODUCT_TC_RESIDENT_D:
+        return 16 if d <= 16 else 32
     return 16 if d < TC_SHORT_D else 32
 
 

@@ -212,7 +212,7 @@ _META = {
     "grad": ("BN BM BK BO", '"M", "N", "O", "K", "KEY"'),
     "grad_general": ("BN BM BK BO", '"M", "N", "O", "K", "KEY"'),
     "product_simt": ("BK MI NI MT NT PF BC", '"M", "N", "D", "C", "OFF_M", "OFF_N", "KEY"'),
-    "product_tensor_cores": ("BM BN BK BC", '"M", "N", "C", "OFF_M", "OFF_N", "GUARD", "KEY"'),
+    "product_tensor_cores": ("BM BN BK BC X_RESIDENT", '"M", "N", "C", "OFF_M", "OFF_N", "GUARD", "KEY"'),
     "product_grad": ("BM BN BK BD RMW", '"M", "N", "D", "C", "OFF_M", "OFF_N", "KEY"'),
 }
 """Meta-parameters of each kernel (after `KEY`), and the sizes never specialised on."""
@@ -307,7 +307,8 @@ _CALL = {
     "        INT64={int64},\n    )",
     "product_tensor_cores": "tensor_core_product_tile(\n"
     "        X, Z, V, OUT, M, N, D, C, OFF_M, OFF_N, SXM, SXK, SZN, SZK, SVN, SVC, SOM, SOC, GUARD, pm, pc,\n"
-    "        {hypers}, inner, epilogue, combine_chunk, {uses_diag}, BM, BN, BK, BC, INT64={int64},\n    )",
+    "        {hypers}, inner, epilogue, combine_chunk, {uses_diag}, BM, BN, BK, BC, X_RESIDENT,\n"
+    "        INT64={int64},\n    )",
     "product_grad": "product_grad_tile(\n"
     "        X, Z, V, G, OUT, M, N, D, C, OFF_M, OFF_N, SXM, SXK, SZN, SZK, SVN, SVC, SGM, SGC, SOM, SOK, pm,\n"
     "        {hypers}, inner, combine_chunk, slope, inner_slope, {uses_diag}, {cdt}, BM, BN, BK, BD, RMW,\n"

@@ -459,6 +459,7 @@ def run_product(problem: ProductProblem, *, tuning: TritonTuning = DEFAULT_TUNIN
     if tc:  # D is specialised (the k loop's masks, as in the pairwise kernel), the guard follows
         args.append(cancellation_guard(d))
         fixed["BK"] = configs.product_tc_block_k(d)
+        fixed["X_RESIDENT"] = d <= fixed["BK"]
         specialised.append(d)
     else:
         unspecialised.append(d)

@@ -29,7 +29,7 @@ import triton.language as tl
 from kermac_backend_triton.kernel_math import INF, to_tf32
 from kermac_backend_triton.pairwise_simt import index_type, simt_tile
 
-__all__ = ["d2_values", "guarded_d2", "tensor_core_tile"]
+__all__ = ["d2_values", "dot_3xtf32", "guard", "guarded_d2", "tensor_core_tile"]
 
 
 @triton.jit
@@ -63,9 +63,22 @@ def guarded_d2(
         zt = tl.trans(zv)
         zh = to_tf32(zt)
         zl = to_tf32(zt - zh)
-        dot = tl.dot(xh, zl, dot, input_precision="tf32", out_dtype=tl.float32)
-        dot = tl.dot(xl, zh, dot, input_precision="tf32", out_dtype=tl.float32)
-        dot = tl.dot(xh, zh, dot, input_precision="tf32", out_dtype=tl.float32)
+        dot = dot_3xtf32(xh, xl, zh, zl, dot)
+    return guard(xn, zn, dot, GUARD)
+
+
+@triton.jit
+def dot_3xtf32(xh, xl, zh, zl, acc):
+    """`acc + x·zᵀ` in 3×TF32 from the split operands (x `[BM, BK]`, zᵀ `[BK, BN]`), the low products first."""
+    acc = tl.dot(xh, zl, acc, input_precision="tf32", out_dtype=tl.float32)
+    acc = tl.dot(xl, zh, acc, input_precision="tf32", out_dtype=tl.float32)
+    return tl.dot(xh, zh, acc, input_precision="tf32", out_dtype=tl.float32)
+
+
+@triton.jit
+def guard(xn, zn, dot, GUARD):
+    """`(d2, recompute)` from the squared norms `xn` `[BM]`, `zn` `[BN]` and `dot` = x·zᵀ: d² and
+    whether the cancellation guard flags any entry of the tile (see the module docs)."""
     s = xn[:, None] + zn[None, :]
     d2 = s - 2.0 * dot
     flag = ~((d2 > GUARD * s) & (d2 < INF))

@@ -10,7 +10,9 @@ several column tiles, each recomputing K) and loops over N in `BN` tiles:
   (`kermac_backend_triton.pairwise_simt.simt_values`, every reduction and program, float32 and
   float64), `tensor_core_product_tile` from the guarded 3×TF32 expansion of the (x − z)²
   family (`kermac_backend_triton.pairwise_tensor_cores.guarded_d2`, with the same SIMT
-  recompute of a flagged tile);
+  recompute of a flagged tile); where every feature fits one step (D ≤ `BK`), the program's
+  rows of x stay split in registers across the N tiles (the pairwise kernel reloads both
+  operands per tile: it computes each output tile once);
 * columns past N are set to 0 (their rows of `v` are loaded as 0: only lanes outside `v` are
   masked, so NaN and ±inf in `v` reach the sum as in a dense product); rows past M hold the
   values of clamped rows and are never stored;
@@ -33,8 +35,9 @@ import triton
 import triton.language as tl
 
 from kermac_backend_triton.gradient import contract
+from kermac_backend_triton.kernel_math import to_tf32
 from kermac_backend_triton.pairwise_simt import index_type, simt_values
-from kermac_backend_triton.pairwise_tensor_cores import d2_values, guarded_d2
+from kermac_backend_triton.pairwise_tensor_cores import d2_values, dot_3xtf32, guard, guarded_d2
 
 __all__ = ["product_order", "simt_product_tile", "tensor_core_product_tile"]
 
@@ -142,11 +145,12 @@ def simt_product_tile(
 def tensor_core_product_tile(
     X, Z, V, OUT, M, N, D, C, OFF_M, OFF_N, SXM, SXK, SZN, SZK, SVN, SVC, SOM, SOC, GUARD, pm, pc, hypers, inner,
     epilogue, combine_chunk, USES_DIAG: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
-    BC: tl.constexpr, INT64: tl.constexpr,
+    BC: tl.constexpr, X_RESIDENT: tl.constexpr, INT64: tl.constexpr,
 ):  # fmt: skip
     """Compute and store `out` tile `(pm, pc)` of a float32 (x − z)²-sum program with K tiles of
     the tensor-core pairwise kernel: a tile the guard flags is recomputed from differences by
-    the SIMT tile, as there (see the module docs)."""
+    the SIMT tile, as there (see the module docs).  `X_RESIDENT` (D ≤ `BK`): x's rows are loaded,
+    split for 3×TF32 and their norms summed once, before the N loop, and each N tile loads z once."""
     om = pm * BM + index_type(tl.arange(0, BM), INT64)
     oc = pc * BC + index_type(tl.arange(0, BC), INT64)
     xrow = X + ((om % M) * SXM)[:, None]
@@ -155,11 +159,23 @@ def tensor_core_product_tile(
         acc = tl.zeros([BM, BN], tl.float32)  # the K tile's shape: summed over its columns at the end
     else:
         acc = tl.zeros([BM, BC], tl.float32)
+    if X_RESIDENT:
+        xv = tl.load(xrow + kr * SXK, mask=kr < D, other=0.0).to(tl.float32)
+        xh = to_tf32(xv)
+        xl = to_tf32(xv - xh)
+        xn = tl.sum(xv * xv, 1)
     for n_tile in range(0, tl.cdiv(N, BN)):
         pn = n_tile + 0 * pm  # pm's index type (64-bit where INT64); the interpreter's n_tile is a Python int
         on = pn * BN + index_type(tl.arange(0, BN), INT64)
         zrow = Z + ((on % N) * SZN)[:, None]
-        d2, recompute = guarded_d2(xrow, zrow, kr, D, SXK, SZK, GUARD, BM, BN, BK)
+        if X_RESIDENT:
+            zv = tl.load(zrow + kr * SZK, mask=kr < D, other=0.0).to(tl.float32)
+            zt = tl.trans(zv)
+            zh = to_tf32(zt)
+            dot = dot_3xtf32(xh, xl, zh, to_tf32(zt - zh), tl.zeros([BM, BN], tl.float32))
+            d2, recompute = guard(xn, tl.sum(zv * zv, 1), dot, GUARD)
+        else:
+            d2, recompute = guarded_d2(xrow, zrow, kr, D, SXK, SZK, GUARD, BM, BN, BK)
         if recompute:
             k = _simt_k_tile(
                 X, Z, M, N, D, OFF_M, OFF_N, SXM, SXK, SZN, SZK, pm, pn, hypers, inner, epilogue, combine_chunk,
