@@ -17,6 +17,8 @@ from __future__ import annotations
 import functools
 from typing import TYPE_CHECKING
 
+import torch
+
 from kermac.backend import Availability, Backend
 from kermac.problem import PairwiseProblem, ProductGradProblem, ProductProblem
 from kermac_backend_triton.interpreter import interpreting
@@ -34,7 +36,7 @@ from kermac_backend_triton.tuning import DEFAULT_TUNING, TritonTuning
 if TYPE_CHECKING:
     from kermac.problem import GradProblem
 
-__all__ = ["MIN_CAPABILITY", "TENSOR_CORE_PREFERENCE", "TritonBackend"]
+__all__ = ["MIN_CAPABILITY", "NARROW_PRODUCT_MAX_D", "TENSOR_CORE_PREFERENCE", "TritonBackend"]
 
 MIN_CAPABILITY = (8, 0)
 TENSOR_CORE_PREFERENCE = 25
@@ -42,15 +44,19 @@ TENSOR_CORE_PREFERENCE = 25
 p = 2 family on Triton's tensor-core kernel: above NVRTC's priority, because it measured faster than
 NVRTC's `mma.sync` kernel (docs/dev/triton-kernels.md), and for the products whose K tiles come from it,
 which measured as fast as NVRTC's SIMT product or up to 1.8× faster (docs/dev/triton-product.md).
-Everything else keeps the priority (10).
+Also for float32 products on SIMT K tiles with at most `NARROW_PRODUCT_MAX_D` features.  Everything else
+keeps the priority (10).
 """
+NARROW_PRODUCT_MAX_D = 32
+"""The most features for which a float32 kernel product on Triton's SIMT K tiles is preferred to NVRTC's: on an
+H100 (N = 100 000, Laplace-L1, `tools/product_bench.py`) it took 12.5 against 23.1 ms at D = 3 and 41.5 against
+43.8 at D = 32 with one column of `v`, 31.1 against 46.3 and 62.1 against 68.5 with 16; at D = 128 NVRTC's was
+faster (115.9 against 149.3, 147.7 against 169.7; docs/dev/triton-product.md)."""
 
 
 @functools.cache
 def _too_old(index: int) -> str | None:
     """Why CUDA device `index` cannot run Triton's compiled kernels, or `None` (asked once per device)."""
-    import torch
-
     cc = torch.cuda.get_device_capability(index)
     if cc < MIN_CAPABILITY:
         name = torch.cuda.get_device_name(index)
@@ -120,12 +126,15 @@ class TritonBackend(Backend):
         return self._check_device(problem.device) or grid_size_problem(problem)
 
     def preference(self, problem: PairwiseProblem | GradProblem | ProductProblem | ProductGradProblem) -> int:
-        """`TENSOR_CORE_PREFERENCE` where a pairwise or product problem runs on a tensor-core kernel on a GPU,
-        else the priority."""
+        """`TENSOR_CORE_PREFERENCE` where a pairwise or product problem runs on a tensor-core kernel on a GPU, or
+        a float32 product has at most `NARROW_PRODUCT_MAX_D` features, else the priority."""
         if isinstance(problem, PairwiseProblem):
             tc = pairwise_kernel(problem, self.tuning) == "tensor_cores"
+        elif isinstance(problem, ProductProblem):
+            narrow = problem.x.dtype == torch.float32 and problem.sizes[2] <= NARROW_PRODUCT_MAX_D
+            tc = narrow or product_kernel(problem, self.tuning) == "tensor_cores"
         else:
-            tc = isinstance(problem, ProductProblem) and product_kernel(problem, self.tuning) == "tensor_cores"
+            tc = False
         if tc and not interpreting():
             return TENSOR_CORE_PREFERENCE
         return self.priority
