@@ -6,7 +6,8 @@ so a new backend shows up here without editing the suites) and PyTorch's own way
 same result (its own row, named after it) -- and by case (:func:`cases`): tiny problems on the
 CPU, and on a CUDA GPU the same operations at sizes of the peer table
 (:data:`kermac.benchmarking.GPU_CASES`) plus the problems whose time is each call's host work
-(:data:`kermac.benchmarking.SMALL_CASES`).
+(:data:`kermac.benchmarking.SMALL_CASES`) and the distances with few features, bound by writing their output
+(:data:`kermac.benchmarking.FEW_FEATURE_CASES`).
 
 An implementation that cannot run a case here raises ``NotImplementedError`` in ``setup``, which
 asv reports as n/a rather than as a failure: a backend that is unavailable, broken, opt-in (e.g.
@@ -136,7 +137,8 @@ def cases(op: str) -> dict[str, Case]:
     chosen = _own_cases(op)
     if DEVICE == "cuda":
         small = getattr(bm, "SMALL_CASES", ())  # absent from revisions older than the host-time rows
-        chosen += [Case(c) for c in (*bm.GPU_CASES, *small) if c.op == op]
+        few = getattr(bm, "FEW_FEATURE_CASES", ())  # and from those older than the few-feature rows
+        chosen += [Case(c) for c in (*bm.GPU_CASES, *small, *few) if c.op == op]
     return {c.label: Case(c.base.on(DEVICE), c.bandwidths) for c in chosen}
 
 

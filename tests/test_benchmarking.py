@@ -136,13 +136,24 @@ def test_case_lists_are_consistent():
     assert {c.p for c in bm.CPU_CASES if c.op == "cdist"} == {1.0, 1.3, 2.0}
     assert [c.device for c in bm.cases_for("cpu")] == ["cpu"] * len(bm.CPU_CASES)
     assert [c.label for c in bm.cases_for("cpu", quick=True)] == [c.label for c in bm.CPU_QUICK_CASES]
-    assert [c.label for c in bm.cases_for("cuda:0", full=True)] == [c.label for c in bm.PEERS_CASES]
+    full = [c.label for c in bm.cases_for("cuda:0", full=True)]
+    assert full == [c.label for c in (*bm.PEERS_CASES, *bm.FEW_FEATURE_CASES)] and len(set(full)) == len(full)
     assert all(c.device == "cuda:0" for c in bm.cases_for("cuda:0"))
     assert len(bm.cases_for("cuda")) == len(bm.GPU_CASES)
     small = bm.cases_for("cuda:0", small=True)
     assert [c.label for c in small] == [c.label for c in bm.SMALL_CASES] and {c.device for c in small} == {"cuda:0"}
     assert {c.op for c in small} == {"cdist", "kernel", "grad"} and all(c.sizes[0] == 256 for c in small)
     assert [c.label for c in bm.cases_for("cpu", small=True)] == [c.label for c in bm.SMALL_CASES]
+
+
+def test_few_feature_cases_are_bound_by_writing_their_output():
+    """D ≤ 16 for p = 1, 1.3, 2: the floor is the output's bytes over the H100's write rate (0.36 ms for 1 GiB),
+    the target 1.1× that; the problems form the cost tables' narrow class below 16 features."""
+    assert {(c.sizes[2], c.p) for c in bm.FEW_FEATURE_CASES} == {(d, p) for d in (3, 8, 16) for p in (1.0, 1.3, 2.0)}
+    for case in bm.FEW_FEATURE_CASES:
+        assert case.op == "cdist" and case.device == "cuda" and case.sizes[:2] == (16384, 16384)
+        assert case.floor_ms == pytest.approx(0.36) and case.target_ms == pytest.approx(1.1 * 0.36, abs=1e-3)
+        assert (case.problem_class.size == "narrow") == (case.sizes[2] < 16)
 
 
 def _peers_rows() -> dict[str, list[list[str]]]:

@@ -478,6 +478,16 @@ def test_best_is_never_the_reference_backend():
     assert result.best(["torch"]) is None and result.speedup(["torch"]) is None
 
 
+def test_the_floor_column_divides_the_best_time_by_the_floor():
+    from kermac.cli.bench import _floor_cells
+
+    case = bm.FEW_FEATURE_CASES[0]
+    result = CaseResult(case, {"right": Measurement([0.72], 0.0), "torch.cdist": Measurement([2.0], 0.0)})
+    assert _floor_cells(result, ["right"]) == ["0.36", "2.00x"]
+    assert _floor_cells(CaseResult(bm.CPU_QUICK_CASES[0], result.results), ["right"]) == ["-", "-"]
+    assert _floor_cells(result, ["torch"]) == ["0.36", "-"]  # no kermac backend but the reference: no best
+
+
 def test_bench_fails_when_a_named_backend_is_unavailable(capsys, fake_plugins):
     code, out, err = run_cli(capsys, "bench", *FAST, "--backends", "right,missing")
     assert code == 2 and out == ""

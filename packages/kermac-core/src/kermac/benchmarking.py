@@ -22,9 +22,10 @@ the development tools in `tools/` all read it.  The case lists: `CPU_CASES` (sma
 machines without a GPU), `CPU_QUICK_CASES`, `PEERS_CASES` (the peer table: every
 problem other systems published H100 timings for, with those timings and the project's targets),
 `GPU_CASES` (the subset `kermac bench` runs by default, < 1 minute on an H100),
-`GPU_QUICK_CASES` and `SMALL_CASES` (problems so small that on a GPU a call's time is
-mostly the host's per-call work: checks, planning, the launch).  `BenchCase.problem_class`
-is the class of [`kermac.costs`][kermac.costs] a case measures.
+`GPU_QUICK_CASES`, `SMALL_CASES` (problems so small that on a GPU a call's time is
+mostly the host's per-call work: checks, planning, the launch) and `FEW_FEATURE_CASES` (distances with
+D ≤ 16, whose floor is writing the output; `kermac bench --full` runs them after the peer table).
+`BenchCase.problem_class` is the class of [`kermac.costs`][kermac.costs] a case measures.
 """
 
 from __future__ import annotations
@@ -45,8 +46,10 @@ if TYPE_CHECKING:
 __all__ = [
     "CPU_CASES",
     "CPU_QUICK_CASES",
+    "FEW_FEATURE_CASES",
     "GPU_CASES",
     "GPU_QUICK_CASES",
+    "H100_WRITE_BYTES_PER_MS",
     "PEERS_CASES",
     "REFERENCE_BACKEND",
     "SMALL_CASES",
@@ -270,6 +273,21 @@ PEERS_CASES: tuple[BenchCase, ...] = (
 )
 """The peer table (float32, one H100 80GB): other systems' published timings, floors and targets."""
 
+H100_WRITE_BYTES_PER_MS = 2**30 / 0.36
+"""The rate at which an H100 80GB HBM3 writes a float32 output, bytes per millisecond: 16384² outputs (1 GiB)
+in 0.36 ms (../shared/PEERS.md), about 3.0 TB/s."""
+
+
+def _few_features(d: int, p: float) -> BenchCase:
+    """A 16384² distance with `d` features: its floor is writing the 1 GiB output, its target 1.1× that."""
+    floor = 16384 * 16384 * 4 / H100_WRITE_BYTES_PER_MS
+    return BenchCase("cdist", (16384, 16384, d), p, device="cuda", floor_ms=floor, target_ms=round(1.1 * floor, 3))
+
+
+FEW_FEATURE_CASES: tuple[BenchCase, ...] = tuple(_few_features(d, p) for d in (3, 8, 16) for p in (1.0, 1.3, 2.0))
+"""Distances with few features (point clouds, spatial data): each output costs a handful of instructions, so
+the floor is writing the output (`floor_ms`, from `H100_WRITE_BYTES_PER_MS`) and the target is 1.1× that."""
+
 GPU_CASES: tuple[BenchCase, ...] = tuple(
     c for c in PEERS_CASES if c.sizes[0] != 30000 and not (c.op == "grad" and c.sizes[0] == 8192)
 )
@@ -311,7 +329,8 @@ def cases_for(
     device: str | torch.device, *, full: bool = False, quick: bool = False, small: bool = False
 ) -> list[BenchCase]:
     """The cases `kermac bench` runs on `device`: CPU or GPU lists, `full` = the whole peer
-    table (a CUDA device only: `ValueError` otherwise), `small` = `SMALL_CASES` on either."""
+    table and then `FEW_FEATURE_CASES` (a CUDA device only: `ValueError` otherwise), `small` = `SMALL_CASES` on
+    either."""
     device = torch.device(device)
     if full and device.type != "cuda":
         raise ValueError(f"full: the peer-table cases need a CUDA device, got {device}")
@@ -320,7 +339,7 @@ def cases_for(
     elif device.type == "cpu":
         chosen = CPU_QUICK_CASES if quick else CPU_CASES
     else:
-        chosen = PEERS_CASES if full else GPU_QUICK_CASES if quick else GPU_CASES
+        chosen = PEERS_CASES + FEW_FEATURE_CASES if full else GPU_QUICK_CASES if quick else GPU_CASES
     return [c.on(device) for c in chosen]
 
 

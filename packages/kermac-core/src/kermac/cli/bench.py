@@ -475,9 +475,11 @@ def _report(
     )
     lines.append("")
     targets = any(r.case.target_ms is not None for r in results)
+    floors = any(r.case.floor_ms is not None for r in results)
     headers = (
         ["case", *(f"{label(n)} ms" for n in impls), "speed-up", "best"]
         + (["target ms"] if targets else [])
+        + (["floor ms", "best / floor"] if floors else [])
         + [f"{label(n)} err" for n in impls]
     )
     rows = []
@@ -491,6 +493,8 @@ def _report(
         ]
         if targets:
             row.append(f"{r.case.target_ms:g}" if r.case.target_ms is not None else "-")
+        if floors:
+            row += _floor_cells(r, backends)
         row += [_fmt_err(r.case, r.results[n]) for n in impls]
         rows.append(row)
     lines.append(render_table(headers, rows))
@@ -506,6 +510,10 @@ def _report(
         )
     if targets:
         lines.append("targets are the project's goals on an NVIDIA H100")
+    if floors:
+        lines.append(
+            "floors are an NVIDIA H100's (bytes or instructions at its peak rate); best / floor is meaningful there"
+        )
     if any(not r.ok(n) for r in results for n in r.results):
         lines.append(WRONG_NOTE)
     if skipped:
@@ -518,6 +526,15 @@ def _report(
     elif reasons:
         lines.append(f"{len(reasons)} cell(s) n/a: run with -v for the reasons")
     return "\n".join(lines)
+
+
+def _floor_cells(r: CaseResult, backends: list[str]) -> list[str]:
+    """The case's floor and the fastest correct kermac backend's time over it ('-' where either is missing)."""
+    if r.case.floor_ms is None:
+        return ["-", "-"]
+    best = r.best(backends)
+    ratio = f"{r.results[best].median_ms / r.case.floor_ms:.2f}x" if best else "-"
+    return [f"{r.case.floor_ms:.3g}", ratio]
 
 
 def _to_json(head: dict, backends: list[str], skipped: dict[str, str], results: list[CaseResult]) -> dict[str, object]:
