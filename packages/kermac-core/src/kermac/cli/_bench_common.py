@@ -16,6 +16,7 @@ from kermac import benchmarking as bm
 from kermac import costs
 
 __all__ = [
+    "AUTO",
     "BASELINE",
     "REFERENCE_LABEL",
     "WRONG_NOTE",
@@ -33,6 +34,8 @@ __all__ = [
     "title",
 ]
 
+AUTO = "auto"
+"""The backend name that lets the registry choose (timed beside the backends it chooses among)."""
 BASELINE = "torch.cdist"
 REFERENCE_LABEL = "reference"
 """What the table calls the reference backend (its name, `torch`, reads as PyTorch itself)."""

@@ -5,7 +5,10 @@ a preallocated `out`) and PyTorch's own way (`torch.cdist`; then `exp` for kerne
 matrix products for the p = 2 gradient), checks each result against the float64 answer of the
 reference backend, and prints one row per case: the median time of each implementation, the
 speed-up of the fastest kermac backend over PyTorch, and each implementation's max-norm relative
-error.  An error above the tolerance is flagged with `!` and makes the exit code 1.
+error.  Where two or more backends besides the reference are timed, `backend="auto"` is timed too, in a
+column of its own beside `auto / best` (its time over the fastest backend's: what `auto`'s choice costs);
+`auto` is never the `best` of a row and never enters a cost table.  An error above the tolerance is flagged
+with `!` and makes the exit code 1.
 
 The table calls kermac's reference backend (`backend="torch"`) `reference`: it is the
 correctness oracle, never the `best` of a row.  `--write-costs PATH` turns the run into a cost
@@ -34,6 +37,7 @@ from kermac import benchmarking as bm
 from kermac import costs
 from kermac.cli import bench_calls, bench_fit, bench_programs
 from kermac.cli._bench_common import (
+    AUTO,
     BASELINE,
     REFERENCE_LABEL,
     WRONG_NOTE,
@@ -219,7 +223,7 @@ class CaseResult:
 
     def best(self, backends: list[str]) -> str | None:
         """The fastest kermac backend whose answer passed the check; never the reference backend
-        (the float64 oracle, timed only to show what it costs)."""
+        (the float64 oracle, timed only to show what it costs) and never `auto` (not in `backends`)."""
         timed = [
             (self.results[b].median_ms, b)
             for b in backends
@@ -237,6 +241,14 @@ class CaseResult:
         if best is None or base is None:
             return None
         return base / self.results[best].median_ms
+
+    def auto_over_best(self, backends: list[str]) -> float | None:
+        """`auto`'s time over the fastest backend's (None where `auto` was not timed, failed or was wrong)."""
+        best = self.best(backends)
+        auto = self.results.get(AUTO)
+        if best is None or auto is None or auto.median_ms is None or not self.ok(AUTO):
+            return None
+        return auto.median_ms / self.results[best].median_ms
 
 
 def run(args: argparse.Namespace) -> int:
@@ -279,10 +291,11 @@ def run(args: argparse.Namespace) -> int:
         return bench_programs.run(args, device, backends, warmup, repeat, args.max_seconds)
     cases = bm.cases_for(device, full=args.full, quick=args.quick, small=args.small)
     settings = _Settings(device, warmup, repeat, args.max_seconds or None, not args.no_rotate)
+    timed = [*backends, *([AUTO] if times_auto(backends, statuses) else [])]
 
-    progress = Progress(len(cases) * (len(backends) + 2), sys.stderr)
+    progress = Progress(len(cases) * (len(timed) + 2), sys.stderr)
     try:
-        results = [_run_case(case, backends, statuses, settings, progress) for case in cases]
+        results = [_run_case(case, timed, statuses, settings, progress) for case in cases]
     finally:
         progress.close()
 
@@ -310,6 +323,13 @@ def run(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
     return code
+
+
+def times_auto(backends: list[str], statuses: dict[str, BackendStatus]) -> bool:
+    """Whether `auto` gets a column: two or more available backends besides the reference are timed (with one,
+    `auto` could only repeat it)."""
+    fast = [b for b in backends if b != bm.REFERENCE_BACKEND and statuses[b].available]
+    return len(fast) >= 2
 
 
 def _refusal(
@@ -405,8 +425,8 @@ def _run_case(
         result.reference_error = describe(exc)
     for name in backends:
         progress.step(f"{case.label}: {label(name)}")
-        status = statuses[name]
-        if not status.available:
+        status = statuses.get(name)  # none for auto
+        if status is not None and not status.available:
             result.results[name] = Measurement(error=f"backend unavailable: {status.reason}")
             continue
         fn = bm.kermac_fn(case, name)
@@ -467,7 +487,8 @@ def _fmt_err(case: bm.BenchCase, m: Measurement) -> str:
 def _report(
     head: dict, backends: list[str], skipped: dict[str, str], results: list[CaseResult], *, verbose: bool
 ) -> str:
-    impls = [*backends, BASELINE]
+    auto = any(AUTO in r.results for r in results)
+    impls = [*backends, *([AUTO] if auto else []), BASELINE]
     lines = title("kermac bench", head)
     lines.append(
         f"median ms over up to {head['repeat']} calls after {head['warmup']} warm-up call(s); "
@@ -478,6 +499,7 @@ def _report(
     floors = any(r.case.floor_ms is not None for r in results)
     headers = (
         ["case", *(f"{label(n)} ms" for n in impls), "speed-up", "best"]
+        + (["auto / best"] if auto else [])
         + (["target ms"] if targets else [])
         + (["floor ms", "best / floor"] if floors else [])
         + [f"{label(n)} err" for n in impls]
@@ -491,6 +513,9 @@ def _report(
             f"{sp:.3g}x" if sp else "-",
             r.best(backends) or "-",
         ]
+        if auto:
+            ratio = r.auto_over_best(backends)
+            row.append(f"{ratio:.3f}" if ratio is not None else "-")
         if targets:
             row.append(f"{r.case.target_ms:g}" if r.case.target_ms is not None else "-")
         if floors:
@@ -553,6 +578,7 @@ def _to_json(head: dict, backends: list[str], skipped: dict[str, str], results: 
             },
             "best": r.best(backends),
             "speedup": r.speedup(backends),
+            "auto_over_best": r.auto_over_best(backends),
         }
         for r in results
     ]

@@ -23,6 +23,7 @@ import torch
 from kermac import benchmarking as bm
 from kermac import small_calls
 from kermac.cli._bench_common import (
+    AUTO,
     BASELINE,
     REFERENCE_LABEL,
     WRONG_NOTE,
@@ -47,7 +48,6 @@ if TYPE_CHECKING:
 
 __all__ = ["AUTO", "OUTS", "CallMeasurement", "CallRow", "columns", "defaults", "run"]
 
-AUTO = "auto"
 OUTS = ("given", "new")
 """The rows of a case: `out=` preallocated, and an output each call allocates."""
 
