@@ -226,6 +226,7 @@ def test_64_bit_indices(tuning: TritonTuning, monkeypatch: pytest.MonkeyPatch) -
     program = _program("gaussian", regularized=True)
     x, z, v = _randn(2, 18, 17), _randn(2, 21, 17), _randn(21, 3)
     _check(program, x, z, v, {"bandwidth": 3.0, "regularization": 0.5}, tuning=tuning, offset_n=2)
+    _check(program, x, z, v[:, 1:2], {"bandwidth": 3.0, "regularization": 0.5}, tuning=tuning, offset_n=2)
 
 
 @pytest.mark.parametrize("tuning", [UNTUNED, SIMT], ids=["tensor_cores", "simt"])
