@@ -229,6 +229,19 @@ def test_64_bit_indices(tuning: TritonTuning, monkeypatch: pytest.MonkeyPatch) -
     _check(program, x, z, v[:, 1:2], {"bandwidth": 3.0, "regularization": 0.5}, tuning=tuning, offset_n=2)
 
 
+@pytest.mark.parametrize("c", [1, 3])
+def test_a_kept_launch_never_serves_a_d_it_was_not_compiled_for(c: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """D = 32 and D = 48 share the autotuning bucket and D's facts (multiples of 16), but D = 32 takes every
+    feature in one step with x kept in registers (`BK` = 32) and D = 48 does not: the second call must not reuse
+    the first one's kernel (it read features 0–31 only)."""
+    device = _device()
+    _skip_without_backend(device)
+    monkeypatch.setattr(launch, "_families", {})  # a fresh cache: the order below is what is tested
+    program = _program("gaussian")
+    for d in (32, 48):
+        _check(program, _randn(20, d), _randn(24, d), _randn(24, c), {"bandwidth": 5.0})
+
+
 @pytest.mark.parametrize("tuning", [UNTUNED, SIMT], ids=["tensor_cores", "simt"])
 def test_views_of_every_operand_and_out(tuning: TritonTuning) -> None:
     """x and v transposed, z a strided slice, `out` a transposed view poisoned with NaN: every

@@ -466,7 +466,9 @@ def run_product(problem: ProductProblem, *, tuning: TritonTuning = DEFAULT_TUNIN
     int64 = _needs_int64(tensors, batch * _cdiv(m, 16) * _cdiv(c, block_c))
     bucket = configs.bucket(batch, m, n, d, c)
     device = x.get_device()
-    key = (device, nbatch, int64, bucket, block_c, int_facts(specialised, unspecialised))
+    # Every meta-parameter the launch fixes is in the key: D = 32 and D = 48 share a bucket and D's facts but
+    # not BK and X_RESIDENT, which select another compiled kernel.
+    key = (device, nbatch, int64, bucket, tuple(sorted(fixed.items())), int_facts(specialised, unspecialised))
     key += (pointer_facts(args[:pointers]),)
     launcher = family.launchers.get(key)
     if launcher is None:
