@@ -355,6 +355,20 @@ def test_check_product_refuses_a_grid_beyond_cudas_limit() -> None:
         assert (reason is None) if fits else ("thread blocks" in reason), reason
 
 
+def test_the_autotuner_times_each_configuration_of_the_launch_once() -> None:
+    """The configuration lists hold each entry once (the spaces of one column and of several share entries), and
+    the prune by `BC` keeps exactly the launch's space."""
+    pytest.importorskip("triton")
+    for configs_of, tensor_cores in ((configs.product_configs, False), (configs.product_tc_configs, True)):
+        listed = configs_of()
+        entries = [(c.kwargs, c.num_warps, c.num_stages, c.maxnreg) for c in listed]
+        assert all(entries.count(e) == 1 for e in entries)
+        for block_c in (1, 16, 64):
+            kept = configs.prune_product(listed, {}, BC=block_c)
+            kept_entries = [(c.kwargs, c.num_warps, c.num_stages, c.maxnreg) for c in kept]
+            assert sorted(map(repr, kept_entries)) == sorted(map(repr, configs.product_space(tensor_cores, block_c)))
+
+
 def test_check_product_refuses_other_devices_with_a_sentence() -> None:
     backend = backend_module.TritonBackend(UNTUNED)
     x = torch.zeros(3, 2, device="meta")

@@ -300,13 +300,24 @@ DEFAULT_GLUON_PAIRWISE = launch_options(GLUON_PAIRWISE_SPACE[0])
 
 
 def product_configs() -> list:
-    """The kernel product's SIMT spaces (several columns and one) as `triton.Config` objects."""
-    return [_config(entry) for entry in PRODUCT_SPACE + PRODUCT_COLUMN_SPACE]
+    """The kernel product's SIMT spaces (several columns and one) as `triton.Config` objects, each entry once (the
+    autotuner times every entry it keeps, repeats included)."""
+    return [_config(entry) for entry in _union(PRODUCT_SPACE, PRODUCT_COLUMN_SPACE)]
 
 
 def product_tc_configs() -> list:
-    """The kernel product's tensor-core spaces (several columns and one) as `triton.Config` objects."""
-    return [_config(entry) for entry in PRODUCT_TC_SPACE + PRODUCT_TC_COLUMN_SPACE]
+    """The kernel product's tensor-core spaces (several columns and one) as `triton.Config` objects, each entry
+    once."""
+    return [_config(entry) for entry in _union(PRODUCT_TC_SPACE, PRODUCT_TC_COLUMN_SPACE)]
+
+
+def _union(*spaces: tuple) -> list:
+    """The entries of `spaces` in order, each once."""
+    seen: list = []
+    for entry in (e for space in spaces for e in space):
+        if entry not in seen:
+            seen.append(entry)
+    return seen
 
 
 def product_space(tensor_cores: bool, block_c: int) -> tuple[tuple[dict[str, int], int, int, int | None], ...]:
