@@ -49,6 +49,8 @@ __all__ = [
     "FEW_FEATURE_CASES",
     "GPU_CASES",
     "GPU_QUICK_CASES",
+    "H100_FP32_PER_MS",
+    "H100_SFU_PER_MS",
     "H100_WRITE_BYTES_PER_MS",
     "PEERS_CASES",
     "REFERENCE_BACKEND",
@@ -276,17 +278,28 @@ PEERS_CASES: tuple[BenchCase, ...] = (
 H100_WRITE_BYTES_PER_MS = 2**30 / 0.36
 """The rate at which an H100 80GB HBM3 writes a float32 output, bytes per millisecond: 16384² outputs (1 GiB)
 in 0.36 ms (../shared/PEERS.md), about 3.0 TB/s."""
+H100_FP32_PER_MS = 31.4e9
+"""The H100's measured float32 instruction issue rate, per millisecond (../shared/PEERS.md)."""
+H100_SFU_PER_MS = H100_FP32_PER_MS / 8
+"""Its special-function unit's rate (lg2, ex2: 16 per clock and multiprocessor, 1/8 of float32)."""
 
 
 def _few_features(d: int, p: float) -> BenchCase:
-    """A 16384² distance with `d` features: its floor is writing the 1 GiB output, its target 1.1× that."""
-    floor = 16384 * 16384 * 4 / H100_WRITE_BYTES_PER_MS
-    return BenchCase("cdist", (16384, 16384, d), p, device="cuda", floor_ms=floor, target_ms=round(1.1 * floor, 3))
+    """A 16384² distance with `d` features: its floor is the larger of writing the 1 GiB output and its terms'
+    instructions — two float32 instructions per term for p = 1 and 2 (a difference; an add of its absolute value
+    or a multiply-add of its square), two special-function operations for any other p (|t|^p = ex2(p·lg2|t|)) —
+    its target 1.1× that."""
+    m = n = 16384
+    write = m * n * 4 / H100_WRITE_BYTES_PER_MS
+    terms = m * n * d * 2 / (H100_FP32_PER_MS if p in (1.0, 2.0) else H100_SFU_PER_MS)
+    floor = max(write, terms)
+    return BenchCase("cdist", (m, n, d), p, device="cuda", floor_ms=floor, target_ms=round(1.1 * floor, 3))
 
 
 FEW_FEATURE_CASES: tuple[BenchCase, ...] = tuple(_few_features(d, p) for d in (3, 8, 16) for p in (1.0, 1.3, 2.0))
-"""Distances with few features (point clouds, spatial data): each output costs a handful of instructions, so
-the floor is writing the output (`floor_ms`, from `H100_WRITE_BYTES_PER_MS`) and the target is 1.1× that."""
+"""Distances with few features (point clouds, spatial data): for p = 1 and 2 each output costs a handful of
+instructions, so the floor is writing the output (`H100_WRITE_BYTES_PER_MS`) and the target 1.1× that; a
+fractional p's powers take the special-function unit, whose floor passes the write's from D = 3 on."""
 
 GPU_CASES: tuple[BenchCase, ...] = tuple(
     c for c in PEERS_CASES if c.sizes[0] != 30000 and not (c.op == "grad" and c.sizes[0] == 8192)
