@@ -403,14 +403,12 @@ def test_bench_flags_wrong_answers_and_explains_na(capsys, fake_plugins):
     header = next(line for line in lines if line.startswith("case")).split()
     label = bm.CPU_QUICK_CASES[0].label
     cells = next(line for line in lines if line.startswith(label + " "))[len(label) :].split()
-    names = ["wrong", "lazy", "right", "reference", "auto", "torch.cdist"]  # auto: two backends besides reference
-    assert header[1:13:2] == names
-    err_cells = cells[-9:]  # "<err> !" for wrong, "nan !" for lazy, then right, reference, auto, torch.cdist
+    names = ["wrong", "lazy", "right", "reference", "torch.cdist"]  # no auto: it could choose 'picky', not named
+    assert header[1:11:2] == names
+    err_cells = cells[-7:]  # "<err> !" for wrong, "nan !" for lazy, then right, reference, torch.cdist
     assert err_cells[0:2] == ["1.0e+00", "!"] and err_cells[2:4] == ["nan", "!"]
-    assert float(err_cells[4]) < 1e-5 and float(err_cells[5]) < 1e-5 and float(err_cells[8]) < 1e-4
-    assert err_cells[6:8] == ["1.0e+00", "!"]  # auto runs the most preferred backend, 'wrong': flagged too
-    assert cells[8] == "-"  # auto / best: none for a wrong auto
-    assert cells[7] == "right"  # best = fastest *correct* backend, never the reference nor auto
+    assert float(err_cells[4]) < 1e-5 and float(err_cells[5]) < 1e-5 and float(err_cells[6]) < 1e-4
+    assert cells[6] == "right"  # best = fastest *correct* backend, never the reference
     assert "that result is WRONG" in out
     assert "/ wrong: UnsupportedProblemError: backend 'wrong' cannot run this gradient problem" in out
 
@@ -421,10 +419,7 @@ def test_bench_json_marks_wrong_answers(capsys, fake_plugins):
     first = json.loads(out)["cases"][0]
     assert first["results"]["wrong"]["ok"] is False and first["results"]["wrong"]["max_rel_err"] == pytest.approx(1.0)
     assert first["results"]["right"]["ok"] is True and first["best"] == "right"
-    # two backends besides the reference: auto is timed too, never listed as a backend nor best
-    report = json.loads(out)
-    assert report["backends"] == ["wrong", "right"] and "auto" in first["results"]
-    assert first["results"]["auto"]["ok"] is False and first["auto_over_best"] is None  # auto runs 'wrong'
+    assert "auto" not in first["results"]  # auto could choose backends not named (lazy, picky)
 
 
 def test_auto_over_best_is_autos_time_over_the_fastest_backends():
@@ -438,13 +433,23 @@ def test_auto_over_best_is_autos_time_over_the_fastest_backends():
     assert result.auto_over_best(["right", "other"]) is None
 
 
-def test_bench_times_auto_only_beside_two_backends(capsys, fake_plugins, tmp_path):
-    """One backend besides the reference: no auto column; a cost table never lists auto."""
-    code, out, _ = run_cli(capsys, "bench", *FAST, "--backends", "right,torch", "--json")
-    assert code == 0 and "auto" not in json.loads(out)["cases"][0]["results"]
+def test_bench_times_auto_only_where_it_chooses_among_the_timed_backends(capsys, fake_plugins, tmp_path, monkeypatch):
+    """Every available backend timed (the default): an auto column, never a backend nor best, never in a cost
+    table; a --backends list that leaves one out, one backend besides the reference, or KERMAC_BACKEND: none."""
+    _, out, _ = run_cli(capsys, "bench", *FAST, "--json")
+    report = json.loads(out)
+    first = report["cases"][0]
+    assert "auto" in first["results"] and "auto" not in report["backends"] and first["best"] != "auto"
+    assert first["results"]["auto"]["ok"] is False and first["auto_over_best"] is None  # auto runs 'wrong'
     path = tmp_path / "cpu.json"
-    code, _, _ = run_cli(capsys, "bench", *FAST, "--backends", "right,lazy", "--write-costs", str(path))
+    run_cli(capsys, "bench", *FAST, "--write-costs", str(path))
     assert all("auto" not in ms for ms in CostTable.load(path).costs.values())
+    for argv in (("--backends", "right,lazy"), ("--backends", "right,torch")):
+        _, out, _ = run_cli(capsys, "bench", *FAST, *argv, "--json")
+        assert "auto" not in json.loads(out)["cases"][0]["results"], argv
+    monkeypatch.setenv("KERMAC_BACKEND", "right")
+    _, out, _ = run_cli(capsys, "bench", *FAST, "--json")
+    assert "auto" not in json.loads(out)["cases"][0]["results"]
 
 
 def test_bench_default_skips_unavailable_and_broken_backends(capsys, fake_plugins):

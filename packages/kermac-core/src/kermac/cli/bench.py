@@ -5,10 +5,10 @@ a preallocated `out`) and PyTorch's own way (`torch.cdist`; then `exp` for kerne
 matrix products for the p = 2 gradient), checks each result against the float64 answer of the
 reference backend, and prints one row per case: the median time of each implementation, the
 speed-up of the fastest kermac backend over PyTorch, and each implementation's max-norm relative
-error.  Where two or more backends besides the reference are timed, `backend="auto"` is timed too, in a
-column of its own beside `auto / best` (its time over the fastest backend's: what `auto`'s choice costs);
-`auto` is never the `best` of a row and never enters a cost table.  An error above the tolerance is flagged
-with `!` and makes the exit code 1.
+error.  Where every backend `auto` can choose is timed (two or more; the reference aside) and
+`KERMAC_BACKEND` is not set, `backend="auto"` is timed too, in a column of its own beside `auto / best` (its
+time over the fastest backend's: what `auto`'s choice costs); `auto` is never the `best` of a row and never
+enters a cost table.  An error above the tolerance is flagged with `!` and makes the exit code 1.
 
 The table calls kermac's reference backend (`backend="torch"`) `reference`: it is the
 correctness oracle, never the `best` of a row.  `--write-costs PATH` turns the run into a cost
@@ -34,7 +34,7 @@ import torch
 
 import kermac
 from kermac import benchmarking as bm
-from kermac import costs
+from kermac import costs, registry
 from kermac.cli import bench_calls, bench_fit, bench_programs
 from kermac.cli._bench_common import (
     AUTO,
@@ -326,10 +326,16 @@ def run(args: argparse.Namespace) -> int:
 
 
 def times_auto(backends: list[str], statuses: dict[str, BackendStatus]) -> bool:
-    """Whether `auto` gets a column: two or more available backends besides the reference are timed (with one,
-    `auto` could only repeat it)."""
-    fast = [b for b in backends if b != bm.REFERENCE_BACKEND and statuses[b].available]
-    return len(fast) >= 2
+    """Whether `auto` gets a column: it chooses among every available backend (opt-in ones and the reference
+    aside), not only the timed ones, and follows `KERMAC_BACKEND`; so only where no override is set, every such
+    backend is timed and there are two or more of them (with one, `auto` could only repeat it)."""
+    choices = [
+        name
+        for name, s in statuses.items()
+        if s.available and not s.broken and s.priority >= 0 and name != bm.REFERENCE_BACKEND
+    ]
+    overridden = registry.requested_backend(AUTO) != AUTO
+    return not overridden and len(choices) >= 2 and set(choices) <= set(backends)
 
 
 def _refusal(
