@@ -49,10 +49,9 @@ Also for float32 products on SIMT K tiles with at most `NARROW_PRODUCT_MAX_D` fe
 keeps the priority (10).
 """
 NARROW_PRODUCT_MAX_D = 32
-"""The most features for which a float32 kernel product on Triton's SIMT K tiles is preferred to NVRTC's: on an
-H100 (N = 100 000, Laplace-L1, `tools/product_bench.py`) it took 12.5 against 23.1 ms at D = 3 and 41.5 against
-43.8 at D = 32 with one column of `v`, 31.1 against 46.3 and 62.1 against 68.5 with 16; at D = 128 NVRTC's was
-faster (115.9 against 149.3, 147.7 against 169.7; docs/dev/triton-product.md)."""
+"""The most features for which a float32 kernel product on Triton's SIMT K tiles is preferred to NVRTC's: its
+one-column path and its tiles measured faster than NVRTC's SIMT product at D = 3 and 32 for one and sixteen
+columns, and slower at D = 128 (docs/dev/triton-product.md)."""
 
 
 @functools.cache
@@ -136,13 +135,13 @@ class TritonBackend(Backend):
         """`TENSOR_CORE_PREFERENCE` where a pairwise or product problem runs on a tensor-core kernel on a GPU, or
         a float32 product has at most `NARROW_PRODUCT_MAX_D` features, else the priority."""
         if isinstance(problem, PairwiseProblem):
-            tc = pairwise_kernel(problem, self.tuning) == "tensor_cores"
+            preferred = pairwise_kernel(problem, self.tuning) == "tensor_cores"
         elif isinstance(problem, ProductProblem):
             narrow = problem.x.dtype == torch.float32 and problem.sizes[2] <= NARROW_PRODUCT_MAX_D
-            tc = narrow or product_kernel(problem, self.tuning) == "tensor_cores"
+            preferred = narrow or product_kernel(problem, self.tuning) == "tensor_cores"
         else:
-            tc = False
-        if tc and not interpreting():
+            preferred = False
+        if preferred and not interpreting():
             return TENSOR_CORE_PREFERENCE
         return self.priority
 
