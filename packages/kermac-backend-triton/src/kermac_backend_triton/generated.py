@@ -105,20 +105,29 @@ def _check_pairwise_fields(spec: PairwiseSpec | ProductSpec, kernels: tuple[str,
 
 
 @dataclass(frozen=True)
-class PairwiseSpec:
-    """Everything a pairwise kernel's generated module depends on.
+class _Spec:
+    """The fields every generated module depends on.
 
     `compute`: `"float32"` or `"float64"`; `nbatch`: coalesced batch dimensions;
-    `tensor_hypers`: hyperparameters passed as per-batch tensors; `int64`: 64-bit indices;
-    `kernel`: one of `KERNELS` (tensor cores only for
-    `tensor_core_eligible` programs, Gluon only in float32).
+    `tensor_hypers`: hyperparameters passed as per-batch tensors; `int64`: 64-bit indices.
     """
 
-    program: PairwiseProgram
+    program: PairwiseProgram | GradProgram
     compute: str
     nbatch: int
     tensor_hypers: frozenset[str]
     int64: bool
+
+    def __post_init__(self) -> None:
+        _check_compute(self.compute)
+
+
+@dataclass(frozen=True)
+class PairwiseSpec(_Spec):
+    """Everything a pairwise kernel's generated module depends on: the fields of every spec, and `kernel`, one
+    of `KERNELS` (tensor cores only for `tensor_core_eligible` programs, Gluon only in float32)."""
+
+    program: PairwiseProgram
     kernel: str = "simt"
 
     def __post_init__(self) -> None:
@@ -126,15 +135,11 @@ class PairwiseSpec:
 
 
 @dataclass(frozen=True)
-class ProductSpec:
+class ProductSpec(_Spec):
     """Everything a kernel product's generated module depends on (fields as `PairwiseSpec`;
     `kernel`: one of `PRODUCT_KERNELS`, the pairwise kernel whose K tiles are contracted)."""
 
     program: PairwiseProgram
-    compute: str
-    nbatch: int
-    tensor_hypers: frozenset[str]
-    int64: bool
     kernel: str = "simt"
 
     def __post_init__(self) -> None:
@@ -142,33 +147,19 @@ class ProductSpec:
 
 
 @dataclass(frozen=True)
-class ProductGradSpec:
-    """Everything a gradient product's generated module depends on (fields as `PairwiseSpec`; one kernel,
+class ProductGradSpec(_Spec):
+    """Everything a gradient product's generated module depends on (the fields of every spec; one kernel,
     `kermac_backend_triton.product_gradient`)."""
 
     program: PairwiseProgram
-    compute: str
-    nbatch: int
-    tensor_hypers: frozenset[str]
-    int64: bool
-
-    def __post_init__(self) -> None:
-        _check_compute(self.compute)
 
 
 @dataclass(frozen=True)
-class GradSpec:
-    """Everything a gradient kernel's generated module depends on (fields as `PairwiseSpec`; the kernel,
+class GradSpec(_Spec):
+    """Everything a gradient kernel's generated module depends on (the fields of every spec; the kernel,
     `grad_kernel`, follows from the program)."""
 
     program: GradProgram
-    compute: str
-    nbatch: int
-    tensor_hypers: frozenset[str]
-    int64: bool
-
-    def __post_init__(self) -> None:
-        _check_compute(self.compute)
 
 
 _IMPORTS = """\
