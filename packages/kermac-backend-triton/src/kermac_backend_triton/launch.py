@@ -10,7 +10,8 @@ whether D reaches the tensor cores, device type; for a kernel product or its gra
 one) fixes the kernel; within it, the key holds the
 facts of this call that decide the compiled kernel and its configuration (device, coalesced
 batch dimensions, 64-bit indexing, the autotuning bucket, the gradient's `BO`, the product's
-`BC`, the gradient product's `BD` and `RMW`, and what Triton specialises on:
+`BC` (and on the tensor cores `BK`, `X_RESIDENT`), the gradient product's `BD` and `RMW`, and what Triton
+specialises on:
 `kermac_backend_triton.launchers.int_facts`, `kermac_backend_triton.launchers.pointer_facts`).  A key seen
 before launches its `Launcher`; a new one compiles, autotunes and launches through `kernel[grid]` (refused while
 a CUDA graph is being captured).
