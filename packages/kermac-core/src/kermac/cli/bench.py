@@ -329,11 +329,7 @@ def times_auto(backends: list[str], statuses: dict[str, BackendStatus]) -> bool:
     """Whether `auto` gets a column: it chooses among every available backend (opt-in ones and the reference
     aside), not only the timed ones, and follows `KERMAC_BACKEND`; so only where no override is set, every such
     backend is timed and there are two or more of them (with one, `auto` could only repeat it)."""
-    choices = [
-        name
-        for name, s in statuses.items()
-        if s.available and not s.broken and s.priority >= 0 and name != bm.REFERENCE_BACKEND
-    ]
+    choices = [name for name, s in statuses.items() if _selectable(s) and name != bm.REFERENCE_BACKEND]
     overridden = registry.requested_backend(AUTO) != AUTO
     return not overridden and len(choices) >= 2 and set(choices) <= set(backends)
 
@@ -359,6 +355,11 @@ def _refusal(
     return None
 
 
+def _selectable(status: BackendStatus) -> bool:
+    """Available, loaded and not opt-in (priority ≥ 0): what a default run times and `auto` chooses among."""
+    return status.available and not status.broken and status.priority >= 0
+
+
 def default_backends(statuses: list[BackendStatus], device: torch.device) -> tuple[list[str], dict[str, str]]:
     """The backends to time when `--backends` is not given, and why each other one is not.
 
@@ -366,7 +367,7 @@ def default_backends(statuses: list[BackendStatus], device: torch.device) -> tup
     but on a GPU, where another backend is available, the reference
     backend is only the oracle of the err column (it is slow there; `--backends` can add it).
     """
-    backends = [s.name for s in statuses if s.available and not s.broken and s.priority >= 0]
+    backends = [s.name for s in statuses if _selectable(s)]
     skipped = {
         s.name: (s.reason or "unavailable")
         if not s.available or s.broken
