@@ -14,11 +14,16 @@ tests run the same at real sizes, tuned and untuned.
 - half inputs computed in float32 (through a float32 workspace where D is accumulated in `out`); NaN and ±inf
   in `g` and `v`, coincident points (flat inner terms where `e'` is infinite), as the reference backend;
 - gradcheck of `program_product` in float64 on `backend="triton"` for x, z and v;
+- every reduction (a section of its own): maxima (the l∞ distance, a user program), a minimum whose slope reads
+  the diagonal and the soft minimum (log-sum-exp) against both references, in registers and in `out`, ties on an
+  integer grid (1/k of the gradient each), NaN and ±inf terms, broadcast batches with γ per entry, half inputs,
+  size 0, gradcheck in x and z; the generated module of a sum program pinned by digests;
 - `check_product_grad`'s refusals, and the generated kernel compiling to cubins (sm_80, sm_90) in a clean process.
 """
 
 from __future__ import annotations
 
+import hashlib
 from pathlib import Path
 
 import pytest
@@ -28,15 +33,18 @@ from dense_programs import dense_kernel
 from helpers import assert_close, tolerance
 
 import kermac
-from kermac import ir, presets
+from kermac import ir, presets, registry, testing
 from kermac.hyperparams import program_hypers
+from kermac.ir_eval import evaluate
 from kermac.problem import ProductGradProblem, product_grad_problem
 from kermac.programs import PairwiseProgram
+from kermac.reductions import ALL as REDUCTIONS
 from kermac.reference.backend import ReferenceBackend
 
 backend_module = pytest.importorskip("kermac_backend_triton.backend")
 launch = pytest.importorskip("kermac_backend_triton.launch")
 configs = pytest.importorskip("kermac_backend_triton.configs")
+generated = pytest.importorskip("kermac_backend_triton.generated")
 TritonTuning = pytest.importorskip("kermac_backend_triton.tuning").TritonTuning
 
 F64 = torch.float64
@@ -306,18 +314,209 @@ def test_kernel_product_gradients_on_triton_equal_the_reference_backends() -> No
         assert_close(a, b, tolerance(torch.float32))
 
 
-# --- refusals -----------------------------------------------------------------------------------------
+# --- every reduction: maxima, minima and log-sum-exp over features --------------------------------------
+
+_X, _Z, _ACC = ir.Var("x"), ir.Var("z"), ir.Var("acc")
 
 
-def test_check_product_grad_refuses_a_max_reduction_with_a_sentence() -> None:
-    t = ir.Var("x") - ir.Var("z")
-    program = PairwiseProgram(abs(t), "max", ir.exp(-ir.Var("acc")))
+def _min_diag_program() -> PairwiseProgram:
+    """A user program: (1 + μ·diag)·exp(−min_k (x − z)²) (a minimum over features; e' reads the diagonal)."""
+    return PairwiseProgram((_X - _Z) * (_X - _Z), "min", (1.0 + ir.Hyper("mu") * ir.Var("diag")) * ir.exp(-_ACC))
+
+
+WEIGHTED = {  # program, hypers, offsets: one per reduction whose terms carry weights ∂acc/∂τ_j other than 1
+    "linf_distance": (presets.ALL["linf_distance"].lower(), {}, {}),
+    "max_user": (PairwiseProgram(abs(_X - 0.5 * _Z), "max", 1.0 / (1.0 + _ACC)), {}, {}),
+    "min_diag": (_min_diag_program(), {"mu": 0.6}, {"offset_m": 2}),
+    "soft_min": (testing.SOFT_MIN, {"gamma": 0.7}, {"offset_n": 1}),
+}
+
+
+def test_every_reduction_is_accepted() -> None:
+    """The gradient product covers every reduction of `kermac.reductions` (it refused all but the sum)."""
     x = torch.zeros(3, 2)
-    reason = backend_module.TritonBackend(UNTUNED).check_product_grad(_problem(program, x, x, x, x, {}))
-    assert reason == (
-        f"the Triton gradient product covers programs whose reduction is a sum; program {program.key()} takes the "
-        "maximum over features"
-    )
+    backend = backend_module.TritonBackend(UNTUNED)
+    for reduction in REDUCTIONS:
+        program = PairwiseProgram(abs(_X - _Z), reduction, ir.exp(-_ACC))
+        assert backend.check_product_grad(_problem(program, x, x, x, x, {})) is None, reduction
+
+
+def test_the_module_of_a_sum_is_unchanged() -> None:
+    """The generated module of a sum program is the one it was before the weighted reductions were covered (their
+    `weight` function and `REDUCTION` are passed only for them): digests of Laplace-L1, Laplace-Lp and the Gaussian,
+    in float32 and in float64 with batches, a tensor hyperparameter and 64-bit indices.  A deliberate change of the
+    sum's generated source updates them."""
+    want = {
+        ("laplace_l1", "float32"): "ae8f2524f053c6fac6a0214e66bdb3b9467a694e55be02ce7a16c73f5bb2ab1f",
+        ("laplace_l1", "float64"): "d2bb7eaaf45e14c440a5e6ddd185a76d9caa6597e6b1359bafca9cd5988e2eeb",
+        ("laplace_lp", "float32"): "3ac549c8cfc2a21c8814e2b7ec788dd2dd595045941d9d188430c57d4df6703e",
+        ("laplace_lp", "float64"): "7eeb4ca290f2df94a836be0f8612a6312dc3baa133277251fe58f9035ef23004",
+        ("gaussian", "float32"): "ecb3bdb9d9da910cdc6e91deaeddc23aca7011b893c9dc3e832a41bba19d1cf5",
+        ("gaussian", "float64"): "a70240a6fcde0c573491a26493a738e917266ebd27b4a63e41f588ebc2f30ffe",
+    }
+    for (name, compute), digest in want.items():
+        batched = compute == "float64"
+        spec = generated.ProductGradSpec(
+            _preset(name), compute, 2 if batched else 0, frozenset({"bandwidth"} if batched else ()), batched
+        )
+        assert hashlib.sha256(generated.kernel_source(spec).encode()).hexdigest() == digest, (name, compute)
+
+
+def test_a_weighted_module_names_its_reduction_and_weight() -> None:
+    """A maximum's module has its `weight` (1 where a term attains the extreme) and passes it with the reduction's
+    name to the tile function."""
+    spec = generated.ProductGradSpec(WEIGHTED["max_user"][0], "float32", 0, frozenset(), False)
+    source = generated.kernel_source(spec)
+    assert "def weight(acc, t):\n    return (t == acc).to(tl.float32)\n" in source
+    assert "INT64=False, REDUCTION='max', weight=weight," in source
+
+
+@pytest.mark.parametrize("case", sorted(WEIGHTED))
+@pytest.mark.parametrize(("m", "n", "d", "c"), [(19, 11, 5, 1), (13, 17, 19, 5)])
+@pytest.mark.parametrize("dtype", [torch.float32, F64])
+def test_weighted_reductions_match_both_references(case: str, m: int, n: int, d: int, c: int, dtype) -> None:
+    """Maxima, minima and log-sum-exp: sizes beyond one tile in M, N and D (D = 5 held in registers, D = 19 past
+    the 16 features held there, accumulated in `out`), C = 1 and 5, against the reference backend and torch
+    autograd of the dense program (`torch.amax`, `torch.amin`, `torch.logsumexp` over the features)."""
+    device = _device()
+    _skip_without_backend(device)
+    program, hypers, offsets = WEIGHTED[case]
+    x, z = _randn(m, d, dtype=dtype), _randn(n, d, dtype=dtype)
+    v, g = _randn(n, c, dtype=dtype), _randn(m, c, dtype=dtype)
+    _check(program, x, z, v, g, hypers, **offsets)
+
+
+@pytest.mark.parametrize("case", ["linf_distance", "max_user", "min_diag"])
+@pytest.mark.parametrize("d", [6, 19])
+def test_tied_extremes_share_the_gradient(case: str, d: int) -> None:
+    """Points on the integer grid {−2, …, 2}^D: many pairs have several features tied for the maximum or minimum,
+    each taking 1/k of the gradient (as torch.amax / torch.amin's backward)."""
+    device = _device()
+    _skip_without_backend(device)
+    program, hypers, offsets = WEIGHTED[case]
+    grid = torch.Generator().manual_seed(d)
+    x, z = (torch.randint(-2, 3, (rows, d), generator=grid, dtype=F64) for rows in (11, 9))
+    terms = evaluate(program.inner, {"x": x[:, None, :], "z": z[None, :, :]}, like=x)
+    extreme = terms.amax(-1, keepdim=True) if program.reduction == "max" else terms.amin(-1, keepdim=True)
+    assert ((terms == extreme).sum(-1) > 1).float().mean() > 0.25  # the ties the test is about
+    x, z = x.to(device), z.to(device)
+    v, g = _randn(9, 3, dtype=F64), _randn(11, 3, dtype=F64)
+    _check(program, x, z, v, g, hypers, **offsets)
+
+
+@pytest.mark.parametrize("d", [4, 18])
+def test_nan_and_inf_terms_give_the_reference_backends_values(d: int) -> None:
+    """A NaN coordinate makes its pairs' extreme NaN and their weights NaN (0/0): every feature with a slope gets
+    NaN; an infinite coordinate gives an infinite log-sum-exp (x·z terms, +∞) whose weights are NaN, as
+    torch.logsumexp's backward, or a −∞ term that weighs 0.  NaN where the reference has NaN, ±inf where it has
+    them, and the other values within the tolerance."""
+    device = _device()
+    _skip_without_backend(device)
+    programs = [
+        (WEIGHTED["max_user"][0], {}),
+        (WEIGHTED["min_diag"][0], {"mu": 0.6}),
+        (testing.SOFT_MIN, {"gamma": 0.7}),
+        (PairwiseProgram(_X * _Z, "logsumexp", ir.exp(-0.1 * _ACC)), {}),
+    ]
+    for program, hypers in programs:
+        x, z = _randn(10, d, dtype=F64), _randn(9, d, dtype=F64)
+        v, g = _randn(9, 2, dtype=F64), _randn(10, 2, dtype=F64)
+        x[1, 0] = float("nan")
+        x[3, 1], z[4, 2] = float("inf"), float("-inf")
+        got, ref = _triton(program, x, z, v, g, hypers).cpu(), _reference(program, x, z, v, g, hypers)
+        assert torch.isnan(ref).any(), program.key()
+        assert torch.equal(torch.isnan(got), torch.isnan(ref)), program.key()
+        assert torch.equal(got[torch.isinf(ref)], ref[torch.isinf(ref)]), program.key()
+        finite = torch.isfinite(ref)
+        torch.testing.assert_close(got[finite], ref[finite], rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("d", [7, 12, 18])
+def test_weighted_broadcast_batches_and_a_gamma_per_entry(d: int) -> None:
+    """The soft minimum with γ a tensor (one per entry of the batch's last dimension), x [2, 1, M, D] against
+    z [3, N, D], views of x and z, a maximum on the same batch; float64: D in registers (7) and accumulated in `out`
+    (12, past the 8 features a weighted reduction holds in registers in float64, and 18)."""
+    device = _device()
+    _skip_without_backend(device)
+    x = _randn(2, 1, d, 9, dtype=F64).mT  # [2, 1, 9, D]
+    z = _randn(3, 22, 2 * d, dtype=F64)[:, ::2, ::2]  # [3, 11, D]
+    v, g = _randn(11, 2, dtype=F64), _randn(2, 3, 9, 2, dtype=F64)
+    gamma = torch.tensor([0.4, 0.9, 1.7], dtype=F64, device=device)
+    _check(testing.SOFT_MIN, x, z, v, g, {"gamma": gamma}, offset_m=1)
+    _check(WEIGHTED["max_user"][0], x, z, v, g, {})
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("d", [5, 18])
+def test_weighted_half_inputs_compute_in_float32(dtype: torch.dtype, d: int) -> None:
+    device = _device()
+    _skip_without_backend(device)
+    x, z = _randn(11, d, dtype=dtype), _randn(9, d, dtype=dtype)
+    v, g = _randn(9, 2, dtype=dtype), _randn(11, 2, dtype=dtype)
+    for case in ("max_user", "soft_min"):
+        program, hypers, _ = WEIGHTED[case]
+        got = _triton(program, x, z, v, g, hypers)
+        assert got.dtype == dtype
+        # computed in float32 from the half values (the terms and their ties exactly): the stored rounding alone
+        assert_close(got, _reference(program, x, z, v, g, hypers), 1e-2)
+        assert_close(got, _dense(program, x, z, v, g, hypers), 1e-2)
+
+
+def test_weighted_size_zero_dimensions() -> None:
+    """N = 0 writes zeros; C = 0 (G = 0), M = 0, D = 0 and an empty batch give what the reference gives."""
+    device = _device()
+    _skip_without_backend(device)
+    for case in ("max_user", "soft_min"):
+        program, hypers, _ = WEIGHTED[case]
+        for d in (3, 20):
+            out = torch.full((5, d), float("nan"), device=device)
+            _triton(program, _randn(5, d), _randn(0, d), _randn(0, 2), _randn(5, 2), hypers, out=out)
+            assert torch.equal(out, torch.zeros(5, d, device=device))
+        for m, n, d, c, b in [
+            (0, 6, 3, 2, ()),
+            (5, 6, 0, 2, ()),
+            (5, 6, 3, 0, ()),
+            (5, 6, 17, 0, ()),
+            (5, 6, 3, 2, (0,)),
+        ]:
+            x, z, v, g = _randn(*b, m, d), _randn(n, d), _randn(n, c), _randn(*b, m, c)
+            got = _triton(program, x, z, v, g, hypers)
+            assert got.shape == (*b, m, d)
+            torch.testing.assert_close(got.double().cpu(), _reference(program, x, z, v, g, hypers), rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("d", [5, 17])
+def test_weighted_64_bit_indices(monkeypatch: pytest.MonkeyPatch, d: int) -> None:
+    """The variant with 64-bit indices of a minimum and of a soft minimum, forced on small batched operands."""
+    device = _device()
+    _skip_without_backend(device)
+    monkeypatch.setattr(launch, "_families", {})
+    monkeypatch.setattr(launch, "_needs_int64", lambda tensors, programs: True)
+    x, z, v, g = _randn(2, 12, d), _randn(2, 10, d), _randn(10, 3), _randn(2, 12, 3)
+    for case in ("min_diag", "soft_min"):
+        program, hypers, offsets = WEIGHTED[case]
+        _check(program, x, z, v, g, hypers, **offsets)
+
+
+@pytest.mark.parametrize("case", ["max_user", "min_diag", "soft_min"])
+def test_gradcheck_of_weighted_program_products_on_triton(case: str) -> None:
+    """gradcheck in float64 of K @ v in x and z (Triton's gradient products; z's on the swapped program) for a
+    maximum, a minimum and a soft minimum over features (distinct terms: no tie within gradcheck's steps).  Fast mode
+    (one random projection of each Jacobian): the interpreter folds these reductions' combine element by element."""
+    device = _device()
+    _skip_without_backend(device)
+    program, hypers, offsets = WEIGHTED[case]
+    x = _randn(2, 5, 4, dtype=F64).requires_grad_()
+    z = (_randn(6, 4, dtype=F64) + 0.05).requires_grad_()
+    v = _randn(6, 2, dtype=F64)
+
+    def f(x, z):
+        return kermac.program_product(program, x, z, v, backend="triton", **offsets, **hypers)
+
+    assert torch.autograd.gradcheck(f, (x, z), fast_mode=True)
+
+
+# --- refusals -----------------------------------------------------------------------------------------
 
 
 def test_check_product_grad_refuses_other_devices_with_a_sentence() -> None:
@@ -347,7 +546,8 @@ def test_check_product_grad_refuses_a_grid_beyond_cudas_limit() -> None:
 def _compile_jobs() -> dict[str, dict]:
     """The default tiles for Laplace-L1, Laplace-Lp, the Gaussian and the user program (sm_90, float32, 16 features
     in registers, 8 per step accumulated in `out`), 4 features, batched float64 variants with 64-bit indices and
-    tensor hyperparameters, and sm_80."""
+    tensor hyperparameters, and sm_80; the same for a maximum, a minimum and log-sum-exp (`WEIGHTED`) on sm_90 and
+    sm_80."""
     meta, warps, _, _ = configs.PRODUCT_GRAD_SPACE[0]
     base = dict(spec={}, meta=meta | {"BD": 16, "RMW": False}, warps=warps, arch=90, dtype="float32")
     rmw = meta | {"BD": configs.PRODUCT_GRAD_RMW_BD, "RMW": True}
@@ -363,6 +563,17 @@ def _compile_jobs() -> dict[str, dict]:
     jobs["laplace_lp-float64-batched-int64-rmw-sm90"] = base | dict(program=lp, dtype="float64", spec=batched, meta=rmw)
     jobs["gaussian-sm80"] = base | dict(program=keys["gaussian"], arch=80)
     jobs["gaussian-rmw-sm80"] = base | dict(program=keys["gaussian"], arch=80, meta=rmw)
+    # the weighted reductions: float32 as the sum; float64 (batched, every hyperparameter a tensor, 64-bit indices)
+    # with the fewer features in registers of PRODUCT_GRAD_WEIGHTED_F64_MAX_BD, and accumulated in `out`
+    f64_reg, f64_rmw = meta | {"BD": configs.PRODUCT_GRAD_WEIGHTED_F64_MAX_BD, "RMW": False}, rmw
+    for name, (program, _, _) in WEIGHTED.items():
+        f64 = base | dict(program=program.key(), dtype="float64")
+        f64["spec"] = {"nbatch": 2, "tensor_hypers": list(program.hypers), "int64": True}
+        for arch in (90, 80):
+            jobs[f"{name}-sm{arch}"] = base | dict(program=program.key(), arch=arch)
+            jobs[f"{name}-rmw-sm{arch}"] = base | dict(program=program.key(), arch=arch, meta=rmw)
+            jobs[f"{name}-float64-batched-int64-sm{arch}"] = f64 | dict(arch=arch, meta=f64_reg)
+            jobs[f"{name}-float64-batched-int64-rmw-sm{arch}"] = f64 | dict(arch=arch, meta=f64_rmw)
     return {key: job | {"id": key} for key, job in jobs.items()}
 
 
@@ -427,3 +638,38 @@ def test_gpu_memory_stays_that_of_the_operands(d: int) -> None:
     rows = 16
     want = _reference(program, x[:rows], z, v, g[:rows], hypers)
     assert_close(out[:rows], want, tolerance(torch.float32))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("tuning", [TritonTuning(), UNTUNED], ids=["tuned", "untuned"])
+@pytest.mark.parametrize(
+    ("case", "d", "c"), [("max_user", 3, 1), ("linf_distance", 13, 2), ("soft_min", 37, 16), ("min_diag", 130, 5)]
+)
+@pytest.mark.parametrize("dtype", [torch.float32, F64])
+def test_weighted_reductions_at_real_sizes_on_the_gpu(tuning: TritonTuning, case: str, d: int, c: int, dtype) -> None:
+    """Maxima, minima and log-sum-exp at real sizes: D in registers (3; 13 in float32), accumulated in `out` (13 in
+    float64, past the 8 features a weighted reduction holds there; 37, 130)."""
+    program, hypers, offsets = WEIGHTED[case]
+    x, z = _randn(1001, d, dtype=dtype), _randn(1203, d, dtype=dtype)
+    v, g = _randn(1203, c, dtype=dtype), _randn(1001, c, dtype=dtype)
+    got = _triton(program, x, z, v, g, hypers, tuning=tuning, **offsets)
+    assert_close(got, _reference(program, x, z, v, g, hypers, **offsets), 1e-10 if dtype == F64 else tolerance(dtype))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", sorted(WEIGHTED))
+def test_auto_runs_weighted_gradient_products_on_triton(case: str) -> None:
+    """On CUDA `auto` now runs the gradient product of a maximum, minimum or log-sum-exp on Triton (it fell back to
+    the reference backend's torch blocks), and `kernel_product`'s x and z gradients equal the reference backend's."""
+    program, hypers, _ = WEIGHTED[case]
+    x, z, v, u = _randn(700, 9), _randn(900, 9), _randn(900, 3), _randn(700, 3)
+    problem = _problem(program, x, z, v, u, hypers)
+    chosen = registry.select_backend("auto", problem, lambda b, p: b.check_product_grad(p), "gradient product")
+    assert chosen.name == "triton"
+    grads = []
+    for backend in ("auto", "torch"):
+        leaves = [t.clone().requires_grad_() for t in (x, z)]
+        out = kermac.program_product(program, *leaves, v, backend=backend, **hypers)
+        grads.append(torch.autograd.grad(out, leaves, u))
+    for a, b in zip(*grads, strict=True):
+        assert_close(a, b, tolerance(torch.float32))

@@ -6,7 +6,7 @@ tensors are accepted, and the backend ranks below the reference backend so `auto
 the slow interpreter.  Inputs may be float32, float16, bfloat16 (computed in float32) or float64.
 Besides the pairwise and gradient operations it computes the fused kernel product `K(x, z) @ v`
 of every pairwise program (`check_product`, `product`; `kermac_backend_triton.product`) and its gradient in
-the points for every program whose reduction is a sum (`check_product_grad`, `product_grad`;
+the points, whatever the program's reduction over features (`check_product_grad`, `product_grad`;
 `kermac_backend_triton.product_gradient`).
 Its choices of kernel and autotuning are a `TritonTuning`
 (`TritonBackend(tuning=...)`; the registered backend takes the defaults).
@@ -21,7 +21,6 @@ import torch
 
 from kermac.backend import Availability, Backend
 from kermac.problem import PairwiseProblem, ProductGradProblem, ProductProblem
-from kermac.reductions import ALL as REDUCTIONS
 from kermac_backend_triton.interpreter import interpreting
 from kermac_backend_triton.launch import (
     grid_size_problem,
@@ -121,14 +120,8 @@ class TritonBackend(Backend):
         return self._check_device(problem.device) or grid_size_problem(problem)
 
     def check_product_grad(self, problem: ProductGradProblem) -> str | None:
-        """`None` if `product_grad` can run `problem` (every program whose reduction is a sum, every dtype),
-        else why not: the reduction, the device, or a launch grid beyond CUDA's limit."""
-        reduction = REDUCTIONS[problem.program.reduction]
-        if not reduction.gradient_product:
-            return (
-                f"the Triton gradient product covers programs whose reduction is a sum; program "
-                f"{problem.program.key()} takes the {reduction.noun} over features"
-            )
+        """`None` if `product_grad` can run `problem` (every pairwise program, reduction and dtype is supported),
+        else why not: the device, or a launch grid beyond CUDA's limit."""
         return self._check_device(problem.device) or grid_size_problem(problem)
 
     def preference(self, problem: PairwiseProblem | GradProblem | ProductProblem | ProductGradProblem) -> int:

@@ -25,8 +25,8 @@ cores `BK` is chosen from D (`product_tc_block_k`).  One column (`BC` = 1) has s
 (`prune_product`).
 Gradient product (`kermac_backend_triton.product_gradient`): `BM` rows of x and `BN` of z per step, `BK`
 features per step of the pairwise sum, and `BD` output features per step, chosen from D
-(`product_grad_block_d`), not tuned; beyond `PRODUCT_GRAD_MAX_BD` features a program accumulates in `out`
-(`RMW`).
+(`product_grad_block_d`), not tuned; beyond `PRODUCT_GRAD_MAX_BD` features (fewer for a weighted reduction in
+float64, `PRODUCT_GRAD_WEIGHTED_F64_MAX_BD`) a program accumulates in `out` (`RMW`).
 The spaces were chosen by sweeps on an H100 (the decision records in `docs/dev/`); each comment
 says what each entry is for.
 """
@@ -51,6 +51,7 @@ __all__ = [
     "PRODUCT_GRAD_MAX_BD",
     "PRODUCT_GRAD_RMW_BD",
     "PRODUCT_GRAD_SPACE",
+    "PRODUCT_GRAD_WEIGHTED_F64_MAX_BD",
     "PRODUCT_SPACE",
     "PRODUCT_TC_COLUMN_SPACE",
     "PRODUCT_TC_RESIDENT_D",
@@ -351,12 +352,19 @@ PRODUCT_GRAD_MAX_BD = 16
 PRODUCT_GRAD_RMW_BD = 8
 """Features per step where the gradient product accumulates in `out`: `acc`, `e'` and `G` of the tile of z stay
 live across the steps, and 16 features per step spilled in float64 (Laplace-Lp, sm_90)."""
+PRODUCT_GRAD_WEIGHTED_F64_MAX_BD = 8
+"""`PRODUCT_GRAD_MAX_BD` for a weighted reduction (every one but the sum: its weights are a second `[BN, BM, BD]`
+tile beside the slopes) in float64: 16 features in registers spilled (the soft minimum with a batched γ, sm_90).
+Beyond, `PRODUCT_GRAD_RMW_BD` features per step in `out` as for a sum (4 per step let ptxas trade registers for a
+spill on sm_80, the l∞ distance)."""
 
 
-def product_grad_block_d(d: int) -> int:
-    """Output features per step of the gradient product: the next power of two ≥ D up to `PRODUCT_GRAD_MAX_BD`,
-    else `PRODUCT_GRAD_RMW_BD`."""
-    return 1 << max(0, d - 1).bit_length() if d <= PRODUCT_GRAD_MAX_BD else PRODUCT_GRAD_RMW_BD
+def product_grad_block_d(d: int, compute: str, weighted: bool) -> tuple[int, bool]:
+    """Output features per step of the gradient product, and whether it accumulates in `out` (`RMW`): the next
+    power of two ≥ D up to the most it holds in registers (`PRODUCT_GRAD_MAX_BD`, `PRODUCT_GRAD_WEIGHTED_F64_MAX_BD`
+    for a `weighted` reduction computed in float64), else `PRODUCT_GRAD_RMW_BD` and `RMW`."""
+    most = PRODUCT_GRAD_WEIGHTED_F64_MAX_BD if weighted and compute == "float64" else PRODUCT_GRAD_MAX_BD
+    return (1 << max(0, d - 1).bit_length(), False) if d <= most else (PRODUCT_GRAD_RMW_BD, True)
 
 
 PRODUCT_TC_RESIDENT_D = 32

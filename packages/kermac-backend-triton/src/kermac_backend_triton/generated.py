@@ -20,7 +20,9 @@ product).  What varies with the program and the launch's layout is generated her
   `combine(acc, t)` and, for the kernels that reduce a
   chunk of terms at once, `combine_chunk(acc, t)` (`t` reduced over its axis 0 by `combine`;
   by `tl.sum` for the arithmetic sum, the same values, which the CPU interpreter computes as one
-  vector operation where a function of its own is folded element by element);
+  vector operation where a function of its own is folded element by element); and for the gradient product of a
+  reduction other than the sum its `weight(acc, t)` (`∂acc/∂τ_j`), passed to the tile function with the
+  reduction's name `REDUCTION` (a sum passes neither: the tile function's defaults);
 * the entry kernel, whose parameter list depends on the program's hyperparameters (a typed
   scalar `h_<name>`, or a pointer `H_<name>` per batch entry) and on the number of coalesced
   batch dimensions of `kermac.layout.batch_layout` (sizes `BS<i>`, per-operand strides
@@ -47,6 +49,7 @@ from kermac.kernel_facts import tensor_core_eligible
 from kermac.programs import GradProgram, PairwiseProgram, epilogue_slope, inner_slope, product_factor, signed_power
 from kermac.reductions import ALL as REDUCTIONS
 from kermac_backend_triton.expressions import COMPUTE_TYPES, hyper_arg, nonnegative, render_expr
+from kermac_backend_triton.product_gradient import weighted_reduction
 
 __all__ = [
     "GRAD_ENTRY",
@@ -300,14 +303,17 @@ _CALL = {
     "product_grad": "product_grad_tile(\n"
     "        X, Z, V, G, OUT, M, N, D, C, OFF_M, OFF_N, SXM, SXK, SZN, SZK, SVN, SVC, SGM, SGC, SOM, SOK, pm,\n"
     "        {hypers}, inner, combine_chunk, slope, inner_slope, {uses_diag}, {cdt}, BM, BN, BK, BD, RMW,\n"
-    "        INT64={int64},\n    )",
+    "        INT64={int64},{weighting}\n    )",
 }
 """The last line of each entry kernel's body: the call of its tile function."""
 
 
 def _program_constants(spec: PairwiseSpec | ProductSpec | ProductGradSpec | GradSpec) -> dict[str, object]:
     if isinstance(spec, ProductGradSpec):
-        return {"uses_diag": "diag" in free_vars(epilogue_slope(spec.program))}
+        reduction = spec.program.reduction
+        # a sum takes the tile function's defaults: its module names no reduction
+        weighting = f" REDUCTION={reduction!r}, weight=weight," if weighted_reduction(reduction) else ""
+        return {"uses_diag": "diag" in free_vars(epilogue_slope(spec.program)), "weighting": weighting}
     if not isinstance(spec, GradSpec):
         return {"reduction": spec.program.reduction, "uses_diag": spec.program.uses_diag}
     factor = product_factor(spec.program)
@@ -391,8 +397,9 @@ def _known_nonnegative(prog: PairwiseProgram) -> frozenset[str]:
 
 
 def _product_grad_functions(spec: ProductGradSpec) -> list[str]:
-    """`inner`, `combine`, `combine_chunk`, `slope` (`e'`, of `acc` and `diag`) and `inner_slope` (`∂τ/∂x`) of a
-    gradient product.  The inner term and its slope run per feature (`fast`), `e'` per pair, as the epilogue."""
+    """`inner`, `combine`, `combine_chunk`, `slope` (`e'`, of `acc` and `diag`), `inner_slope` (`∂τ/∂x`) and, but
+    for a sum, the reduction's `weight(acc, t)` (`∂acc/∂τ_j`) of a gradient product.  The inner term, its slope and
+    the weight run per feature (`fast`), `e'` per pair, as the epilogue."""
     prog, hypers, compute = spec.program, spec.program.hypers, spec.compute
     texts = {
         ("inner", "x, z, hypers"): render_expr(prog.inner, {"x": "x", "z": "z"}, compute, fast=True),
@@ -404,7 +411,11 @@ def _product_grad_functions(spec: ProductGradSpec) -> list[str]:
     functions = [
         _function(name, params, hypers, text, _hypers_in(text, hypers), False) for (name, params), text in texts.items()
     ]
-    return functions + _reduction_functions(prog.reduction, compute)
+    functions += _reduction_functions(prog.reduction, compute)
+    if weighted_reduction(prog.reduction):
+        weight = render_expr(REDUCTIONS[prog.reduction].weight, {"acc": "acc", "t": "t"}, compute, fast=True)
+        functions.append(_function("weight", "acc, t", (), weight, set(), False))
+    return functions
 
 
 def _reduction_functions(name: str, compute: str, gluon: bool = False, chunk: bool = True) -> list[str]:

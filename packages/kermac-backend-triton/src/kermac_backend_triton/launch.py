@@ -56,6 +56,7 @@ from kermac_backend_triton.launchers import (
     pointer_facts,
 )
 from kermac_backend_triton.modules import load_module
+from kermac_backend_triton.product_gradient import weighted_reduction
 from kermac_backend_triton.tuning import DEFAULT_TUNING, TritonTuning
 
 __all__ = [
@@ -483,15 +484,16 @@ def run_product(problem: ProductProblem, *, tuning: TritonTuning = DEFAULT_TUNIN
 
 def run_product_grad(problem: ProductGradProblem, *, tuning: TritonTuning = DEFAULT_TUNING) -> None:
     """Launch the gradient product of `problem` (`kermac_backend_triton.product_gradient`): one program per
-    batch entry and `BM` rows of `out`.  A D beyond `PRODUCT_GRAD_MAX_BD` is accumulated in `out` (`RMW`); a
-    half-precision `out` then takes a float32 workspace of its shape, copied into it afterwards."""
+    batch entry and `BM` rows of `out`.  A D beyond the features held in registers
+    (`kermac_backend_triton.configs.product_grad_block_d`) is accumulated in `out` (`RMW`); a half-precision `out`
+    then takes a float32 workspace of its shape, copied into it afterwards."""
     out = problem.out
     if out.numel() == 0:  # M, D or the batch is 0: nothing to write
         return
     if problem.sizes[1] == 0:  # an empty sum over n
         out.zero_()
         return
-    if problem.sizes[2] > configs.PRODUCT_GRAD_MAX_BD and out.dtype not in (torch.float32, torch.float64):
+    if _product_grad_block_d(problem)[1] and out.dtype not in (torch.float32, torch.float64):
         workspace = torch.empty(out.shape, dtype=torch.float32, device=out.device)
         _launch_product_grad(dataclasses.replace(problem, out=workspace), tuning)
         out.copy_(workspace)
@@ -514,8 +516,7 @@ def _launch_product_grad(problem: ProductGradProblem, tuning: TritonTuning) -> N
     off_m, off_n = problem.offset_m, problem.offset_n
     args = [x, z, v, g, out, *hyper_args, m, n, d, c, off_m, off_n, *strides, *layout_args]
     pointers = 5 + len(hyper_args)
-    block_d = configs.product_grad_block_d(d)
-    rmw = d > configs.PRODUCT_GRAD_MAX_BD
+    block_d, rmw = _product_grad_block_d(problem)
     tensors = [t for t in args[:pointers] if isinstance(t, torch.Tensor)]
     int64 = _needs_int64(tensors, batch * _cdiv(m, 8))
     bucket = configs.bucket(batch, m, n, d, c)
@@ -529,6 +530,12 @@ def _launch_product_grad(problem: ProductGradProblem, tuning: TritonTuning) -> N
         _first_launch(family, key, spec, tuning, problem.debug, args, extra, (batch, m, 1))
         return
     launcher.launch(args, batch * _cdiv(m, launcher.tiles[0]), device)
+
+
+def _product_grad_block_d(problem: ProductGradProblem) -> tuple[int, bool]:
+    """`BD` and `RMW` of `problem` (`kermac_backend_triton.configs.product_grad_block_d`)."""
+    weighted = weighted_reduction(problem.program.reduction)
+    return configs.product_grad_block_d(problem.sizes[2], compute_type(problem.x.dtype), weighted)
 
 
 def _pairwise_spec(problem: PairwiseProblem, kernel: str, nbatch: int, int64: bool) -> PairwiseSpec:

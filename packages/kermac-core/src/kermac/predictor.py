@@ -61,9 +61,9 @@ def predictor_gradient(
     columns, and the result is differentiable to any order (it is made of fused products); every other kernel
     (Laplace-L1, the Lp kernels, dot products, the l∞ distance, soft minima, user programs) takes one gradient
     product per output column (`C` passes; [`kermac.jacobians`][kermac.jacobians]; a maximum, minimum or
-    log-sum-exp over features weighs each feature by `∂acc/∂τ_j`, and only the reference backend computes those),
-    and the result has first derivatives only.  Where the inner term is flat (`∂τ/∂x = 0`, e.g. `|x − z|` at
-    `x = z`) a pair contributes 0, torch.cdist's subgradient.
+    log-sum-exp over features weighs each feature by `∂acc/∂τ_j`), and the result has first derivatives only.
+    Where the inner term is flat (`∂τ/∂x = 0`, e.g. `|x − z|` at `x = z`) a pair contributes 0, torch.cdist's
+    subgradient.
 
     Raises the usual `TypeError`/`ValueError` for inputs, naming the argument.
     """

@@ -34,19 +34,18 @@ Every backend reads a reduction's facts from [`ALL`][kermac.reductions.ALL]:
   backend may then compute powers of `acc` without the negative-base cases);
 * `sum_fast_paths`: the reduction is the arithmetic sum, so the paths that rewrite a sum of terms apply
   (the tensor-core expansion of `Σ (x − z)²`, the split powers of `Σ |x − z|^p`, the sum-specific
-  derivatives); every other reduction runs the generic SIMT kernels;
-* `gradient_product`: the GPU backends' fused gradient-product kernels (`kermac.problem.ProductGradProblem`)
-  cover it (`∂acc/∂x_j = ∂τ/∂x_j`, weight 1); the reference backend computes every reduction's.
+  derivatives); every other reduction runs the generic SIMT kernels.
 
 The kernel product `K @ v` ([`kermac.kernel_product`][kermac.kernel_product]) allows every reduction: its K tiles
-are the pairwise kernel's, whatever the reduction over features.
+are the pairwise kernel's, whatever the reduction over features.  So does its gradient in the points
+(`kermac.problem.ProductGradProblem`), which weighs each feature's `∂τ/∂x_j` by `weight` (by 1 for the sum).
 
 Adding a reduction: one [`Reduction`][kermac.reductions.Reduction] entry in `ALL`, whose `combine` uses only
 [`kermac.ir.OPS`][kermac.ir.OPS] and is associative and commutative with `identity` as its neutral element; a
 `reference` torch function with the same values on special values (NaN, ±∞, empty); its `weight`; then the
 conformance cases of [`kermac.testing`][kermac.testing] and a differential test against an independent float64
-formula.  Backends need no change: they render `combine` and read `identity` (a backend with its own table of
-reductions, such as a third-party one, refuses a name it lacks).
+formula.  Backends need no change: they render `combine` and `weight` and read `identity` (a backend with its own
+table of reductions, such as a third-party one, refuses a name it lacks).
 """
 
 from __future__ import annotations
@@ -84,8 +83,6 @@ class Reduction:
         normalized: whether the weights are divided by their sum over the terms.
         nonnegative: whether non-negative terms (and no term) reduce to a non-negative value.
         sum_fast_paths: whether the reduction is the arithmetic sum the sum-specific paths rewrite.
-        gradient_product: whether the GPU backends' fused gradient-product kernels cover it (the reference backend
-            computes the gradient product of every reduction).
     """
 
     name: str
@@ -97,7 +94,6 @@ class Reduction:
     normalized: bool
     nonnegative: bool
     sum_fast_paths: bool = False
-    gradient_product: bool = False
 
     def __post_init__(self) -> None:
         for what in ("combine", "weight"):
@@ -132,7 +128,6 @@ ALL: Mapping[str, Reduction] = MappingProxyType(
             normalized=False,
             nonnegative=True,
             sum_fast_paths=True,
-            gradient_product=True,
         ),
         "max": Reduction(
             "max", "maximum", -math.inf, ir.maximum(_ACC, _T), torch.amax, _TIED, normalized=True, nonnegative=False
