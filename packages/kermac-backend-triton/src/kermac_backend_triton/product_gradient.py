@@ -147,7 +147,7 @@ def product_grad_tile(
     """Compute and store the rows `pm` of `out` (see the module docs); with `RMW` accumulate in `out`, whose dtype
     is then the compute type, else hold the `BD` ≥ D features in registers.  `REDUCTION`: the program's reduction,
     `weight` its generated `weight(acc, t)` (`None` for a sum, which has no weights).  Both are passed explicitly:
-    the compiler does not take a string default of a `tl.constexpr` parameter (it did under the interpreter)."""
+    Triton 3.6 does not take a string default of a `tl.constexpr` parameter (3.9 does)."""
     om = pm * BM + index_type(tl.arange(0, BM), INT64)
     rm = om % M
     kr = index_type(tl.arange(0, BK), INT64)[:, None, None]
