@@ -311,8 +311,8 @@ _CALL = {
 def _program_constants(spec: PairwiseSpec | ProductSpec | ProductGradSpec | GradSpec) -> dict[str, object]:
     if isinstance(spec, ProductGradSpec):
         reduction = spec.program.reduction
-        # a sum takes the tile function's defaults: its module names no reduction
-        weighting = f" REDUCTION={reduction!r}, weight=weight," if weighted_reduction(reduction) else ""
+        weight = "weight" if weighted_reduction(reduction) else "None"  # a sum's module has no weight function
+        weighting = f" REDUCTION={reduction!r}, weight={weight},"
         return {"uses_diag": "diag" in free_vars(epilogue_slope(spec.program)), "weighting": weighting}
     if not isinstance(spec, GradSpec):
         return {"reduction": spec.program.reduction, "uses_diag": spec.program.uses_diag}

@@ -142,11 +142,12 @@ def product_grad_tile(
     X, Z, V, G, OUT, M, N, D, C, OFF_M, OFF_N, SXM, SXK, SZN, SZK, SVN, SVC, SGM, SGC, SOM, SOK, pm, hypers,
     inner, combine_chunk, slope, inner_slope, USES_DIAG: tl.constexpr, COMPUTE: tl.constexpr, BM: tl.constexpr,
     BN: tl.constexpr, BK: tl.constexpr, BD: tl.constexpr, RMW: tl.constexpr, INT64: tl.constexpr,
-    REDUCTION: tl.constexpr = "sum", weight=None,
+    REDUCTION: tl.constexpr, weight,
 ):  # fmt: skip
     """Compute and store the rows `pm` of `out` (see the module docs); with `RMW` accumulate in `out`, whose dtype
     is then the compute type, else hold the `BD` ≥ D features in registers.  `REDUCTION`: the program's reduction,
-    `weight` its generated `weight(acc, t)` (unused for a sum)."""
+    `weight` its generated `weight(acc, t)` (`None` for a sum, which has no weights).  Both are passed explicitly:
+    Triton 3.6 does not take a string default of a `tl.constexpr` parameter (3.9 does)."""
     om = pm * BM + index_type(tl.arange(0, BM), INT64)
     rm = om % M
     kr = index_type(tl.arange(0, BK), INT64)[:, None, None]
