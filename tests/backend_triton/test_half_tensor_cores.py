@@ -199,6 +199,39 @@ def test_product_with_batches_views_and_nan(dtype: torch.dtype) -> None:
     assert_close(out[keep], ref[keep], _half_tolerance(dtype))
 
 
+# --- real sizes on the GPU ----------------------------------------------------------------------------
+
+
+def _cdist64(x: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
+    """Distances in float64 from differences, on x's device (for real sizes)."""
+    return torch.cdist(x.double(), z.double(), compute_mode="donot_use_mm_for_euclid_dist")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", HALF)
+@pytest.mark.parametrize("d", [37, 130])
+@pytest.mark.parametrize("tuning", [UNTUNED, TritonTuning()], ids=["untuned", "tuned"])
+def test_real_sizes_on_the_gpu(dtype: torch.dtype, d: int, tuning: TritonTuning) -> None:
+    """p = 2 distances entry by entry at sizes that are no tile multiple, with near-duplicate and x = z rows of
+    large norm among random ones; the Gaussian product of the same inputs."""
+    x = _randn(3001, d, dtype=dtype, scale=30.0, seed=15) + 30.0
+    z = _randn(4099, d, dtype=dtype, scale=30.0, seed=16) + 30.0
+    z[:40] = x[:40]
+    z[:20, 3] = torch.nextafter(z[:20, 3], torch.full_like(z[:20, 3], math.inf))
+    program = presets.l2_distance.lower()
+    problem = pairwise_problem(program, x, z, out=None, hypers={})
+    backend = backend_module.TritonBackend(tuning)
+    assert launch.pairwise_spec(problem, tuning)[0].kernel == "tensor_cores"
+    backend.pairwise(problem)
+    out, ref = problem.out.double(), _cdist64(x, z)
+    assert ((out - ref).abs() <= _half_tolerance(dtype) * ref).all()
+    assert (out[20:40, 20:40].diagonal() == 0).all()
+    for c in (1, 16):
+        v = _randn(4099, c, dtype=dtype, seed=17)
+        got = kermac.kernel_product("gaussian", x, z, v, bandwidth=200.0, backend="triton")
+        assert_close(got, torch.exp(-(ref**2) / (2 * 200.0**2)) @ v.double(), _half_tolerance(dtype))
+
+
 # --- dot_half under the interpreter -------------------------------------------------------------------
 
 
