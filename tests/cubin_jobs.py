@@ -43,8 +43,15 @@ def resource_usage(source: Any, arch: int, warps: int) -> str:
     from triton.backends.compiler import GPUTarget
 
     kernel = triton.compile(source, target=GPUTarget("cuda", arch, 32), options={"num_warps": warps})
+    return cubin_resource_usage(kernel.asm["cubin"])
+
+
+def cubin_resource_usage(cubin: bytes) -> str:
+    """``cuobjdump -res-usage`` of a compiled ``cubin`` (Triton's own cuobjdump)."""
+    import triton
+
     with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
-        f.write(kernel.asm["cubin"])
+        f.write(cubin)
         f.flush()
         cuobjdump = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
         return subprocess.run([cuobjdump, "-res-usage", f.name], capture_output=True, text=True, check=True).stdout

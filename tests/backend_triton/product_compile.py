@@ -23,6 +23,11 @@ _POINTER_TYPES = {"float32": "*fp32", "float64": "*fp64", "float16": "*fp16", "b
 
 
 def compile_job(job: dict) -> str:
+    return resource_usage(product_source(job), job["arch"], job["warps"])
+
+
+def product_source(job: dict):
+    """The `ASTSource` of the job's generated product kernel (its constants, signature and alignment)."""
     from triton.compiler import ASTSource
 
     from kermac import presets
@@ -57,7 +62,7 @@ def compile_job(job: dict) -> str:
         else:
             signature[name] = "i64" if spec.int64 else "i32"
     aligned = [n for n in ("X", "Z", "V", "OUT", "SXM", "SZN", "SVN", "SOM") if n not in consts]
-    return resource_usage(ast_source(ASTSource, fn, signature, consts, aligned), job["arch"], job["warps"])
+    return ast_source(ASTSource, fn, signature, consts, aligned)
 
 
 def main() -> None:

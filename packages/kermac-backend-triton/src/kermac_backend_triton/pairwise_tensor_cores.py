@@ -1,15 +1,23 @@
-"""The tensor-core pairwise kernel: float32 `Σ_k (x − z)²` programs, any epilogue.
+"""The tensor-core pairwise kernel: `Σ_k (x − z)²` programs computed in float32, any epilogue.
 
 For the programs `kermac.kernel_facts.tensor_core_eligible` accepts.  One
 program computes a `BM × BN` tile of d² = ‖x‖² + ‖z‖² − 2·x·zᵀ.  A first k loop sums the norms
 ‖x‖², ‖z‖² in float32 (kept out of the main loop: there they would hold a second register copy
 of each tile, since the dot needs another layout, and cost occupancy); the main loop forms
-`x·zᵀ` in 3×TF32: each operand is split as hi = tf32(a), lo = tf32(a − hi) (round to nearest,
-`to_tf32`) and three chained
-`tl.dot(..., input_precision="tf32")` add hi·lo + lo·hi + hi·hi, the low products first
-(float32 accuracy; the same products as Triton's `tf32x3`, without its serialising NaN fix-ups
-between the products).  The launcher specialises N and D on divisibility by 16 so the k mask and
-the store mask keep 16-byte vectors.
+`x·zᵀ` with float32 accumulation, by the input dtype (the pointers' element type, known when the
+kernel is compiled):
+
+* float32: in 3×TF32: each operand is split as hi = tf32(a), lo = tf32(a − hi) (round to nearest,
+  `to_tf32`) and three chained `tl.dot(..., input_precision="tf32")` add hi·lo + lo·hi + hi·hi,
+  the low products first (float32 accuracy; the same products as Triton's `tf32x3`, without its
+  serialising NaN fix-ups between the products);
+* float16, bfloat16: one `tl.dot` of the operands in their own dtype, `out_dtype=tl.float32`
+  (`dot_half`): the product of two values of 11 significant bits (bfloat16: 8) is exact in
+  float32, so the dot has the 3×TF32 dot's accuracy (whose low halves of such values are 0) with
+  a third of its products and half of its operand bytes.
+
+The launcher specialises N and D on divisibility by 16 so the k mask and the store mask keep
+16-byte vectors.
 
 Cancellation guard: an entry is *flagged* where d² ≤ `GUARD`·(‖x‖² + ‖z‖²) or d² is not finite
 (`GUARD` from `kermac.kernel_facts.cancellation_guard`); if any entry of the
@@ -25,26 +33,47 @@ from __future__ import annotations
 
 import triton
 import triton.language as tl
+from triton import knobs
 
 from kermac_backend_triton.kernel_math import INF, to_tf32
 from kermac_backend_triton.pairwise_simt import index_type, simt_tile
 
-__all__ = ["d2_values", "dot_3xtf32", "guard", "guarded_d2", "tensor_core_tile"]
+__all__ = ["d2_values", "dot_3xtf32", "dot_half", "guard", "guarded_d2", "half_operands", "tensor_core_tile"]
+
+
+@triton.constexpr_function
+def half_operands(dtype) -> bool:
+    """Whether inputs of `dtype` (the pointers' element type) form x·zᵀ by `dot_half` (float16, bfloat16)."""
+    return dtype == tl.float16 or dtype == tl.bfloat16
+
+
+@triton.constexpr_function
+def _interpreted_bfloat16(dtype) -> bool:
+    """Whether `dtype` is bfloat16 under Triton's CPU interpreter (see `dot_half`)."""
+    return dtype == tl.bfloat16 and knobs.runtime.interpret
+
+
+@triton.jit
+def _load_raw(xrow, zrow, k0, kr, D, SXK, SZK):
+    """The chunk of features `k0 + kr` of the rows at `xrow`, `zrow` in the inputs' dtype (0 past D)."""
+    kk = k0 + kr
+    xv = tl.load(xrow + kk * SXK, mask=kk < D, other=0.0)
+    zv = tl.load(zrow + kk * SZK, mask=kk < D, other=0.0)
+    return xv, zv
 
 
 @triton.jit
 def _load_chunk(xrow, zrow, k0, kr, D, SXK, SZK):
-    kk = k0 + kr
-    xv = tl.load(xrow + kk * SXK, mask=kk < D, other=0.0).to(tl.float32)
-    zv = tl.load(zrow + kk * SZK, mask=kk < D, other=0.0).to(tl.float32)
-    return xv, zv
+    """`_load_raw`'s chunk in float32."""
+    xv, zv = _load_raw(xrow, zrow, k0, kr, D, SXK, SZK)
+    return xv.to(tl.float32), zv.to(tl.float32)
 
 
 @triton.jit
 def guarded_d2(
     xrow, zrow, kr, D, SXK, SZK, GUARD, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr
 ):  # fmt: skip
-    """`(d2, recompute)`: the `[BM, BN]` tile of d² = ‖x‖² + ‖z‖² − 2·x·zᵀ in 3×TF32 for the rows at
+    """`(d2, recompute)`: the `[BM, BN]` tile of d² = ‖x‖² + ‖z‖² − 2·x·zᵀ (x·zᵀ by the input dtype) for the rows at
     `xrow` `[BM, 1]` and `zrow` `[BN, 1]` (features at `kr` `[1, BK]`), and whether any entry of it
     is flagged by the cancellation guard (see the module docs)."""
     xsq = tl.zeros([BM, BK], tl.float32)
@@ -57,13 +86,17 @@ def guarded_d2(
     zn = tl.sum(zsq, 1)
     dot = tl.zeros([BM, BN], tl.float32)
     for k0 in range(0, D, BK):
-        xv, zv = _load_chunk(xrow, zrow, k0, kr, D, SXK, SZK)
-        xh = to_tf32(xv)
-        xl = to_tf32(xv - xh)
-        zt = tl.trans(zv)
-        zh = to_tf32(zt)
-        zl = to_tf32(zt - zh)
-        dot = dot_3xtf32(xh, xl, zh, zl, dot)
+        if half_operands(xrow.dtype.element_ty):
+            xv, zv = _load_raw(xrow, zrow, k0, kr, D, SXK, SZK)
+            dot = dot_half(xv, tl.trans(zv), dot)
+        else:
+            xv, zv = _load_chunk(xrow, zrow, k0, kr, D, SXK, SZK)
+            xh = to_tf32(xv)
+            xl = to_tf32(xv - xh)
+            zt = tl.trans(zv)
+            zh = to_tf32(zt)
+            zl = to_tf32(zt - zh)
+            dot = dot_3xtf32(xh, xl, zh, zl, dot)
     return guard(xn, zn, dot, GUARD)
 
 
@@ -73,6 +106,17 @@ def dot_3xtf32(xh, xl, zh, zl, acc):
     acc = tl.dot(xh, zl, acc, input_precision="tf32", out_dtype=tl.float32)
     acc = tl.dot(xl, zh, acc, input_precision="tf32", out_dtype=tl.float32)
     return tl.dot(xh, zh, acc, input_precision="tf32", out_dtype=tl.float32)
+
+
+@triton.jit
+def dot_half(x, zt, acc):
+    """`acc + x·zᵀ` of float16 or bfloat16 operands (x `[BM, BK]`, zᵀ `[BK, BN]`) in one dot with float32
+    accumulation: each product of two such values is exact in float32."""
+    if _interpreted_bfloat16(x.dtype):
+        # The interpreter keeps bfloat16 as its uint16 bits and its dot multiplies those bits
+        # (triton-lang/triton#11584); the float32 values, converted exactly, give the same products.
+        return tl.dot(x.to(tl.float32), zt.to(tl.float32), acc, input_precision="ieee", out_dtype=tl.float32)
+    return tl.dot(x, zt, acc, out_dtype=tl.float32)
 
 
 @triton.jit

@@ -8,11 +8,12 @@ several column tiles, each recomputing K) and loops over N in `BN` tiles:
 
 * the `BM × BN` tile of K: `simt_product_tile` takes it from the SIMT pairwise tile
   (`kermac_backend_triton.pairwise_simt.simt_values`, every reduction and program, float32 and
-  float64), `tensor_core_product_tile` from the guarded 3×TF32 expansion of the (x − z)²
-  family (`kermac_backend_triton.pairwise_tensor_cores.guarded_d2`, with the same SIMT
-  recompute of a flagged tile); where every feature fits one step (D ≤ `BK`), the program's
-  rows of x stay split in registers across the N tiles (the pairwise kernel reloads both
-  operands per tile: it computes each output tile once);
+  float64), `tensor_core_product_tile` from the guarded expansion of the (x − z)²
+  family (`kermac_backend_triton.pairwise_tensor_cores.guarded_d2`: x·zᵀ in 3×TF32, or one
+  dot of float16/bfloat16 operands, with the same SIMT recompute of a flagged tile); where every
+  feature fits one step (D ≤ `BK`), the program's rows of x stay in registers across the N tiles
+  (split for 3×TF32, or in their own half dtype; the pairwise kernel reloads both operands per
+  tile: it computes each output tile once);
 * columns past N are set to 0 (their rows of `v` are loaded as 0: only lanes outside `v` are
   masked, so NaN and ±inf in `v` reach the sum as in a dense product); rows past M hold the
   values of clamped rows and are never stored;
@@ -26,7 +27,8 @@ several column tiles, each recomputing K) and loops over N in `BN` tiles:
   the K tile's own shape and layout (one fused multiply-add per entry of K); the tile's
   columns are summed once, after the last N tile.
 
-Half inputs are loaded and computed in float32 and stored in their own dtype.
+Half inputs are computed in float32 (x·zᵀ of the tensor-core K tile from the half operands, exact
+products with float32 accumulation) and stored in their own dtype.
 """
 
 from __future__ import annotations
@@ -37,7 +39,14 @@ import triton.language as tl
 from kermac_backend_triton.gradient import contract
 from kermac_backend_triton.kernel_math import to_tf32
 from kermac_backend_triton.pairwise_simt import index_type, simt_values
-from kermac_backend_triton.pairwise_tensor_cores import d2_values, dot_3xtf32, guard, guarded_d2
+from kermac_backend_triton.pairwise_tensor_cores import (
+    d2_values,
+    dot_3xtf32,
+    dot_half,
+    guard,
+    guarded_d2,
+    half_operands,
+)
 
 __all__ = ["product_order", "simt_product_tile", "tensor_core_product_tile"]
 
@@ -147,10 +156,11 @@ def tensor_core_product_tile(
     epilogue, combine_chunk, USES_DIAG: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
     BC: tl.constexpr, X_RESIDENT: tl.constexpr, INT64: tl.constexpr,
 ):  # fmt: skip
-    """Compute and store `out` tile `(pm, pc)` of a float32 (x − z)²-sum program with K tiles of
-    the tensor-core pairwise kernel: a tile the guard flags is recomputed from differences by
+    """Compute and store `out` tile `(pm, pc)` of an (x − z)²-sum program computed in float32 with K tiles
+    of the tensor-core pairwise kernel: a tile the guard flags is recomputed from differences by
     the SIMT tile, as there (see the module docs).  `X_RESIDENT` (D ≤ `BK`): x's rows are loaded,
-    split for 3×TF32 and their norms summed once, before the N loop, and each N tile loads z once."""
+    split for 3×TF32 (float16/bfloat16: kept in their dtype for `dot_half`) and their norms summed
+    once, before the N loop, and each N tile loads z once."""
     om = pm * BM + index_type(tl.arange(0, BM), INT64)
     oc = pc * BC + index_type(tl.arange(0, BC), INT64)
     xrow = X + ((om % M) * SXM)[:, None]
@@ -160,19 +170,25 @@ def tensor_core_product_tile(
     else:
         acc = tl.zeros([BM, BC], tl.float32)
     if X_RESIDENT:
-        xv = tl.load(xrow + kr * SXK, mask=kr < D, other=0.0).to(tl.float32)
-        xh = to_tf32(xv)
-        xl = to_tf32(xv - xh)
+        xr = tl.load(xrow + kr * SXK, mask=kr < D, other=0.0)  # x's dtype: the half dot's operand
+        xv = xr.to(tl.float32)
+        if not half_operands(X.dtype.element_ty):
+            xh = to_tf32(xv)
+            xl = to_tf32(xv - xh)
         xn = tl.sum(xv * xv, 1)
     for n_tile in range(0, tl.cdiv(N, BN)):
         pn = n_tile + 0 * pm  # pm's index type (64-bit where INT64); the interpreter's n_tile is a Python int
         on = pn * BN + index_type(tl.arange(0, BN), INT64)
         zrow = Z + ((on % N) * SZN)[:, None]
         if X_RESIDENT:
-            zv = tl.load(zrow + kr * SZK, mask=kr < D, other=0.0).to(tl.float32)
-            zt = tl.trans(zv)
-            zh = to_tf32(zt)
-            dot = dot_3xtf32(xh, xl, zh, to_tf32(zt - zh), tl.zeros([BM, BN], tl.float32))
+            zr = tl.load(zrow + kr * SZK, mask=kr < D, other=0.0)
+            zv = zr.to(tl.float32)
+            if half_operands(X.dtype.element_ty):
+                dot = dot_half(xr, tl.trans(zr), tl.zeros([BM, BN], tl.float32))
+            else:
+                zt = tl.trans(zv)
+                zh = to_tf32(zt)
+                dot = dot_3xtf32(xh, xl, zh, to_tf32(zt - zh), tl.zeros([BM, BN], tl.float32))
             d2, recompute = guard(xn, tl.sum(zv * zv, 1), dot, GUARD)
         else:
             d2, recompute = guarded_d2(xrow, zrow, kr, D, SXK, SZK, GUARD, BM, BN, BK)
