@@ -131,7 +131,7 @@ def _kernel(spec: Spec, autotune: bool, debug: bool) -> Callable[..., Any]:
         return kernel
     module = load_module(kernel_source(spec), debug=debug)
     if isinstance(spec, GradSpec):
-        space = configs.grad_configs if grad_kernel(spec.program) == "grad" else configs.general_grad_configs
+        space = _GRAD_TILES[spec.kernel].configs
         fn, prune, key_args = getattr(module, GRAD_ENTRY), None, ["KEY"]
     elif isinstance(spec, ProductGradSpec):
         fn, prune, key_args, space = getattr(module, PRODUCT_GRAD_ENTRY), None, ["KEY"], configs.product_grad_configs
@@ -194,10 +194,11 @@ def grid_size_problem(problem: Problem) -> str | None:
         m, n, o, _ = problem.sizes
         if batch * m * n * o <= INT32_MAX:
             return None
-        kernel = grad_kernel(problem.program)
-        space = configs.GRAD_SPACE if kernel == "grad" else configs.GENERAL_GRAD_SPACE
-        pairs = min(_cdiv(n, c["BN"]) * _cdiv(m, c["BM"]) for c, *_ in space)
-        tiles = _cdiv(o, _grad_block_o(kernel, o)) * pairs
+        tiles = 0
+        # the kernel follows from the tuning, which this check does not know: the larger of the two grids
+        for kernel in {grad_kernel(problem.program), grad_kernel(problem.program, tensor_cores=True)}:
+            pairs = min(_cdiv(n, c["BN"]) * _cdiv(m, c["BM"]) for c, *_ in _GRAD_TILES[kernel].space)
+            tiles = max(tiles, _cdiv(o, _grad_block_o(kernel, o)) * pairs)
     if batch * tiles > INT32_MAX:
         return f"the problem needs {batch * tiles} thread blocks, more than CUDA's limit of {INT32_MAX}"
     return None
@@ -233,24 +234,57 @@ def pairwise_spec(problem: PairwiseProblem, tuning: TritonTuning = DEFAULT_TUNIN
 
 
 def _grad_block_o(kernel: str, o: int) -> int:
-    """Rows of `o` per program of gradient kernel `kernel` (one of `kermac_backend_triton.generated.GRAD_KERNELS`)."""
+    """Rows of `o` per program of gradient kernel `kernel` (one of `kermac_backend_triton.generated.GRAD_KERNELS`;
+    the affine kernel's programs own one row)."""
+    if kernel == "grad_affine":
+        return 1
     return configs.grad_block_o(o) if kernel == "grad" else configs.general_grad_block_o(o)
+
+
+@dataclass(frozen=True)
+class _GradTiles:
+    """A gradient kernel's tile configurations (`kermac_backend_triton.configs`): its autotuning space, as
+    `triton.Config` objects, the configuration without autotuning, and the interpreter's."""
+
+    space: tuple
+    configs: Callable[[], list]
+    default: dict[str, Any]
+    interpret: dict[str, int]
+
+
+_GRAD_TILES = {
+    "grad": _GradTiles(configs.GRAD_SPACE, configs.grad_configs, configs.DEFAULT_GRAD, configs.INTERPRET_GRAD),
+    "grad_general": _GradTiles(
+        configs.GENERAL_GRAD_SPACE,
+        configs.general_grad_configs,
+        configs.DEFAULT_GENERAL_GRAD,
+        configs.INTERPRET_GENERAL_GRAD,
+    ),
+    "grad_affine": _GradTiles(
+        configs.GRAD_AFFINE_SPACE,
+        configs.grad_affine_configs,
+        configs.DEFAULT_GRAD_AFFINE,
+        configs.INTERPRET_GRAD_AFFINE,
+    ),
+}
+"""The tiles of each of `kermac_backend_triton.generated.GRAD_KERNELS`."""
 
 
 def _grad_programs(kernel: str, batch: int, m: int, n: int, o: int) -> int:
     """A bound on the programs of a launch of gradient kernel `kernel`: every space's tiles hold at least 2 `n`
     and 8 `m`, and the product form's at least 16 `o` (its `BO`, which is 16 or more); the general form's `BO`
-    is fixed by O."""
+    is fixed by O, the affine kernel's is 1."""
     return batch * _cdiv(m, 8) * _cdiv(n, 2) * _cdiv(o, min(16, _grad_block_o(kernel, o)))
 
 
-def grad_spec(problem: GradProblem) -> tuple[GradSpec, BatchLayout]:
+def grad_spec(problem: GradProblem, tuning: TritonTuning = DEFAULT_TUNING) -> tuple[GradSpec, BatchLayout]:
     """The kernel specialisation and batch layout of a gradient problem."""
     layout = batch_layout(problem.batch_shape, grad_operands(problem))
     m, n, o, _ = problem.sizes
-    programs = _grad_programs(grad_kernel(problem.program), layout.size, m, n, o)
+    kernel = grad_kernel(problem.program, tuning.grad_tensor_cores)
+    programs = _grad_programs(kernel, layout.size, m, n, o)
     int64 = _needs_int64(list(grad_operands(problem).values()), programs)
-    return _grad_spec(problem, len(layout.shape), int64), layout
+    return _grad_spec(problem, len(layout.shape), int64, kernel), layout
 
 
 @dataclass(frozen=True)
@@ -391,7 +425,7 @@ def run_grad(
     fkey = (problem.program, tuning, a.dtype, a.is_cuda)
     family = _families.get(fkey)
     if family is None:
-        family = _family(fkey, lambda: grad_kernel(problem.program), compute_type(a.dtype))
+        family = _family(fkey, lambda: grad_kernel(problem.program, tuning.grad_tensor_cores), compute_type(a.dtype))
     hyper_args, tensor_names = _hyper_values(problem)
     operands = ["a", "b", "c", "d", "out"] + [f"hyper_{h}" for h in tensor_names]
     layout_args, nbatch, batch = _batch_args(problem, operands)
@@ -401,7 +435,7 @@ def run_grad(
     pointers = 5 + len(hyper_args)
     programs = _grad_programs(family.kernel, batch, m, n, o)
     int64 = _needs_int64([t for t in args[:pointers] if isinstance(t, torch.Tensor)], programs)
-    spec_of = functools.partial(_grad_spec, problem, nbatch, int64)
+    spec_of = functools.partial(_grad_spec, problem, nbatch, int64, family.kernel)
     block_o = _grad_block_o(family.kernel, o)
     batches = batch * _cdiv(o, block_o)  # programs per (n, m) tile
     bucket = configs.bucket(batch, m, n, o, k)
@@ -539,13 +573,14 @@ def _pairwise_spec(problem: PairwiseProblem, kernel: str, nbatch: int, int64: bo
     )
 
 
-def _grad_spec(problem: GradProblem, nbatch: int, int64: bool) -> GradSpec:
+def _grad_spec(problem: GradProblem, nbatch: int, int64: bool, kernel: str) -> GradSpec:
     return GradSpec(
         program=problem.program,
         compute=compute_type(problem.dtype),
         nbatch=nbatch,
         tensor_hypers=_tensor_hypers(problem),
         int64=int64,
+        tensor_cores=kernel == "grad_affine",
     )
 
 
@@ -571,12 +606,10 @@ def _launch_meta(spec: Spec, tuning: TritonTuning, d: int, block_c: int = 0) -> 
             return {}
         return configs.launch_options(configs.product_space(tc, block_c)[0])
     if isinstance(spec, GradSpec):
-        general = grad_kernel(spec.program) == "grad_general"
+        tiles = _GRAD_TILES[spec.kernel]
         if interpreting():
-            return dict(configs.INTERPRET_GENERAL_GRAD if general else configs.INTERPRET_GRAD)
-        if tuning.autotune:
-            return {}
-        return dict(configs.DEFAULT_GENERAL_GRAD if general else configs.DEFAULT_GRAD)
+            return dict(tiles.interpret)
+        return {} if tuning.autotune else dict(tiles.default)
     tc = spec.kernel == "tensor_cores"
     if interpreting():
         return dict(configs.INTERPRET_PAIRWISE_TC if tc else configs.INTERPRET_PAIRWISE)
@@ -615,7 +648,7 @@ def _describe(spec: Spec) -> str:
     elif isinstance(spec, ProductSpec):
         kernel = f"kernel-product ({spec.kernel} K tiles)"
     elif isinstance(spec, GradSpec):
-        kernel = "gradient" if grad_kernel(spec.program) == "grad" else "general gradient"
+        kernel = {"grad": "gradient", "grad_general": "general gradient"}.get(spec.kernel, "tensor-core gradient")
     else:
         kernel = spec.kernel
     indices = "64" if spec.int64 else "32"
