@@ -7,8 +7,8 @@ separate compilation, so the spaces stay small (compile time matters).  Under th
 single small configuration is used (no timing is possible there).  With
 `TritonTuning` `autotune=False` every launch on a GPU takes
 the default configuration (`DEFAULT_PAIRWISE`, `default_pairwise_tc`,
-`DEFAULT_GLUON_PAIRWISE`, `DEFAULT_GRAD`, `DEFAULT_GENERAL_GRAD`, `DEFAULT_GRAD_AFFINE`), compiling one kernel per
-program instead of
+`DEFAULT_GLUON_PAIRWISE`, `DEFAULT_GRAD`, `DEFAULT_GENERAL_GRAD`, the first entry of `grad_affine_space`),
+compiling one kernel per program instead of
 one per configuration.
 
 Pairwise meta-parameters (see `kermac_backend_triton.pairwise_simt`): `BK` features per
@@ -20,7 +20,7 @@ two configurations).
 Gradient: `BN × BM` (n, m) pairs and `BO` outputs rows per program, `BK` per step; `BO` is chosen
 from O (`grad_block_o`, and `general_grad_block_o` for the general form's kernel), not tuned; the affine
 factor's kernel (`kermac_backend_triton.gradient_affine`) has one row of `o` per program and a space of its own
-(`GRAD_AFFINE_SPACE`).
+per compute type (`grad_affine_space`).
 Kernel product (`kermac_backend_triton.product`): the K tile's meta-parameters as above, and
 `BC` columns of `v` per program, chosen from C (`product_block_c`), not tuned; on the tensor
 cores `BK` is chosen from D (`product_tc_block_k`).  One column (`BC` = 1) has spaces of its own
@@ -40,11 +40,11 @@ __all__ = [
     "DEFAULT_GENERAL_GRAD",
     "DEFAULT_GLUON_PAIRWISE",
     "DEFAULT_GRAD",
-    "DEFAULT_GRAD_AFFINE",
     "DEFAULT_PAIRWISE",
     "GENERAL_GRAD_SPACE",
     "GLUON_PAIRWISE_SPACE",
     "GRAD_AFFINE_SPACE",
+    "GRAD_AFFINE_SPACE_FLOAT64",
     "INTERPRET_GENERAL_GRAD",
     "INTERPRET_GRAD",
     "INTERPRET_GRAD_AFFINE",
@@ -69,6 +69,7 @@ __all__ = [
     "general_grad_configs",
     "gluon_pairwise_configs",
     "grad_affine_configs",
+    "grad_affine_space",
     "grad_block_o",
     "grad_configs",
     "launch_options",
@@ -136,16 +137,22 @@ without the cap; with it, a few spills).
 """
 
 GRAD_AFFINE_SPACE: tuple[tuple[dict[str, int], int, int, int | None], ...] = (
-    ({"BN": 128, "BM": 128, "BK": 32}, 8, 3, None),
-    ({"BN": 64, "BM": 128, "BK": 32}, 4, 3, None),
-    ({"BN": 64, "BM": 64, "BK": 32}, 4, 4, None),
+    ({"BN": 128, "BM": 64, "BK": 32}, 8, 3, None),
+    ({"BN": 64, "BM": 128, "BK": 32}, 8, 3, None),
+    ({"BN": 64, "BM": 64, "BK": 32}, 4, 3, None),
 )
-"""The affine factor's gradient kernel (`kermac_backend_triton.gradient_affine`): a 3×TF32 matrix product per row
-of `o`, `BN × BM` outputs and `BK` of the contraction per step (`BO` is 1).  The tiles of the tensor-core pairwise
-kernel's long space, which computes the same kind of product; 64 × 64 for problems with few tiles.  Each thread
-holds its part of the accumulator and of each step's part (`kermac_backend_triton.gradient.contract`); the
-register report of the compiled entries is in docs/dev/triton-gradient-affine.md.
+"""The affine factor's gradient kernel in float32 (`kermac_backend_triton.gradient_affine`): a 3×TF32 matrix
+product per row of `o`, `BN × BM` outputs and `BK` of the contraction per step (`BO` is 1); the first entry is the
+default.  Each thread holds its part of the accumulator and of each step's part
+(`kermac_backend_triton.gradient.contract`) besides the split operands, so registers bound the tiles: the entries
+are the largest that compile without spills for sm_80 and sm_90 (128 × 128 spills at 8 warps; the register
+counts are in docs/dev/triton-gradient-affine.md); their speed is to be measured.
 """
+GRAD_AFFINE_SPACE_FLOAT64: tuple[tuple[dict[str, int], int, int, int | None], ...] = (
+    ({"BN": 32, "BM": 64, "BK": 16}, 4, 3, None),
+    ({"BN": 32, "BM": 32, "BK": 16}, 4, 3, None),
+)
+"""As `GRAD_AFFINE_SPACE`, in float64 (an `ieee` product, twice the registers per value): 64 × 64 spills."""
 
 GENERAL_GRAD_SPACE: tuple[tuple[dict[str, int], int, int, int | None], ...] = (
     ({"BN": 4, "BM": 32, "BK": 4}, 4, 2, None),
@@ -297,9 +304,14 @@ def grad_configs() -> list:
     return [_config(entry) for entry in GRAD_SPACE]
 
 
-def grad_affine_configs() -> list:
-    """The affine factor's gradient space as `triton.Config` objects."""
-    return [_config(entry) for entry in GRAD_AFFINE_SPACE]
+def grad_affine_space(compute: str) -> tuple[tuple[dict[str, int], int, int, int | None], ...]:
+    """The affine factor's gradient space for compute type `compute` (`"float32"` or `"float64"`)."""
+    return GRAD_AFFINE_SPACE_FLOAT64 if compute == "float64" else GRAD_AFFINE_SPACE
+
+
+def grad_affine_configs(compute: str) -> list:
+    """The affine factor's gradient space for compute type `compute` as `triton.Config` objects."""
+    return [_config(entry) for entry in grad_affine_space(compute)]
 
 
 def general_grad_configs() -> list:
@@ -320,8 +332,6 @@ DEFAULT_GRAD = launch_options(GRAD_SPACE[0])
 """The gradient configuration used when autotuning is off."""
 DEFAULT_GENERAL_GRAD = launch_options(GENERAL_GRAD_SPACE[0])
 """The general gradient configuration used when autotuning is off."""
-DEFAULT_GRAD_AFFINE = launch_options(GRAD_AFFINE_SPACE[0])
-"""The affine factor's gradient configuration used when autotuning is off."""
 DEFAULT_GLUON_PAIRWISE = launch_options(GLUON_PAIRWISE_SPACE[0])
 """The Gluon pairwise configuration used when autotuning is off."""
 

@@ -131,7 +131,7 @@ def _kernel(spec: Spec, autotune: bool, debug: bool) -> Callable[..., Any]:
         return kernel
     module = load_module(kernel_source(spec), debug=debug)
     if isinstance(spec, GradSpec):
-        space = _GRAD_TILES[spec.kernel].configs
+        space = functools.partial(_GRAD_TILES[spec.kernel].configs, spec.compute)
         fn, prune, key_args = getattr(module, GRAD_ENTRY), None, ["KEY"]
     elif isinstance(spec, ProductGradSpec):
         fn, prune, key_args, space = getattr(module, PRODUCT_GRAD_ENTRY), None, ["KEY"], configs.product_grad_configs
@@ -168,8 +168,9 @@ def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
-def grid_size_problem(problem: Problem) -> str | None:
-    """`None` if the launch grid fits CUDA's limit with the smallest tiles, else why not."""
+def grid_size_problem(problem: Problem, tuning: TritonTuning = DEFAULT_TUNING) -> str | None:
+    """`None` if the launch grid fits CUDA's limit with the smallest tiles of the kernel `tuning` chooses, else why
+    not."""
     batch = math.prod(problem.batch_shape)
     if isinstance(problem, ProductGradProblem):
         m = problem.sizes[0]
@@ -194,11 +195,10 @@ def grid_size_problem(problem: Problem) -> str | None:
         m, n, o, _ = problem.sizes
         if batch * m * n * o <= INT32_MAX:
             return None
-        tiles = 0
-        # the kernel follows from the tuning, which this check does not know: the larger of the two grids
-        for kernel in {grad_kernel(problem.program), grad_kernel(problem.program, tensor_cores=True)}:
-            pairs = min(_cdiv(n, c["BN"]) * _cdiv(m, c["BM"]) for c, *_ in _GRAD_TILES[kernel].space)
-            tiles = max(tiles, _cdiv(o, _grad_block_o(kernel, o)) * pairs)
+        kernel = grad_kernel(problem.program, tuning.grad_tensor_cores)
+        space = _GRAD_TILES[kernel].space(compute_type(problem.dtype))
+        pairs = min(_cdiv(n, c["BN"]) * _cdiv(m, c["BM"]) for c, *_ in space)
+        tiles = _cdiv(o, _grad_block_o(kernel, o)) * pairs
     if batch * tiles > INT32_MAX:
         return f"the problem needs {batch * tiles} thread blocks, more than CUDA's limit of {INT32_MAX}"
     return None
@@ -243,27 +243,32 @@ def _grad_block_o(kernel: str, o: int) -> int:
 
 @dataclass(frozen=True)
 class _GradTiles:
-    """A gradient kernel's tile configurations (`kermac_backend_triton.configs`): its autotuning space, as
-    `triton.Config` objects, the configuration without autotuning, and the interpreter's."""
+    """A gradient kernel's tile configurations (`kermac_backend_triton.configs`) for a compute type: its autotuning
+    space, as `triton.Config` objects, the configuration without autotuning, and the interpreter's."""
 
-    space: tuple
-    configs: Callable[[], list]
-    default: dict[str, Any]
+    space: Callable[[str], tuple]
+    configs: Callable[[str], list]
+    default: Callable[[str], dict[str, Any]]
     interpret: dict[str, int]
 
 
 _GRAD_TILES = {
-    "grad": _GradTiles(configs.GRAD_SPACE, configs.grad_configs, configs.DEFAULT_GRAD, configs.INTERPRET_GRAD),
+    "grad": _GradTiles(
+        lambda _: configs.GRAD_SPACE,
+        lambda _: configs.grad_configs(),
+        lambda _: configs.DEFAULT_GRAD,
+        configs.INTERPRET_GRAD,
+    ),
     "grad_general": _GradTiles(
-        configs.GENERAL_GRAD_SPACE,
-        configs.general_grad_configs,
-        configs.DEFAULT_GENERAL_GRAD,
+        lambda _: configs.GENERAL_GRAD_SPACE,
+        lambda _: configs.general_grad_configs(),
+        lambda _: configs.DEFAULT_GENERAL_GRAD,
         configs.INTERPRET_GENERAL_GRAD,
     ),
     "grad_affine": _GradTiles(
-        configs.GRAD_AFFINE_SPACE,
+        configs.grad_affine_space,
         configs.grad_affine_configs,
-        configs.DEFAULT_GRAD_AFFINE,
+        lambda compute: configs.launch_options(configs.grad_affine_space(compute)[0]),
         configs.INTERPRET_GRAD_AFFINE,
     ),
 }
@@ -609,7 +614,7 @@ def _launch_meta(spec: Spec, tuning: TritonTuning, d: int, block_c: int = 0) -> 
         tiles = _GRAD_TILES[spec.kernel]
         if interpreting():
             return dict(tiles.interpret)
-        return {} if tuning.autotune else dict(tiles.default)
+        return {} if tuning.autotune else dict(tiles.default(spec.compute))
     tc = spec.kernel == "tensor_cores"
     if interpreting():
         return dict(configs.INTERPRET_PAIRWISE_TC if tc else configs.INTERPRET_PAIRWISE)
