@@ -140,13 +140,15 @@ GRAD_AFFINE_SPACE: tuple[tuple[dict[str, int], int, int, int | None], ...] = (
     ({"BN": 128, "BM": 64, "BK": 32}, 8, 3, None),
     ({"BN": 64, "BM": 128, "BK": 32}, 8, 3, None),
     ({"BN": 64, "BM": 64, "BK": 32}, 4, 3, None),
+    ({"BN": 16, "BM": 128, "BK": 32}, 4, 3, None),
 )
 """The affine factor's gradient kernel in float32 (`kermac_backend_triton.gradient_affine`): a 3×TF32 matrix
 product per row of `o`, `BN × BM` outputs and `BK` of the contraction per step (`BO` is 1); the first entry is the
 default.  Each thread holds its part of the accumulator and of each step's part
 (`kermac_backend_triton.gradient.contract`) besides the split operands, so registers bound the tiles: the entries
 are the largest that compile without spills for sm_80 and sm_90 (128 × 128 spills at 8 warps; the register
-counts are in docs/dev/triton-gradient-affine.md); their speed is to be measured.
+counts are in docs/dev/triton-gradient-affine.md), and 16 rows of n for problems with few (N ≤ 16, the features
+of a gradient in the points); their speed is to be measured.
 """
 GRAD_AFFINE_SPACE_FLOAT64: tuple[tuple[dict[str, int], int, int, int | None], ...] = (
     ({"BN": 32, "BM": 64, "BK": 16}, 4, 3, None),
