@@ -179,6 +179,9 @@ def test_the_grid_size_check_counts_the_tiles_of_the_chosen_kernel() -> None:
     assert launch.grid_size_problem(problem, OFF) is None
     assert "more than CUDA's limit" in launch.grid_size_problem(problem, ON)
     assert launch.grid_size_problem(GradProblem(P2, a, b, c[:, :16], d, one, {}, (batch,)), ON) is None
+    # the backend's check asks for its own tuning's kernel
+    assert backend_module.TritonBackend(OFF).check_grad(problem) is None
+    assert "more than CUDA's limit" in backend_module.TritonBackend(ON).check_grad(problem)
 
 
 # --- values ----------------------------------------------------------------------------------------------------
