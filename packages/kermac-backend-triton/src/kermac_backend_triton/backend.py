@@ -108,7 +108,9 @@ class TritonBackend(Backend):
         return self._check_device(problem.device) or grid_size_problem(problem)
 
     def check_grad(self, problem: GradProblem) -> str | None:
-        return self._check_device(problem.device) or grid_size_problem(problem)
+        """As `check_pairwise`; the grid is that of the kernel this backend's tuning chooses (the affine
+        gradient's tiles where `grad_tensor_cores` is on)."""
+        return self._check_device(problem.device) or grid_size_problem(problem, self.tuning)
 
     def check_general_grad(self, problem: GradProblem) -> str | None:
         """As `check_grad`: the general gradient kernel runs every program in the general form."""

@@ -7,7 +7,8 @@ separate compilation, so the spaces stay small (compile time matters).  Under th
 single small configuration is used (no timing is possible there).  With
 `TritonTuning` `autotune=False` every launch on a GPU takes
 the default configuration (`DEFAULT_PAIRWISE`, `default_pairwise_tc`,
-`DEFAULT_GLUON_PAIRWISE`, `DEFAULT_GRAD`, `DEFAULT_GENERAL_GRAD`), compiling one kernel per program instead of
+`DEFAULT_GLUON_PAIRWISE`, `DEFAULT_GRAD`, `DEFAULT_GENERAL_GRAD`, the first entry of `grad_affine_space`),
+compiling one kernel per program instead of
 one per configuration.
 
 Pairwise meta-parameters (see `kermac_backend_triton.pairwise_simt`): `BK` features per
@@ -17,7 +18,9 @@ Tensor-core pairwise kernel (float32 p = 2 family): `BM × BN` outputs per progr
 step, from one of two spaces chosen by D (the autotuner prunes to it, so a program compiles
 two configurations).
 Gradient: `BN × BM` (n, m) pairs and `BO` outputs rows per program, `BK` per step; `BO` is chosen
-from O (`grad_block_o`, and `general_grad_block_o` for the general form's kernel), not tuned.
+from O (`grad_block_o`, and `general_grad_block_o` for the general form's kernel), not tuned; the affine
+factor's kernel (`kermac_backend_triton.gradient_affine`) has one row of `o` per program and a space of its own
+per compute type (`grad_affine_space`).
 Kernel product (`kermac_backend_triton.product`): the K tile's meta-parameters as above, and
 `BC` columns of `v` per program, chosen from C (`product_block_c`), not tuned; on the tensor
 cores `BK` is chosen from D (`product_tc_block_k`).  One column (`BC` = 1) has spaces of its own
@@ -40,8 +43,11 @@ __all__ = [
     "DEFAULT_PAIRWISE",
     "GENERAL_GRAD_SPACE",
     "GLUON_PAIRWISE_SPACE",
+    "GRAD_AFFINE_SPACE",
+    "GRAD_AFFINE_SPACE_FLOAT64",
     "INTERPRET_GENERAL_GRAD",
     "INTERPRET_GRAD",
+    "INTERPRET_GRAD_AFFINE",
     "INTERPRET_PAIRWISE",
     "INTERPRET_PAIRWISE_TC",
     "INTERPRET_PRODUCT",
@@ -63,6 +69,8 @@ __all__ = [
     "general_grad_block_o",
     "general_grad_configs",
     "gluon_pairwise_configs",
+    "grad_affine_configs",
+    "grad_affine_space",
     "grad_block_o",
     "grad_configs",
     "launch_options",
@@ -129,6 +137,26 @@ A operand of the tensor-core product), so registers set the occupancy: at 8 warp
 without the cap; with it, a few spills).
 """
 
+GRAD_AFFINE_SPACE: tuple[tuple[dict[str, int], int, int, int | None], ...] = (
+    ({"BN": 128, "BM": 64, "BK": 32}, 8, 3, None),
+    ({"BN": 64, "BM": 128, "BK": 32}, 8, 3, None),
+    ({"BN": 64, "BM": 64, "BK": 32}, 4, 3, None),
+    ({"BN": 16, "BM": 128, "BK": 32}, 4, 3, None),
+)
+"""The affine factor's gradient kernel in float32 (`kermac_backend_triton.gradient_affine`): a 3×TF32 matrix
+product per row of `o`, `BN × BM` outputs and `BK` of the contraction per step (`BO` is 1); the first entry is the
+default.  Each thread holds its part of the accumulator and of each step's part
+(`kermac_backend_triton.gradient.contract`) besides the split operands, so registers bound the tiles: the entries
+are the largest that compile without spills for sm_80 and sm_90 (128 × 128 spills at 8 warps; the register
+counts are in docs/dev/triton-gradient-affine.md), and 16 rows of n for problems with few (N ≤ 16, the features
+of a gradient in the points); their speed is to be measured.
+"""
+GRAD_AFFINE_SPACE_FLOAT64: tuple[tuple[dict[str, int], int, int, int | None], ...] = (
+    ({"BN": 32, "BM": 64, "BK": 16}, 4, 3, None),
+    ({"BN": 32, "BM": 32, "BK": 16}, 4, 3, None),
+)
+"""As `GRAD_AFFINE_SPACE`, in float64 (an `ieee` product, twice the registers per value): 64 × 64 spills."""
+
 GENERAL_GRAD_SPACE: tuple[tuple[dict[str, int], int, int, int | None], ...] = (
     ({"BN": 4, "BM": 32, "BK": 4}, 4, 2, None),
     ({"BN": 8, "BM": 32, "BK": 2}, 4, 2, None),
@@ -163,6 +191,7 @@ INTERPRET_PAIRWISE = {"BK": 8, "MI": 2, "NI": 2, "MT": 4, "NT": 4, "PF": 2, "GRO
 INTERPRET_PAIRWISE_TC = {"BM": 16, "BN": 16, "BK": 16, "GROUP_M": 2}
 INTERPRET_GRAD = {"BN": 2, "BM": 8, "BK": 16}
 INTERPRET_GENERAL_GRAD = {"BN": 4, "BM": 16, "BK": 4}
+INTERPRET_GRAD_AFFINE = {"BN": 16, "BM": 16, "BK": 16}
 INTERPRET_PRODUCT = {"BK": 8, "MI": 4, "NI": 4, "MT": 4, "NT": 4, "PF": 2}
 """16 × 16 K tiles, the smallest a `tl.dot` takes."""
 INTERPRET_PRODUCT_TC = {"BM": 16, "BN": 16}
@@ -276,6 +305,16 @@ def grad_configs() -> list:
     """The gradient space as `triton.Config` objects."""
 
     return [_config(entry) for entry in GRAD_SPACE]
+
+
+def grad_affine_space(compute: str) -> tuple[tuple[dict[str, int], int, int, int | None], ...]:
+    """The affine factor's gradient space for compute type `compute` (`"float32"` or `"float64"`)."""
+    return GRAD_AFFINE_SPACE_FLOAT64 if compute == "float64" else GRAD_AFFINE_SPACE
+
+
+def grad_affine_configs(compute: str) -> list:
+    """The affine factor's gradient space for compute type `compute` as `triton.Config` objects."""
+    return [_config(entry) for entry in grad_affine_space(compute)]
 
 
 def general_grad_configs() -> list:

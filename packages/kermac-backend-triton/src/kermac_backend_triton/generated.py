@@ -1,7 +1,7 @@
 """The per-program module: the few lines of each kernel that come from the IR, as Python source.
 
 The kernels themselves are ordinary `@triton.jit` code (`pairwise_simt`,
-`pairwise_tensor_cores`, `gluon_pairwise`, `gradient` and `general_gradient`, `product`, which
+`pairwise_tensor_cores`, `gluon_pairwise`, `gradient`, `gradient_affine` and `general_gradient`, `product`, which
 contracts the SIMT or tensor-core pairwise tiles with `v`, and `product_gradient`, the gradient of that
 product).  What varies with the program and the launch's layout is generated here, as a small module
 (`kernel_source`, loaded by `kermac_backend_triton.modules.load_module`) holding:
@@ -14,6 +14,9 @@ product).  What varies with the program and the launch's layout is generated her
   `multiply(d, b, hypers)` (the factor of
   [`kermac.programs.product_factor`][kermac.programs.product_factor]), `epilogue(acc, hypers)` and, for a signed
   power, `signed_base` / `signed_exponent` (a gradient program with a product factor, `gradient`);
+  `combine(ds, acc, hypers)` = α·ds + β·acc (the coefficients of
+  [`kermac.programs.affine_factor`][kermac.programs.affine_factor]) and `epilogue(acc, hypers)` (one whose factor
+  is affine, on the tensor cores: `gradient_affine`);
   `multiply(a, b, d, hypers)`, `accumulate(c, term, hypers)` and `epilogue(acc, hypers)` (one without,
   `general_gradient`), rendered by `kermac_backend_triton.expressions`;
 * its reduction's rule (`kermac.reductions`; a gradient program's only where it has no product factor):
@@ -44,9 +47,17 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from kermac.ir import Expr, free_vars
+from kermac.ir import Const, Expr, Var, free_vars
 from kermac.kernel_facts import tensor_core_eligible
-from kermac.programs import GradProgram, PairwiseProgram, epilogue_slope, inner_slope, product_factor, signed_power
+from kermac.programs import (
+    GradProgram,
+    PairwiseProgram,
+    affine_factor,
+    epilogue_slope,
+    inner_slope,
+    product_factor,
+    signed_power,
+)
 from kermac.reductions import ALL as REDUCTIONS
 from kermac_backend_triton.expressions import COMPUTE_TYPES, hyper_arg, nonnegative, render_expr
 from kermac_backend_triton.product_gradient import weighted_reduction
@@ -76,15 +87,19 @@ KERNELS = ("simt", "tensor_cores", "gluon")
 """The pairwise kernels: the `tl` SIMT kernel, the tensor-core one, the Gluon SIMT one."""
 PRODUCT_KERNELS = ("simt", "tensor_cores")
 """The pairwise kernels whose K tiles the product contracts (`kermac_backend_triton.product`)."""
-GRAD_KERNELS = ("grad", "grad_general")
-"""The gradient kernels: the product form's (`kermac_backend_triton.gradient`) and the general form's
-(`kermac_backend_triton.general_gradient`)."""
+GRAD_KERNELS = ("grad", "grad_general", "grad_affine")
+"""The gradient kernels: the product form's (`kermac_backend_triton.gradient`), the general form's
+(`kermac_backend_triton.general_gradient`) and the matrix products of an affine factor
+(`kermac_backend_triton.gradient_affine`)."""
 
 
-def grad_kernel(program: GradProgram) -> str:
-    """The gradient kernel (one of `GRAD_KERNELS`) that runs `program`: `"grad"` where it computes a product
-    form `Σ_k c·a·g(d, b)` ([`kermac.programs.product_factor`][kermac.programs.product_factor] finds `g`), else
-    `"grad_general"`."""
+def grad_kernel(program: GradProgram, tensor_cores: bool = False) -> str:
+    """The gradient kernel (one of `GRAD_KERNELS`) that runs `program`: with `tensor_cores`, `"grad_affine"` where
+    its product factor is `α·d + β·b` ([`kermac.programs.affine_factor`][kermac.programs.affine_factor]); else
+    `"grad"` where it computes a product form `Σ_k c·a·g(d, b)`
+    ([`kermac.programs.product_factor`][kermac.programs.product_factor] finds `g`), else `"grad_general"`."""
+    if tensor_cores and affine_factor(program) is not None:
+        return "grad_affine"
     return "grad" if product_factor(program) is not None else "grad_general"
 
 
@@ -159,10 +174,25 @@ class ProductGradSpec(_Spec):
 
 @dataclass(frozen=True)
 class GradSpec(_Spec):
-    """Everything a gradient kernel's generated module depends on (the fields of every spec; the kernel,
-    `grad_kernel`, follows from the program)."""
+    """Everything a gradient kernel's generated module depends on: the fields of every spec, and
+    `tensor_cores`, which only a program with an affine factor may set (the kernel, `grad_kernel`,
+    follows from the program and it)."""
 
     program: GradProgram
+    tensor_cores: bool = False
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.tensor_cores and affine_factor(self.program) is None:
+            raise ValueError(
+                "tensor_cores: the tensor-core gradient kernel needs a product factor α·d + β·b "
+                f"(kermac.programs.affine_factor); got program {self.program.key()}"
+            )
+
+    @property
+    def kernel(self) -> str:
+        """The kernel of this module (one of `GRAD_KERNELS`)."""
+        return grad_kernel(self.program, self.tensor_cores)
 
 
 _IMPORTS = """\
@@ -183,6 +213,8 @@ _SKELETON_IMPORTS = {
     "grad": "from kermac_backend_triton.gradient import gradient_tile, grid_order\n",
     "grad_general": "from kermac_backend_triton.general_gradient import general_gradient_tile\n"
     "from kermac_backend_triton.gradient import grid_order\n",
+    "grad_affine": "from kermac_backend_triton.gradient import grid_order\n"
+    "from kermac_backend_triton.gradient_affine import affine_gradient_tile\n",
     "product_simt": "from kermac_backend_triton.product import product_order, simt_product_tile\n",
     "product_tensor_cores": "from kermac_backend_triton.product import product_order, tensor_core_product_tile\n",
     "product_grad": "from kermac_backend_triton.product import product_order\n"
@@ -202,6 +234,7 @@ _META = {
     "gluon": ("BM BN BK TM GROUP_M XT ZT", '"M", "D", "OFF_M", "OFF_N", "KEY"'),
     "grad": ("BN BM BK BO", '"M", "N", "O", "K", "KEY"'),
     "grad_general": ("BN BM BK BO", '"M", "N", "O", "K", "KEY"'),
+    "grad_affine": ("BN BM BK BO", '"M", "N", "O", "K", "KEY"'),
     "product_simt": ("BK MI NI MT NT PF BC", '"M", "N", "D", "C", "OFF_M", "OFF_N", "KEY"'),
     "product_tensor_cores": ("BM BN BK BC X_RESIDENT", '"M", "N", "C", "OFF_M", "OFF_N", "GUARD", "KEY"'),
     "product_grad": ("BM BN BK BD RMW", '"M", "N", "D", "C", "OFF_M", "OFF_N", "KEY"'),
@@ -210,6 +243,7 @@ _META = {
 _ENTRIES = {
     "grad": GRAD_ENTRY,
     "grad_general": GRAD_ENTRY,
+    "grad_affine": GRAD_ENTRY,
     "product_simt": PRODUCT_ENTRY,
     "product_tensor_cores": PRODUCT_ENTRY,
     "product_grad": PRODUCT_GRAD_ENTRY,
@@ -231,9 +265,9 @@ def kernel_source(spec: PairwiseSpec | ProductSpec | ProductGradSpec | GradSpec)
         kind, operation, operands, pointers = spec.kernel, "pairwise", ("x", "z", "out"), "X, Z, OUT"
         functions = _pairwise_functions(spec)
     else:
-        kind = grad_kernel(spec.program)
+        kind = spec.kernel
         operation, operands, pointers = "grad", ("a", "b", "c", "d", "out"), "A, B, C, DD, OUT"
-        functions = _grad_functions(spec) if kind == "grad" else _general_grad_functions(spec)
+        functions = _GRAD_FUNCTIONS[kind](spec)
     prog, cdt = spec.program, COMPUTE_TYPES[spec.compute]
     gluon = kind == "gluon"
     lang = "gl" if gluon else "tl"
@@ -268,6 +302,7 @@ _TILE_ORDER = {
     "gluon": "bat, pm, pn = grouped_tile(M, N, BM, BN, GROUP_M, {int64})",
     "grad": "bat, po, pn, pm = grid_order(M, N, O, BN, BM, BO, {int64})",
     "grad_general": "bat, po, pn, pm = grid_order(M, N, O, BN, BM, BO, {int64})",
+    "grad_affine": "bat, po, pn, pm = grid_order(M, N, O, BN, BM, BO, {int64})",
     "product_simt": "bat, pm, pc = product_order(M, C, MI * MT, BC, {int64})",
     "product_tensor_cores": "bat, pm, pc = product_order(M, C, BM, BC, {int64})",
     "product_grad": "bat, pm, _ = product_order(M, 1, BM, 1, {int64})",
@@ -292,6 +327,9 @@ _CALL = {
     "        A, B, C, DD, OUT, M, N, O, K, SAK, SAM, SBN, SBK, SCO, SCK, SDN, SDM, SOO, SON, SOM, po, pn, pm,\n"
     "        {hypers}, multiply, accumulate, combine, epilogue, {reduction!r}, {cdt}, BN, BM, BK, BO,\n"
     "        INT64={int64},\n    )",
+    "grad_affine": "affine_gradient_tile(\n"
+    "        A, B, C, DD, OUT, M, N, O, K, SAK, SAM, SBN, SBK, SCO, SCK, SDN, SDM, SOO, SON, SOM, po, pn, pm,\n"
+    "        {hypers}, combine, epilogue, {read_d}, {read_b}, {center}, {cdt}, BN, BM, BK, INT64={int64},\n    )",
     "product_simt": "simt_product_tile(\n"
     "        X, Z, V, OUT, M, N, D, C, OFF_M, OFF_N, SXM, SXK, SZN, SZK, SVN, SVC, SOM, SOC, pm, pc, {hypers},\n"
     "        inner, epilogue, combine_chunk, {reduction!r}, {uses_diag}, {cdt}, BK, MI, NI, MT, NT, PF, BC,\n"
@@ -316,6 +354,9 @@ def _program_constants(spec: PairwiseSpec | ProductSpec | ProductGradSpec | Grad
         return {"uses_diag": "diag" in free_vars(epilogue_slope(spec.program)), "weighting": weighting}
     if not isinstance(spec, GradSpec):
         return {"reduction": spec.program.reduction, "uses_diag": spec.program.uses_diag}
+    if spec.kernel == "grad_affine":
+        alpha, beta = affine_factor(spec.program)
+        return {"read_d": alpha != 0.0, "read_b": beta != 0.0, "center": alpha != 0.0 and alpha + beta == 0.0}
     factor = product_factor(spec.program)
     if factor is None:
         return {"reduction": spec.program.reduction}
@@ -455,6 +496,22 @@ def _grad_functions(spec: GradSpec) -> list[str]:
     ]
 
 
+def _affine_functions(spec: GradSpec) -> list[str]:
+    """`combine(ds, acc)` = α·ds + β·acc (the coefficients of
+    [`kermac.programs.affine_factor`][kermac.programs.affine_factor], a term of coefficient 0 left out) and
+    `epilogue(acc)` of a gradient program whose factor is `α·d + β·b`."""
+    prog, hypers = spec.program, spec.program.hypers
+    terms = [Const(v) * Var(n) for v, n in zip(affine_factor(prog), ("ds", "acc"), strict=True) if v != 0.0]
+    combine = terms[0] if len(terms) == 1 else terms[0] + terms[1]
+    texts = {
+        ("combine", "ds, acc, hypers"): render_expr(combine, {"ds": "ds", "acc": "acc"}, spec.compute),
+        ("epilogue", "acc, hypers"): render_expr(prog.epilogue, {"acc": "acc"}, spec.compute),
+    }
+    return [
+        _function(name, params, hypers, text, _hypers_in(text, hypers), False) for (name, params), text in texts.items()
+    ]
+
+
 def _general_grad_functions(spec: GradSpec) -> list[str]:
     """`multiply(a, b, d)` and `accumulate(c, term)` (the k loop's, `fast`), `epilogue(acc)`, and the reduction's
     `combine` of a gradient program without a product factor."""
@@ -473,3 +530,7 @@ def _general_grad_functions(spec: GradSpec) -> list[str]:
         _function(name, params, hypers, text, _hypers_in(text, hypers), False) for (name, params), text in texts.items()
     ]
     return functions + _reduction_functions(prog.reduction, spec.compute, chunk=False)
+
+
+_GRAD_FUNCTIONS = {"grad": _grad_functions, "grad_general": _general_grad_functions, "grad_affine": _affine_functions}
+"""The program's functions of each gradient kernel's module."""

@@ -133,7 +133,7 @@ def _kernel(spec: Spec, autotune: bool, debug: bool) -> Callable[..., Any]:
         return kernel
     module = load_module(kernel_source(spec), debug=debug)
     if isinstance(spec, GradSpec):
-        space = configs.grad_configs if grad_kernel(spec.program) == "grad" else configs.general_grad_configs
+        space = functools.partial(_GRAD_TILES[spec.kernel].configs, spec.compute)
         fn, prune, key_args = getattr(module, GRAD_ENTRY), None, ["KEY"]
     elif isinstance(spec, ProductGradSpec):
         fn, prune, key_args, space = getattr(module, PRODUCT_GRAD_ENTRY), None, ["KEY"], configs.product_grad_configs
@@ -170,8 +170,9 @@ def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
-def grid_size_problem(problem: Problem) -> str | None:
-    """`None` if the launch grid fits CUDA's limit with the smallest tiles, else why not."""
+def grid_size_problem(problem: Problem, tuning: TritonTuning = DEFAULT_TUNING) -> str | None:
+    """`None` if the launch grid fits CUDA's limit with the smallest tiles of the kernel `tuning` chooses, else why
+    not."""
     batch = math.prod(problem.batch_shape)
     if isinstance(problem, ProductGradProblem):
         m = problem.sizes[0]
@@ -196,8 +197,8 @@ def grid_size_problem(problem: Problem) -> str | None:
         m, n, o, _ = problem.sizes
         if batch * m * n * o <= INT32_MAX:
             return None
-        kernel = grad_kernel(problem.program)
-        space = configs.GRAD_SPACE if kernel == "grad" else configs.GENERAL_GRAD_SPACE
+        kernel = grad_kernel(problem.program, tuning.grad_tensor_cores)
+        space = _GRAD_TILES[kernel].space(compute_type(problem.dtype))
         pairs = min(_cdiv(n, c["BN"]) * _cdiv(m, c["BM"]) for c, *_ in space)
         tiles = _cdiv(o, _grad_block_o(kernel, o)) * pairs
     if batch * tiles > INT32_MAX:
@@ -235,24 +236,62 @@ def pairwise_spec(problem: PairwiseProblem, tuning: TritonTuning = DEFAULT_TUNIN
 
 
 def _grad_block_o(kernel: str, o: int) -> int:
-    """Rows of `o` per program of gradient kernel `kernel` (one of `kermac_backend_triton.generated.GRAD_KERNELS`)."""
+    """Rows of `o` per program of gradient kernel `kernel` (one of `kermac_backend_triton.generated.GRAD_KERNELS`;
+    the affine kernel's programs own one row)."""
+    if kernel == "grad_affine":
+        return 1
     return configs.grad_block_o(o) if kernel == "grad" else configs.general_grad_block_o(o)
+
+
+@dataclass(frozen=True)
+class _GradTiles:
+    """A gradient kernel's tile configurations (`kermac_backend_triton.configs`) for a compute type: its autotuning
+    space, as `triton.Config` objects, the configuration without autotuning, and the interpreter's."""
+
+    space: Callable[[str], tuple]
+    configs: Callable[[str], list]
+    default: Callable[[str], dict[str, Any]]
+    interpret: dict[str, int]
+
+
+_GRAD_TILES = {
+    "grad": _GradTiles(
+        lambda _: configs.GRAD_SPACE,
+        lambda _: configs.grad_configs(),
+        lambda _: configs.DEFAULT_GRAD,
+        configs.INTERPRET_GRAD,
+    ),
+    "grad_general": _GradTiles(
+        lambda _: configs.GENERAL_GRAD_SPACE,
+        lambda _: configs.general_grad_configs(),
+        lambda _: configs.DEFAULT_GENERAL_GRAD,
+        configs.INTERPRET_GENERAL_GRAD,
+    ),
+    "grad_affine": _GradTiles(
+        configs.grad_affine_space,
+        configs.grad_affine_configs,
+        lambda compute: configs.launch_options(configs.grad_affine_space(compute)[0]),
+        configs.INTERPRET_GRAD_AFFINE,
+    ),
+}
+"""The tiles of each of `kermac_backend_triton.generated.GRAD_KERNELS`."""
 
 
 def _grad_programs(kernel: str, batch: int, m: int, n: int, o: int) -> int:
     """A bound on the programs of a launch of gradient kernel `kernel`: every space's tiles hold at least 2 `n`
     and 8 `m`, and the product form's at least 16 `o` (its `BO`, which is 16 or more); the general form's `BO`
-    is fixed by O."""
+    is fixed by O, the affine kernel's is 1."""
     return batch * _cdiv(m, 8) * _cdiv(n, 2) * _cdiv(o, min(16, _grad_block_o(kernel, o)))
 
 
-def grad_spec(problem: GradProblem) -> tuple[GradSpec, BatchLayout]:
+def grad_spec(problem: GradProblem, tuning: TritonTuning = DEFAULT_TUNING) -> tuple[GradSpec, BatchLayout]:
     """The kernel specialisation and batch layout of a gradient problem."""
     layout = batch_layout(problem.batch_shape, grad_operands(problem))
     m, n, o, _ = problem.sizes
-    programs = _grad_programs(grad_kernel(problem.program), layout.size, m, n, o)
+    kernel = grad_kernel(problem.program, tuning.grad_tensor_cores)
+    programs = _grad_programs(kernel, layout.size, m, n, o)
     int64 = _needs_int64(list(grad_operands(problem).values()), programs)
-    return _grad_spec(problem, len(layout.shape), int64), layout
+    return _grad_spec(problem, len(layout.shape), int64, kernel), layout
 
 
 @dataclass(frozen=True)
@@ -393,7 +432,7 @@ def run_grad(
     fkey = (problem.program, tuning, a.dtype, a.is_cuda)
     family = _families.get(fkey)
     if family is None:
-        family = _family(fkey, lambda: grad_kernel(problem.program), compute_type(a.dtype))
+        family = _family(fkey, lambda: grad_kernel(problem.program, tuning.grad_tensor_cores), compute_type(a.dtype))
     hyper_args, tensor_names = _hyper_values(problem)
     operands = ["a", "b", "c", "d", "out"] + [f"hyper_{h}" for h in tensor_names]
     layout_args, nbatch, batch = _batch_args(problem, operands)
@@ -403,7 +442,7 @@ def run_grad(
     pointers = 5 + len(hyper_args)
     programs = _grad_programs(family.kernel, batch, m, n, o)
     int64 = _needs_int64([t for t in args[:pointers] if isinstance(t, torch.Tensor)], programs)
-    spec_of = functools.partial(_grad_spec, problem, nbatch, int64)
+    spec_of = functools.partial(_grad_spec, problem, nbatch, int64, family.kernel)
     block_o = _grad_block_o(family.kernel, o)
     batches = batch * _cdiv(o, block_o)  # programs per (n, m) tile
     bucket = configs.bucket(batch, m, n, o, k)
@@ -549,13 +588,14 @@ def _pairwise_spec(problem: PairwiseProblem, kernel: str, nbatch: int, int64: bo
     )
 
 
-def _grad_spec(problem: GradProblem, nbatch: int, int64: bool) -> GradSpec:
+def _grad_spec(problem: GradProblem, nbatch: int, int64: bool, kernel: str) -> GradSpec:
     return GradSpec(
         program=problem.program,
         compute=compute_type(problem.dtype),
         nbatch=nbatch,
         tensor_hypers=_tensor_hypers(problem),
         int64=int64,
+        tensor_cores=kernel == "grad_affine",
     )
 
 
@@ -581,12 +621,10 @@ def _launch_meta(spec: Spec, tuning: TritonTuning, d: int, block_c: int = 0) -> 
             return {}
         return configs.launch_options(configs.product_space(tc, block_c)[0])
     if isinstance(spec, GradSpec):
-        general = grad_kernel(spec.program) == "grad_general"
+        tiles = _GRAD_TILES[spec.kernel]
         if interpreting():
-            return dict(configs.INTERPRET_GENERAL_GRAD if general else configs.INTERPRET_GRAD)
-        if tuning.autotune:
-            return {}
-        return dict(configs.DEFAULT_GENERAL_GRAD if general else configs.DEFAULT_GRAD)
+            return dict(tiles.interpret)
+        return {} if tuning.autotune else dict(tiles.default(spec.compute))
     tc = spec.kernel == "tensor_cores"
     if interpreting():
         return dict(configs.INTERPRET_PAIRWISE_TC if tc else configs.INTERPRET_PAIRWISE)
@@ -625,7 +663,7 @@ def _describe(spec: Spec) -> str:
     elif isinstance(spec, ProductSpec):
         kernel = f"kernel-product ({spec.kernel} K tiles)"
     elif isinstance(spec, GradSpec):
-        kernel = "gradient" if grad_kernel(spec.program) == "grad" else "general gradient"
+        kernel = {"grad": "gradient", "grad_general": "general gradient"}.get(spec.kernel, "tensor-core gradient")
     else:
         kernel = spec.kernel
     indices = "64" if spec.int64 else "32"

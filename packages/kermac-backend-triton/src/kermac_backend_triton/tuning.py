@@ -23,11 +23,16 @@ class TritonTuning:
     difference kernel.
     `gluon`: float32 SIMT programs take the Gluon kernel
     (`kermac_backend_triton.gluon_pairwise`) where this Triton has it; off, the `tl` kernel.
+    `grad_tensor_cores`: gradient programs whose product factor is `α·d + β·b`
+    ([`kermac.programs.affine_factor`][kermac.programs.affine_factor]; the p = 2 gradient of `cdist`) take
+    the matrix-product kernel (`kermac_backend_triton.gradient_affine`); off, the product form's kernel
+    (`kermac_backend_triton.gradient`).
     """
 
     autotune: bool = True
     tensor_cores: bool = True
     gluon: bool = True
+    grad_tensor_cores: bool = False
 
     def __post_init__(self) -> None:
         for field in fields(self):
@@ -37,4 +42,5 @@ class TritonTuning:
 
 
 DEFAULT_TUNING = TritonTuning()
-"""The measured defaults: autotuned, tensor cores and Gluon where they apply."""
+"""The measured defaults: autotuned, tensor cores and Gluon where they apply; the gradient's matrix-product kernel
+off until it is measured."""

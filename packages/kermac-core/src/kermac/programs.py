@@ -72,6 +72,7 @@ __all__ = [
     "REDUCTIONS",
     "GradProgram",
     "PairwiseProgram",
+    "affine_factor",
     "canonical_inner",
     "difference_power",
     "epilogue_slope",
@@ -310,6 +311,74 @@ def product_factor(program: GradProgram) -> Expr | None:
         return factor_without_a(program.multiply)
 
     return _derived(program, "_product_factor", find)
+
+
+def affine_factor(program: GradProgram) -> tuple[float, float] | None:
+    """`(α, β)` where `program`'s product factor ([`product_factor`][kermac.programs.product_factor]) is
+    `g(d, b) = α·d + β·b` with numbers α, β, else `None`; a coefficient is 0 exactly where its variable is absent.
+
+    Then `Σ_k c[o,k]·a[k,m]·g(d[n,m], b[n,k]) = α·d[n,m]·s[o,m] + β·Σ_k b[n,k]·c[o,k]·a[k,m]` with
+    `s[o,m] = Σ_k c[o,k]·a[k,m]`: matrix products and a rank-one term, no work per `(n, m, k)` (the p = 2
+    gradient of `cdist`, `d − b`, is `(1, −1)`).  Recognised as written: `d`, `b`, their negation, sum and
+    difference, and a product with or quotient by a finite non-zero constant.  A sum or difference whose two sides
+    read the same variable (`d − d`, `(d − b) + b`) is refused, as is a constant term, a hyperparameter or a zero
+    factor: the product form then evaluates something the two matrix products would not (`d − d` is NaN for an
+    infinite `d`, where `0·d·s` is not its value either).
+    """
+
+    def find() -> tuple[float, float] | None:
+        factor = product_factor(program)
+        coefficients = None if factor is None else _affine(factor)
+        if coefficients is None:
+            return None
+        # a coefficient that overflowed, or underflowed to 0 for a variable that is read, is not the factor's
+        reads = (name in free_vars(factor) for name in ("d", "b"))
+        if all(math.isfinite(v) and (v != 0.0) == read for v, read in zip(coefficients, reads, strict=True)):
+            return coefficients
+        return None
+
+    return _derived(program, "_affine_factor", find)
+
+
+def _affine(expr: Expr) -> tuple[float, float] | None:
+    """`(α, β)` of an expression `α·d + β·b` of the forms [`affine_factor`][kermac.programs.affine_factor] accepts."""
+    if isinstance(expr, Var):
+        return {"d": (1.0, 0.0), "b": (0.0, 1.0)}.get(expr.name)
+    if not isinstance(expr, Call):
+        return None
+    if expr.op == "neg":
+        inner = _affine(expr.args[0])
+        return None if inner is None else (-inner[0], -inner[1])
+    if expr.op in ("add", "sub"):
+        left, right = expr.args
+        if free_vars(left) & free_vars(right):
+            return None
+        lhs, rhs = _affine(left), _affine(right)
+        if lhs is None or rhs is None:
+            return None
+        sign = 1.0 if expr.op == "add" else -1.0
+        return lhs[0] + sign * rhs[0], lhs[1] + sign * rhs[1]
+    if expr.op in ("mul", "div"):
+        left, right = expr.args
+        scale = _scale(right)
+        if scale is not None:
+            term = _affine(left)
+        elif expr.op == "mul":
+            scale, term = _scale(left), _affine(right)
+        else:
+            return None
+        if scale is None or term is None:
+            return None
+        factor = scale if expr.op == "mul" else 1.0 / scale
+        return term[0] * factor, term[1] * factor
+    return None
+
+
+def _scale(expr: Expr) -> float | None:
+    """The value of a finite non-zero constant, else `None`."""
+    if isinstance(expr, Const) and math.isfinite(expr.value) and expr.value != 0.0:
+        return expr.value
+    return None
 
 
 def swap_operands(program: PairwiseProgram) -> PairwiseProgram:
