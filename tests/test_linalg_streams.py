@@ -3,7 +3,6 @@ no host synchronisation, concurrent callers (GPU tests marked gpu)."""
 
 from __future__ import annotations
 
-import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -76,27 +75,25 @@ def test_inputs_written_just_before_are_seen_and_results_are_ordered(op):
     assert check.abs().max().item() <= 1e-10
 
 
-def _host_seconds(call) -> tuple[float, bool]:
-    """Host time of ``call`` queued behind ~0.3 s of GPU sleep, and whether the GPU was still busy.
+def _returned_while_gpu_busy(call) -> bool:
+    """Whether ``call``, queued behind ~0.3 s of GPU sleep, returned to the host while the GPU was still busy.
 
     The call runs under ``torch.cuda.set_sync_debug_mode("error")``: a synchronising torch
-    operation inside it raises.
+    operation inside it raises.  A call that waited for the GPU would find it idle afterwards.
     """
     stream = torch.cuda.Stream()
     with torch.cuda.stream(stream):
         torch.cuda._sleep(500_000_000)
-        start = time.perf_counter()
         torch.cuda.set_sync_debug_mode("error")
         try:
             call()
         finally:
             torch.cuda.set_sync_debug_mode("default")
-        seconds = time.perf_counter() - start
         done = torch.cuda.Event()
         done.record(stream)
     busy = not done.query()
     stream.synchronize()
-    return seconds, busy
+    return busy
 
 
 @pytest.mark.gpu
@@ -111,9 +108,7 @@ def test_no_host_synchronisation(op):
     }[op]
     call()  # handles, streams and workspaces exist after a first call
     torch.cuda.synchronize()
-    seconds, busy = _host_seconds(call)
-    assert busy, "the call waited for the GPU"
-    assert seconds < 0.1
+    assert _returned_while_gpu_busy(call), "the call waited for the GPU"
 
 
 @pytest.mark.gpu

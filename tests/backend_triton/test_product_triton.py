@@ -465,10 +465,14 @@ def test_gpu_batches_views_and_half_inputs() -> None:
 @pytest.mark.parametrize("tuning", [UNTUNED, SIMT], ids=["tensor_cores", "simt"])
 def test_gpu_memory_stays_that_of_the_operands(tuning: TritonTuning) -> None:
     """M = 65,536 rows against N = 10⁶ (K would take 262 GB in float32): the product runs into a
-    given `out` without allocating anything, and its first rows match the dense product."""
+    given `out` without allocating anything, and its first rows match the dense product.
+
+    v ≥ 0, so the 10⁶-term sums of the (positive) Gaussian kernel do not cancel: with signed v each sum is
+    about 10³ times smaller than the sum of its terms' magnitudes, and float32 accumulation of any order
+    loses those digits against the float64 reference (signed v is checked at smaller N)."""
     program = _program("gaussian", regularized=True)
     hypers = {"bandwidth": 4.0, "regularization": 0.1}
-    x, z, v = _randn(2**16, 32), _randn(10**6, 32), _randn(10**6, 1)
+    x, z, v = _randn(2**16, 32), _randn(10**6, 32), _randn(10**6, 1).abs()
     out = torch.empty(2**16, 1, device="cuda")
     _product(program, x, z, v, hypers, tuning=tuning, out=out)  # compiles and loads the variant
     torch.cuda.synchronize()
