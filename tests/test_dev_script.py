@@ -75,17 +75,18 @@ def test_compile_floor_runs_every_module_that_compiles_cubins() -> None:
     dev_script = _dev_module()
     files = dev_script.cubin_test_files()
     assert "tests/backend_triton/test_product_triton.py" in files and "tests/test_triton_codegen.py" in files
+    assert "tests/test_dev_script.py" not in files
     assert all(dev_script.CUBIN_CALL in (DEV.parents[1] / f).read_text() for f in files)
 
 
 CUBIN_MODULE = """
 import pytest
-from cubin_jobs import compile_in_clean_process
+from cubin_jobs import CALL
 
 
 @pytest.fixture
 def reports():
-    return compile_in_clean_process(None, [])
+    return CALL(None, [])
 
 
 @pytest.fixture
@@ -95,14 +96,15 @@ def through(reports):
 
 def test_uses_the_fixture(reports): ...
 def test_through_another_fixture(through): ...
-def test_calls_it_itself(): compile_in_clean_process
+def test_calls_it_itself(): CALL
 def test_interpreted(): ...
 """
 
 
 def test_the_cubin_plugin_keeps_the_tests_that_compile(tmp_path: Path) -> None:
-    """``-p cubin_only`` keeps the tests that call ``compile_in_clean_process`` (themselves or through fixtures)."""
-    (tmp_path / "test_sample.py").write_text(CUBIN_MODULE)
+    """``-p cubin_only`` keeps the tests that call the compiling function (themselves or through fixtures).  The
+    sample names it through ``CUBIN_CALL`` so that this module is not one compile-floor runs."""
+    (tmp_path / "test_sample.py").write_text(CUBIN_MODULE.replace("CALL", _dev_module().CUBIN_CALL))
     tests = str(DEV.parents[1] / "tests")
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([tests, os.environ.get("PYTHONPATH", "")]))
     cmd = [sys.executable, "-m", "pytest", "-p", "cubin_only", "-p", "no:cacheprovider", "--collect-only", "-q"]
