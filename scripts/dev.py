@@ -249,8 +249,8 @@ def floor_stamp() -> str:
 
 
 def install_floor_triton(py: Path) -> None:
-    """Install ``triton==TRITON_FLOOR`` (no dependencies: Triton imports none) into FLOOR_DIR unless its stamp
-    says it is there."""
+    """Install ``triton==TRITON_FLOOR`` into FLOOR_DIR unless its stamp says it is there (``--no-deps``: on
+    Python >= 3.10 Triton requires nothing)."""
     stamp = floor_stamp()
     if FLOOR_STAMP.exists() and FLOOR_STAMP.read_text() == stamp:
         say(f"{FLOOR_DIR.relative_to(ROOT)} holds triton {TRITON_FLOOR}")
@@ -280,8 +280,9 @@ def compile_floor(py: Path, args: list[str]) -> int:
     """Run the cubin tests with the floor Triton; return pytest's exit status."""
     install_floor_triton(py)
     env = floor_environment()
-    probe = subprocess.run([str(py), "-c", "import triton; print(triton.__version__)"], env=env, text=True,
-                           capture_output=True)  # fmt: skip
+    probe = subprocess.run(
+        [str(py), "-c", "import triton; print(triton.__version__)"], env=env, capture_output=True, text=True
+    )
     if probe.returncode != 0 or probe.stdout.strip() != TRITON_FLOOR:
         fail(f"compile-floor: expected triton {TRITON_FLOOR} first on the path, got {probe.stdout or probe.stderr}")
     cmd = [str(py), "-m", "pytest", "-p", "cubin_only", *cubin_test_files(), *args]
