@@ -115,15 +115,15 @@ def compile_in_clean_process(script: Path, jobs: list[dict]) -> dict[str, str]:
 
 
 SPILLS_BEFORE = (3, 9)
-"""Triton releases before this one ship an older ptxas (Triton 3.6: CUDA 12.8's; 3.9: 12.9's) that trades a few
-spills outside the hot loops for registers where 3.9's needs none.  Measured on the default tiles with Triton 3.6
+"""Triton releases before this one ship an older ptxas (Triton 3.6: CUDA 12.8's; 3.9: 12.9's) that spills a few
+values outside the hot loops where 3.9's spills none.  Measured on the default tiles with Triton 3.6
 (docs/dev/triton-version-floor.md): the gradient product at 80 registers (three 256-thread programs per
-multiprocessor) spills 8–16 bytes, stored before the loops and loaded between them (Laplace-L1 sm_90; the soft
-minimum accumulating in `out`, sm_80 and sm_90), and the tensor-core product's 64 × 64 tile for sm_80 32 bytes
-(float32) to 240 (float16), in its N loop but outside the k loop.  Raising the registers (`maxnreg`) removes those
-spills at the price of a program per multiprocessor, and no other tile of the spaces compiles without spills under
-both releases; so with an older Triton a stack frame is accepted where no local-memory instruction lies in an
-innermost loop."""
+multiprocessor) spills 8-16 bytes, stored before its loops and loaded between or after them (Laplace-L1 sm_90; the
+soft minimum accumulating in `out`, sm_80 and sm_90); the tensor-core product's 64 × 64 tile for sm_80 32 bytes
+(float32) to 240 (float16), in its N loop but outside the k loop.  A register limit (`maxnreg`) removes the
+gradient product's at the price of a program per multiprocessor, and none of the other tiles tried compiles without
+spills under both releases; so a stack frame from an older Triton is accepted where no local-memory instruction
+lies in an innermost loop."""
 
 
 def report_triton(report: str) -> tuple[int, int]:
