@@ -9,6 +9,10 @@
     python3 scripts/dev.py wheels [--check]  setup, then build the wheel of every packages/* member into dist/;
                                              --check installs them into a fresh environment and imports them,
                                              then installs the example plugin there and runs its tests
+    python3 scripts/dev.py compile-floor [ARGS...]
+                                             setup, install the oldest supported Triton into .venv-triton-floor/
+                                             if it is not there, then ``python -m pytest ARGS`` on the tests that
+                                             compile Triton kernels to cubins, with that Triton
     python3 scripts/dev.py torch             install the right torch into the interpreter running this script
                                              (hatch's pre-install step; see the root pyproject.toml)
 
@@ -27,6 +31,14 @@ NVRTC library there (cuda-pathfinder looks in the environment's own site-package
 shows as unavailable in that ``kermac info``.  Then the example plugin (examples/kermac-backend-numpy)
 is installed there with its README's one pip command, its conformance tests run with that
 environment's python (pytest comes from .venv), and ``kermac info`` there must list its backend.
+
+``compile-floor`` compiles the suite's cubin jobs again with ``triton==3.6.0`` (``TRITON_FLOOR``, the oldest
+Triton kermac-backend-triton accepts), installed with ``pip --no-deps --target`` into the ignored
+.venv-triton-floor/ and put first on ``PYTHONPATH``: the jobs pass with .venv's Triton in ``test``, and a
+kernel one Triton compiles may spill or fail to compile with another.  The tests run are those of the test
+modules naming ``compile_in_clean_process`` (tests/cubin_jobs.py) that call it, themselves or through a
+fixture (the pytest plugin tests/cubin_only.py deselects the others); the compiling processes run without
+``TRITON_INTERPRET``.  The directory is reused while its stamp (the requirement and the interpreter) holds.
 
 ``setup`` is idempotent: it records a hash of every pyproject.toml, this script, the interpreter
 and the torch choice in .venv, and does nothing while they are unchanged (members are editable,
@@ -59,6 +71,11 @@ DEV_GROUP = "dev"  # [dependency-groups] in the root pyproject.toml
 # NVRTC compiles to cubin on any machine (the CPU test tier does), cuSOLVER needs a GPU to run.
 CUDA_EXTRA_WITHOUT_GPU = {"kermac-backend-nvrtc": True, "kermac-linalg": False}
 DEFAULT_CUDA_MAJOR = 13  # what the NVRTC wheels are taken for when torch has no CUDA
+TRITON_FLOOR = "3.6.0"  # the oldest Triton kermac-backend-triton accepts (its pyproject.toml), as the GPU machine runs
+FLOOR_DIR = ROOT / ".venv-triton-floor"
+FLOOR_STAMP = FLOOR_DIR / ".kermac-floor-stamp"
+TESTS = ROOT / "tests"
+CUBIN_CALL = "compile_in_clean_process"  # tests/cubin_jobs.py: how the suite compiles Triton kernels to cubins
 
 
 def say(message: str) -> None:
@@ -226,6 +243,53 @@ def setup(force: bool = False) -> Path:
     return py
 
 
+def floor_stamp() -> str:
+    """What .venv-triton-floor/ holds: the Triton requirement, for this interpreter's version and machine."""
+    return f"triton=={TRITON_FLOOR} cp{sys.version_info[0]}{sys.version_info[1]} {sys.platform} {platform.machine()}\n"
+
+
+def install_floor_triton(py: Path) -> None:
+    """Install ``triton==TRITON_FLOOR`` into FLOOR_DIR unless its stamp says it is there (``--no-deps``: on
+    Python >= 3.10 Triton requires nothing)."""
+    stamp = floor_stamp()
+    if FLOOR_STAMP.exists() and FLOOR_STAMP.read_text() == stamp:
+        say(f"{FLOOR_DIR.relative_to(ROOT)} holds triton {TRITON_FLOOR}")
+        return
+    shutil.rmtree(FLOOR_DIR, ignore_errors=True)  # pip --target does not replace what is there
+    run(pip(py, "--no-deps", "--target", str(FLOOR_DIR), f"triton=={TRITON_FLOOR}"), "installing the floor Triton")
+    FLOOR_STAMP.write_text(stamp)
+
+
+def cubin_test_files() -> list[str]:
+    """The test modules (relative to the root) that name ``CUBIN_CALL``, in order."""
+    modules = sorted(TESTS.rglob("test_*.py"))
+    return [m.relative_to(ROOT).as_posix() for m in modules if CUBIN_CALL in m.read_text(encoding="utf-8")]
+
+
+def floor_environment() -> dict[str, str]:
+    """The environment of ``compile-floor``'s pytest: FLOOR_DIR first on ``PYTHONPATH``, then tests/ (for the
+    plugin ``cubin_only``); ``TRITON_INTERPRET`` is left to tests/conftest.py, and the compiling processes
+    drop it."""
+    env = dict(os.environ)
+    path = [str(FLOOR_DIR), str(TESTS), *filter(None, env.get("PYTHONPATH", "").split(os.pathsep))]
+    env["PYTHONPATH"] = os.pathsep.join(path)
+    return env
+
+
+def compile_floor(py: Path, args: list[str]) -> int:
+    """Run the cubin tests with the floor Triton; return pytest's exit status."""
+    install_floor_triton(py)
+    env = floor_environment()
+    probe = subprocess.run(
+        [str(py), "-c", "import triton; print(triton.__version__)"], env=env, capture_output=True, text=True
+    )
+    if probe.returncode != 0 or probe.stdout.strip() != TRITON_FLOOR:
+        fail(f"compile-floor: expected triton {TRITON_FLOOR} first on the path, got {probe.stdout or probe.stderr}")
+    cmd = [str(py), "-m", "pytest", "-p", "cubin_only", *cubin_test_files(), *args]
+    say(f"triton {TRITON_FLOOR} from {FLOOR_DIR.relative_to(ROOT)}: $ " + shlex.join(cmd))
+    return subprocess.run(cmd, cwd=ROOT, env=env).returncode
+
+
 def build_wheels(py: Path, out: Path) -> list[Path]:
     """Build the wheel of every workspace member into ``out`` (earlier kermac wheels there are removed)."""
     out.mkdir(parents=True, exist_ok=True)
@@ -335,7 +399,7 @@ def check_wheels(py: Path, wheels: list[Path]) -> None:
 def main(argv: list[str]) -> int:
     if sys.version_info < (3, 10):  # noqa: UP036 -- this script may be started by any python3
         fail(f"Python >= 3.10 is needed, this is {platform.python_version()} ({sys.executable})")
-    commands = ("setup", "test", "bench", "docs", "wheels", "torch")
+    commands = ("setup", "test", "bench", "docs", "wheels", "compile-floor", "torch")
     if not argv or argv[0] in ("-h", "--help", "help"):
         print(__doc__)
         return 0
@@ -367,6 +431,8 @@ def main(argv: list[str]) -> int:
             check_wheels(py, wheels)
         return 0
     py = setup()
+    if command == "compile-floor":
+        return compile_floor(py, args)
     env = dict(os.environ)
     if command == "test":
         cmd = [str(py), "-m", "pytest", *args]

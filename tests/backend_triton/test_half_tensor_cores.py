@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from cubin_jobs import compile_in_clean_process
+from cubin_jobs import SPILLS_BEFORE, assert_compiled, compile_in_clean_process, report_triton
 from helpers import assert_close, tolerance
 
 import kermac
@@ -338,10 +338,21 @@ def test_one_half_dot_or_three_tf32_dots(job: str, compiled: dict[str, dict]) ->
     assert compiled[job].get("dots") == expansion + contraction, compiled[job]
 
 
+OLDER_PTXAS_CAPPED_SLACK = 32
+"""Bytes a capped half tile may spill beyond its float32 twin when compiled by a Triton before `SPILLS_BEFORE`:
+Triton 3.6 spills 120 bytes for the 128 × 128 half tile on sm_90 against float32's 96 (3.9: 136 against 240).  The
+tile is float32's, measured fastest on the GPU; what the 24 bytes cost the half kernels there is to be timed with
+Triton 3.6 (docs/dev/triton-version-floor.md)."""
+
+
 @pytest.mark.parametrize("job", sorted(k for k in _compile_jobs() if "float32" not in k))
 def test_half_kernels_spill_no_more_than_float32(job: str, compiled: dict[str, dict]) -> None:
-    """No spills, but for the pairwise tiles capped at 128 registers, whose float32 kernels spill (outside the k
-    loop) by design: there no more than float32."""
+    """No spills (with an older Triton, none in the innermost loops: `cubin_jobs.SPILLS_BEFORE`), but for the pairwise
+    tiles capped at 128 registers, whose float32 kernels spill (outside the k loop) by design: there no more than
+    float32 (with an older Triton, `OLDER_PTXAS_CAPPED_SLACK` more)."""
     twin = job.replace("bfloat16", "float32").replace("float16", "float32")
-    limit = _stack(compiled[twin]) if _compile_jobs()[job]["maxnreg"] is not None else 0
-    assert _stack(compiled[job]) <= limit, (compiled[job]["res"], compiled[twin]["res"])
+    if _compile_jobs()[job]["maxnreg"] is None:
+        assert_compiled(compiled[job].get("res", str(compiled[job])))
+        return
+    slack = OLDER_PTXAS_CAPPED_SLACK if report_triton(compiled[job]["res"]) < SPILLS_BEFORE else 0
+    assert _stack(compiled[job]) <= _stack(compiled[twin]) + slack, (compiled[job]["res"], compiled[twin]["res"])
