@@ -210,8 +210,9 @@ thread holds its part of the `[BN, BM, BD]` slope tile and of the `[BK, BN, BM]`
 beside the `BM × BD` accumulator (or, accumulating in `out`, `acc`, `e'` and `G` across the steps over the
 features), so the tiles stay small.  Chosen by register use (`cuobjdump -res-usage` for
 sm_90: Laplace-L1, Laplace-Lp, Gaussian and a user program at `BD` = 4 and 16 in registers and 8 accumulated
-in `out`), not yet by time: every entry builds without spilling, the default with 40–110 registers in float32
-and 64–240 in float64; 32 × 16 tiles at 4 warps took 150–250 in float32, 128-row tiles spilled in float64.
+in `out`), not yet by time: with Triton 3.9 every entry builds without spilling (3.6 spills 8–16 bytes
+outside the loops for some programs: docs/dev/triton-version-floor.md), the default with 40–110 registers
+in float32 and 64–240 in float64; 32 × 16 tiles at 4 warps took 150–250 in float32, 128-row tiles spilled in float64.
 """
 
 PRODUCT_SPACE: tuple[tuple[dict[str, int], int, int, int | None], ...] = (
@@ -233,7 +234,8 @@ PRODUCT_TC_SPACE: tuple[tuple[dict[str, int], int, int, int | None], ...] = (
 )
 """Kernel product on tensor-core K tiles (as `PRODUCT_SPACE`; `BK` comes from D,
 `product_tc_block_k`), chosen by register use, not yet by time: 64 × 64 at 4 warps and
-128 × 64 at 8 build without spills for `BC` = 16 on sm_80 and sm_90.
+128 × 64 at 8 build without spills for `BC` = 16 on sm_80 and sm_90 with Triton 3.9 (3.6 spills
+outside the k loop at 64 × 64 on sm_80: docs/dev/triton-version-floor.md).
 """
 
 
