@@ -6,8 +6,9 @@ so a new backend shows up here without editing the suites) and PyTorch's own way
 same result (its own row, named after it) -- and by case (:func:`cases`): tiny problems on the
 CPU, and on a CUDA GPU the same operations at sizes of the peer table
 (:data:`kermac.benchmarking.GPU_CASES`) plus the problems whose time is each call's host work
-(:data:`kermac.benchmarking.SMALL_CASES`) and the distances with few features, bound by writing their output
-(:data:`kermac.benchmarking.FEW_FEATURE_CASES`).
+(:data:`kermac.benchmarking.SMALL_CASES`), the distances with few features, bound by writing their output
+(:data:`kermac.benchmarking.FEW_FEATURE_CASES`), and the p = 2 gradient of one output
+(:data:`kermac.benchmarking.SINGLE_OUTPUT_GRADIENT_CASES`).
 
 An implementation that cannot run a case here raises ``NotImplementedError`` in ``setup``, which
 asv reports as n/a rather than as a failure: a backend that is unavailable, broken, opt-in (e.g.
@@ -138,7 +139,8 @@ def cases(op: str) -> dict[str, Case]:
     if DEVICE == "cuda":
         small = getattr(bm, "SMALL_CASES", ())  # absent from revisions older than the host-time rows
         few = getattr(bm, "FEW_FEATURE_CASES", ())  # and from those older than the few-feature rows
-        chosen += [Case(c) for c in (*bm.GPU_CASES, *small, *few) if c.op == op]
+        single = getattr(bm, "SINGLE_OUTPUT_GRADIENT_CASES", ())  # or the single-output gradient rows
+        chosen += [Case(c) for c in (*bm.GPU_CASES, *small, *few, *single) if c.op == op]
     return {c.label: Case(c.base.on(DEVICE), c.bandwidths) for c in chosen}
 
 

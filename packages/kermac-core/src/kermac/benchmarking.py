@@ -23,8 +23,9 @@ machines without a GPU), `CPU_QUICK_CASES`, `PEERS_CASES` (the peer table: every
 problem other systems published H100 timings for, with those timings and the project's targets),
 `GPU_CASES` (the subset `kermac bench` runs by default, < 1 minute on an H100),
 `GPU_QUICK_CASES`, `SMALL_CASES` (problems so small that on a GPU a call's time is
-mostly the host's per-call work: checks, planning, the launch) and `FEW_FEATURE_CASES` (distances with
-D ≤ 16, whose floor is writing the output; `kermac bench --full` runs them after the peer table).
+mostly the host's per-call work: checks, planning, the launch), `FEW_FEATURE_CASES` (distances with
+D ≤ 16, whose floor is writing the output) and `SINGLE_OUTPUT_GRADIENT_CASES` (the p = 2 gradient with O = 1,
+whose floor is one matrix product); `kermac bench --full` runs these two after the peer table.
 `BenchCase.problem_class` is the class of [`kermac.costs`][kermac.costs] a case measures.
 """
 
@@ -51,9 +52,11 @@ __all__ = [
     "GPU_QUICK_CASES",
     "H100_FP32_PER_MS",
     "H100_SFU_PER_MS",
+    "H100_TF32_FLOP_PER_MS",
     "H100_WRITE_BYTES_PER_MS",
     "PEERS_CASES",
     "REFERENCE_BACKEND",
+    "SINGLE_OUTPUT_GRADIENT_CASES",
     "SMALL_CASES",
     "BenchCase",
     "cases_for",
@@ -301,6 +304,27 @@ FEW_FEATURE_CASES: tuple[BenchCase, ...] = tuple(_few_features(d, p) for d in (3
 instructions, so the floor is writing the output (`H100_WRITE_BYTES_PER_MS`) and the target 1.1× that; a
 fractional p's powers take the special-function unit, whose floor passes the write's from D = 3 on."""
 
+H100_TF32_FLOP_PER_MS = 386e9
+"""The H100's measured TF32 matrix-product rate, flop per millisecond (../shared/PEERS.md)."""
+
+
+def _single_output_gradient(sizes: tuple[int, int, int, int], fused_ms: float) -> BenchCase:
+    """The p = 2 gradient of a single output (O = 1, the AGOP of a one-output predictor): its floor is the one
+    matrix product `b @ (c ∘ a)` of `Σ_k c·a·(d − b)` in 3×TF32 (6·M·N·O·K flop at the measured TF32 rate); its
+    target 5× faster than the fused kernel's `fused_ms`."""
+    m, n, o, k = sizes
+    floor = 6 * m * n * o * k / H100_TF32_FLOP_PER_MS
+    return BenchCase("grad", sizes, 2.0, device="cuda", floor_ms=round(floor, 3), target_ms=round(fused_ms / 5, 2))
+
+
+SINGLE_OUTPUT_GRADIENT_CASES: tuple[BenchCase, ...] = (
+    _single_output_gradient((8192, 768, 1, 8192), 35.3),
+    _single_output_gradient((8192, 8192, 1, 768), 37.4),
+)
+"""The p = 2 gradient with one output: the fused kernel forms `a·(d − b)` for every `(n, m, k)` on the SIMT units
+whatever O is (35.3 and 37.4 ms on an H200, 2026-11-27, as at O = 16), where matrix products on the tensor cores
+need a fraction of that; the target is 5× faster than those times."""
+
 GPU_CASES: tuple[BenchCase, ...] = tuple(
     c for c in PEERS_CASES if c.sizes[0] != 30000 and not (c.op == "grad" and c.sizes[0] == 8192)
 )
@@ -342,8 +366,8 @@ def cases_for(
     device: str | torch.device, *, full: bool = False, quick: bool = False, small: bool = False
 ) -> list[BenchCase]:
     """The cases `kermac bench` runs on `device`: CPU or GPU lists, `full` = the whole peer
-    table and then `FEW_FEATURE_CASES` (a CUDA device only: `ValueError` otherwise), `small` = `SMALL_CASES` on
-    either."""
+    table, then `FEW_FEATURE_CASES` and `SINGLE_OUTPUT_GRADIENT_CASES` (a CUDA device only: `ValueError`
+    otherwise), `small` = `SMALL_CASES` on either."""
     device = torch.device(device)
     if full and device.type != "cuda":
         raise ValueError(f"full: the peer-table cases need a CUDA device, got {device}")
@@ -352,7 +376,13 @@ def cases_for(
     elif device.type == "cpu":
         chosen = CPU_QUICK_CASES if quick else CPU_CASES
     else:
-        chosen = PEERS_CASES + FEW_FEATURE_CASES if full else GPU_QUICK_CASES if quick else GPU_CASES
+        chosen = (
+            PEERS_CASES + FEW_FEATURE_CASES + SINGLE_OUTPUT_GRADIENT_CASES
+            if full
+            else GPU_QUICK_CASES
+            if quick
+            else GPU_CASES
+        )
     return [c.on(device) for c in chosen]
 
 
