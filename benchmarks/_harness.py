@@ -7,8 +7,9 @@ same result (its own row, named after it) -- and by case (:func:`cases`): tiny p
 CPU, and on a CUDA GPU the same operations at sizes of the peer table
 (:data:`kermac.benchmarking.GPU_CASES`) plus the problems whose time is each call's host work
 (:data:`kermac.benchmarking.SMALL_CASES`), the distances with few features, bound by writing their output
-(:data:`kermac.benchmarking.FEW_FEATURE_CASES`), and the p = 2 gradient of one output
-(:data:`kermac.benchmarking.SINGLE_OUTPUT_GRADIENT_CASES`).
+(:data:`kermac.benchmarking.FEW_FEATURE_CASES`), the p = 2 gradient of one output
+(:data:`kermac.benchmarking.SINGLE_OUTPUT_GRADIENT_CASES`) and half-precision distances
+(:data:`kermac.benchmarking.HALF_CASES`).
 
 An implementation that cannot run a case here raises ``NotImplementedError`` in ``setup``, which
 asv reports as n/a rather than as a failure: a backend that is unavailable, broken, opt-in (e.g.
@@ -99,7 +100,7 @@ class Case:
 
     def make_out(self) -> torch.Tensor:
         shape = (self.bandwidths, *self.base.out_shape) if self.bandwidths > 1 else self.base.out_shape
-        return torch.empty(shape, device=self.base.device, dtype=torch.float32)
+        return torch.empty(shape, device=self.base.device, dtype=self.base.torch_dtype)
 
     def kermac_fn(self, backend: str) -> Callable[..., torch.Tensor]:
         """``fn(*inputs, out)`` through ``backend``."""
@@ -140,7 +141,8 @@ def cases(op: str) -> dict[str, Case]:
         small = getattr(bm, "SMALL_CASES", ())  # absent from revisions older than the host-time rows
         few = getattr(bm, "FEW_FEATURE_CASES", ())  # and from those older than the few-feature rows
         single = getattr(bm, "SINGLE_OUTPUT_GRADIENT_CASES", ())  # or the single-output gradient rows
-        chosen += [Case(c) for c in (*bm.GPU_CASES, *small, *few, *single) if c.op == op]
+        half = getattr(bm, "HALF_CASES", ())  # or the half-precision rows
+        chosen += [Case(c) for c in (*bm.GPU_CASES, *small, *few, *single, *half) if c.op == op]
     return {c.label: Case(c.base.on(DEVICE), c.bandwidths) for c in chosen}
 
 

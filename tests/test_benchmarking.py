@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import re
 import statistics
@@ -137,7 +138,7 @@ def test_case_lists_are_consistent():
     assert [c.device for c in bm.cases_for("cpu")] == ["cpu"] * len(bm.CPU_CASES)
     assert [c.label for c in bm.cases_for("cpu", quick=True)] == [c.label for c in bm.CPU_QUICK_CASES]
     full = [c.label for c in bm.cases_for("cuda:0", full=True)]
-    listed = (*bm.PEERS_CASES, *bm.FEW_FEATURE_CASES, *bm.SINGLE_OUTPUT_GRADIENT_CASES)
+    listed = (*bm.PEERS_CASES, *bm.FEW_FEATURE_CASES, *bm.SINGLE_OUTPUT_GRADIENT_CASES, *bm.HALF_CASES)
     assert full == [c.label for c in listed] and len(set(full)) == len(full)
     assert all(c.device == "cuda:0" for c in bm.cases_for("cuda:0"))
     assert len(bm.cases_for("cuda")) == len(bm.GPU_CASES)
@@ -174,6 +175,37 @@ def test_single_output_gradient_cases_are_bound_by_one_matrix_product():
         assert case.op == "grad" and case.p == 2.0 and o == 1 and case.device == "cuda"
         assert case.floor_ms == pytest.approx(6 * m * n * k / 386e9, abs=1e-3) == pytest.approx(0.80, abs=0.01)
         assert case.floor_ms < case.target_ms < 8 and o * n * m * 4 / bm.H100_WRITE_BYTES_PER_MS < case.floor_ms
+
+
+def test_half_cases_take_half_inputs_and_outputs_and_their_rounding_as_tolerance():
+    """float16 and bfloat16 at 8192² × 256: inputs are the float32 draws rounded (so the rows of a case are the same
+    values in every dtype), the output and the cost class take the dtype, and the tolerance is the output's
+    rounding twice over."""
+    assert [(c.dtype, c.p) for c in bm.HALF_CASES] == [("float16", 2.0), ("bfloat16", 2.0), ("float16", 1.0)]
+    assert all(c.device == "cuda" and c.sizes == (8192, 8192, 256) and c.target_ms for c in bm.HALF_CASES)
+    small = dataclasses.replace(bm.HALF_CASES[1], sizes=(5, 7, 3), device="cpu")
+    assert small.label == "cdist 5x7x3 p=2 bfloat16" and small.input_bytes == 2 * (5 + 7) * 3
+    inputs, wide = small.make_inputs(seed=3), dataclasses.replace(small, dtype="float32").make_inputs(seed=3)
+    assert all(
+        t.dtype == torch.bfloat16 and torch.equal(t, w.to(torch.bfloat16)) for t, w in zip(inputs, wide, strict=True)
+    )
+    assert small.make_out().dtype == torch.bfloat16 and small.problem_class.dtype == "bfloat16"
+    assert bm.tolerance(small) == 2**-7 and bm.tolerance(bm.HALF_CASES[0]) == 2**-10
+    with pytest.raises(ValueError, match="dtype: expected one of float32, float16, bfloat16, got 'float64'"):
+        dataclasses.replace(small, dtype="float64")
+    with pytest.raises(
+        ValueError, match="dtype: float16 inputs are benchmarked for ops cdist and kernel, got op 'grad'"
+    ):
+        bm.BenchCase("grad", (4, 5, 2, 3), 2.0, dtype="float16")
+
+
+def test_a_half_case_runs_and_checks_against_its_float64_reference_on_the_cpu():
+    """The reference backend on a small float16 case writes a float16 output within the case's tolerance of the
+    float64 reference of the same (rounded) inputs."""
+    case = dataclasses.replace(bm.HALF_CASES[0], sizes=(40, 33, 20), device="cpu")
+    inputs, out = case.make_inputs(seed=1), case.make_out()
+    bm.kermac_fn(case, bm.REFERENCE_BACKEND)(*inputs, out)
+    assert out.dtype == torch.float16 and 0 < bm.max_rel_error(out, bm.reference(case, inputs)) <= bm.tolerance(case)
 
 
 def _peers_rows() -> dict[str, list[list[str]]]:

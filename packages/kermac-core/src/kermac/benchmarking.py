@@ -6,7 +6,8 @@ through a chosen backend writing into a preallocated `out`, and PyTorch's own wa
 the same thing); `reference` computes the float64 answer with the reference backend and
 `max_rel_error` compares against it; `time_ms` times a callable.
 
-Operations and shapes (all float32 `torch.randn` inputs):
+Operations and shapes (`torch.randn` inputs, float32 unless a case names float16 or bfloat16, which are the
+float32 values rounded):
 
 * `"cdist"`, sizes `(M, N, D)`: `x [M, D]`, `z [N, D]` → `[M, N]`, the p-norm distance.
 * `"kernel"`, sizes `(M, N, D)`: the same shapes; `kernel` is `"laplace"`
@@ -24,8 +25,9 @@ problem other systems published H100 timings for, with those timings and the pro
 `GPU_CASES` (the subset `kermac bench` runs by default, < 1 minute on an H100),
 `GPU_QUICK_CASES`, `SMALL_CASES` (problems so small that on a GPU a call's time is
 mostly the host's per-call work: checks, planning, the launch), `FEW_FEATURE_CASES` (distances with
-D ≤ 16, whose floor is writing the output) and `SINGLE_OUTPUT_GRADIENT_CASES` (the p = 2 gradient with O = 1,
-whose floor is one matrix product); `kermac bench --full` runs these two after the peer table.
+D ≤ 16, whose floor is writing the output), `SINGLE_OUTPUT_GRADIENT_CASES` (the p = 2 gradient with O = 1,
+whose floor is one matrix product) and `HALF_CASES` (float16 and bfloat16 distances); `kermac bench --full` runs
+these three after the peer table.
 `BenchCase.problem_class` is the class of [`kermac.costs`][kermac.costs] a case measures.
 """
 
@@ -54,6 +56,7 @@ __all__ = [
     "H100_SFU_PER_MS",
     "H100_TF32_FLOP_PER_MS",
     "H100_WRITE_BYTES_PER_MS",
+    "HALF_CASES",
     "PEERS_CASES",
     "REFERENCE_BACKEND",
     "SINGLE_OUTPUT_GRADIENT_CASES",
@@ -78,6 +81,7 @@ REFERENCE_BACKEND = "torch"
 Op = Literal["cdist", "kernel", "grad", "program"]
 _OPS = ("cdist", "kernel", "grad", "program")
 _KERNELS = ("laplace", "gaussian")
+_DTYPES = ("float32", "float16", "bfloat16")
 
 
 @dataclass(frozen=True)
@@ -93,6 +97,8 @@ class BenchCase:
         peers: other systems' published timings in ms on an H100, by system name.
         floor_ms: the hardware floor of this case on an H100 (bytes or flops at peak), if any.
         target_ms: the project's target for this case on an H100, if any.
+        dtype: the inputs' and output's dtype, `"float32"`, or `"float16"` / `"bfloat16"` for ops `"cdist"`
+            and `"kernel"`.
     """
 
     op: Op
@@ -103,6 +109,7 @@ class BenchCase:
     peers: Mapping[str, float] = field(default_factory=dict, compare=False)
     floor_ms: float | None = field(default=None, compare=False)
     target_ms: float | None = field(default=None, compare=False)
+    dtype: str = "float32"
 
     def __post_init__(self) -> None:
         if self.op not in _OPS:
@@ -124,10 +131,23 @@ class BenchCase:
             )
         if self.op == "program" and self.p != 2:
             raise ValueError(f"p: the user program is defined on the L2 distance (p=2), got p={self.p!r}")
+        if self.dtype not in _DTYPES:
+            raise ValueError(f"dtype: expected one of {', '.join(_DTYPES)}, got {self.dtype!r}")
+        if self.dtype != "float32" and self.op not in ("cdist", "kernel"):
+            raise ValueError(f"dtype: {self.dtype} inputs are benchmarked for ops cdist and kernel, got op {self.op!r}")
+
+    @property
+    def torch_dtype(self) -> torch.dtype:
+        """`dtype` as a torch dtype."""
+        return getattr(torch, self.dtype)
 
     @property
     def label(self) -> str:
-        """A short human-readable name, e.g. `cdist 8192x8192x256 p=1.3`."""
+        """A short human-readable name, e.g. `cdist 8192x8192x256 p=1.3` (`… float16` for half inputs)."""
+        return self._name + ("" if self.dtype == "float32" else f" {self.dtype}")
+
+    @property
+    def _name(self) -> str:
         p = f"p={self.p:g}"
         if self.op == "grad":
             m, n, o, k = self.sizes
@@ -163,8 +183,8 @@ class BenchCase:
 
     @property
     def input_bytes(self) -> int:
-        """Bytes of all float32 inputs of one input set."""
-        return 4 * sum(math.prod(s) for s in self.input_shapes)
+        """Bytes of all inputs of one input set."""
+        return self.torch_dtype.itemsize * sum(math.prod(s) for s in self.input_shapes)
 
     @property
     def program(self) -> PairwiseProgram | GradProgram:
@@ -173,7 +193,7 @@ class BenchCase:
         from kermac.lowering import cdist_program, grad_program
 
         if self.op == "cdist":
-            return cdist_program(self.p, dtype=torch.float32)
+            return cdist_program(self.p, dtype=self.torch_dtype)
         if self.op == "grad":
             return grad_program(self.p)
         if self.op == "program":
@@ -184,27 +204,27 @@ class BenchCase:
 
     @property
     def problem_class(self) -> ProblemClass:
-        """The class of [`kermac.costs`][kermac.costs] this case measures (its inputs are float32)."""
+        """The class of [`kermac.costs`][kermac.costs] this case measures."""
         from kermac.costs import classify
 
-        return classify(self.program, torch.float32, self.sizes)
+        return classify(self.program, self.torch_dtype, self.sizes)
 
     def on(self, device: str | torch.device) -> BenchCase:
         """The same case with inputs on `device`."""
         return dataclasses.replace(self, device=str(device))
 
     def make_inputs(self, seed: int = 0) -> tuple[torch.Tensor, ...]:
-        """Fresh float32 `torch.randn` inputs on `device`, reproducible from `seed`."""
+        """Fresh `torch.randn` inputs on `device` (drawn in float32, then rounded to `dtype`), reproducible from
+        `seed`."""
         device = torch.device(self.device)
         gen = torch.Generator(device=device)
         gen.manual_seed(seed)
-        return tuple(
-            torch.randn(shape, generator=gen, device=device, dtype=torch.float32) for shape in self.input_shapes
-        )
+        draws = (torch.randn(shape, generator=gen, device=device, dtype=torch.float32) for shape in self.input_shapes)
+        return tuple(t.to(self.torch_dtype) for t in draws)
 
     def make_out(self) -> torch.Tensor:
-        """An uninitialised float32 output of `out_shape` on `device`."""
-        return torch.empty(self.out_shape, device=self.device, dtype=torch.float32)
+        """An uninitialised output of `out_shape` and `dtype` on `device`."""
+        return torch.empty(self.out_shape, device=self.device, dtype=self.torch_dtype)
 
 
 def _cdist(
@@ -325,6 +345,22 @@ SINGLE_OUTPUT_GRADIENT_CASES: tuple[BenchCase, ...] = (
 whatever O is (35.3 and 37.4 ms on an H200, 2026-11-27, as at O = 16), where matrix products on the tensor cores
 need a fraction of that; the target is 5× faster than those times."""
 
+HALF_CASES: tuple[BenchCase, ...] = (
+    BenchCase(
+        "cdist",
+        (8192, 8192, 256),
+        2.0,
+        device="cuda",
+        peers={"torch 2.11 cdist": 0.55},
+        target_ms=0.55,
+        dtype="float16",
+    ),
+    BenchCase("cdist", (8192, 8192, 256), 2.0, device="cuda", target_ms=0.55, dtype="bfloat16"),
+    BenchCase("cdist", (8192, 8192, 256), 1.0, device="cuda", target_ms=0.88, dtype="float16"),
+)
+"""Half inputs at 8192² × 256: p = 2 on the tensor cores, its target `torch.cdist`'s float16 time on an H100
+(0.55 ms); p = 1 on the SIMT units, its target 1.5× faster than kermac's float32 (1.32 ms on an H100)."""
+
 GPU_CASES: tuple[BenchCase, ...] = tuple(
     c for c in PEERS_CASES if c.sizes[0] != 30000 and not (c.op == "grad" and c.sizes[0] == 8192)
 )
@@ -366,8 +402,8 @@ def cases_for(
     device: str | torch.device, *, full: bool = False, quick: bool = False, small: bool = False
 ) -> list[BenchCase]:
     """The cases `kermac bench` runs on `device`: CPU or GPU lists, `full` = the whole peer
-    table, then `FEW_FEATURE_CASES` and `SINGLE_OUTPUT_GRADIENT_CASES` (a CUDA device only: `ValueError`
-    otherwise), `small` = `SMALL_CASES` on either."""
+    table, then `FEW_FEATURE_CASES`, `SINGLE_OUTPUT_GRADIENT_CASES` and `HALF_CASES` (a CUDA device only:
+    `ValueError` otherwise), `small` = `SMALL_CASES` on either."""
     device = torch.device(device)
     if full and device.type != "cuda":
         raise ValueError(f"full: the peer-table cases need a CUDA device, got {device}")
@@ -377,7 +413,7 @@ def cases_for(
         chosen = CPU_QUICK_CASES if quick else CPU_CASES
     else:
         chosen = (
-            PEERS_CASES + FEW_FEATURE_CASES + SINGLE_OUTPUT_GRADIENT_CASES
+            PEERS_CASES + FEW_FEATURE_CASES + SINGLE_OUTPUT_GRADIENT_CASES + HALF_CASES
             if full
             else GPU_QUICK_CASES
             if quick
@@ -509,7 +545,10 @@ def max_rel_error(result: torch.Tensor, ref: torch.Tensor, *, chunk_elems: int =
 
 
 def tolerance(case: BenchCase) -> float:
-    """Largest `max_rel_error` an fp32 result may show before `kermac bench` flags it."""
+    """Largest `max_rel_error` a result may show before `kermac bench` flags it: float32's, or for a half output
+    twice its rounding (float16 2⁻¹¹, bfloat16 2⁻⁸ relative)."""
+    if case.dtype != "float32":
+        return torch.finfo(case.torch_dtype).eps  # eps / 2 is the rounding
     return 1e-3 if case.op == "grad" else 1e-4
 
 
