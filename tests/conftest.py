@@ -11,9 +11,9 @@
 - The autouse ``seed`` fixture seeds torch's generators (CPU and every CUDA device) from a fresh random
   value each run and prints it, which pytest shows when the test fails.  ``KERMAC_TEST_SEED=N``
   replays a failure with the seed it printed.
-- Under pytest-xdist (``-n W``) each worker's torch uses ``cores // W`` CPU threads, not every core: W
-  workers each spinning a thread per core oversubscribe the host, and the float64 CPU references of the
-  GPU tests then take minutes instead of seconds.
+- Under pytest-xdist (``-n W``) each worker's torch uses ``cores // W`` CPU threads (of the cores this
+  process may run on), not every core: W workers each spinning a thread per core oversubscribe the
+  host, and the float64 CPU references of the GPU tests can then take minutes instead of seconds.
 """
 
 from __future__ import annotations
@@ -33,7 +33,8 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 if "PYTEST_XDIST_WORKER_COUNT" in os.environ:
-    torch.set_num_threads(max(1, (os.cpu_count() or 1) // int(os.environ["PYTEST_XDIST_WORKER_COUNT"])))
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    torch.set_num_threads(max(1, cores // int(os.environ["PYTEST_XDIST_WORKER_COUNT"])))
 
 
 def _gpu_skip_reason() -> str | None:

@@ -179,8 +179,8 @@ def test_single_output_gradient_cases_are_bound_by_one_matrix_product():
 
 def test_half_cases_take_half_inputs_and_outputs_and_their_rounding_as_tolerance():
     """float16 and bfloat16 at 8192² × 256: inputs are the float32 draws rounded (so the rows of a case are the same
-    values in every dtype), the output and the cost class take the dtype, and the tolerance is the output's
-    rounding twice over."""
+    values in every dtype), the output and the cost class take the dtype, the tolerance is four times the output's
+    rounding, and PyTorch's baseline exists for p = 2 only."""
     assert [(c.dtype, c.p) for c in bm.HALF_CASES] == [("float16", 2.0), ("bfloat16", 2.0), ("float16", 1.0)]
     assert all(c.device == "cuda" and c.sizes == (8192, 8192, 256) and c.target_ms for c in bm.HALF_CASES)
     small = dataclasses.replace(bm.HALF_CASES[1], sizes=(5, 7, 3), device="cpu")
@@ -190,7 +190,8 @@ def test_half_cases_take_half_inputs_and_outputs_and_their_rounding_as_tolerance
         t.dtype == torch.bfloat16 and torch.equal(t, w.to(torch.bfloat16)) for t, w in zip(inputs, wide, strict=True)
     )
     assert small.make_out().dtype == torch.bfloat16 and small.problem_class.dtype == "bfloat16"
-    assert bm.tolerance(small) == 2**-7 and bm.tolerance(bm.HALF_CASES[0]) == 2**-10
+    assert bm.tolerance(small) == 2**-6 and bm.tolerance(bm.HALF_CASES[0]) == 2**-9
+    assert bm.torch_fn(small) is not None and bm.torch_fn(bm.HALF_CASES[2]) is None  # no half torch.cdist for p = 1
     with pytest.raises(ValueError, match="dtype: expected one of float32, float16, bfloat16, got 'float64'"):
         dataclasses.replace(small, dtype="float64")
     with pytest.raises(

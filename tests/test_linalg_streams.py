@@ -76,24 +76,26 @@ def test_inputs_written_just_before_are_seen_and_results_are_ordered(op):
 
 
 def _returned_while_gpu_busy(call) -> bool:
-    """Whether ``call``, queued behind ~0.3 s of GPU sleep, returned to the host while the GPU was still busy.
+    """Whether ``call``, queued behind ~0.3 s of GPU sleep, returned to the host before that sleep ended.
 
     The call runs under ``torch.cuda.set_sync_debug_mode("error")``: a synchronising torch
-    operation inside it raises.  A call that waited for the GPU would find it idle afterwards.
+    operation inside it raises.  The event recorded right after the sleep is still pending when the
+    call returns unless the call waited for the GPU somewhere (a stream or event synchronisation,
+    which the debug mode does not see, included).
     """
     stream = torch.cuda.Stream()
     with torch.cuda.stream(stream):
         torch.cuda._sleep(500_000_000)
+        asleep = torch.cuda.Event()
+        asleep.record(stream)
         torch.cuda.set_sync_debug_mode("error")
         try:
             call()
         finally:
             torch.cuda.set_sync_debug_mode("default")
-        done = torch.cuda.Event()
-        done.record(stream)
-    busy = not done.query()
+        returned_early = not asleep.query()
     stream.synchronize()
-    return busy
+    return returned_early
 
 
 @pytest.mark.gpu

@@ -39,7 +39,10 @@ AUTO = "auto"
 BASELINE = "torch.cdist"
 REFERENCE_LABEL = "reference"
 """What the table calls the reference backend (its name, `torch`, reads as PyTorch itself)."""
-WRONG_NOTE = "! = error above tolerance (1e-4; 1e-3 for gradients): that result is WRONG"
+WRONG_NOTE = (
+    "! = error above tolerance (1e-4; 1e-3 for gradients; 4x the output's rounding for half outputs): "
+    "that result is WRONG"
+)
 """The table's note on the `!` of a wrong answer (the tolerances of `kermac.benchmarking.tolerance`)."""
 
 

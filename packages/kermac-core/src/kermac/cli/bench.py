@@ -441,7 +441,12 @@ def _run_case(
     progress.step(f"{case.label}: {BASELINE}")
     baseline = bm.torch_fn(case)
     if baseline is None:
-        result.results[BASELINE] = Measurement(error="PyTorch has no memory-bounded equivalent for this case (p != 2)")
+        why = (
+            "no half-precision kernel for p != 2"
+            if case.dtype != "float32"
+            else "no memory-bounded equivalent (p != 2)"
+        )
+        result.results[BASELINE] = Measurement(error=f"PyTorch has {why}")
     else:
         result.results[BASELINE] = _measure(baseline, sets, ref, s, out=None)
     del sets, ref, out
