@@ -16,7 +16,7 @@ import re
 import subprocess
 import sys
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +27,38 @@ def spec_fields(job: dict, **defaults: Any) -> dict[str, Any]:
     if "tensor_hypers" in changes:
         changes["tensor_hypers"] = frozenset(changes["tensor_hypers"])
     return defaults | changes
+
+
+POINTER_TYPES = {"float32": "*fp32", "float64": "*fp64", "float16": "*fp16", "bfloat16": "*bf16"}
+"""Triton's pointer type of each input dtype."""
+
+
+def signature(
+    arg_names: Sequence[str],
+    consts: Mapping[str, Any],
+    pointers: Sequence[str],
+    *,
+    dtype: str,
+    compute: str,
+    int64: bool,
+    float32_scalars: Sequence[str] = (),
+) -> dict[str, str]:
+    """Triton's signature of a generated kernel's arguments `arg_names`: `constexpr` for `consts`, `dtype`'s pointer
+    type for `pointers` and the tensor hyperparameters (`H_*`), the compute type for scalar hyperparameters (`h_*`),
+    float32 for `float32_scalars` (a guard), and 32- or 64-bit integers (`int64`) for the sizes and strides."""
+    types: dict[str, str] = {}
+    for name in arg_names:
+        if name in consts:
+            types[name] = "constexpr"
+        elif name in pointers or name.startswith("H_"):
+            types[name] = POINTER_TYPES[dtype]
+        elif name.startswith("h_"):
+            types[name] = "fp64" if compute == "float64" else "fp32"
+        elif name in float32_scalars:
+            types[name] = "fp32"
+        else:
+            types[name] = "i64" if int64 else "i32"
+    return types
 
 
 def ast_source(

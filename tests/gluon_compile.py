@@ -20,7 +20,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[0]))  # tests/, for cubin_jobs
 
-from cubin_jobs import ast_source, resource_usage, serve, spec_fields
+from cubin_jobs import ast_source, resource_usage, serve, signature, spec_fields
 
 
 def compile_job(job: dict) -> str:
@@ -43,18 +43,9 @@ def compile_job(job: dict) -> str:
     )
     fn = load_module(kernel_source(spec)).kermac_pairwise
     consts = dict(job["meta"]) | job["constants"]
-    signature = {}
-    for name in fn.arg_names:
-        if name in consts:
-            signature[name] = "constexpr"
-        elif name in ("X", "Z", "OUT") or name.startswith("H_"):
-            signature[name] = "*fp32"
-        elif name.startswith("h_"):
-            signature[name] = "fp32"
-        else:
-            signature[name] = "i64" if spec.int64 else "i32"
+    types = signature(fn.arg_names, consts, ("X", "Z", "OUT"), dtype="float32", compute="float32", int64=spec.int64)
     aligned = [n for n in ("X", "Z", "OUT", "N", "SXM", "SZN", "SOM") if n not in consts]
-    return resource_usage(ast_source(GluonASTSource, fn, signature, consts, aligned), job["arch"], job["warps"])
+    return resource_usage(ast_source(GluonASTSource, fn, types, consts, aligned), job["arch"], job["warps"])
 
 
 def main() -> None:

@@ -16,9 +16,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/, for cubin_jobs
 
-from cubin_jobs import ast_source, resource_usage, serve, spec_fields
-
-_POINTER_TYPES = {"float32": "*fp32", "float64": "*fp64", "float16": "*fp16", "bfloat16": "*bf16"}
+from cubin_jobs import ast_source, resource_usage, serve, signature, spec_fields
 
 
 def compile_job(job: dict) -> str:
@@ -41,19 +39,12 @@ def compile_job(job: dict) -> str:
     spec = GradSpec(**spec_fields(job, **defaults))
     fn = load_module(kernel_source(spec)).kermac_grad
     consts = dict(job["meta"]) | {"SAM": 1, "SBK": 1, "SCK": 1, "SDM": 1, "SOM": 1, "KEY": 0}
-    signature = {}
-    for name in fn.arg_names:
-        if name in consts:
-            signature[name] = "constexpr"
-        elif name in ("A", "B", "C", "DD", "OUT") or name.startswith("H_"):
-            signature[name] = _POINTER_TYPES[dtype]
-        elif name.startswith("h_"):
-            signature[name] = "fp64" if compute == "float64" else "fp32"
-        else:
-            signature[name] = "i64" if spec.int64 else "i32"
+    types = signature(
+        fn.arg_names, consts, ("A", "B", "C", "DD", "OUT"), dtype=dtype, compute=compute, int64=spec.int64
+    )
     names = ("A", "B", "C", "DD", "OUT", "SAK", "SBN", "SCO", "SDN", "SON", "SOO")
     aligned = [n for n in fn.arg_names if (n in names or n.startswith("SB_")) and n not in consts]
-    return resource_usage(ast_source(ASTSource, fn, signature, consts, aligned), job["arch"], job["warps"])
+    return resource_usage(ast_source(ASTSource, fn, types, consts, aligned), job["arch"], job["warps"])
 
 
 def main() -> None:

@@ -17,9 +17,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/, for cubin_jobs
 
-from cubin_jobs import ast_source, resource_usage, serve, spec_fields
-
-_POINTER_TYPES = {"float32": "*fp32", "float64": "*fp64", "float16": "*fp16", "bfloat16": "*bf16"}
+from cubin_jobs import ast_source, resource_usage, serve, signature, spec_fields
 
 
 def compile_job(job: dict) -> str:
@@ -49,20 +47,12 @@ def product_source(job: dict):
     )
     fn = load_module(kernel_source(spec)).kermac_product
     consts = dict(job["meta"]) | {"SXK": 1, "SZK": 1, "SVC": 1, "SOC": 1, "KEY": 0}
-    signature = {}
-    for name in fn.arg_names:
-        if name in consts:
-            signature[name] = "constexpr"
-        elif name in ("X", "Z", "V", "OUT") or name.startswith("H_"):
-            signature[name] = _POINTER_TYPES[dtype]
-        elif name.startswith("h_"):
-            signature[name] = "fp64" if compute == "float64" else "fp32"
-        elif name == "GUARD":
-            signature[name] = "fp32"
-        else:
-            signature[name] = "i64" if spec.int64 else "i32"
+    pointers = ("X", "Z", "V", "OUT")
+    types = signature(
+        fn.arg_names, consts, pointers, dtype=dtype, compute=compute, int64=spec.int64, float32_scalars=("GUARD",)
+    )
     aligned = [n for n in ("X", "Z", "V", "OUT", "SXM", "SZN", "SVN", "SOM") if n not in consts]
-    return ast_source(ASTSource, fn, signature, consts, aligned)
+    return ast_source(ASTSource, fn, types, consts, aligned)
 
 
 def main() -> None:

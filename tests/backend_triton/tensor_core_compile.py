@@ -22,10 +22,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/, for cubin_jobs
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # for product_compile
 
-from cubin_jobs import ast_source, cubin_resource_usage, serve
+from cubin_jobs import ast_source, cubin_resource_usage, serve, signature
 from product_compile import product_source
-
-_POINTER_TYPES = {"float32": "*fp32", "float16": "*fp16", "bfloat16": "*bf16"}
 
 #: A dot of the TTGIR (sm_80: ``tt.dot``; sm_90: ``ttng.warp_group_dot``) and its operands' element types.
 _DOT = re.compile(
@@ -53,18 +51,17 @@ def pairwise_source(job: dict):
     )
     fn = getattr(load_module(kernel_source(spec)), PAIRWISE_ENTRY)
     consts = dict(job["meta"]) | {"SXK": 1, "SZK": 1, "SON": 1, "KEY": 0}
-    signature = {}
-    for name in fn.arg_names:
-        if name in consts:
-            signature[name] = "constexpr"
-        elif name in ("X", "Z", "OUT"):
-            signature[name] = _POINTER_TYPES[job["dtype"]]
-        elif name.startswith("h_") or name == "GUARD":
-            signature[name] = "fp32"
-        else:
-            signature[name] = "i32"
+    types = signature(
+        fn.arg_names,
+        consts,
+        ("X", "Z", "OUT"),
+        dtype=job["dtype"],
+        compute="float32",
+        int64=False,
+        float32_scalars=("GUARD",),
+    )
     aligned = ["X", "Z", "OUT", "N", "D", "SXM", "SZN", "SOM"]
-    return ast_source(ASTSource, fn, signature, consts, aligned)
+    return ast_source(ASTSource, fn, types, consts, aligned)
 
 
 def compile_job(job: dict) -> str:
