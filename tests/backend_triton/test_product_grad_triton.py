@@ -595,10 +595,16 @@ def test_the_gradient_product_compiles_without_spills(job: str, compile_reports:
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("tuning", [TritonTuning(), UNTUNED], ids=["tuned", "untuned"])
-@pytest.mark.parametrize(("case", "d", "c"), [("laplace_l1", 3, 1), ("gaussian", 37, 16), ("diag_user", 130, 5)])
+@pytest.mark.parametrize(
+    ("case", "d", "c"),
+    [("laplace_l1", 3, 1), ("gaussian", 37, 16), ("diag_user", 130, 5)]
+    + [("max_user", 3, 1), ("linf_distance", 13, 2), ("soft_min", 37, 16), ("min_diag", 130, 5)],
+)
 @pytest.mark.parametrize("dtype", [torch.float32, F64])
 def test_real_sizes_on_the_gpu(tuning: TritonTuning, case: str, d: int, c: int, dtype: torch.dtype) -> None:
-    program, hypers, offsets = CASES[case]
+    """Sums (`CASES`), and maxima, minima and log-sum-exp (`WEIGHTED`: D in registers at 3, and at 13 in float32;
+    accumulated in `out` at 13 in float64, past the 8 features a weighted reduction holds there, 37 and 130)."""
+    program, hypers, offsets = (CASES | WEIGHTED)[case]
     x, z = _randn(1001, d, dtype=dtype), _randn(1203, d, dtype=dtype)
     v, g = _randn(1203, c, dtype=dtype), _randn(1001, c, dtype=dtype)
     got = _triton(program, x, z, v, g, hypers, tuning=tuning, **offsets)
@@ -638,22 +644,6 @@ def test_gpu_memory_stays_that_of_the_operands(d: int) -> None:
     rows = 16
     want = _reference(program, x[:rows], z, v, g[:rows], hypers)
     assert_close(out[:rows], want, tolerance(torch.float32))
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("tuning", [TritonTuning(), UNTUNED], ids=["tuned", "untuned"])
-@pytest.mark.parametrize(
-    ("case", "d", "c"), [("max_user", 3, 1), ("linf_distance", 13, 2), ("soft_min", 37, 16), ("min_diag", 130, 5)]
-)
-@pytest.mark.parametrize("dtype", [torch.float32, F64])
-def test_weighted_reductions_at_real_sizes_on_the_gpu(tuning: TritonTuning, case: str, d: int, c: int, dtype) -> None:
-    """Maxima, minima and log-sum-exp at real sizes: D in registers (3; 13 in float32), accumulated in `out` (13 in
-    float64, past the 8 features a weighted reduction holds there; 37, 130)."""
-    program, hypers, offsets = WEIGHTED[case]
-    x, z = _randn(1001, d, dtype=dtype), _randn(1203, d, dtype=dtype)
-    v, g = _randn(1203, c, dtype=dtype), _randn(1001, c, dtype=dtype)
-    got = _triton(program, x, z, v, g, hypers, tuning=tuning, **offsets)
-    assert_close(got, _reference(program, x, z, v, g, hypers, **offsets), 1e-10 if dtype == F64 else tolerance(dtype))
 
 
 @pytest.mark.gpu
