@@ -83,6 +83,20 @@ def require_backend(name: str, device: str, op: str = "pairwise") -> None:
         give_up(reason)
 
 
+def device_under_test() -> str:
+    """Where a backend's tests put their tensors: the GPU where there is one, else the CPU."""
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def skip_unless_triton_runs(device: str) -> None:
+    """Skip the test unless the Triton backend can run tensors on `device` (the CPU only under its interpreter,
+    ``TRITON_INTERPRET=1``, which tests/conftest.py sets where there is no GPU)."""
+    from kermac_backend_triton.launch import interpreting
+
+    if device == "cpu" and not interpreting():
+        pytest.skip("the Triton backend runs CPU tensors only under TRITON_INTERPRET=1")
+
+
 def tolerance(dtype: torch.dtype) -> float:
     """Relative Frobenius tolerance of an output in ``dtype`` (fp32: the project's accuracy bound, 1e-4 relative)."""
     return TOLERANCE[dtype]

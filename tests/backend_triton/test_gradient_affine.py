@@ -24,6 +24,7 @@ from pathlib import Path
 import pytest
 import torch
 from cubin_jobs import assert_compiled, compile_in_clean_process
+from helpers import device_under_test, skip_unless_triton_runs
 
 from kermac import ir
 from kermac.hyperparams import HyperValue, program_hypers
@@ -47,14 +48,9 @@ A, B, C, D, TERM, ACC = (Var(n) for n in ("a", "b", "c", "d", "term", "acc"))
 P2 = grad_program(2.0)
 
 
-def _device() -> str:
-    return "cuda" if torch.cuda.is_available() else "cpu"
-
-
 @pytest.fixture(autouse=True)
 def _needs_a_runnable_backend() -> None:
-    if _device() == "cpu" and not launch.interpreting():
-        pytest.skip("the Triton backend runs CPU tensors only under TRITON_INTERPRET=1")
+    skip_unless_triton_runs(device_under_test())
 
 
 def _operands(k: int, m: int, n: int, o: int, seed: int, batch: tuple[int, ...] = ()) -> list[torch.Tensor]:
@@ -69,7 +65,7 @@ def _hypers(program: GradProgram, hypers: dict, device: str) -> dict[str, HyperV
 
 def _triton(program, a, b, c, d, hypers=None, *, tuning=ON, meta=None) -> torch.Tensor:
     """The backend's `grad` (or the launcher with the tile configuration `meta` forced) on `a`, `b`, `c`, `d`."""
-    dev = _device()
+    dev = device_under_test()
     hypers = {k: v.to(dev) if isinstance(v, torch.Tensor) else v for k, v in (hypers or {}).items()}
     problem = grad_problem(program, *(t.to(dev) for t in (a, b, c, d)), out=None, hypers=_hypers(program, hypers, dev))
     problem.out.fill_(math.nan)  # every output is written

@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 import torch
 from cubin_jobs import SPILLS_BEFORE, assert_compiled, compile_in_clean_process, report_triton
-from helpers import assert_close, tolerance
+from helpers import assert_close, device_under_test, skip_unless_triton_runs, tolerance
 
 import kermac
 from kermac import presets
@@ -43,19 +43,14 @@ HALF = [torch.float16, torch.bfloat16]
 UNTUNED = TritonTuning(autotune=False)
 
 
-def _device() -> str:
-    return "cuda" if torch.cuda.is_available() else "cpu"
-
-
 @pytest.fixture(autouse=True)
 def _needs_the_backend() -> None:
-    if _device() == "cpu" and not launch.interpreting():
-        pytest.skip("the Triton backend runs CPU tensors only under TRITON_INTERPRET=1")
+    skip_unless_triton_runs(device_under_test())
 
 
 def _randn(*shape: int, dtype: torch.dtype, scale: float = 1.0, seed: int = 0) -> torch.Tensor:
     g = torch.Generator().manual_seed(seed)
-    return (torch.randn(*shape, generator=g, dtype=torch.float64) * scale).to(dtype=dtype, device=_device())
+    return (torch.randn(*shape, generator=g, dtype=torch.float64) * scale).to(dtype=dtype, device=device_under_test())
 
 
 def _half_tolerance(dtype: torch.dtype) -> float:
@@ -260,8 +255,8 @@ def test_dot_half_is_exact_per_product(dtype: torch.dtype) -> None:
     g = torch.Generator().manual_seed(14)
     x = (torch.randint(-255, 256, (16, 16), generator=g) * 2.0**-6).to(dtype)
     z = (torch.randint(-255, 256, (16, 16), generator=g) * 2.0**-9).to(dtype)
-    out = torch.empty(16, 16, device=_device())
-    _dot_half_kernel[(1,)](x.to(_device()), z.to(_device()), out)
+    out = torch.empty(16, 16, device=device_under_test())
+    _dot_half_kernel[(1,)](x.to(device_under_test()), z.to(device_under_test()), out)
     assert torch.equal(out.double().cpu(), x.double() @ z.double().T)
 
 

@@ -30,7 +30,7 @@ import pytest
 import torch
 from cubin_jobs import assert_compiled, compile_in_clean_process
 from dense_programs import dense_kernel
-from helpers import assert_close, tolerance
+from helpers import assert_close, device_under_test, skip_unless_triton_runs, tolerance
 
 import kermac
 from kermac import ir, presets, registry, testing
@@ -51,17 +51,8 @@ F64 = torch.float64
 UNTUNED = TritonTuning(autotune=False)
 
 
-def _device() -> str:
-    return "cuda" if torch.cuda.is_available() else "cpu"
-
-
-def _skip_without_backend(device: str) -> None:
-    if device == "cpu" and not launch.interpreting():
-        pytest.skip("the Triton backend runs CPU tensors only under TRITON_INTERPRET=1")
-
-
 def _randn(*shape: int, dtype: torch.dtype = torch.float32, device: str | None = None) -> torch.Tensor:
-    return torch.randn(*shape, dtype=F64).to(dtype=dtype, device=device or _device())
+    return torch.randn(*shape, dtype=F64).to(dtype=dtype, device=device or device_under_test())
 
 
 def _preset(name: str) -> PairwiseProgram:
@@ -136,8 +127,8 @@ CASES = {  # program, hypers, offsets
 def test_programs_match_both_references(case: str, m: int, n: int, d: int, c: int, dtype: torch.dtype) -> None:
     """Sizes beyond one tile in M, N and D (D = 19: past the 16 features held in registers, accumulated in `out`
     16 features per step)."""
-    device = _device()
-    _skip_without_backend(device)
+    device = device_under_test()
+    skip_unless_triton_runs(device)
     program, hypers, offsets = CASES[case]
     x, z = _randn(m, d, dtype=dtype), _randn(n, d, dtype=dtype)
     v, g = _randn(n, c, dtype=dtype), _randn(m, c, dtype=dtype)
@@ -147,8 +138,8 @@ def test_programs_match_both_references(case: str, m: int, n: int, d: int, c: in
 @pytest.mark.parametrize("dtype", [torch.float32, F64])
 def test_laplace_lp_with_one_p_per_batch_entry(dtype: torch.dtype) -> None:
     """Tensor (batched) hyperparameters: p and the bandwidth per entry of a batch of 3, the diagonal shifted."""
-    device = _device()
-    _skip_without_backend(device)
+    device = device_under_test()
+    skip_unless_triton_runs(device)
     hypers = {
         "p": torch.tensor([1.3, 2.0, 3.5], dtype=dtype, device=device),
         "bandwidth": torch.tensor([0.9, 1.5, 2.2], dtype=dtype, device=device),
@@ -161,8 +152,8 @@ def test_laplace_lp_with_one_p_per_batch_entry(dtype: torch.dtype) -> None:
 
 def test_the_dot_product_keeps_its_slope_where_acc_is_zero() -> None:
     """exp(Σ x·z) at orthogonal points: acc = 0 does not zero the term (∂τ/∂x = z ≠ 0)."""
-    device = _device()
-    _skip_without_backend(device)
+    device = device_under_test()
+    skip_unless_triton_runs(device)
     program = PairwiseProgram(ir.Var("x") * ir.Var("z"), "sum", ir.exp(ir.Var("acc")))
     x = torch.tensor([[1.0, 0.0], [0.5, 2.0]], dtype=F64, device=device)
     z = torch.tensor([[0.0, 3.0], [1.0, 1.0], [-2.0, 0.5]], dtype=F64, device=device)
@@ -173,8 +164,8 @@ def test_the_dot_product_keeps_its_slope_where_acc_is_zero() -> None:
 def test_broadcast_batches_and_views(d: int) -> None:
     """x [2, 1, M, D] against z [3, N, D] (batch [2, 3], a bandwidth per entry of its last dimension); x, v and g
     transposed views, z a strided slice, `out` a transposed view poisoned with NaN: every element is written."""
-    device = _device()
-    _skip_without_backend(device)
+    device = device_under_test()
+    skip_unless_triton_runs(device)
     x = _randn(2, 1, d, 9).mT  # [2, 1, 9, D]
     z = _randn(3, 22, 2 * d)[:, ::2, ::2]  # [3, 11, D]
     v = _randn(2, 11).t()  # [11, 2]
@@ -191,8 +182,8 @@ def test_broadcast_batches_and_views(d: int) -> None:
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("d", [5, 18])
 def test_half_inputs_compute_in_float32(dtype: torch.dtype, d: int) -> None:
-    device = _device()
-    _skip_without_backend(device)
+    device = device_under_test()
+    skip_unless_triton_runs(device)
     x, z = _randn(11, d, dtype=dtype), _randn(9, d, dtype=dtype)
     v, g = _randn(9, 2, dtype=dtype), _randn(11, 2, dtype=dtype)
     program, hypers = _preset("laplace_l1"), {"bandwidth": 2.0, "regularization": 0.1}
@@ -206,8 +197,8 @@ def test_half_inputs_compute_in_float32(dtype: torch.dtype, d: int) -> None:
 def test_size_zero_dimensions() -> None:
     """N = 0 writes zeros (an empty sum, also where D is accumulated in `out`); M, D, C = 0 and an empty batch give
     what the references give."""
-    device = _device()
-    _skip_without_backend(device)
+    device = device_under_test()
+    skip_unless_triton_runs(device)
     program, hypers = _preset("laplace_l1"), {"bandwidth": 1.3, "regularization": 0.2}
     for d in (3, 20):
         out = torch.full((5, d), float("nan"), device=device)
@@ -225,8 +216,8 @@ def test_nan_and_inf_propagate_as_in_the_reference_backend(dtype: torch.dtype) -
     """A NaN in v reaches every row (each row meets every n); ±inf in g makes its row NaN, or −inf where every
     term has one sign (row 4's first feature: x beyond every z there, v's second column positive); the rows
     without them stay exact."""
-    device = _device()
-    _skip_without_backend(device)
+    device = device_under_test()
+    skip_unless_triton_runs(device)
     program, hypers = _preset("laplace_l1"), {"bandwidth": 1.3, "regularization": 0.0}
     x, z = _randn(10, 3, dtype=dtype), _randn(9, 3, dtype=dtype)
     v, g = _randn(9, 2, dtype=dtype), _randn(10, 2, dtype=dtype)
@@ -249,8 +240,8 @@ def test_nan_and_inf_propagate_as_in_the_reference_backend(dtype: torch.dtype) -
 def test_coincident_points_take_the_subgradient(name: str, hypers: dict) -> None:
     """At x_m = z_n the inner term is flat (|x − z|'s derivative, sign(0) = 0; |t|^p's): its bracket is 0 even where
     e' is infinite (the lp distance's (1/p)·acc^(1/p − 1) at acc = 0), as in the reference backend."""
-    device = _device()
-    _skip_without_backend(device)
+    device = device_under_test()
+    skip_unless_triton_runs(device)
     program = presets.ALL[name].lower()
     x = _randn(6, 3, dtype=F64)
     z = torch.cat([x[1:4], _randn(4, 3, dtype=F64)])
@@ -264,8 +255,8 @@ def test_coincident_points_take_the_subgradient(name: str, hypers: dict) -> None
 def test_64_bit_indices(monkeypatch: pytest.MonkeyPatch, d: int) -> None:
     """The variant with 64-bit indices (chosen for operands past 2³¹ elements) computes the same values; forced
     here on small, batched operands."""
-    device = _device()
-    _skip_without_backend(device)
+    device = device_under_test()
+    skip_unless_triton_runs(device)
     monkeypatch.setattr(launch, "_families", {})
     monkeypatch.setattr(launch, "_needs_int64", lambda tensors, programs: True)
     program, hypers, offsets = CASES["diag_user"]
@@ -274,8 +265,8 @@ def test_64_bit_indices(monkeypatch: pytest.MonkeyPatch, d: int) -> None:
 
 
 def test_repeated_calls_reuse_their_launcher_with_new_values() -> None:
-    device = _device()
-    _skip_without_backend(device)
+    device = device_under_test()
+    skip_unless_triton_runs(device)
     program, hypers, _ = CASES["laplace_l1"]
     for _ in range(2):
         _check(program, _randn(10, 3), _randn(9, 3), _randn(9, 2), _randn(10, 2), hypers)
@@ -287,8 +278,8 @@ def test_repeated_calls_reuse_their_launcher_with_new_values() -> None:
 def test_gradcheck_of_program_product_on_triton() -> None:
     """gradcheck in float64 of K @ v for the user program with a diagonal in its slope (x ≠ z everywhere): the x and
     z gradients are Triton's gradient products (z's on the swapped program), v's Triton's transposed product."""
-    device = _device()
-    _skip_without_backend(device)
+    device = device_under_test()
+    skip_unless_triton_runs(device)
     program, hypers, _ = CASES["diag_user"]
     x = _randn(2, 5, 3, dtype=F64).requires_grad_()
     z = (_randn(6, 3, dtype=F64) + 0.05).requires_grad_()
@@ -302,8 +293,8 @@ def test_gradcheck_of_program_product_on_triton() -> None:
 
 def test_kernel_product_gradients_on_triton_equal_the_reference_backends() -> None:
     """Laplace-L1's x and z gradients through `kernel_product(backend="triton")` equal the reference backend's."""
-    device = _device()
-    _skip_without_backend(device)
+    device = device_under_test()
+    skip_unless_triton_runs(device)
     x, z, v, u = _randn(2, 9, 4), _randn(13, 4), _randn(13, 3), _randn(2, 9, 3)
     grads = []
     for backend in ("triton", "torch"):
@@ -378,8 +369,8 @@ def test_weighted_reductions_match_both_references(case: str, m: int, n: int, d:
     """Maxima, minima and log-sum-exp: sizes beyond one tile in M, N and D (D = 5 held in registers, D = 19 past
     the 16 features held there, accumulated in `out`), C = 1 and 5, against the reference backend and torch
     autograd of the dense program (`torch.amax`, `torch.amin`, `torch.logsumexp` over the features)."""
-    device = _device()
-    _skip_without_backend(device)
+    device = device_under_test()
+    skip_unless_triton_runs(device)
     program, hypers, offsets = WEIGHTED[case]
     x, z = _randn(m, d, dtype=dtype), _randn(n, d, dtype=dtype)
     v, g = _randn(n, c, dtype=dtype), _randn(m, c, dtype=dtype)
@@ -391,8 +382,8 @@ def test_weighted_reductions_match_both_references(case: str, m: int, n: int, d:
 def test_tied_extremes_share_the_gradient(case: str, d: int) -> None:
     """Points on the integer grid {−2, …, 2}^D: many pairs have several features tied for the maximum or minimum,
     each taking 1/k of the gradient (as torch.amax / torch.amin's backward)."""
-    device = _device()
-    _skip_without_backend(device)
+    device = device_under_test()
+    skip_unless_triton_runs(device)
     program, hypers, offsets = WEIGHTED[case]
     grid = torch.Generator().manual_seed(d)
     x, z = (torch.randint(-2, 3, (rows, d), generator=grid, dtype=F64) for rows in (11, 9))
@@ -410,8 +401,8 @@ def test_nan_and_inf_terms_give_the_reference_backends_values(d: int) -> None:
     NaN; an infinite coordinate gives an infinite log-sum-exp (x·z terms, +∞) whose weights are NaN, as
     torch.logsumexp's backward, or a −∞ term that weighs 0.  NaN where the reference has NaN, ±inf where it has
     them, and the other values within the tolerance."""
-    device = _device()
-    _skip_without_backend(device)
+    device = device_under_test()
+    skip_unless_triton_runs(device)
     programs = [
         (WEIGHTED["max_user"][0], {}),
         (WEIGHTED["min_diag"][0], {"mu": 0.6}),
@@ -436,8 +427,8 @@ def test_weighted_broadcast_batches_and_a_gamma_per_entry(d: int) -> None:
     """The soft minimum with γ a tensor (one per entry of the batch's last dimension), x [2, 1, M, D] against
     z [3, N, D], views of x and z, a maximum on the same batch; float64: D in registers (7) and accumulated in `out`
     (12, past the 8 features a weighted reduction holds in registers in float64, and 18)."""
-    device = _device()
-    _skip_without_backend(device)
+    device = device_under_test()
+    skip_unless_triton_runs(device)
     x = _randn(2, 1, d, 9, dtype=F64).mT  # [2, 1, 9, D]
     z = _randn(3, 22, 2 * d, dtype=F64)[:, ::2, ::2]  # [3, 11, D]
     v, g = _randn(11, 2, dtype=F64), _randn(2, 3, 9, 2, dtype=F64)
@@ -449,8 +440,8 @@ def test_weighted_broadcast_batches_and_a_gamma_per_entry(d: int) -> None:
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("d", [5, 18])
 def test_weighted_half_inputs_compute_in_float32(dtype: torch.dtype, d: int) -> None:
-    device = _device()
-    _skip_without_backend(device)
+    device = device_under_test()
+    skip_unless_triton_runs(device)
     x, z = _randn(11, d, dtype=dtype), _randn(9, d, dtype=dtype)
     v, g = _randn(9, 2, dtype=dtype), _randn(11, 2, dtype=dtype)
     for case in ("max_user", "soft_min"):
@@ -464,8 +455,8 @@ def test_weighted_half_inputs_compute_in_float32(dtype: torch.dtype, d: int) -> 
 
 def test_weighted_size_zero_dimensions() -> None:
     """N = 0 writes zeros; C = 0 (G = 0), M = 0, D = 0 and an empty batch give what the reference gives."""
-    device = _device()
-    _skip_without_backend(device)
+    device = device_under_test()
+    skip_unless_triton_runs(device)
     for case in ("max_user", "soft_min"):
         program, hypers, _ = WEIGHTED[case]
         for d in (3, 20):
@@ -488,8 +479,8 @@ def test_weighted_size_zero_dimensions() -> None:
 @pytest.mark.parametrize("d", [5, 17])
 def test_weighted_64_bit_indices(monkeypatch: pytest.MonkeyPatch, d: int) -> None:
     """The variant with 64-bit indices of a minimum and of a soft minimum, forced on small batched operands."""
-    device = _device()
-    _skip_without_backend(device)
+    device = device_under_test()
+    skip_unless_triton_runs(device)
     monkeypatch.setattr(launch, "_families", {})
     monkeypatch.setattr(launch, "_needs_int64", lambda tensors, programs: True)
     x, z, v, g = _randn(2, 12, d), _randn(2, 10, d), _randn(10, 3), _randn(2, 12, 3)
@@ -503,8 +494,8 @@ def test_gradcheck_of_weighted_program_products_on_triton(case: str) -> None:
     """gradcheck in float64 of K @ v in x and z (Triton's gradient products; z's on the swapped program) for a
     maximum, a minimum and a soft minimum over features (distinct terms: no tie within gradcheck's steps).  Fast mode
     (one random projection of each Jacobian): the interpreter folds these reductions' combine element by element."""
-    device = _device()
-    _skip_without_backend(device)
+    device = device_under_test()
+    skip_unless_triton_runs(device)
     program, hypers, offsets = WEIGHTED[case]
     x = _randn(2, 5, 4, dtype=F64).requires_grad_()
     z = (_randn(6, 4, dtype=F64) + 0.05).requires_grad_()
@@ -528,8 +519,8 @@ def test_check_product_grad_refuses_other_devices_with_a_sentence() -> None:
 
 def test_check_product_grad_refuses_a_grid_beyond_cudas_limit() -> None:
     """Shapes alone decide (stride-0 views, nothing allocated): 2³¹ rows fit (2²⁵ row tiles), 2⁴⁰ rows do not."""
-    device = _device()
-    _skip_without_backend(device)
+    device = device_under_test()
+    skip_unless_triton_runs(device)
     backend = backend_module.TritonBackend(UNTUNED)
     program = presets.ALL["laplace_l1"].lower()
     for m, d, fits in [(2**31, 16, True), (2**40, 1024, False)]:

@@ -26,7 +26,7 @@ import fuzz_programs
 import pytest
 import torch
 from cubin_jobs import assert_compiled, compile_in_clean_process
-from helpers import assert_close, tolerance
+from helpers import assert_close, device_under_test, skip_unless_triton_runs, tolerance
 
 import kermac
 from kermac import ir, presets, testing
@@ -42,15 +42,6 @@ TritonTuning = pytest.importorskip("kermac_backend_triton.tuning").TritonTuning
 UNTUNED = TritonTuning(autotune=False)
 SIMT = TritonTuning(autotune=False, tensor_cores=False)
 PRESET_HYPERS = {"bandwidth": 1.7}
-
-
-def _device() -> str:
-    return "cuda" if torch.cuda.is_available() else "cpu"
-
-
-def _skip_without_backend(device: str) -> None:
-    if device == "cpu" and not launch.interpreting():
-        pytest.skip("the Triton backend runs CPU tensors only under TRITON_INTERPRET=1")
 
 
 def _program(name: str, regularized: bool = False) -> PairwiseProgram:
@@ -95,7 +86,7 @@ def _reference(
 
 
 def _randn(*shape: int, dtype: torch.dtype = torch.float32, device: str | None = None) -> torch.Tensor:
-    return torch.randn(*shape, dtype=torch.float64).to(dtype=dtype, device=device or _device())
+    return torch.randn(*shape, dtype=torch.float64).to(dtype=dtype, device=device or device_under_test())
 
 
 def _check(program, x, z, v, hypers, *, tuning=UNTUNED, **offsets) -> torch.Tensor:
@@ -127,8 +118,8 @@ CASES = [  # (preset, M, N, D, C, tuning)
 @pytest.mark.parametrize(("name", "m", "n", "d", "c", "tuning"), CASES)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 def test_presets_match_the_dense_product(name, m, n, d, c, tuning, dtype) -> None:
-    device = _device()
-    _skip_without_backend(device)
+    device = device_under_test()
+    skip_unless_triton_runs(device)
     program = _program(name)
     x, z, v = _randn(m, d, dtype=dtype), _randn(n, d, dtype=dtype), _randn(n, c, dtype=dtype)
     _check(program, x, z, v, PRESET_HYPERS, tuning=tuning)
@@ -138,8 +129,8 @@ def test_presets_match_the_dense_product(name, m, n, d, c, tuning, dtype) -> Non
 
 
 def test_a_user_program_with_a_max_reduction() -> None:
-    device = _device()
-    _skip_without_backend(device)
+    device = device_under_test()
+    skip_unless_triton_runs(device)
     x, z, v = _randn(29, 7), _randn(41, 7), _randn(41, 5)
     _check(_max_program(), x, z, v, {"h": 1.3, "lam": 0.25}, offset_m=2)
     _check(_max_program(), x, z, v[:, 2:3], {"h": 1.3, "lam": 0.25}, offset_m=2)  # one column: no dot
@@ -153,8 +144,8 @@ def test_random_user_programs_contract_their_pairwise_matrix(seed: int) -> None:
     reference K would differ from the float32 one by K's own rounding (comparisons that flip,
     huge values), which is not what this test checks.  Rows whose finite terms could overflow
     float32 in another summation order are left out."""
-    device = _device()
-    _skip_without_backend(device)
+    device = device_under_test()
+    skip_unless_triton_runs(device)
     rng = random.Random(seed)
     program = fuzz_programs._pairwise_program(rng, fuzz_programs.HYPERS)
     dtype = (torch.float32, torch.float64)[seed % 2]
@@ -180,8 +171,8 @@ def test_random_user_programs_contract_their_pairwise_matrix(seed: int) -> None:
 def test_the_tensor_core_recompute_of_near_duplicate_rows() -> None:
     """z holds x's rows (d² = 0 exactly on the diagonal): the guard flags those tiles and the SIMT
     tile recomputes them; the result stays within the float32 tolerance."""
-    device = _device()
-    _skip_without_backend(device)
+    device = device_under_test()
+    skip_unless_triton_runs(device)
     x = _randn(20, 24) * 30.0 + 100.0  # large norms: the expansion cancels badly near d = 0
     z = torch.cat([x[:13], _randn(7, 24) * 30.0 + 100.0])
     _check(_program("laplace_l2"), x, z, _randn(20, 2), {"bandwidth": 40.0})
@@ -193,8 +184,8 @@ def test_the_tensor_core_recompute_of_near_duplicate_rows() -> None:
 
 @pytest.mark.parametrize("tuning", [UNTUNED, SIMT], ids=["tensor_cores", "simt"])
 def test_regularisation_on_a_shifted_diagonal(tuning: TritonTuning) -> None:
-    device = _device()
-    _skip_without_backend(device)
+    device = device_under_test()
+    skip_unless_triton_runs(device)
     program = _program("gaussian", regularized=True)
     x, z, v = _randn(18, 17), _randn(40, 17), _randn(40, 3)
     hypers = {"bandwidth": 2.5, "regularization": 0.75}
@@ -205,8 +196,8 @@ def test_regularisation_on_a_shifted_diagonal(tuning: TritonTuning) -> None:
 
 @pytest.mark.parametrize(("name", "d"), [("laplace_l1", 4), ("gaussian", 17)])
 def test_broadcast_batches_and_batched_hyperparameters(name: str, d: int) -> None:
-    device = _device()
-    _skip_without_backend(device)
+    device = device_under_test()
+    skip_unless_triton_runs(device)
     program = _program(name, regularized=True)
     x, z, v = _randn(2, 1, 17, d), _randn(3, 19, d), _randn(1, 19, 2)
     hypers = {"bandwidth": torch.tensor([1.0, 2.0, 3.5], device=device) * d, "regularization": 0.5}
@@ -219,8 +210,8 @@ def test_broadcast_batches_and_batched_hyperparameters(name: str, d: int) -> Non
 def test_64_bit_indices(tuning: TritonTuning, monkeypatch: pytest.MonkeyPatch) -> None:
     """The variant with 64-bit indices (chosen for operands past 2³¹ elements) computes the same
     values; forced here on small operands."""
-    device = _device()
-    _skip_without_backend(device)
+    device = device_under_test()
+    skip_unless_triton_runs(device)
     monkeypatch.setattr(launch, "_families", {})
     monkeypatch.setattr(launch, "_needs_int64", lambda tensors, programs: True)
     program = _program("gaussian", regularized=True)
@@ -234,8 +225,8 @@ def test_a_kept_launch_never_serves_a_d_it_was_not_compiled_for(c: int, monkeypa
     """D = 32 and D = 48 share the autotuning bucket and D's facts (multiples of 16), but D = 32 takes every
     feature in one step with x kept in registers (`BK` = 32) and D = 48 does not: the second call must not reuse
     the first one's kernel (it read features 0–31 only)."""
-    device = _device()
-    _skip_without_backend(device)
+    device = device_under_test()
+    skip_unless_triton_runs(device)
     monkeypatch.setattr(launch, "_families", {})  # a fresh cache: the order below is what is tested
     program = _program("gaussian")
     for d in (32, 48):
@@ -246,8 +237,8 @@ def test_a_kept_launch_never_serves_a_d_it_was_not_compiled_for(c: int, monkeypa
 def test_views_of_every_operand_and_out(tuning: TritonTuning) -> None:
     """x and v transposed, z a strided slice, `out` a transposed view poisoned with NaN: every
     element is written, nothing is copied."""
-    device = _device()
-    _skip_without_backend(device)
+    device = device_under_test()
+    skip_unless_triton_runs(device)
     x = _randn(17, 21).t()  # [21, 17], unit stride along the rows
     z = _randn(50, 34)[::2, ::2]  # [25, 17]
     v = _randn(3, 25).t()  # [25, 3]
@@ -263,8 +254,8 @@ def test_views_of_every_operand_and_out(tuning: TritonTuning) -> None:
 
 def test_size_zero_dimensions() -> None:
     """N = 0 writes zeros (an empty sum); M, C, D = 0 and an empty batch compute what the dense product does."""
-    device = _device()
-    _skip_without_backend(device)
+    device = device_under_test()
+    skip_unless_triton_runs(device)
     program = _program("laplace_l2")
     out = torch.full((5, 3), float("nan"), device=device)
     _product(program, _randn(5, 4), _randn(0, 4), _randn(0, 3), PRESET_HYPERS, out=out)
@@ -283,8 +274,8 @@ def test_size_zero_dimensions() -> None:
 def test_nan_and_inf_in_v_propagate_as_in_the_dense_product(tuning: TritonTuning, dtype: torch.dtype) -> None:
     """A NaN in v makes its column NaN, +inf its column +inf (K > 0), −inf and +inf in one column
     NaN; the other columns stay exact.  (In 3×TF32 an inf split into hi and lo gave NaN.)"""
-    device = _device()
-    _skip_without_backend(device)
+    device = device_under_test()
+    skip_unless_triton_runs(device)
     program = _program("gaussian")
     x, z, v = _randn(19, 17, dtype=dtype), _randn(37, 17, dtype=dtype), _randn(37, 5, dtype=dtype)
     v[3, 0] = float("nan")
@@ -310,8 +301,8 @@ def test_columns_past_n_never_reach_the_sum() -> None:
     """K = 1/Σ|x − z| is +inf where z holds x's row; the last N tile's columns past N repeat z's
     first rows (clamped), and their +inf must not meet v's zero padding (inf·0 = NaN): the rows
     stay ±inf as in the dense product."""
-    device = _device()
-    _skip_without_backend(device)
+    device = device_under_test()
+    skip_unless_triton_runs(device)
     t, acc = ir.Var("x") - ir.Var("z"), ir.Var("acc")
     program = PairwiseProgram(abs(t), "sum", 1.0 / acc)
     x, z = _randn(6, 3), _randn(20, 3)  # N = 20: the second 16-column tile repeats z[0:12]
@@ -326,16 +317,16 @@ def test_columns_past_n_never_reach_the_sum() -> None:
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("d", [5, 18])
 def test_half_inputs_compute_in_float32(dtype: torch.dtype, d: int) -> None:
-    device = _device()
-    _skip_without_backend(device)
+    device = device_under_test()
+    skip_unless_triton_runs(device)
     x, z, v = _randn(19, d, dtype=dtype), _randn(22, d, dtype=dtype), _randn(22, 3, dtype=dtype)
     _check(_program("gaussian"), x, z, v, {"bandwidth": 4.0})
 
 
 def test_repeated_calls_reuse_their_launcher_with_new_values() -> None:
     """The second call of a key launches through its kept `Launcher`; it reads the new inputs."""
-    device = _device()
-    _skip_without_backend(device)
+    device = device_under_test()
+    skip_unless_triton_runs(device)
     program = _program("laplace_l1")
     for _ in range(2):
         _check(program, _randn(20, 3), _randn(30, 3), _randn(30, 2), PRESET_HYPERS)
@@ -344,8 +335,8 @@ def test_repeated_calls_reuse_their_launcher_with_new_values() -> None:
 def test_check_product_refuses_a_grid_beyond_cudas_limit() -> None:
     """Shapes alone decide (stride-0 views, nothing allocated): 2³¹ rows and one column of v fit
     (2²⁴ row tiles), 2⁴⁰ rows and 1024 columns do not."""
-    device = _device()
-    _skip_without_backend(device)
+    device = device_under_test()
+    skip_unless_triton_runs(device)
     backend = backend_module.TritonBackend(UNTUNED)
     program = _program("laplace_l1")
     for m, c, fits in [(2**31, 1, True), (2**40, 1024, False)]:
