@@ -376,6 +376,12 @@ def prune_product(configs: list, named_args: dict, **kwargs: object) -> list:
     return [c for c in configs if _entry(c) in keep]
 
 
+PRODUCT_TUNING_SIZE = 1 << 16
+"""Rows of x and of z the kernel product's autotuner times its configurations on where M or N is larger
+(`kermac_backend_triton.launch.product_tuning_args`): 2¹⁶ × 2¹⁶ pairs keep every SM busy with any tile of the
+space, and a configuration's timing stays a few milliseconds where the whole problem's can take a second."""
+
+
 def product_block_c(c: int) -> int:
     """Columns of `v` per program: 1 for one column, else the next power of two ≥ C, at least 16
     (`tl.dot`), at most 64 (beyond, the columns take several programs, each recomputing its K tiles)."""

@@ -515,6 +515,9 @@ def run_product(problem: ProductProblem, *, tuning: TritonTuning = DEFAULT_TUNIN
     if launcher is None:
         spec = ProductSpec(problem.program, family.compute, nbatch, _tensor_hypers(problem), int64, family.kernel)
         extra = {**_launch_meta(spec, tuning, d, block_c), "KEY": bucket, **fixed}
+        tuning_args = product_tuning_args(args, pointers) if tuning.autotune else None
+        if tuning_args is not None:  # time the configurations on a corner of the problem, then launch it whole
+            _tune(spec, tuning, problem.debug, tuning_args[0], extra, (batch, tuning_args[1], c), device)
         _first_launch(family, key, spec, tuning, problem.debug, args, extra, (batch, m, c))
         return
     tm, tc_cols = launcher.tiles
@@ -692,13 +695,12 @@ def _first_launch(
     check_not_capturing(device, lambda: _describe(spec))
     kernel = _kernel(spec, tuning.autotune, debug)
     tiles_of = _tiles_of(spec)
-    count, rows, cols = grid_sizes
     bound: list[Mapping[str, Any]] = []
+    grid_of = _grid(tiles_of, grid_sizes)
 
     def grid(meta_: Mapping[str, Any]) -> tuple[int]:
         bound[:] = [meta_]  # Triton's bound arguments of the launch; the autotuner's last is the one kept
-        tr, tc = tiles_of(meta_)
-        return (count * _cdiv(rows, tr) * _cdiv(cols, tc),)
+        return grid_of(meta_)
 
     with device_guard(device):
         result = kernel[grid](*args, **meta)
@@ -706,6 +708,56 @@ def _first_launch(
         launcher = make_launcher(kernel, meta, tiles_of(bound[0]), args, result, dict(bound[0]), device)
         with _lock:
             family.launchers.setdefault(key, launcher)
+
+
+def product_tuning_args(args: list, pointers: int) -> tuple[list, int] | None:
+    """The kernel product's arguments `args` (M and N right after its `pointers` pointers) cut to the first
+    `kermac_backend_triton.configs.PRODUCT_TUNING_SIZE` rows of x and z, and the rows kept, or None where M and N
+    are both within that size.
+
+    The autotuner times every configuration on the launch it is given; on a product with 10⁶ rows each timing is
+    a full product.  The corner keeps every fact of the call that selects a kernel (pointers, strides, D, C and
+    the shape bucket in `KEY`: the autotuner caches its choice under `KEY` and the dtypes, not under M or N), so
+    the whole problem then launches the configuration chosen on the corner without timing again.  The corner's
+    launch writes the first rows of `out`, which the whole launch writes again.
+    """
+    m, n = args[pointers], args[pointers + 1]
+    size = configs.PRODUCT_TUNING_SIZE
+    if m <= size and n <= size:
+        return None
+    rows = min(m, size)
+    return [*args[:pointers], rows, min(n, size), *args[pointers + 2 :]], rows
+
+
+def _tune(
+    spec: Spec,
+    tuning: TritonTuning,
+    debug: bool,
+    args: list,
+    meta: dict[str, Any],
+    grid_sizes: tuple[int, int, int],
+    device: int,
+) -> None:
+    """Compile and autotune `spec` on the launch `args` through `kernel[grid]`, keeping no `Launcher`: the
+    autotuner keeps its choice for the launches of the same `KEY`."""
+    check_not_capturing(device, lambda: _describe(spec))
+    kernel = _kernel(spec, tuning.autotune, debug)
+    with device_guard(device):
+        kernel[_grid(_tiles_of(spec), grid_sizes)](*args, **meta)
+
+
+def _grid(
+    tiles_of: Callable[[Mapping[str, Any]], tuple[int, int]], grid_sizes: tuple[int, int, int]
+) -> Callable[[Mapping[str, Any]], tuple[int]]:
+    """Triton's grid function of a launch of `grid_sizes` (programs per output tile, output rows, output columns):
+    one program per tile of the meta-parameters' sizes."""
+    count, rows, cols = grid_sizes
+
+    def grid(meta: Mapping[str, Any]) -> tuple[int]:
+        tr, tc = tiles_of(meta)
+        return (count * _cdiv(rows, tr) * _cdiv(cols, tc),)
+
+    return grid
 
 
 def _run_forced(
@@ -719,12 +771,5 @@ def _run_forced(
     """Launch `spec` with the tile configuration in `meta` (no autotuning, no `Launcher` kept)."""
     kernel = _kernel(spec, tuning.autotune, problem.debug)
     kernel = kernel.fn if hasattr(kernel, "configs") else kernel  # unwrap the autotuner
-    tiles_of = _tiles_of(spec)
-    count, rows, cols = grid_sizes
-
-    def grid(meta_: Mapping[str, Any]) -> tuple[int]:
-        tr, tc = tiles_of(meta_)
-        return (count * _cdiv(rows, tr) * _cdiv(cols, tc),)
-
     with device_guard(problem.out.get_device()):
-        kernel[grid](*args, **meta)
+        kernel[_grid(_tiles_of(spec), grid_sizes)](*args, **meta)
