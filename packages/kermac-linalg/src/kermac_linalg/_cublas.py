@@ -2,7 +2,9 @@
 
 A handle is bound to torch's current stream each time `handle` hands it out (as torch does
 with its own cuBLAS handle), so the calls queue behind the cuSOLVER work already joined back to
-that stream. Its math mode is cuBLAS's default: full float32/float64 products, never TF32.
+that stream.  cuBLAS requires the handle's device to be the current one at every call: each caller
+makes its operands' device current around its calls (the caller's may be another).
+Its math mode is cuBLAS's default: full float32/float64 products, never TF32.
 """
 
 from __future__ import annotations
@@ -94,7 +96,8 @@ def transpose_copy(
     tiled transpose reads and writes coalesced, where a strided elementwise copy does not
     (docs/linalg.md has the measurement).
     """
-    h, b = handle(device), calls(dtype)
-    ld = max(1, rows)
-    for d, s in zip(dst, src, strict=True):
-        b.geam(h, b.trans, b.no_trans, rows, cols, b.one, s, ld_src, b.zero, d, ld, d, ld)
+    with torch.cuda.device(device):  # a cuBLAS call needs its handle's device current
+        h, b = handle(device), calls(dtype)
+        ld = max(1, rows)
+        for d, s in zip(dst, src, strict=True):
+            b.geam(h, b.trans, b.no_trans, rows, cols, b.one, s, ld_src, b.zero, d, ld, d, ld)

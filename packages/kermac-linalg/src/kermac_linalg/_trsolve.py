@@ -87,9 +87,14 @@ def substitute(lower: Triangle, upper: Triangle, n: int, X: torch.Tensor, ldb: i
     X (row-major order of the batch) is solved with the triangles of entry `reads[j]`. Queued
     on torch's current stream of X's device; no host synchronisation.
     """
-    k, solves = X.shape[-1], len(reads)
-    if n == 0 or k == 0 or solves == 0:
+    if n == 0 or X.shape[-1] == 0 or len(reads) == 0:
         return
+    with torch.cuda.device(X.device):  # a cuBLAS call needs its handle's device current
+        _substitute(lower, upper, n, X, ldb, reads)
+
+
+def _substitute(lower: Triangle, upper: Triangle, n: int, X: torch.Tensor, ldb: int, reads: list[int]) -> None:
+    k, solves = X.shape[-1], len(reads)
     h, b = handle(X.device), calls(X.dtype)
     f = X.element_size()
     nb = min(n, block_size(n))
