@@ -11,7 +11,7 @@ from collections.abc import Callable
 
 import torch
 
-from kermac import registry
+from kermac import product_split, registry
 from kermac.backend import Backend
 from kermac.errors import BackendError
 from kermac.logs import logger
@@ -36,9 +36,21 @@ def run_grad(problem: GradProblem, backend: str, op: str) -> torch.Tensor:
 
 def run_product(problem: ProductProblem, backend: str, op: str) -> torch.Tensor:
     """As `run_pairwise`, for a fused kernel product.  With `N = 0` the sum over `n` is empty: `out` is
-    filled with zeros here, without asking a backend (as an empty output is returned without one)."""
+    filled with zeros here, without asking a backend (as an empty output is returned without one).  On a CUDA
+    device a product with too few rows to fill it runs as products over slices of `n`
+    ([`kermac.product_split`][kermac.product_split])."""
     what = "kernel product problem"
-    return _run(problem, backend, op, what, "M={} N={} D={} C={}", "program")
+    slices = 1
+    if problem.device.type == "cuda" and problem.out.numel() > 0:
+        slices = product_split.split_count(problem, product_split.multiprocessors(problem.device))
+    if slices == 1:
+        return _run(problem, backend, op, what, "M={} N={} D={} C={}", "program")
+    parts, workspace = product_split.split_problems(problem, slices)
+    if problem.debug:
+        logger.debug("%s: %d rows and %d columns of K as %d slices of the columns", op, *problem.sizes[:2], slices)
+    for part in parts:
+        _run(part, backend, op, what, "M={} N={} D={} C={}", "program")
+    return torch.sum(workspace, dim=0, out=problem.out)
 
 
 def run_product_grad(problem: ProductGradProblem, backend: str, op: str) -> torch.Tensor:
