@@ -1,4 +1,5 @@
-"""``tools/product_bench.py``: the blocked route and the fused product compute the same K @ v, refusals are rows.
+"""``tools/product_bench.py``: the blocked route and the fused product compute the same K @ v, refusals are rows;
+``tools/product_split_bench.py``: a few-rows product split and in one launch agree.
 
 Without a GPU the script runs small problems on the CPU (a smoke test); the timings it prints there
 mean nothing and are not checked.
@@ -58,3 +59,19 @@ def test_bad_arguments_are_named(argv: list[str], message: str, capsys: pytest.C
     with pytest.raises(SystemExit) as done:
         script.main(["--n", "8", *argv] if argv[0] != "--n" else argv)
     assert done.value.code == 2 and message in capsys.readouterr().err
+
+
+split_script = load_script("product_split_bench")
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU smoke test; the GPU machine runs the real sizes")
+def test_the_split_bench_compares_both_routes(capsys: pytest.CaptureFixture[str]) -> None:
+    """``tools/product_split_bench.py``: one row per case, both routes agreeing with the float64 product (on the CPU
+    nothing is split: S = 1)."""
+    assert split_script.main(["--cases", "gaussian:5:300:3:1,laplace_l1:3:200:4:2", "--repeat", "1"]) == 0
+    rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| gaussian") or "laplace" in line]
+    assert len(rows) == 2
+    for row in rows:
+        cells = [c.strip() for c in row.strip("|").split("|")]
+        assert cells[1] == "1"
+        assert all(float(e) < 1e-5 for e in cells[5].split(" / "))
