@@ -66,12 +66,15 @@ split_script = load_script("product_split_bench")
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU smoke test; the GPU machine runs the real sizes")
 def test_the_split_bench_compares_both_routes(capsys: pytest.CaptureFixture[str]) -> None:
-    """``tools/product_split_bench.py``: one row per case, both routes agreeing with the float64 product (on the CPU
-    nothing is split: S = 1)."""
-    assert split_script.main(["--cases", "gaussian:5:300:3:1,laplace_l1:3:200:4:2", "--repeat", "1"]) == 0
-    rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| gaussian") or "laplace" in line]
-    assert len(rows) == 2
-    for row in rows:
-        cells = [c.strip() for c in row.strip("|").split("|")]
-        assert cells[1] == "1"
-        assert all(float(e) < 1e-5 for e in cells[5].split(" / "))
+    """``tools/product_split_bench.py``: one row per case, both routes agreeing with the float64 product (and with
+    ``--gradient`` the float64 predictor gradient; on the CPU nothing is split: S = 1)."""
+    for gradient in ([], ["--gradient"]):
+        argv = ["--cases", "gaussian:5:300:3:1,laplace_l1:3:200:4:2", "--repeat", "1", *gradient]
+        assert split_script.main(argv) == 0
+        lines = capsys.readouterr().out.splitlines()
+        rows = [line for line in lines if line.startswith("| gaussian") or line.startswith("| laplace")]
+        assert len(rows) == 2
+        for row in rows:
+            cells = [c.strip() for c in row.strip("|").split("|")]
+            assert cells[1] == "1"
+            assert all(float(e) < 1e-5 for e in cells[5].split(" / "))

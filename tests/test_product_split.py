@@ -1,10 +1,11 @@
-"""Kernel products with few rows split along the sum over `n` (`kermac.product_split`).
+"""Kernel products and gradient products with few rows split along the sum over `n` (`kermac.product_split`).
 
 On the CPU the split problems run on the reference backend and the Triton interpreter with small slices and are
 checked against an independent float64 dense product (`run_kernel` on the reference backend, then `matmul`):
 slices with and without a tail, broadcast batches with a hyperparameter per entry, views of z and v, C = 1 and
-C > 1.  When a split applies: few row tiles, many columns, no diagonal in the epilogue, float32/float64.  On the GPU
-`K @ v` with a handful of rows against 2·10⁵ columns takes the split through the public operation.
+C > 1; gradient products against the reference backend's unsplit float64 values.  When a split applies: few row
+tiles, many columns, no diagonal in the epilogue, float32/float64.  On the GPU `K @ v` and `predictor_gradient`
+with a handful of rows against 2·10⁵ columns take the split through the public operations.
 """
 
 from __future__ import annotations
@@ -18,7 +19,8 @@ from helpers import CPU_BACKENDS, assert_close, require_backend, tolerance
 import kermac
 from kermac import dispatch, presets, product_split
 from kermac.hyperparams import program_hypers
-from kermac.problem import product_problem
+from kermac.problem import product_grad_problem, product_problem
+from kermac.reference.backend import ReferenceBackend
 
 F64 = torch.float64
 
@@ -37,10 +39,31 @@ def _dense(name, x, z, v, **hypers) -> torch.Tensor:
 
 def _split_product(problem, slices: int, backend: str) -> torch.Tensor:
     parts, workspace = product_split.split_problems(problem, slices)
-    assert workspace.shape[0] == slices + (problem.sizes[1] % slices > 0)
+    assert workspace.shape == (slices + (problem.sizes[1] % slices > 0), *problem.out.shape)
     for part in parts:
         dispatch._run(part, backend, "test", "kernel product problem", "M={} N={} D={} C={}", "program")
     return workspace.sum(0)
+
+
+def _grad_problem(x, z, v, g, name, **hypers):
+    program = presets.ALL[name].lower()
+    values = program_hypers(program.hypers, hypers, x.device, False)
+    return product_grad_problem(program, x, z, v, g, out=None, hypers=values)
+
+
+@pytest.mark.parametrize("backend", CPU_BACKENDS)
+@pytest.mark.parametrize(
+    ("name", "m", "n", "d", "c", "slices"), [("laplace_l1", 3, 41, 4, 2, 4), ("gaussian", 2, 30, 19, 1, 3)]
+)
+def test_gradient_product_slices_sum_to_the_unsplit_gradient(backend, name, m, n, d, c, slices) -> None:
+    """d = 19 takes the Triton kernel's accumulation in `out` (more features than it holds in registers)."""
+    require_backend(backend, "cpu", "product_grad")
+    dtype = F64 if backend == "torch" else torch.float32
+    x, z, v, g = (torch.randn(*s, dtype=dtype) for s in ((2, m, d), (n, d), (n, c), (2, m, c)))
+    out = _split_product(_grad_problem(x, z, v, g, name, bandwidth=2.0), slices, backend)
+    whole = _grad_problem(*(t.double() for t in (x, z, v, g)), name, bandwidth=2.0)
+    ReferenceBackend().product_grad(whole)
+    assert_close(out, whole.out, tolerance(dtype))
 
 
 @pytest.mark.parametrize("backend", CPU_BACKENDS)
@@ -88,6 +111,15 @@ def test_when_a_product_is_split() -> None:
     assert count(_sized(100, 10**6, 1, dtype=torch.float16, bandwidth=1.0), 132) == 1
     assert count(_sized(100, 10**7, 1, dtype=F64, bandwidth=1.0), 132) == 132
     assert count(_sized(0, 10**6, 1, bandwidth=1.0), 132) == 1
+    x, z, v = torch.zeros(100, 2), torch.zeros(10**7, 2), torch.zeros(10**7, 200)
+    gradient = _grad_problem(x, z, v, torch.zeros(100, 200), "gaussian", bandwidth=1.0)
+    assert count(gradient, 132) == 132  # each program takes every column of v: 2 row tiles
+    with product_split.disabled():
+        assert count(gradient, 132) == 1
+        with product_split.disabled():
+            pass
+        assert count(gradient, 132) == 1  # a nested block leaves the outer one as it was
+    assert count(gradient, 132) == 132
 
 
 @pytest.mark.gpu
@@ -103,3 +135,18 @@ def test_few_rows_on_the_gpu(backend: str, m: int, c: int, caplog: pytest.LogCap
         out = K @ v
     assert "slices of the columns" in caplog.text
     assert_close(out, _dense("laplace_l2", x, z, v, bandwidth=3.0), tolerance(torch.float32))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kernel", ["laplace_l2", "laplace_l1"])
+@pytest.mark.parametrize("d", [8, 40])
+def test_few_rows_predictor_gradient_on_the_gpu(kernel: str, d: int, caplog: pytest.LogCaptureFixture) -> None:
+    """`predictor_gradient` at 50 points against 2·10⁵ + 3 centres (a tail): Laplace-L2 as one product of
+    C + C·D columns, Laplace-L1 as gradient products (D = 40 accumulating in `out`)."""
+    require_backend("triton", "cuda", "product_grad")
+    x, z, alpha = (torch.randn(*s, dtype=F64).float().cuda() for s in ((50, d), (200_003, d), (200_003, 3)))
+    with caplog.at_level(logging.DEBUG, logger="kermac"):
+        out = kermac.predictor_gradient(kernel, x, z, alpha, bandwidth=3.0, debug=True)
+    assert "slices of the columns" in caplog.text
+    reference = kermac.predictor_gradient(kernel, *(t.double().cpu() for t in (x, z, alpha)), bandwidth=3.0)
+    assert_close(out, reference, tolerance(torch.float32))

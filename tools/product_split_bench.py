@@ -1,14 +1,18 @@
 """Time kernel products with few rows against many columns, split over slices of the columns and in one launch.
 
     python tools/product_split_bench.py [--cases gaussian:100:1000000:32:1,...] [--backend auto] [--repeat 7]
+                                        [--gradient]
 
 Each case is ``kernel:M:N:D:C``: ``K(x, z) @ v`` with ``x = randn(M, D)``, ``z = randn(N, D)``, ``v = randn(N, C)``
 (float32, σ = √D).  **split** is the public operation (``KernelOperator(...) @ v``), which on a CUDA device runs
 a product with too few row tiles over slices of the columns (``kermac.product_split``; the slice count ``S`` is
-printed); **one launch** runs the same problem through the dispatch of one backend call, as every product ran
-before the split.  Both are timed with CUDA events (median of ``--repeat`` calls after a warm-up call, which
-compiles and autotunes) and compared with the float64 product of the first 50 rows (relative Frobenius error).
-Without a GPU the same runs on the CPU, where nothing is split (a smoke test of the script).
+printed); **one launch** is the same call within ``kermac.product_split.disabled()``, as every product ran before
+the split.  ``--gradient`` times ``kermac.predictor_gradient(kernel, x, z, v)`` instead (for the Σ (x − z)²
+kernels a product of C + C·D columns, for the others one gradient product per column of ``v``; ``S`` is that of
+the product, or of each gradient product).  Both routes are timed with CUDA events (median of ``--repeat`` calls
+after a warm-up call, which compiles and autotunes) and compared with the float64 result of the reference backend
+for the first 50 rows (relative Frobenius error).  Without a GPU the same runs on the CPU, where nothing is split
+(a smoke test).
 """
 
 from __future__ import annotations
@@ -20,10 +24,11 @@ import sys
 import torch
 
 import kermac
-from kermac import dispatch, presets, product_split
+from kermac import presets, product_split
 from kermac.benchmarking import time_ms
 from kermac.hyperparams import program_hypers
-from kermac.problem import product_problem
+from kermac.problem import product_grad_problem, product_problem
+from kermac.programs import is_squared_difference_sum
 
 __all__ = ["main"]
 
@@ -39,34 +44,53 @@ def _case(text: str) -> tuple[str, int, int, int, int]:
     return kernel, m, n, d, c
 
 
-def run_case(kernel: str, m: int, n: int, d: int, c: int, backend: str, repeat: int, device: torch.device) -> dict:
+def run_case(
+    kernel: str, m: int, n: int, d: int, c: int, args: argparse.Namespace, device: torch.device
+) -> dict[str, object]:
     gen = torch.Generator(device=device).manual_seed(0)
     x, z, v = (torch.randn(*s, device=device, generator=gen) for s in ((m, d), (n, d), (n, c)))
     sigma = d**0.5
-    K = kermac.KernelOperator(kernel, x, z, bandwidth=sigma, backend=backend)
     program = presets.ALL[kernel].lower()
     hypers = program_hypers(program.hypers, {"bandwidth": sigma}, device, False)
-    problem = product_problem(program, x, z, v, out=None, hypers=hypers)
+    if not args.gradient:
+        problem = product_problem(program, x, z, v, out=None, hypers=hypers)
+    elif is_squared_difference_sum(program):  # one product of C + C·D columns
+        problem = product_problem(program, x, z, v.new_empty(n, c + c * d), out=None, hypers=hypers)
+    else:  # gradient products of one column each
+        problem = product_grad_problem(program, x, z, v[:, :1], v.new_empty(m, 1), out=None, hypers=hypers)
     slices = product_split.split_count(problem, product_split.multiprocessors(device)) if device.type == "cuda" else 1
+    if args.gradient:
 
-    def one_launch() -> None:
-        dispatch._run(problem, backend, "one launch", "kernel product problem", "M={} N={} D={} C={}", "program")
+        def call(a: torch.Tensor, b: torch.Tensor, w: torch.Tensor, backend: str) -> torch.Tensor:
+            return kermac.predictor_gradient(kernel, a, b, w, bandwidth=sigma, backend=backend)
 
-    split_ms = statistics.median(time_ms(lambda: K @ v, device=device, warmup=1, repeat=repeat))
-    one_ms = statistics.median(time_ms(one_launch, device=device, warmup=1, repeat=repeat))
+    else:
+
+        def call(a: torch.Tensor, b: torch.Tensor, w: torch.Tensor, backend: str) -> torch.Tensor:
+            return kermac.KernelOperator(kernel, a, b, bandwidth=sigma, backend=backend) @ w
+
+    def split() -> torch.Tensor:
+        return call(x, z, v, args.backend)
+
+    def one_launch() -> torch.Tensor:
+        with product_split.disabled():
+            return call(x, z, v, args.backend)
+
+    split_ms = statistics.median(time_ms(split, device=device, warmup=1, repeat=args.repeat))
+    one_ms = statistics.median(time_ms(one_launch, device=device, warmup=1, repeat=args.repeat))
     rows = min(m, 50)
-    reference = kermac.run_kernel(kernel, x[:rows].double(), z.double(), bandwidth=sigma, backend="torch") @ v.double()
+    reference = call(*(t.double().cpu() for t in (x[:rows], z, v)), "torch")
 
     def error(out: torch.Tensor) -> float:
-        return float(((out[:rows].double() - reference).norm() / reference.norm()).item())
+        return float(((out[:rows].double().cpu() - reference).norm() / reference.norm()).item())
 
     return {
         "case": f"{kernel}:{m}:{n}:{d}:{c}",
         "slices": slices,
         "one_launch_ms": one_ms,
         "split_ms": split_ms,
-        "one_launch_err": error(problem.out),
-        "split_err": error(K @ v),
+        "one_launch_err": error(one_launch()),
+        "split_err": error(split()),
     }
 
 
@@ -75,14 +99,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cases", default=DEFAULT_CASES, help="kernel:M:N:D:C, comma-separated")
     parser.add_argument("--backend", default="auto", help="the backend of both routes")
     parser.add_argument("--repeat", type=int, default=7, help="timed calls per route")
+    parser.add_argument("--gradient", action="store_true", help="time predictor_gradient instead of K @ v")
     args = parser.parse_args(argv)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
-    print(f"{name}, backend {args.backend}, median of {args.repeat} calls (ms)")
+    what = "predictor_gradient" if args.gradient else "K @ v"
+    print(f"{name}, {what}, backend {args.backend}, median of {args.repeat} calls (ms)")
     print("| kernel:M:N:D:C | S | one launch | split | speed-up | error one launch / split |")
     print("|---|---:|---:|---:|---:|---|")
     for text in args.cases.split(","):
-        r = run_case(*_case(text), args.backend, args.repeat, device)
+        r = run_case(*_case(text), args, device)
         print(
             f"| {r['case']} | {r['slices']} | {r['one_launch_ms']:.3f} | {r['split_ms']:.3f} | "
             f"{r['one_launch_ms'] / r['split_ms']:.1f}× | {r['one_launch_err']:.1e} / {r['split_err']:.1e} |",

@@ -39,25 +39,30 @@ def run_product(problem: ProductProblem, backend: str, op: str) -> torch.Tensor:
     filled with zeros here, without asking a backend (as an empty output is returned without one).  On a CUDA
     device a product with too few rows to fill it runs as products over slices of `n`
     ([`kermac.product_split`][kermac.product_split])."""
-    what = "kernel product problem"
+    return _run_split(problem, backend, op, "kernel product problem", "program")
+
+
+def run_product_grad(problem: ProductGradProblem, backend: str, op: str) -> torch.Tensor:
+    """As `run_product`, for the gradient product of a fused kernel product (with `N = 0` the sum is empty: zeros;
+    few rows: split as the product is)."""
+    return _run_split(problem, backend, op, "kernel product gradient problem", "gradient of program")
+
+
+def _run_split(problem: ProductProblem | ProductGradProblem, backend: str, op: str, what: str, of: str) -> torch.Tensor:
+    """`_run`, or on a CUDA device, for a problem with too few rows to fill it, `_run` of its slices of `n` and
+    their partial results summed into `problem.out`."""
+    sizes = "M={} N={} D={} C={}"
     slices = 1
     if problem.device.type == "cuda" and problem.out.numel() > 0:
         slices = product_split.split_count(problem, product_split.multiprocessors(problem.device))
     if slices == 1:
-        return _run(problem, backend, op, what, "M={} N={} D={} C={}", "program")
+        return _run(problem, backend, op, what, sizes, of)
     parts, workspace = product_split.split_problems(problem, slices)
     if problem.debug:
         logger.debug("%s: %d rows and %d columns of K as %d slices of the columns", op, *problem.sizes[:2], slices)
     for part in parts:
-        _run(part, backend, op, what, "M={} N={} D={} C={}", "program")
+        _run(part, backend, op, what, sizes, of)
     return torch.sum(workspace, dim=0, out=problem.out)
-
-
-def run_product_grad(problem: ProductGradProblem, backend: str, op: str) -> torch.Tensor:
-    """As `run_product`, for the gradient product of a fused kernel product (with `N = 0` the sum is empty: zeros)."""
-    what = "kernel product gradient problem"
-    sizes = "M={} N={} D={} C={}"
-    return _run(problem, backend, op, what, sizes, "gradient of program")
 
 
 def _run(problem: Problem, backend: str, op: str, what: str, sizes: str, of: str) -> torch.Tensor:
