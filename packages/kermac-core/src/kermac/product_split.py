@@ -12,7 +12,7 @@ $$
 $$
 
 The gradient product (`out[*B, m, j]`, a sum over `n` too:
-[`ProductGradProblem`][kermac.problem.ProductGradProblem]) is split the same way, `g` broadcast as `x` is.  The
+`kermac.problem.ProductGradProblem`) is split the same way, `g` broadcast as `x` is.  The
 `N mod S` last columns (fewer than `S`) are one more problem into the workspace's last entry.  The sum over
 slices is `torch.sum` (deterministic).  The split applies on CUDA devices to programs whose epilogue does not
 read the diagonal (a regularised `K + λI` places its diagonal by column index, which a slice's own indices no
