@@ -515,7 +515,7 @@ def run_product(problem: ProductProblem, *, tuning: TritonTuning = DEFAULT_TUNIN
     if launcher is None:
         spec = ProductSpec(problem.program, family.compute, nbatch, _tensor_hypers(problem), int64, family.kernel)
         extra = {**_launch_meta(spec, tuning, d, block_c), "KEY": bucket, **fixed}
-        tuning_args = product_tuning_args(args, pointers) if tuning.autotune else None
+        tuning_args = product_tuning_args(args, pointers) if tuning.autotune and not interpreting() else None
         if tuning_args is not None:  # time the configurations on a corner of the problem, then launch it whole
             _tune(spec, tuning, problem.debug, tuning_args[0], extra, (batch, tuning_args[1], c), device)
         _first_launch(family, key, spec, tuning, problem.debug, args, extra, (batch, m, c))
@@ -711,9 +711,9 @@ def _first_launch(
 
 
 def product_tuning_args(args: list, pointers: int) -> tuple[list, int] | None:
-    """The kernel product's arguments `args` (M and N right after its `pointers` pointers) cut to the first
-    `kermac_backend_triton.configs.PRODUCT_TUNING_SIZE` rows of x and z, and the rows kept, or None where M and N
-    are both within that size.
+    """The kernel product's arguments `args` (M and N right after its `pointers` leading arguments: the tensors and
+    the scalar hyperparameters) cut to the first `kermac_backend_triton.configs.PRODUCT_TUNING_SIZE` rows of x and
+    z, and the rows kept, or None where M and N are both within that size.
 
     The autotuner times every configuration on the launch it is given; on a product with 10⁶ rows each timing is
     a full product.  The corner keeps every fact of the call that selects a kernel (pointers, strides, D, C and

@@ -57,7 +57,9 @@ _local = threading.local()
 @contextlib.contextmanager
 def disabled() -> Iterator[None]:
     """Within the block, this thread's products and gradient products run in one launch each, unsplit (no
-    workspace): for measuring the split, or where even its workspace is not to be allocated."""
+    workspace): for measuring the split, or where even its workspace is not to be allocated.  Autograd runs the
+    backward of CUDA operations on threads of its own, so `backward()` called within the block still splits its
+    gradient products."""
     before = getattr(_local, "disabled", False)
     _local.disabled = True
     try:
