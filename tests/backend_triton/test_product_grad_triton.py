@@ -179,21 +179,6 @@ def test_broadcast_batches_and_views(d: int) -> None:
     assert_close(out, _dense(program, x, z, v, g, hypers, offset_n=2), tolerance(torch.float32))
 
 
-@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
-@pytest.mark.parametrize("d", [5, 18])
-def test_half_inputs_compute_in_float32(dtype: torch.dtype, d: int) -> None:
-    device = device_under_test()
-    skip_unless_triton_runs(device)
-    x, z = _randn(11, d, dtype=dtype), _randn(9, d, dtype=dtype)
-    v, g = _randn(9, 2, dtype=dtype), _randn(11, 2, dtype=dtype)
-    program, hypers = _preset("laplace_l1"), {"bandwidth": 2.0, "regularization": 0.1}
-    got = _triton(program, x, z, v, g, hypers)
-    assert got.dtype == dtype
-    # computed in float32 from the half values: the rounding of the stored result alone
-    assert_close(got, _reference(program, x, z, v, g, hypers), 1e-2)
-    assert_close(got, _dense(program, x, z, v, g, hypers), 1e-2)
-
-
 def test_size_zero_dimensions() -> None:
     """N = 0 writes zeros (an empty sum, also where D is accumulated in `out`); M, D, C = 0 and an empty batch give
     what the references give."""
@@ -437,20 +422,23 @@ def test_weighted_broadcast_batches_and_a_gamma_per_entry(d: int) -> None:
     _check(WEIGHTED["max_user"][0], x, z, v, g, {})
 
 
+@pytest.mark.parametrize("case", ["laplace_l1", "max_user", "soft_min"])  # a sum, and two weighted reductions
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("d", [5, 18])
-def test_weighted_half_inputs_compute_in_float32(dtype: torch.dtype, d: int) -> None:
+def test_half_inputs_compute_in_float32(case: str, dtype: torch.dtype, d: int) -> None:
     device = device_under_test()
     skip_unless_triton_runs(device)
     x, z = _randn(11, d, dtype=dtype), _randn(9, d, dtype=dtype)
     v, g = _randn(9, 2, dtype=dtype), _randn(11, 2, dtype=dtype)
-    for case in ("max_user", "soft_min"):
+    if case == "laplace_l1":
+        program, hypers = _preset("laplace_l1"), {"bandwidth": 2.0, "regularization": 0.1}
+    else:
         program, hypers, _ = WEIGHTED[case]
-        got = _triton(program, x, z, v, g, hypers)
-        assert got.dtype == dtype
-        # computed in float32 from the half values (the terms and their ties exactly): the stored rounding alone
-        assert_close(got, _reference(program, x, z, v, g, hypers), 1e-2)
-        assert_close(got, _dense(program, x, z, v, g, hypers), 1e-2)
+    got = _triton(program, x, z, v, g, hypers)
+    assert got.dtype == dtype
+    # computed in float32 from the half values (the terms and their ties exactly): the stored rounding alone
+    assert_close(got, _reference(program, x, z, v, g, hypers), 1e-2)
+    assert_close(got, _dense(program, x, z, v, g, hypers), 1e-2)
 
 
 def test_weighted_size_zero_dimensions() -> None:

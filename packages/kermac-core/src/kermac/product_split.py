@@ -109,9 +109,9 @@ def split_problems(problem: Splittable, slices: int) -> tuple[list[Splittable], 
     def broadcast(t: torch.Tensor) -> torch.Tensor:  # [*B, M, k] → [S, *B, M, k], stride 0 over the slices
         return t.expand(*split, *t.shape[-2:])
 
-    rows = {"x": broadcast(problem.x)} | (
-        {"g": broadcast(problem.g)} if isinstance(problem, ProductGradProblem) else {}
-    )
+    rows = {"x": broadcast(problem.x)}
+    if isinstance(problem, ProductGradProblem):
+        rows["g"] = broadcast(problem.g)
     problems = [
         dataclasses.replace(
             problem,
