@@ -169,13 +169,14 @@ def spills_in_hot_loops(report: str) -> int:
     return int(re.search(r"LOCAL_IN_INNER_LOOPS:(\d+)", report)[1])
 
 
-def assert_compiled(report: str, *, spills: bool = False) -> None:
+def assert_compiled(report: str, *, spills: bool = False, outside_hot_loops: bool = False) -> None:
     """``report`` is a register report (not an error) and, unless ``spills``, shows no stack or local memory; compiled
-    by a Triton before `SPILLS_BEFORE`, none in an innermost loop."""
+    by a Triton before `SPILLS_BEFORE`, or where ``outside_hot_loops`` (a variant measured faster than those that
+    fit its registers), none in an innermost loop."""
     assert "REG:" in report, report
     if spills:
         return
-    if report_triton(report) < SPILLS_BEFORE:
+    if outside_hot_loops or report_triton(report) < SPILLS_BEFORE:
         assert spills_in_hot_loops(report) == 0, report
     else:
         assert "STACK:0" in report and "LOCAL:0" in report, report

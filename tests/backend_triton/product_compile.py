@@ -7,7 +7,8 @@ interpreter patches ``triton.language`` for the whole process; ``TRITON_INTERPRE
 
 A job: ``{"id", "preset", "regularized", "spec": {ProductSpec field changes}, "meta", "warps",
 "arch", "dtype"}``, or ``"program"`` (a program's key) in place of ``"preset"`` and ``"regularized"``;
-pointers are 16-byte aligned, the unit strides 1 and the others divisible by 16.
+pointers are 16-byte aligned, the unit strides 1 and the others divisible by 16; a tensor-core job with
+``"PRESPLIT": 1`` in ``meta`` reads float32 split workspaces of DP (divisible by 16) features per row.
 """
 
 from __future__ import annotations
@@ -47,11 +48,17 @@ def product_source(job: dict):
     )
     fn = load_module(kernel_source(spec)).kermac_product
     consts = dict(job["meta"]) | {"SXK": 1, "SZK": 1, "SVC": 1, "SOC": 1, "KEY": 0}
-    pointers = ("X", "Z", "V", "OUT")
+    # the tensor-core kernel's split workspaces: float32 where it reads them, else x and z stand in
+    workspaces = [n for n in ("XH", "XL", "XN", "ZH", "ZL", "ZN") if n in fn.arg_names]
+    pointers = ("X", "Z", "V", "OUT", *workspaces)
     types = signature(
         fn.arg_names, consts, pointers, dtype=dtype, compute=compute, int64=spec.int64, float32_scalars=("GUARD",)
     )
-    aligned = [n for n in ("X", "Z", "V", "OUT", "SXM", "SZN", "SVN", "SOM") if n not in consts]
+    presplit = bool(job["meta"].get("PRESPLIT"))
+    if presplit:
+        types.update({n: "*fp32" for n in workspaces})
+    aligned = [n for n in (*pointers, "SXM", "SZN", "SVN", "SOM") if n not in consts]
+    aligned += ["DP"] if presplit else []  # a multiple of PRODUCT_TC_SPLIT_BK
     return ast_source(ASTSource, fn, types, consts, aligned)
 
 

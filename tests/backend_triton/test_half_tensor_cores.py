@@ -286,10 +286,10 @@ def _compile_jobs() -> dict[str, dict]:
     tc_meta, tc_warps, _, _ = configs.PRODUCT_TC_SPACE[0]
     column_meta, column_warps, _, _ = configs.PRODUCT_TC_COLUMN_SPACE[1]
     product = {  # name: (meta, warps, arches)
-        "bc16-resident0": (tc_meta | {"BC": 16, "BK": 32, "X_RESIDENT": 0}, tc_warps, (80, 90)),
-        "bc1-resident0": (column_meta | {"BC": 1, "BK": 16, "X_RESIDENT": 0}, column_warps, (90,)),
-        "bc16-resident1": (tc_meta | {"BC": 16, "BK": 32, "X_RESIDENT": 1}, tc_warps, (90,)),
-        "bc1-resident1": (column_meta | {"BC": 1, "BK": 32, "X_RESIDENT": 1}, column_warps, (80,)),
+        "bc16-resident0": (tc_meta | {"BC": 16, "BK": 32, "X_RESIDENT": 0, "PRESPLIT": 0}, tc_warps, (80, 90)),
+        "bc1-resident0": (column_meta | {"BC": 1, "BK": 16, "X_RESIDENT": 0, "PRESPLIT": 0}, column_warps, (90,)),
+        "bc16-resident1": (tc_meta | {"BC": 16, "BK": 32, "X_RESIDENT": 1, "PRESPLIT": 0}, tc_warps, (90,)),
+        "bc1-resident1": (column_meta | {"BC": 1, "BK": 32, "X_RESIDENT": 1, "PRESPLIT": 0}, column_warps, (80,)),
     }
     base = dict(preset="gaussian", regularized=True)
     jobs = {}

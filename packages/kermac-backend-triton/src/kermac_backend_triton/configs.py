@@ -24,8 +24,8 @@ per compute type (`grad_affine_space`).
 Kernel product (`kermac_backend_triton.product`): the K tile's meta-parameters as above, and
 `BC` columns of `v` per program, chosen from C (`product_block_c`), not tuned; on the tensor
 cores `BK` is chosen from D (`product_tc_block_k`).  One column (`BC` = 1) has spaces of its own
-(`PRODUCT_COLUMN_SPACE`, `PRODUCT_TC_COLUMN_SPACE`); the autotuner prunes to the launch's
-(`prune_product`).
+(`PRODUCT_COLUMN_SPACE`, `PRODUCT_TC_COLUMN_SPACE`), and so does the tensor-core product from split
+workspaces (`PRODUCT_TC_SPLIT_SPACE`, both); the autotuner prunes to the launch's (`prune_product`).
 Gradient product (`kermac_backend_triton.product_gradient`): `BM` rows of x and `BN` of z per step, `BK`
 features per step of the pairwise sum, and `BD` output features per step, chosen from D
 (`product_grad_block_d`), not tuned; beyond `PRODUCT_GRAD_MAX_BD` features (fewer for a weighted reduction in
@@ -62,6 +62,8 @@ __all__ = [
     "PRODUCT_TC_COLUMN_SPACE",
     "PRODUCT_TC_RESIDENT_D",
     "PRODUCT_TC_SPACE",
+    "PRODUCT_TC_SPLIT_BK",
+    "PRODUCT_TC_SPLIT_SPACE",
     "TC_MIN_D",
     "TC_SHORT_D",
     "bucket",
@@ -258,6 +260,21 @@ PRODUCT_TC_COLUMN_SPACE: tuple[tuple[dict[str, int], int, int, int | None], ...]
 sm_90), 128 × 64 at 8 (234), and 128 × 128 at 8 capped at 128 registers as the pairwise
 tensor-core space does (two programs per multiprocessor)."""
 
+PRODUCT_TC_SPLIT_SPACE: tuple[tuple[dict[str, int], int, int, int | None], ...] = (
+    ({"BM": 64, "BN": 128}, 4, 2, None),
+    ({"BM": 128, "BN": 128}, 8, 3, None),
+    ({"BM": 128, "BN": 64}, 8, 2, None),
+)
+"""Kernel product on tensor-core K tiles from split workspaces (`kermac_backend_triton.operand_split`; float32,
+D > `PRODUCT_TC_RESIDENT_D`, `BK` = `PRODUCT_TC_SPLIT_BK`), one column or several: the fastest three of a sweep of
+64/128-row and -column tiles at 2 and 3 stages, `BK` 32 and 64, on an H200 (Gaussian, N = 10⁵, D = 128 and
+N = 5·10⁴, D = 784, C = 1 and 16; docs/dev/triton-product-presplit.md).  The default, 64 × 128 at two stages,
+needs 96 KB of shared memory for its operand stages (sm_80 has 164 KB); 128 × 128 at three needs 192 KB (sm_90's
+227 KB; the autotuner drops a configuration that does not fit)."""
+PRODUCT_TC_SPLIT_BK = 32
+"""Features per step of the tensor-core product from split workspaces (64 took more shared memory than the
+three stages of a 128 × 128 tile have)."""
+
 
 def pairwise_tc_space(d: int) -> tuple[tuple[dict[str, int], int, int, int | None], ...]:
     """The tensor-core configurations for reduction length `d`."""
@@ -348,9 +365,9 @@ def product_configs() -> list:
 
 
 def product_tc_configs() -> list:
-    """The kernel product's tensor-core spaces (several columns and one) as `triton.Config` objects, each entry
-    once."""
-    return [_config(entry) for entry in _union(PRODUCT_TC_SPACE, PRODUCT_TC_COLUMN_SPACE)]
+    """The kernel product's tensor-core spaces (several columns and one, from split workspaces) as `triton.Config`
+    objects, each entry once."""
+    return [_config(entry) for entry in _union(PRODUCT_TC_SPACE, PRODUCT_TC_COLUMN_SPACE, PRODUCT_TC_SPLIT_SPACE)]
 
 
 def _union(*spaces: tuple) -> list:
@@ -362,17 +379,23 @@ def _union(*spaces: tuple) -> list:
     return seen
 
 
-def product_space(tensor_cores: bool, block_c: int) -> tuple[tuple[dict[str, int], int, int, int | None], ...]:
-    """The kernel product's space for K tiles of the tensor cores (or SIMT) and `block_c` columns per program."""
+def product_space(
+    tensor_cores: bool, block_c: int, presplit: bool = False
+) -> tuple[tuple[dict[str, int], int, int, int | None], ...]:
+    """The kernel product's space for K tiles of the tensor cores (or SIMT) and `block_c` columns per program;
+    `presplit`: tensor-core K tiles from split workspaces."""
+    if presplit:
+        return PRODUCT_TC_SPLIT_SPACE
     if tensor_cores:
         return PRODUCT_TC_COLUMN_SPACE if block_c == 1 else PRODUCT_TC_SPACE
     return PRODUCT_COLUMN_SPACE if block_c == 1 else PRODUCT_SPACE
 
 
 def prune_product(configs: list, named_args: dict, **kwargs: object) -> list:
-    """The autotuner's `early_config_prune` for the product: keep the space of the launch's `BC`."""
+    """The autotuner's `early_config_prune` for the product: keep the space of the launch's `BC` (and
+    `PRESPLIT`)."""
     tensor_cores = "BM" in configs[0].kwargs
-    keep = product_space(tensor_cores, int(kwargs["BC"]))
+    keep = product_space(tensor_cores, int(kwargs["BC"]), bool(kwargs.get("PRESPLIT", False)))
     return [c for c in configs if _entry(c) in keep]
 
 

@@ -69,6 +69,7 @@ __all__ = [
     "PAIRWISE_ENTRY",
     "PRODUCT_ENTRY",
     "PRODUCT_GRAD_ENTRY",
+    "PRODUCT_SPLIT_OPERANDS",
     "PRODUCT_KERNELS",
     "GradSpec",
     "PairwiseSpec",
@@ -82,6 +83,9 @@ PAIRWISE_ENTRY = "kermac_pairwise"
 GRAD_ENTRY = "kermac_grad"
 PRODUCT_ENTRY = "kermac_product"
 PRODUCT_GRAD_ENTRY = "kermac_product_grad"
+PRODUCT_SPLIT_OPERANDS = ("xh", "xl", "xn", "zh", "zl", "zn")
+"""The split workspaces the tensor-core product's entry kernel takes after x, z, v, out
+(`kermac_backend_triton.operand_split`: hi, lo and norms of x, then of z)."""
 
 KERNELS = ("simt", "tensor_cores", "gluon")
 """The pairwise kernels: the `tl` SIMT kernel, the tensor-core one, the Gluon SIMT one."""
@@ -225,6 +229,7 @@ _SIZES_AND_STRIDES = {
     "pairwise": "M, N, D, OFF_M, OFF_N,\n    SXM, SXK, SZN, SZK, SOM, SON, ",
     "grad": "M, N, O, K,\n    SAK, SAM, SBN, SBK, SCO, SCK, SDN, SDM, SOO, SON, SOM, ",
     "product": "M, N, D, C, OFF_M, OFF_N,\n    SXM, SXK, SZN, SZK, SVN, SVC, SOM, SOC, ",
+    "product_tensor_cores": "M, N, D, DP, C, OFF_M, OFF_N,\n    SXM, SXK, SZN, SZK, SVN, SVC, SOM, SOC, ",
     "product_grad": "M, N, D, C, OFF_M, OFF_N,\n    SXM, SXK, SZN, SZK, SVN, SVC, SGM, SGC, SOM, SOK, ",
 }
 """Parameters of each entry kernel between the hyperparameters and the batch layout."""
@@ -236,7 +241,7 @@ _META = {
     "grad_general": ("BN BM BK BO", '"M", "N", "O", "K", "KEY"'),
     "grad_affine": ("BN BM BK BO", '"M", "N", "O", "K", "KEY"'),
     "product_simt": ("BK MI NI MT NT PF BC", '"M", "N", "D", "C", "OFF_M", "OFF_N", "KEY"'),
-    "product_tensor_cores": ("BM BN BK BC X_RESIDENT", '"M", "N", "C", "OFF_M", "OFF_N", "GUARD", "KEY"'),
+    "product_tensor_cores": ("BM BN BK BC X_RESIDENT PRESPLIT", '"M", "N", "C", "OFF_M", "OFF_N", "GUARD", "KEY"'),
     "product_grad": ("BM BN BK BD RMW", '"M", "N", "D", "C", "OFF_M", "OFF_N", "KEY"'),
 }
 """Meta-parameters of each kernel (after `KEY`), and the sizes never specialised on."""
@@ -260,6 +265,10 @@ def kernel_source(spec: PairwiseSpec | ProductSpec | ProductGradSpec | GradSpec)
     elif isinstance(spec, ProductSpec):
         kind, operation = f"product_{spec.kernel}", "product"
         operands, pointers = ("x", "z", "v", "out"), "X, Z, V, OUT"
+        if spec.kernel == "tensor_cores":  # with the split workspaces (`operand_split`)
+            operation = "product_tensor_cores"
+            operands += PRODUCT_SPLIT_OPERANDS
+            pointers += ", XH, XL, XN, ZH, ZL, ZN"
         functions = _pairwise_functions(spec)
     elif isinstance(spec, PairwiseSpec):
         kind, operation, operands, pointers = spec.kernel, "pairwise", ("x", "z", "out"), "X, Z, OUT"
@@ -335,8 +344,9 @@ _CALL = {
     "        inner, epilogue, combine_chunk, {reduction!r}, {uses_diag}, {cdt}, BK, MI, NI, MT, NT, PF, BC,\n"
     "        INT64={int64},\n    )",
     "product_tensor_cores": "tensor_core_product_tile(\n"
-    "        X, Z, V, OUT, M, N, D, C, OFF_M, OFF_N, SXM, SXK, SZN, SZK, SVN, SVC, SOM, SOC, GUARD, pm, pc,\n"
-    "        {hypers}, inner, epilogue, combine_chunk, {uses_diag}, BM, BN, BK, BC, X_RESIDENT,\n"
+    "        X, Z, V, OUT, XH, XL, XN, ZH, ZL, ZN, M, N, D, DP, C, OFF_M, OFF_N, SXM, SXK, SZN, SZK, SVN, SVC,\n"
+    "        SOM, SOC, GUARD, pm, pc, {hypers}, inner, epilogue, combine_chunk, {uses_diag}, BM, BN, BK, BC,\n"
+    "        X_RESIDENT, PRESPLIT,\n"
     "        INT64={int64},\n    )",
     "product_grad": "product_grad_tile(\n"
     "        X, Z, V, G, OUT, M, N, D, C, OFF_M, OFF_N, SXM, SXK, SZN, SZK, SVN, SVC, SGM, SGC, SOM, SOK, pm,\n"
@@ -375,6 +385,7 @@ def _batch_decoding(nbatch: int, pointer_keys: list[str]) -> list[str]:
         lines += [f"b{i} = rest % BS{i}", f"rest = rest // BS{i}"]
     lines.append("b0 = rest")
     names = {"x": "X", "z": "Z", "v": "V", "g": "G", "out": "OUT", "a": "A", "b": "B", "c": "C", "d": "DD"}
+    names.update({key: key.upper() for key in PRODUCT_SPLIT_OPERANDS})
     for key in pointer_keys:
         pointer = names.get(key) or f"H_{key.removeprefix('hyper_')}"
         lines.append(f"{pointer} += " + " + ".join(f"b{i} * SB_{key}_{i}" for i in range(nbatch)))

@@ -1,6 +1,7 @@
 """From a normalised problem to a kernel launch: specialisation, arguments, grid.
 
-Nothing here synchronises with the host or allocates device memory: scalars travel as kernel
+Nothing here synchronises with the host or allocates device memory (but for the float32 tensor-core kernel
+product's split operands, `kermac_backend_triton.operand_split`): scalars travel as kernel
 arguments, tensor hyperparameters as pointers with per-batch strides, and every operand (any
 strides, stride-0 broadcast batches) is read in place.  The kernel runs on PyTorch's current
 stream of the operands' device.
@@ -10,7 +11,7 @@ whether D reaches the tensor cores, device type; for a kernel product or its gra
 one) fixes the kernel; within it, the key holds the
 facts of this call that decide the compiled kernel and its configuration (device, coalesced
 batch dimensions, 64-bit indexing, the autotuning bucket, the gradient's `BO`, the product's
-`BC` (and on the tensor cores `BK`, `X_RESIDENT`), the gradient product's `BD` and `RMW`, and what Triton
+`BC` (and on the tensor cores `BK`, `X_RESIDENT`, `PRESPLIT`), the gradient product's `BD` and `RMW`, and what Triton
 specialises on:
 `kermac_backend_triton.launchers.int_facts`, `kermac_backend_triton.launchers.pointer_facts`).  A key seen
 before launches its `Launcher`; a new one compiles, autotunes and launches through `kernel[grid]` (refused while
@@ -33,12 +34,13 @@ import torch
 from kermac.kernel_facts import INT32_MAX, TILE_SLACK, cancellation_guard, tensor_core_eligible
 from kermac.layout import BatchLayout, batch_layout, grad_operands, pairwise_operands
 from kermac.problem import GradProblem, PairwiseProblem, ProductGradProblem, ProductProblem
-from kermac_backend_triton import configs
+from kermac_backend_triton import configs, operand_split
 from kermac_backend_triton.generated import (
     GRAD_ENTRY,
     PAIRWISE_ENTRY,
     PRODUCT_ENTRY,
     PRODUCT_GRAD_ENTRY,
+    PRODUCT_SPLIT_OPERANDS,
     GradSpec,
     PairwiseSpec,
     ProductGradSpec,
@@ -185,7 +187,8 @@ def grid_size_problem(problem: Problem, tuning: TritonTuning = DEFAULT_TUNING) -
             return None
         block_c = configs.product_block_c(c)
         simt = [_pairwise_tiles("simt")(meta)[0] for meta, *_ in configs.product_space(False, block_c)]
-        rows = max(simt + [meta["BM"] for meta, *_ in configs.product_space(True, block_c)])
+        tc = [*configs.product_space(True, block_c), *configs.PRODUCT_TC_SPLIT_SPACE]
+        rows = max(simt + [meta["BM"] for meta, *_ in tc])
         tiles = _cdiv(m, rows) * _cdiv(c, block_c)
     elif isinstance(problem, PairwiseProblem):
         m, n = problem.m, problem.n
@@ -341,11 +344,14 @@ def _operands(problem: Problem) -> dict[str, torch.Tensor]:
     return ops
 
 
-def _batch_args(problem: Problem, operands: list[str]) -> tuple[list[int], int, int]:
-    """(batch sizes and per-operand strides as kernel arguments, coalesced batch dimensions, entries)."""
+def _batch_args(
+    problem: Problem, operands: list[str], workspaces: Mapping[str, torch.Tensor] | None = None
+) -> tuple[list[int], int, int]:
+    """(batch sizes and per-operand strides as kernel arguments, coalesced batch dimensions, entries);
+    `workspaces`: batched tensors of the launch beside the problem's operands."""
     if not problem.batch_shape:
         return [], 0, 1
-    layout = batch_layout(problem.batch_shape, _operands(problem))
+    layout = batch_layout(problem.batch_shape, {**_operands(problem), **(workspaces or {})})
     return _layout_args(layout, operands), len(layout.shape), layout.size
 
 
@@ -487,20 +493,30 @@ def run_product(problem: ProductProblem, *, tuning: TritonTuning = DEFAULT_TUNIN
     family = _product_family(problem, tuning)
     tc = family.kernel == "tensor_cores"
     hyper_args, tensor_names = _hyper_values(problem)
-    layout_args, nbatch, batch = _batch_args(problem, ["x", "z", "v", "out"] + [f"hyper_{h}" for h in tensor_names])
+    block_c = configs.product_block_c(c)
+    fixed: dict[str, int] = {"BC": block_c}
+    pointer_args: list[torch.Tensor] = [x, z, v, out]
+    split: dict[str, torch.Tensor] = {}
+    sizes = [m, n, d, c]
+    if tc:
+        split, fixed["BK"], dp = _split_workspaces(x, z, d)
+        fixed["X_RESIDENT"] = d <= fixed["BK"]
+        fixed["PRESPLIT"] = bool(split)
+        if not split:  # the kernel reads no workspace: x and z stand in for the pointers
+            split = dict(zip(PRODUCT_SPLIT_OPERANDS, (x, x, x, z, z, z), strict=True))
+        pointer_args += split.values()
+        sizes = [m, n, d, dp, c]
+    batched = ["x", "z", "v", "out", *split] + [f"hyper_{h}" for h in tensor_names]
+    layout_args, nbatch, batch = _batch_args(problem, batched, split)
     xs, zs, vs, os_ = x.stride(), z.stride(), v.stride(), out.stride()
     strides = [xs[-2], xs[-1], zs[-2], zs[-1], vs[-2], vs[-1], os_[-2], os_[-1]]
     off_m, off_n = problem.offset_m, problem.offset_n
-    args = [x, z, v, out, *hyper_args, m, n, d, c, off_m, off_n, *strides, *layout_args]
-    pointers = 4 + len(hyper_args)
-    block_c = configs.product_block_c(c)
-    fixed: dict[str, int] = {"BC": block_c}
+    args = [*pointer_args, *hyper_args, *sizes, off_m, off_n, *strides, *layout_args]
+    pointers = len(pointer_args) + len(hyper_args)
     specialised, unspecialised = [*strides, *layout_args], [m, n, c, off_m, off_n]
-    if tc:  # D is specialised (the k loop's masks, as in the pairwise kernel), the guard follows
+    if tc:  # D and DP are specialised (the k loop's masks, as in the pairwise kernel), the guard follows
         args.append(cancellation_guard(d))
-        fixed["BK"] = configs.product_tc_block_k(d)
-        fixed["X_RESIDENT"] = d <= fixed["BK"]
-        specialised.append(d)
+        specialised += [d, dp]
     else:
         unspecialised.append(d)
     tensors = [t for t in args[:pointers] if isinstance(t, torch.Tensor)]
@@ -514,7 +530,7 @@ def run_product(problem: ProductProblem, *, tuning: TritonTuning = DEFAULT_TUNIN
     launcher = family.launchers.get(key)
     if launcher is None:
         spec = ProductSpec(problem.program, family.compute, nbatch, _tensor_hypers(problem), int64, family.kernel)
-        extra = {**_launch_meta(spec, tuning, d, block_c), "KEY": bucket, **fixed}
+        extra = {**_launch_meta(spec, tuning, d, block_c, fixed.get("PRESPLIT", False)), "KEY": bucket, **fixed}
         tuning_args = product_tuning_args(args, pointers) if tuning.autotune and not interpreting() else None
         if tuning_args is not None:  # time the configurations on a corner of the problem, then launch it whole
             _tune(spec, tuning, problem.debug, tuning_args[0], extra, (batch, tuning_args[1], c), device)
@@ -522,6 +538,30 @@ def run_product(problem: ProductProblem, *, tuning: TritonTuning = DEFAULT_TUNIN
         return
     tm, tc_cols = launcher.tiles
     launcher.launch(args, batch * _cdiv(m, tm) * _cdiv(c, tc_cols), device)
+
+
+def _split_workspaces(x: torch.Tensor, z: torch.Tensor, d: int) -> tuple[dict[str, torch.Tensor], int, int]:
+    """The tensor-core product's split workspaces by name (`kermac_backend_triton.generated.PRODUCT_SPLIT_OPERANDS`;
+    empty where it splits in its main loop: half inputs, D within one step, or batch dimensions that do not
+    merge), its `BK`, and the features per workspace row `DP` (D where there is none)."""
+    block_k = configs.product_tc_block_k(d)
+    if x.dtype != torch.float32 or d <= block_k or not _splits_operands(x.device):
+        return {}, block_k, d
+    block_k = configs.PRODUCT_TC_SPLIT_BK
+    xs = operand_split.split_operand(x, block_k)
+    same = z is x or (z.data_ptr() == x.data_ptr() and z.shape == x.shape and z.stride() == x.stride())
+    zs = xs if same or xs is None else operand_split.split_operand(z, block_k)
+    if zs is None:
+        return {}, configs.product_tc_block_k(d), d
+    tensors = (xs.hi, xs.lo, xs.norm, zs.hi, zs.lo, zs.norm)
+    return dict(zip(PRODUCT_SPLIT_OPERANDS, tensors, strict=True)), block_k, xs.hi.shape[-1]
+
+
+def _splits_operands(device: torch.device) -> bool:
+    """Whether the tensor-core product on `device` reads split workspaces: under the interpreter and on sm_90, where
+    it was measured (`PRODUCT_TC_SPLIT_SPACE` spills in its innermost loop on sm_80, and outside it on sm_100 where
+    it fits on sm_90: docs/dev/triton-product-presplit.md)."""
+    return device.type != "cuda" or torch.cuda.get_device_capability(device)[0] == 9
 
 
 def run_product_grad(problem: ProductGradProblem, *, tuning: TritonTuning = DEFAULT_TUNING) -> None:
@@ -609,9 +649,10 @@ def _transposed(problem: PairwiseProblem, spec: PairwiseSpec) -> dict[str, int]:
     return {"XT": _rows_contiguous(problem.x), "ZT": _rows_contiguous(problem.z)}
 
 
-def _launch_meta(spec: Spec, tuning: TritonTuning, d: int, block_c: int = 0) -> dict[str, Any]:
+def _launch_meta(spec: Spec, tuning: TritonTuning, d: int, block_c: int = 0, presplit: bool = False) -> dict[str, Any]:
     """Meta-parameters and launch options the launch fixes (the autotuner chooses the rest);
-    `d`: the reduction length (D, or K of the gradient); `block_c`: a product's `BC`."""
+    `d`: the reduction length (D, or K of the gradient); `block_c`: a product's `BC`; `presplit`: a tensor-core
+    product from split workspaces."""
     if isinstance(spec, ProductGradSpec):
         if interpreting():
             return dict(configs.INTERPRET_PRODUCT_GRAD)
@@ -622,7 +663,7 @@ def _launch_meta(spec: Spec, tuning: TritonTuning, d: int, block_c: int = 0) -> 
             return dict(configs.INTERPRET_PRODUCT_TC if tc else configs.INTERPRET_PRODUCT)
         if tuning.autotune:
             return {}
-        return configs.launch_options(configs.product_space(tc, block_c)[0])
+        return configs.launch_options(configs.product_space(tc, block_c, presplit)[0])
     if isinstance(spec, GradSpec):
         tiles = _GRAD_TILES[spec.kernel]
         if interpreting():

@@ -38,6 +38,7 @@ import triton.language as tl
 
 from kermac_backend_triton.gradient import contract
 from kermac_backend_triton.kernel_math import to_tf32
+from kermac_backend_triton.operand_split import split_d2
 from kermac_backend_triton.pairwise_simt import index_type, simt_values
 from kermac_backend_triton.pairwise_tensor_cores import (
     d2_values,
@@ -152,15 +153,18 @@ def simt_product_tile(
 
 @triton.jit
 def tensor_core_product_tile(
-    X, Z, V, OUT, M, N, D, C, OFF_M, OFF_N, SXM, SXK, SZN, SZK, SVN, SVC, SOM, SOC, GUARD, pm, pc, hypers, inner,
-    epilogue, combine_chunk, USES_DIAG: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
-    BC: tl.constexpr, X_RESIDENT: tl.constexpr, INT64: tl.constexpr,
+    X, Z, V, OUT, XH, XL, XN, ZH, ZL, ZN, M, N, D, DP, C, OFF_M, OFF_N, SXM, SXK, SZN, SZK, SVN, SVC, SOM, SOC,
+    GUARD, pm, pc, hypers, inner, epilogue, combine_chunk, USES_DIAG: tl.constexpr, BM: tl.constexpr,
+    BN: tl.constexpr, BK: tl.constexpr, BC: tl.constexpr, X_RESIDENT: tl.constexpr, PRESPLIT: tl.constexpr,
+    INT64: tl.constexpr,
 ):  # fmt: skip
     """Compute and store `out` tile `(pm, pc)` of an (x − z)²-sum program computed in float32 with K tiles
     of the tensor-core pairwise kernel: a tile the guard flags is recomputed from differences by
     the SIMT tile, as there (see the module docs).  `X_RESIDENT` (D ≤ `BK`): x's rows are loaded,
     split for 3×TF32 (float16/bfloat16: kept in their dtype for `dot_half`) and their norms summed
-    once, before the N loop, and each N tile loads z once."""
+    once, before the N loop, and each N tile loads z once.  `PRESPLIT` (float32, D > `BK`): x·zᵀ and the
+    norms come from the operands' split workspaces `XH`, `XL`, `XN`, `ZH`, `ZL`, `ZN` (rows of `DP` features,
+    `kermac_backend_triton.operand_split`); otherwise (and for the SIMT recompute) from `X`, `Z`."""
     om = pm * BM + index_type(tl.arange(0, BM), INT64)
     oc = pc * BC + index_type(tl.arange(0, BC), INT64)
     xrow = X + ((om % M) * SXM)[:, None]
@@ -176,6 +180,8 @@ def tensor_core_product_tile(
             xh = to_tf32(xv)
             xl = to_tf32(xv - xh)
         xn = tl.sum(xv * xv, 1)
+    if PRESPLIT:
+        xn = tl.load(XN + (om % M))
     for n_tile in range(0, tl.cdiv(N, BN)):
         pn = n_tile + 0 * pm  # pm's index type (64-bit where INT64); the interpreter's n_tile is a Python int
         on = pn * BN + index_type(tl.arange(0, BN), INT64)
@@ -190,6 +196,8 @@ def tensor_core_product_tile(
                 zh = to_tf32(zt)
                 dot = dot_3xtf32(xh, xl, zh, to_tf32(zt - zh), tl.zeros([BM, BN], tl.float32))
             d2, recompute = guard(xn, tl.sum(zv * zv, 1), dot, GUARD)
+        elif PRESPLIT:
+            d2, recompute = split_d2(XH, XL, ZH, ZL, xn, ZN, om, on, M, N, DP, GUARD, BM, BN, BK)
         else:
             d2, recompute = guarded_d2(xrow, zrow, kr, D, SXK, SZK, GUARD, BM, BN, BK)
         if recompute:
