@@ -380,7 +380,11 @@ def _compile_jobs() -> dict[str, dict]:
     column_meta, column_warps, _, _ = configs.PRODUCT_COLUMN_SPACE[0]
     tc_column_meta, tc_column_warps, _, _ = configs.PRODUCT_TC_COLUMN_SPACE[1]
     base = dict(regularized=True, spec={}, meta=simt_meta | {"BC": 16}, warps=simt_warps, arch=90, dtype="float32")
-    tc = dict(spec={"kernel": "tensor_cores"}, meta=tc_meta | {"BC": 16, "BK": 32, "X_RESIDENT": 0, "PRESPLIT": 0}, warps=tc_warps)
+    tc = dict(
+        spec={"kernel": "tensor_cores"},
+        meta=tc_meta | {"BC": 16, "BK": 32, "X_RESIDENT": 0, "PRESPLIT": 0},
+        warps=tc_warps,
+    )
     batched = {"nbatch": 2, "tensor_hypers": ["bandwidth"], "int64": True}
     jobs = {
         "simt-laplace_l1-sm90": base | dict(preset="laplace_l1"),
@@ -396,7 +400,11 @@ def _compile_jobs() -> dict[str, dict]:
         | dict(preset="laplace_l2", meta=column_meta | {"BC": 1}, warps=column_warps, dtype="float64", arch=80),
         "tc-c1-gaussian-sm90": base
         | tc
-        | dict(preset="gaussian", meta=tc_column_meta | {"BC": 1, "BK": 16, "X_RESIDENT": 0, "PRESPLIT": 0}, warps=tc_column_warps),
+        | dict(
+            preset="gaussian",
+            meta=tc_column_meta | {"BC": 1, "BK": 16, "X_RESIDENT": 0, "PRESPLIT": 0},
+            warps=tc_column_warps,
+        ),
         # D ≤ 32: x split once, in registers across the N tiles
         "tc-resident-gaussian-sm90": base
         | tc
