@@ -52,7 +52,7 @@ def grid_order(M, N, O, BN: tl.constexpr, BM: tl.constexpr, BO: tl.constexpr, IN
 
 
 @triton.jit
-def contract(acc, w, cv, NONFINITE: tl.constexpr = False):
+def contract(acc, w, cv, NONFINITE: tl.constexpr = False, FINITE_W: tl.constexpr = False):
     """`acc + w[(n,m), k] @ cv[k, o]`.
 
     float64: one `ieee` dot.  float32: 3×TF32 by hand, as in the tensor-core pairwise kernel:
@@ -67,7 +67,8 @@ def contract(acc, w, cv, NONFINITE: tl.constexpr = False):
     with it the lo parts of non-finite entries and the hi parts they meet in the cross products
     are 0 and their hi parts are the entries themselves, so a non-finite entry enters the sum
     through wh·ch alone (six selects per pair of tiles' entries, which the gradient, whose operands
-    are finite in practice, does not pay).
+    are finite in practice, does not pay).  `FINITE_W` (with `NONFINITE`): `w` is known to be finite, only
+    `cv`'s non-finite entries are handled.
     """
     if acc.dtype == tl.float64:
         return tl.dot(w, cv, acc, input_precision="ieee", out_dtype=tl.float64)
@@ -75,7 +76,13 @@ def contract(acc, w, cv, NONFINITE: tl.constexpr = False):
         wh, wl = split_tf32(w)
         ch = to_tf32(cv)
         cl = to_tf32(cv - ch)
-        if NONFINITE:
+        if NONFINITE and FINITE_W:
+            c_finite = tl.abs(cv) < INF
+            ch = tl.where(c_finite, ch, cv)
+            cl = tl.where(c_finite, cl, 0.0)
+            part = tl.dot(wl, tl.where(c_finite, ch, 0.0), input_precision="tf32", out_dtype=tl.float32)
+            part = tl.dot(wh, cl, part, input_precision="tf32", out_dtype=tl.float32)
+        elif NONFINITE:
             w_finite = tl.abs(w) < INF
             c_finite = tl.abs(cv) < INF
             # A non-finite entry goes in unrounded: the rounding carry of a NaN with a full payload (the

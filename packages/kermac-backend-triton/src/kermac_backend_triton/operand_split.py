@@ -14,7 +14,7 @@ once, by `split_rows`, into a workspace:
   nothing to x·zᵀ);
 * `norm` `[*B, R]` float32: ‖row‖², summed in float32 from the unsplit values (as the in-loop norms were).
 
-The main loop loads the chunks straight into `tl.dot` operands (`split_d2`).  The workspace holds
+The main loop loads the chunks straight into `tl.dot` operands (`split_dot`).  The workspace holds
 `(2·DP + 1)·R` float32 values per batch entry of each operand (x's only where z is x itself), computed once per
 call: a batch dimension along which the operand is broadcast (stride 0) is split once and the workspace
 broadcast along it the same way.
@@ -27,9 +27,9 @@ import triton
 import triton.language as tl
 
 from kermac_backend_triton.kernel_math import to_tf32
-from kermac_backend_triton.pairwise_tensor_cores import dot_3xtf32, guard
+from kermac_backend_triton.pairwise_tensor_cores import dot_3xtf32
 
-__all__ = ["SplitOperand", "split_d2", "split_operand", "split_rows"]
+__all__ = ["SplitOperand", "split_dot", "split_operand", "split_rows"]
 
 SPLIT_ROWS = 32
 """Rows per program of `split_rows`."""
@@ -116,12 +116,10 @@ def split_operand(t: torch.Tensor, block_k: int) -> SplitOperand | None:
 
 
 @triton.jit
-def split_d2(
-    XH, XL, ZH, ZL, xn, ZN, om, on, M, N, DP, GUARD, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr
-):  # fmt: skip
-    """`(d2, recompute)` as `kermac_backend_triton.pairwise_tensor_cores.guarded_d2` gives them, for rows `om`
-    `[BM]` of x and `on` `[BN]` of z (clamped into `M`, `N`) from their split workspaces (rows of `DP` features;
-    `xn` `[BM]` the rows' norms, `ZN` z's norms)."""
+def split_dot(XH, XL, ZH, ZL, ZN, om, on, M, N, DP, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr):
+    """`(x·zᵀ, ‖z‖²)`: the `[BM, BN]` tile of x·zᵀ in 3×TF32 for rows `om` `[BM]` of x and `on` `[BN]` of z
+    (clamped into `M`, `N`) from their split workspaces (rows of `DP` features), and the norms `[BN]` of its
+    rows of z (`ZN`)."""
     kr = tl.arange(0, BK)[None, :]
     xrow = (om % M)[:, None] * DP
     zrow = (on % N)[:, None] * DP
@@ -132,4 +130,4 @@ def split_d2(
         zh = tl.load(ZH + zrow + k0 + kr)
         zl = tl.load(ZL + zrow + k0 + kr)
         dot = dot_3xtf32(xh, xl, tl.trans(zh), tl.trans(zl), dot)
-    return guard(xn, tl.load(ZN + (on % N)), dot, GUARD)
+    return dot, tl.load(ZN + (on % N))

@@ -38,7 +38,17 @@ from triton import knobs
 from kermac_backend_triton.kernel_math import INF, to_tf32
 from kermac_backend_triton.pairwise_simt import index_type, simt_tile
 
-__all__ = ["d2_values", "dot_3xtf32", "dot_half", "guard", "guarded_d2", "half_operands", "tensor_core_tile"]
+__all__ = [
+    "any_entry",
+    "d2_values",
+    "dot_3xtf32",
+    "dot_half",
+    "guard",
+    "guard_flags",
+    "guarded_d2",
+    "half_operands",
+    "tensor_core_tile",
+]
 
 
 @triton.constexpr_function
@@ -120,13 +130,25 @@ def dot_half(x, zt, acc):
 
 
 @triton.jit
-def guard(xn, zn, dot, GUARD):
-    """`(d2, recompute)` from the squared norms `xn` `[BM]`, `zn` `[BN]` and `dot` = x·zᵀ: d² and
-    whether the cancellation guard flags any entry of the tile (see the module docs)."""
+def guard_flags(xn, zn, dot, GUARD):
+    """`(d2, flags)` from the squared norms `xn` `[BM]`, `zn` `[BN]` and `dot` = x·zᵀ: d² and the entries the
+    cancellation guard flags (see the module docs)."""
     s = xn[:, None] + zn[None, :]
     d2 = s - 2.0 * dot
-    flag = ~((d2 > GUARD * s) & (d2 < INF))
-    return d2, tl.max(tl.max(flag.to(tl.int32), 1), 0) > 0
+    return d2, ~((d2 > GUARD * s) & (d2 < INF))
+
+
+@triton.jit
+def any_entry(flags):
+    """Whether any entry of the 2-D boolean tile `flags` is set."""
+    return tl.max(tl.max(flags.to(tl.int32), 1), 0) > 0
+
+
+@triton.jit
+def guard(xn, zn, dot, GUARD):
+    """`(d2, recompute)`: `guard_flags`' d² and whether it flags any entry of the tile."""
+    d2, flags = guard_flags(xn, zn, dot, GUARD)
+    return d2, any_entry(flags)
 
 
 @triton.jit
