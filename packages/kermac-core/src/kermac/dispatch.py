@@ -11,7 +11,7 @@ from collections.abc import Callable
 
 import torch
 
-from kermac import product_split, registry
+from kermac import product_blocked, product_split, registry
 from kermac.backend import Backend
 from kermac.errors import BackendError
 from kermac.logs import logger
@@ -38,23 +38,47 @@ def run_product(problem: ProductProblem, backend: str, op: str) -> torch.Tensor:
     """As `run_pairwise`, for a fused kernel product.  With `N = 0` the sum over `n` is empty: `out` is
     filled with zeros here, without asking a backend (as an empty output is returned without one).  On a CUDA
     device a product with too few rows to fill it runs as products over slices of `n`
-    ([`kermac.product_split`][kermac.product_split])."""
-    return _run_split(problem, backend, op, "kernel product problem", "program")
+    ([`kermac.product_split`][kermac.product_split]), and with `backend="auto"` one whose fused kernels are slower
+    than writing K runs as row blocks of K and matrix products ([`kermac.product_blocked`][kermac.product_blocked])."""
+    what = "kernel product problem"
+    slices = _slice_count(problem)
+    if slices == 1 and product_blocked.applies(problem, backend):
+        return _run_blocked(problem, backend, op)
+    return _run_split(problem, backend, op, what, "program", slices)
 
 
 def run_product_grad(problem: ProductGradProblem, backend: str, op: str) -> torch.Tensor:
     """As `run_product`, for the gradient product of a fused kernel product (with `N = 0` the sum is empty: zeros;
     few rows: split as the product is)."""
-    return _run_split(problem, backend, op, "kernel product gradient problem", "gradient of program")
+    what = "kernel product gradient problem"
+    return _run_split(problem, backend, op, what, "gradient of program", _slice_count(problem))
 
 
-def _run_split(problem: ProductProblem | ProductGradProblem, backend: str, op: str, what: str, of: str) -> torch.Tensor:
-    """`_run`, or on a CUDA device, for a problem with too few rows to fill it, `_run` of its slices of `n` and
-    their partial results summed into `problem.out`."""
-    sizes = "M={} N={} D={} C={}"
-    slices = 1
+def _slice_count(problem: ProductProblem | ProductGradProblem) -> int:
+    """The slices of `n` a product or gradient product runs as (1: unsplit; `kermac.product_split`)."""
     if problem.device.type == "cuda" and problem.out.numel() > 0:
-        slices = product_split.split_count(problem, product_split.multiprocessors(problem.device))
+        return product_split.split_count(problem, product_split.multiprocessors(problem.device))
+    return 1
+
+
+def _run_blocked(problem: ProductProblem, backend: str, op: str) -> torch.Tensor:
+    """`problem.out` as row blocks of K (`run_pairwise` into one workspace block) times `v`
+    ([`kermac.product_blocked`][kermac.product_blocked])."""
+    blocks = product_blocked.block_problems(problem)
+    if problem.debug:
+        m, n = problem.sizes[:2]
+        logger.debug("%s: %d rows of K against %d columns in %d blocks and matrix products", op, m, n, len(blocks))
+    for pairwise, rows in blocks:
+        torch.mm(run_pairwise(pairwise, backend, op), problem.v, out=problem.out[rows])
+    return problem.out
+
+
+def _run_split(
+    problem: ProductProblem | ProductGradProblem, backend: str, op: str, what: str, of: str, slices: int
+) -> torch.Tensor:
+    """`_run`, or (`slices` > 1: a problem on a CUDA device with too few rows to fill it) `_run` of its `slices`
+    slices of `n` and their partial results summed into `problem.out`."""
+    sizes = "M={} N={} D={} C={}"
     if slices == 1:
         return _run(problem, backend, op, what, sizes, of)
     parts, workspace = product_split.split_problems(problem, slices)

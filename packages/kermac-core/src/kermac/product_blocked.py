@@ -1,0 +1,85 @@
+r"""Kernel products that run faster as row blocks of K and a matrix product than fused, with a bounded workspace.
+
+A fused product computes each entry of `K` in a GPU program that also contracts it with `v`; the pairwise
+kernels compute `K` alone with more of the GPU's registers and tiles of their own.  Where computing an entry costs
+more than writing and reading it — many features, or programs without tensor cores — the pairwise kernel into a
+block of rows of `K`, then `block @ v`, is faster:
+
+$$
+\mathrm{out}[m_0 : m_0 + R, :] = K(x[m_0 : m_0 + R], z)\; v \qquad \text{for } m_0 = 0, R, 2R, \dots
+$$
+
+with `R = max(1, BLOCK_ELEMENTS // N)` rows per block, one block reused.  Measured on one H100 (2026-11-27,
+`python tools/product_bench.py`, N = 10⁵; docs/dev/product-blocked.md), the blocked route beats both fused
+backends for the SIMT programs (Laplace-L1) from D = 128 on, and from D = 32 with more than one column of `v`;
+the float32 `(x − z)²` programs on the tensor cores (Gaussian, Laplace-L2, Matérn) stay fused.  So `applies`
+takes this route for a product that
+
+* runs on a CUDA device with `backend="auto"` (a named backend always runs its fused kernel), unbatched, in
+  float32 with float32 matrix products in full precision (`torch.get_float32_matmul_precision() == "highest"`:
+  TF32 would round `K`'s entries in the product with `v`);
+* is not a tensor-core program (`kermac.kernel_facts.tensor_core_eligible`);
+* has `D ≥ 128`, or `D ≥ 32` and `C > 1`, and at least `MIN_ENTRIES` entries of `K`.
+
+Workspace: one block of `R · N ≤ max(BLOCK_ELEMENTS, N)` entries in `x`'s dtype (256 MB in float32), never
+`M · N`.  The regularised diagonal keeps its place (each block's row offset is added to `offset_m`).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from kermac.kernel_facts import tensor_core_eligible
+from kermac.problem import PairwiseProblem, ProductProblem, pairwise_problem
+
+__all__ = ["BLOCK_ELEMENTS", "MIN_ENTRIES", "applies", "block_problems", "faster_blocked"]
+
+BLOCK_ELEMENTS = 1 << 26
+"""Entries of K per block: 256 MB in float32, hundreds of row tiles of the pairwise kernel at N = 10⁵."""
+
+MIN_ENTRIES = 1 << 28
+"""The fewest entries of K for which the route is taken (the measured problems had 2.5·10⁹ and 10¹⁰)."""
+
+
+def applies(problem: ProductProblem, backend: str) -> bool:
+    """Whether `problem` (asked of `backend`) runs as row blocks of K and a matrix product: `backend="auto"` on a
+    CUDA device, and `faster_blocked` (see the module docs)."""
+    return backend == "auto" and problem.device.type == "cuda" and faster_blocked(problem)
+
+
+def faster_blocked(problem: ProductProblem) -> bool:
+    """Whether `problem`'s dtype, program and sizes are those the blocked route was measured faster on (unbatched,
+    float32 at full matrix-product precision, not a tensor-core program, `D ≥ 128` or `D ≥ 32` with `C > 1`, at
+    least `MIN_ENTRIES` entries of K), whatever its device."""
+    m, n, d, c = problem.sizes
+    return (
+        not problem.batch_shape
+        and problem.x.dtype == torch.float32
+        and torch.get_float32_matmul_precision() == "highest"
+        and not tensor_core_eligible(problem.program, problem.x.dtype)
+        and (d >= 128 or (d >= 32 and c > 1))
+        and m * n >= MIN_ENTRIES
+    )
+
+
+def block_problems(problem: ProductProblem) -> list[tuple[PairwiseProblem, slice]]:
+    """The pairwise problems of `problem`'s row blocks, all writing one workspace block, each with the rows of
+    `problem.out` its `block @ v` goes to."""
+    m, n = problem.sizes[:2]
+    rows = max(1, min(m, BLOCK_ELEMENTS // max(n, 1)))
+    block = torch.empty(rows, n, dtype=problem.x.dtype, device=problem.device)
+    blocks = []
+    for start in range(0, m, rows):
+        stop = min(m, start + rows)
+        pairwise = pairwise_problem(
+            problem.program,
+            problem.x[start:stop],
+            problem.z,
+            out=block[: stop - start],
+            hypers=problem.hypers,
+            offset_m=problem.offset_m + start,
+            offset_n=problem.offset_n,
+            debug=problem.debug,
+        )
+        blocks.append((pairwise, slice(start, stop)))
+    return blocks
