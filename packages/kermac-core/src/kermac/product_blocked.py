@@ -21,7 +21,7 @@ takes this route for a product that
 * is not a tensor-core program (`kermac.kernel_facts.tensor_core_eligible`);
 * has `D ≥ 128`, or `D ≥ 32` and `C > 1`, and at least `MIN_ENTRIES` entries of `K`.
 
-Workspace: one block of `R · N ≤ max(BLOCK_ELEMENTS, N)` entries in `x`'s dtype (256 MB in float32), never
+Workspace: one block of `R · N ≤ max(BLOCK_ELEMENTS, N)` entries in `x`'s dtype (1 GiB in float32), never
 `M · N`.  The regularised diagonal keeps its place (each block's row offset is added to `offset_m`).
 """
 
@@ -34,8 +34,10 @@ from kermac.problem import PairwiseProblem, ProductProblem, pairwise_problem
 
 __all__ = ["BLOCK_ELEMENTS", "MIN_ENTRIES", "applies", "block_problems", "faster_blocked"]
 
-BLOCK_ELEMENTS = 1 << 26
-"""Entries of K per block: 256 MB in float32, hundreds of row tiles of the pairwise kernel at N = 10⁵."""
+BLOCK_ELEMENTS = 1 << 28
+"""Entries of K per block: 1 GiB in float32.  Measured on one H100 at N = 10⁵ (docs/dev/product-blocked.md): with
+2²⁸ entries (2684 rows) per block the route runs within 3 % of 16 384-row blocks; with 2²⁶ (671 rows) it took
+1.1–1.5× as long (each block's launches and matrix product too small to keep the GPU busy)."""
 
 MIN_ENTRIES = 1 << 28
 """The fewest entries of K for which the route is taken (the measured problems had 2.5·10⁹ and 10¹⁰)."""
