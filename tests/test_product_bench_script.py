@@ -1,5 +1,6 @@
 """``tools/product_bench.py``: the blocked route and the fused product compute the same K @ v, refusals are rows;
-``tools/product_split_bench.py``: a few-rows product split and in one launch agree.
+``tools/product_split_bench.py``: a few-rows product split and in one launch agree;
+``tools/product_blocked_sweep.py``: the blocked route at each block size agrees with the user's blocks.
 
 Without a GPU the script runs small problems on the CPU (a smoke test); the timings it prints there
 mean nothing and are not checked.
@@ -78,3 +79,15 @@ def test_the_split_bench_compares_both_routes(capsys: pytest.CaptureFixture[str]
             cells = [c.strip() for c in row.strip("|").split("|")]
             assert cells[1] == "1"
             assert all(float(e) < 1e-5 for e in cells[5].split(" / "))
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU smoke test; the GPU machine runs the real sizes")
+def test_the_blocked_sweep_agrees_with_the_users_blocks(capsys: pytest.CaptureFixture[str]) -> None:
+    from kermac import product_blocked
+
+    sweep = load_script("product_blocked_sweep")
+    applies = product_blocked.applies
+    assert sweep.main(["--cases", "90:40:3,70:130:1", "--exponents", "9,20", "--repeat", "1"]) == 0
+    assert product_blocked.applies is applies and product_blocked.BLOCK_ELEMENTS == 1 << 28  # restored
+    printed = capsys.readouterr().out
+    assert "N=90 D=40 C=3: user 16384-row blocks" in printed and "2^9:" in printed and "(fused)" not in printed

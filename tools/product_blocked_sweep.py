@@ -1,0 +1,102 @@
+"""Time `auto`'s blocked route of the kernel product (`kermac.product_blocked`) at several block sizes.
+
+    python tools/product_blocked_sweep.py [--cases 100000:32:16,100000:128:1,...] [--kernel laplace_l1]
+                                          [--exponents 26,27,28,29] [--repeat 3]
+
+For every case `N:D:C` (`x = randn(N, D)`, `v = randn(N, C)`, float32, `K(x, x) @ v`) it prints the user's
+blocked route (`run_kernel` of 16 384-row blocks into a preallocated block, then `torch.matmul`) and
+`kermac.kernel_product(..., backend="auto")` with `product_blocked.BLOCK_ELEMENTS = 2^e` for each exponent e
+(median of `--repeat` calls after one warm-up, CUDA events; ms).  On the GPU the route is taken where
+`product_blocked.applies` says so.  Without a GPU the same runs on the CPU at the sizes given, with the route
+forced (a smoke test of the script; the times mean nothing there).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+
+import torch
+
+import kermac
+from kermac import product_blocked
+from kermac.benchmarking import time_ms
+
+__all__ = ["main"]
+
+
+def _case(text: str) -> tuple[int, int, int]:
+    n, d, c = (int(t) for t in text.split(":"))
+    return n, d, c
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--cases", default="100000:32:16,100000:128:1,100000:128:16,50000:784:1")
+    parser.add_argument("--kernel", default="laplace_l1")
+    parser.add_argument("--exponents", default="26,27,28,29")
+    parser.add_argument("--repeat", type=int, default=3)
+    args = parser.parse_args(argv)
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    default, applies = product_blocked.BLOCK_ELEMENTS, product_blocked.applies
+    if device == "cpu":
+        product_blocked.applies = lambda problem, backend: backend == "auto"
+    print(torch.cuda.get_device_name() if device == "cuda" else "cpu (smoke test)")
+    try:
+        for n, d, c in map(_case, args.cases.split(",")):
+            row = _sweep(args.kernel, n, d, c, [int(e) for e in args.exponents.split(",")], args.repeat, device)
+            if row is None:
+                return 1
+            print(row, flush=True)
+    finally:
+        product_blocked.BLOCK_ELEMENTS, product_blocked.applies = default, applies
+    return 0
+
+
+def _sweep(kernel: str, n: int, d: int, c: int, exponents: list[int], repeat: int, device: str) -> str | None:
+    """One case's line: the user's blocks, then `auto` at each block size (None, and a message, if `auto`'s
+    values differ from the user's)."""
+    x = torch.randn(n, d, device=device)
+    v = torch.randn(n, c, device=device)
+    out = torch.empty(n, c, device=device)
+    sigma = 2.0 * d
+    buffer = torch.empty(min(16384, n), n, device=device)
+
+    def user() -> None:
+        for start in range(0, n, 16384):
+            rows = min(16384, n - start)
+            k = kermac.run_kernel(kernel, x[start : start + rows], x, out=buffer[:rows], bandwidth=sigma)
+            torch.matmul(k, v, out=out[start : start + rows])
+
+    def auto() -> None:
+        kermac.kernel_product(kernel, x, x, v, out=out, bandwidth=sigma)
+
+    def ms(fn) -> float:
+        return statistics.median(time_ms(fn, device=device, warmup=1, repeat=repeat))
+
+    row = [f"N={n} D={d} C={c}: user 16384-row blocks {ms(user):.2f}"]
+    expected = out.clone()
+    for e in exponents:
+        product_blocked.BLOCK_ELEMENTS = 1 << e
+        taken = product_blocked.applies(_problem(kernel, x, v, out, sigma), "auto")
+        row.append(f"2^{e}{'' if taken else ' (fused)'}: {ms(auto):.2f}")
+        error = ((out - expected).abs().max() / expected.abs().max()).item()
+        if not error <= 1e-4:
+            print(f"2^{e}: relative error {error:.2e} against the user's route", file=sys.stderr)
+            return None
+    return "; ".join(row)
+
+
+def _problem(kernel: str, x: torch.Tensor, v: torch.Tensor, out: torch.Tensor, sigma: float):
+    from kermac import presets
+    from kermac.hyperparams import program_hypers
+    from kermac.problem import product_problem
+
+    program = presets.ALL[kernel].lower()
+    hypers = program_hypers(program.hypers, {"bandwidth": sigma}, x.device, False)
+    return product_problem(program, x, x, v, out=out, hypers=hypers)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
