@@ -13,13 +13,16 @@ several column tiles, each recomputing K) and loops over N in `BN` tiles:
   dot of float16/bfloat16 operands, with the same SIMT recompute of a flagged tile); where every
   feature fits one step (D ≤ `BK`), the program's rows of x stay in registers across the N tiles
   (split for 3×TF32, or in their own half dtype; the pairwise kernel reloads both operands per
-  tile: it computes each output tile once);
+  tile: it computes each output tile once); past that, float32 operands on sm_90 come split for
+  3×TF32 with their norms from a workspace (`kermac_backend_triton.operand_split`, `PRESPLIT`);
 * columns past N are set to 0 (their rows of `v` are loaded as 0: only lanes outside `v` are
   masked, so NaN and ±inf in `v` reach the sum as in a dense product); rows past M hold the
   values of clamped rows and are never stored;
 * `acc[BM, BC] += K_tile @ v_tile` (`kermac_backend_triton.gradient.contract`): float32 in
   3×TF32 on the tensor cores with non-finite operands kept exact (`NONFINITE`), each tile's
-  partial product added to the float32 accumulator; float64 as an `ieee` dot.
+  partial product added to the float32 accumulator; float64 as an `ieee` dot.  On the tensor-core
+  K tiles whose x is resident or split, one reduction per tile tells whether the guard flags an entry
+  or an entry of K is not finite: if neither, K's entries skip the non-finite selects (`FINITE_W`);
 * one column (`C = 1`, `BC = 1`: a matrix-vector product, what a conjugate gradient or a
   one-output predictor asks for): no dot, whose smallest operand would be 16 columns of
   padding, and no copy of the K tile into the dot's operand layout.  Each thread multiplies
