@@ -94,6 +94,7 @@ def test_the_measured_rule() -> None:
     assert not product_blocked.faster_blocked(_meta_problem("laplace_l1", big, big, 128, 1, F64))
     assert not product_blocked.faster_blocked(_meta_problem("laplace_l1", 2, big, 128, 1, batch=(2,)))
     assert not product_blocked.faster_blocked(_meta_problem("laplace_l1", 1000, 1000, 128, 1))  # small
+    assert not product_blocked.faster_blocked(_meta_problem("laplace_l1", big, big, 128, 0))  # nothing to compute
     previous = torch.get_float32_matmul_precision()
     try:
         torch.set_float32_matmul_precision("high")  # TF32 would round K in the product with v

@@ -110,6 +110,19 @@ def test_batch_dimensions_that_do_not_merge_give_no_workspace() -> None:
     assert operand_split.split_operand(x[:, :1], BK) is not None  # size-1 dimensions merge with any
 
 
+def test_batches_past_the_grid_limit_take_several_launches(monkeypatch: pytest.MonkeyPatch) -> None:
+    """CUDA's second grid dimension holds at most 65 535 batch entries: more are split in launches of that many
+    (here 2, against one launch)."""
+    device = device_under_test()
+    skip_unless_triton_runs(device)
+    x = _randn(5, 1, 6, 40).expand(5, 3, 6, 40)
+    whole = operand_split.split_operand(x, BK)
+    monkeypatch.setattr(operand_split, "MAX_GRID_Y", 2)
+    chunked = operand_split.split_operand(x, BK)
+    for name in ("hi", "lo", "norm"):
+        assert torch.equal(getattr(chunked, name), getattr(whole, name)), name
+
+
 # --- the product through it ---------------------------------------------------------------------------
 
 
@@ -171,6 +184,16 @@ def test_batches_that_do_not_merge_compute_the_same_without_a_workspace(splits) 
     z, v = _randn(3, 1, 11, 40), _randn(11, 2)
     _check("gaussian", x, z, v, {"bandwidth": 8.0})
     assert splits == [(3, 4, 7, 40)]  # x gave no workspace: neither operand is read from one
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two CUDA GPUs")
+def test_operands_on_a_second_gpu_are_split_there(splits) -> None:
+    """Device 0 current, operands on device 1: the split runs on device 1 (and its current stream)."""
+    x, z, v = (t.to("cuda:1") for t in (_randn(300, 100), _randn(200, 100), _randn(200, 4)))
+    with torch.cuda.device(0):
+        _check("gaussian", x, z, v, {"bandwidth": 7.0})
+    assert splits == [(300, 100), (200, 100)]
 
 
 # --- real sizes on the GPU ------------------------------------------------------------------------------

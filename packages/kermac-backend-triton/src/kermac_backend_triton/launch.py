@@ -521,7 +521,9 @@ def run_product(problem: ProductProblem, *, tuning: TritonTuning = DEFAULT_TUNIN
         unspecialised.append(d)
     tensors = [t for t in args[:pointers] if isinstance(t, torch.Tensor)]
     int64 = _needs_int64(tensors, batch * _cdiv(m, 16) * _cdiv(c, block_c))
-    bucket = configs.bucket(batch, m, n, d, c)
+    # The autotuner keeps its choice under KEY (and the dtypes): a launch from split workspaces has a space of its
+    # own, so it has a KEY of its own.
+    bucket = 2 * configs.bucket(batch, m, n, d, c) + fixed.get("PRESPLIT", 0)
     device = x.get_device()
     # Every meta-parameter the launch fixes is in the key: D = 32 and D = 48 share a bucket and D's facts but
     # not BK and X_RESIDENT, which select another compiled kernel.
@@ -548,9 +550,10 @@ def _split_workspaces(x: torch.Tensor, z: torch.Tensor, d: int) -> tuple[dict[st
     if x.dtype != torch.float32 or d <= block_k or not _splits_operands(x.device):
         return {}, block_k, d
     block_k = configs.PRODUCT_TC_SPLIT_BK
-    xs = operand_split.split_operand(x, block_k)
-    same = z is x or (z.data_ptr() == x.data_ptr() and z.shape == x.shape and z.stride() == x.stride())
-    zs = xs if same or xs is None else operand_split.split_operand(z, block_k)
+    with device_guard(x.get_device()):  # the split runs on the operands' device and its current stream
+        xs = operand_split.split_operand(x, block_k)
+        same = z is x or (z.data_ptr() == x.data_ptr() and z.shape == x.shape and z.stride() == x.stride())
+        zs = xs if same or xs is None else operand_split.split_operand(z, block_k)
     if zs is None:
         return {}, configs.product_tc_block_k(d), d
     tensors = (xs.hi, xs.lo, xs.norm, zs.hi, zs.lo, zs.norm)

@@ -34,6 +34,9 @@ __all__ = ["SplitOperand", "split_dot", "split_operand", "split_rows"]
 SPLIT_ROWS = 32
 """Rows per program of `split_rows`."""
 
+MAX_GRID_Y = 65535
+"""CUDA's largest second grid dimension: `split_rows` takes the batch entries in launches of at most this many."""
+
 
 @triton.jit
 def split_rows(
@@ -86,7 +89,8 @@ def _merged_batch(t: torch.Tensor) -> torch.Tensor | None:
 
 
 def split_operand(t: torch.Tensor, block_k: int) -> SplitOperand | None:
-    """Split `t` `[*B, R, D]` (float32, on its device's current stream) for the tensor-core product whose
+    """Split `t` `[*B, R, D]` (float32; on a GPU, with its device current, on that device's current stream) for the
+    tensor-core product whose
     feature step is `block_k`; None where its batch dimensions, once broadcast ones are dropped, do not merge
     into one (the product then splits in its main loop)."""
     compact = t
@@ -101,11 +105,14 @@ def split_operand(t: torch.Tensor, block_k: int) -> SplitOperand | None:
     hi = torch.empty(count, rows, dp, device=t.device, dtype=torch.float32)
     lo = torch.empty_like(hi)
     norm = torch.empty(count, rows, device=t.device, dtype=torch.float32)
-    if count and rows:
+    if rows:
         sab, sar, sak = rows3.stride()
-        split_rows[(triton.cdiv(rows, SPLIT_ROWS), count)](
-            rows3, hi, lo, norm, rows, d, dp, sab, sar, sak, BR=SPLIT_ROWS, BD=block_k
-        )
+        for first in range(0, count, MAX_GRID_Y):
+            last = min(count, first + MAX_GRID_Y)
+            split_rows[(triton.cdiv(rows, SPLIT_ROWS), last - first)](
+                rows3[first:last], hi[first:last], lo[first:last], norm[first:last], rows, d, dp, sab, sar, sak,
+                BR=SPLIT_ROWS, BD=block_k,
+            )  # fmt: skip
     batch = compact.shape[:-2]
     full = t.shape[:-2]
     return SplitOperand(

@@ -52,10 +52,11 @@ def applies(problem: ProductProblem, backend: str) -> bool:
 def faster_blocked(problem: ProductProblem) -> bool:
     """Whether `problem`'s dtype, program and sizes are those the blocked route was measured faster on (unbatched,
     float32 at full matrix-product precision, not a tensor-core program, `D ≥ 128` or `D ≥ 32` with `C > 1`, at
-    least `MIN_ENTRIES` entries of K), whatever its device."""
+    least `MIN_ENTRIES` entries of K, at least one column), whatever its device."""
     m, n, d, c = problem.sizes
     return (
-        not problem.batch_shape
+        c > 0
+        and not problem.batch_shape
         and problem.x.dtype == torch.float32
         and torch.get_float32_matmul_precision() == "highest"
         and not tensor_core_eligible(problem.program, problem.x.dtype)
