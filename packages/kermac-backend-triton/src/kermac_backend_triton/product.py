@@ -170,6 +170,8 @@ def tensor_core_product_tile(
     once, before the N loop, and each N tile loads z once.  `PRESPLIT` (float32, D > `BK`): x·zᵀ and the
     norms come from the operands' split workspaces `XH`, `XL`, `XN`, `ZH`, `ZL`, `ZN` (rows of `DP` features,
     `kermac_backend_triton.operand_split`); otherwise (and for the SIMT recompute) from `X`, `Z`."""
+    FLAG_TILE: tl.constexpr = X_RESIDENT or PRESPLIT  # the guard's flags come as a tile, reduced below
+    FINITE_SWITCH: tl.constexpr = FLAG_TILE and BC > 1  # a tile of K known finite contracts without selects
     om = pm * BM + index_type(tl.arange(0, BM), INT64)
     oc = pc * BC + index_type(tl.arange(0, BC), INT64)
     xrow = X + ((om % M) * SXM)[:, None]
@@ -206,8 +208,8 @@ def tensor_core_product_tile(
             d2, flags = guard_flags(xn, zn, dot, GUARD)
         else:
             d2, recompute = guarded_d2(xrow, zrow, kr, D, SXK, SZK, GUARD, BM, BN, BK)
-        if X_RESIDENT or PRESPLIT:
-            if BC > 1:
+        if FLAG_TILE:
+            if FINITE_SWITCH:
                 # One reduction decides the recompute and whether K's entries are all finite, so the contraction
                 # with v skips the selects on K's entries (a third of its time at D = 128, C = 16).
                 k = d2_values(d2, om[:, None], on[None, :], OFF_M, OFF_N, hypers, epilogue, USES_DIAG)
@@ -218,14 +220,13 @@ def tensor_core_product_tile(
                 X, Z, M, N, D, OFF_M, OFF_N, SXM, SXK, SZN, SZK, pm, pn, hypers, inner, epilogue, combine_chunk,
                 "sum", USES_DIAG, tl.float32, 2, BM // 8, BN // 16, 8, 16, 0, False, INT64,
             )  # fmt: skip
-            if BC > 1 and (X_RESIDENT or PRESPLIT):
+            if FINITE_SWITCH:
                 acc = _accumulate(acc, k, V, on, oc, N, C, SVN, SVC)
+        elif FINITE_SWITCH:
+            acc = _accumulate(acc, k, V, on, oc, N, C, SVN, SVC, FINITE_K=True)
         else:
-            if BC == 1 or not (X_RESIDENT or PRESPLIT):
-                k = d2_values(d2, om[:, None], on[None, :], OFF_M, OFF_N, hypers, epilogue, USES_DIAG)
-            if BC > 1 and (X_RESIDENT or PRESPLIT):
-                acc = _accumulate(acc, k, V, on, oc, N, C, SVN, SVC, FINITE_K=True)
-        if BC > 1 and not (X_RESIDENT or PRESPLIT):
+            k = d2_values(d2, om[:, None], on[None, :], OFF_M, OFF_N, hypers, epilogue, USES_DIAG)
+        if BC > 1 and not FINITE_SWITCH:
             acc = _accumulate(acc, k, V, on, oc, N, C, SVN, SVC)
         if BC == 1:
             acc = _accumulate_column(acc, k, V, on[None, :], N, SVN)
