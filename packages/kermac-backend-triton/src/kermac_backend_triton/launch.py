@@ -546,16 +546,16 @@ def _split_workspaces(x: torch.Tensor, z: torch.Tensor, d: int) -> tuple[dict[st
     """The tensor-core product's split workspaces by name (`kermac_backend_triton.generated.PRODUCT_SPLIT_OPERANDS`;
     empty where it splits in its main loop: half inputs, D within one step, or batch dimensions that do not
     merge), its `BK`, and the features per workspace row `DP` (D where there is none)."""
-    block_k = configs.product_tc_block_k(d)
-    if x.dtype != torch.float32 or d <= block_k or not _splits_operands(x.device):
-        return {}, block_k, d
+    in_loop = {}, configs.product_tc_block_k(d), d
+    if x.dtype != torch.float32 or d <= in_loop[1] or not _splits_operands(x.device):
+        return in_loop
     block_k = configs.PRODUCT_TC_SPLIT_BK
     with device_guard(x.get_device()):  # the split runs on the operands' device and its current stream
         xs = operand_split.split_operand(x, block_k)
         same = z is x or (z.data_ptr() == x.data_ptr() and z.shape == x.shape and z.stride() == x.stride())
         zs = xs if same or xs is None else operand_split.split_operand(z, block_k)
     if zs is None:
-        return {}, configs.product_tc_block_k(d), d
+        return in_loop
     tensors = (xs.hi, xs.lo, xs.norm, zs.hi, zs.lo, zs.norm)
     return dict(zip(PRODUCT_SPLIT_OPERANDS, tensors, strict=True)), block_k, xs.hi.shape[-1]
 
@@ -736,8 +736,6 @@ def _first_launch(
     `grid_sizes`: (programs per output tile, output rows, output columns) of the launch.
     """
     device = key[0]
-    check_not_capturing(device, lambda: _describe(spec))
-    kernel = _kernel(spec, tuning.autotune, debug)
     tiles_of = _tiles_of(spec)
     bound: list[Mapping[str, Any]] = []
     grid_of = _grid(tiles_of, grid_sizes)
@@ -746,8 +744,7 @@ def _first_launch(
         bound[:] = [meta_]  # Triton's bound arguments of the launch; the autotuner's last is the one kept
         return grid_of(meta_)
 
-    with device_guard(device):
-        result = kernel[grid](*args, **meta)
+    kernel, result = _compile_and_launch(spec, tuning, debug, args, meta, grid, device)
     if bound:
         launcher = make_launcher(kernel, meta, tiles_of(bound[0]), args, result, dict(bound[0]), device)
         with _lock:
@@ -784,10 +781,24 @@ def _tune(
 ) -> None:
     """Compile and autotune `spec` on the launch `args` through `kernel[grid]`, keeping no `Launcher`: the
     autotuner keeps its choice for the launches of the same `KEY`."""
+    _compile_and_launch(spec, tuning, debug, args, meta, _grid(_tiles_of(spec), grid_sizes), device)
+
+
+def _compile_and_launch(
+    spec: Spec,
+    tuning: TritonTuning,
+    debug: bool,
+    args: list,
+    meta: dict[str, Any],
+    grid: Callable[[Mapping[str, Any]], tuple[int]],
+    device: int,
+) -> tuple[Any, Any]:
+    """`(kernel, Triton's result)` of launching `spec` through `kernel[grid]` on `device`, compiling (and
+    autotuning) it as needed: refused while the device's current stream captures a graph."""
     check_not_capturing(device, lambda: _describe(spec))
     kernel = _kernel(spec, tuning.autotune, debug)
     with device_guard(device):
-        kernel[_grid(_tiles_of(spec), grid_sizes)](*args, **meta)
+        return kernel, kernel[grid](*args, **meta)
 
 
 def _grid(

@@ -26,6 +26,7 @@ import torch
 import triton
 import triton.language as tl
 
+from kermac.layout import batch_layout
 from kermac_backend_triton.kernel_math import to_tf32
 from kermac_backend_triton.pairwise_tensor_cores import dot_3xtf32
 
@@ -72,20 +73,13 @@ class SplitOperand:
 
 
 def _merged_batch(t: torch.Tensor) -> torch.Tensor | None:
-    """`t` `[*B, R, D]` as a `[prod(B), R, D]` view (None where its batch dimensions do not merge into one)."""
-    batch, (rows, d) = t.shape[:-2], t.shape[-2:]
-    stride = None
-    for size, s in reversed(list(zip(batch, t.stride()[:-2], strict=True))):
-        if size == 1:
-            continue
-        if stride is not None and s != stride:
-            return None
-        stride = s * size
-    count = 1
-    for size in batch:
-        count *= size
-    step = stride // count if stride is not None and count else 0
-    return t.as_strided((count, rows, d), (step, t.stride(-2), t.stride(-1)))
+    """`t` `[*B, R, D]` as a `[prod(B), R, D]` view (None where its batch dimensions do not coalesce into one:
+    `kermac.layout.batch_layout`)."""
+    layout = batch_layout(t.shape[:-2], {"t": t})
+    if len(layout.shape) > 1:
+        return None
+    step = layout.strides["t"][0] if layout.shape else 0
+    return t.as_strided((layout.size, *t.shape[-2:]), (step, t.stride(-2), t.stride(-1)))
 
 
 def split_operand(t: torch.Tensor, block_k: int) -> SplitOperand | None:
