@@ -85,7 +85,7 @@ def test_the_split_bench_compares_both_routes(capsys: pytest.CaptureFixture[str]
 def test_the_blocked_sweep_agrees_with_the_users_blocks(capsys: pytest.CaptureFixture[str]) -> None:
     from kermac import product_blocked
 
-    sweep = load_script("product_blocked_sweep")
+    sweep = load_script("product_blocked_sweep")  # imports `product_bench`, loaded above as `script`
     applies = product_blocked.applies
     assert sweep.main(["--cases", "90:40:3,70:130:1", "--exponents", "9,20", "--repeat", "1"]) == 0
     assert product_blocked.applies is applies and product_blocked.BLOCK_ELEMENTS == 1 << 28  # restored

@@ -18,6 +18,7 @@ import statistics
 import sys
 
 import torch
+from product_bench import blocked  # the user's blocked route, as tools/product_bench.py times it
 
 import kermac
 from kermac import product_blocked
@@ -61,13 +62,7 @@ def _sweep(kernel: str, n: int, d: int, c: int, exponents: list[int], repeat: in
     v = torch.randn(n, c, device=device)
     out = torch.empty(n, c, device=device)
     sigma = 2.0 * d
-    buffer = torch.empty(min(16384, n), n, device=device)
-
-    def user() -> None:
-        for start in range(0, n, 16384):
-            rows = min(16384, n - start)
-            k = kermac.run_kernel(kernel, x[start : start + rows], x, out=buffer[:rows], bandwidth=sigma)
-            torch.matmul(k, v, out=out[start : start + rows])
+    user = blocked(kernel, x, v, out, 16384, sigma)
 
     def auto() -> None:
         kermac.kernel_product(kernel, x, x, v, out=out, bandwidth=sigma)
