@@ -377,6 +377,25 @@ def test_corner_is_the_matching_block_of_the_whole_answer(case):
     assert torch.allclose(bm.reference(sub, sub_inputs).float(), view, rtol=1e-6, atol=1e-6)
 
 
+@pytest.mark.parametrize(
+    "case",
+    [BenchCase("cdist", (300, 290, 5), 1.0), BenchCase("grad", (300, 20, 3, 6), 2.0)],
+    ids=lambda c: c.label,
+)
+def test_a_case_past_corner_work_is_checked_on_its_corner(case, monkeypatch):
+    inputs = case.make_inputs(3)
+    whole = bm.reference(case, inputs)
+    ref, part = bm.checked_part(case, inputs)
+    assert not bm.checked_on_corner(case) and ref.shape == whole.shape and part(whole) is whole
+    monkeypatch.setattr(bm, "CORNER_WORK", math.prod(case.sizes) - 1)
+    ref, part = bm.checked_part(case, inputs)
+    assert bm.checked_on_corner(case) and ref.shape == bm.corner(case, inputs, whole)[2].shape
+    assert bm.max_rel_error(part(whole), ref) < 1e-12
+    wrong = whole.clone()
+    part(wrong).mul_(1.01)
+    assert bm.max_rel_error(part(wrong), ref) > 1e-3
+
+
 @pytest.mark.parametrize("case", [*bm.PEERS_CASES, *bm.CPU_QUICK_CASES], ids=lambda c: c.label)
 def test_problem_class_of_each_case(case):
     cls = case.problem_class

@@ -396,6 +396,28 @@ def test_bench_json(capsys):
     assert classes == [dataclasses.asdict(c.problem_class) for c in bm.CPU_QUICK_CASES]
 
 
+def test_bench_cases_runs_the_cases_named(capsys):
+    first, second = bm.CPU_QUICK_CASES[:2]
+    code, out, _ = run_cli(capsys, "bench", *FAST, "--json", "--cases", f"{second.label}; nothing else")
+    assert code == 0
+    assert [c["label"] for c in json.loads(out)["cases"]] == [second.label] and first.label != second.label
+    code, _, err = run_cli(capsys, "bench", *FAST, "--cases", "no such case")
+    assert code == 2 and "--cases: no case of this run's section matches 'no such case'" in err
+    assert first.label in err
+    code, _, err = run_cli(capsys, "bench", "--calls", "10", "--device", "cpu", "--cases", "cdist")
+    assert code == 2 and "--cases chooses among the timed cases, not the cases of --calls" in err
+
+
+def test_bench_checks_large_cases_on_a_corner(capsys, monkeypatch):
+    monkeypatch.setattr(bm, "CORNER_WORK", 1)
+    code, out, _ = run_cli(capsys, "bench", *FAST, "--json")
+    assert code == 0
+    cases = json.loads(out)["cases"]
+    assert cases and all(c["checked"] == "corner" and c["results"]["torch"]["max_rel_err"] < 1e-5 for c in cases)
+    code, out, _ = run_cli(capsys, "bench", *FAST)
+    assert code == 0 and "cases past 2^0 multiply-adds are checked on a corner" in out
+
+
 def test_bench_flags_wrong_answers_and_explains_na(capsys, fake_plugins):
     code, out, _ = run_cli(capsys, "bench", *FAST, "--backends", "wrong,lazy,right,torch", "-v")
     assert code == 1  # a wrong answer fails the run

@@ -91,3 +91,15 @@ def test_the_blocked_sweep_agrees_with_the_users_blocks(capsys: pytest.CaptureFi
     assert product_blocked.applies is applies and product_blocked.BLOCK_ELEMENTS == 1 << 28  # restored
     printed = capsys.readouterr().out
     assert "N=90 D=40 C=3: user 16384-row blocks" in printed and "2^9:" in printed and "(fused)" not in printed
+
+
+def test_the_forced_sweep_times_a_tensor_core_program_and_its_fused_product(capsys: pytest.CaptureFixture[str]) -> None:
+    from kermac import product_blocked
+
+    sweep = load_script("product_blocked_sweep")
+    applies = product_blocked.applies
+    args = ["--cases", "80:33:2", "--kernel", "gaussian", "--exponents", "10", "--repeat", "1", "--force"]
+    assert sweep.main(args) == 0
+    assert product_blocked.applies is applies and product_blocked.BLOCK_ELEMENTS == 1 << 28  # restored
+    printed = capsys.readouterr().out
+    assert "N=80 D=33 C=2: user 16384-row blocks" in printed and "2^10:" in printed and "; fused:" in printed

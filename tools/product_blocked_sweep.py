@@ -1,14 +1,16 @@
 """Time `auto`'s blocked route of the kernel product (`kermac.product_blocked`) at several block sizes.
 
     python tools/product_blocked_sweep.py [--cases 100000:32:16,100000:128:1,...] [--kernel laplace_l1]
-                                          [--exponents 26,27,28,29] [--repeat 3]
+                                          [--exponents 26,27,28,29] [--repeat 3] [--force]
 
 For every case `N:D:C` (`x = randn(N, D)`, `v = randn(N, C)`, float32, `K(x, x) @ v`) it prints the user's
 blocked route (`run_kernel` of 16 384-row blocks into a preallocated block, then `torch.matmul`) and
 `kermac.kernel_product(..., backend="auto")` with `product_blocked.BLOCK_ELEMENTS = 2^e` for each exponent e
 (median of `--repeat` calls after one warm-up, CUDA events; ms).  On the GPU the route is taken where
-`product_blocked.applies` says so.  Without a GPU the same runs on the CPU at the sizes given, with the route
-forced (a smoke test of the script; the times mean nothing there).
+`product_blocked.applies` says so; with `--force` it is taken for every case (tensor-core programs too), and the
+line ends with `auto` with the route switched off (the fused product), timed in the same process.  Without a GPU
+the same runs on the CPU at the sizes given, with the route forced (a smoke test of the script; the times mean
+nothing there).
 """
 
 from __future__ import annotations
@@ -38,15 +40,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--kernel", default="laplace_l1")
     parser.add_argument("--exponents", default="26,27,28,29")
     parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--force", action="store_true", help="take the route for every case; time the fused too")
     args = parser.parse_args(argv)
     device = "cuda" if torch.cuda.is_available() else "cpu"
     default, applies = product_blocked.BLOCK_ELEMENTS, product_blocked.applies
-    if device == "cpu":
-        product_blocked.applies = lambda problem, backend: backend == "auto"
+    if device == "cpu" or args.force:
+        product_blocked.applies = _forced
     print(torch.cuda.get_device_name() if device == "cuda" else "cpu (smoke test)")
     try:
         for n, d, c in map(_case, args.cases.split(",")):
-            row = _sweep(args.kernel, n, d, c, [int(e) for e in args.exponents.split(",")], args.repeat, device)
+            exponents = [int(e) for e in args.exponents.split(",")]
+            row = _sweep(args.kernel, n, d, c, exponents, args.repeat, device, fused=args.force)
             if row is None:
                 return 1
             print(row, flush=True)
@@ -55,9 +59,15 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def _sweep(kernel: str, n: int, d: int, c: int, exponents: list[int], repeat: int, device: str) -> str | None:
-    """One case's line: the user's blocks, then `auto` at each block size (None, and a message, if `auto`'s
-    values differ from the user's)."""
+def _forced(problem, backend: str) -> bool:
+    return backend == "auto"
+
+
+def _sweep(
+    kernel: str, n: int, d: int, c: int, exponents: list[int], repeat: int, device: str, *, fused: bool
+) -> str | None:
+    """One case's line: the user's blocks, then `auto` at each block size, then (`fused`) `auto` without the
+    route (None, and a message, if `auto`'s values differ from the user's)."""
     x = torch.randn(n, d, device=device)
     v = torch.randn(n, c, device=device)
     out = torch.empty(n, c, device=device)
@@ -72,13 +82,19 @@ def _sweep(kernel: str, n: int, d: int, c: int, exponents: list[int], repeat: in
 
     row = [f"N={n} D={d} C={c}: user 16384-row blocks {ms(user):.2f}"]
     expected = out.clone()
-    for e in exponents:
-        product_blocked.BLOCK_ELEMENTS = 1 << e
+    runs = [(f"2^{e}", 1 << e) for e in exponents] + ([("fused", None)] if fused else [])
+    forced = product_blocked.applies
+    for name, elements in runs:
+        if elements is None:
+            product_blocked.applies = lambda problem, backend: False
+        else:
+            product_blocked.BLOCK_ELEMENTS = elements
         taken = product_blocked.applies(_problem(kernel, x, v, out, sigma), "auto")
-        row.append(f"2^{e}{'' if taken else ' (fused)'}: {ms(auto):.2f}")
+        row.append(f"{name}{' (fused)' if not taken and elements else ''}: {ms(auto):.2f}")
+        product_blocked.applies = forced
         error = ((out - expected).abs().max() / expected.abs().max()).item()
         if not error <= 1e-4:
-            print(f"2^{e}: relative error {error:.2e} against the user's route", file=sys.stderr)
+            print(f"{name}: relative error {error:.2e} against the user's route", file=sys.stderr)
             return None
     return "; ".join(row)
 

@@ -220,3 +220,33 @@ def test_a_cold_variant_under_capture_is_refused_with_what_to_do(mode: str) -> N
     graph.replay()
     torch.cuda.synchronize()
     assert_close(out, ref_cdist(x, z, 3.0), 1e-12)
+
+
+def test_a_split_product_captured_at_another_row_count_compiles_nothing(
+    mode: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The tensor-core product past 32 features splits x and z first (`operand_split.split_rows`): warmed up at
+    48 rows, a capture at 61 rows (another row count and batch stride mod 16, the same product key) launches the
+    split compiled at warm-up, and the replay reads new values."""
+    if torch.cuda.get_device_capability()[0] != 9:
+        pytest.skip("the product splits its operands first on sm_90 only")
+    operand_split = importlib.import_module("kermac_backend_triton.operand_split")
+    z, v = _randn(203, 40), _randn(203, 1)
+    warm, x = _randn(48, 40), _randn(61, 40)  # one bucket of the product key; 48 rows are a multiple of 16
+    out = torch.empty(61, 1, device="cuda")
+    _side_stream_warm_up(lambda: kermac.kernel_product("laplace_l2", warm, z, v, bandwidth=1.5, backend="triton"))
+    compile_split = operand_split.split_rows.compile
+
+    def no_compile_under_capture(*args, **kwargs):
+        assert not torch.cuda.is_current_stream_capturing(), "split_rows compiled a variant during the capture"
+        return compile_split(*args, **kwargs)
+
+    monkeypatch.setattr(operand_split.split_rows, "compile", no_compile_under_capture)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        kermac.kernel_product("laplace_l2", x, z, v, bandwidth=1.5, out=out, backend="triton")
+    x.copy_(torch.randn_like(x))
+    out.fill_(math.nan)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert_close(out, _laplace(x, z, 1.5) @ v.double().cpu(), 1e-5)

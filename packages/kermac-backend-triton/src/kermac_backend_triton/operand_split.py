@@ -39,7 +39,9 @@ MAX_GRID_Y = 65535
 """CUDA's largest second grid dimension: `split_rows` takes the batch entries in launches of at most this many."""
 
 
-@triton.jit
+# Only what the product's own launch key fixes may select a compiled variant: a captured product whose key was
+# warmed up then splits without compiling.  The row count and the strides change with the problem inside one key.
+@triton.jit(do_not_specialize=["R", "D", "SAB", "SAR", "SAK"])
 def split_rows(
     A, HI, LO, NORM, R, D, DP, SAB, SAR, SAK, BR: tl.constexpr, BD: tl.constexpr
 ):  # fmt: skip

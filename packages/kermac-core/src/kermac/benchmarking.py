@@ -47,6 +47,7 @@ if TYPE_CHECKING:
     from kermac.programs import GradProgram, PairwiseProgram
 
 __all__ = [
+    "CORNER_WORK",
     "CPU_CASES",
     "CPU_QUICK_CASES",
     "FEW_FEATURE_CASES",
@@ -63,6 +64,8 @@ __all__ = [
     "SMALL_CASES",
     "BenchCase",
     "cases_for",
+    "checked_on_corner",
+    "checked_part",
     "corner",
     "input_sets",
     "kermac_fn",
@@ -501,6 +504,28 @@ def reference(case: BenchCase, inputs: Sequence[torch.Tensor]) -> torch.Tensor:
     wide = [t.double() for t in inputs]
     out = torch.empty(case.out_shape, device=wide[0].device, dtype=torch.float64)
     return kermac_fn(case, REFERENCE_BACKEND)(*wide, out)
+
+
+CORNER_WORK = 1 << 36
+"""Multiply-adds (M·N·D; M·N·O·K for gradients) past which a case's float64 reference would take longer than
+timing the case: `checked_part` then checks it on its `corner`."""
+
+
+def checked_on_corner(case: BenchCase) -> bool:
+    """Whether `checked_part` checks `case` on its `corner` (past `CORNER_WORK` multiply-adds)."""
+    return math.prod(case.sizes) > CORNER_WORK
+
+
+def checked_part(
+    case: BenchCase, inputs: Sequence[torch.Tensor]
+) -> tuple[torch.Tensor, Callable[[torch.Tensor], torch.Tensor]]:
+    """The float64 reference of what a check of `case` on `inputs` compares, and the map from a whole answer to
+    that part: the whole answer, or past `CORNER_WORK` multiply-adds the corner of `corner` (the whole reduction
+    of its rows and columns)."""
+    if not checked_on_corner(case):
+        return reference(case, inputs), lambda answer: answer
+    sub, sub_inputs, _ = corner(case, inputs, torch.empty(case.out_shape, device="meta"))
+    return reference(sub, sub_inputs), lambda answer: corner(case, inputs, answer)[2]
 
 
 def corner(

@@ -100,16 +100,20 @@ def check_answer(
     ref: torch.Tensor | None,
     *,
     out: torch.Tensor | None,
+    part: Callable[[torch.Tensor], torch.Tensor] | None = None,
 ) -> float | None:
     """`fn(*args)` once more and its max-norm relative error against `ref` (None without a reference).
 
-    With `out` (one of `args`, written by `fn`), `out` is filled with NaN first and is the answer.
+    With `out` (one of `args`, written by `fn`), `out` is filled with NaN first and is the answer.  With `part`,
+    `ref` is the reference of `part(answer)` only (`kermac.benchmarking.checked_part`).
     """
     if out is not None:
         out.fill_(math.nan)  # a backend that leaves out unwritten must not pass the check
     answer = fn(*args)
     if out is not None:
         answer = out
+    if part is not None:
+        answer = part(answer)
     return None if ref is None else bm.max_rel_error(answer, ref)
 
 

@@ -144,6 +144,12 @@ def register(sub: argparse._SubParsersAction) -> None:
         default=1e-4,
         help="with --fit: the relative residual to reach (default 1e-4)",
     )
+    p.add_argument(
+        "--cases",
+        metavar="TEXT;TEXT...",
+        help="only the cases whose name contains one of these ';'-separated texts, e.g. 'cdist 30000;grad M=8192' "
+        "(a long run in parts; --write-costs and tools/costs_from_bench.py accept the parts)",
+    )
     p.add_argument("--json", action="store_true", help="print the results as JSON instead of a table")
     p.add_argument("-v", "--verbose", action="store_true", help="explain every n/a cell")
     p.add_argument(
@@ -290,6 +296,11 @@ def run(args: argparse.Namespace) -> int:
     if args.programs is not None:
         return bench_programs.run(args, device, backends, warmup, repeat, args.max_seconds)
     cases = bm.cases_for(device, full=args.full, quick=args.quick, small=args.small)
+    if args.cases is not None:
+        cases = _chosen(cases, args.cases)
+        if isinstance(cases, str):
+            print(f"kermac bench: --cases: {cases}", file=sys.stderr)
+            return 2
     settings = _Settings(device, warmup, repeat, args.max_seconds or None, not args.no_rotate)
     timed = [*backends, *([AUTO] if times_auto(backends, statuses) else [])]
 
@@ -345,6 +356,10 @@ def _refusal(
     if args.fit is not None and (args.write_costs or args.backends):
         option = "--write-costs" if args.write_costs else "--backends"
         return f"{option}: --fit times the solvers as a user runs them (backend auto); it takes no {option}"
+    sections = {"--programs": args.programs, "--calls": args.calls, "--fit": args.fit}
+    section = next((name for name, value in sections.items() if value is not None), None)
+    if args.cases is not None and section is not None:
+        return f"--cases chooses among the timed cases, not the cases of {section}"
     if args.full and device.type != "cuda":
         why = "no CUDA GPU is visible" if not torch.cuda.is_available() else "--device cpu was given"
         return f"--full: the peer-table cases need a CUDA GPU ({why}); without --full it runs small cases on {device}"
@@ -353,6 +368,15 @@ def _refusal(
             if not statuses[name].available:
                 return f"backend {name!r} is unavailable here: {statuses[name].reason}"
     return None
+
+
+def _chosen(cases: list[bm.BenchCase], texts: str) -> list[bm.BenchCase] | str:
+    """The cases whose label contains one of the ';'-separated `texts`, or why there are none."""
+    wanted = [t.strip() for t in texts.split(";") if t.strip()]
+    chosen = [c for c in cases if any(t in c.label for t in wanted)]
+    if chosen:
+        return chosen
+    return f"no case of this run's section matches {texts!r}; its cases are: " + "; ".join(c.label for c in cases)
 
 
 def _selectable(status: BackendStatus) -> bool:
@@ -425,8 +449,9 @@ def _run_case(
         result.results = {name: Measurement(error=why) for name in [*backends, BASELINE]}
         progress.done += len(backends) + 1
         return result
+    part = None
     try:
-        ref = bm.reference(case, sets[0])
+        ref, part = bm.checked_part(case, sets[0])
     except Exception as exc:
         ref = None
         result.reference_error = describe(exc)
@@ -437,7 +462,7 @@ def _run_case(
             result.results[name] = Measurement(error=f"backend unavailable: {status.reason}")
             continue
         fn = bm.kermac_fn(case, name)
-        result.results[name] = _measure(lambda *a, fn=fn, out=out: fn(*a, out), sets, ref, s, out=out)
+        result.results[name] = _measure(lambda *a, fn=fn, out=out: fn(*a, out), sets, (ref, part), s, out=out)
     progress.step(f"{case.label}: {BASELINE}")
     baseline = bm.torch_fn(case)
     if baseline is None:
@@ -448,7 +473,7 @@ def _run_case(
         )
         result.results[BASELINE] = Measurement(error=f"PyTorch has {why}")
     else:
-        result.results[BASELINE] = _measure(baseline, sets, ref, s, out=None)
+        result.results[BASELINE] = _measure(baseline, sets, (ref, part), s, out=None)
     del sets, ref, out
     if s.device.type == "cuda":
         torch.cuda.empty_cache()
@@ -458,15 +483,17 @@ def _run_case(
 def _measure(
     fn: Callable[..., torch.Tensor],
     sets: Sequence[tuple[torch.Tensor, ...]],
-    ref: torch.Tensor | None,
+    checked: tuple[torch.Tensor | None, Callable[[torch.Tensor], torch.Tensor] | None],
     s: _Settings,
     *,
     out: torch.Tensor | None,
 ) -> Measurement:
-    """Time `fn` over the input sets, then check its answer on the first set (`out` poisoned first)."""
+    """Time `fn` over the input sets, then check its answer on the first set (`out` poisoned first) against the
+    reference of the part `bm.checked_part` gave."""
+    ref, part = checked
     try:
         times = bm.time_ms(fn, device=s.device, warmup=s.warmup, repeat=s.repeat, args=sets, max_seconds=s.max_seconds)
-        err = check_answer(fn, sets[0], ref, out=out)
+        err = check_answer(fn, sets[0], ref, out=out, part=part)
     except Exception as exc:
         return Measurement(error=describe(exc))
     return Measurement(times, err)
@@ -506,6 +533,11 @@ def _report(
         f"median ms over up to {head['repeat']} calls after {head['warmup']} warm-up call(s); "
         "err = max|y - ref| / max|ref| against the float64 reference backend"
     )
+    if any(bm.checked_on_corner(r.case) for r in results):
+        lines.append(
+            f"cases past 2^{bm.CORNER_WORK.bit_length() - 1} multiply-adds are checked on a corner: 256 rows x "
+            "256 columns of a distance, 8 x 256 of each gradient output, each with its whole reduction"
+        )
     lines.append("")
     targets = any(r.case.target_ms is not None for r in results)
     floors = any(r.case.floor_ms is not None for r in results)
@@ -579,6 +611,7 @@ def _to_json(head: dict, backends: list[str], skipped: dict[str, str], results: 
         {
             **case_json(r.case, r.reference_error),
             "problem_class": dataclasses.asdict(r.case.problem_class),
+            "checked": "corner" if bm.checked_on_corner(r.case) else "whole",
             "peers_ms": dict(r.case.peers),
             "floor_ms": r.case.floor_ms,
             "target_ms": r.case.target_ms,
