@@ -14,7 +14,15 @@ import torch
 
 import kermac
 from kermac import costs, presets, registry
-from kermac.costs import CostTable, CostTableError, CostTables, ProblemClass, classify, table_from_bench
+from kermac.costs import (
+    CostTable,
+    CostTableError,
+    CostTables,
+    MeasuredCase,
+    ProblemClass,
+    classify,
+    table_from_bench,
+)
 from kermac.lowering import cdist_program, grad_program
 from kermac.programs import GradProgram
 
@@ -167,6 +175,31 @@ def test_kermac_backend_still_overrides_auto(plugin_dir: Path, monkeypatch: pyte
     assert calls == ["high"]
 
 
+def test_auto_ranks_by_the_nearest_case_of_the_class(plugin_dir: Path) -> None:
+    """Within a class, the measured case fewest octaves of D away ranks the backends (then of work)."""
+    tables = plugin_dir / "tables"
+    tables.mkdir()
+    few, many = MeasuredCase(16, 2**20, {"low": 1.0, "high": 2.0}), MeasuredCase(256, 2**24, {"low": 2.0, "high": 1.0})
+    CostTable("cpu", "test device", "test", {L1_SMALL: {"low": 1.4, "high": 1.4}}, {L1_SMALL: (few, many)}).write(
+        tables / "cpu.json"
+    )
+    calls = use(plugin_dir, tables, "kermac_costs_fakes")
+    kermac.cdist(X, X, p=1.0)  # D = 20: nearest to D = 16
+    kermac.cdist(torch.randn(5, 100), torch.randn(5, 100), p=1.0)  # D = 100: 1.36 octaves from 256, 2.64 from 16
+    assert calls == ["low", "high"]
+    table = CostTables(tables).table("cpu")
+    assert table.ms(L1_SMALL, 64, 2**22) == few.ms  # 2 octaves of D from either: then work, 2 against 2 — first
+    assert table.ms(L1_SMALL, 64, 2**23) == many.ms
+    assert table.ms(ProblemClass("pairwise", "l2", "float32", "small"), 20, 2**20) == {}
+
+
+def test_a_format_1_table_still_reads(tmp_path: Path) -> None:
+    data = {**_valid(), "format": 1}
+    (tmp_path / "cpu.json").write_text(json.dumps(data))
+    table = CostTables(tmp_path).table("cpu")
+    assert table.costs == {L1_SMALL: {"low": 1.0}} and table.ms(L1_SMALL, 20, 2**10) == {"low": 1.0}
+
+
 def _valid() -> dict:
     return CostTable("cpu", "test device", "test", {L1_SMALL: {"low": 1.0}}).to_json()
 
@@ -174,7 +207,7 @@ def _valid() -> dict:
 @pytest.mark.parametrize(
     ("edit", "needle"),
     [
-        (lambda d: d.update(format=2), "format: expected 1, got 2"),
+        (lambda d: d.update(format=3), "format: expected one of 1, 2, got 3"),
         (lambda d: d.pop("device"), "device: expected a string, got None"),
         (lambda d: d.update(costs={}), "costs: expected a list of entries, got dict"),
         (lambda d: d["costs"][0].update(op="conv"), "costs[0].op: expected one of pairwise, grad, got 'conv'"),
@@ -185,6 +218,24 @@ def _valid() -> dict:
         (lambda d: d["costs"][0].update(ms={"low": -1}), "costs[0].ms['low']: expected a positive finite number"),
         (lambda d: d["costs"][0].update(ms={"low": "fast"}), "costs[0].ms['low']: expected a positive finite"),
         (lambda d: d["costs"].append(dict(d["costs"][0])), "costs[1]: a second entry for"),
+        (lambda d: d["costs"][0].update(cases={}), "costs[0].cases: expected a list of cases, got dict"),
+        (lambda d: d["costs"][0].update(cases=[3]), "costs[0].cases[0]: expected an object, got int"),
+        (
+            lambda d: d["costs"][0].update(cases=[{"work": 8, "ms": {"low": 1.0}}]),
+            "costs[0].cases[0].features: expected a positive integer D for a pairwise class, got None",
+        ),
+        (
+            lambda d: d["costs"][0].update(cases=[{"features": 4, "work": 2.5, "ms": {"low": 1.0}}]),
+            "costs[0].cases[0].work: expected a positive integer (multiply-adds), got 2.5",
+        ),
+        (
+            lambda d: d["costs"][0].update(cases=[{"features": 4, "work": 8, "ms": {"low": 0}}]),
+            "costs[0].cases[0].ms['low']: expected a positive finite number",
+        ),
+        (
+            lambda d: d["costs"][0].update(op="grad", cases=[{"features": 4, "work": 8, "ms": {"low": 1.0}}]),
+            "costs[0].cases[0].features: expected null for a gradient class, got 4",
+        ),
         (lambda d: d.update(device_class="sm_90"), "device_class 'sm_90' does not match the file name"),
     ],
 )
@@ -222,14 +273,16 @@ def test_the_shipped_tables_load_and_name_their_device_class() -> None:
 
 def test_the_shipped_sm_90_table_is_a_benchmark_run_of_both_gpu_backends() -> None:
     """The shipped sm_90 table is `kermac bench`'s output on an sm_90 GPU, timing both GPU backends
-    on the float32 classes of the benchmark (large and small problems)."""
+    on the float32 classes of the benchmark (large, small and few-feature problems), with its cases."""
     table = CostTables().table("sm_90")
     assert table.source.startswith("kermac bench --json") and table.device.startswith("NVIDIA H")
     classes = {(c.op, c.family, c.size) for c in table.costs}
     assert {("pairwise", f, s) for f in ("l1", "l2", "lp") for s in ("small", "large")} <= classes
     assert {("grad", f, "large") for f in ("l1", "l2", "lp")} <= classes
-    for ms in table.costs.values():
+    assert {("pairwise", f, "narrow") for f in ("l1", "l2", "lp")} <= classes
+    for cls, ms in table.costs.items():
         assert set(ms) == {"nvrtc", "triton"} and all(v > 0 for v in ms.values())
+        assert table.cases[cls] and all(set(case.ms) == {"nvrtc", "triton"} for case in table.cases[cls])
 
 
 # -- classes --------------------------------------------------------------------------------------
@@ -284,7 +337,7 @@ def _report(cases: list[dict], backends=("a", "b"), device_class="sm_90") -> dic
             "backends": list(backends), "cases": cases}  # fmt: skip
 
 
-def _case(cls: ProblemClass, **results: float | None) -> dict:
+def _case(cls: ProblemClass, sizes=(64, 64, 32), **results: float | None) -> dict:
     def result(ms: float | None) -> dict:
         if ms is None:
             return {"median_ms": None, "ok": True, "error": "RuntimeError: out of memory"}
@@ -293,7 +346,7 @@ def _case(cls: ProblemClass, **results: float | None) -> dict:
         return {"median_ms": ms, "ok": True, "error": None}
 
     cls_json = {"op": cls.op, "family": cls.family, "dtype": cls.dtype, "size": cls.size}
-    return {"problem_class": cls_json, "results": {n: result(ms) for n, ms in results.items()}}
+    return {"problem_class": cls_json, "sizes": list(sizes), "results": {n: result(ms) for n, ms in results.items()}}
 
 
 def test_table_from_bench_takes_geometric_means_of_correct_runs() -> None:
@@ -308,7 +361,24 @@ def test_table_from_bench_takes_geometric_means_of_correct_runs() -> None:
     assert "b" not in table.costs[l2]  # b was not timed on one case of the class
     assert table.costs[lp] == {"a": 1.0}  # b failed there
     assert table.costs[g1] == {"b": 5.0}  # a was wrong there
-    assert list(CostTable.from_json(json.loads(json.dumps(table.to_json())), "x").costs) == list(table.costs)
+    assert CostTable.from_json(json.loads(json.dumps(table.to_json())), "x") == table
+
+
+def test_table_from_bench_keeps_each_case_of_a_class() -> None:
+    l1 = ProblemClass("pairwise", "l1", "float32", "large")
+    g2 = ProblemClass("grad", "l2", "float32", "large")
+    cases = [
+        _case(l1, (100, 100, 3), a=1.0, b=2.0),
+        _case(l1, (100, 100, 300), a=8.0, b=2.0),
+        _case(l1, (100, 100, 3), a=4.0, b=None),  # the first case again, b failed there
+        _case(g2, (8, 8, 2, 4), a=1.0, b=3.0),
+    ]
+    table = table_from_bench([_report(cases[:2]), _report(cases[2:])])
+    assert table.cases[l1] == (MeasuredCase(3, 30000, {"a": 2.0}), MeasuredCase(300, 3000000, {"b": 2.0, "a": 8.0}))
+    assert table.cases[g2] == (MeasuredCase(None, 512, {"a": 1.0, "b": 3.0}),)
+    assert table.ms(l1, 4, 40000) == {"a": 2.0} and table.ms(l1, 200, 10**6) == {"b": 2.0, "a": 8.0}
+    assert table.ms(g2, None, 10**9) == {"a": 1.0, "b": 3.0}
+    assert CostTable.from_json(json.loads(json.dumps(table.to_json())), "x") == table
 
 
 def test_table_from_bench_needs_one_device_class() -> None:

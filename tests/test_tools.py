@@ -54,6 +54,7 @@ def test_costs_from_bench_converts_saved_reports(tmp_path) -> None:
         "cases": [
             {
                 "problem_class": cls,
+                "sizes": [4096, 4096, 64],
                 "results": {
                     "nvrtc": {"median_ms": 2.0, "ok": True, "error": None},
                     "triton": {"median_ms": 1.0, "ok": True, "error": None},
@@ -66,5 +67,6 @@ def test_costs_from_bench_converts_saved_reports(tmp_path) -> None:
     assert tool.main([str(tmp_path / "run.json"), "-o", str(out)]) == 0
     table = CostTable.load(out)
     assert table.device_class == "sm_80" and list(table.costs.values()) == [{"triton": 1.0, "nvrtc": 2.0}]
+    assert [case.features for cases in table.cases.values() for case in cases] == [64]
     (tmp_path / "bad.json").write_text("{")
     assert tool.main([str(tmp_path / "bad.json"), "-o", str(out)]) == 1

@@ -8,6 +8,13 @@ backend the table does not list for that class ranks after those it lists, by it
 [`preference`][kermac.backend.Backend.preference]; with no table for the device, or no entry for the
 class, the order is the preference order alone.
 
+Within a class the table can also keep the benchmark **cases** it was made from, each with its
+features D (pairwise; none for gradients), its work (multiply-adds: batch·M·N·D, or M·N·O·K) and its
+milliseconds per backend.  Where it does, a problem is ranked by the case of its class nearest to
+it: the fewest octaves of D apart, then of work (a few-feature problem by the few-feature case of
+its class, not by a mean over D = 16 and D = 1024); the class's `ms` — the geometric mean over its
+cases — ranks where a class has no cases.
+
 A problem class ([`ProblemClass`][kermac.costs.ProblemClass]) is
 
 * `op`: `"pairwise"` (cdist, kernels, every pairwise program) or `"grad"`;
@@ -21,13 +28,15 @@ A problem class ([`ProblemClass`][kermac.costs.ProblemClass]) is
   [`SMALL_WORK`][kermac.costs.SMALL_WORK]: batch·M·N·D, or batch·M·N·O·K for gradients, where a call's time is mostly
   host work) or `"large"`.
 
-File format (`format` 1):
+File format (`format` 2; format 1 is the same without `cases`, and still read):
 
 ```text
-{"format": 1, "device_class": "sm_90", "device": "NVIDIA H100 80GB HBM3",
+{"format": 2, "device_class": "sm_90", "device": "NVIDIA H100 80GB HBM3",
  "source": "how the numbers were made",
  "costs": [{"op": "pairwise", "family": "l2", "dtype": "float32", "size": "large",
-            "ms": {"nvrtc": 0.53, "triton": 0.56}}, ...]}
+            "ms": {"nvrtc": 0.53, "triton": 0.56},
+            "cases": [{"features": 256, "work": 17179869184, "ms": {"nvrtc": 0.53, "triton": 0.54}}, ...]},
+           ...]}
 ```
 
 Fused kernel products (`kermac.problem.ProductProblem`) and their gradients
@@ -45,8 +54,8 @@ import functools
 import json
 import math
 import threading
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -66,6 +75,7 @@ __all__ = [
     "CostTable",
     "CostTableError",
     "CostTables",
+    "MeasuredCase",
     "ProblemClass",
     "classify",
     "device_class",
@@ -73,8 +83,9 @@ __all__ = [
     "table_from_bench",
 ]
 
-FORMAT = 1
-"""The version of the file format this module reads and writes."""
+FORMAT = 2
+"""The version of the file format this module writes; it reads this one and format 1 (no `cases`)."""
+READS = (1, 2)
 DIRECTORY = Path(__file__).resolve().parent
 """Where the shipped tables live (package data of kermac core)."""
 NARROW_FEATURES = 16
@@ -112,6 +123,21 @@ class ProblemClass:
             value = getattr(self, name)
             if value not in allowed:
                 raise ValueError(f"{name}: expected one of {', '.join(allowed)} for op {self.op!r}, got {value!r}")
+
+
+@dataclass(frozen=True)
+class MeasuredCase:
+    """One benchmark case of a class: its features D (None for a gradient), its work in multiply-adds, and the
+    milliseconds of each backend that ran it with a correct answer."""
+
+    features: int | None
+    work: int
+    ms: Mapping[str, float]
+
+    def distance(self, features: int | None, work: int) -> tuple[float, float]:
+        """How far a problem of `features` and `work` is from this case: octaves of D, then of work."""
+        apart = 0.0 if features is None or self.features is None else abs(math.log2(max(features, 1) / self.features))
+        return apart, abs(math.log2(max(work, 1) / self.work))
 
 
 # -- classifying problems -----------------------------------------------------------------------
@@ -161,12 +187,19 @@ def _problem_class(program: PairwiseProgram | GradProgram, dtype: torch.dtype, s
 
 def problem_class(problem: PairwiseProblem | GradProblem) -> ProblemClass:
     """[`classify`][kermac.costs.classify] of a normalised problem (`auto` asks this on every call: kept cheap)."""
+    features, work = problem_shape(problem)
+    dtype = problem.a.dtype if isinstance(problem, GradProblem) else problem.x.dtype
+    return _problem_class(problem.program, dtype, _size(work, features))
+
+
+def problem_shape(problem: PairwiseProblem | GradProblem) -> tuple[int | None, int]:
+    """A normalised problem's features D (None for a gradient) and work in multiply-adds (batch·M·N·D, or
+    batch·M·N·O·K), as [`MeasuredCase`][kermac.costs.MeasuredCase] records them."""
     batch = math.prod(problem.batch_shape)
     if isinstance(problem, GradProblem):
-        return _problem_class(problem.program, problem.a.dtype, _size(batch * math.prod(problem.sizes), None))
+        return None, batch * math.prod(problem.sizes)
     d = problem.x.shape[-1]
-    work = batch * problem.x.shape[-2] * problem.z.shape[-2] * d
-    return _problem_class(problem.program, problem.x.dtype, _size(work, d))
+    return d, batch * problem.x.shape[-2] * problem.z.shape[-2] * d
 
 
 @functools.lru_cache(maxsize=64)
@@ -183,19 +216,33 @@ def device_class(device: torch.device) -> str | None:
 
 @dataclass(frozen=True)
 class CostTable:
-    """The measured costs on one device class: `costs[problem class][backend name]` in ms."""
+    """The measured costs on one device class: `costs[problem class][backend name]` in ms, and the cases each
+    class was measured on (`cases[problem class]`; empty where a table does not keep them)."""
 
     device_class: str
     device: str
     source: str
     costs: Mapping[ProblemClass, Mapping[str, float]]
+    cases: Mapping[ProblemClass, Sequence[MeasuredCase]] = field(default_factory=dict)
+
+    def ms(self, cls: ProblemClass, features: int | None, work: int) -> Mapping[str, float]:
+        """Milliseconds per backend for a problem of class `cls`, `features` and `work`: those of the class's
+        nearest case where it has cases, else the class's (empty where the class was not measured)."""
+        cases = self.cases.get(cls)
+        if not cases:
+            return self.costs.get(cls, {})
+        return min(cases, key=lambda case: case.distance(features, work)).ms
 
     def to_json(self) -> dict[str, object]:
         """The file content (see the module documentation)."""
-        entries = [
-            {"op": c.op, "family": c.family, "dtype": c.dtype, "size": c.size, "ms": dict(ms)}
-            for c, ms in self.costs.items()
-        ]
+        entries = []
+        for c, ms in self.costs.items():
+            entry = {"op": c.op, "family": c.family, "dtype": c.dtype, "size": c.size, "ms": dict(ms)}
+            if self.cases.get(c):
+                entry["cases"] = [
+                    {"features": case.features, "work": case.work, "ms": dict(case.ms)} for case in self.cases[c]
+                ]
+            entries.append(entry)
         return {
             "format": FORMAT,
             "device_class": self.device_class,
@@ -218,8 +265,8 @@ class CostTable:
 
         if not isinstance(data, dict):
             raise fail(f"expected a JSON object, got {type(data).__name__}")
-        if data.get("format") != FORMAT:
-            raise fail(f"format: expected {FORMAT}, got {data.get('format')!r}")
+        if data.get("format") not in READS:
+            raise fail(f"format: expected one of {', '.join(map(str, READS))}, got {data.get('format')!r}")
         for key in ("device_class", "device", "source"):
             if not isinstance(data.get(key), str):
                 raise fail(f"{key}: expected a string, got {data.get(key)!r}")
@@ -227,6 +274,7 @@ class CostTable:
         if not isinstance(entries, list):
             raise fail(f"costs: expected a list of entries, got {type(entries).__name__}")
         costs: dict[ProblemClass, dict[str, float]] = {}
+        cases: dict[ProblemClass, tuple[MeasuredCase, ...]] = {}
         for i, entry in enumerate(entries):
             where = f"costs[{i}]"
             if not isinstance(entry, dict):
@@ -235,17 +283,14 @@ class CostTable:
                 key = ProblemClass(*(entry.get(k) for k in ("op", "family", "dtype", "size")))
             except (ValueError, KeyError) as exc:
                 raise fail(f"{where}.{exc}") from None
-            ms = entry.get("ms")
-            if not isinstance(ms, dict) or not ms:
-                raise fail(f"{where}.ms: expected a non-empty object of backend name to milliseconds, got {ms!r}")
-            for name, value in ms.items():
-                number = isinstance(value, (int, float)) and not isinstance(value, bool)
-                if not (number and math.isfinite(value) and value > 0):
-                    raise fail(f"{where}.ms[{name!r}]: expected a positive finite number (ms), got {value!r}")
             if key in costs:
                 raise fail(f"{where}: a second entry for {key}")
-            costs[key] = {name: float(value) for name, value in ms.items()}
-        return cls(data["device_class"], data["device"], data["source"], costs)
+            costs[key] = _milliseconds(entry.get("ms"), f"{where}.ms", fail)
+            measured = entry.get("cases", [])
+            if not isinstance(measured, list):
+                raise fail(f"{where}.cases: expected a list of cases, got {type(measured).__name__}")
+            cases[key] = tuple(_case(case, f"{where}.cases[{j}]", key, fail) for j, case in enumerate(measured))
+        return cls(data["device_class"], data["device"], data["source"], costs, cases)
 
     @classmethod
     def load(cls, path: str | Path) -> CostTable:
@@ -256,6 +301,36 @@ class CostTable:
         except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
             raise CostTableError(f"cost table {path}: cannot be read: {exc}") from exc
         return cls.from_json(data, str(path))
+
+
+def _milliseconds(ms: object, where: str, fail: Callable[[str], CostTableError]) -> dict[str, float]:
+    """A validated `ms` object: backend name to positive finite milliseconds."""
+    if not isinstance(ms, dict) or not ms:
+        raise fail(f"{where}: expected a non-empty object of backend name to milliseconds, got {ms!r}")
+    for name, value in ms.items():
+        number = isinstance(value, (int, float)) and not isinstance(value, bool)
+        if not (number and math.isfinite(value) and value > 0):
+            raise fail(f"{where}[{name!r}]: expected a positive finite number (ms), got {value!r}")
+    return {name: float(value) for name, value in ms.items()}
+
+
+def _case(case: object, where: str, cls: ProblemClass, fail: Callable[[str], CostTableError]) -> MeasuredCase:
+    """A validated entry of a class's `cases`."""
+    if not isinstance(case, dict):
+        raise fail(f"{where}: expected an object, got {type(case).__name__}")
+    features, work = case.get("features"), case.get("work")
+    wants_features = cls.op == "pairwise"
+    if wants_features and not (_positive_int(features)):
+        raise fail(f"{where}.features: expected a positive integer D for a pairwise class, got {features!r}")
+    if not wants_features and features is not None:
+        raise fail(f"{where}.features: expected null for a gradient class, got {features!r}")
+    if not _positive_int(work):
+        raise fail(f"{where}.work: expected a positive integer (multiply-adds), got {work!r}")
+    return MeasuredCase(features, work, _milliseconds(case.get("ms"), f"{where}.ms", fail))
+
+
+def _positive_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value > 0
 
 
 class CostTables:
@@ -292,7 +367,7 @@ class CostTables:
         table = None if cls is None else self.table(cls)
         if table is None:
             return {}
-        return table.costs.get(problem_class(problem), {})
+        return table.ms(problem_class(problem), *problem_shape(problem))
 
 
 # -- tables from benchmark runs ------------------------------------------------------------------
@@ -303,8 +378,10 @@ def table_from_bench(reports: Sequence[Mapping[str, object]]) -> CostTable:
 
     Per problem class, a backend's cost is the geometric mean of its median times over the class's
     cases; a backend enters a class only if it ran each of its cases with an answer within the
-    tolerance (a failed or wrong run says nothing about its speed).  The baseline (`torch.cdist`)
-    is not a kermac backend and is left out.
+    tolerance (a failed or wrong run says nothing about its speed).  Each case is kept too
+    ([`MeasuredCase`][kermac.costs.MeasuredCase], with the backends that ran it correctly; a case
+    timed in several reports by the geometric mean of those that ran it in each).  The baseline
+    (`torch.cdist`) is not a kermac backend and is left out.
     """
     if not reports:
         raise CostTableError("cost table from kermac bench: expected at least one report, got none")
@@ -312,23 +389,28 @@ def table_from_bench(reports: Sequence[Mapping[str, object]]) -> CostTable:
     if len(classes) != 1 or None in classes:
         raise CostTableError(f"cost table from kermac bench: expected reports of one device class, got {classes}")
     times: dict[ProblemClass, dict[str, list[float | None]]] = {}
+    shapes: dict[ProblemClass, dict[tuple[int | None, int], dict[str, list[float | None]]]] = {}
     for report in reports:
         for case in report["cases"]:
             key = ProblemClass(**case["problem_class"])
+            sizes = [int(s) for s in case["sizes"]]
+            shape = (sizes[2] if key.op == "pairwise" else None, math.prod(sizes))
             per_backend = times.setdefault(key, {})
+            per_case = shapes.setdefault(key, {}).setdefault(shape, {})
             for name in report["backends"]:
                 r = case["results"].get(name, {})
                 ok = r.get("ok") and r.get("median_ms") and not r.get("error")
                 per_backend.setdefault(name, []).append(r["median_ms"] if ok else None)
-    costs = {}
-    for key, per_backend in times.items():
-        ms = {
-            name: math.prod(values) ** (1 / len(values))
-            for name, values in per_backend.items()
-            if len(values) == max(map(len, per_backend.values())) and None not in values
-        }
-        if ms:
-            costs[key] = dict(sorted(ms.items(), key=lambda kv: kv[1]))
+                per_case.setdefault(name, []).append(r["median_ms"] if ok else None)
+    costs = {key: ms for key, per_backend in times.items() if (ms := _geometric_means(per_backend))}
+    cases = {
+        key: tuple(
+            MeasuredCase(features, work, ms)
+            for (features, work), per_backend in sorted(shapes[key].items(), key=lambda kv: (kv[0][0] or 0, kv[0][1]))
+            if (ms := _geometric_means(per_backend))
+        )
+        for key in costs
+    }
     first = reports[0]
     stamp = datetime.datetime.now(datetime.timezone.utc).date().isoformat()
     dates = sorted({str(r.get("date")) for r in reports})
@@ -336,4 +418,16 @@ def table_from_bench(reports: Sequence[Mapping[str, object]]) -> CostTable:
         f"kermac bench --json ({len(reports)} report(s) of {', '.join(dates)}; kermac {first.get('kermac')}, "
         f"torch {first.get('torch')}); converted {stamp}"
     )
-    return CostTable(str(first["device_class"]), str(first.get("device_name")), source, costs)
+    return CostTable(str(first["device_class"]), str(first.get("device_name")), source, costs, cases)
+
+
+def _geometric_means(per_backend: Mapping[str, list[float | None]]) -> dict[str, float]:
+    """Per backend that has a time for every measurement (as many as the most-measured backend), the geometric
+    mean of its times, cheapest first."""
+    most = max(map(len, per_backend.values()), default=0)
+    ms = {
+        name: math.prod(values) ** (1 / len(values))
+        for name, values in per_backend.items()
+        if len(values) == most and None not in values
+    }
+    return dict(sorted(ms.items(), key=lambda kv: kv[1]))
