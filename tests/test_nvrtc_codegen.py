@@ -31,7 +31,7 @@ from kermac_backend_nvrtc.tuning import NvrtcTuning
 require_nvrtc_compiler(module_level=True)
 
 ARCHS = ("sm_80", "sm_90")
-M, N, D = 37, 29, 13
+M, N, D = 37, 29, 19
 
 
 def _t(*shape: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
@@ -443,6 +443,15 @@ def test_plan_selects_tensor_cores_for_squared_differences() -> None:
     assert launch.args["guard"] == kernel_facts.cancellation_guard(D)
 
 
+def test_few_features_keep_the_simt_kernel() -> None:
+    """Below `tensor_core_min_d` features a (x − z)² program runs the SIMT kernel; the setting moves the bound."""
+    l2 = presets.l2_distance.lower()
+    for d, tensor_cores in ((1, False), (15, False), (16, True), (17, True)):
+        assert _tensor_cores(_plan_pairwise(_pw(l2, _t(M, d), _t(N, d)))[0]) is tensor_cores, d
+    assert _tensor_cores(_plan_pairwise(_pw(l2, _t(M, 3), _t(N, 3)), tensor_core_min_d=1)[0])
+    assert not _tensor_cores(_plan_pairwise(_pw(l2, _t(M, 40), _t(N, 40)), tensor_core_min_d=41)[0])
+
+
 def test_tensor_core_epilogue_inlining_switch() -> None:
     """Inlined by default; inline_expensive_epilogue off calls div/exp/sqrt/pow/log epilogues (__noinline__)."""
     assert not _plan_pairwise(CASES["preset-gaussian"])[0].call_epilogue
@@ -506,7 +515,9 @@ def test_auto_prefers_nvrtc_where_its_wgmma_kernel_runs(monkeypatch: pytest.Monk
 
     def on_cuda(problem):  # the same problem as if its tensors sat on cuda:0 (planning reads no data)
         x = problem.x
-        cuda = types.SimpleNamespace(device=torch.device("cuda", 0), is_cuda=True, get_device=lambda: 0, dtype=x.dtype)
+        cuda = types.SimpleNamespace(
+            device=torch.device("cuda", 0), is_cuda=True, get_device=lambda: 0, dtype=x.dtype, shape=x.shape
+        )
         return dataclasses.replace(problem, x=cuda)
 
     assert WGMMA_PREFERENCE > 25 > backend.priority

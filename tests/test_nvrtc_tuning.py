@@ -36,6 +36,7 @@ OLD_DEFAULTS = {
     "inline_expensive_combine": False,
     "zero_padded_k_tail": True,
     "k_contiguous_tiles": True,
+    "tensor_core_min_d": 16,
     "tensor_core_grad_min_o": 5,
     "sign_product_min_o": 3,
 }
@@ -79,6 +80,8 @@ def test_tuning_is_frozen_and_hashable() -> None:
         ({"power_table_pairs": 65}, ValueError, "power_table_pairs: expected a number of pairs from 0 to 64, got 65"),
         ({"power_table_pairs_high_p": -1}, ValueError, "_high_p: expected a number of pairs from 0 to 64, got -1"),
         ({"tensor_core_grad_min_o": 0}, ValueError, "grad_min_o: expected a number of outputs >= 1, got 0"),
+        ({"tensor_core_min_d": 0}, ValueError, "tensor_core_min_d: expected a number of features >= 1, got 0"),
+        ({"tensor_core_min_d": 16.0}, TypeError, "tensor_core_min_d: expected an int, got float 16.0"),
         ({"sign_product_min_o": "3"}, TypeError, "sign_product_min_o: expected an int, got str '3'"),
     ],
 )

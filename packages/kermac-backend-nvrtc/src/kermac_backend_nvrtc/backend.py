@@ -158,7 +158,7 @@ class NvrtcBackend(Backend):
         """`WGMMA_PREFERENCE` for pairwise problems that run the wgmma kernel, else the priority."""
         if isinstance(problem, PairwiseProblem):
             dtype = str(problem.dtype).removeprefix("torch.")
-            if uses_wgmma(problem.program, dtype, device_capability(problem), self._tuning):
+            if uses_wgmma(problem.program, dtype, problem.d, device_capability(problem), self._tuning):
                 return WGMMA_PREFERENCE
         return self.priority
 

@@ -250,15 +250,15 @@ def cuda_capability(index: int) -> int:
     return 10 * major + minor
 
 
-def uses_tensor_cores(program: PairwiseProgram, dtype: str, tuning: NvrtcTuning) -> bool:
-    """Whether a pairwise program in `dtype` (e.g. `"float32"`) runs on a tensor-core kernel:
-    float32 sums of (x − z)² (`tuning.tensor_cores`)."""
-    return tuning.tensor_cores and dtype == "float32" and _pairwise_traits(program)[0]
+def uses_tensor_cores(program: PairwiseProgram, dtype: str, d: int, tuning: NvrtcTuning) -> bool:
+    """Whether a pairwise program in `dtype` (e.g. `"float32"`) over `d` features runs on a tensor-core kernel:
+    float32 sums of (x − z)² (`tuning.tensor_cores`) with at least `tuning.tensor_core_min_d` features."""
+    return tuning.tensor_cores and dtype == "float32" and d >= tuning.tensor_core_min_d and _pairwise_traits(program)[0]
 
 
-def uses_wgmma(program: PairwiseProgram, dtype: str, capability: int | None, tuning: NvrtcTuning) -> bool:
+def uses_wgmma(program: PairwiseProgram, dtype: str, d: int, capability: int | None, tuning: NvrtcTuning) -> bool:
     """Whether that tensor-core kernel is the wgmma one (sm_90, `tuning.wgmma`) on a device of `capability`."""
-    return tuning.wgmma and capability == 90 and uses_tensor_cores(program, dtype, tuning)
+    return tuning.wgmma and capability == 90 and uses_tensor_cores(program, dtype, d, tuning)
 
 
 def _variant_fields(
@@ -292,7 +292,7 @@ def plan_pairwise(
     compute = INPUT_TYPES[dtype][1]
     prog = problem.program
     _, expensive_inner, expensive_epilogue = _pairwise_traits(prog)
-    tensor_cores = uses_tensor_cores(prog, dtype, tuning)
+    tensor_cores = uses_tensor_cores(prog, dtype, problem.d, tuning)
     deep_k = compute == "float" and not tensor_cores and not expensive_inner and not expensive_epilogue
     cfg = tiles.TC_CONFIG if tensor_cores else tiles.pairwise_config(compute, deep_k)
     ops = pairwise_operands(problem)
@@ -321,7 +321,7 @@ def plan_pairwise(
     call_combine = _call_combine(prog.reduction, tuning)
     variant: KernelVariant
     if tensor_cores:
-        route = WgmmaPairwise if uses_wgmma(prog, dtype, capability, tuning) else MmaPairwise
+        route = WgmmaPairwise if uses_wgmma(prog, dtype, problem.d, capability, tuning) else MmaPairwise
         call = not tuning.inline_expensive_epilogue and expensive_epilogue
         variant = route(**common, x=x_op, z=z_op, call_epilogue=call)
     elif tuning.k_contiguous_tiles and abs_sum and _k_contiguous_operands(problem, layout):

@@ -21,6 +21,7 @@ the `*_pairs` fields divide between the special-function unit and the FMA pipe.
 
 _PAIR_COUNTS = ("power_table_pairs", "power_table_pairs_high_p", "ex2_polynomial_pairs")
 _MIN_OUTPUTS = ("tensor_core_grad_min_o", "sign_product_min_o")
+_MIN_FEATURES = ("tensor_core_min_d",)
 
 
 @dataclass(frozen=True)
@@ -109,6 +110,12 @@ class NvrtcTuning:
     bank (register-bank conflicts cost FADD issue slots in the zero-padded loop).  Same sums in
     the same order: bit-identical results.  Takes precedence over `zero_padded_k_tail`."""
 
+    tensor_core_min_d: int = 16
+    """Smallest number of features D for which a pairwise program of `tensor_cores` runs on them.  Below,
+    the output's write and the epilogue set the time and a tensor-core k step is mostly padding: the SIMT
+    kernel was 1.3 to 3.4 times faster for D = 3 to 12 (p = 2, 16384², H100), the tensor cores from D = 16
+    (docs/dev/nvrtc-tensor-core-min-d.md)."""
+
     tensor_core_grad_min_o: int = 5
     """Smallest number of outputs O for which a float32 gradient runs on the tensor cores.  The
     SIMT kernel keeps a power of two ≥ O outputs per pair, so its cost grows with O, while the
@@ -122,7 +129,7 @@ class NvrtcTuning:
     def __post_init__(self) -> None:
         for f in fields(self):
             value = getattr(self, f.name)
-            if f.name in _PAIR_COUNTS or f.name in _MIN_OUTPUTS:
+            if f.name in (*_PAIR_COUNTS, *_MIN_OUTPUTS, *_MIN_FEATURES):
                 if type(value) is not int:
                     raise TypeError(f"NvrtcTuning.{f.name}: expected an int, got {type(value).__name__} {value!r}")
                 if f.name in _PAIR_COUNTS and not 0 <= value <= THREAD_PAIRS:
@@ -131,6 +138,8 @@ class NvrtcTuning:
                     )
                 if f.name in _MIN_OUTPUTS and value < 1:
                     raise ValueError(f"NvrtcTuning.{f.name}: expected a number of outputs >= 1, got {value}")
+                if f.name in _MIN_FEATURES and value < 1:
+                    raise ValueError(f"NvrtcTuning.{f.name}: expected a number of features >= 1, got {value}")
             elif type(value) is not bool:
                 raise TypeError(f"NvrtcTuning.{f.name}: expected a bool, got {type(value).__name__} {value!r}")
 

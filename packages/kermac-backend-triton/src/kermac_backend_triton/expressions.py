@@ -17,7 +17,7 @@ around it:
   never negative (`|t|`, `t·t`, sums of those — see `nonnegative`), and the general
   `pow_ieee` (negative bases: integer exponents keep the sign, others give NaN);
 * `sign` with sign(±0) = +0 (torch.sign) and NaN → NaN, comparisons as 1.0 / 0.0, `min`/`max`
-  that propagate NaN, `sqrt` correctly rounded (`sqrt_rn` in float32).
+  that propagate NaN, `sqrt` within about an ulp in float32 (`sqrt_approx`).
 
 The functions named here are the `@triton.jit` functions of
 `kermac_backend_triton.kernel_math`.  Inner-loop expressions (`fast`) take `log2` from the
@@ -65,9 +65,10 @@ _COMPARISONS: Mapping[str, str] = {"lt": "<", "le": "<=", "gt": ">", "ge": ">=",
 def op_table(compute: str, *, fast: bool = False) -> dict[str, str]:
     """The IR operation → Triton template table for compute type `compute`.
 
-    float32 uses the correctly rounded `sqrt_rn` (Triton's plain `sqrt` is approximate) and
-    Triton's `/` (`div.full`, within 2 ulp: a correctly rounded `div_rn` is measurably slower
-    on large kernel matrices); in float64 the plain forms are correctly rounded.
+    float32 uses `sqrt_approx` (`sqrt.approx.f32` on a GPU, within about an ulp, subnormal inputs kept: the
+    correctly rounded `sqrt.rn` made few-feature distances slower than their write) and Triton's `/`
+    (`div.full`, within 2 ulp: a correctly rounded `div_rn` is measurably slower on large kernel
+    matrices); in float64 the plain forms are correctly rounded.
     `exp` is `exp_accurate` (subnormal results kept) except in `fast` inner loops.
     """
     if compute not in COMPUTE_TYPES:
@@ -77,7 +78,7 @@ def op_table(compute: str, *, fast: bool = False) -> dict[str, str]:
     table.update({op: f"({{0}} {sym} {{1}}).to({cdt})" for op, sym in _COMPARISONS.items()})
     table["exp"] = "tl.exp({0})" if fast else "exp_accurate({0})"
     table["div"] = "({0} / {1})"
-    table["sqrt"] = "tl.sqrt_rn({0})" if compute == "float32" else "tl.sqrt({0})"
+    table["sqrt"] = "sqrt_approx({0})" if compute == "float32" else "tl.sqrt({0})"
     missing = set(ir.OPS) - set(table)
     assert not missing, f"Triton op table lacks {sorted(missing)}"
     return table

@@ -204,7 +204,7 @@ import triton
 import triton.language as tl
 
 from kermac_backend_triton.kernel_math import INF, NINF, exp_accurate, max_nan, min_nan, pow_ieee, pow_nonneg
-from kermac_backend_triton.kernel_math import pow_nonneg_fast, sign
+from kermac_backend_triton.kernel_math import pow_nonneg_fast, sign, sqrt_approx
 """
 _SKELETON_IMPORTS = {
     "simt": "from kermac_backend_triton.pairwise_simt import grouped_tile, simt_tile\n",

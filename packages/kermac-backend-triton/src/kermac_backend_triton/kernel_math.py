@@ -37,6 +37,7 @@ __all__ = [
     "sign_bit_set",
     "signed_pow_positive",
     "split_tf32",
+    "sqrt_approx",
     "to_tf32",
 ]
 
@@ -83,6 +84,18 @@ def log2_abs_fast(a):
         )
     else:
         return tl.log2(tl.abs(a))
+
+
+@triton.jit
+def sqrt_approx(a):
+    # √a.  float32 on a GPU: sqrt.approx.f32 (within about an ulp, as the NVRTC backend's half powers; subnormal
+    # inputs kept, unlike Triton's tl.sqrt, whose .ftz form returns 0 for them; 0, +inf, NaN and a < 0 as IEEE).
+    # The correctly rounded sqrt.rn expands to a dozen instructions and a slow path: with few features the
+    # distance epilogue, not the write, then set the time (docs/dev/triton-sqrt.md).
+    if native_float32(a.dtype):
+        return tl.inline_asm_elementwise("sqrt.approx.f32 $0, $1;", "=r,r", [a], dtype=tl.float32, is_pure=True, pack=1)
+    else:
+        return tl.sqrt_rn(a)
 
 
 @triton.jit
