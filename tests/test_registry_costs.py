@@ -175,8 +175,9 @@ def test_kermac_backend_still_overrides_auto(plugin_dir: Path, monkeypatch: pyte
     assert calls == ["high"]
 
 
-def test_auto_ranks_by_the_nearest_case_of_the_class(plugin_dir: Path) -> None:
-    """Within a class, the measured case fewest octaves of D away ranks the backends (then of work)."""
+def test_auto_ranks_by_the_cases_around_the_problem(plugin_dir: Path) -> None:
+    """Within a class, a measured D ranks by its case, a D between two by their times interpolated in log D,
+    a D beyond the measured ones by the nearest case."""
     tables = plugin_dir / "tables"
     tables.mkdir()
     few, many = MeasuredCase(16, 2**20, {"low": 1.0, "high": 2.0}), MeasuredCase(256, 2**24, {"low": 2.0, "high": 1.0})
@@ -184,13 +185,27 @@ def test_auto_ranks_by_the_nearest_case_of_the_class(plugin_dir: Path) -> None:
         tables / "cpu.json"
     )
     calls = use(plugin_dir, tables, "kermac_costs_fakes")
-    kermac.cdist(X, X, p=1.0)  # D = 20: nearest to D = 16
-    kermac.cdist(torch.randn(5, 100), torch.randn(5, 100), p=1.0)  # D = 100: 1.36 octaves from 256, 2.64 from 16
+    kermac.cdist(X, X, p=1.0)  # D = 20: 0.08 of the way (in log D) from 16 to 256
+    kermac.cdist(torch.randn(5, 100), torch.randn(5, 100), p=1.0)  # D = 100: 0.66 of the way
     assert calls == ["low", "high"]
     table = CostTables(tables).table("cpu")
-    assert table.ms(L1_SMALL, 64, 2**22) == few.ms  # 2 octaves of D from either: then work, 2 against 2 — first
-    assert table.ms(L1_SMALL, 64, 2**23) == many.ms
+    assert table.ms(L1_SMALL, 16, 2**30) == few.ms and table.ms(L1_SMALL, 256, 1) == many.ms
+    assert table.ms(L1_SMALL, 4, 2**10) == few.ms and table.ms(L1_SMALL, 1024, 2**30) == many.ms  # beyond
+    assert table.ms(L1_SMALL, 64, 2**22) == pytest.approx({"low": 2**0.5, "high": 2**0.5})  # half way
     assert table.ms(ProblemClass("pairwise", "l2", "float32", "small"), 20, 2**20) == {}
+
+
+def test_cases_at_one_d_rank_by_the_nearest_work_and_gradients_by_work() -> None:
+    l1 = ProblemClass("pairwise", "l1", "float32", "large")
+    g1 = ProblemClass("grad", "l1", "float32", "large")
+    cases = {
+        l1: (MeasuredCase(32, 2**30, {"a": 1.0, "b": 2.0}), MeasuredCase(32, 2**36, {"a": 2.0, "b": 1.0})),
+        g1: (MeasuredCase(None, 2**30, {"a": 1.0, "b": 4.0}), MeasuredCase(None, 2**34, {"a": 4.0, "b": 1.0})),
+    }
+    table = CostTable("cpu", "d", "s", {l1: {"a": 1.0}, g1: {"a": 1.0}}, cases)
+    assert table.ms(l1, 32, 2**31) == cases[l1][0].ms and table.ms(l1, 32, 2**35) == cases[l1][1].ms
+    assert table.ms(g1, None, 2**32) == pytest.approx({"a": 2.0, "b": 2.0})
+    assert list(table.ms(g1, None, 2**33)) == ["b", "a"]
 
 
 def test_a_format_1_table_still_reads(tmp_path: Path) -> None:
@@ -219,6 +234,7 @@ def _valid() -> dict:
         (lambda d: d["costs"][0].update(ms={"low": "fast"}), "costs[0].ms['low']: expected a positive finite"),
         (lambda d: d["costs"].append(dict(d["costs"][0])), "costs[1]: a second entry for"),
         (lambda d: d["costs"][0].update(cases={}), "costs[0].cases: expected a list of cases, got dict"),
+        (lambda d: (d.update(format=1), d["costs"][0].update(cases=[])), "costs[0].cases: a format 1 table has no"),
         (lambda d: d["costs"][0].update(cases=[3]), "costs[0].cases[0]: expected an object, got int"),
         (
             lambda d: d["costs"][0].update(cases=[{"work": 8, "ms": {"low": 1.0}}]),
@@ -337,7 +353,7 @@ def _report(cases: list[dict], backends=("a", "b"), device_class="sm_90") -> dic
             "backends": list(backends), "cases": cases}  # fmt: skip
 
 
-def _case(cls: ProblemClass, sizes=(64, 64, 32), **results: float | None) -> dict:
+def _case(cls: ProblemClass, sizes=None, **results: float | None) -> dict:
     def result(ms: float | None) -> dict:
         if ms is None:
             return {"median_ms": None, "ok": True, "error": "RuntimeError: out of memory"}
@@ -346,6 +362,7 @@ def _case(cls: ProblemClass, sizes=(64, 64, 32), **results: float | None) -> dic
         return {"median_ms": ms, "ok": True, "error": None}
 
     cls_json = {"op": cls.op, "family": cls.family, "dtype": cls.dtype, "size": cls.size}
+    sizes = sizes or ((64, 64, 4, 32) if cls.op == "grad" else (64, 64, 32))
     return {"problem_class": cls_json, "sizes": list(sizes), "results": {n: result(ms) for n, ms in results.items()}}
 
 
@@ -376,7 +393,8 @@ def test_table_from_bench_keeps_each_case_of_a_class() -> None:
     table = table_from_bench([_report(cases[:2]), _report(cases[2:])])
     assert table.cases[l1] == (MeasuredCase(3, 30000, {"a": 2.0}), MeasuredCase(300, 3000000, {"b": 2.0, "a": 8.0}))
     assert table.cases[g2] == (MeasuredCase(None, 512, {"a": 1.0, "b": 3.0}),)
-    assert table.ms(l1, 4, 40000) == {"a": 2.0} and table.ms(l1, 200, 10**6) == {"b": 2.0, "a": 8.0}
+    assert table.ms(l1, 3, 1) == {"a": 2.0} and table.ms(l1, 400, 10**6) == {"b": 2.0, "a": 8.0}
+    assert table.ms(l1, 30, 10**5) == pytest.approx({"a": 4.0})  # half way in log D; b has no time at D = 3
     assert table.ms(g2, None, 10**9) == {"a": 1.0, "b": 3.0}
     assert CostTable.from_json(json.loads(json.dumps(table.to_json())), "x") == table
 

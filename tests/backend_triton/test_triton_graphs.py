@@ -226,13 +226,15 @@ def test_a_split_product_captured_at_another_row_count_compiles_nothing(
     mode: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The tensor-core product past 32 features splits x and z first (`operand_split.split_rows`): warmed up at
-    48 rows, a capture at 61 rows (another row count and batch stride mod 16, the same product key) launches the
-    split compiled at warm-up, and the replay reads new values."""
+    48 rows, a capture at 61 rows (a row count not a multiple of 16, the same product key) launches the split
+    compiled at warm-up, and the replay reads new values.  z's 208 rows are a multiple of 16 too, and the split's
+    compiled variants are dropped first: before the capture only row counts that are multiples of 16 were split."""
     if torch.cuda.get_device_capability()[0] != 9:
         pytest.skip("the product splits its operands first on sm_90 only")
     operand_split = importlib.import_module("kermac_backend_triton.operand_split")
-    z, v = _randn(203, 40), _randn(203, 1)
-    warm, x = _randn(48, 40), _randn(61, 40)  # one bucket of the product key; 48 rows are a multiple of 16
+    operand_split.split_rows.device_caches.clear()
+    z, v = _randn(208, 40), _randn(208, 1)
+    warm, x = _randn(48, 40), _randn(61, 40)  # one bucket of the product key
     out = torch.empty(61, 1, device="cuda")
     _side_stream_warm_up(lambda: kermac.kernel_product("laplace_l2", warm, z, v, bandwidth=1.5, backend="triton"))
     compile_split = operand_split.split_rows.compile

@@ -39,9 +39,10 @@ MAX_GRID_Y = 65535
 """CUDA's largest second grid dimension: `split_rows` takes the batch entries in launches of at most this many."""
 
 
-# Only what the product's own launch key fixes may select a compiled variant: a captured product whose key was
-# warmed up then splits without compiling.  The row count and the strides change with the problem inside one key.
-@triton.jit(do_not_specialize=["R", "D", "SAB", "SAR", "SAK"])
+# Only what the product's own launch key fixes may select a compiled variant (D, the row and feature strides: their
+# facts are in the key), so a captured product whose key was warmed up splits without compiling.  The row count and
+# the batch stride that follows it change inside one key.
+@triton.jit(do_not_specialize=["R", "SAB"])
 def split_rows(
     A, HI, LO, NORM, R, D, DP, SAB, SAR, SAK, BR: tl.constexpr, BD: tl.constexpr
 ):  # fmt: skip

@@ -148,7 +148,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--cases",
         metavar="TEXT;TEXT...",
         help="only the cases whose name contains one of these ';'-separated texts, e.g. 'cdist 30000;grad M=8192' "
-        "(a long run in parts; --write-costs and tools/costs_from_bench.py accept the parts)",
+        "(a long run in parts: tools/costs_from_bench.py merges the parts' --json reports into one cost table; "
+        "--write-costs writes the part's own)",
     )
     p.add_argument("--json", action="store_true", help="print the results as JSON instead of a table")
     p.add_argument("-v", "--verbose", action="store_true", help="explain every n/a cell")

@@ -10,10 +10,12 @@ class, the order is the preference order alone.
 
 Within a class the table can also keep the benchmark **cases** it was made from, each with its
 features D (pairwise; none for gradients), its work (multiply-adds: batch·M·N·D, or M·N·O·K) and its
-milliseconds per backend.  Where it does, a problem is ranked by the case of its class nearest to
-it: the fewest octaves of D apart, then of work (a few-feature problem by the few-feature case of
-its class, not by a mean over D = 16 and D = 1024); the class's `ms` — the geometric mean over its
-cases — ranks where a class has no cases.
+milliseconds per backend.  Where it does, a problem is ranked by the cases of its class around it:
+at a measured D by that case, between two measured D by their times interpolated geometrically in
+log D, beyond the measured range by the nearest case (gradients, which have no D, the same in their
+work); of several cases at one D, the one nearest in work.  So a few-feature problem is ranked by
+the few-feature cases of its class, not by a mean over D = 16 and D = 1024.  The class's `ms` — the
+geometric mean over its cases — ranks where a class has no cases.
 
 A problem class ([`ProblemClass`][kermac.costs.ProblemClass]) is
 
@@ -80,6 +82,8 @@ __all__ = [
     "classify",
     "device_class",
     "problem_class",
+    "problem_shape",
+    "shape_of",
     "table_from_bench",
 ]
 
@@ -134,10 +138,10 @@ class MeasuredCase:
     work: int
     ms: Mapping[str, float]
 
-    def distance(self, features: int | None, work: int) -> tuple[float, float]:
-        """How far a problem of `features` and `work` is from this case: octaves of D, then of work."""
-        apart = 0.0 if features is None or self.features is None else abs(math.log2(max(features, 1) / self.features))
-        return apart, abs(math.log2(max(work, 1) / self.work))
+    @property
+    def position(self) -> int:
+        """Where the case sits on its class's axis: D, or the work for a gradient (no D)."""
+        return self.work if self.features is None else self.features
 
 
 # -- classifying problems -----------------------------------------------------------------------
@@ -173,8 +177,14 @@ def classify(
     program: PairwiseProgram | GradProgram, dtype: torch.dtype, sizes: Sequence[int], batch: int = 1
 ) -> ProblemClass:
     """The class of a problem: `sizes` is (M, N, D) for a pairwise program, (M, N, O, K) for a gradient."""
-    features = sizes[2] if len(sizes) == 3 else None
-    return _problem_class(program, dtype, _size(batch * math.prod(sizes), features))
+    features, work = shape_of(sizes, batch)
+    return _problem_class(program, dtype, _size(work, features))
+
+
+def shape_of(sizes: Sequence[int], batch: int = 1) -> tuple[int | None, int]:
+    """The features D (None for a gradient) and the work in multiply-adds of a problem of `sizes` ((M, N, D), or
+    (M, N, O, K) for a gradient) and `batch` entries, as [`MeasuredCase`][kermac.costs.MeasuredCase] records them."""
+    return (sizes[2] if len(sizes) == 3 else None), batch * math.prod(sizes)
 
 
 @functools.lru_cache(maxsize=1024)
@@ -187,19 +197,20 @@ def _problem_class(program: PairwiseProgram | GradProgram, dtype: torch.dtype, s
 
 def problem_class(problem: PairwiseProblem | GradProblem) -> ProblemClass:
     """[`classify`][kermac.costs.classify] of a normalised problem (`auto` asks this on every call: kept cheap)."""
-    features, work = problem_shape(problem)
+    return _class_of(problem, *problem_shape(problem))
+
+
+def _class_of(problem: PairwiseProblem | GradProblem, features: int | None, work: int) -> ProblemClass:
     dtype = problem.a.dtype if isinstance(problem, GradProblem) else problem.x.dtype
     return _problem_class(problem.program, dtype, _size(work, features))
 
 
 def problem_shape(problem: PairwiseProblem | GradProblem) -> tuple[int | None, int]:
-    """A normalised problem's features D (None for a gradient) and work in multiply-adds (batch·M·N·D, or
-    batch·M·N·O·K), as [`MeasuredCase`][kermac.costs.MeasuredCase] records them."""
+    """[`shape_of`][kermac.costs.shape_of] a normalised problem."""
     batch = math.prod(problem.batch_shape)
     if isinstance(problem, GradProblem):
-        return None, batch * math.prod(problem.sizes)
-    d = problem.x.shape[-1]
-    return d, batch * problem.x.shape[-2] * problem.z.shape[-2] * d
+        return shape_of(problem.sizes, batch)
+    return shape_of((problem.x.shape[-2], problem.z.shape[-2], problem.x.shape[-1]), batch)
 
 
 @functools.lru_cache(maxsize=64)
@@ -226,12 +237,20 @@ class CostTable:
     cases: Mapping[ProblemClass, Sequence[MeasuredCase]] = field(default_factory=dict)
 
     def ms(self, cls: ProblemClass, features: int | None, work: int) -> Mapping[str, float]:
-        """Milliseconds per backend for a problem of class `cls`, `features` and `work`: those of the class's
-        nearest case where it has cases, else the class's (empty where the class was not measured)."""
+        """Milliseconds per backend for a problem of class `cls`, `features` and `work`, from the class's cases
+        around it where it has cases (see the module documentation), else the class's (empty where the class
+        was not measured).  Between two cases, only the backends both list."""
         cases = self.cases.get(cls)
         if not cases:
             return self.costs.get(cls, {})
-        return min(cases, key=lambda case: case.distance(features, work)).ms
+        at = max(1, work if features is None else features)
+        below = _nearest([c for c in cases if c.position <= at], at, work)
+        above = _nearest([c for c in cases if c.position >= at], at, work)
+        if below is None or above is None or below.position == above.position:
+            return (_nearest([c for c in (below, above) if c is not None], at, work) or cases[0]).ms
+        w = math.log(at / below.position) / math.log(above.position / below.position)
+        ms = {b: t ** (1 - w) * above.ms[b] ** w for b, t in below.ms.items() if b in above.ms}
+        return dict(sorted(ms.items(), key=lambda kv: kv[1]))
 
     def to_json(self) -> dict[str, object]:
         """The file content (see the module documentation)."""
@@ -287,6 +306,8 @@ class CostTable:
                 raise fail(f"{where}: a second entry for {key}")
             costs[key] = _milliseconds(entry.get("ms"), f"{where}.ms", fail)
             measured = entry.get("cases", [])
+            if data["format"] == 1 and "cases" in entry:
+                raise fail(f"{where}.cases: a format 1 table has no cases (they came with format 2)")
             if not isinstance(measured, list):
                 raise fail(f"{where}.cases: expected a list of cases, got {type(measured).__name__}")
             cases[key] = tuple(_case(case, f"{where}.cases[{j}]", key, fail) for j, case in enumerate(measured))
@@ -333,6 +354,13 @@ def _positive_int(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value > 0
 
 
+def _nearest(cases: Sequence[MeasuredCase], at: int, work: int) -> MeasuredCase | None:
+    """Of `cases`, the one nearest to position `at` (in octaves), then to `work`; None for no cases."""
+    if not cases:
+        return None
+    return min(cases, key=lambda c: (abs(math.log2(at / c.position)), abs(math.log2(max(work, 1) / c.work))))
+
+
 class CostTables:
     """The tables of one directory (`<device class>.json`), each read on first use."""
 
@@ -359,15 +387,16 @@ class CostTables:
     def costs(
         self, problem: PairwiseProblem | GradProblem | ProductProblem | ProductGradProblem
     ) -> Mapping[str, float]:
-        """Milliseconds per backend for `problem`'s class on its device; empty where nothing was measured
-        (always for a fused product or its gradient, which have no class)."""
+        """Milliseconds per backend for `problem` on its device ([`CostTable.ms`][kermac.costs.CostTable.ms]);
+        empty where nothing was measured (always for a fused product or its gradient, which have no class)."""
         if isinstance(problem, (ProductProblem, ProductGradProblem)):
             return {}
         cls = device_class(problem.device)
         table = None if cls is None else self.table(cls)
         if table is None:
             return {}
-        return table.ms(problem_class(problem), *problem_shape(problem))
+        features, work = problem_shape(problem)
+        return table.ms(_class_of(problem, features, work), features, work)
 
 
 # -- tables from benchmark runs ------------------------------------------------------------------
@@ -393,8 +422,7 @@ def table_from_bench(reports: Sequence[Mapping[str, object]]) -> CostTable:
     for report in reports:
         for case in report["cases"]:
             key = ProblemClass(**case["problem_class"])
-            sizes = [int(s) for s in case["sizes"]]
-            shape = (sizes[2] if key.op == "pairwise" else None, math.prod(sizes))
+            shape = shape_of([int(s) for s in case["sizes"]])
             per_backend = times.setdefault(key, {})
             per_case = shapes.setdefault(key, {}).setdefault(shape, {})
             for name in report["backends"]:
