@@ -39,10 +39,11 @@ MAX_GRID_Y = 65535
 """CUDA's largest second grid dimension: `split_rows` takes the batch entries in launches of at most this many."""
 
 
-# Only what the product's own launch key fixes may select a compiled variant (D, the row and feature strides: their
-# facts are in the key), so a captured product whose key was warmed up splits without compiling.  The row count and
-# the batch stride that follows it change inside one key.
-@triton.jit(do_not_specialize=["R", "SAB"])
+# A captured product whose launch key was warmed up must split without compiling: the row count and the batch stride
+# that follows it change inside one key.  D and the row and feature strides are fixed by the key, but are not
+# specialised either (the variant then depends on nothing but the pointers' alignment; the split is one pass over
+# its operand, against the product's pass per tile).
+@triton.jit(do_not_specialize=["R", "D", "SAB", "SAR", "SAK"])
 def split_rows(
     A, HI, LO, NORM, R, D, DP, SAB, SAR, SAK, BR: tl.constexpr, BD: tl.constexpr
 ):  # fmt: skip
