@@ -246,8 +246,8 @@ class CostTable:
         at = max(1, work if features is None else features)
         below = _nearest([c for c in cases if c.position <= at], at, work)
         above = _nearest([c for c in cases if c.position >= at], at, work)
-        if below is None or above is None or below.position == above.position:
-            return (_nearest([c for c in (below, above) if c is not None], at, work) or cases[0]).ms
+        if below is None or above is None or below.position == above.position:  # beyond the cases, or at one
+            return (below or above).ms
         w = math.log(at / below.position) / math.log(above.position / below.position)
         ms = {b: t ** (1 - w) * above.ms[b] ** w for b, t in below.ms.items() if b in above.ms}
         return dict(sorted(ms.items(), key=lambda kv: kv[1]))
