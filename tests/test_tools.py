@@ -15,7 +15,7 @@ from kermac.costs import CostTable
 TOOLS = ("nvrtc_bench", "nvrtc_profile", "nvrtc_sass_report", "nvrtc_compile_times", "nvrtc_sass_digest")
 
 
-@pytest.mark.parametrize("name", [*TOOLS, "mg_eigh_bench", "triton_bench", "costs_from_bench"])
+@pytest.mark.parametrize("name", [*TOOLS, "mg_eigh_bench", "triton_bench", "costs_from_bench", "first_call_times"])
 def test_every_tool_imports_without_a_gpu(name: str) -> None:
     load_script(name)
 
@@ -70,3 +70,34 @@ def test_costs_from_bench_converts_saved_reports(tmp_path) -> None:
     assert [case.features for cases in table.cases.values() for case in cases] == [64]
     (tmp_path / "bad.json").write_text("{")
     assert tool.main([str(tmp_path / "bad.json"), "-o", str(out)]) == 1
+
+
+def test_first_call_times_runs_cold_and_warm_processes_on_the_cpu(capsys) -> None:
+    """One cold and one warm child per variant (the reference backend on CPU tensors): a row each, then medians."""
+    tool = load_script("first_call_times")
+    tool.main(["--backends", "torch", "--variants", "p1,gaussian", "--size", "8x3", "--warm", "1", "--device", "cpu"])
+    rows = capsys.readouterr().out.splitlines()
+    runs = [r.split()[:3] for r in rows[1:5]]
+    assert runs == [["torch", v, k] for v in ("p1", "gaussian") for k in ("cold", "warm")]
+    assert rows[5].startswith("cold first call: median") and rows[6].startswith("warm first call: median")
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--warm", "0"], "expected at least 1 warm process, got 0"),
+        (["--size", "64"], "expected ROWSxFEATURES such as 4096x64, got '64'"),
+        (["--size", "0x3"], "expected positive rows and features, got '0x3'"),
+    ],
+)
+def test_first_call_times_refuses_bad_arguments(argv: list[str], message: str, capsys) -> None:
+    tool = load_script("first_call_times")
+    with pytest.raises(SystemExit):
+        tool.parse_args(argv)
+    assert message in capsys.readouterr().err
+
+
+def test_first_call_times_names_a_failing_variant() -> None:
+    tool = load_script("first_call_times")
+    with pytest.raises(RuntimeError, match="torch no_such_kernel: the child failed"):
+        tool.main(["--backends", "torch", "--variants", "no_such_kernel", "--size", "8x3", "--device", "cpu"])

@@ -18,7 +18,7 @@ from helpers import BACKEND_DEVICES, require_backend
 import kermac
 from kermac import ir, presets, testing
 from kermac import kernel_facts as facts
-from kermac.programs import GradProgram, PairwiseProgram
+from kermac.programs import GradProgram, PairwiseProgram, nonnegative, nonnegative_variables
 
 expressions = pytest.importorskip("kermac_backend_triton.expressions")
 generated = pytest.importorskip("kermac_backend_triton.generated")
@@ -205,10 +205,15 @@ def test_constants_and_nonnegativity() -> None:
     minus_zero = "tl.full([], 0x80000000, tl.uint32).to(tl.float32, bitcast=True)"
     expected = f"((min_nan(X, {one(-1.5)}) + (max_nan(Z, {one('INF')}) * ({one('INF')} * 0.0))) - {minus_zero})"
     assert text == expected
-    nn = expressions.nonnegative
+    nn = nonnegative
     assert nn(abs(x - z)) and nn((x - z) * (x - z)) and nn(ir.exp(x)) and nn(ir.Var("acc"), frozenset({"acc"}))
     assert not nn(x - z) and not nn(ir.Hyper("p")) and not nn(ir.Const(-0.0)) and not nn(ir.sqrt(x))
     assert nn(ir.maximum(x, 0.0)) and not nn(ir.minimum(x, 0.0))
+    acc = ir.Var("acc")  # the accumulator of a sum or a minimum of non-negative terms; not of a maximum or signed terms
+    assert nonnegative_variables(PairwiseProgram(abs(x - z), "sum", acc)) == {"acc"}
+    assert nonnegative_variables(PairwiseProgram(abs(x - z), "min", acc)) == {"acc"}
+    assert nonnegative_variables(PairwiseProgram(abs(x - z), "max", acc)) == frozenset()
+    assert nonnegative_variables(PairwiseProgram(x - z, "sum", acc)) == frozenset()
     with pytest.raises(KeyError, match="variable 'q'"):
         expressions.render_expr(ir.Var("q"), {"x": "X"}, "float32")
 

@@ -14,7 +14,7 @@ around it:
   to a tile;
 * `pow(a, b)` as `exp2(b·log2 a)` (the special-function unit, one `lg2` and one `ex2`)
   with the IEEE special cases restored, in two forms: `pow_nonneg` where `a` is provably
-  never negative (`|t|`, `t·t`, sums of those — see `nonnegative`), and the general
+  never negative (`|t|`, `t·t`, sums of those — see `kermac.programs.nonnegative`), and the general
   `pow_ieee` (negative bases: integer exponents keep the sign, others give NaN);
 * `sign` with sign(±0) = +0 (torch.sign) and NaN → NaN, comparisons as 1.0 / 0.0, `min`/`max`
   that propagate NaN, `sqrt` within about an ulp in float32 (`sqrt_approx`).
@@ -31,9 +31,10 @@ import math
 from collections.abc import Mapping
 
 from kermac import ir
-from kermac.ir import Call, Const, Expr, Hyper, Var
+from kermac.ir import Call, Expr, Var
+from kermac.programs import nonnegative
 
-__all__ = ["COMPUTE_TYPES", "const", "hyper_arg", "nonnegative", "op_table", "render_expr"]
+__all__ = ["COMPUTE_TYPES", "const", "hyper_arg", "op_table", "render_expr"]
 
 COMPUTE_TYPES: Mapping[str, str] = {"float32": "tl.float32", "float64": "tl.float64"}
 """Compute type name → the Triton dtype expression used in generated source."""
@@ -82,35 +83,6 @@ def op_table(compute: str, *, fast: bool = False) -> dict[str, str]:
     missing = set(ir.OPS) - set(table)
     assert not missing, f"Triton op table lacks {sorted(missing)}"
     return table
-
-
-def nonnegative(expr: Expr, known: frozenset[str] = frozenset()) -> bool:
-    """Whether `expr` is provably ≥ +0 or NaN (never negative, never −0).
-
-    `known` names variables with that property (e.g. `acc` of a sum of non-negative terms).
-    The analysis is conservative: `False` means "not proven".
-    """
-    if isinstance(expr, Const):
-        return expr.value >= 0 and math.copysign(1.0, expr.value) > 0
-    if isinstance(expr, Var):
-        return expr.name in known
-    if isinstance(expr, Hyper):
-        return False
-    assert isinstance(expr, Call)
-    op, args = expr.op, expr.args
-    if op in ("abs", "exp", "lt", "le", "gt", "ge", "eq", "ne"):
-        return True
-    if op == "mul" and args[0] == args[1]:
-        return True
-    if op in ("add", "mul", "div", "min", "sqrt"):
-        return all(nonnegative(a, known) for a in args)
-    if op == "max":
-        return any(nonnegative(a, known) for a in args)
-    if op == "pow":
-        return nonnegative(args[0], known)
-    if op == "select":
-        return nonnegative(args[1], known) and nonnegative(args[2], known)
-    return False
 
 
 def const(value: float, compute: str, lang: str = "tl") -> str:

@@ -55,11 +55,12 @@ from kermac.programs import (
     affine_factor,
     epilogue_slope,
     inner_slope,
+    nonnegative_variables,
     product_factor,
     signed_power,
 )
 from kermac.reductions import ALL as REDUCTIONS
-from kermac_backend_triton.expressions import COMPUTE_TYPES, hyper_arg, nonnegative, render_expr
+from kermac_backend_triton.expressions import COMPUTE_TYPES, hyper_arg, render_expr
 from kermac_backend_triton.product_gradient import weighted_reduction
 
 __all__ = [
@@ -423,13 +424,13 @@ def _hypers_in(text: str, hypers: tuple[str, ...]) -> set[str]:
 def _pairwise_functions(spec: PairwiseSpec | ProductSpec) -> list[str]:
     """`inner`, `epilogue`, `combine` and (but for Gluon) `combine_chunk` of a pairwise program.
 
-    The accumulator may be known to be non-negative (simpler `pow`, `_known_nonnegative`).  The inner term
-    and the combine run in the k loop (`fast`: `log2` from the special-function unit).
+    The accumulator may be known to be non-negative (simpler `pow`, `kermac.programs.nonnegative_variables`).  The
+    inner term and the combine run in the k loop (`fast`: `log2` from the special-function unit).
     """
     prog, gluon = spec.program, spec.kernel == "gluon"
     lang = "gl" if gluon else "tl"
     inner = render_expr(prog.inner, {"x": "x", "z": "z"}, spec.compute, fast=True, lang=lang)
-    known = _known_nonnegative(prog)
+    known = nonnegative_variables(prog)
     epilogue = render_expr(prog.epilogue, {"acc": "acc", "diag": "diag"}, spec.compute, known, lang=lang)
     if gluon and not free_vars(prog.epilogue) & {"acc", "diag"}:
         # An epilogue without acc is a scalar: where(c, v, v) = v, broadcast to the tile (Gluon
@@ -442,12 +443,6 @@ def _pairwise_functions(spec: PairwiseSpec | ProductSpec) -> list[str]:
     return functions + _reduction_functions(prog.reduction, spec.compute, gluon, chunk=not gluon)
 
 
-def _known_nonnegative(prog: PairwiseProgram) -> frozenset[str]:
-    """`{"acc"}` where the accumulator is known to be non-negative: the inner terms are and the reduction keeps
-    them so (`nonnegative` of `kermac.reductions`: a sum or a min, whose identity, 0 or +inf, is ≥ 0 too)."""
-    return frozenset({"acc"}) if REDUCTIONS[prog.reduction].nonnegative and nonnegative(prog.inner) else frozenset()
-
-
 def _product_grad_functions(spec: ProductGradSpec) -> list[str]:
     """`inner`, `combine`, `combine_chunk`, `slope` (`e'`, of `acc` and `diag`), `inner_slope` (`∂τ/∂x`) and, but
     for a sum, the reduction's `weight(acc, t)` (`∂acc/∂τ_j`) of a gradient product.  The inner term, its slope and
@@ -456,7 +451,7 @@ def _product_grad_functions(spec: ProductGradSpec) -> list[str]:
     texts = {
         ("inner", "x, z, hypers"): render_expr(prog.inner, {"x": "x", "z": "z"}, compute, fast=True),
         ("slope", "acc, diag, hypers"): render_expr(
-            epilogue_slope(prog), {"acc": "acc", "diag": "diag"}, compute, _known_nonnegative(prog)
+            epilogue_slope(prog), {"acc": "acc", "diag": "diag"}, compute, nonnegative_variables(prog)
         ),
         ("inner_slope", "x, z, hypers"): render_expr(inner_slope(prog), {"x": "x", "z": "z"}, compute, fast=True),
     }

@@ -82,6 +82,8 @@ __all__ = [
     "is_abs_difference_sum",
     "is_product_sum",
     "is_squared_difference_sum",
+    "nonnegative",
+    "nonnegative_variables",
     "product_factor",
     "program_from_key",
     "signed_power",
@@ -543,6 +545,43 @@ def zero_padding_is_neutral(program: PairwiseProgram) -> bool:
         return float(evaluate(program.inner, {"x": zero, "z": zero}, like=zero)) == program.identity
 
     return _derived(program, "_zero_padding_is_neutral", neutral)
+
+
+def nonnegative(expr: Expr, known: frozenset[str] = frozenset()) -> bool:
+    """Whether `expr` is provably ≥ +0 or NaN (never negative, never −0).
+
+    `known` names variables with that property (e.g. `acc` of a sum of non-negative terms,
+    [`nonnegative_variables`][kermac.programs.nonnegative_variables]).  The analysis is conservative: `False` means
+    "not proven".  Backends compute a power of a base proven non-negative without the negative-base cases.
+    """
+    if isinstance(expr, Const):
+        return expr.value >= 0 and math.copysign(1.0, expr.value) > 0
+    if isinstance(expr, Var):
+        return expr.name in known
+    if not isinstance(expr, Call):  # a hyperparameter
+        return False
+    op, args = expr.op, expr.args
+    if op in ("abs", "exp", "lt", "le", "gt", "ge", "eq", "ne"):
+        return True
+    if op == "mul" and args[0] == args[1]:
+        return True
+    if op in ("add", "mul", "div", "min", "sqrt"):
+        return all(nonnegative(a, known) for a in args)
+    if op == "max":
+        return any(nonnegative(a, known) for a in args)
+    if op == "pow":
+        return nonnegative(args[0], known)
+    if op == "select":
+        return nonnegative(args[1], known) and nonnegative(args[2], known)
+    return False
+
+
+def nonnegative_variables(program: PairwiseProgram) -> frozenset[str]:
+    """The variables of `program`'s epilogue known to be ≥ +0 or NaN: `{"acc"}` where the inner terms are
+    ([`nonnegative`][kermac.programs.nonnegative]) and the reduction keeps them so (`nonnegative` of
+    [`kermac.reductions`][kermac.reductions]: a sum or a minimum, whose identity, 0 or +inf, is ≥ 0 too), else none."""
+    kept = reductions.ALL[program.reduction].nonnegative and nonnegative(program.inner)
+    return frozenset({"acc"}) if kept else frozenset()
 
 
 def signed_power(expr: Expr) -> tuple[Expr, Expr] | None:
