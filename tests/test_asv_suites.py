@@ -9,6 +9,8 @@ computes the right answer.
 from __future__ import annotations
 
 import importlib
+import stat
+import subprocess
 import sys
 import textwrap
 from pathlib import Path
@@ -18,6 +20,7 @@ import pytest
 import torch
 
 import kermac
+from kermac import benchmarking as bm
 from kermac import registry
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -196,3 +199,50 @@ def test_a_revision_without_kernel_product_is_na(monkeypatch: pytest.MonkeyPatch
     monkeypatch.delattr(kermac, "kernel_product")
     with pytest.raises(NotImplementedError, match="no kernel_product"):
         suite_module.Products().setup("torch", next(iter(suite_module.CASES)))
+
+
+def test_the_first_call_suite_times_each_backend_variant_and_cache_state() -> None:
+    suite = _suite("bench_first_call")
+    backends, variants, caches = suite.FirstCall.params
+    assert backends == _suite("_harness").backend_names() and caches == ["cold", "warm"]
+    expected = list(bm.FIRST_CALL_VARIANTS) if _suite("_harness").DEVICE == "cuda" else ["p1"]
+    assert variants == expected and suite.FirstCall.number == 1
+
+
+@pytest.mark.parametrize("caches", ["cold", "warm"])
+def test_a_first_call_runs_in_a_new_process_with_private_caches(caches: str) -> None:
+    """The suite's code computes the variant in a fresh process; a cold process gets a new private directory."""
+    suite = _suite("bench_first_call")
+    bench = suite.FirstCall()
+    bench.setup("torch", "p1", caches)
+    try:
+        before = set(Path(bench.caches).iterdir())
+        statement, setup = bench.timeraw_first_call("torch", "p1", caches)
+        check = "\nassert torch.allclose(call_variant('p1', x, z, 'torch'), torch.cdist(x, z, p=1), rtol=1e-5)\n"
+        subprocess.run([sys.executable, "-c", setup + statement + check], check=True, capture_output=True)
+        made = set(Path(bench.caches).iterdir()) - before
+        if caches == "cold":
+            (new,) = made
+            assert stat.S_IMODE(new.stat().st_mode) == 0o700
+        else:
+            assert not made
+    finally:
+        bench.teardown("torch", "p1", caches)
+    assert not Path(bench.caches).exists()
+
+
+def test_the_first_call_suite_leaves_unavailable_backends_na() -> None:
+    suite = _suite("bench_first_call")
+    missing = [b for b in suite.FirstCall.params[0] if _suite("_harness").refusal(b) is not None]
+    for backend in missing:
+        with pytest.raises(NotImplementedError, match=f"backend {backend!r} not timed here"):
+            suite.FirstCall().setup(backend, "p1", "cold")
+
+
+def test_call_variant_names_a_bad_variant() -> None:
+    x = torch.zeros(2, 3)
+    with pytest.raises(ValueError, match="variant: expected pP with a number P"):
+        bm.call_variant("pfast", x, x, "torch")
+    with pytest.raises(ValueError, match="variant: expected pP or one of the presets"):
+        bm.call_variant("no_such_kernel", x, x, "torch")
+    torch.testing.assert_close(bm.call_variant("gaussian", x, x, "torch"), torch.ones(2, 2))

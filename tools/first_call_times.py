@@ -11,8 +11,10 @@ filled. Import of kermac (which loads no backend) is reported apart; the first c
     python tools/first_call_times.py [--backends nvrtc,triton] [--variants p1,p2,p1.3,gaussian,laplace_l1]
                                      [--size 4096x64] [--warm 2] [--device cuda]
 
-A variant is `pP` (`kermac.cdist` with p = P) or a preset name (`kermac.run_kernel`, bandwidth 2). `--device cpu`
-runs CPU tensors (the `torch` backend, or Triton under `TRITON_INTERPRET=1`), which the tests use.
+A variant is `pP` (`kermac.cdist` with p = P) or a preset name (`kermac.run_kernel`, bandwidth 2):
+`kermac.benchmarking.call_variant`; the default list is `FIRST_CALL_VARIANTS`, which the asv suite `bench_first_call`
+times too. `--device cpu` runs CPU tensors (the `torch` backend, or Triton under `TRITON_INTERPRET=1`), which the
+tests use.
 """
 
 from __future__ import annotations
@@ -27,17 +29,14 @@ import sys
 import tempfile
 import time
 
+from kermac.benchmarking import FIRST_CALL_VARIANTS
+
 CHILD = "--child"
 
 
-def _call(kermac, variant: str, x, z, backend: str):
-    if variant.startswith("p"):
-        return kermac.cdist(x, z, p=float(variant[1:]), backend=backend)
-    return kermac.run_kernel(variant, x, z, bandwidth=2.0, backend=backend)
-
-
 def child(backend: str, variant: str, size: str, device: str) -> dict[str, float]:
-    """The times of one fresh process, in seconds (run with `CHILD`)."""
+    """The times of one fresh process, in seconds (run with `CHILD`): `import kermac` (no backend is loaded yet),
+    the first call and the second."""
     import torch
 
     m, d = (int(v) for v in size.split("x"))
@@ -49,13 +48,13 @@ def child(backend: str, variant: str, size: str, device: str) -> dict[str, float
     x, z = torch.randn(m, d, device=device), torch.randn(m, d, device=device)
     sync()
     start = time.perf_counter()
-    import kermac
+    import kermac.benchmarking as bm
 
     imported = time.perf_counter()
-    _call(kermac, variant, x, z, backend)
+    bm.call_variant(variant, x, z, backend)
     sync()
     first = time.perf_counter()
-    _call(kermac, variant, x, z, backend)
+    bm.call_variant(variant, x, z, backend)
     sync()
     second = time.perf_counter()
     return {"import": imported - start, "first": first - imported, "second": second - first}
@@ -75,7 +74,7 @@ def run_child(backend: str, variant: str, size: str, device: str, caches: str) -
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--backends", default="nvrtc,triton", help="comma-separated backend names")
-    ap.add_argument("--variants", default="p1,p2,p1.3,gaussian,laplace_l1", help="comma-separated: pP or presets")
+    ap.add_argument("--variants", default=",".join(FIRST_CALL_VARIANTS), help="comma-separated: pP or presets")
     ap.add_argument("--size", default="4096x64", help="rows x features of both operands (default 4096x64)")
     ap.add_argument("--warm", type=int, default=2, help="warm processes per variant (default 2)")
     ap.add_argument("--device", default="cuda", choices=("cuda", "cpu"))

@@ -51,6 +51,7 @@ __all__ = [
     "CPU_CASES",
     "CPU_QUICK_CASES",
     "FEW_FEATURE_CASES",
+    "FIRST_CALL_VARIANTS",
     "GPU_CASES",
     "GPU_QUICK_CASES",
     "H100_FP32_PER_MS",
@@ -63,6 +64,7 @@ __all__ = [
     "SINGLE_OUTPUT_GRADIENT_CASES",
     "SMALL_CASES",
     "BenchCase",
+    "call_variant",
     "cases_for",
     "checked_on_corner",
     "checked_part",
@@ -399,6 +401,29 @@ SMALL_CASES: tuple[BenchCase, ...] = CPU_QUICK_CASES
 """`kermac bench --small`: 256² distances and Laplace kernels of 32 features and a 256, 32, 4, 128
 gradient on any device; a GPU finishes each kernel in a few microseconds, so these time the host.
 """
+
+
+FIRST_CALL_VARIANTS: tuple[str, ...] = ("p1", "p2", "p1.3", "gaussian", "laplace_l1")
+"""The kernel variants whose first call in a fresh process is timed (`tools/first_call_times.py`, the asv suite
+`bench_first_call`): `pP` is `kermac.cdist` with p = P, another name a preset of `kermac.presets` with bandwidth 2
+(`call_variant`)."""
+
+
+def call_variant(variant: str, x: torch.Tensor, z: torch.Tensor, backend: str) -> torch.Tensor:
+    """Run kernel variant `variant` (see `FIRST_CALL_VARIANTS`) on `x` `[M, D]` and `z` `[N, D]` on `backend`: the
+    `[M, N]` distances (`pP`) or kernel matrix (a preset name, bandwidth 2)."""
+    import kermac
+
+    if variant.startswith("p"):
+        try:
+            p = float(variant[1:])
+        except ValueError:
+            message = f"variant: expected pP with a number P (such as p1.3) or a preset, got {variant!r}"
+            raise ValueError(message) from None
+        return kermac.cdist(x, z, p=p, backend=backend)
+    if variant not in kermac.presets.ALL:
+        raise ValueError(f"variant: expected pP or one of the presets {sorted(kermac.presets.ALL)}, got {variant!r}")
+    return kermac.run_kernel(variant, x, z, bandwidth=2.0, backend=backend)
 
 
 def cases_for(
