@@ -70,7 +70,11 @@ class FirstCall:
         self.caches = tempfile.mkdtemp(prefix="kermac-asv-first-call-")
         if caches == "warm":
             statement, setup = first_call_code(impl, variant, self.caches, fresh=False)
-            subprocess.run([sys.executable, "-c", setup + statement], check=True, env=dict(os.environ))
+            try:
+                subprocess.run([sys.executable, "-c", setup + statement], check=True, env=dict(os.environ))
+            except BaseException:
+                shutil.rmtree(self.caches, ignore_errors=True)  # asv runs no teardown after a failed setup
+                raise
 
     def teardown(self, impl: str, variant: str, caches: str) -> None:
         shutil.rmtree(getattr(self, "caches", ""), ignore_errors=True)

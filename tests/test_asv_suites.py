@@ -241,8 +241,20 @@ def test_the_first_call_suite_leaves_unavailable_backends_na() -> None:
 
 def test_call_variant_names_a_bad_variant() -> None:
     x = torch.zeros(2, 3)
-    with pytest.raises(ValueError, match="variant: expected pP with a number P"):
-        bm.call_variant("pfast", x, x, "torch")
-    with pytest.raises(ValueError, match="variant: expected pP or one of the presets"):
-        bm.call_variant("no_such_kernel", x, x, "torch")
-    torch.testing.assert_close(bm.call_variant("gaussian", x, x, "torch"), torch.ones(2, 2))
+    for bad in ("pfast", "no_such_kernel", "p"):
+        with pytest.raises(ValueError, match=f"variant: expected pP with a number P .* got {bad!r}"):
+            bm.call_variant(bad, x, x, "torch")
+    with pytest.raises(TypeError, match="variant: expected a str"):
+        bm.call_variant(1.3, x, x, "torch")
+
+
+@pytest.mark.parametrize("name", sorted(kermac.presets.ALL))
+def test_call_variant_runs_every_preset(name: str) -> None:
+    """Each preset with the hyperparameters it takes (bandwidth 2, p = FIRST_CALL_P), as run_kernel computes it."""
+    x, z = torch.randn(5, 3), torch.randn(4, 3)
+    preset = kermac.presets.ALL[name]
+    hypers = {"bandwidth": 2.0} if preset.needs_bandwidth else {}
+    hypers |= {"p": bm.FIRST_CALL_P} if preset.needs_p else {}
+    want = kermac.run_kernel(name, x, z, backend="torch", **hypers)
+    torch.testing.assert_close(bm.call_variant(name, x, z, "torch"), want)
+    torch.testing.assert_close(bm.call_variant("p1.5", x, z, "torch"), torch.cdist(x, z, p=1.5))

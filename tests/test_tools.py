@@ -101,3 +101,19 @@ def test_first_call_times_names_a_failing_variant() -> None:
     tool = load_script("first_call_times")
     with pytest.raises(RuntimeError, match="torch no_such_kernel: the child failed"):
         tool.main(["--backends", "torch", "--variants", "no_such_kernel", "--size", "8x3", "--device", "cpu"])
+
+
+def test_first_call_times_child_times_its_own_import_of_kermac() -> None:
+    """The child imports kermac inside its timer (the tool imports nothing of kermac at module level)."""
+    import subprocess
+    import sys
+
+    tool = load_script("first_call_times")
+    done = subprocess.run(
+        [sys.executable, tool.__file__, tool.CHILD, "torch", "p1", "8x3", "cpu"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    times = json.loads(done.stdout.strip().splitlines()[-1])
+    assert times["import"] > 1e-3 and times["first"] > 0 and times["second"] > 0

@@ -29,8 +29,6 @@ import sys
 import tempfile
 import time
 
-from kermac.benchmarking import FIRST_CALL_VARIANTS
-
 CHILD = "--child"
 
 
@@ -72,6 +70,8 @@ def run_child(backend: str, variant: str, size: str, device: str, caches: str) -
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    from kermac.benchmarking import FIRST_CALL_VARIANTS  # here: a child times its own import of kermac
+
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--backends", default="nvrtc,triton", help="comma-separated backend names")
     ap.add_argument("--variants", default=",".join(FIRST_CALL_VARIANTS), help="comma-separated: pP or presets")

@@ -51,6 +51,7 @@ __all__ = [
     "CPU_CASES",
     "CPU_QUICK_CASES",
     "FEW_FEATURE_CASES",
+    "FIRST_CALL_P",
     "FIRST_CALL_VARIANTS",
     "GPU_CASES",
     "GPU_QUICK_CASES",
@@ -405,25 +406,34 @@ gradient on any device; a GPU finishes each kernel in a few microseconds, so the
 
 FIRST_CALL_VARIANTS: tuple[str, ...] = ("p1", "p2", "p1.3", "gaussian", "laplace_l1")
 """The kernel variants whose first call in a fresh process is timed (`tools/first_call_times.py`, the asv suite
-`bench_first_call`): `pP` is `kermac.cdist` with p = P, another name a preset of `kermac.presets` with bandwidth 2
-(`call_variant`)."""
+`bench_first_call`): `pP` is `kermac.cdist` with p = P, another name a preset of `kermac.presets` (`call_variant`)."""
+
+FIRST_CALL_P = 1.3
+"""The p of a preset that takes one (`lp_distance`, `laplace_lp`) in `call_variant`."""
 
 
 def call_variant(variant: str, x: torch.Tensor, z: torch.Tensor, backend: str) -> torch.Tensor:
     """Run kernel variant `variant` (see `FIRST_CALL_VARIANTS`) on `x` `[M, D]` and `z` `[N, D]` on `backend`: the
-    `[M, N]` distances (`pP`) or kernel matrix (a preset name, bandwidth 2)."""
+    `[M, N]` distances (`pP`) or the preset's kernel matrix (bandwidth 2 where it takes one, p = `FIRST_CALL_P`
+    where it takes one)."""
     import kermac
 
-    if variant.startswith("p"):
-        try:
-            p = float(variant[1:])
-        except ValueError:
-            message = f"variant: expected pP with a number P (such as p1.3) or a preset, got {variant!r}"
-            raise ValueError(message) from None
-        return kermac.cdist(x, z, p=p, backend=backend)
-    if variant not in kermac.presets.ALL:
-        raise ValueError(f"variant: expected pP or one of the presets {sorted(kermac.presets.ALL)}, got {variant!r}")
-    return kermac.run_kernel(variant, x, z, bandwidth=2.0, backend=backend)
+    if not isinstance(variant, str):
+        raise TypeError(f"variant: expected a str (pP or a preset name), got {type(variant).__name__}")
+    preset = kermac.presets.ALL.get(variant)
+    if preset is not None:
+        bandwidth = 2.0 if preset.needs_bandwidth else None
+        return kermac.run_kernel(
+            preset, x, z, bandwidth=bandwidth, p=FIRST_CALL_P if preset.needs_p else None, backend=backend
+        )
+    try:
+        p = float(variant[1:]) if variant.startswith("p") else None
+    except ValueError:
+        p = None
+    if p is None:
+        presets = sorted(kermac.presets.ALL)
+        raise ValueError(f"variant: expected pP with a number P (such as p1.3) or one of {presets}, got {variant!r}")
+    return kermac.cdist(x, z, p=p, backend=backend)
 
 
 def cases_for(
