@@ -3,7 +3,9 @@
 Expressions go through [`kermac.ir.render`][kermac.ir.render] with `CUDA_OPS` (the `km_*` overloads of
 `cuda/prelude.cuh` cover float and double); peepholes first replace sub-trees by faster equivalents
 with the same semantics: `pow(abs(e), b)` → `km_powabs` (`ex2(b·lg2|e|)`, no sign handling
-needed; `km_powabs_ftz` for a known `b >= 1` when subnormals may be flushed),
+needed; `km_powabs_ftz` for a known `b >= 1` when subnormals may be flushed), `pow(a, b)` of another
+base proven non-negative ([`kermac.programs.nonnegative`][kermac.programs.nonnegative], e.g. the root of a sum of
+`|x − z|^p`) → `km_pow_nonneg` (the same with the product's rounding error carried, in place of IEEE `powf`),
 `select(ne(e, 0), sign(e)·pow(abs(e), b), 0)` ([`kermac.programs.signed_power`][kermac.programs.signed_power]) →
 `km_signpow` (a copysign instead of a sign times a product), powers whose exponent is a known
 multiple of 1/2 → products and a square root, and divisions by (exponentials of quotients of)
@@ -20,7 +22,7 @@ import torch
 
 from kermac import ir
 from kermac.ir import Call, Const, Expr, Hyper, Var
-from kermac.programs import canonical_inner, product_factor, signed_power
+from kermac.programs import canonical_inner, nonnegative, product_factor, signed_power
 
 __all__ = [
     "CUDA_OPS",
@@ -182,6 +184,7 @@ def render_expr(
     ftz: bool = False,
     half_powers: bool = False,
     known: Mapping[str, float] = {},
+    nonneg: frozenset[str] = frozenset(),
 ) -> str:
     """CUDA C++ for `expr` computed in `compute` ("float" or "double"); `names` maps Var names to C
     identifiers, a hyperparameter is `hyper_identifier` of its name (a program may name a
@@ -191,6 +194,10 @@ def render_expr(
     `half_powers`: a power of an absolute value (signed or not) whose exponent constants and
     `known` (hyperparameter values fixed in the source) make a multiple of 1/2 in [1/2, 4]
     (`half_steps`) is `km_powhalf`/`km_signpowhalf` (products and at most one square root).
+
+    `nonneg`: variables known to be ≥ +0 or NaN (`kermac.programs.nonnegative_variables`: a pairwise epilogue's
+    `acc` where the terms and the reduction keep it so); a power of a base `kermac.programs.nonnegative` proves
+    non-negative with them is `km_pow_nonneg` (or `km_powhalf` for a known exponent N/2) instead of IEEE `km_pow`.
 
     `ge1`: hyperparameters known to be finite and >= 1 (`|a|^h` then needs no `h = 0` case,
     and with `ftz` uses `km_powabs_ftz`, which flushes terms below 2^-126 to 0; a signed power
@@ -211,6 +218,11 @@ def render_expr(
                 base, b = sub(e.args[0]), sub(e.args[1])
                 fn = ("km_powabs_ftz" if ftz else "km_powabs_nz") if _exponent_ge1(e.args[1], ge1) else "km_powabs"
                 return placeholder(f"{fn}({base}, {b})")
+            if e.op == "pow" and nonnegative(e.args[0], nonneg):
+                n = half_steps(e.args[1], known) if half_powers else None
+                if n is not None:
+                    return placeholder(f"km_powhalf<{n}, false>({sub(e.args[0])})")
+                return placeholder(f"km_pow_nonneg({sub(e.args[0])}, {sub(e.args[1])})")
             quotient = _exp_of_quotient(e)
             if quotient is not None:
                 return placeholder(f"km_exp_div({sub(quotient[0])}, {sub(quotient[1])})")
@@ -228,7 +240,8 @@ def render_expr(
         return e
 
     def sub(e: Expr) -> str:
-        return render_expr(e, names, compute=compute, ge1=ge1, gt1=gt1, ftz=ftz, half_powers=half_powers, known=known)
+        options = {"ge1": ge1, "gt1": gt1, "ftz": ftz, "half_powers": half_powers, "known": known, "nonneg": nonneg}
+        return render_expr(e, names, compute=compute, **options)
 
     def placeholder(text: str) -> Expr:
         key = f"kmpeep{len(peeps)}"

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from functools import cache
 from importlib import resources
 
-from kermac.programs import product_factor, zero_padding_is_neutral
+from kermac.programs import nonnegative_variables, product_factor, zero_padding_is_neutral
 from kermac.reductions import ALL as REDUCTIONS
 from kermac_backend_nvrtc import tiles, variants
 from kermac_backend_nvrtc.render import cuda_constant, hyper_identifier, is_sign_product, render_expr, split_exponent
@@ -165,7 +165,8 @@ def _pairwise_interface(
 
 
 def _epilogue_functor(v: variants.KernelVariant, inline: str = "__forceinline__") -> str:
-    text = render_expr(v.program.epilogue, _PAIRWISE_NAMES, **_render_options(v))
+    options = _render_options(v, nonneg=nonnegative_variables(v.program))
+    text = render_expr(v.program.epilogue, _PAIRWISE_NAMES, **options)
     return f"__device__ {inline} km_t km_epilogue(km_t acc, km_t diag KM_HYPER_FORMALS) {{ return {text}; }}"
 
 

@@ -133,9 +133,49 @@ def sign_bit_set(a):
 
 
 @triton.jit
+def _pow_nonneg_sfu(a, b):
+    # 2^(b·log2 a) for float32 on a GPU, as the NVRTC backend's km_pow_nonneg (its comment gives the reasons):
+    # log2 a = E + lg2.approx(m), a = 2^E·m, m in [√½, √2) (subnormal a scaled by 2^24 first); the rounding errors
+    # of b·E, b·lg2 m and their sum carried into ex2.approx's result as r·(1 + err·ln 2); a = 0, inf, NaN and a
+    # non-finite b take 2^(b·lg2 a) whole; 2^y as 2^(y - s)·2^s, s = ±64 where |y| >= 64; no correction where
+    # y - s is infinite or NaN.  PTX, so that no contraction into fma can change the error terms.
+    return tl.inline_asm_elementwise(
+        """{ .reg .f32 s, m, fe, lm, ye, yl, y, err, t, r, sc; .reg .b32 bits, e, sh; .reg .pred sn, ok, fin, big;
+        setp.lt.f32 sn, $1, 0f00800000; mul.rn.f32 t, $1, 0f4B800000; selp.f32 s, t, $1, sn;
+        mov.b32 bits, s; sub.s32 e, bits, 0x3f3504f3; shr.s32 e, e, 23; shl.b32 sh, e, 23; sub.s32 bits, bits, sh;
+        mov.b32 m, bits; @sn sub.s32 e, e, 24; cvt.rn.f32.s32 fe, e;
+        setp.gt.f32 ok, $1, 0f00000000; setp.lt.and.f32 ok, $1, 0f7F800000, ok;
+        abs.f32 t, $2; setp.lt.and.f32 ok, t, 0f7F800000, ok;
+        selp.f32 m, m, $1, ok; selp.f32 fe, fe, 0f00000000, ok;
+        lg2.approx.f32 lm, m; mul.rn.f32 ye, $2, fe; selp.f32 ye, ye, 0f00000000, ok;
+        mul.rn.f32 yl, $2, lm; add.rn.f32 y, ye, yl;
+        neg.f32 t, ye; fma.rn.f32 err, $2, fe, t; neg.f32 t, yl; fma.rn.f32 t, $2, lm, t; add.rn.f32 err, err, t;
+        sub.rn.f32 t, ye, y; add.rn.f32 t, t, yl; add.rn.f32 err, err, t; mul.rn.f32 err, err, 0f3F317218;
+        abs.f32 t, y; setp.ge.f32 big, t, 0f42800000; mov.b32 bits, y; and.b32 bits, bits, 0x80000000;
+        or.b32 bits, bits, 0x42800000; mov.b32 sc, bits; selp.f32 sc, sc, 0f00000000, big; sub.rn.f32 y, y, sc;
+        ex2.approx.f32 r, y; fma.rn.f32 t, r, err, r; abs.f32 y, y; setp.lt.f32 fin, y, 0f43000000;
+        selp.f32 r, t, r, fin; setp.gt.f32 big, sc, 0f00000000; selp.f32 t, 0f5F800000, 0f3F800000, big;
+        setp.lt.f32 big, sc, 0f00000000; selp.f32 t, 0f1F800000, t, big; mul.rn.f32 $0, r, t; }""",
+        "=r,r,r",
+        [a, b],
+        dtype=tl.float32,
+        is_pure=True,
+        pack=1,
+    )
+
+
+@triton.jit
 def pow_nonneg(a, b):
-    # a ** b for a >= 0 (or NaN): exp2(b * log2(a)); pow(a, 0) = pow(1, b) = 1 as in IEEE pow.
-    r = exp2_accurate(b * tl.log2(a))
+    # a ** b for a >= 0 (or NaN), once per output (epilogues): exp2(b * log2(a)), on the special-function unit
+    # for float32 on a GPU (_pow_nonneg_sfu), else with Triton's accurate log2 (in float64 for float32 values);
+    # pow(a, 0) = pow(1, b) = 1 as in IEEE pow.  Triton's float32 log2 is a long software polynomial: with few
+    # features the root of a distance, not the write, then set the time (docs/dev/nonnegative-powers.md).
+    if native_float32(a.dtype):
+        r = _pow_nonneg_sfu(a, b)
+    elif a.dtype == tl.float32:  # the interpreter: float64, so that log2 a keeps its bits for large |log2 a|
+        r = tl.exp2(b.to(tl.float64) * tl.log2(a.to(tl.float64))).to(tl.float32)
+    else:
+        r = exp2_accurate(b * tl.log2(a))
     return tl.where(b == 0, 1.0, tl.where(a == 1, 1.0, r))
 
 

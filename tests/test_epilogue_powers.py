@@ -1,0 +1,89 @@
+"""Powers of a value the program proves non-negative (`kermac.programs.nonnegative`): the root of a distance.
+
+`pow(acc, b)` where `acc` sums `|x|` runs `km_pow_nonneg` on NVRTC and `pow_nonneg` on Triton (on a GPU both
+2^(b·lg2 a) on the special-function unit with the rounding errors carried, in place of IEEE pow).  With one
+feature `acc` is `|x|` exactly, so the output is `|x|^b` of a float32 input, compared with float64's `pow` of the
+same value: within `ULPS` over the whole float32 range (subnormal inputs included), and torch's values on IEEE
+special cases.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from helpers import BACKEND_DEVICES, require_backend
+
+import kermac
+from kermac import ir
+from kermac.programs import PairwiseProgram, nonnegative, nonnegative_variables
+
+ULPS = 4
+"""The error allowed in float32 ulp (2^-23 relative) where the result is a normal number."""
+
+EXPONENTS = [1 / 1.3, 1 / 3, 1 / 0.7, 2.5, -0.5, 1.0, 7.3, -3.1]
+
+_B = ir.Hyper("e")
+
+
+def _power_program() -> PairwiseProgram:
+    """`(Σ_k |x_k| + |z_k|)^b`: with one feature and z = 0, `|x|^b`."""
+    return PairwiseProgram(abs(ir.Var("x")) + abs(ir.Var("z")), "sum", ir.pow(ir.Var("acc"), _B))
+
+
+def test_the_power_of_a_sum_of_absolute_values_has_a_nonnegative_base() -> None:
+    """The accumulator of a sum (or a minimum) of non-negative terms is known non-negative; of a maximum or a
+    log-sum-exp, or of signed terms, it is not."""
+    x, z = ir.Var("x"), ir.Var("z")
+    assert nonnegative_variables(_power_program()) == {"acc"}
+    assert nonnegative_variables(PairwiseProgram(abs(x - z), "min", ir.Var("acc"))) == {"acc"}
+    for reduction in ("max", "logsumexp"):
+        assert nonnegative_variables(PairwiseProgram(abs(x - z), reduction, ir.Var("acc"))) == frozenset()
+    assert nonnegative_variables(PairwiseProgram(x - z, "sum", ir.Var("acc"))) == frozenset()
+    assert nonnegative(ir.sqrt(ir.Var("acc")), frozenset({"acc"})) and not nonnegative(ir.Var("acc"))
+    assert not nonnegative(ir.Const(-0.0)) and nonnegative(ir.Const(0.0)) and not nonnegative(_B)
+
+
+def _wide_range(device: str) -> torch.Tensor:
+    """Positive float32 values from the smallest subnormal to the largest finite, spread over every binade."""
+    exponents = torch.linspace(-149.0, 127.9, 8192, dtype=torch.float64)
+    jitter = torch.rand(8192, dtype=torch.float64, generator=torch.Generator().manual_seed(3))
+    values = (2.0**exponents) * (1.0 + 0.5 * jitter)
+    return values.clamp(max=torch.finfo(torch.float32).max).float().to(device)
+
+
+@pytest.mark.parametrize(("backend", "device"), BACKEND_DEVICES)
+@pytest.mark.parametrize("b", EXPONENTS, ids=lambda b: f"b={b:.3g}")
+def test_a_power_of_a_nonnegative_sum_is_within_a_few_ulp(backend: str, device: str, b: float) -> None:
+    require_backend(backend, device)
+    x = _wide_range(device)[:, None]
+    got = kermac.run_program(_power_program(), x, torch.zeros(1, 1, device=device), hypers={"e": b}, backend=backend)
+    got = got.double().cpu()[:, 0]
+    want = x.double().cpu()[:, 0] ** torch.tensor(b, dtype=torch.float32).double()
+    tiny, huge = torch.finfo(torch.float32).smallest_normal, torch.finfo(torch.float32).max
+    normal = (want >= tiny) & (want <= huge)
+    ulps = ((got - want).abs() / want)[normal] / 2.0**-23
+    worst = int(ulps.argmax())
+    assert ulps.max() <= ULPS, f"|x|^{b}: {ulps.max():.2f} ulp at x = {x.cpu()[normal][worst].item():.9g}"
+    # Results below the normal range hold what a subnormal can; beyond it they overflow as pow does.
+    small = want < tiny
+    assert ((got[small] - want[small]).abs() <= ULPS * 2.0**-149).all()
+    assert (got[want > huge] == math.inf).all()
+
+
+SPECIAL_BASES = [0.0, 1.0, 2.0, 0.5, 1e-40, 3e38, math.inf, math.nan]
+SPECIAL_EXPONENTS = [0.0, -0.0, 1 / 1.3, -0.5, 2.5, math.inf, -math.inf]  # a NaN hyperparameter is refused
+
+
+@pytest.mark.parametrize(("backend", "device"), BACKEND_DEVICES)
+def test_a_power_of_a_nonnegative_sum_keeps_pows_special_values(backend: str, device: str) -> None:
+    """0, inf, NaN, subnormal and huge bases with zero and infinite exponents, as torch.pow in float32."""
+    require_backend(backend, device)
+    x = torch.tensor(SPECIAL_BASES, device=device)[:, None]
+    z = torch.zeros(1, 1, device=device)
+    for b in SPECIAL_EXPONENTS:
+        got = kermac.run_program(_power_program(), x, z, hypers={"e": b}, backend=backend).cpu()[:, 0]
+        want = torch.pow(x.cpu()[:, 0], torch.tensor(b))
+        same = (got.isnan() & want.isnan()) | torch.isclose(got, want, rtol=1e-6, atol=2.0**-149 * ULPS)
+        assert same.all(), f"b = {b}: {got.tolist()} != torch {want.tolist()} for bases {SPECIAL_BASES}"
