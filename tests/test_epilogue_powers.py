@@ -17,7 +17,7 @@ from helpers import BACKEND_DEVICES, require_backend
 
 import kermac
 from kermac import ir
-from kermac.programs import PairwiseProgram, nonnegative, nonnegative_variables
+from kermac.programs import PairwiseProgram
 
 ULPS = 4
 """The error allowed in float32 ulp (2^-23 relative) where the result is a normal number."""
@@ -30,19 +30,6 @@ _B = ir.Hyper("e")
 def _power_program() -> PairwiseProgram:
     """`(Σ_k |x_k| + |z_k|)^b`: with one feature and z = 0, `|x|^b`."""
     return PairwiseProgram(abs(ir.Var("x")) + abs(ir.Var("z")), "sum", ir.pow(ir.Var("acc"), _B))
-
-
-def test_the_power_of_a_sum_of_absolute_values_has_a_nonnegative_base() -> None:
-    """The accumulator of a sum (or a minimum) of non-negative terms is known non-negative; of a maximum or a
-    log-sum-exp, or of signed terms, it is not."""
-    x, z = ir.Var("x"), ir.Var("z")
-    assert nonnegative_variables(_power_program()) == {"acc"}
-    assert nonnegative_variables(PairwiseProgram(abs(x - z), "min", ir.Var("acc"))) == {"acc"}
-    for reduction in ("max", "logsumexp"):
-        assert nonnegative_variables(PairwiseProgram(abs(x - z), reduction, ir.Var("acc"))) == frozenset()
-    assert nonnegative_variables(PairwiseProgram(x - z, "sum", ir.Var("acc"))) == frozenset()
-    assert nonnegative(ir.sqrt(ir.Var("acc")), frozenset({"acc"})) and not nonnegative(ir.Var("acc"))
-    assert not nonnegative(ir.Const(-0.0)) and nonnegative(ir.Const(0.0)) and not nonnegative(_B)
 
 
 def _wide_range(device: str) -> torch.Tensor:
