@@ -3,7 +3,7 @@
 `pow(acc, b)` where `acc` sums `|x|` runs `km_pow_nonneg` on NVRTC and `pow_nonneg` on Triton (on a GPU both
 2^(b·lg2 a) on the special-function unit with the rounding errors carried, in place of IEEE pow).  With one
 feature `acc` is `|x|` exactly, so the output is `|x|^b` of a float32 input, compared with float64's `pow` of the
-same value: within `ULPS` over the whole float32 range (subnormal inputs included), and torch's values on IEEE
+same value: within `ulps(b)` over the whole float32 range (subnormal inputs included), and torch's values on IEEE
 special cases.
 """
 
@@ -19,8 +19,12 @@ import kermac
 from kermac import ir
 from kermac.programs import PairwiseProgram
 
-ULPS = 4
-"""The error allowed in float32 ulp (2^-23 relative) where the result is a normal number."""
+
+def ulps(b: float) -> float:
+    """The error allowed in float32 ulp (2^-23 relative) for the exponent `b`: about 1 ulp of rounding and ex2's
+    error plus |b|·ln 2 times lg2's absolute error (2^-22), which grows with |b|; 5 for a root (|b| <= 1)."""
+    return 3.5 + 1.5 * abs(b)
+
 
 EXPONENTS = [1 / 1.3, 1 / 3, 1 / 0.7, 2.5, -0.5, 1.0, 7.3, -3.1]
 
@@ -48,15 +52,19 @@ def test_a_power_of_a_nonnegative_sum_is_within_a_few_ulp(backend: str, device: 
     got = kermac.run_program(_power_program(), x, torch.zeros(1, 1, device=device), hypers={"e": b}, backend=backend)
     got = got.double().cpu()[:, 0]
     want = x.double().cpu()[:, 0] ** torch.tensor(b, dtype=torch.float32).double()
+    tol = ulps(b)
     tiny, huge = torch.finfo(torch.float32).smallest_normal, torch.finfo(torch.float32).max
-    normal = (want >= tiny) & (want <= huge)
-    ulps = ((got - want).abs() / want)[normal] / 2.0**-23
-    worst = int(ulps.argmax())
-    assert ulps.max() <= ULPS, f"|x|^{b}: {ulps.max():.2f} ulp at x = {x.cpu()[normal][worst].item():.9g}"
-    # Results below the normal range hold what a subnormal can; beyond it they overflow as pow does.
+    normal = (want >= tiny) & (want <= huge * (1 - tol * 2.0**-23))
+    error = ((got - want).abs() / want)[normal] / 2.0**-23
+    worst = int(error.argmax())
+    assert error.max() <= tol, f"|x|^{b}: {error.max():.2f} ulp at x = {x.cpu()[normal][worst].item():.9g}"
+    # Within tol of the largest float a result may round either way; beyond, it overflows as pow does; below
+    # the normal range it holds what a subnormal can.
+    near = (want > huge * (1 - tol * 2.0**-23)) & (want <= huge * (1 + tol * 2.0**-23))
+    assert ((got[near] == math.inf) | ((got[near] - want[near]).abs() <= tol * 2.0**-23 * want[near])).all()
+    assert (got[want > huge * (1 + tol * 2.0**-23)] == math.inf).all()
     small = want < tiny
-    assert ((got[small] - want[small]).abs() <= ULPS * 2.0**-149).all()
-    assert (got[want > huge] == math.inf).all()
+    assert ((got[small] - want[small]).abs() <= tol * 2.0**-149).all()
 
 
 SPECIAL_BASES = [0.0, 1.0, 2.0, 0.5, 1e-40, 3e38, math.inf, math.nan]
@@ -72,5 +80,5 @@ def test_a_power_of_a_nonnegative_sum_keeps_pows_special_values(backend: str, de
     for b in SPECIAL_EXPONENTS:
         got = kermac.run_program(_power_program(), x, z, hypers={"e": b}, backend=backend).cpu()[:, 0]
         want = torch.pow(x.cpu()[:, 0], torch.tensor(b))
-        same = (got.isnan() & want.isnan()) | torch.isclose(got, want, rtol=1e-6, atol=2.0**-149 * ULPS)
+        same = (got.isnan() & want.isnan()) | torch.isclose(got, want, rtol=1e-6, atol=8 * 2.0**-149)
         assert same.all(), f"b = {b}: {got.tolist()} != torch {want.tolist()} for bases {SPECIAL_BASES}"

@@ -136,9 +136,10 @@ def sign_bit_set(a):
 def _pow_nonneg_sfu(a, b):
     # 2^(b·log2 a) for float32 on a GPU, as the NVRTC backend's km_pow_nonneg (its comment gives the reasons):
     # log2 a = E + lg2.approx(m), a = 2^E·m, m in [√½, √2) (subnormal a scaled by 2^24 first); the rounding errors
-    # of b·E, b·lg2 m and their sum carried into ex2.approx's result as r·(1 + err·ln 2); a = 0, inf, NaN and a
-    # non-finite b take 2^(b·lg2 a) whole; 2^y as 2^(y - s)·2^s, s = ±64 where |y| >= 64; no correction where
-    # y - s is infinite or NaN.  PTX, so that no contraction into fma can change the error terms.
+    # of b·E, b·lg2 m and their sum carried into ex2.approx's result as r·(1 + err·ln 2) (within 3.5 + 1.5|b| ulp:
+    # lg2.approx's own error grows with |b|); a = 0, inf, NaN and a non-finite b take 2^(b·lg2 a) whole; 2^y as
+    # 2^(y - s)·2^s, s = ±64 where |y| >= 64; no correction where y - s is infinite or NaN.  PTX, so that no
+    # contraction into fma can change the error terms.
     return tl.inline_asm_elementwise(
         """{ .reg .f32 s, m, fe, lm, ye, yl, y, err, t, r, sc; .reg .b32 bits, e, sh; .reg .pred sn, ok, fin, big;
         setp.lt.f32 sn, $1, 0f00800000; mul.rn.f32 t, $1, 0f4B800000; selp.f32 s, t, $1, sn;
@@ -171,7 +172,7 @@ def pow_nonneg(a, b):
     # pow(a, 0) = pow(1, b) = 1 as in IEEE pow.  Triton's float32 log2 is a long software polynomial: with few
     # features the root of a distance, not the write, then set the time (docs/dev/nonnegative-powers.md).
     if native_float32(a.dtype):
-        r = _pow_nonneg_sfu(a, b)
+        r = tl.where(b == 1, a, _pow_nonneg_sfu(a, b))  # IEEE pow(a, 1) = a exactly
     elif a.dtype == tl.float32:  # the interpreter: float64, so that log2 a keeps its bits for large |log2 a|
         r = tl.exp2(b.to(tl.float64) * tl.log2(a.to(tl.float64))).to(tl.float32)
     else:

@@ -104,18 +104,19 @@ __device__ __forceinline__ double km_powabs(double a, double b) { return pow(a, 
 // |x − z|^p, a power of an exponential), once per output: 2^y, y = b·log2 a, on the special-function unit
 // with log2 a split as E + lg2(m), a = 2^E·m, m in [√½, √2) (subnormal a scaled by 2^24 first), so lg2.approx
 // sees |lg2 m| <= ½ and E is exact; the rounding errors of b·E, b·lg2 m and their sum (fma and two-sum,
-// exact) are carried into the result as r·(1 + err·ln 2).  The error is lg2's and ex2's alone, a few ulp for
-// every a and b (a single-float log2 a would lose up to 2^-17 at |log2 a| near 128, 30 ulp after the
-// power); IEEE powf is a long out-of-line call.  2^y is 2^(y − s)·2^s, s = ±64 where |y| >= 64, so the
-// corrected value stays normal and one rounding scales it (results near the largest float and subnormal ones
-// keep their precision).  a = 0, inf, NaN and a non-finite b take 2^(b·lg2 a) whole, which gives pow's
-// special values; no correction where y − s is infinite or NaN (inf·0 would make NaN); pow(a, 0) = pow(1, b) = 1.
+// exact) are carried into the result as r·(1 + err·ln 2).  What remains is lg2's and ex2's own error, about
+// 1 ulp + |b|·ln 2·2^-22: within 3.5 + 1.5|b| ulp, 5 for the roots of distances (|b| <= 1), where a
+// single-float log2 a loses up to 2^-17 at |log2 a| near 128 (30 ulp after the power).  IEEE powf is a long
+// out-of-line call.  2^y is 2^(y − s)·2^s, s = ±64 where |y| >= 64, so the corrected value stays normal and
+// one rounding scales it (results near the largest float and subnormal ones keep their precision).
+// a = 0, inf, NaN and a non-finite b take 2^(b·lg2 a) whole, which gives pow's special values; no
+// correction where y − s is infinite or NaN (inf·0 would make NaN).  pow(a, 0) = pow(1, b) = 1, pow(a, 1) = a.
 __device__ __forceinline__ float km_pow_nonneg(float a, float b) {
   const bool plain = !(a > 0.0f && a < km_inf(a) && fabsf(b) < km_inf(b));
   const bool subnormal = a < 1.17549435e-38f;
-  const int bits = __float_as_int(subnormal ? a * 16777216.0f : a);
-  const int e = (bits - 0x3f3504f3) >> 23;
-  const float m = plain ? a : __int_as_float(bits - (e << 23));
+  const unsigned bits = __float_as_uint(subnormal ? a * 16777216.0f : a);
+  const int e = (int)(bits - 0x3f3504f3u) >> 23;  // arithmetic shift: the exponent of m in [√½, √2)
+  const float m = plain ? a : __uint_as_float(bits - ((unsigned)e << 23));
   const float fe = plain ? 0.0f : (float)(subnormal ? e - 24 : e);
   const float lm = km_lg2(m);
   const float ye = plain ? 0.0f : __fmul_rn(b, fe), yl = __fmul_rn(b, lm);  // not inf·0
@@ -126,7 +127,7 @@ __device__ __forceinline__ float km_pow_nonneg(float a, float b) {
   const float r = km_ex2(t);
   const float q = fabsf(t) < 128.0f ? fmaf(r, __fmul_rn(err, 0.693147181f), r) : r;
   const float scaled = q * (s > 0.0f ? 18446744073709551616.0f : s < 0.0f ? 5.42101086e-20f : 1.0f);
-  return b == 0.0f || a == 1.0f ? 1.0f : scaled;
+  return b == 0.0f || a == 1.0f ? 1.0f : b == 1.0f ? a : scaled;
 }
 __device__ __forceinline__ double km_pow_nonneg(double a, double b) { return pow(a, b); }
 // |a|^b when b is known finite and >= 1 (no b == 0 case).
