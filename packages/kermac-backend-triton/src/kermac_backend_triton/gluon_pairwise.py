@@ -18,8 +18,8 @@ operand, four barriers per chunk); here the staging is explicit, as in the NVRTC
   stores that chunk into the other buffer: **one barrier per chunk**.  Per feature `k` a thread
   reads its x column fragment `[BM, 1]` and z row fragment `[1, BN]` (the buffers' row k, in
   `ACC`) and combines `inner` of their broadcast into the accumulator.
-* `D mod BK` features take one masked chunk after the loop (masked terms become the reduction's
-  identity); the epilogue and the streaming, masked store read the accumulator in place.
+* `D mod BK` features take one masked chunk after the loop, whose features beyond D are skipped by a
+  branch uniform over the program; the epilogue and the streaming, masked store read the accumulator in place.
 
 `tl` builtins and `@triton.jit` functions work inside Gluon kernels, so the program's
 `inner(x, z, hypers)`, `epilogue(acc, diag, hypers)` and its reduction's `combine(acc, t)` are rendered
@@ -65,15 +65,17 @@ def _stage(xs, zs, buffer, xg, zg, COMPUTE: gl.constexpr):
 
 
 @gluon.jit
-def _combine_buffer(acc, xs, zs, buffer, hypers, inner, combine, k0, D, REDUCTION: gl.constexpr, BK: gl.constexpr,
-                    ACC: gl.constexpr, MASKED: gl.constexpr):  # fmt: skip
+def _combine_buffer(acc, xs, zs, buffer, hypers, inner, combine, k0, D, BK: gl.constexpr, ACC: gl.constexpr,
+                    MASKED: gl.constexpr):  # fmt: skip
     """`acc` combined (`combine(acc, t)`, the reduction's rule) with the terms of every feature of shared buffer
-    `buffer` (`MASKED`: features `k0 + kk` ≥ D give the reduction's identity)."""
+    `buffer` (`MASKED`: only features `k0 + kk` < D, a branch the whole program takes alike, so a few features
+    cost their own terms and not `BK`'s)."""
     for kk in gl.static_range(BK):
         xk = xs.index(buffer).slice(kk, 1, 0).permute([1, 0]).load(ACC)
         zk = zs.index(buffer).slice(kk, 1, 0).load(ACC)
         if MASKED:
-            acc = combine(acc, tl.where(k0 + kk < D, inner(xk, zk, hypers), reduction_identity(REDUCTION)))
+            if k0 + kk < D:
+                acc = combine(acc, inner(xk, zk, hypers))
         else:
             acc = combine(acc, inner(xk, zk, hypers))
     return acc
@@ -119,7 +121,7 @@ def gluon_tile(
         kn = index_type(gl.minimum(c + 1, nfull - 1), INT64) * BK
         xg = gl.load(xp + kn * SXK)
         zg = gl.load(zp + kn * SZK)
-        acc = _combine_buffer(acc, xs, zs, cur, hypers, inner, combine, 0, D, REDUCTION, BK, ACC, False)
+        acc = _combine_buffer(acc, xs, zs, cur, hypers, inner, combine, 0, D, BK, ACC, False)
         _stage(xs, zs, 1 - cur, xg, zg, COMPUTE)
         _barrier()
     if nfull * BK < D:
@@ -129,7 +131,7 @@ def gluon_tile(
         zg = gl.load(zp + k0 * SZK, mask=gl.expand_dims(k0 + zkr, 0) < D, other=0.0)
         _stage(xs, zs, last, xg, zg, COMPUTE)
         _barrier()
-        acc = _combine_buffer(acc, xs, zs, last, hypers, inner, combine, k0, D, REDUCTION, BK, ACC, True)
+        acc = _combine_buffer(acc, xs, zs, last, hypers, inner, combine, k0, D, BK, ACC, True)
     om = gl.expand_dims(pm * BM + index_type(gl.arange(0, BM, layout=gl.SliceLayout(1, ACC)), INT64), 1)
     on = gl.expand_dims(pn * BN + index_type(gl.arange(0, BN, layout=gl.SliceLayout(0, ACC)), INT64), 0)
     diag = 0.0
