@@ -237,7 +237,7 @@ _SIZES_AND_STRIDES = {
 _META = {
     "simt": ("BK MI NI MT NT PF GROUP_M", '"M", "D", "OFF_M", "OFF_N", "KEY"'),
     "tensor_cores": ("BM BN BK GROUP_M", '"M", "OFF_M", "OFF_N", "GUARD", "KEY"'),
-    "gluon": ("BM BN BK TM GROUP_M XT ZT", '"M", "D", "OFF_M", "OFF_N", "KEY"'),
+    "gluon": ("BM BN BK TM GROUP_M XT ZT FEW", '"M", "D", "OFF_M", "OFF_N", "KEY"'),
     "grad": ("BN BM BK BO", '"M", "N", "O", "K", "KEY"'),
     "grad_general": ("BN BM BK BO", '"M", "N", "O", "K", "KEY"'),
     "grad_affine": ("BN BM BK BO", '"M", "N", "O", "K", "KEY"'),
@@ -328,7 +328,7 @@ _CALL = {
     "        inner, epilogue, combine_chunk, {uses_diag}, BM, BN, BK, INT64={int64},\n    )",
     "gluon": "gluon_tile(\n"
     "        X, Z, OUT, M, N, D, OFF_M, OFF_N, SXM, SXK, SZN, SZK, SOM, SON, pm, pn, {hypers}, inner, epilogue,\n"
-    "        combine, {reduction!r}, {uses_diag}, {cdt}, BM, BN, BK, TM, XT, ZT, INT64={int64},\n    )",
+    "        combine, {reduction!r}, {uses_diag}, {cdt}, BM, BN, BK, TM, XT, ZT, FEW, INT64={int64},\n    )",
     "grad": "gradient_tile(\n"
     "        A, B, C, DD, OUT, M, N, O, K, SAK, SAM, SBN, SBK, SCO, SCK, SDN, SDM, SOO, SON, SOM, po, pn, pm,\n"
     "        {hypers}, multiply, epilogue, {signed_base}, {signed_exponent}, {signed}, {cdt}, BN, BM, BK, BO,\n"

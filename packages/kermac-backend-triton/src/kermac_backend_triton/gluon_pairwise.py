@@ -18,8 +18,11 @@ operand, four barriers per chunk); here the staging is explicit, as in the NVRTC
   stores that chunk into the other buffer: **one barrier per chunk**.  Per feature `k` a thread
   reads its x column fragment `[BM, 1]` and z row fragment `[1, BN]` (the buffers' row k, in
   `ACC`) and combines `inner` of their broadcast into the accumulator.
-* `D mod BK` features take one masked chunk after the loop, whose features beyond D are skipped by a
-  branch uniform over the program; the epilogue and the streaming, masked store read the accumulator in place.
+* `D mod BK` features take one masked chunk after the loop: its features beyond D give the reduction's
+  identity or, with the `FEW` constexpr (D < 8, set by the launch), are skipped by a branch uniform over the
+  program, so that a few features cost their own terms and not `BK`'s (the branch is not taken for every D
+  because it adds spills to the 128-register configuration; docs/dev/triton-gluon-tail.md).  The epilogue and the
+  streaming, masked store read the accumulator in place.
 
 `tl` builtins and `@triton.jit` functions work inside Gluon kernels, so the program's
 `inner(x, z, hypers)`, `epilogue(acc, diag, hypers)` and its reduction's `combine(acc, t)` are rendered
@@ -65,17 +68,20 @@ def _stage(xs, zs, buffer, xg, zg, COMPUTE: gl.constexpr):
 
 
 @gluon.jit
-def _combine_buffer(acc, xs, zs, buffer, hypers, inner, combine, k0, D, BK: gl.constexpr, ACC: gl.constexpr,
-                    MASKED: gl.constexpr):  # fmt: skip
+def _combine_buffer(acc, xs, zs, buffer, hypers, inner, combine, k0, D, REDUCTION: gl.constexpr, BK: gl.constexpr,
+                    ACC: gl.constexpr, MASKED: gl.constexpr, SKIP: gl.constexpr):  # fmt: skip
     """`acc` combined (`combine(acc, t)`, the reduction's rule) with the terms of every feature of shared buffer
-    `buffer` (`MASKED`: only features `k0 + kk` < D, a branch the whole program takes alike, so a few features
-    cost their own terms and not `BK`'s)."""
+    `buffer` (`MASKED`: features `k0 + kk` ≥ D give the reduction's identity, or with `SKIP` are left out by a
+    branch the whole program takes alike)."""
     for kk in gl.static_range(BK):
         xk = xs.index(buffer).slice(kk, 1, 0).permute([1, 0]).load(ACC)
         zk = zs.index(buffer).slice(kk, 1, 0).load(ACC)
         if MASKED:
-            if k0 + kk < D:
-                acc = combine(acc, inner(xk, zk, hypers))
+            if SKIP:
+                if k0 + kk < D:
+                    acc = combine(acc, inner(xk, zk, hypers))
+            else:
+                acc = combine(acc, tl.where(k0 + kk < D, inner(xk, zk, hypers), reduction_identity(REDUCTION)))
         else:
             acc = combine(acc, inner(xk, zk, hypers))
     return acc
@@ -85,14 +91,14 @@ def _combine_buffer(acc, xs, zs, buffer, hypers, inner, combine, k0, D, BK: gl.c
 def gluon_tile(
     X, Z, OUT, M, N, D, OFF_M, OFF_N, SXM, SXK, SZN, SZK, SOM, SON, pm, pn, hypers, inner, epilogue, combine,
     REDUCTION: gl.constexpr, USES_DIAG: gl.constexpr, COMPUTE: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr,
-    BK: gl.constexpr, TM: gl.constexpr, XT: gl.constexpr, ZT: gl.constexpr, INT64: gl.constexpr,
+    BK: gl.constexpr, TM: gl.constexpr, XT: gl.constexpr, ZT: gl.constexpr, FEW: gl.constexpr, INT64: gl.constexpr,
 ):  # fmt: skip
     """Reduce, apply the epilogue to and store output tile `(pm, pn)` (see the module docs).
 
     Meta-parameters (`kermac_backend_triton.configs.GLUON_PAIRWISE_SPACE`): `BM`, `BN`,
     `BK` (a multiple of 4), `TM` (threads of a warp along m, `32 / TM` along n: `BM` must be
     a multiple of 4·`TM`·warps, `BN` of 128 / `TM`); `XT` / `ZT`: the operand's unit stride
-    is along its rows.
+    is along its rows; `FEW`: D < 8, the last chunk's missing features are skipped.
     """
     W: gl.constexpr = gl.num_warps()
     ACC: gl.constexpr = gl.BlockedLayout([4, 4], [TM, 32 // TM], [W, 1], [1, 0])
@@ -121,7 +127,7 @@ def gluon_tile(
         kn = index_type(gl.minimum(c + 1, nfull - 1), INT64) * BK
         xg = gl.load(xp + kn * SXK)
         zg = gl.load(zp + kn * SZK)
-        acc = _combine_buffer(acc, xs, zs, cur, hypers, inner, combine, 0, D, BK, ACC, False)
+        acc = _combine_buffer(acc, xs, zs, cur, hypers, inner, combine, 0, D, REDUCTION, BK, ACC, False, False)
         _stage(xs, zs, 1 - cur, xg, zg, COMPUTE)
         _barrier()
     if nfull * BK < D:
@@ -131,7 +137,7 @@ def gluon_tile(
         zg = gl.load(zp + k0 * SZK, mask=gl.expand_dims(k0 + zkr, 0) < D, other=0.0)
         _stage(xs, zs, last, xg, zg, COMPUTE)
         _barrier()
-        acc = _combine_buffer(acc, xs, zs, last, hypers, inner, combine, k0, D, BK, ACC, True)
+        acc = _combine_buffer(acc, xs, zs, last, hypers, inner, combine, k0, D, REDUCTION, BK, ACC, True, FEW)
     om = gl.expand_dims(pm * BM + index_type(gl.arange(0, BM, layout=gl.SliceLayout(1, ACC)), INT64), 1)
     on = gl.expand_dims(pn * BN + index_type(gl.arange(0, BN, layout=gl.SliceLayout(0, ACC)), INT64), 0)
     diag = 0.0

@@ -414,14 +414,14 @@ def run_pairwise(
     bucket = configs.bucket(batch, m, n, d)
     if meta is not None:
         spec = _pairwise_spec(problem, family.kernel, nbatch, int64)
-        _run_forced(problem, spec, {"KEY": bucket, **meta, **_transposed(problem, spec)}, args, (batch, m, n), tuning)
+        _run_forced(problem, spec, {"KEY": bucket, **meta, **_gluon_meta(problem, spec)}, args, (batch, m, n), tuning)
         return
     device = x.get_device()
     key = (device, nbatch, int64, bucket, int_facts(specialised, unspecialised), pointer_facts(args[:pointers]))
     launcher = family.launchers.get(key)
     if launcher is None:
         spec = _pairwise_spec(problem, family.kernel, nbatch, int64)
-        extra = {**_launch_meta(spec, tuning, d), "KEY": bucket, **_transposed(problem, spec)}
+        extra = {**_launch_meta(spec, tuning, d), "KEY": bucket, **_gluon_meta(problem, spec)}
         _first_launch(family, key, spec, tuning, problem.debug, args, extra, (batch, m, n))
         return
     tm, tn = launcher.tiles
@@ -645,11 +645,14 @@ def _grad_spec(problem: GradProblem, nbatch: int, int64: bool, kernel: str) -> G
     )
 
 
-def _transposed(problem: PairwiseProblem, spec: PairwiseSpec) -> dict[str, int]:
-    """The Gluon kernel's `XT`, `ZT`: load along the rows where that is an operand's unit stride."""
+def _gluon_meta(problem: PairwiseProblem, spec: PairwiseSpec) -> dict[str, int]:
+    """The Gluon kernel's `XT`, `ZT` (load along the rows where that is an operand's unit stride) and `FEW` (fewer
+    than 8 features: skip the last chunk's missing ones; the autotuning key's bucket of D separates D < 8 from the
+    rest, so `FEW` is not a key of its own)."""
     if spec.kernel != "gluon":
         return {}
-    return {"XT": _rows_contiguous(problem.x), "ZT": _rows_contiguous(problem.z)}
+    few = int(problem.x.shape[-1] < 8)
+    return {"XT": _rows_contiguous(problem.x), "ZT": _rows_contiguous(problem.z), "FEW": few}
 
 
 def _launch_meta(spec: Spec, tuning: TritonTuning, d: int, block_c: int = 0, presplit: bool = False) -> dict[str, Any]:
