@@ -82,6 +82,19 @@ def test_first_call_times_runs_cold_and_warm_processes_on_the_cpu(capsys) -> Non
     assert rows[5].startswith("cold first call: median") and rows[6].startswith("warm first call: median")
 
 
+def test_first_call_times_precompiled_runs_a_process_after_kermac_precompile(capsys) -> None:
+    """`--precompiled`: `kermac precompile` once per backend (its time printed), then a third child per variant on a
+    copy of what it filled."""
+    tool = load_script("first_call_times")
+    argv = ["--backends", "torch", "--variants", "p1,p2", "--size", "8x3", "--warm", "1", "--device", "cpu"]
+    tool.main([*argv, "--precompiled"])
+    rows = capsys.readouterr().out.splitlines()
+    assert rows[1].startswith("torch: kermac precompile took ")
+    runs = [r.split()[:3] for r in rows[2:8]]
+    assert runs == [["torch", v, k] for v in ("p1", "p2") for k in ("cold", "warm", "precompiled")]
+    assert rows[10].startswith("precompiled first call: median")
+
+
 @pytest.mark.parametrize(
     ("argv", "message"),
     [

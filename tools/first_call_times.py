@@ -5,11 +5,14 @@ the first call of the variant (plan, compile or load, autotune, launch, synchron
 of a variant gets an empty private directory for kermac's JIT cache and Triton's (`KERMAC_CACHE_DIR`,
 `TRITON_CACHE_DIR`, made by `tempfile.mkdtemp`, so private to the user): its first call is the **cold** compile.
 `--warm` more children reuse that directory: their first call is what a new process pays once the caches are
-filled. Import of kermac (which loads no backend) is reported apart; the first call includes loading the backends
-(plugin discovery) and everything a variant needs.
+filled. With `--precompiled`, `kermac precompile --backends B` fills one more private directory per backend once
+(its time is printed), and each variant gets a **precompiled** child too, on a copy of it: its first call is what a
+new process pays after `kermac precompile` (which compiles the common problems at 256 × 256, so sizes whose layout
+differs from theirs still compile). Import of kermac (which loads no backend) is reported apart; the first call
+includes loading the backends (plugin discovery) and everything a variant needs.
 
     python tools/first_call_times.py [--backends nvrtc,triton] [--variants p1,p2,p1.3,gaussian,laplace_l1]
-                                     [--size 4096x64] [--warm 2] [--device cuda]
+                                     [--size 4096x64] [--warm 2] [--precompiled] [--device cuda]
 
 A variant is `pP` (`kermac.cdist` with p = P) or a preset name (`kermac.run_kernel`, bandwidth 2):
 `kermac.benchmarking.call_variant`; the default list is `FIRST_CALL_VARIANTS`, which the asv suite `bench_first_call`
@@ -58,15 +61,30 @@ def child(backend: str, variant: str, size: str, device: str) -> dict[str, float
     return {"import": imported - start, "first": first - imported, "second": second - first}
 
 
+def _cache_env(caches: str) -> dict[str, str]:
+    """The environment of a child whose caches (kermac's JIT cache, Triton's) live under `caches`."""
+    return dict(
+        os.environ, KERMAC_CACHE_DIR=os.path.join(caches, "kermac"), TRITON_CACHE_DIR=os.path.join(caches, "triton")
+    )
+
+
 def run_child(backend: str, variant: str, size: str, device: str, caches: str) -> dict[str, float]:
     """The times of one child process whose caches live under `caches`."""
-    env = dict(os.environ)
-    env.update(KERMAC_CACHE_DIR=os.path.join(caches, "kermac"), TRITON_CACHE_DIR=os.path.join(caches, "triton"))
     argv = [sys.executable, __file__, CHILD, backend, variant, size, device]
-    done = subprocess.run(argv, env=env, capture_output=True, text=True, check=False)
+    done = subprocess.run(argv, env=_cache_env(caches), capture_output=True, text=True, check=False)
     if done.returncode != 0:
         raise RuntimeError(f"{backend} {variant}: the child failed ({done.returncode}):\n{done.stderr[-2000:]}")
     return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def precompile(backend: str, caches: str) -> float:
+    """Seconds `kermac precompile --backends backend` took, its caches under `caches`."""
+    start = time.perf_counter()
+    argv = [sys.executable, "-m", "kermac", "precompile", "--backends", backend]
+    done = subprocess.run(argv, env=_cache_env(caches), capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        raise RuntimeError(f"{backend}: kermac precompile failed ({done.returncode}):\n{done.stderr[-2000:]}")
+    return time.perf_counter() - start
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -77,6 +95,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--variants", default=",".join(FIRST_CALL_VARIANTS), help="comma-separated: pP or presets")
     ap.add_argument("--size", default="4096x64", help="rows x features of both operands (default 4096x64)")
     ap.add_argument("--warm", type=int, default=2, help="warm processes per variant (default 2)")
+    ap.add_argument("--precompiled", action="store_true", help="a process after `kermac precompile` per variant too")
     ap.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
     args = ap.parse_args(argv)
     if args.warm < 1:
@@ -92,23 +111,38 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
-    firsts: dict[str, list[float]] = {"cold": [], "warm": []}
-    print(f"{'backend':8s} {'variant':12s} {'process':7s} {'import kermac':>13s} {'first call':>11s} {'second':>9s}")
+    firsts: dict[str, list[float]] = {"cold": [], "warm": []} | ({"precompiled": []} if args.precompiled else {})
+    print(f"{'backend':8s} {'variant':12s} {'process':11s} {'import kermac':>13s} {'first call':>11s} {'second':>9s}")
     for backend in args.backends.split(","):
-        for variant in args.variants.split(","):
-            caches = tempfile.mkdtemp(prefix="kermac-first-call-")
-            try:
-                for i in range(1 + args.warm):
-                    kind = "cold" if i == 0 else "warm"
-                    t = run_child(backend, variant, args.size, args.device, caches)
-                    firsts[kind].append(t["first"])
-                    print(
-                        f"{backend:8s} {variant:12s} {kind:7s} {t['import']:11.3f} s {t['first']:9.3f} s "
-                        f"{1e3 * t['second']:6.2f} ms",
-                        flush=True,
-                    )
-            finally:
-                shutil.rmtree(caches, ignore_errors=True)
+        ahead = tempfile.mkdtemp(prefix="kermac-first-call-") if args.precompiled else None
+        try:
+            if ahead is not None:
+                print(f"{backend}: kermac precompile took {precompile(backend, ahead):.1f} s", flush=True)
+            for variant in args.variants.split(","):
+                runs = [("cold", None)] + [("warm", None)] * args.warm + ([("precompiled", ahead)] if ahead else [])
+                caches = tempfile.mkdtemp(prefix="kermac-first-call-")
+                try:
+                    for kind, start_from in runs:
+                        where = caches
+                        if start_from is not None:  # a copy: the precompiled caches serve every variant unchanged
+                            where = tempfile.mkdtemp(prefix="kermac-first-call-")
+                            shutil.copytree(start_from, where, dirs_exist_ok=True)
+                        try:
+                            t = run_child(backend, variant, args.size, args.device, where)
+                        finally:
+                            if where != caches:
+                                shutil.rmtree(where, ignore_errors=True)
+                        firsts[kind].append(t["first"])
+                        print(
+                            f"{backend:8s} {variant:12s} {kind:11s} {t['import']:11.3f} s {t['first']:9.3f} s "
+                            f"{1e3 * t['second']:6.2f} ms",
+                            flush=True,
+                        )
+                finally:
+                    shutil.rmtree(caches, ignore_errors=True)
+        finally:
+            if ahead is not None:
+                shutil.rmtree(ahead, ignore_errors=True)
     for kind, values in firsts.items():
         print(f"{kind} first call: median {statistics.median(values):.3f} s, max {max(values):.3f} s")
 

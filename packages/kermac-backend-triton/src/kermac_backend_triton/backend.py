@@ -31,9 +31,12 @@ from kermac_backend_triton.launch import (
     run_product,
     run_product_grad,
 )
+from kermac_backend_triton.precompile import precompile as precompile_problems
 from kermac_backend_triton.tuning import DEFAULT_TUNING, TritonTuning
 
 if TYPE_CHECKING:
+    from collections.abc import Sequence
+
     from kermac.problem import GradProblem
 
 __all__ = ["MIN_CAPABILITY", "NARROW_PRODUCT_MAX_D", "TENSOR_CORE_PREFERENCE", "TritonBackend"]
@@ -142,6 +145,20 @@ class TritonBackend(Backend):
 
     def pairwise(self, problem: PairwiseProblem) -> None:
         run_pairwise(problem, tuning=self.tuning)
+
+    def precompile(
+        self, problems: list[PairwiseProblem | GradProblem], *, archs: Sequence[str] | None = None
+    ) -> list[str]:
+        """Compile into Triton's cache the kernels the first launches of `problems` (pairwise and gradient) would
+        compile, every configuration the autotuner would try (`kermac_backend_triton.precompile`).
+
+        `archs` (e.g. `["sm_90"]`) are the targets; by default each problem's CUDA device (problems on the
+        `meta` device, as `kermac precompile` builds without a GPU, then need `archs`).  A later first call of a
+        problem with the same program, dtype and operand layout (alignment; which sizes and strides are
+        multiples of 16) compiles nothing, and autotunes on the compiled configurations.  Returns one line per
+        distinct kernel and architecture; nothing under the interpreter.
+        """
+        return precompile_problems(problems, archs=archs, tuning=self.tuning)
 
     def grad(self, problem: GradProblem) -> None:
         run_grad(problem, tuning=self.tuning)

@@ -15,17 +15,20 @@ batch dimensions, 64-bit indexing, the autotuning bucket, the gradient's `BO`, t
 specialises on:
 `kermac_backend_triton.launchers.int_facts`, `kermac_backend_triton.launchers.pointer_facts`).  A key seen
 before launches its `Launcher`; a new one compiles, autotunes and launches through `kernel[grid]` (refused while
-a CUDA graph is being captured).
+a CUDA graph is being captured).  Within `compiling_only()` (`kermac_backend_triton.precompile`) a new key
+compiles every configuration the autotuner would try, through Triton's own `warmup`, and launches nothing.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import math
 import operator
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -62,6 +65,7 @@ from kermac_backend_triton.product_gradient import weighted_reduction
 from kermac_backend_triton.tuning import DEFAULT_TUNING, TritonTuning
 
 __all__ = [
+    "compiling_only",
     "compute_type",
     "gluon_available",
     "grad_spec",
@@ -81,6 +85,20 @@ Spec = PairwiseSpec | GradSpec | ProductSpec | ProductGradSpec
 
 _lock = threading.Lock()
 _kernels: dict[tuple[Spec, bool], Callable[..., Any]] = {}
+_compile_only: ContextVar[list | None] = ContextVar("kermac_triton_compile_only", default=None)
+
+
+@contextlib.contextmanager
+def compiling_only() -> Iterator[list[tuple[Spec, Callable[..., Any]]]]:
+    """Within: the `run_*` functions compile what a first launch would (every configuration the autotuner would
+    try, by Triton's `warmup`: the argument specialisation and cache key of that launch) and launch nothing; the
+    list yielded collects `(spec, kernel)` of each compilation.  Keys compiled so keep no `Launcher`."""
+    compiled: list[tuple[Spec, Callable[..., Any]]] = []
+    token = _compile_only.set(compiled)
+    try:
+        yield compiled
+    finally:
+        _compile_only.reset(token)
 
 
 @functools.cache
@@ -797,7 +815,14 @@ def _compile_and_launch(
     device: int,
 ) -> tuple[Any, Any]:
     """`(kernel, Triton's result)` of launching `spec` through `kernel[grid]` on `device`, compiling (and
-    autotuning) it as needed: refused while the device's current stream captures a graph."""
+    autotuning) it as needed: refused while the device's current stream captures a graph.  Within
+    `compiling_only()`: `(kernel, None)`, compiled and not launched."""
+    compiled = _compile_only.get()
+    if compiled is not None:
+        kernel = _kernel(spec, tuning.autotune, debug)
+        kernel.warmup(*args, grid=grid, **meta)
+        compiled.append((spec, kernel))
+        return kernel, None
     check_not_capturing(device, lambda: _describe(spec))
     kernel = _kernel(spec, tuning.autotune, debug)
     with device_guard(device):
