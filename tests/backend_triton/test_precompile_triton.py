@@ -1,6 +1,9 @@
 """`TritonBackend.precompile`: the kernels of problems compiled into Triton's cache ahead of time.
 
-Without a GPU (clean processes, problems on the `meta` device, compiled for sm_90): a first process fills an empty
+Without a GPU (clean processes, problems on the `meta` device, compiled for sm_90): for every common problem
+(float32 and float16), the cache keys `precompile` compiles under are those the backend's launch path (the
+autotuner timing each configuration) looks up, Triton's compilation replaced by a recording of the key.  A first
+process fills an empty
 cache with a distance's and a gradient's kernels and names them; a second, precompiling problems of other sizes
 with the same operand layout, adds nothing to the cache (the kernels it would compile are the first's: a launch's
 cache key holds the layout, not the sizes), while a third, with D = 3 (row strides no multiple of 16), compiles
@@ -54,14 +57,25 @@ def test_a_second_process_compiles_nothing_for_the_same_layout(tmp_path: Path) -
         reports[phase] = json.loads(report)
     first, same, few = reports.values()
     assert len(first["lines"]) == 2, first["lines"]
-    assert first["lines"][0].startswith("gluon sm_90 pairwise;sum;(abs (sub x z))"), first["lines"]
-    assert first["lines"][1].startswith("grad sm_90 grad;"), first["lines"]
+    assert first["lines"][0].startswith("gluon sm_90 float32 pairwise;sum;(abs (sub x z))"), first["lines"]
+    assert first["lines"][1].startswith("grad sm_90 float32 grad;"), first["lines"]
     assert first["entries"], "nothing was written to Triton's cache"
     assert first["device_caches"] == 0, "the stand-in target's per-device caches were kept"
     assert same["lines"] == first["lines"]
     assert same["entries"] == first["entries"], "a precompiled layout was compiled again"
     assert few["lines"] == first["lines"][:1]
     assert set(few["entries"]) > set(first["entries"]), "D = 3 (row stride 3) compiled nothing of its own"
+
+
+def test_precompile_compiles_under_the_keys_a_launch_looks_up(tmp_path: Path) -> None:
+    pytest.importorskip("triton")
+    if launch.gluon_available() is not None:
+        pytest.skip(launch.gluon_available())
+    report = compile_in_clean_process(SCRIPT, [{"id": "keys", "cache": str(tmp_path), "keys": True}])["keys"]
+    assert not report.startswith("error"), report
+    keys = json.loads(report)
+    assert len(keys["precompile"]) > 100, len(keys["precompile"])  # every configuration of 70 problems
+    assert keys["precompile"] == keys["launch"]
 
 
 def _meta_problem():
@@ -92,10 +106,8 @@ def test_the_interpreter_precompiles_nothing() -> None:
 
 _GPU_FIRST_CALL = textwrap.dedent(
     """
-    import json, os, sys, torch, kermac
+    import json, sys, torch, kermac
     from kermac_backend_triton.backend import TritonBackend
-    from kermac import presets
-from kermac.hyperparams import HyperValue
     from kermac.lowering import cdist_program
     from kermac.problem import pairwise_problem
     cache, phase = sys.argv[1], sys.argv[2]

@@ -563,10 +563,18 @@ def compile_reports() -> dict[str, str]:
     return compile_in_clean_process(Path(__file__).with_name("product_grad_compile.py"), list(_compile_jobs().values()))
 
 
+SPILLS_OUTSIDE_LOOPS = {"laplace_lp-sm90"}
+"""Jobs whose stack frame holds values only outside the loops: Laplace-Lp's 16 features in registers (sm_90), whose
+per-pair root and its derivative (`kernel_math.pow_nonneg`, the exponent split off and rounding errors carried) keep
+more registers live in the n loop: ptxas stores 4 values before the loops and loads them after (cuobjdump -sass,
+Triton 3.9: 4 `STL`, 4 `LDL`, none in a loop)."""
+
+
 @pytest.mark.parametrize("job", sorted(_compile_jobs()))
 def test_the_gradient_product_compiles_without_spills(job: str, compile_reports: dict[str, str]) -> None:
-    """Each variant compiles to a cubin without a GPU; the default tiles do not spill."""
-    assert_compiled(compile_reports[job])
+    """Each variant compiles to a cubin without a GPU; the default tiles do not spill (those of
+    `SPILLS_OUTSIDE_LOOPS` not in a loop)."""
+    assert_compiled(compile_reports[job], outside_hot_loops=job in SPILLS_OUTSIDE_LOOPS)
 
 
 # --- real sizes on the GPU --------------------------------------------------------------------------------

@@ -153,10 +153,13 @@ class TritonBackend(Backend):
         compile, every configuration the autotuner would try (`kermac_backend_triton.precompile`).
 
         `archs` (e.g. `["sm_90"]`) are the targets; by default each problem's CUDA device (problems on the
-        `meta` device, as `kermac precompile` builds without a GPU, then need `archs`).  A later first call of a
-        problem with the same program, dtype and operand layout (alignment; which sizes and strides are
-        multiples of 16) compiles nothing, and autotunes on the compiled configurations.  Returns one line per
-        distinct kernel and architecture; nothing under the interpreter.
+        `meta` device, as `kermac precompile` builds without a GPU, then need `archs`).  A later first call
+        compiles nothing where its kernels are these: the same program, dtype, batch layout and per-batch
+        hyperparameters, the same operand alignment and sizes and strides that are multiples of 16 where these
+        are, on the same side of the kernels' feature thresholds (8; the tensor-core space's 64) and, for a
+        gradient, the same block of outputs (`BO`), with the same Triton, cache directory and cache-invalidating
+        environment variables; it then autotunes on the compiled configurations.  Returns one line per distinct
+        kernel, dtype and architecture; nothing under the interpreter.
         """
         return precompile_problems(problems, archs=archs, tuning=self.tuning)
 

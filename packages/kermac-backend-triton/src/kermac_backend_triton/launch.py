@@ -70,6 +70,7 @@ __all__ = [
     "gluon_available",
     "grad_spec",
     "grid_size_problem",
+    "jit_function",
     "pairwise_kernel",
     "pairwise_spec",
     "product_kernel",
@@ -175,6 +176,11 @@ def _kernel(spec: Spec, autotune: bool, debug: bool) -> Callable[..., Any]:
         fn = triton.autotune(configs=space(), key=key_args, cache_results=True, prune_configs_by=prune)(fn)
     with _lock:
         return _kernels.setdefault(key, fn)
+
+
+def jit_function(kernel: Callable[..., Any]) -> Any:
+    """The Triton `JITFunction` of a kernel `_kernel` returned (the autotuner wraps it where it tunes)."""
+    return kernel.fn if hasattr(kernel, "configs") else kernel
 
 
 def _tensor_hypers(problem: Problem) -> frozenset[str]:
@@ -817,14 +823,14 @@ def _compile_and_launch(
     """`(kernel, Triton's result)` of launching `spec` through `kernel[grid]` on `device`, compiling (and
     autotuning) it as needed: refused while the device's current stream captures a graph.  Within
     `compiling_only()`: `(kernel, None)`, compiled and not launched."""
+    kernel = _kernel(spec, tuning.autotune, debug)
     compiled = _compile_only.get()
     if compiled is not None:
-        kernel = _kernel(spec, tuning.autotune, debug)
-        kernel.warmup(*args, grid=grid, **meta)
-        compiled.append((spec, kernel))
+        compiled.append((spec, kernel))  # before compiling: whoever undoes a compilation's effects must see it
+        with device_guard(device):
+            kernel.warmup(*args, grid=grid, **meta)
         return kernel, None
     check_not_capturing(device, lambda: _describe(spec))
-    kernel = _kernel(spec, tuning.autotune, debug)
     with device_guard(device):
         return kernel, kernel[grid](*args, **meta)
 
@@ -852,7 +858,6 @@ def _run_forced(
     tuning: TritonTuning,
 ) -> None:
     """Launch `spec` with the tile configuration in `meta` (no autotuning, no `Launcher` kept)."""
-    kernel = _kernel(spec, tuning.autotune, problem.debug)
-    kernel = kernel.fn if hasattr(kernel, "configs") else kernel  # unwrap the autotuner
+    kernel = jit_function(_kernel(spec, tuning.autotune, problem.debug))
     with device_guard(problem.out.get_device()):
         kernel[_grid(_tiles_of(spec), grid_sizes)](*args, **meta)

@@ -25,7 +25,7 @@ import torch
 
 from kermac.problem import GradProblem, PairwiseProblem
 from kermac_backend_triton.interpreter import interpreting
-from kermac_backend_triton.launch import compiling_only, run_grad, run_pairwise
+from kermac_backend_triton.launch import Spec, compiling_only, jit_function, run_grad, run_pairwise
 from kermac_backend_triton.tuning import TritonTuning
 
 __all__ = ["precompile"]
@@ -60,15 +60,6 @@ class _TargetDriver:
         return self.target
 
 
-def _jit_function(kernel: Any) -> Any:
-    """The `JITFunction` under `kernel` (an autotuner wraps it)."""
-    from triton.runtime.jit import JITFunction
-
-    while not isinstance(kernel, JITFunction):
-        kernel = kernel.fn
-    return kernel
-
-
 @contextlib.contextmanager
 def _compiling_for(capability: int | None) -> Iterator[list]:
     """`compiling_only()`, for `capability` (None: the GPU's) through `_TargetDriver`."""
@@ -86,7 +77,7 @@ def _compiling_for(capability: int | None) -> Iterator[list]:
     finally:
         driver._active = previous
         for _, kernel in compiled:
-            _jit_function(kernel).device_caches.clear()  # the stand-in target's binders: a launch makes its own
+            jit_function(kernel).device_caches.clear()  # the stand-in target's binders: a launch makes its own
 
 
 def _run(problem: PairwiseProblem | GradProblem, tuning: TritonTuning) -> None:
@@ -104,19 +95,32 @@ def _targets(problems: Sequence[PairwiseProblem | GradProblem], archs: Sequence[
                 f"problems: the Triton backend precompiles pairwise and gradient problems; got {type(problem).__name__}"
             )
     if archs is not None:
-        return [_capability(arch) for arch in dict.fromkeys(archs)]
+        return list(dict.fromkeys(_capability(arch) for arch in archs))  # sm_90a is sm_90's target to Triton
     elsewhere = sorted({str(p.device) for p in problems if p.device.type != "cuda"})
     if elsewhere:
         raise ValueError(f"archs: needed for problems on {', '.join(elsewhere)} (no GPU to compile for)")
     return [None]
 
 
+def _line(spec: Spec, problem: PairwiseProblem | GradProblem, arch: str) -> str:
+    """`kermac precompile`'s line for a kernel: what tells it apart (kernel, target, dtype, layout), then the
+    program."""
+    facts = [spec.kernel, arch, str(problem.dtype).removeprefix("torch.")]
+    if spec.nbatch:
+        facts.append(f"batch-dims={spec.nbatch}")
+    if spec.tensor_hypers:
+        facts.append(f"per-batch={','.join(sorted(spec.tensor_hypers))}")
+    if spec.int64:
+        facts.append("int64")
+    return " ".join([*facts, spec.program.key()])
+
+
 def precompile(
     problems: Sequence[PairwiseProblem | GradProblem], *, archs: Sequence[str] | None, tuning: TritonTuning
 ) -> list[str]:
     """Compile the kernels of `problems` for `archs` (e.g. `["sm_90"]`; None: each problem's GPU) into Triton's
-    cache; one line per distinct kernel and architecture.  Nothing under the interpreter, which compiles
-    nothing."""
+    cache; one line per distinct kernel, dtype and architecture.  Nothing under the interpreter, which compiles
+    nothing.  A kernel that fails to compile raises (Triton's error), after the stand-in driver's state is undone."""
     targets = _targets(problems, archs)
     if interpreting():
         return []
@@ -130,5 +134,5 @@ def precompile(
                 arch = f"sm_{major}{minor}"
             else:
                 arch = f"sm_{capability}"
-            lines.update({f"{spec.kernel} {arch} {problem.program.key()}": None for spec, _ in compiled})
+            lines.update({_line(spec, problem, arch): None for spec, _ in compiled})
     return list(lines)
