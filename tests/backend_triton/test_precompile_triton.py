@@ -83,10 +83,12 @@ def _meta_problem():
     return pairwise_problem(cdist_program(1.0), x, x, out=None, hypers={})
 
 
-def test_precompile_refuses_what_it_cannot_compile() -> None:
+def test_precompile_refuses_what_it_cannot_compile(monkeypatch: pytest.MonkeyPatch) -> None:
     backend = backend_module.TritonBackend()
+    monkeypatch.setattr(pytest.importorskip("kermac_backend_triton.precompile"), "interpreting", lambda: False)
     with pytest.raises(ValueError, match=r"archs: needed for problems on meta \(no GPU to compile for\)"):
         backend.precompile([_meta_problem()])
+    monkeypatch.undo()  # the checks below hold under the interpreter too
     with pytest.raises(ValueError, match=r"archs: expected names like 'sm_80' or 'sm_90'; got 'sm90'"):
         backend.precompile([_meta_problem()], archs=["sm90"])
     with pytest.raises(ValueError, match=r"archs: the Triton backend compiles for sm_80 and newer; got 'sm_75'"):
@@ -99,8 +101,12 @@ def test_precompile_refuses_what_it_cannot_compile() -> None:
 
 
 def test_the_interpreter_precompiles_nothing() -> None:
+    """Under the interpreter the backend accepts CPU problems, and has nothing to compile for them."""
     if not launch.interpreting():
         pytest.skip("runs under TRITON_INTERPRET=1")
+    x = torch.randn(8, 4)
+    problem = pairwise_problem(cdist_program(1.0), x, x, out=None, hypers={})
+    assert backend_module.TritonBackend().precompile([problem]) == []
     assert backend_module.TritonBackend().precompile([_meta_problem()], archs=["sm_90"]) == []
 
 

@@ -87,19 +87,14 @@ def _run(problem: PairwiseProblem | GradProblem, tuning: TritonTuning) -> None:
         run_grad(problem, tuning=tuning)
 
 
-def _targets(problems: Sequence[PairwiseProblem | GradProblem], archs: Sequence[str] | None) -> list[int | None]:
-    """The capabilities to compile for (None: each problem's GPU), after checking `problems` and `archs`."""
+def _capabilities(problems: Sequence[PairwiseProblem | GradProblem], archs: Sequence[str] | None) -> list[int] | None:
+    """The capabilities `archs` names (None: each problem's GPU), after checking `problems` and `archs`."""
     for problem in problems:
         if not isinstance(problem, (PairwiseProblem, GradProblem)):
             raise TypeError(
                 f"problems: the Triton backend precompiles pairwise and gradient problems; got {type(problem).__name__}"
             )
-    if archs is not None:
-        return list(dict.fromkeys(_capability(arch) for arch in archs))  # sm_90a is sm_90's target to Triton
-    elsewhere = sorted({str(p.device) for p in problems if p.device.type != "cuda"})
-    if elsewhere:
-        raise ValueError(f"archs: needed for problems on {', '.join(elsewhere)} (no GPU to compile for)")
-    return [None]
+    return None if archs is None else list(dict.fromkeys(_capability(arch) for arch in archs))  # sm_90a: sm_90
 
 
 def _line(spec: Spec, problem: PairwiseProblem | GradProblem, arch: str) -> str:
@@ -121,9 +116,14 @@ def precompile(
     """Compile the kernels of `problems` for `archs` (e.g. `["sm_90"]`; None: each problem's GPU) into Triton's
     cache; one line per distinct kernel, dtype and architecture.  Nothing under the interpreter, which compiles
     nothing.  A kernel that fails to compile raises (Triton's error), after the stand-in driver's state is undone."""
-    targets = _targets(problems, archs)
-    if interpreting():
+    capabilities = _capabilities(problems, archs)
+    if interpreting():  # the problems it accepts are CPU ones, and it compiles nothing ahead
         return []
+    if capabilities is None:
+        elsewhere = sorted({str(p.device) for p in problems if p.device.type != "cuda"})
+        if elsewhere:
+            raise ValueError(f"archs: needed for problems on {', '.join(elsewhere)} (no GPU to compile for)")
+    targets: list[int | None] = [None] if capabilities is None else list(capabilities)
     lines: dict[str, None] = {}
     for capability in targets:
         for problem in problems:
