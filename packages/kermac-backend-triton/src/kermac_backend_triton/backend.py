@@ -22,20 +22,11 @@ import torch
 from kermac.backend import Availability, Backend
 from kermac.problem import PairwiseProblem, ProductGradProblem, ProductProblem
 from kermac_backend_triton.interpreter import interpreting
-from kermac_backend_triton.launch import (
-    grid_size_problem,
-    pairwise_kernel,
-    product_kernel,
-    run_grad,
-    run_pairwise,
-    run_product,
-    run_product_grad,
-)
-from kermac_backend_triton.precompile import precompile as precompile_problems
 from kermac_backend_triton.tuning import DEFAULT_TUNING, TritonTuning
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
+    from types import ModuleType
 
     from kermac.problem import GradProblem
 
@@ -54,6 +45,15 @@ NARROW_PRODUCT_MAX_D = 32
 """The most features for which a float32 kernel product on Triton's SIMT K tiles is preferred to NVRTC's: its
 one-column path and its tiles measured faster than NVRTC's SIMT product at D = 3 and 32 for one and sixteen
 columns, and slower at D = 128 (docs/dev/triton-product.md)."""
+
+
+@functools.cache
+def _launch() -> ModuleType:
+    """`kermac_backend_triton.launch`, imported by the first method that needs it: it imports Triton and its Gluon
+    dialect, which loading the backend (plugin discovery, a call that names another backend) does not pay for."""
+    from kermac_backend_triton import launch
+
+    return launch
 
 
 @functools.cache
@@ -108,12 +108,12 @@ class TritonBackend(Backend):
         return f"the Triton backend runs CUDA tensors (CPU ones under TRITON_INTERPRET=1); got tensors on {device}"
 
     def check_pairwise(self, problem: PairwiseProblem) -> str | None:
-        return self._check_device(problem.device) or grid_size_problem(problem)
+        return self._check_device(problem.device) or _launch().grid_size_problem(problem)
 
     def check_grad(self, problem: GradProblem) -> str | None:
         """As `check_pairwise`; the grid is that of the kernel this backend's tuning chooses (the affine
         gradient's tiles where `grad_tensor_cores` is on)."""
-        return self._check_device(problem.device) or grid_size_problem(problem, self.tuning)
+        return self._check_device(problem.device) or _launch().grid_size_problem(problem, self.tuning)
 
     def check_general_grad(self, problem: GradProblem) -> str | None:
         """As `check_grad`: the general gradient kernel runs every program in the general form."""
@@ -122,21 +122,21 @@ class TritonBackend(Backend):
     def check_product(self, problem: ProductProblem) -> str | None:
         """`None` if `product` can run `problem` (every pairwise program, reduction and dtype is
         supported), else why not: the device, or a launch grid beyond CUDA's limit."""
-        return self._check_device(problem.device) or grid_size_problem(problem)
+        return self._check_device(problem.device) or _launch().grid_size_problem(problem)
 
     def check_product_grad(self, problem: ProductGradProblem) -> str | None:
         """`None` if `product_grad` can run `problem` (every pairwise program, reduction and dtype is supported),
         else why not: the device, or a launch grid beyond CUDA's limit."""
-        return self._check_device(problem.device) or grid_size_problem(problem)
+        return self._check_device(problem.device) or _launch().grid_size_problem(problem)
 
     def preference(self, problem: PairwiseProblem | GradProblem | ProductProblem | ProductGradProblem) -> int:
         """`TENSOR_CORE_PREFERENCE` where a pairwise or product problem runs on a tensor-core kernel on a GPU, or
         a float32 product has at most `NARROW_PRODUCT_MAX_D` features, else the priority."""
         if isinstance(problem, PairwiseProblem):
-            preferred = pairwise_kernel(problem, self.tuning) == "tensor_cores"
+            preferred = _launch().pairwise_kernel(problem, self.tuning) == "tensor_cores"
         elif isinstance(problem, ProductProblem):
             narrow = problem.x.dtype == torch.float32 and problem.sizes[2] <= NARROW_PRODUCT_MAX_D
-            preferred = narrow or product_kernel(problem, self.tuning) == "tensor_cores"
+            preferred = narrow or _launch().product_kernel(problem, self.tuning) == "tensor_cores"
         else:
             preferred = False
         if preferred and not interpreting():
@@ -144,7 +144,7 @@ class TritonBackend(Backend):
         return self.priority
 
     def pairwise(self, problem: PairwiseProblem) -> None:
-        run_pairwise(problem, tuning=self.tuning)
+        _launch().run_pairwise(problem, tuning=self.tuning)
 
     def precompile(
         self, problems: list[PairwiseProblem | GradProblem], *, archs: Sequence[str] | None = None
@@ -161,22 +161,24 @@ class TritonBackend(Backend):
         environment variables; it then autotunes on the compiled configurations.  Returns one line per distinct
         kernel, dtype and architecture; nothing under the interpreter.
         """
-        return precompile_problems(problems, archs=archs, tuning=self.tuning)
+        from kermac_backend_triton.precompile import precompile
+
+        return precompile(problems, archs=archs, tuning=self.tuning)
 
     def grad(self, problem: GradProblem) -> None:
-        run_grad(problem, tuning=self.tuning)
+        _launch().run_grad(problem, tuning=self.tuning)
 
     def general_grad(self, problem: GradProblem) -> None:
-        run_grad(problem, tuning=self.tuning)
+        _launch().run_grad(problem, tuning=self.tuning)
 
     def product(self, problem: ProductProblem) -> None:
         """`problem.out[*B, M, C] = K[*B, M, N] @ v[*B, N, C]` with K the pairwise program's matrix,
         computed tile by tile and never stored (`kermac_backend_triton.product`), on the current stream."""
-        run_product(problem, tuning=self.tuning)
+        _launch().run_product(problem, tuning=self.tuning)
 
     def product_grad(self, problem: ProductGradProblem) -> None:
         """`problem.out[*B, M, D]`, the gradient in x of `Σ g·(K v)` (`kermac.problem.ProductGradProblem`), with K
         and its derivative computed tile by tile and never stored (`kermac_backend_triton.product_gradient`), on
         the current stream.  Its one workspace: a float32 tensor of `out`'s shape where `out` is float16 or bfloat16
         and D exceeds the features held in registers (`kermac_backend_triton.launch.run_product_grad`)."""
-        run_product_grad(problem, tuning=self.tuning)
+        _launch().run_product_grad(problem, tuning=self.tuning)

@@ -9,6 +9,9 @@ kind of function Triton created always agree.
 
 from __future__ import annotations
 
+import os
+import sys
+
 __all__ = ["interpreting"]
 
 
@@ -18,10 +21,13 @@ _knobs: object = None  # triton.knobs once imported; False where it cannot be
 def interpreting() -> bool:
     """Whether Triton runs kernels in its CPU interpreter; `False` where `triton.knobs` cannot be imported.
 
-    Triton is asked on every call (the variable may change); the module is imported once.
+    Triton is asked on every call (the variable may change); the module is imported once, and not before Triton
+    is imported or the variable set: until then Triton's answer is False, and asking would import it.
     """
     global _knobs
     if _knobs is None:
+        if "triton" not in sys.modules and "TRITON_INTERPRET" not in os.environ:
+            return False
         try:
             from triton import knobs
         except Exception:  # an unusable triton interprets nothing; availability() reports why
