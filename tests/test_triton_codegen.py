@@ -658,6 +658,15 @@ def test_gluon_source_compiles(job: str, gluon_reports: dict[str, str]) -> None:
     assert_compiled(gluon_reports[job], spills=not job.startswith("preset-"))
 
 
+def test_few_features_are_one_partial_chunk_and_a_bucket_of_their_own() -> None:
+    """`FEW` (D < `GLUON_FEW_FEATURES`) assumes D is one partial chunk in every configuration, and the launch keys
+    no `FEW` of its own: D's bit length in the autotuning bucket must change exactly at the threshold."""
+    configs = pytest.importorskip("kermac_backend_triton.configs")
+    few = configs.GLUON_FEW_FEATURES
+    assert all(meta["BK"] >= few for meta, *_ in configs.GLUON_PAIRWISE_SPACE)
+    assert all((configs.bucket(d) < configs.bucket(few)) == (d < few) for d in range(1, 4 * few))
+
+
 def test_gluon_kernel_is_float32_only() -> None:
     with pytest.raises(ValueError, match="the Gluon kernel computes in float32; got compute='float64'"):
         pairwise(presets.l1_distance, compute="float64", kernel="gluon")

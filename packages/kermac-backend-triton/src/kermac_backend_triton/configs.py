@@ -42,6 +42,7 @@ __all__ = [
     "DEFAULT_GRAD",
     "DEFAULT_PAIRWISE",
     "GENERAL_GRAD_SPACE",
+    "GLUON_FEW_FEATURES",
     "GLUON_PAIRWISE_SPACE",
     "GRAD_AFFINE_SPACE",
     "GRAD_AFFINE_SPACE_FLOAT64",
@@ -184,6 +185,11 @@ hand).  Kept from an 8-configuration sweep: 128×128 with 4 × 16 outputs per th
 D ≥ 256, capped at 128 registers (two programs per multiprocessor) for Laplace-L1, 64×128 at
 D = 32 and for fractional p; BK 4 and BK 16 were never best.
 """
+
+GLUON_FEW_FEATURES = 8
+"""Below this many features the Gluon pairwise kernel is launched with `FEW` (its last chunk's missing features
+skipped, not masked; docs/dev/triton-gluon-tail.md): no configuration's `BK` is smaller, so such a D is one partial
+chunk, and a power of two, so the autotuning `bucket` (D's bit length) tells D below it from D at or above it."""
 
 DEFAULT_PAIRWISE = dict(PAIRWISE_SPACE[1][0], num_warps=PAIRWISE_SPACE[1][1], num_stages=PAIRWISE_SPACE[1][2])
 """Configurations used when autotuning is off (launch options included)."""

@@ -671,11 +671,11 @@ def _grad_spec(problem: GradProblem, nbatch: int, int64: bool, kernel: str) -> G
 
 def _gluon_meta(problem: PairwiseProblem, spec: PairwiseSpec) -> dict[str, int]:
     """The Gluon kernel's `XT`, `ZT` (load along the rows where that is an operand's unit stride) and `FEW` (fewer
-    than 8 features: skip the last chunk's missing ones; the autotuning key's bucket of D separates D < 8 from the
-    rest, so `FEW` is not a key of its own)."""
+    than `configs.GLUON_FEW_FEATURES` features: skip the last chunk's missing ones; the autotuning key's bucket of D
+    tells those apart, so `FEW` is not a key of its own)."""
     if spec.kernel != "gluon":
         return {}
-    few = int(problem.x.shape[-1] < 8)
+    few = int(problem.x.shape[-1] < configs.GLUON_FEW_FEATURES)
     return {"XT": _rows_contiguous(problem.x), "ZT": _rows_contiguous(problem.z), "FEW": few}
 
 
