@@ -37,3 +37,16 @@ def test_a_call_that_names_a_backend_loads_no_other_backends_dependency() -> Non
     env = {k: v for k, v in os.environ.items() if k not in ("TRITON_INTERPRET", "KERMAC_BACKEND")}
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, env=env)
     assert result.stdout.strip().splitlines()[-1:] in ([], [""]), f"imported: {result.stdout.strip()}"
+
+
+def test_the_nvrtc_backend_checks_availability_without_importing_cuda_core() -> None:
+    """cuda.core is imported at the first compile only: a call whose kernel is in the disk cache (the launcher loads
+    it through `cuda.bindings`) never pays for its import."""
+    code = (
+        "import sys, torch\n"
+        "from kermac_backend_nvrtc.backend import NvrtcBackend\n"
+        "print(NvrtcBackend().availability())\n"
+        "print('cuda.core' in sys.modules)\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert result.stdout.strip().splitlines()[-1] == "False", result.stdout

@@ -264,3 +264,89 @@ def test_compiling_under_graph_capture_raises_and_says_what_to_do(driver: Driver
     with pytest.raises(RuntimeError, match="before capturing"):
         backend.grad(_grad_p15())
     assert len(driver.compiled) == 1
+
+
+class LibraryDriver:
+    """A stand-in for the `cuda.bindings.driver` calls that load a cubin as a library, recording them; `fail` names
+    a call that returns an error."""
+
+    CUresult = SimpleNamespace(CUDA_SUCCESS=0)
+    CUfunction_attribute = SimpleNamespace(
+        CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES="max dynamic shared",
+        CU_FUNC_ATTRIBUTE_NUM_REGS="registers",
+        CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES="local",
+        CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES="static shared",
+    )
+
+    def __init__(self, fail: str | None = None) -> None:
+        self.calls: list[tuple] = []
+        self.fail = fail
+
+    def __getattr__(self, name: str) -> Callable[..., tuple]:
+        values = {
+            "cuDeviceGet": ("device",),
+            "cuDevicePrimaryCtxRetain": ("context",),
+            "cuCtxSetCurrent": (),
+            "cuLibraryLoadData": ("library",),
+            "cuLibraryGetKernel": ("kernel",),
+            "cuKernelSetAttribute": (),
+            "cuKernelGetFunction": (FUNCTION,),
+        }
+
+        def call(*args: object) -> tuple:
+            self.calls.append((name, *args))
+            if name == self.fail:
+                return ("CUDA_ERROR_INVALID_IMAGE",)
+            if name == "cuKernelGetAttribute":
+                return (0, {"registers": 40, "local": 0, "static shared": 1024}[args[0]])
+            return (0, *values[name])
+
+        if not name.startswith("cu"):
+            raise AttributeError(name)
+        return call
+
+
+@pytest.fixture
+def library_driver(monkeypatch: pytest.MonkeyPatch) -> Callable[..., LibraryDriver]:
+    import cuda.bindings
+
+    def install(fail: str | None = None) -> LibraryDriver:
+        fake = LibraryDriver(fail)
+        monkeypatch.setattr(cuda.bindings, "driver", fake, raising=False)
+        monkeypatch.setitem(__import__("sys").modules, "cuda.bindings.driver", fake)
+        launcher._primary_context.cache_clear()
+        return fake
+
+    yield install
+    launcher._primary_context.cache_clear()
+
+
+@pytest.mark.parametrize("shmem", [0, 48 * 1024, 48 * 1024 + 16])
+def test_a_cubin_loads_as_a_library_in_the_primary_context(library_driver, shmem: int) -> None:
+    fake = library_driver()
+    library, function, resources = launcher._load_library(3, b"cubin", "kermac_pairwise", shmem)
+    assert (library, function) == ("library", FUNCTION)
+    assert resources == "40 registers, 0 bytes local memory, 1024 bytes static shared memory"
+    names = [c[0] for c in fake.calls]
+    assert names[:5] == ["cuDeviceGet", "cuDevicePrimaryCtxRetain", "cuCtxSetCurrent", "cuLibraryLoadData",
+                         "cuLibraryGetKernel"]  # fmt: skip
+    assert fake.calls[0][1] == 3 and fake.calls[2][1] == "context" and fake.calls[3][1] == b"cubin"
+    assert fake.calls[4][1:] == ("library", b"kermac_pairwise")
+    raised = [c for c in fake.calls if c[0] == "cuKernelSetAttribute"]
+    assert raised == ([("cuKernelSetAttribute", "max dynamic shared", shmem, "kernel", "device")] if shmem > 48 * 1024
+                      else [])  # fmt: skip
+    launcher._load_library(3, b"cubin", "other", 0)  # the primary context is retained once per device
+    assert [c[0] for c in fake.calls].count("cuDevicePrimaryCtxRetain") == 1
+
+
+@pytest.mark.parametrize("fail", ["cuLibraryLoadData", "cuLibraryGetKernel", "cuKernelSetAttribute"])
+def test_a_failed_load_names_the_call_and_the_error(library_driver, fail: str) -> None:
+    library_driver(fail)
+    with pytest.raises(RuntimeError, match=f"{fail}.*failed: CUDA_ERROR_INVALID_IMAGE|shared memory.*failed"):
+        launcher._load_library(0, b"cubin", "kermac_pairwise", 64 * 1024)
+
+
+def test_kernel_attributes_that_fail_only_change_the_description(library_driver) -> None:
+    library_driver("cuKernelGetAttribute")
+    _, function, resources = launcher._load_library(0, b"cubin", "kermac_pairwise", 0)
+    assert function == FUNCTION and resources.startswith("attributes unavailable: cuKernelGetAttribute failed")

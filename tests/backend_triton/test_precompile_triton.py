@@ -7,9 +7,10 @@ process fills an empty
 cache with a distance's and a gradient's kernels and names them; a second, precompiling problems of other sizes
 with the same operand layout, adds nothing to the cache (the kernels it would compile are the first's: a launch's
 cache key holds the layout, not the sizes), while a third, with D = 3 (row strides no multiple of 16), compiles
-kernels of its own.  The arguments it refuses, and the interpreter, which compiles nothing.  On a GPU: a process's
-first `cdist` after another process precompiled its problem compiles nothing (only the autotuner's timings are new
-in the cache) and is right.
+kernels of its own.  The arguments it refuses, and the interpreter, which compiles nothing; the host launchers it
+builds through a GPU driver (none through the stand-in).  On a GPU: a process's first `cdist` after another
+process precompiled its problem compiles nothing, not even Triton 3.6's C launcher (only the autotuner's timings
+are new in the cache), and is right.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import subprocess
 import sys
 import textwrap
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -108,6 +110,32 @@ def test_the_interpreter_precompiles_nothing() -> None:
     problem = pairwise_problem(cdist_program(1.0), x, x, out=None, hypers={})
     assert backend_module.TritonBackend().precompile([problem]) == []
     assert backend_module.TritonBackend().precompile([_meta_problem()], archs=["sm_90"]) == []
+
+
+def test_a_gpu_drivers_host_launchers_are_built_and_the_stand_ins_are_left_alone(monkeypatch) -> None:
+    """Triton 3.6 compiles a C launcher per argument signature at a kernel's first launch; `precompile` builds it
+    through the GPU driver's `launcher_cls`, with each compiled kernel's source and metadata.  The stand-in driver
+    of `--arch` has none, and nothing is built."""
+    runtime = pytest.importorskip("triton.runtime")
+    precompile = pytest.importorskip("kermac_backend_triton.precompile")
+    built = []
+
+    class GpuDriver:
+        def launcher_cls(self, src, metadata):
+            built.append((src, metadata))
+
+    binaries = [SimpleNamespace(src=f"src {i}", metadata=f"metadata {i}") for i in range(3)]
+    previous = runtime.driver._active
+    try:
+        runtime.driver.set_active(GpuDriver())
+        launch._build_host_launchers(binaries)
+        assert built == [(b.src, b.metadata) for b in binaries]
+        built.clear()
+        runtime.driver.set_active(precompile._TargetDriver(90))
+        launch._build_host_launchers(binaries)
+        assert built == []
+    finally:
+        runtime.driver._active = previous
 
 
 _GPU_FIRST_CALL = textwrap.dedent(

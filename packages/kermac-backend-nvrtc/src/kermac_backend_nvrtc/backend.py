@@ -22,6 +22,8 @@ are its own).
 from __future__ import annotations
 
 import contextlib
+import importlib.metadata
+import importlib.util
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -122,10 +124,15 @@ class NvrtcBackend(Backend):
     # ---- availability and checks ---------------------------------------------------------
 
     def availability(self) -> Availability:
+        """Whether cuda-core is installed (imported at the first compile only: a call whose kernel is in the
+        disk cache loads it through `cuda.bindings`), the NVRTC library loads, and torch sees a GPU of sm_80 or
+        newer."""
         try:
-            import cuda.core
-        except Exception as exc:
-            return Availability.no(f"cuda-core is not importable ({type(exc).__name__}: {exc}); {_INSTALL_HINT}")
+            installed = importlib.util.find_spec("cuda.core") is not None
+        except Exception as exc:  # a broken `cuda` package
+            return Availability.no(f"cuda-core cannot be found ({type(exc).__name__}: {exc}); {_INSTALL_HINT}")
+        if not installed:
+            return Availability.no(f"cuda-core is not installed; {_INSTALL_HINT}")
         try:
             from kermac_backend_nvrtc.compiler import nvrtc_version
 
@@ -140,9 +147,11 @@ class NvrtcBackend(Backend):
         if not any(c >= MIN_CAPABILITY for c in caps):
             found = ", ".join(f"cuda:{i} sm_{c[0]}{c[1]}" for i, c in enumerate(caps))
             return Availability.no(f"needs a GPU of compute capability >= 8.0, found {found}")
-        import cuda.core
-
-        return Availability.yes(f"cuda-core {cuda.core.__version__}, NVRTC {major}.{minor}")
+        try:
+            core_version = f"cuda-core {importlib.metadata.version('cuda-core')}"
+        except importlib.metadata.PackageNotFoundError:  # importable, but installed without metadata
+            core_version = "cuda-core"
+        return Availability.yes(f"{core_version}, NVRTC {major}.{minor}")
 
     def _device_reason(self, t: torch.Tensor) -> str | None:
         if not t.is_cuda:

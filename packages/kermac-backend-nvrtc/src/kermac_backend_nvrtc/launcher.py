@@ -1,12 +1,14 @@
 """Load cubins per device and launch kernels on PyTorch's current stream.
 
-A cubin is loaded once per (device, cache key) through `cuda.core`; kernels are looked up by
-name.  A launch packs the arguments into one buffer laid out as the kernel's parameter list
-(each value at its C type's natural alignment: pointers and `long long` 8 bytes, `int` 4,
-`km_t` the compute type) and hands it to the driver's `cuLaunchKernel` directly (`extra`
-form).  That costs a few microseconds on the host where `cuda.core.launch`'s per-argument
-conversion cost tens.  A `PreparedLaunch` packs every argument of a plan once and, per call,
-writes only the device addresses into its buffer.  Launching never synchronises.
+A cubin is loaded once per (device, cache key) as a CUDA library (`cuLibraryLoadData`, through
+`cuda.bindings`: importing `cuda.core`, which only compiling needs, would add tens of milliseconds
+to a process's first call); kernels are looked up by name.  A launch packs the arguments into one
+buffer laid out as the kernel's parameter list (each value at its C type's natural alignment:
+pointers and `long long` 8 bytes, `int` 4, `km_t` the compute type) and hands it to the driver's
+`cuLaunchKernel` directly (`extra` form).  That costs a few microseconds on the host where
+`cuda.core.launch`'s per-argument conversion cost tens.  A `PreparedLaunch` packs every argument
+of a plan once and, per call, writes only the device addresses into its buffer.  Launching never
+synchronises.
 """
 
 from __future__ import annotations
@@ -38,7 +40,7 @@ _PARAM_END = 0
 class LoadedKernel:
     """A kernel loaded on one device with its parameter list and argument layout."""
 
-    kernel: object  # cuda.core Kernel (keeps the module loaded)
+    library: object  # the CUlibrary holding the kernel (never unloaded: the kernel cache lives as long as the process)
     params: tuple[Param, ...]
     compute: str  # "float" or "double"
     device: int
@@ -54,7 +56,7 @@ class LoadedKernel:
     @classmethod
     def of(
         cls,
-        kernel: object,
+        library: object,
         params: Sequence[Param],
         compute: str,
         device: int,
@@ -68,7 +70,7 @@ class LoadedKernel:
         fmt, offsets = _layout(params, compute)
         packer = struct.Struct(fmt)
         return cls(
-            kernel, tuple(params), compute, device, name, resources, function, context, packer, offsets,
+            library, tuple(params), compute, device, name, resources, function, context, packer, offsets,
             ctypes.c_size_t(packer.size), shmem,
         )  # fmt: skip
 
@@ -132,30 +134,54 @@ def _fail(result: int, what: str) -> None:
     raise RuntimeError(f"{what} failed: {(name.value or b'CUDA error').decode()} ({result})")
 
 
-def _allow_dynamic_smem(kernel: object, device: int, nbytes: int) -> None:
-    """Raise `kernel`'s dynamic shared-memory limit to `nbytes` (above the default 48 KB)."""
+def _driver_call(result: tuple, what: str) -> object:
+    """The value of a `cuda.bindings.driver` call's `(CUresult, value)` (None for `(CUresult,)`); raises naming
+    `what` and the error where the call failed."""
     from cuda.bindings import driver
 
-    attr = driver.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
-    handle = kernel.handle
-    if isinstance(handle, driver.CUkernel):
-        (err,) = driver.cuKernelSetAttribute(attr, nbytes, handle, device)
-    else:
-        (err,) = driver.cuFuncSetAttribute(handle, attr, nbytes)
+    err, *values = result
     if err != driver.CUresult.CUDA_SUCCESS:
-        raise RuntimeError(f"could not allow {nbytes} bytes of dynamic shared memory on cuda:{device}: {err}")
+        raise RuntimeError(f"{what} failed: {err}")
+    return values[0] if values else None
 
 
-def _function(kernel: object) -> int:
-    """The CUfunction of a cuda.core kernel in the current context (a library kernel is resolved)."""
+@cache
+def _primary_context(device: int) -> tuple[object, object]:
+    """`(CUdevice, its primary context)` for CUDA device `device`, retained once per process (torch keeps it for
+    the process too)."""
     from cuda.bindings import driver
 
-    handle = kernel.handle
-    if isinstance(handle, driver.CUkernel):
-        err, handle = driver.cuKernelGetFunction(handle)
-        if err != driver.CUresult.CUDA_SUCCESS:
-            raise RuntimeError(f"cuKernelGetFunction failed: {err}")
-    return int(handle)
+    dev = _driver_call(driver.cuDeviceGet(device), f"cuDeviceGet({device})")
+    return dev, _driver_call(driver.cuDevicePrimaryCtxRetain(dev), f"cuDevicePrimaryCtxRetain(cuda:{device})")
+
+
+def _load_library(device: int, cubin: bytes, name: str, shmem: int) -> tuple[object, int, str]:
+    """Load `cubin` as a library and find its kernel `name` for CUDA device `device`, whose primary context it
+    makes current (the one torch uses), allowing `shmem` bytes of dynamic shared memory per block (above the
+    default 48 KB); `(library, the CUfunction in that context, a description of its resources)`."""
+    from cuda.bindings import driver
+
+    dev, context = _primary_context(device)
+    _driver_call(driver.cuCtxSetCurrent(context), f"cuCtxSetCurrent(cuda:{device})")
+    library = _driver_call(driver.cuLibraryLoadData(cubin, None, None, 0, None, None, 0), "cuLibraryLoadData")
+    kernel = _driver_call(driver.cuLibraryGetKernel(library, name.encode()), f"cuLibraryGetKernel({name})")
+    attr = driver.CUfunction_attribute
+    if shmem > 48 * 1024:
+        _driver_call(
+            driver.cuKernelSetAttribute(attr.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, shmem, kernel, dev),
+            f"allowing {shmem} bytes of dynamic shared memory to {name} on cuda:{device}",
+        )
+    function = _driver_call(driver.cuKernelGetFunction(kernel), f"cuKernelGetFunction({name})")
+    try:  # diagnostics only
+        regs, local, shared = (
+            _driver_call(driver.cuKernelGetAttribute(a, kernel, dev), "cuKernelGetAttribute")
+            for a in (attr.CU_FUNC_ATTRIBUTE_NUM_REGS, attr.CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES,
+                      attr.CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES)
+        )  # fmt: skip
+        resources = f"{regs} registers, {local} bytes local memory, {shared} bytes static shared memory"
+    except RuntimeError as exc:
+        resources = f"attributes unavailable: {exc}"
+    return library, int(function), resources
 
 
 def _current_context() -> int:
@@ -176,23 +202,10 @@ def load_kernel(
         found = _kernels.get(cache_id)
     if found is not None:
         return found
-    from cuda.core import Device, ObjectCode
-
     with torch.cuda.device(device):
-        Device(device).set_current()
-        kernel = ObjectCode.from_cubin(cubin).get_kernel(name)
-        if shmem > 48 * 1024:
-            _allow_dynamic_smem(kernel, device, shmem)
-        function, context = _function(kernel), _current_context()
-    try:
-        attrs = kernel.attributes
-        resources = (
-            f"{attrs.num_regs} registers, {attrs.local_size_bytes} bytes local memory, "
-            f"{attrs.shared_size_bytes} bytes static shared memory"
-        )
-    except Exception as exc:  # attributes are diagnostics only
-        resources = f"attributes unavailable: {exc}"
-    loaded = LoadedKernel.of(kernel, params, compute, device, name, resources, function, context, shmem)
+        library, function, resources = _load_library(device, cubin, name, shmem)
+        context = _current_context()
+    loaded = LoadedKernel.of(library, params, compute, device, name, resources, function, context, shmem)
     logger.debug("nvrtc: loaded %s on cuda:%d: %s", name, device, resources)
     with _lock:
         _kernels[cache_id] = loaded

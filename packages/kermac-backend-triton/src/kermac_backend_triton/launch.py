@@ -828,11 +828,28 @@ def _compile_and_launch(
     if compiled is not None:
         compiled.append((spec, kernel))  # before compiling: whoever undoes a compilation's effects must see it
         with device_guard(device):
-            kernel.warmup(*args, grid=grid, **meta)
+            binaries = kernel.warmup(*args, grid=grid, **meta)
+        _build_host_launchers(binaries if isinstance(binaries, list) else [binaries])
         return kernel, None
     check_not_capturing(device, lambda: _describe(spec))
     with device_guard(device):
         return kernel, kernel[grid](*args, **meta)
+
+
+def _build_host_launchers(binaries: list[Any]) -> None:
+    """Build the host-side launcher of each compiled kernel, as its first launch would.
+
+    Triton 3.6 compiles one C launcher per argument signature at a kernel's first launch (a C compiler run,
+    cached in Triton's cache beside the kernels); later Tritons build none (`launcher_cls` then only binds the
+    driver's generic launch).  Only a GPU driver has `launcher_cls`: under `kermac precompile --arch` (the
+    stand-in driver of `kermac_backend_triton.precompile`) the launcher is left to the first launch."""
+    from triton.runtime import driver
+
+    make = getattr(driver.active, "launcher_cls", None)
+    if make is None:
+        return
+    for binary in binaries:
+        make(binary.src, binary.metadata)
 
 
 def _grid(

@@ -3,10 +3,12 @@
 Each problem goes through the backend's own launch path (`kermac_backend_triton.launch`) inside
 `compiling_only()`: the kernel its first launch would compile, with that launch's arguments and fixed
 meta-parameters, is compiled for every configuration the autotuner would try, by Triton's `warmup`, which
-specialises the arguments and computes the cache key exactly as a launch does.  Triton keeps the binaries in its
-own cache (`~/.triton/cache` or `TRITON_CACHE_DIR`); a later process's first call of a problem of the same
-kind and operand layout (alignment, which sizes and strides are multiples of 16) finds them there and compiles
-nothing, though the autotuner still times the configurations once per shape bucket.
+specialises the arguments and computes the cache key exactly as a launch does; with the GPU's own driver, each
+compiled kernel's host launcher is built too (Triton 3.6 compiles one in C per argument signature at a first
+launch; later versions build none).  Triton keeps the binaries in its own cache (`~/.triton/cache` or
+`TRITON_CACHE_DIR`); a later process's first call of a problem of the same kind and operand layout (alignment,
+which sizes and strides are multiples of 16) finds them there and compiles nothing, though the autotuner still
+times the configurations once per shape bucket.
 
 A launch asks Triton's active driver for the GPU's architecture.  For `archs` (problems on the `meta` device,
 as `kermac precompile` builds them without a GPU, or another architecture than the GPU's) a driver that answers
