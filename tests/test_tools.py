@@ -79,7 +79,9 @@ def test_first_call_times_runs_cold_and_warm_processes_on_the_cpu(capsys) -> Non
     rows = capsys.readouterr().out.splitlines()
     runs = [r.split()[:3] for r in rows[1:5]]
     assert runs == [["torch", v, k] for v in ("p1", "gaussian") for k in ("cold", "warm")]
+    assert rows[0].split()[3:] == ["import", "kermac", "load", "backend", "first", "call", "second"]
     assert rows[5].startswith("cold first call: median") and rows[6].startswith("warm first call: median")
+    assert "; loading the backend before it: median " in rows[5]
 
 
 def test_first_call_times_precompiled_runs_a_process_after_kermac_precompile(capsys) -> None:
@@ -129,4 +131,4 @@ def test_first_call_times_child_times_its_own_import_of_kermac() -> None:
         check=True,
     )
     times = json.loads(done.stdout.strip().splitlines()[-1])
-    assert times["import"] > 1e-3 and times["first"] > 0 and times["second"] > 0
+    assert times["import"] > 1e-3 and times["load"] > 0 and times["first"] > 0 and times["second"] > 0

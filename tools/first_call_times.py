@@ -1,15 +1,17 @@
 """First-call times of kernel variants, each in a fresh process: cold (empty caches) and warm (the caches it filled).
 
-For each backend and variant a child process creates the device context and two operands, imports kermac, and times
-the first call of the variant (plan, compile or load, autotune, launch, synchronise) and the second. The first child
+For each backend and variant a child process creates the device context and two operands, imports kermac, loads the
+backend (plugin discovery and the backend's `availability()`), and times the first call of the variant (plan, compile
+or load, autotune, launch, synchronise) and the second. The first child
 of a variant gets an empty private directory for kermac's JIT cache and Triton's (`KERMAC_CACHE_DIR`,
 `TRITON_CACHE_DIR`, made by `tempfile.mkdtemp`, so private to the user): its first call is the **cold** compile.
 `--warm` more children reuse that directory: their first call is what a new process pays once the caches are
 filled. With `--precompiled`, `kermac precompile --backends B` fills one more private directory per backend once
 (its time is printed), and each variant gets a **precompiled** child too, on a copy of it: its first call is what a
 new process pays after `kermac precompile` (which compiles the common problems at 256 × 256, so sizes whose layout
-differs from theirs still compile). Import of kermac (which loads no backend) is reported apart; the first call
-includes loading the backends (plugin discovery) and everything a variant needs.
+differs from theirs still compile). Import of kermac (which loads no backend) and loading the backend, which a
+process pays once whatever it calls, are reported apart from the first call, which is everything the variant
+itself needs.
 
     python tools/first_call_times.py [--backends nvrtc,triton] [--variants p1,p2,p1.3,gaussian,laplace_l1]
                                      [--size 4096x64] [--warm 2] [--precompiled] [--device cuda]
@@ -37,7 +39,7 @@ CHILD = "--child"
 
 def child(backend: str, variant: str, size: str, device: str) -> dict[str, float]:
     """The times of one fresh process, in seconds (run with `CHILD`): `import kermac` (no backend is loaded yet),
-    the first call and the second."""
+    loading `backend` (discovery and its availability), the first call and the second."""
     import torch
 
     m, d = (int(v) for v in size.split("x"))
@@ -52,13 +54,17 @@ def child(backend: str, variant: str, size: str, device: str) -> dict[str, float
     import kermac.benchmarking as bm
 
     imported = time.perf_counter()
+    from kermac import registry
+
+    registry.get_backend(backend).availability()
+    loaded = time.perf_counter()
     bm.call_variant(variant, x, z, backend)
     sync()
     first = time.perf_counter()
     bm.call_variant(variant, x, z, backend)
     sync()
     second = time.perf_counter()
-    return {"import": imported - start, "first": first - imported, "second": second - first}
+    return {"import": imported - start, "load": loaded - imported, "first": first - loaded, "second": second - first}
 
 
 def _cache_env(caches: str) -> dict[str, str]:
@@ -112,7 +118,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     firsts: dict[str, list[float]] = {"cold": [], "warm": []} | ({"precompiled": []} if args.precompiled else {})
-    print(f"{'backend':8s} {'variant':12s} {'process':11s} {'import kermac':>13s} {'first call':>11s} {'second':>9s}")
+    loads: dict[str, list[float]] = {kind: [] for kind in firsts}
+    print(
+        f"{'backend':8s} {'variant':12s} {'process':11s} {'import kermac':>13s} {'load backend':>12s} "
+        f"{'first call':>11s} {'second':>9s}"
+    )
     for backend in args.backends.split(","):
         ahead = tempfile.mkdtemp(prefix="kermac-first-call-") if args.precompiled else None
         try:
@@ -133,9 +143,10 @@ def main(argv: list[str] | None = None) -> None:
                             if where != caches:
                                 shutil.rmtree(where, ignore_errors=True)
                         firsts[kind].append(t["first"])
+                        loads[kind].append(t["load"])
                         print(
-                            f"{backend:8s} {variant:12s} {kind:11s} {t['import']:11.3f} s {t['first']:9.3f} s "
-                            f"{1e3 * t['second']:6.2f} ms",
+                            f"{backend:8s} {variant:12s} {kind:11s} {t['import']:11.3f} s {t['load']:10.3f} s "
+                            f"{t['first']:9.3f} s {1e3 * t['second']:6.2f} ms",
                             flush=True,
                         )
                 finally:
@@ -144,7 +155,10 @@ def main(argv: list[str] | None = None) -> None:
             if ahead is not None:
                 shutil.rmtree(ahead, ignore_errors=True)
     for kind, values in firsts.items():
-        print(f"{kind} first call: median {statistics.median(values):.3f} s, max {max(values):.3f} s")
+        print(
+            f"{kind} first call: median {statistics.median(values):.3f} s, max {max(values):.3f} s; "
+            f"loading the backend before it: median {statistics.median(loads[kind]):.3f} s"
+        )
 
 
 if __name__ == "__main__":
