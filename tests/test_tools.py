@@ -15,7 +15,9 @@ from kermac.costs import CostTable
 TOOLS = ("nvrtc_bench", "nvrtc_profile", "nvrtc_sass_report", "nvrtc_compile_times", "nvrtc_sass_digest")
 
 
-@pytest.mark.parametrize("name", [*TOOLS, "mg_eigh_bench", "triton_bench", "costs_from_bench", "first_call_times"])
+@pytest.mark.parametrize(
+    "name", [*TOOLS, "mg_eigh_bench", "triton_bench", "costs_from_bench", "first_call_times", "half_packed_accuracy"]
+)
 def test_every_tool_imports_without_a_gpu(name: str) -> None:
     load_script(name)
 
@@ -132,3 +134,29 @@ def test_first_call_times_child_times_its_own_import_of_kermac() -> None:
     )
     times = json.loads(done.stdout.strip().splitlines()[-1])
     assert times["import"] > 1e-3 and times["load"] > 0 and times["first"] > 0 and times["second"] > 0
+
+
+def test_half_packed_accuracy_emulates_half_sums_against_the_exact_distance() -> None:
+    """Today's float32 sum is within 0.5 ulp of float16; packed partial sums of exact, representable terms lose
+    nothing, and of rounded terms lose more the more terms a lane adds in float16 (a summation it would not catch
+    would not show)."""
+    tool = load_script("half_packed_accuracy")
+    g = torch.Generator().manual_seed(0)
+    x, z = torch.randn(32, 32, generator=g).half(), torch.randn(32, 32, generator=g).half()
+    rows = tool.errors_in_ulps(x, z, [1, 16])
+    assert rows["float32 (today)"][0] <= 0.5
+    assert 0.5 < rows["half2, 1 term(s) per lane"][0] < rows["half2, 16 term(s) per lane"][0]
+    small = torch.tensor([[0.25, 0.5, 1.0, 2.0]]).half()  # differences and partial sums exact in float16
+    assert tool.errors_in_ulps(small, torch.zeros(1, 4).half(), [2])["half2, 2 term(s) per lane"][0] == 0
+    exact = torch.tensor([[1.0, 2.0]], dtype=torch.float64)
+    assert torch.equal(tool.ulps(torch.tensor([[1.0, 2.001953125]]).half(), exact), torch.tensor([[0.0, 1.0]]).double())
+
+
+def test_half_packed_accuracy_prints_a_table_and_refuses_bad_arguments(capsys) -> None:
+    tool = load_script("half_packed_accuracy")
+    assert tool.main(["--features", "4", "--points", "3", "--lane-terms", "1,2"]) == 0
+    rows = capsys.readouterr().out.splitlines()
+    assert rows[0].startswith("| D | inputs | summation") and len(rows) == 2 + 3 * 3
+    with pytest.raises(SystemExit):
+        tool.main(["--features", "0"])
+    assert "expected positive --features" in capsys.readouterr().err
