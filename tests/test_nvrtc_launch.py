@@ -6,9 +6,12 @@ planner's arguments; a call that would compile or load under CUDA-graph capture 
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
+import enum
 import logging
-from collections.abc import Callable
+import sys
+from collections.abc import Callable, Iterator
 from types import SimpleNamespace
 
 import pytest
@@ -268,9 +271,9 @@ def test_compiling_under_graph_capture_raises_and_says_what_to_do(driver: Driver
 
 class LibraryDriver:
     """A stand-in for the `cuda.bindings.driver` calls that load a cubin as a library, recording them; `fail` names
-    a call that returns an error."""
+    a call that returns an error (an enum member, as the bindings return)."""
 
-    CUresult = SimpleNamespace(CUDA_SUCCESS=0)
+    CUresult = enum.IntEnum("CUresult", {"CUDA_SUCCESS": 0, "CUDA_ERROR_INVALID_IMAGE": 200})
     CUfunction_attribute = SimpleNamespace(
         CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES="max dynamic shared",
         CU_FUNC_ATTRIBUTE_NUM_REGS="registers",
@@ -284,6 +287,7 @@ class LibraryDriver:
 
     def __getattr__(self, name: str) -> Callable[..., tuple]:
         values = {
+            "cuInit": (),
             "cuDeviceGet": ("device",),
             "cuDevicePrimaryCtxRetain": ("context",),
             "cuCtxSetCurrent": (),
@@ -291,29 +295,34 @@ class LibraryDriver:
             "cuLibraryGetKernel": ("kernel",),
             "cuKernelSetAttribute": (),
             "cuKernelGetFunction": (FUNCTION,),
+            "cuLibraryUnload": (),
         }
+        ok = self.CUresult.CUDA_SUCCESS
 
         def call(*args: object) -> tuple:
             self.calls.append((name, *args))
             if name == self.fail:
-                return ("CUDA_ERROR_INVALID_IMAGE",)
+                return (self.CUresult.CUDA_ERROR_INVALID_IMAGE,)
             if name == "cuKernelGetAttribute":
-                return (0, {"registers": 40, "local": 0, "static shared": 1024}[args[0]])
-            return (0, *values[name])
+                return (ok, {"registers": 40, "local": 0, "static shared": 1024}[args[0]])
+            return (ok, *values[name])
 
         if not name.startswith("cu"):
             raise AttributeError(name)
         return call
 
+    def names(self) -> list[str]:
+        return [c[0] for c in self.calls]
+
 
 @pytest.fixture
-def library_driver(monkeypatch: pytest.MonkeyPatch) -> Callable[..., LibraryDriver]:
+def library_driver(monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[..., LibraryDriver]]:
     import cuda.bindings
 
     def install(fail: str | None = None) -> LibraryDriver:
         fake = LibraryDriver(fail)
         monkeypatch.setattr(cuda.bindings, "driver", fake, raising=False)
-        monkeypatch.setitem(__import__("sys").modules, "cuda.bindings.driver", fake)
+        monkeypatch.setitem(sys.modules, "cuda.bindings.driver", fake)
         launcher._primary_context.cache_clear()
         return fake
 
@@ -327,26 +336,50 @@ def test_a_cubin_loads_as_a_library_in_the_primary_context(library_driver, shmem
     library, function, resources = launcher._load_library(3, b"cubin", "kermac_pairwise", shmem)
     assert (library, function) == ("library", FUNCTION)
     assert resources == "40 registers, 0 bytes local memory, 1024 bytes static shared memory"
-    names = [c[0] for c in fake.calls]
-    assert names[:5] == ["cuDeviceGet", "cuDevicePrimaryCtxRetain", "cuCtxSetCurrent", "cuLibraryLoadData",
-                         "cuLibraryGetKernel"]  # fmt: skip
-    assert fake.calls[0][1] == 3 and fake.calls[2][1] == "context" and fake.calls[3][1] == b"cubin"
-    assert fake.calls[4][1:] == ("library", b"kermac_pairwise")
+    assert fake.names()[:6] == ["cuInit", "cuDeviceGet", "cuDevicePrimaryCtxRetain", "cuCtxSetCurrent",
+                                "cuLibraryLoadData", "cuLibraryGetKernel"]  # fmt: skip
+    assert fake.calls[1][1] == 3 and fake.calls[3][1] == "context" and fake.calls[4][1] == b"cubin"
+    assert fake.calls[5][1:] == ("library", b"kermac_pairwise")
     raised = [c for c in fake.calls if c[0] == "cuKernelSetAttribute"]
     assert raised == ([("cuKernelSetAttribute", "max dynamic shared", shmem, "kernel", "device")] if shmem > 48 * 1024
                       else [])  # fmt: skip
-    launcher._load_library(3, b"cubin", "other", 0)  # the primary context is retained once per device
-    assert [c[0] for c in fake.calls].count("cuDevicePrimaryCtxRetain") == 1
+    launcher._load_library(3, b"cubin", "other", 0)  # the primary context is retained once, made current each time
+    assert fake.names().count("cuDevicePrimaryCtxRetain") == 1 and fake.names().count("cuCtxSetCurrent") == 2
 
 
-@pytest.mark.parametrize("fail", ["cuLibraryLoadData", "cuLibraryGetKernel", "cuKernelSetAttribute"])
-def test_a_failed_load_names_the_call_and_the_error(library_driver, fail: str) -> None:
+@pytest.mark.parametrize(
+    ("fail", "message"),
+    [
+        ("cuLibraryLoadData", "cuLibraryLoadData of kermac_pairwise on cuda:0 failed: CUDA_ERROR_INVALID_IMAGE (200)"),
+        ("cuLibraryGetKernel", "cuLibraryGetKernel(kermac_pairwise) failed: CUDA_ERROR_INVALID_IMAGE (200)"),
+        ("cuKernelSetAttribute", "allowing 65536 bytes of dynamic shared memory to kermac_pairwise on cuda:0 failed"),
+    ],
+)
+def test_a_failed_load_names_the_call_and_the_error(library_driver, fail: str, message: str) -> None:
     library_driver(fail)
-    with pytest.raises(RuntimeError, match=f"{fail}.*failed: CUDA_ERROR_INVALID_IMAGE|shared memory.*failed"):
+    with pytest.raises(RuntimeError) as raised:
         launcher._load_library(0, b"cubin", "kermac_pairwise", 64 * 1024)
+    assert str(raised.value).startswith(message)
 
 
 def test_kernel_attributes_that_fail_only_change_the_description(library_driver) -> None:
     library_driver("cuKernelGetAttribute")
     _, function, resources = launcher._load_library(0, b"cubin", "kermac_pairwise", 0)
     assert function == FUNCTION and resources.startswith("attributes unavailable: cuKernelGetAttribute failed")
+
+
+def test_a_kernel_loaded_twice_at_once_keeps_one_library(library_driver, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two threads loading one kernel: the second to finish gets the first's kernel and unloads its library."""
+    fake = library_driver()
+    first = launcher.LoadedKernel.of("first library", [], "float", 0, "k", "", FUNCTION, CONTEXT)
+
+    def load_while_another_thread_finishes(device, cubin, name, shmem):
+        launcher._kernels[(device, "key", name)] = first  # the other thread's load lands meanwhile
+        return "second library", FUNCTION, ""
+
+    monkeypatch.setattr(launcher, "_load_library", load_while_another_thread_finishes)
+    monkeypatch.setattr(launcher, "_current_context", lambda: CONTEXT)
+    monkeypatch.setattr(torch.cuda, "device", lambda index: contextlib.nullcontext())
+    monkeypatch.setattr(launcher, "_kernels", {})
+    assert launcher.load_kernel(0, "key", b"cubin", "k", [], "float") is first
+    assert fake.calls == [("cuLibraryUnload", "second library")]

@@ -169,6 +169,24 @@ def test_discovered_and_reported(plugins) -> None:
     assert plugins["torch"].available
 
 
+def test_one_backends_availability_is_asked_once_and_of_it_alone(plugins, monkeypatch: pytest.MonkeyPatch) -> None:
+    with pytest.warns(RuntimeWarning, match="fake_broken"):  # discovery again: nothing asked yet
+        registry.reset()
+        registry.registered_backends()
+    asked = []
+    for name in ("fake", "missing"):
+        backend = registry.get_backend(name)
+        answer = backend.availability
+        monkeypatch.setattr(backend, "availability", lambda answer=answer, name=name: asked.append(name) or answer())
+    assert registry.availability("fake").version == "9.9"
+    assert registry.availability("fake").available and asked == ["fake"]  # the second answer is the first
+    assert "FakeAccelerator" in registry.availability("missing").reason and asked == ["fake", "missing"]
+    kermac.cdist(torch.randn(3, 2), torch.randn(2, 2), backend="fake")  # a call naming it reads the same answer
+    assert asked == ["fake", "missing"]
+    with pytest.raises(ValueError, match="nope"):
+        registry.availability("nope")
+
+
 def test_auto_prefers_priority_and_falls_through(plugins) -> None:
     import fake_good
 

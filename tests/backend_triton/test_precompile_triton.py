@@ -112,28 +112,38 @@ def test_the_interpreter_precompiles_nothing() -> None:
     assert backend_module.TritonBackend().precompile([_meta_problem()], archs=["sm_90"]) == []
 
 
-def test_a_gpu_drivers_host_launchers_are_built_and_the_stand_ins_are_left_alone(monkeypatch) -> None:
-    """Triton 3.6 compiles a C launcher per argument signature at a kernel's first launch; `precompile` builds it
-    through the GPU driver's `launcher_cls`, with each compiled kernel's source and metadata.  The stand-in driver
-    of `--arch` has none, and nothing is built."""
+@pytest.mark.parametrize("autotuned", [False, True])
+def test_a_compile_only_launch_builds_the_gpu_drivers_host_launchers(monkeypatch, autotuned: bool) -> None:
+    """Triton 3.6 compiles a C launcher per argument signature at a kernel's first launch; a launch under
+    `compiling_only()` builds it through the GPU driver's `launcher_cls`, with each compiled kernel's source and
+    metadata (`warmup` returns one kernel, or the autotuner's list, where a skipped compilation is None).  The
+    stand-in driver of `--arch` has no `launcher_cls`, and nothing is built."""
     runtime = pytest.importorskip("triton.runtime")
     precompile = pytest.importorskip("kermac_backend_triton.precompile")
+    binaries = [SimpleNamespace(src=f"src {i}", metadata=f"metadata {i}") for i in range(3)]
+    warmed = [*binaries, None] if autotuned else binaries[0]
+    kernel = SimpleNamespace(warmup=lambda *args, grid, **meta: warmed)
+    monkeypatch.setattr(launch, "_kernel", lambda spec, autotune, debug: kernel)
     built = []
 
     class GpuDriver:
         def launcher_cls(self, src, metadata):
             built.append((src, metadata))
 
-    binaries = [SimpleNamespace(src=f"src {i}", metadata=f"metadata {i}") for i in range(3)]
+    def compile_only() -> list:
+        with launch.compiling_only() as compiled:
+            result = launch._compile_and_launch("spec", launch.TritonTuning(), False, [], {}, None, -1)
+        assert result == (kernel, None) and compiled == [("spec", kernel)]
+        return built
+
     previous = runtime.driver._active
     try:
         runtime.driver.set_active(GpuDriver())
-        launch._build_host_launchers(binaries)
-        assert built == [(b.src, b.metadata) for b in binaries]
+        expected = binaries if autotuned else binaries[:1]
+        assert compile_only() == [(b.src, b.metadata) for b in expected]
         built.clear()
         runtime.driver.set_active(precompile._TargetDriver(90))
-        launch._build_host_launchers(binaries)
-        assert built == []
+        assert compile_only() == []
     finally:
         runtime.driver._active = previous
 

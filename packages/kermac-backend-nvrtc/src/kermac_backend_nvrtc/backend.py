@@ -35,6 +35,7 @@ from kermac.backend import Availability, Backend
 from kermac.logs import logger
 from kermac.problem import GradProblem, PairwiseProblem, ProductProblem
 from kermac_backend_nvrtc import launcher
+from kermac_backend_nvrtc.compiler import CUDA_CORE_BINDINGS, INSTALL_HINT
 from kermac_backend_nvrtc.plan import (
     call_key,
     cuda_capability,
@@ -59,7 +60,6 @@ WGMMA_PREFERENCE = 30
 (x − z)² programs on sm_90, where they run the wgmma kernel, which measured faster than Triton's
 tensor-core kernel (docs/dev/wgmma-sm90.md); other devices run `mma.sync` and keep the priority.
 """
-_INSTALL_HINT = "install kermac-backend-nvrtc with its [cu13] extra ([cu12] for a CUDA 12 driver; docs/installation.md)"
 
 
 def _capturing(device: int) -> bool:
@@ -129,17 +129,29 @@ class NvrtcBackend(Backend):
         newer."""
         try:
             installed = importlib.util.find_spec("cuda.core") is not None
+        except ModuleNotFoundError:  # no `cuda` package at all
+            installed = False
         except Exception as exc:  # a broken `cuda` package
-            return Availability.no(f"cuda-core cannot be found ({type(exc).__name__}: {exc}); {_INSTALL_HINT}")
+            return Availability.no(f"cuda-core cannot be found ({type(exc).__name__}: {exc}); {INSTALL_HINT}")
         if not installed:
-            return Availability.no(f"cuda-core is not installed; {_INSTALL_HINT}")
+            return Availability.no(f"cuda-core is not installed; {INSTALL_HINT}")
+        try:
+            from cuda import bindings
+        except Exception as exc:
+            return Availability.no(f"cuda-bindings is not importable ({type(exc).__name__}: {exc}); {INSTALL_HINT}")
+        bindings_version = str(getattr(bindings, "__version__", "unknown"))
+        if bindings_version.split(".")[0] not in CUDA_CORE_BINDINGS:  # the check cuda.core makes at its import
+            return Availability.no(
+                f"cuda-core imports with cuda-bindings {' or '.join(f'{v}.x' for v in CUDA_CORE_BINDINGS)}, "
+                f"found cuda-bindings {bindings_version}; {INSTALL_HINT}"
+            )
         try:
             from kermac_backend_nvrtc.compiler import nvrtc_version
 
             major, minor = nvrtc_version()
         except Exception as exc:
             return Availability.no(
-                f"the NVRTC library could not be loaded ({type(exc).__name__}: {exc}); {_INSTALL_HINT}"
+                f"the NVRTC library could not be loaded ({type(exc).__name__}: {exc}); {INSTALL_HINT}"
             )
         if not torch.cuda.is_available():
             return Availability.no("no CUDA device is visible to torch (torch.cuda.is_available() is False)")

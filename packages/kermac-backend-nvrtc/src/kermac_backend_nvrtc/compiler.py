@@ -18,7 +18,15 @@ from functools import cache
 from kermac.jit_cache import cache_key, default_cache
 from kermac.logs import logger
 
-__all__ = ["OPTIONS", "Compiled", "compile_cubin", "nvrtc_version", "supported_archs"]
+__all__ = [
+    "CUDA_CORE_BINDINGS",
+    "INSTALL_HINT",
+    "OPTIONS",
+    "Compiled",
+    "compile_cubin",
+    "nvrtc_version",
+    "supported_archs",
+]
 
 OPTIONS = ("-std=c++17", "-Xptxas=-v")
 """NVRTC options besides the architecture (IEEE division and square root; FMA contraction on)."""
@@ -36,6 +44,13 @@ class Compiled:
     hit: bool
     seconds: float
     ptxas: str
+
+
+INSTALL_HINT = "install kermac-backend-nvrtc with its [cu13] extra ([cu12] for a CUDA 12 driver; docs/installation.md)"
+"""What to do where cuda-core, cuda-bindings or the NVRTC library is missing."""
+
+CUDA_CORE_BINDINGS = ("12", "13")
+"""The cuda-bindings major versions cuda-core imports with (it checks them at its import)."""
 
 
 @cache
@@ -69,7 +84,10 @@ def _ptxas_summary(log: str) -> str:
 
 
 def _build(source: str, arch: str, name: str, meta: dict) -> bytes:
-    from cuda.core import Program, ProgramOptions
+    try:
+        from cuda.core import Program, ProgramOptions
+    except ImportError as exc:  # installed (the backend's availability found it) but not importable
+        raise RuntimeError(f"compiling {name} needs cuda-core, which failed to import ({exc}); {INSTALL_HINT}") from exc
 
     options = ProgramOptions(name=name, arch=arch, std="c++17", ptxas_options=["-v"])
     log = io.StringIO()

@@ -141,7 +141,7 @@ def _driver_call(result: tuple, what: str) -> object:
 
     err, *values = result
     if err != driver.CUresult.CUDA_SUCCESS:
-        raise RuntimeError(f"{what} failed: {err}")
+        raise RuntimeError(f"{what} failed: {getattr(err, 'name', err)} ({int(err)})")
     return values[0] if values else None
 
 
@@ -151,6 +151,7 @@ def _primary_context(device: int) -> tuple[object, object]:
     the process too)."""
     from cuda.bindings import driver
 
+    _driver_call(driver.cuInit(0), "cuInit")  # torch initialised the driver already: a no-op then
     dev = _driver_call(driver.cuDeviceGet(device), f"cuDeviceGet({device})")
     return dev, _driver_call(driver.cuDevicePrimaryCtxRetain(dev), f"cuDevicePrimaryCtxRetain(cuda:{device})")
 
@@ -163,7 +164,9 @@ def _load_library(device: int, cubin: bytes, name: str, shmem: int) -> tuple[obj
 
     dev, context = _primary_context(device)
     _driver_call(driver.cuCtxSetCurrent(context), f"cuCtxSetCurrent(cuda:{device})")
-    library = _driver_call(driver.cuLibraryLoadData(cubin, None, None, 0, None, None, 0), "cuLibraryLoadData")
+    library = _driver_call(
+        driver.cuLibraryLoadData(cubin, None, None, 0, None, None, 0), f"cuLibraryLoadData of {name} on cuda:{device}"
+    )
     kernel = _driver_call(driver.cuLibraryGetKernel(library, name.encode()), f"cuLibraryGetKernel({name})")
     attr = driver.CUfunction_attribute
     if shmem > 48 * 1024:
@@ -172,14 +175,14 @@ def _load_library(device: int, cubin: bytes, name: str, shmem: int) -> tuple[obj
             f"allowing {shmem} bytes of dynamic shared memory to {name} on cuda:{device}",
         )
     function = _driver_call(driver.cuKernelGetFunction(kernel), f"cuKernelGetFunction({name})")
-    try:  # diagnostics only
+    try:
         regs, local, shared = (
             _driver_call(driver.cuKernelGetAttribute(a, kernel, dev), "cuKernelGetAttribute")
             for a in (attr.CU_FUNC_ATTRIBUTE_NUM_REGS, attr.CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES,
                       attr.CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES)
         )  # fmt: skip
         resources = f"{regs} registers, {local} bytes local memory, {shared} bytes static shared memory"
-    except RuntimeError as exc:
+    except Exception as exc:  # attributes are diagnostics only
         resources = f"attributes unavailable: {exc}"
     return library, int(function), resources
 
@@ -206,9 +209,14 @@ def load_kernel(
         library, function, resources = _load_library(device, cubin, name, shmem)
         context = _current_context()
     loaded = LoadedKernel.of(library, params, compute, device, name, resources, function, context, shmem)
-    logger.debug("nvrtc: loaded %s on cuda:%d: %s", name, device, resources)
     with _lock:
-        _kernels[cache_id] = loaded
+        kept = _kernels.setdefault(cache_id, loaded)
+    if kept is not loaded:  # another thread loaded the same kernel meanwhile: one library stays
+        from cuda.bindings import driver
+
+        _driver_call(driver.cuLibraryUnload(library), f"cuLibraryUnload of {name} on cuda:{device}")
+        return kept
+    logger.debug("nvrtc: loaded %s on cuda:%d: %s", name, device, resources)
     return loaded
 
 

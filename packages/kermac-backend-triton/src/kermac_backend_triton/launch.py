@@ -842,14 +842,17 @@ def _build_host_launchers(binaries: list[Any]) -> None:
     Triton 3.6 compiles one C launcher per argument signature at a kernel's first launch (a C compiler run,
     cached in Triton's cache beside the kernels); later Tritons build none (`launcher_cls` then only binds the
     driver's generic launch).  Only a GPU driver has `launcher_cls`: under `kermac precompile --arch` (the
-    stand-in driver of `kermac_backend_triton.precompile`) the launcher is left to the first launch."""
+    stand-in driver of `kermac_backend_triton.precompile`) the launcher is left to the first launch, as it is for
+    what Triton did not compile here (None where a `jit_cache_hook` skipped a compilation; an asynchronous
+    compilation's future)."""
     from triton.runtime import driver
 
     make = getattr(driver.active, "launcher_cls", None)
     if make is None:
         return
     for binary in binaries:
-        make(binary.src, binary.metadata)
+        if hasattr(binary, "src") and hasattr(binary, "metadata"):  # not None (a `jit_cache_hook` skipped it)
+            make(binary.src, binary.metadata)
 
 
 def _grid(

@@ -57,6 +57,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "BackendStatus",
+    "availability",
     "backend_statuses",
     "contract_violations",
     "cost_tables",
@@ -270,6 +271,14 @@ def _availability(reg: _Registry, name: str, entry: Loaded) -> tuple[Availabilit
             cached = (Availability.no(_plugin_error(entry, err)), True)
         reg.availability[name] = cached
     return cached
+
+
+def availability(name: str) -> Availability:
+    """Backend `name`'s availability, asked of it once per process (the answer `auto` and a call naming it read; a
+    failing hook counts as unavailable, saying why), without asking any other backend; `ValueError` listing the
+    known names for an unknown `name`."""
+    reg = _get_registry()
+    return _availability(reg, name, _entry(reg, name))[0]
 
 
 def _preference(reg: _Registry, name: str, entry: Loaded, problem: object, priority: int) -> int:
