@@ -19,78 +19,17 @@ itself needs.
 A variant is `pP` (`kermac.cdist` with p = P) or a preset name (`kermac.run_kernel`, bandwidth 2):
 `kermac.benchmarking.call_variant`; the default list is `FIRST_CALL_VARIANTS`, which the asv suite `bench_first_call`
 times too. `--device cpu` runs CPU tensors (the `torch` backend, or Triton under `TRITON_INTERPRET=1`), which the
-tests use.
+tests use. The children are `kermac.first_call`'s, which `kermac bench --first-call` runs too (cold and warm
+processes of every variant, as a table); this tool adds `--precompiled` and prints every process.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
-import os
-import shutil
+import contextlib
 import statistics
-import subprocess
-import sys
-import tempfile
-import time
 
-CHILD = "--child"
-
-
-def child(backend: str, variant: str, size: str, device: str) -> dict[str, float]:
-    """The times of one fresh process, in seconds (run with `CHILD`): `import kermac` (no backend is loaded yet),
-    loading `backend` (discovery and its availability), the first call and the second."""
-    import torch
-
-    m, d = (int(v) for v in size.split("x"))
-
-    def sync() -> None:
-        if device == "cuda":
-            torch.cuda.synchronize()
-
-    x, z = torch.randn(m, d, device=device), torch.randn(m, d, device=device)
-    sync()
-    start = time.perf_counter()
-    import kermac.benchmarking as bm
-
-    imported = time.perf_counter()
-    from kermac import registry
-
-    registry.availability(backend)  # asked once per process: the call below reads this answer
-    loaded = time.perf_counter()
-    bm.call_variant(variant, x, z, backend)
-    sync()
-    first = time.perf_counter()
-    bm.call_variant(variant, x, z, backend)
-    sync()
-    second = time.perf_counter()
-    return {"import": imported - start, "load": loaded - imported, "first": first - loaded, "second": second - first}
-
-
-def _cache_env(caches: str) -> dict[str, str]:
-    """The environment of a child whose caches (kermac's JIT cache, Triton's) live under `caches`."""
-    return dict(
-        os.environ, KERMAC_CACHE_DIR=os.path.join(caches, "kermac"), TRITON_CACHE_DIR=os.path.join(caches, "triton")
-    )
-
-
-def run_child(backend: str, variant: str, size: str, device: str, caches: str) -> dict[str, float]:
-    """The times of one child process whose caches live under `caches`."""
-    argv = [sys.executable, __file__, CHILD, backend, variant, size, device]
-    done = subprocess.run(argv, env=_cache_env(caches), capture_output=True, text=True, check=False)
-    if done.returncode != 0:
-        raise RuntimeError(f"{backend} {variant}: the child failed ({done.returncode}):\n{done.stderr[-2000:]}")
-    return json.loads(done.stdout.strip().splitlines()[-1])
-
-
-def precompile(backend: str, caches: str) -> float:
-    """Seconds `kermac precompile --backends backend` took, its caches under `caches`."""
-    start = time.perf_counter()
-    argv = [sys.executable, "-m", "kermac", "precompile", "--backends", backend]
-    done = subprocess.run(argv, env=_cache_env(caches), capture_output=True, text=True, check=False)
-    if done.returncode != 0:
-        raise RuntimeError(f"{backend}: kermac precompile failed ({done.returncode}):\n{done.stderr[-2000:]}")
-    return time.perf_counter() - start
+from kermac.first_call import precompile_into, private_caches, time_first_call
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -117,6 +56,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
+    size = tuple(int(v) for v in args.size.split("x"))
     firsts: dict[str, list[float]] = {"cold": [], "warm": []} | ({"precompiled": []} if args.precompiled else {})
     loads: dict[str, list[float]] = {kind: [] for kind in firsts}
     print(
@@ -124,36 +64,25 @@ def main(argv: list[str] | None = None) -> None:
         f"{'first call':>11s} {'second':>9s}"
     )
     for backend in args.backends.split(","):
-        ahead = tempfile.mkdtemp(prefix="kermac-first-call-") if args.precompiled else None
-        try:
+        with contextlib.ExitStack() as stack:
+            ahead = stack.enter_context(private_caches()) if args.precompiled else None
             if ahead is not None:
-                print(f"{backend}: kermac precompile took {precompile(backend, ahead):.1f} s", flush=True)
+                print(f"{backend}: kermac precompile took {precompile_into(backend, ahead):.1f} s", flush=True)
             for variant in args.variants.split(","):
                 runs = [("cold", None)] + [("warm", None)] * args.warm + ([("precompiled", ahead)] if ahead else [])
-                caches = tempfile.mkdtemp(prefix="kermac-first-call-")
-                try:
+                with private_caches() as caches:
                     for kind, start_from in runs:
-                        where = caches
-                        if start_from is not None:  # a copy: the precompiled caches serve every variant unchanged
-                            where = tempfile.mkdtemp(prefix="kermac-first-call-")
-                            shutil.copytree(start_from, where, dirs_exist_ok=True)
-                        try:
-                            t = run_child(backend, variant, args.size, args.device, where)
-                        finally:
-                            if where != caches:
-                                shutil.rmtree(where, ignore_errors=True)
-                        firsts[kind].append(t["first"])
-                        loads[kind].append(t["load"])
+                        # a copy: the precompiled caches serve every variant unchanged
+                        with contextlib.ExitStack() as own:
+                            where = caches if start_from is None else own.enter_context(private_caches(start_from))
+                            t = time_first_call(backend, variant, size, args.device, where)
+                        firsts[kind].append(t.first_s)
+                        loads[kind].append(t.load_s)
                         print(
-                            f"{backend:8s} {variant:12s} {kind:11s} {t['import']:11.3f} s {t['load']:10.3f} s "
-                            f"{t['first']:9.3f} s {1e3 * t['second']:6.2f} ms",
+                            f"{backend:8s} {variant:12s} {kind:11s} {t.import_s:11.3f} s {t.load_s:10.3f} s "
+                            f"{t.first_s:9.3f} s {1e3 * t.second_s:6.2f} ms",
                             flush=True,
                         )
-                finally:
-                    shutil.rmtree(caches, ignore_errors=True)
-        finally:
-            if ahead is not None:
-                shutil.rmtree(ahead, ignore_errors=True)
     for kind, values in firsts.items():
         print(
             f"{kind} first call: median {statistics.median(values):.3f} s, max {max(values):.3f} s; "
@@ -162,7 +91,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    if len(sys.argv) > 1 and sys.argv[1] == CHILD:
-        print(json.dumps(child(*sys.argv[2:6])))
-    else:
-        main()
+    main()

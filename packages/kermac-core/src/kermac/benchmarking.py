@@ -405,8 +405,9 @@ gradient on any device; a GPU finishes each kernel in a few microseconds, so the
 
 
 FIRST_CALL_VARIANTS: tuple[str, ...] = ("p1", "p2", "p1.3", "gaussian", "laplace_l1")
-"""The kernel variants whose first call in a fresh process is timed (`tools/first_call_times.py`, the asv suite
-`bench_first_call`): `pP` is `kermac.cdist` with p = P, another name a preset of `kermac.presets` (`call_variant`)."""
+"""The kernel variants whose first call in a fresh process is timed (`kermac bench --first-call`,
+`tools/first_call_times.py`, the asv suite `bench_first_call`): `pP` is `kermac.cdist` with p = P, another name a
+preset of `kermac.presets` (`call_variant`)."""
 
 FIRST_CALL_P = 1.3
 """The p of a preset that takes one (`lp_distance`, `laplace_lp`) in `call_variant`."""

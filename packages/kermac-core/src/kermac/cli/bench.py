@@ -15,7 +15,8 @@ correctness oracle, never the `best` of a row.  `--write-costs PATH` turns the r
 table for `auto` ([`kermac.costs`][kermac.costs]).  `--calls` runs the small-calls section
 instead: the host time per call of each operation (`kermac.cli.bench_calls`); `--fit` the fit section, the
 time each solver takes to a residual (`kermac.cli.bench_fit`); `--programs` the programs section, presets beside
-the same kernels written as lambdas (`kermac.cli.bench_programs`).
+the same kernels written as lambdas (`kermac.cli.bench_programs`); `--first-call` the first-call section, what a
+fresh process pays for its first call of each kernel variant, cold and warm (`kermac.cli.bench_first_call`).
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ import torch
 import kermac
 from kermac import benchmarking as bm
 from kermac import costs, registry
-from kermac.cli import bench_calls, bench_fit, bench_programs
+from kermac.cli import bench_calls, bench_first_call, bench_fit, bench_programs
 from kermac.cli._bench_common import (
     AUTO,
     BASELINE,
@@ -134,6 +135,15 @@ def register(sub: argparse._SubParsersAction) -> None:
         metavar="M,N,D",
         help="the programs section: the gaussian, laplace_l1 and laplace_l2 presets beside the same kernels written "
         "as lambdas (kermac.zoo), on every backend (default 16384,16384,128 on GPU, 256,256,32 on CPU)",
+    )
+    sizes.add_argument(
+        "--first-call",
+        nargs="?",
+        const=0,  # a bare --first-call: bench_first_call.DEFAULT_WARM warm processes; N itself is >= 1
+        type=_positive_int,
+        metavar="N",
+        help="the first-call section: each kernel variant's first call in fresh processes, one on empty JIT caches "
+        "(cold) and N on the caches it filled (warm; default 2), with import and backend loading apart",
     )
     p.add_argument(
         "--fit-lambda", type=_positive_float, default=1e-3, help="with --fit: the regularisation λ (default 1e-3)"
@@ -291,6 +301,8 @@ def run(args: argparse.Namespace) -> int:
         return bench_calls.run(args, device, backends, skipped, statuses)
     if args.fit is not None:
         return bench_fit.run(args, device)
+    if args.first_call is not None:
+        return bench_first_call.run(args, device, backends)
     gpu = device.type == "cuda"
     warmup = args.warmup if args.warmup is not None else 1 if args.quick or not gpu else 2
     repeat = args.repeat if args.repeat is not None else 3 if args.quick else 10 if gpu else 5
@@ -354,10 +366,12 @@ def _refusal(
         return "--write-costs: a cost table is made from the timed cases, not from the programs section"
     if args.calls is not None and args.write_costs:
         return "--write-costs: a cost table is made from the timed cases, not from the host time of --calls"
+    if args.first_call is not None and args.write_costs:
+        return "--write-costs: a cost table is made from the timed cases, not from the first calls of --first-call"
     if args.fit is not None and (args.write_costs or args.backends):
         option = "--write-costs" if args.write_costs else "--backends"
         return f"{option}: --fit times the solvers as a user runs them (backend auto); it takes no {option}"
-    sections = {"--programs": args.programs, "--calls": args.calls, "--fit": args.fit}
+    sections = {"--programs": args.programs, "--calls": args.calls, "--fit": args.fit, "--first-call": args.first_call}
     section = next((name for name, value in sections.items() if value is not None), None)
     if args.cases is not None and section is not None:
         return f"--cases chooses among the timed cases, not the cases of {section}"
