@@ -45,7 +45,12 @@ def test_the_predictor_gradient_routes_agree(tmp_path: Path, capsys: pytest.Capt
     assert {(r["kernel"], r["c"]) for r in rows} == {(k, c) for k in ("gaussian", "laplace_l1") for c in (1, 3)}
     for row in rows:
         assert row["routes"]["torch"]["rel_err"] < 1e-5
-    assert "predictor gradient" in capsys.readouterr().out
+        slope = row["routes"].get(script.SLOPE_BLOCKS)
+        assert (slope is not None) == (row["kernel"] == "gaussian")  # the Gaussian's third route, blocks of 16 rows
+        assert slope is None or slope["rel_err"] < 1e-5
+    printed = capsys.readouterr().out
+    assert "predictor gradient" in printed and "| slope blocks ms (×, err) |" in printed
+    assert "| laplace_l1 | 45 | 3 | 1 |" in printed and " - |" in printed  # no third route for Laplace-L1
 
 
 @pytest.mark.parametrize(

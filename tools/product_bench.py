@@ -27,7 +27,13 @@ AGOP) instead, with ``v`` in the role of the coefficients α:
   ``acc = ‖x − z‖₁``, ``A = −k/σ² = 2·∂k/∂acc`` for the Gaussian with ``acc = ‖x − z‖²``, whose
   ``cdist_grad`` with p = 2 has no factor 2), then ``kermac.cdist_grad(A, xᵀ, vᵀ, xᵀ)`` with p = 1 or 2 into
   the block's columns of a preallocated ``[C, D, M]`` output;
-* **fused**: ``kermac.predictor_gradient(kernel, x, x, v, backend=B)``.
+* **fused**: ``kermac.predictor_gradient(kernel, x, x, v, backend=B)``;
+* **slope blocks** (the Gaussian only): the Jacobian of a kernel on ``r² = ‖x − z‖²`` is
+  ``2(x_m·(E α)[m] − (E [α ⊙ z])[m])`` with ``E = e'(r²) = −k/(2σ²)``, the fused route's one product of ``C + C·D``
+  columns; here ``E`` is built ``--block`` rows at a time (``run_kernel`` into a preallocated block, scaled in
+  place) and multiplied by the ``C + C·D`` columns with ``torch.matmul`` — the blocked route of a product
+  (``kermac.product_blocked``) applied to that one, which the fused kernel computes in programs of at most 64
+  columns, each recomputing its K tiles.
 """
 
 from __future__ import annotations
@@ -74,6 +80,9 @@ def fused(kernel: str, x: torch.Tensor, v: torch.Tensor, out: torch.Tensor, back
     return run
 
 
+SLOPE_BLOCKS = "slope blocks"
+"""The name of ``--gradient``'s third route (the Gaussian only), ``slope_blocks_gradient``."""
+
 _GRADIENT_KERNELS = {"laplace_l1": (1.0, 1), "gaussian": (2.0, 2)}
 """The kernels of ``--gradient``: (p of their ``cdist_grad``, power of σ in ``∂k/∂acc``)."""
 
@@ -91,6 +100,28 @@ def blocked_gradient(kernel: str, x: torch.Tensor, v: torch.Tensor, out: torch.T
             a = kermac.run_kernel(kernel, x, x[start : start + cols], out=buffer[:, :cols], bandwidth=sigma)
             a.mul_(-1.0 / sigma**power)
             kermac.cdist_grad(a, xt, vt, xt[:, start : start + cols], p=p, out=out[..., start : start + cols])
+
+    return run
+
+
+def slope_blocks_gradient(x: torch.Tensor, v: torch.Tensor, out: torch.Tensor, block: int, sigma: float) -> Callable:
+    """``out[m, c, j] = J[m, c, j]`` of the Gaussian from blocks of rows of ``E = −k/(2σ²)`` times ``[α, α ⊙ x]``."""
+    n, d = x.shape
+    c = v.shape[1]
+    rows = min(block, n)
+    buffer = torch.empty(rows, n, device=x.device, dtype=x.dtype)
+    columns = torch.cat([v, (v[:, :, None] * x[:, None, :]).reshape(n, c * d)], dim=1)  # [N, C + C·D]
+    product = torch.empty(rows, c + c * d, device=x.device, dtype=x.dtype)
+
+    def run() -> None:
+        for start in range(0, n, block):
+            count = min(block, n - start)
+            e = kermac.run_kernel("gaussian", x[start : start + count], x, out=buffer[:count], bandwidth=sigma)
+            e.mul_(-1.0 / (2 * sigma**2))
+            torch.matmul(e, columns, out=product[:count])
+            ev, ew = product[:count, :c], product[:count, c:].view(count, c, d)
+            torch.sub(x[start : start + count, None, :] * ev[:, :, None], ew, out=out[start : start + count])
+            out[start : start + count].mul_(2)
 
     return run
 
@@ -133,6 +164,11 @@ def run_case(kernel: str, n: int, d: int, c: int, args: argparse.Namespace, devi
     if args.gradient:
         reference = reference.permute(2, 0, 1)  # J[m, c, j]
     scale = reference.abs().max().clamp_min(torch.finfo(reference.dtype).tiny)
+    if args.gradient and kernel == "gaussian":
+        out = torch.empty(shape, device=device)
+        ms, peak = measure(slope_blocks_gradient(x, v, out, args.block, sigma), device, args.repeat)
+        err = float(((out - reference).abs().max() / scale).item())
+        row["routes"][SLOPE_BLOCKS] = {"ms": ms, "peak_mb": peak / 2**20, "rel_err": err}
     for backend in args.backends:
         out = torch.empty(shape, device=device)
         try:
@@ -146,14 +182,17 @@ def run_case(kernel: str, n: int, d: int, c: int, args: argparse.Namespace, devi
 
 
 def table(rows: list[dict], backends: list[str]) -> str:
-    head = "| kernel | N | D | C | blocked ms | " + " | ".join(f"{b} ms (×, err)" for b in backends) + " |"
-    lines = [head, "|" + "---|" * (5 + len(backends))]
+    routes = ([SLOPE_BLOCKS] if any(SLOPE_BLOCKS in r["routes"] for r in rows) else []) + backends
+    head = "| kernel | N | D | C | blocked ms | " + " | ".join(f"{b} ms (×, err)" for b in routes) + " |"
+    lines = [head, "|" + "---|" * (5 + len(routes))]
     for r in rows:
         base = r["routes"]["blocked"]["ms"]
         cells = []
-        for b in backends:
-            got = r["routes"][b]
-            if "refused" in got:
+        for b in routes:
+            got = r["routes"].get(b)
+            if got is None:
+                cells.append("-")
+            elif "refused" in got:
                 cells.append("refused")
             else:
                 cells.append(f"{got['ms']:.2f} ({base / got['ms']:.1f}×, {got['rel_err']:.1e})")
