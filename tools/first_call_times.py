@@ -29,7 +29,7 @@ import argparse
 import contextlib
 import statistics
 
-from kermac.first_call import precompile_into, private_caches, time_first_call
+from kermac.first_call import FirstCallTimes, precompile_into, private_caches, time_first_call
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -57,15 +57,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     size = tuple(int(v) for v in args.size.split("x"))
-    firsts: dict[str, list[float]] = {"cold": [], "warm": []} | ({"precompiled": []} if args.precompiled else {})
-    loads: dict[str, list[float]] = {kind: [] for kind in firsts}
+    kinds = ("cold", "warm", "precompiled") if args.precompiled else ("cold", "warm")
+    times: dict[str, list[FirstCallTimes]] = {kind: [] for kind in kinds}
     print(
         f"{'backend':8s} {'variant':12s} {'process':11s} {'import kermac':>13s} {'load backend':>12s} "
         f"{'first call':>11s} {'second':>9s}"
     )
     for backend in args.backends.split(","):
-        with contextlib.ExitStack() as stack:
-            ahead = stack.enter_context(private_caches()) if args.precompiled else None
+        with private_caches() if args.precompiled else contextlib.nullcontext() as ahead:
             if ahead is not None:
                 print(f"{backend}: kermac precompile took {precompile_into(backend, ahead):.1f} s", flush=True)
             for variant in args.variants.split(","):
@@ -73,20 +72,20 @@ def main(argv: list[str] | None = None) -> None:
                 with private_caches() as caches:
                     for kind, start_from in runs:
                         # a copy: the precompiled caches serve every variant unchanged
-                        with contextlib.ExitStack() as own:
-                            where = caches if start_from is None else own.enter_context(private_caches(start_from))
+                        own = contextlib.nullcontext(caches) if start_from is None else private_caches(start_from)
+                        with own as where:
                             t = time_first_call(backend, variant, size, args.device, where)
-                        firsts[kind].append(t.first_s)
-                        loads[kind].append(t.load_s)
+                        times[kind].append(t)
                         print(
                             f"{backend:8s} {variant:12s} {kind:11s} {t.import_s:11.3f} s {t.load_s:10.3f} s "
                             f"{t.first_s:9.3f} s {1e3 * t.second_s:6.2f} ms",
                             flush=True,
                         )
-    for kind, values in firsts.items():
+    for kind, runs in times.items():
+        firsts = [t.first_s for t in runs]
         print(
-            f"{kind} first call: median {statistics.median(values):.3f} s, max {max(values):.3f} s; "
-            f"loading the backend before it: median {statistics.median(loads[kind]):.3f} s"
+            f"{kind} first call: median {statistics.median(firsts):.3f} s, max {max(firsts):.3f} s; "
+            f"loading the backend before it: median {statistics.median(t.load_s for t in runs):.3f} s"
         )
 
 
