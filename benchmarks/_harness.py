@@ -140,9 +140,10 @@ def cases(op: str) -> dict[str, Case]:
     if DEVICE == "cuda":
         small = getattr(bm, "SMALL_CASES", ())  # absent from revisions older than the host-time rows
         few = getattr(bm, "FEW_FEATURE_CASES", ())  # and from those older than the few-feature rows
+        few_grad = getattr(bm, "FEW_FEATURE_GRADIENT_CASES", ())  # or the few-feature gradient rows
         single = getattr(bm, "SINGLE_OUTPUT_GRADIENT_CASES", ())  # or the single-output gradient rows
         half = getattr(bm, "HALF_CASES", ())  # or the half-precision rows
-        chosen += [Case(c) for c in (*bm.GPU_CASES, *small, *few, *single, *half) if c.op == op]
+        chosen += [Case(c) for c in (*bm.GPU_CASES, *small, *few, *few_grad, *single, *half) if c.op == op]
     return {c.label: Case(c.base.on(DEVICE), c.bandwidths) for c in chosen}
 
 

@@ -138,7 +138,13 @@ def test_case_lists_are_consistent():
     assert [c.device for c in bm.cases_for("cpu")] == ["cpu"] * len(bm.CPU_CASES)
     assert [c.label for c in bm.cases_for("cpu", quick=True)] == [c.label for c in bm.CPU_QUICK_CASES]
     full = [c.label for c in bm.cases_for("cuda:0", full=True)]
-    listed = (*bm.PEERS_CASES, *bm.FEW_FEATURE_CASES, *bm.SINGLE_OUTPUT_GRADIENT_CASES, *bm.HALF_CASES)
+    listed = (
+        *bm.PEERS_CASES,
+        *bm.FEW_FEATURE_CASES,
+        *bm.FEW_FEATURE_GRADIENT_CASES,
+        *bm.SINGLE_OUTPUT_GRADIENT_CASES,
+        *bm.HALF_CASES,
+    )
     assert full == [c.label for c in listed] and len(set(full)) == len(full)
     assert all(c.device == "cuda:0" for c in bm.cases_for("cuda:0"))
     assert len(bm.cases_for("cuda")) == len(bm.GPU_CASES)
@@ -163,6 +169,22 @@ def test_few_feature_cases_are_bound_by_writing_their_output_or_their_powers():
         assert case.target_ms == pytest.approx(1.1 * case.floor_ms, abs=1e-3)
         assert (case.problem_class.size == "narrow") == (case.sizes[2] < 16)
     assert max(c.floor_ms for c in bm.FEW_FEATURE_CASES) == pytest.approx(2.19, abs=0.01)
+
+
+def test_few_feature_gradient_cases_place_the_gradient_classes_by_their_features():
+    """Gradients of 3 and 32 features, 1, 4 and 16 outputs, p = 1, 1.5 and 2, against 50 000 centres: each in its
+    family's large class, at the features a cost table ranks gradients by (N of (M, N, O, K))."""
+    from kermac.costs import shape_of
+
+    cases = bm.FEW_FEATURE_GRADIENT_CASES
+    assert {(c.sizes[1], c.sizes[2], c.p) for c in cases} == {
+        (n, o, p) for n in (3, 32) for o in (1, 4, 16) for p in (1.0, 1.5, 2.0)
+    }
+    for case in cases:
+        assert case.op == "grad" and case.device == "cuda" and (case.sizes[0], case.sizes[3]) == (16384, 50000)
+        assert case.problem_class.size == "large" and case.floor_ms is None and case.target_ms is None
+        assert case.problem_class.family == {1.0: "l1", 1.5: "lp", 2.0: "l2"}[case.p]
+        assert shape_of(case.sizes)[0] == case.sizes[1]
 
 
 def test_single_output_gradient_cases_are_bound_by_one_matrix_product():

@@ -3,8 +3,9 @@
 On the CPU the route is forced (`applies` patched, blocks of a few rows) through `kermac.kernel_product` on the
 reference backend and the Triton interpreter and checked against an independent float64 dense product: rows that
 are no multiple of the block, one and several columns, a regularised diagonal with either offset, a transposed
-`out`, NaN in `v`.  When it applies: the measured rule (`faster_blocked`) on `meta` problems, only `backend="auto"`
-on a CUDA device.  On the GPU `auto` takes it for a Laplace-L1 product with 128 features and matches float64.
+`out`, NaN in `v`, the Gaussian's predictor gradient.  When it applies: the measured rule (`faster_blocked`) on `meta` problems, only `backend="auto"`
+on a CUDA device.  On the GPU `auto` takes it for a Laplace-L1 product with 128 features and a Gaussian one with 80 columns,
+and matches float64.
 """
 
 from __future__ import annotations
@@ -74,6 +75,20 @@ def test_a_shifted_diagonal_a_transposed_out_and_nan(backend: str, forced: list[
     assert forced == [4, 4, 4]
 
 
+@pytest.mark.parametrize("backend", CPU_BACKENDS)
+def test_a_predictor_gradient_in_blocks(backend: str, forced: list[int]) -> None:
+    """The Gaussian's predictor gradient is one product of `C·(D + 1)` columns; in blocks it matches float64."""
+    require_backend(backend, "cpu", "product")
+    dtype = F64 if backend == "torch" else torch.float32
+    x, z, alpha = torch.randn(19, 4, dtype=dtype), torch.randn(23, 4, dtype=dtype), torch.randn(23, 3, dtype=dtype)
+    got = kermac.predictor_gradient("gaussian", x, z, alpha, bandwidth=2.5, backend=backend)
+    xd = x.double().requires_grad_()
+    f = kermac.run_kernel("gaussian", xd, z.double(), bandwidth=2.5, backend="torch") @ alpha.double()
+    want = torch.stack([torch.autograd.grad(f[:, i].sum(), xd, retain_graph=True)[0] for i in range(3)], dim=1)
+    assert_close(got, want, tolerance(dtype))
+    assert forced == [-(-19 // 7)]
+
+
 def _meta_problem(name: str, m: int, n: int, d: int, c: int, dtype=torch.float32, batch=()):
     program = presets.ALL[name].lower()
     x = torch.empty(*batch, m, d, dtype=dtype, device="meta")
@@ -91,6 +106,11 @@ def test_the_measured_rule() -> None:
     assert not product_blocked.faster_blocked(_meta_problem("laplace_l1", big, big, 32, 1))  # fused is faster
     assert not product_blocked.faster_blocked(_meta_problem("laplace_l1", big, big, 16, 16))
     assert not product_blocked.faster_blocked(_meta_problem("gaussian", big, big, 784, 16))  # tensor cores
+    assert product_blocked.faster_blocked(_meta_problem("gaussian", big, big, 3, 64))  # ... with many columns
+    assert product_blocked.faster_blocked(_meta_problem("laplace_l2", big, big, 784, 528))
+    assert not product_blocked.faster_blocked(_meta_problem("gaussian", big, big, 128, 63))
+    assert not product_blocked.faster_blocked(_meta_problem("gaussian", big, big, 3, 64, F64))  # SIMT in float64
+    assert not product_blocked.faster_blocked(_meta_problem("gaussian", 1000, 1000, 3, 64))  # small
     assert not product_blocked.faster_blocked(_meta_problem("laplace_l1", big, big, 128, 1, F64))
     assert not product_blocked.faster_blocked(_meta_problem("laplace_l1", 2, big, 128, 1, batch=(2,)))
     assert not product_blocked.faster_blocked(_meta_problem("laplace_l1", 1000, 1000, 128, 1))  # small
@@ -124,3 +144,15 @@ def test_auto_takes_blocks_on_the_gpu(caplog: pytest.LogCaptureFixture) -> None:
     assert "blocks and matrix products" in caplog.text
     rows = torch.cat([torch.arange(40), torch.arange(m - 40, m)]).cuda()
     assert_close(got[rows], _dense("laplace_l1", x[rows], z, v, bandwidth=100.0), tolerance(torch.float32))
+
+
+@pytest.mark.gpu
+def test_auto_takes_blocks_for_many_columns_of_a_tensor_core_program(caplog: pytest.LogCaptureFixture) -> None:
+    torch.manual_seed(0)
+    m, n, d, c = 1 << 14, (1 << 14) + 3, 32, 80
+    x, z, v = torch.randn(m, d, device="cuda"), torch.randn(n, d, device="cuda"), torch.randn(n, c, device="cuda")
+    with caplog.at_level(logging.DEBUG, logger="kermac"):
+        got = kermac.kernel_product("gaussian", x, z, v, bandwidth=8.0, debug=True)
+    assert "blocks and matrix products" in caplog.text
+    rows = torch.cat([torch.arange(40), torch.arange(m - 40, m)]).cuda()
+    assert_close(got[rows], _dense("gaussian", x[rows], z, v, bandwidth=8.0), tolerance(torch.float32))

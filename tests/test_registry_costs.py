@@ -195,17 +195,34 @@ def test_auto_ranks_by_the_cases_around_the_problem(plugin_dir: Path) -> None:
     assert table.ms(ProblemClass("pairwise", "l2", "float32", "small"), 20, 2**20) == {}
 
 
-def test_cases_at_one_d_rank_by_the_nearest_work_and_gradients_by_work() -> None:
+def test_cases_at_one_d_rank_by_the_nearest_work_and_gradients_by_their_features() -> None:
     l1 = ProblemClass("pairwise", "l1", "float32", "large")
     g1 = ProblemClass("grad", "l1", "float32", "large")
     cases = {
         l1: (MeasuredCase(32, 2**30, {"a": 1.0, "b": 2.0}), MeasuredCase(32, 2**36, {"a": 2.0, "b": 1.0})),
-        g1: (MeasuredCase(None, 2**30, {"a": 1.0, "b": 4.0}), MeasuredCase(None, 2**34, {"a": 4.0, "b": 1.0})),
+        g1: (
+            MeasuredCase(3, 2**34, {"a": 4.0, "b": 1.0}),  # few features, many centres: b
+            MeasuredCase(3, 2**36, {"a": 16.0, "b": 2.0}),
+            MeasuredCase(768, 2**35, {"a": 1.0, "b": 4.0}),  # many features: a
+        ),
     }
     table = CostTable("cpu", "d", "s", {l1: {"a": 1.0}, g1: {"a": 1.0}}, cases)
     assert table.ms(l1, 32, 2**31) == cases[l1][0].ms and table.ms(l1, 32, 2**35) == cases[l1][1].ms
-    assert table.ms(g1, None, 2**32) == pytest.approx({"a": 2.0, "b": 2.0})
-    assert list(table.ms(g1, None, 2**33)) == ["b", "a"]
+    assert table.ms(g1, 3, 2**37) == cases[g1][1].ms and table.ms(g1, 3, 2**30) == cases[g1][0].ms
+    assert table.ms(g1, 1024, 2**34) == cases[g1][2].ms
+    assert table.ms(g1, 48, 2**35) == pytest.approx({"a": 2.0, "b": 2.0})  # half way in log features
+    assert CostTable.from_json(json.loads(json.dumps(table.to_json())), "x") == table
+
+
+def test_format_2_gradient_cases_rank_by_their_work(tmp_path: Path) -> None:
+    g1 = ProblemClass("grad", "l1", "float32", "large")
+    cases = {g1: (MeasuredCase(None, 2**30, {"a": 1.0, "b": 4.0}), MeasuredCase(None, 2**34, {"a": 4.0, "b": 1.0}))}
+    data = {**CostTable("cpu", "d", "s", {g1: {"a": 1.0}}, cases).to_json(), "format": 2}
+    (tmp_path / "cpu.json").write_text(json.dumps(data))
+    table = CostTables(tmp_path).table("cpu")
+    assert table.cases == cases
+    assert table.ms(g1, 3, 2**32) == pytest.approx({"a": 2.0, "b": 2.0})  # half way in log work
+    assert list(table.ms(g1, 768, 2**33)) == ["b", "a"]
 
 
 def test_a_format_1_table_still_reads(tmp_path: Path) -> None:
@@ -222,7 +239,7 @@ def _valid() -> dict:
 @pytest.mark.parametrize(
     ("edit", "needle"),
     [
-        (lambda d: d.update(format=3), "format: expected one of 1, 2, got 3"),
+        (lambda d: d.update(format=4), "format: expected one of 1, 2, 3, got 4"),
         (lambda d: d.pop("device"), "device: expected a string, got None"),
         (lambda d: d.update(costs={}), "costs: expected a list of entries, got dict"),
         (lambda d: d["costs"][0].update(op="conv"), "costs[0].op: expected one of pairwise, grad, got 'conv'"),
@@ -238,7 +255,7 @@ def _valid() -> dict:
         (lambda d: d["costs"][0].update(cases=[3]), "costs[0].cases[0]: expected an object, got int"),
         (
             lambda d: d["costs"][0].update(cases=[{"work": 8, "ms": {"low": 1.0}}]),
-            "costs[0].cases[0].features: expected a positive integer D for a pairwise class, got None",
+            "costs[0].cases[0].features: expected a positive integer (the features) here, got None",
         ),
         (
             lambda d: d["costs"][0].update(cases=[{"features": 4, "work": 2.5, "ms": {"low": 1.0}}]),
@@ -249,8 +266,15 @@ def _valid() -> dict:
             "costs[0].cases[0].ms['low']: expected a positive finite number",
         ),
         (
-            lambda d: d["costs"][0].update(op="grad", cases=[{"features": 4, "work": 8, "ms": {"low": 1.0}}]),
-            "costs[0].cases[0].features: expected null for a gradient class, got 4",
+            lambda d: d["costs"][0].update(op="grad", cases=[{"features": None, "work": 8, "ms": {"low": 1.0}}]),
+            "costs[0].cases[0].features: expected a positive integer (the features) here, got None",
+        ),
+        (
+            lambda d: (
+                d.update(format=2),
+                d["costs"][0].update(op="grad", cases=[{"features": 4, "work": 8, "ms": {"low": 1.0}}]),
+            ),
+            "costs[0].cases[0].features: expected null for a gradient class of a format 2 table, got 4",
         ),
         (lambda d: d.update(device_class="sm_90"), "device_class 'sm_90' does not match the file name"),
     ],
@@ -336,7 +360,8 @@ def test_size_classes() -> None:
     assert classify(l2, torch.float32, (2048, 4096, 16)).size == "large"  # 2^27
     assert classify(l2, torch.float32, (2048, 4095, 16)).size == "small"
     assert classify(l2, torch.float32, (2048, 4095, 16), batch=2).size == "large"
-    assert classify(grad_program(1.0), torch.float32, (256, 32, 4, 8)).size == "small"  # no narrow class
+    assert classify(grad_program(1.0), torch.float32, (256, 3, 4, 8)).size == "small"  # no narrow class
+    assert classify(grad_program(1.0), torch.float32, (16384, 3, 4, 50000)).size == "large"
     assert classify(l2, torch.float64, (8, 8, 32)).dtype == "float64"
 
 
@@ -392,10 +417,10 @@ def test_table_from_bench_keeps_each_case_of_a_class() -> None:
     ]
     table = table_from_bench([_report(cases[:2]), _report(cases[2:])])
     assert table.cases[l1] == (MeasuredCase(3, 30000, {"a": 2.0}), MeasuredCase(300, 3000000, {"b": 2.0, "a": 8.0}))
-    assert table.cases[g2] == (MeasuredCase(None, 512, {"a": 1.0, "b": 3.0}),)
+    assert table.cases[g2] == (MeasuredCase(8, 512, {"a": 1.0, "b": 3.0}),)  # a gradient's features: N
     assert table.ms(l1, 3, 1) == {"a": 2.0} and table.ms(l1, 400, 10**6) == {"b": 2.0, "a": 8.0}
     assert table.ms(l1, 30, 10**5) == pytest.approx({"a": 4.0})  # half way in log D; b has no time at D = 3
-    assert table.ms(g2, None, 10**9) == {"a": 1.0, "b": 3.0}
+    assert table.ms(g2, 8, 10**9) == {"a": 1.0, "b": 3.0}
     assert CostTable.from_json(json.loads(json.dumps(table.to_json())), "x") == table
 
 

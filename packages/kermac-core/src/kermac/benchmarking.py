@@ -25,9 +25,10 @@ problem other systems published H100 timings for, with those timings and the pro
 `GPU_CASES` (the subset `kermac bench` runs by default, < 1 minute on an H100),
 `GPU_QUICK_CASES`, `SMALL_CASES` (problems so small that on a GPU a call's time is
 mostly the host's per-call work: checks, planning, the launch), `FEW_FEATURE_CASES` (distances with
-D ≤ 16, whose floor is writing the output), `SINGLE_OUTPUT_GRADIENT_CASES` (the p = 2 gradient with O = 1,
+D ≤ 16, whose floor is writing the output), `FEW_FEATURE_GRADIENT_CASES` (gradients with 3 and 32 features and
+many centres, as a predictor's gradient has), `SINGLE_OUTPUT_GRADIENT_CASES` (the p = 2 gradient with O = 1,
 whose floor is one matrix product) and `HALF_CASES` (float16 and bfloat16 distances); `kermac bench --full` runs
-these three after the peer table.
+these four after the peer table.
 `BenchCase.problem_class` is the class of [`kermac.costs`][kermac.costs] a case measures.
 """
 
@@ -51,6 +52,7 @@ __all__ = [
     "CPU_CASES",
     "CPU_QUICK_CASES",
     "FEW_FEATURE_CASES",
+    "FEW_FEATURE_GRADIENT_CASES",
     "FIRST_CALL_P",
     "FIRST_CALL_VARIANTS",
     "GPU_CASES",
@@ -330,6 +332,18 @@ FEW_FEATURE_CASES: tuple[BenchCase, ...] = tuple(_few_features(d, p) for d in (3
 instructions, so the floor is writing the output (`H100_WRITE_BYTES_PER_MS`) and the target 1.1× that; a
 fractional p's powers take the special-function unit, whose floor passes the write's from D = 3 on."""
 
+FEW_FEATURE_GRADIENT_CASES: tuple[BenchCase, ...] = tuple(
+    BenchCase("grad", (16384, n, o, 50000), p, device="cuda")
+    for n in (3, 32)
+    for o in (1, 4, 16)
+    for p in (1.0, 1.5, 2.0)
+)
+"""Gradients with few features (N = 3 and 32) and many centres (K = 50 000 against M = 16 384 points), for
+O = 1, 4 and 16 outputs: the `cdist_grad` of a predictor's gradient on low-dimensional data
+([`kermac.jacobians`][kermac.jacobians]).  Their fastest backend is not the peer rows' (N = 256 and 768): the cost
+table ranks a gradient by the cases nearest in features ([`kermac.costs`][kermac.costs]).  No floor or target:
+these rows measure the backends for `auto`."""
+
 H100_TF32_FLOP_PER_MS = 386e9
 """The H100's measured TF32 matrix-product rate, flop per millisecond (../shared/PEERS.md)."""
 
@@ -441,7 +455,8 @@ def cases_for(
     device: str | torch.device, *, full: bool = False, quick: bool = False, small: bool = False
 ) -> list[BenchCase]:
     """The cases `kermac bench` runs on `device`: CPU or GPU lists, `full` = the whole peer
-    table, then `FEW_FEATURE_CASES`, `SINGLE_OUTPUT_GRADIENT_CASES` and `HALF_CASES` (a CUDA device only:
+    table, then `FEW_FEATURE_CASES`, `FEW_FEATURE_GRADIENT_CASES`, `SINGLE_OUTPUT_GRADIENT_CASES` and `HALF_CASES`
+    (a CUDA device only:
     `ValueError` otherwise), `small` = `SMALL_CASES` on either."""
     device = torch.device(device)
     if full and device.type != "cuda":
@@ -452,7 +467,7 @@ def cases_for(
         chosen = CPU_QUICK_CASES if quick else CPU_CASES
     else:
         chosen = (
-            PEERS_CASES + FEW_FEATURE_CASES + SINGLE_OUTPUT_GRADIENT_CASES + HALF_CASES
+            PEERS_CASES + FEW_FEATURE_CASES + FEW_FEATURE_GRADIENT_CASES + SINGLE_OUTPUT_GRADIENT_CASES + HALF_CASES
             if full
             else GPU_QUICK_CASES
             if quick

@@ -23,16 +23,18 @@ J[m, c, j] = \sum_n \alpha_{n c}\, e'(\mathrm{acc}_{m n})\, w_j(m, n)\,
 \frac{\partial \tau}{\partial x}(x_{m j}, z_{n j}),
 $$
 
-the gradient product (`kermac.problem.ProductGradProblem`) with `v = α` and the upstream
-gradient `g = e_c`, the one-hot row of output `c` on every row of `x`: one fused pass per output column, so
-`C` passes over the `M × N` pairs (the squared-difference route takes one pass with `C + C·D` columns).
+the gradient product (`kermac.problem.ProductGradProblem`) with `v = α[:, c]` and the upstream
+gradient `g = 1` on every row of `x`: one fused pass per output column, so `C` passes over the `M × N` pairs (the
+squared-difference route takes one pass with `C + C·D` columns).  Each pass reads its own column of α only, so a
+NaN in one column of α makes that output NaN and no other (a one-hot `g` against all of `α` would multiply the
+other columns' NaN by 0).
 """
 
 from __future__ import annotations
 
 import torch
 
-from kermac import ops
+from kermac import jacobian_blocked, ops
 from kermac.hyperparams import HyperValue
 from kermac.programs import PairwiseProgram, slope_program
 
@@ -89,16 +91,20 @@ def gradient_product_jacobian(
     op: str = "predictor_gradient",
 ) -> torch.Tensor:
     """`J[*B, M, C, D]` (as [`product_jacobian`][kermac.jacobians.product_jacobian]) for any `program` (the second
-    formula of the module docstring): one gradient product per output column, `g` the
-    column's one-hot row broadcast over the rows of `x` (views of one `C × C` identity, a per-call tensor)."""
+    formula of the module docstring): one gradient product per output column `c`, `v = α[..., c:c + 1]` and `g` a
+    column of ones broadcast over the rows of `x` (a view of one per-call element); with
+    `backend="auto"` a large p-norm problem with several outputs runs as row blocks of its slope matrix and
+    `cdist_grad` instead ([`kermac.jacobian_blocked`][kermac.jacobian_blocked])."""
     (m, d), c = x.shape[-2:], alpha.shape[-1]
     if c == 0:
         shapes = [x.shape[:-2], z.shape[:-2], alpha.shape[:-2]]
         shapes += [h.tensor.shape for h in hypers.values() if h.tensor is not None]
         return x.new_zeros(torch.broadcast_shapes(*shapes) + (m, 0, d))
-    key, onehot = program.key(), torch.eye(c, dtype=x.dtype, device=x.device)
+    if jacobian_blocked.applies(program, x, z, alpha, hypers, backend):
+        return jacobian_blocked.blocked_jacobian(program, x, z, alpha, hypers, backend=backend, debug=debug, op=op)
+    key, ones = program.key(), x.new_ones(1, 1).expand(m, 1)
     columns = [
-        ops.product_grad(key, x, z, alpha, onehot[i].expand(m, c), hypers, backend=backend, debug=debug, op=op)
+        ops.product_grad(key, x, z, alpha[..., i : i + 1], ones, hypers, backend=backend, debug=debug, op=op)
         for i in range(c)
     ]
     return torch.stack(columns, dim=-2)

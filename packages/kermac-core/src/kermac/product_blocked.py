@@ -2,24 +2,29 @@ r"""Kernel products that run faster as row blocks of K and a matrix product than
 
 A fused product computes each entry of `K` in a GPU program that also contracts it with `v`; the pairwise
 kernels compute `K` alone with more of the GPU's registers and tiles of their own.  Where computing an entry costs
-more than writing and reading it — many features, or programs without tensor cores — the pairwise kernel into a
-block of rows of `K`, then `block @ v`, is faster:
+more than writing and reading it — many features, programs without tensor cores, or many columns of `v` — the
+pairwise kernel into a block of rows of `K`, then `block @ v`, is faster:
 
 $$
 \mathrm{out}[m_0 : m_0 + R, :] = K(x[m_0 : m_0 + R], z)\; v \qquad \text{for } m_0 = 0, R, 2R, \dots
 $$
 
-with `R = max(1, BLOCK_ELEMENTS // N)` rows per block, one block reused.  Measured on one H100 (2026-11-27,
-`python tools/product_bench.py`, N = 10⁵; docs/dev/product-blocked.md), the blocked route beats both fused
-backends for the SIMT programs (Laplace-L1) from D = 128 on, and from D = 32 with more than one column of `v`;
-the float32 `(x − z)²` programs on the tensor cores (Gaussian, Laplace-L2, Matérn) stay fused.  So `applies`
-takes this route for a product that
+with `R = max(1, BLOCK_ELEMENTS // N)` rows per block, one block reused.  Measured at N = 10⁵
+(docs/dev/product-blocked.md; `python tools/product_bench.py`, `python tools/product_blocked_sweep.py --force`),
+the blocked route beats both fused backends for the SIMT programs (Laplace-L1) from D = 128 on, and from D = 32
+with more than one column of `v` (one H100); and for the float32 `(x − z)²` programs on the tensor cores
+(Gaussian, Laplace-L2, Matérn) from 64 columns of `v` on, at every D measured (3 to 128; one H200), where the
+fused kernels, which contract at most 64 columns per program, compute each tile of K once per 64 columns.  So
+`applies` takes this route for a product that
 
 * runs on a CUDA device with `backend="auto"` (a named backend always runs its fused kernel), unbatched, in
   float32 with float32 matrix products in full precision (`torch.get_float32_matmul_precision() == "highest"`:
   TF32 would round `K`'s entries in the product with `v`);
-* is not a tensor-core program (`kermac.kernel_facts.tensor_core_eligible`);
-* has `D ≥ 128`, or `D ≥ 32` and `C > 1`, and at least `MIN_ENTRIES` entries of `K`.
+* has at least `MIN_ENTRIES` entries of K and, for a tensor-core program (`kermac.kernel_facts.tensor_core_eligible`),
+  at least `TENSOR_CORE_MIN_COLUMNS` columns of `v`; for any other program `D ≥ 128`, or `D ≥ 32` and `C > 1`.
+
+The predictor gradient of a tensor-core program ([`kermac.jacobians`][kermac.jacobians]) is one product of
+`C·(D + 1)` columns and takes this route from 64 on (e.g. from C = 16 at D = 3, from C = 2 at D = 32).
 
 Workspace: one block of `R · N ≤ max(BLOCK_ELEMENTS, N)` entries in `x`'s dtype (1 GiB in float32), never
 `M · N`.  The regularised diagonal keeps its place (each block's row offset is added to `offset_m`).
@@ -32,7 +37,7 @@ import torch
 from kermac.kernel_facts import tensor_core_eligible
 from kermac.problem import PairwiseProblem, ProductProblem, pairwise_problem
 
-__all__ = ["BLOCK_ELEMENTS", "MIN_ENTRIES", "applies", "block_problems", "faster_blocked"]
+__all__ = ["BLOCK_ELEMENTS", "MIN_ENTRIES", "TENSOR_CORE_MIN_COLUMNS", "applies", "block_problems", "faster_blocked"]
 
 BLOCK_ELEMENTS = 1 << 28
 """Entries of K per block: 1 GiB in float32.  Measured on one H100 at N = 10⁵ (docs/dev/product-blocked.md): with
@@ -41,6 +46,11 @@ BLOCK_ELEMENTS = 1 << 28
 
 MIN_ENTRIES = 1 << 28
 """The fewest entries of K for which the route is taken (the measured problems had 2.5·10⁹ and 10¹⁰)."""
+
+TENSOR_CORE_MIN_COLUMNS = 64
+"""The fewest columns of `v` for which a tensor-core program's product runs blocked.  Measured on one H200 at
+N = 10⁵ (Gaussian; the route / the fused product, ms): C = 64: D = 3 41.5 / 54.4, D = 32 55.2 / 64.9, D = 128
+76.7 / 87.9; C = 32: D = 3 31.9 / 43.7, D = 32 46.3 / 39.3, D = 128 66.2 / 66.1 (docs/dev/product-blocked.md)."""
 
 
 def applies(problem: ProductProblem, backend: str) -> bool:
@@ -51,16 +61,19 @@ def applies(problem: ProductProblem, backend: str) -> bool:
 
 def faster_blocked(problem: ProductProblem) -> bool:
     """Whether `problem`'s dtype, program and sizes are those the blocked route was measured faster on (unbatched,
-    float32 at full matrix-product precision, not a tensor-core program, `D ≥ 128` or `D ≥ 32` with `C > 1`, at
-    least `MIN_ENTRIES` entries of K, at least one column), whatever its device."""
+    float32 at full matrix-product precision, at least `MIN_ENTRIES` entries of K; a tensor-core program with at
+    least `TENSOR_CORE_MIN_COLUMNS` columns, any other with `D ≥ 128` or `D ≥ 32` and `C > 1`), whatever its
+    device."""
     m, n, d, c = problem.sizes
+    if tensor_core_eligible(problem.program, problem.x.dtype):
+        wide = c >= TENSOR_CORE_MIN_COLUMNS
+    else:
+        wide = c > 0 and (d >= 128 or (d >= 32 and c > 1))
     return (
-        c > 0
+        wide
         and not problem.batch_shape
         and problem.x.dtype == torch.float32
         and torch.get_float32_matmul_precision() == "highest"
-        and not tensor_core_eligible(problem.program, problem.x.dtype)
-        and (d >= 128 or (d >= 32 and c > 1))
         and m * n >= MIN_ENTRIES
     )
 

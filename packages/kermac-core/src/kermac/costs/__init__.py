@@ -9,12 +9,14 @@ backend the table does not list for that class ranks after those it lists, by it
 class, the order is the preference order alone.
 
 Within a class the table can also keep the benchmark **cases** it was made from, each with its
-features D (pairwise; none for gradients), its work (multiply-adds: batch·M·N·D, or M·N·O·K) and its
-milliseconds per backend.  Where it does, a problem is ranked by the cases of its class around it:
-at a measured D by that case, between two measured D by their times interpolated geometrically in
-log D, beyond the measured range by the nearest case (gradients, which have no D, the same in their
-work); of several cases at one D, the one nearest in work.  So a few-feature problem is ranked by
-the few-feature cases of its class, not by a mean over D = 16 and D = 1024.  The class's `ms` — the
+features D (a pairwise problem's D; a gradient's N, the rows of `b` and `d`), its work (multiply-adds:
+batch·M·N·D, or batch·M·N·O·K) and its milliseconds per backend.  Where it does, a problem is ranked by the
+cases of its class around it: at a measured D by that case, between two measured D by their times
+interpolated geometrically in log D, beyond the measured range by the nearest case; of several cases at one
+D, the one nearest in work.  So a few-feature problem is ranked by the few-feature cases of its class, not by
+a mean over D = 16 and D = 1024 (a gradient with 3 features and many centres runs 2–7× faster on one backend,
+with 768 features on the other).  Format 2 kept no features for gradients: its gradient cases are placed by
+their work alone.  The class's `ms` — the
 geometric mean over its cases — ranks where a class has no cases.
 
 A problem class ([`ProblemClass`][kermac.costs.ProblemClass]) is
@@ -30,7 +32,8 @@ A problem class ([`ProblemClass`][kermac.costs.ProblemClass]) is
   [`SMALL_WORK`][kermac.costs.SMALL_WORK]: batch·M·N·D, or batch·M·N·O·K for gradients, where a call's time is mostly
   host work) or `"large"`.
 
-File format (`format` 2; format 1 is the same without `cases`, and still read):
+File format (`format` 3; format 2 is the same with `"features": null` in gradient cases, format 1 without
+`cases`; both still read):
 
 ```text
 {"format": 2, "device_class": "sm_90", "device": "NVIDIA H100 80GB HBM3",
@@ -87,9 +90,10 @@ __all__ = [
     "table_from_bench",
 ]
 
-FORMAT = 2
-"""The version of the file format this module writes; it reads this one and format 1 (no `cases`)."""
-READS = (1, 2)
+FORMAT = 3
+"""The version of the file format this module writes; it reads this one, format 2 (gradient cases without
+features) and format 1 (no `cases`)."""
+READS = (1, 2, 3)
 DIRECTORY = Path(__file__).resolve().parent
 """Where the shipped tables live (package data of kermac core)."""
 NARROW_FEATURES = 16
@@ -131,8 +135,8 @@ class ProblemClass:
 
 @dataclass(frozen=True)
 class MeasuredCase:
-    """One benchmark case of a class: its features D (None for a gradient), its work in multiply-adds, and the
-    milliseconds of each backend that ran it with a correct answer."""
+    """One benchmark case of a class: its features D (a gradient's N; None for a gradient of a format 2 table), its
+    work in multiply-adds, and the milliseconds of each backend that ran it with a correct answer."""
 
     features: int | None
     work: int
@@ -140,7 +144,7 @@ class MeasuredCase:
 
     @property
     def position(self) -> int:
-        """Where the case sits on its class's axis: D, or the work for a gradient (no D)."""
+        """Where the case sits on its class's axis: D, or the work for a gradient case without features."""
         return self.work if self.features is None else self.features
 
 
@@ -166,9 +170,10 @@ def _family(program: PairwiseProgram | GradProgram) -> str:
     return {Const(0.0): "l0", Const(1.0): "l1", Const(2.0): "l2"}.get(power, "lp")
 
 
-def _size(work: int, features: int | None) -> str:
-    """The size class of `work` multiply-adds; `features` is D for pairwise problems, else None."""
-    if features is not None and features < NARROW_FEATURES:
+def _size(op: str, work: int, features: int) -> str:
+    """The size class of a problem of `op` (`"pairwise"` or `"grad"`, which has no narrow class), `work`
+    multiply-adds and `features`."""
+    if op == "pairwise" and features < NARROW_FEATURES:
         return "narrow"
     return "small" if work < SMALL_WORK else "large"
 
@@ -178,21 +183,24 @@ def classify(
 ) -> ProblemClass:
     """The class of a problem: `sizes` is (M, N, D) for a pairwise program, (M, N, O, K) for a gradient."""
     features, work = shape_of(sizes, batch)
-    return _problem_class(program, dtype, _size(work, features))
+    return _problem_class(program, dtype, _size(_op(program), work, features))
 
 
-def shape_of(sizes: Sequence[int], batch: int = 1) -> tuple[int | None, int]:
-    """The features D (None for a gradient) and the work in multiply-adds of a problem of `sizes` ((M, N, D), or
-    (M, N, O, K) for a gradient) and `batch` entries, as [`MeasuredCase`][kermac.costs.MeasuredCase] records them."""
-    return (sizes[2] if len(sizes) == 3 else None), batch * math.prod(sizes)
+def shape_of(sizes: Sequence[int], batch: int = 1) -> tuple[int, int]:
+    """The features (D of (M, N, D); N of a gradient's (M, N, O, K)) and the work in multiply-adds of a problem of
+    `sizes` and `batch` entries, as [`MeasuredCase`][kermac.costs.MeasuredCase] records them."""
+    return (sizes[2] if len(sizes) == 3 else sizes[1]), batch * math.prod(sizes)
+
+
+def _op(program: PairwiseProgram | GradProgram) -> str:
+    from kermac.programs import PairwiseProgram
+
+    return "pairwise" if isinstance(program, PairwiseProgram) else "grad"
 
 
 @functools.lru_cache(maxsize=1024)
 def _problem_class(program: PairwiseProgram | GradProgram, dtype: torch.dtype, size: str) -> ProblemClass:
-    from kermac.programs import PairwiseProgram
-
-    op = "pairwise" if isinstance(program, PairwiseProgram) else "grad"
-    return ProblemClass(op, _family(program), str(dtype).removeprefix("torch."), size)
+    return ProblemClass(_op(program), _family(program), str(dtype).removeprefix("torch."), size)
 
 
 def problem_class(problem: PairwiseProblem | GradProblem) -> ProblemClass:
@@ -200,12 +208,13 @@ def problem_class(problem: PairwiseProblem | GradProblem) -> ProblemClass:
     return _class_of(problem, *problem_shape(problem))
 
 
-def _class_of(problem: PairwiseProblem | GradProblem, features: int | None, work: int) -> ProblemClass:
-    dtype = problem.a.dtype if isinstance(problem, GradProblem) else problem.x.dtype
-    return _problem_class(problem.program, dtype, _size(work, features))
+def _class_of(problem: PairwiseProblem | GradProblem, features: int, work: int) -> ProblemClass:
+    grad = isinstance(problem, GradProblem)
+    dtype = problem.a.dtype if grad else problem.x.dtype
+    return _problem_class(problem.program, dtype, _size("grad" if grad else "pairwise", work, features))
 
 
-def problem_shape(problem: PairwiseProblem | GradProblem) -> tuple[int | None, int]:
+def problem_shape(problem: PairwiseProblem | GradProblem) -> tuple[int, int]:
     """[`shape_of`][kermac.costs.shape_of] a normalised problem."""
     batch = math.prod(problem.batch_shape)
     if isinstance(problem, GradProblem):
@@ -236,14 +245,14 @@ class CostTable:
     costs: Mapping[ProblemClass, Mapping[str, float]]
     cases: Mapping[ProblemClass, Sequence[MeasuredCase]] = field(default_factory=dict)
 
-    def ms(self, cls: ProblemClass, features: int | None, work: int) -> Mapping[str, float]:
+    def ms(self, cls: ProblemClass, features: int, work: int) -> Mapping[str, float]:
         """Milliseconds per backend for a problem of class `cls`, `features` and `work`, from the class's cases
         around it where it has cases (see the module documentation), else the class's (empty where the class
         was not measured).  Between two cases, only the backends both list."""
         cases = self.cases.get(cls)
         if not cases:
             return self.costs.get(cls, {})
-        at = max(1, work if features is None else features)
+        at = max(1, work if cases[0].features is None else features)  # format 2's gradient cases: by work
         below = _nearest([c for c in cases if c.position <= at], at, work)
         above = _nearest([c for c in cases if c.position >= at], at, work)
         if below is None or above is None or below.position == above.position:  # beyond the cases, or at one
@@ -310,7 +319,10 @@ class CostTable:
                 raise fail(f"{where}.cases: a format 1 table has no cases (they came with format 2)")
             if not isinstance(measured, list):
                 raise fail(f"{where}.cases: expected a list of cases, got {type(measured).__name__}")
-            cases[key] = tuple(_case(case, f"{where}.cases[{j}]", key, fail) for j, case in enumerate(measured))
+            with_features = key.op == "pairwise" or data["format"] >= 3
+            cases[key] = tuple(
+                _case(case, f"{where}.cases[{j}]", with_features, fail) for j, case in enumerate(measured)
+            )
         return cls(data["device_class"], data["device"], data["source"], costs, cases)
 
     @classmethod
@@ -335,16 +347,16 @@ def _milliseconds(ms: object, where: str, fail: Callable[[str], CostTableError])
     return {name: float(value) for name, value in ms.items()}
 
 
-def _case(case: object, where: str, cls: ProblemClass, fail: Callable[[str], CostTableError]) -> MeasuredCase:
-    """A validated entry of a class's `cases`."""
+def _case(case: object, where: str, with_features: bool, fail: Callable[[str], CostTableError]) -> MeasuredCase:
+    """A validated entry of a class's `cases`, with its features (`with_features`: pairwise classes, and gradient
+    classes from format 3 on) or null ones (gradient classes of format 2)."""
     if not isinstance(case, dict):
         raise fail(f"{where}: expected an object, got {type(case).__name__}")
     features, work = case.get("features"), case.get("work")
-    wants_features = cls.op == "pairwise"
-    if wants_features and not (_positive_int(features)):
-        raise fail(f"{where}.features: expected a positive integer D for a pairwise class, got {features!r}")
-    if not wants_features and features is not None:
-        raise fail(f"{where}.features: expected null for a gradient class, got {features!r}")
+    if with_features and not (_positive_int(features)):
+        raise fail(f"{where}.features: expected a positive integer (the features) here, got {features!r}")
+    if not with_features and features is not None:
+        raise fail(f"{where}.features: expected null for a gradient class of a format 2 table, got {features!r}")
     if not _positive_int(work):
         raise fail(f"{where}.work: expected a positive integer (multiply-adds), got {work!r}")
     return MeasuredCase(features, work, _milliseconds(case.get("ms"), f"{where}.ms", fail))
