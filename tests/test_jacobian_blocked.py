@@ -118,7 +118,7 @@ def test_the_measured_rule() -> None:
 def test_only_auto_on_a_cuda_device() -> None:
     meta = _meta("laplace_l1", 1 << 15, 1 << 15, 3, 4)
     assert jacobian_blocked.faster_blocked(*meta) and not jacobian_blocked.applies(*meta, "auto")
-    program, x, z, alpha, hv = _meta("laplace_l1", 4, 4, 3, 4)
+    program, *_, hv = _meta("laplace_l1", 4, 4, 3, 4)
     cpu = (program, torch.randn(600, 3), torch.randn(600, 3), torch.randn(600, 4), hv)
     assert not jacobian_blocked.applies(*cpu, "auto")
 

@@ -3,9 +3,9 @@
 On the CPU the route is forced (`applies` patched, blocks of a few rows) through `kermac.kernel_product` on the
 reference backend and the Triton interpreter and checked against an independent float64 dense product: rows that
 are no multiple of the block, one and several columns, a regularised diagonal with either offset, a transposed
-`out`, NaN in `v`, the Gaussian's predictor gradient.  When it applies: the measured rule (`faster_blocked`) on `meta` problems, only `backend="auto"`
-on a CUDA device.  On the GPU `auto` takes it for a Laplace-L1 product with 128 features and a Gaussian one with 80 columns,
-and matches float64.
+`out`, NaN in `v`, the Gaussian's predictor gradient.  When it applies: the measured rule (`faster_blocked`) on
+`meta` problems, only `backend="auto"` on a CUDA device.  On the GPU `auto` takes it for a Laplace-L1 product with
+128 features and a Gaussian one with 80 columns, and matches float64.
 """
 
 from __future__ import annotations

@@ -12,14 +12,15 @@ $$
 [`cdist_grad`][kermac.api.cdist_grad]`(E, zᵀ, αᵀ, xᵀ, p=P)` times P: one contraction of all C outputs at once,
 where the fused route takes one gradient product per output. With more than one output, or D ≥ 32, building E in
 row blocks is faster (one H200, N = 5·10⁴ and 10⁵, docs/dev/predictor-gradient-blocked.md): the pairwise kernel
-writes `E` for `R = max(1, BLOCK_ELEMENTS // N)` ([`BLOCK_ELEMENTS`][kermac.product_blocked.BLOCK_ELEMENTS]) rows of `x` into one workspace block (`[N, R]`, the program is
-symmetric in x and z), `cdist_grad` writes those rows of the result.
+writes `E` for `R = max(1, BLOCK_ELEMENTS // N)` rows of `x` into one workspace block (`[N, R]`; the program is
+symmetric in x and z), `cdist_grad` writes those rows of the result
+([`BLOCK_ELEMENTS`][kermac.product_blocked.BLOCK_ELEMENTS], as for products).
 
 `applies` takes this route for a predictor gradient with `backend="auto"` on a CUDA device, unbatched, float32,
 of a program summing `|x − z|^P` with a constant or scalar `P > 0` (not the squared differences: their Jacobian is
-one product, [`kermac.product_blocked`][kermac.product_blocked]), at least [`MIN_ENTRIES`][kermac.product_blocked.MIN_ENTRIES] entries of K, more than
-one output or at least `MIN_FEATURES` features, and no input that requires a gradient (the fused route's result
-is what autograd sees there).
+one product, [`kermac.product_blocked`][kermac.product_blocked]), at least
+[`MIN_ENTRIES`][kermac.product_blocked.MIN_ENTRIES] entries of K, more than one output or at least `MIN_FEATURES`
+features, and no input that requires a gradient (the fused route's result is what autograd sees there).
 
 Workspace: one block of `R · N ≤ max(BLOCK_ELEMENTS, N)` entries in `x`'s dtype (1 GiB in float32), never `M · N`.
 """
