@@ -106,11 +106,11 @@ def test_the_measured_rule() -> None:
     assert not product_blocked.faster_blocked(_meta_problem("laplace_l1", big, big, 32, 1))  # fused is faster
     assert not product_blocked.faster_blocked(_meta_problem("laplace_l1", big, big, 16, 16))
     assert not product_blocked.faster_blocked(_meta_problem("gaussian", big, big, 784, 16))  # tensor cores
-    assert product_blocked.faster_blocked(_meta_problem("gaussian", big, big, 3, 64))  # ... with many columns
+    assert product_blocked.faster_blocked(_meta_problem("gaussian", big, big, 3, 65))  # ... with many columns
     assert product_blocked.faster_blocked(_meta_problem("laplace_l2", big, big, 784, 528))
-    assert not product_blocked.faster_blocked(_meta_problem("gaussian", big, big, 128, 63))
-    assert not product_blocked.faster_blocked(_meta_problem("gaussian", big, big, 3, 64, F64))  # SIMT in float64
-    assert not product_blocked.faster_blocked(_meta_problem("gaussian", 1000, 1000, 3, 64))  # small
+    assert not product_blocked.faster_blocked(_meta_problem("gaussian", big, big, 128, 64))
+    assert not product_blocked.faster_blocked(_meta_problem("gaussian", big, big, 3, 65, F64))  # SIMT in float64
+    assert not product_blocked.faster_blocked(_meta_problem("gaussian", 1000, 1000, 3, 65))  # small
     assert not product_blocked.faster_blocked(_meta_problem("laplace_l1", big, big, 128, 1, F64))
     assert not product_blocked.faster_blocked(_meta_problem("laplace_l1", 2, big, 128, 1, batch=(2,)))
     assert not product_blocked.faster_blocked(_meta_problem("laplace_l1", 1000, 1000, 128, 1))  # small

@@ -11,10 +11,11 @@ $$
 (`E` is 0 where `acc = 0`, where every difference is 0: [`slope_program`][kermac.programs.slope_program]), which is
 [`cdist_grad`][kermac.api.cdist_grad]`(E, zᵀ, αᵀ, xᵀ, p=P)` times P: one contraction of all C outputs at once,
 where the fused route takes one gradient product per output. With more than one output, or D ≥ 32, building E in
-row blocks is faster (one H200, N = 5·10⁴ and 10⁵, docs/dev/predictor-gradient-blocked.md): the pairwise kernel
-writes `E` for `R = max(1, BLOCK_ELEMENTS // N)` rows of `x` into one workspace block (`[N, R]`; the program is
-symmetric in x and z), `cdist_grad` writes those rows of the result
-([`BLOCK_ELEMENTS`][kermac.product_blocked.BLOCK_ELEMENTS], as for products).
+blocks is faster (one H200, N = 10⁵, docs/dev/predictor-gradient-blocked.md): the pairwise kernel writes `E` for
+`R = max(1, BLOCK_ELEMENTS // M)` centres into one workspace block (`[R, M]`; the program is symmetric in x and z),
+and `cdist_grad` of the block, parallel over all M points, is added to the result
+([`BLOCK_ELEMENTS`][kermac.product_blocked.BLOCK_ELEMENTS], as for products).  Blocks of the points instead would
+leave `cdist_grad`, which sums over the centres within a program, a few dozen programs per block.
 
 `applies` takes this route for a predictor gradient with `backend="auto"` on a CUDA device, unbatched, float32,
 of a program summing `|x − z|^P` with a constant or scalar `P > 0` (not the squared differences: their Jacobian is
@@ -22,7 +23,8 @@ one product, [`kermac.product_blocked`][kermac.product_blocked]), at least
 [`MIN_ENTRIES`][kermac.product_blocked.MIN_ENTRIES] entries of K, more than one output or at least `MIN_FEATURES`
 features, and no input that requires a gradient (the fused route's result is what autograd sees there).
 
-Workspace: one block of `R · N ≤ max(BLOCK_ELEMENTS, N)` entries in `x`'s dtype (1 GiB in float32), never `M · N`.
+Workspace: one block of `R · M ≤ max(BLOCK_ELEMENTS, M)` entries in `x`'s dtype (1 GiB in float32), never `M · N`,
+and one `M × C × D` block's partial result where there is more than one block.
 """
 
 from __future__ import annotations
@@ -108,18 +110,21 @@ def blocked_jacobian(
     slope = slope_program(program)
     used = {name: hypers[name] for name in slope.hypers}
     (m, d), n, c = x.shape, z.shape[0], alpha.shape[1]
+    rows = max(1, min(n, product_blocked.BLOCK_ELEMENTS // max(m, 1)))
     out = x.new_empty(m, c, d)
-    rows = max(1, min(m, product_blocked.BLOCK_ELEMENTS // max(n, 1)))
-    block = x.new_empty(n, rows)
-    zt, at = z.mT, alpha.mT
+    block = x.new_empty(rows, m)
+    part = x.new_empty(m, c, d) if rows < n else out
+    xt = x.mT
     if debug:
-        logger.debug("%s: %d rows against %d centres as %d blocks of the slope matrix and cdist_grad", op, m, n,
-                     -(-m // rows))  # fmt: skip
-    for start in range(0, m, rows):
-        stop = min(m, start + rows)
-        e = ops.pairwise(
-            slope.key(), z, x[start:stop], used, out=block[:, : stop - start], backend=backend, debug=debug, op=op
-        )
-        part = out[start:stop].permute(1, 2, 0)  # [C, D, rows]: cdist_grad's [O, N, M]
-        cdist_grad(e, zt, at, x[start:stop].mT, p=power, out=part, backend=backend, debug=debug)
+        logger.debug("%s: %d points against %d centres in %d blocks of the slope matrix and cdist_grad", op, m, n,
+                     -(-n // rows))  # fmt: skip
+    for start in range(0, n, rows):
+        stop = min(n, start + rows)
+        e = ops.pairwise(slope.key(), z[start:stop], x, used, out=block[: stop - start], backend=backend, debug=debug,
+                         op=op)  # fmt: skip
+        target = out if start == 0 else part  # [M, C, D], written as cdist_grad's [O, N, M] = [C, D, M]
+        cdist_grad(e, z[start:stop].mT, alpha[start:stop].mT, xt, p=power, out=target.permute(1, 2, 0), backend=backend,
+                   debug=debug)  # fmt: skip
+        if start > 0:
+            out.add_(part)
     return out.mul_(power) if power != 1.0 else out

@@ -13,8 +13,8 @@ with `R = max(1, BLOCK_ELEMENTS // N)` rows per block, one block reused.  Measur
 (docs/dev/product-blocked.md; `python tools/product_bench.py`, `python tools/product_blocked_sweep.py --force`),
 the blocked route beats both fused backends for the SIMT programs (Laplace-L1) from D = 128 on, and from D = 32
 with more than one column of `v` (one H100); and for the float32 `(x − z)²` programs on the tensor cores
-(Gaussian, Laplace-L2, Matérn) from 64 columns of `v` on, at every D measured (3 to 128; one H200), where the
-fused kernels, which contract at most 64 columns per program, compute each tile of K once per 64 columns.  So
+(Gaussian, Laplace-L2, Matérn) with more than 64 columns of `v`, at every D measured (3 to 128; one H200), where
+the fused kernels, which contract at most 64 columns per program, compute each tile of K once per 64 columns.  So
 `applies` takes this route for a product that
 
 * runs on a CUDA device with `backend="auto"` (a named backend always runs its fused kernel), unbatched, in
@@ -24,7 +24,7 @@ fused kernels, which contract at most 64 columns per program, compute each tile 
   at least `TENSOR_CORE_MIN_COLUMNS` columns of `v`; for any other program `D ≥ 128`, or `D ≥ 32` and `C > 1`.
 
 The predictor gradient of a tensor-core program ([`kermac.jacobians`][kermac.jacobians]) is one product of
-`C·(D + 1)` columns and takes this route from 64 on (e.g. from C = 16 at D = 3, from C = 2 at D = 32).
+`C·(D + 1)` columns and takes this route from 65 on (e.g. from C = 17 at D = 3, from C = 2 at D = 32).
 
 Workspace: one block of `R · N ≤ max(BLOCK_ELEMENTS, N)` entries in `x`'s dtype (1 GiB in float32), never
 `M · N`.  The regularised diagonal keeps its place (each block's row offset is added to `offset_m`).
@@ -47,10 +47,12 @@ BLOCK_ELEMENTS = 1 << 28
 MIN_ENTRIES = 1 << 28
 """The fewest entries of K for which the route is taken (the measured problems had 2.5·10⁹ and 10¹⁰)."""
 
-TENSOR_CORE_MIN_COLUMNS = 64
-"""The fewest columns of `v` for which a tensor-core program's product runs blocked.  Measured on one H200 at
-N = 10⁵ (Gaussian; the route / the fused product, ms): C = 64: D = 3 41.5 / 54.4, D = 32 55.2 / 64.9, D = 128
-76.7 / 87.9; C = 32: D = 3 31.9 / 43.7, D = 32 46.3 / 39.3, D = 128 66.2 / 66.1 (docs/dev/product-blocked.md)."""
+TENSOR_CORE_MIN_COLUMNS = 65
+"""The fewest columns of `v` for which a tensor-core program's product runs blocked: more than one fused program's
+64.  Measured on one H200 at N = 10⁵ (the route / the fused product, ms; docs/dev/product-blocked.md): the Gaussian
+with C = 68 at D = 16 70.5 / 91.5, C = 128 at D = 3, 32, 128 62.0 / 108.3, 76.2 / 129.8, 97.3 / 171.7; with
+C = 64 it was faster too (D = 3 41.5 / 54.4, D = 32 55.2 / 64.9, D = 128 76.7 / 87.9), but the Gaussian's
+predictor gradient at D = 3, C = 16 (one product of 64 columns of its slope program) was not (63.0 / 55.7)."""
 
 
 def applies(problem: ProductProblem, backend: str) -> bool:
