@@ -253,8 +253,9 @@ CASES = _cases()
 
 
 #: The tuning these tests plan with: the cases' p = 1.5 and 3 stay on the general power here;
-#: test_nvrtc_half_powers.py covers the products-and-square-root form those values get by default.
-TUNING = NvrtcTuning(half_powers=False)
+#: test_nvrtc_half_powers.py covers the products-and-square-root form those values get by default.  The
+#: cases' few features take the sign product where O allows (its feature threshold: test_sign_product_needs_features).
+TUNING = NvrtcTuning(half_powers=False, sign_product_min_features=1)
 
 
 def _plan_pairwise(problem, capability: int | None = None, **changes: object) -> tuple:
@@ -1122,6 +1123,17 @@ def test_sign_grad_variant_compiles_to_cubin(case: str) -> None:
     assert "wgmma.mma_async.sync.aligned.m64n" in source and "mma.sync" not in source.split("kermac_grad(")[1]
     built = compiler.compile_cubin(source, "sm_90a", name="kermac_grad")
     assert built.cubin[:4] == b"\x7fELF" and "registers" in built.ptxas
+
+
+def test_sign_product_needs_features() -> None:
+    """By default the sign product takes gradients of at least `sign_product_min_features` features (N); fewer run
+    on `mma.sync` (O ≥ 5) or the SIMT kernel."""
+    k, m, o = 21, 19, 16
+    for n, kind in ((95, variants.MmaGrad), (96, variants.SignGrad), (200, variants.SignGrad)):
+        problem = grad_problem(grad_program(1.0), _t(k, m), _t(n, k), _t(o, k), _t(n, m), out=None, hypers={})
+        assert type(plan.plan_grad(problem, 90, NvrtcTuning())[0]) is kind, n
+        few = grad_problem(grad_program(1.0), _t(k, m), _t(n, k), _t(4, k), _t(n, m), out=None, hypers={})
+        assert type(plan.plan_grad(few, 90, NvrtcTuning())[0]) is (variants.SimtGrad if n < 96 else kind), n
 
 
 def test_plan_selects_sign_product_on_sm90_only() -> None:

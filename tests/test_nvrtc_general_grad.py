@@ -179,7 +179,8 @@ def test_general_programs_plan_to_the_simt_kernel_only(name: str, capability: in
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 def test_a_general_program_equal_to_the_p1_gradient_plans_like_it(o: int, capability: int, dtype) -> None:
     """`Σ_k c·(a·sign(d − b))` in the general form plans like cdist_grad's p = 1 program — the same kernel
-    (the sign product on sm_90, mma.sync on sm_80 for O = 16, SIMT otherwise), launch and source."""
+    (mma.sync for O = 16 — 11 features are too few for the sign product on sm_90 —, SIMT otherwise), launch and
+    source."""
     general = GradProgram(A * ir.sign(D - B), ACC, C * TERM)
     assert general.general and product_factor(general) == grad_program(1.0).multiply
     problem = _problem(grad_program(1.0), o, dtype)
@@ -190,7 +191,7 @@ def test_a_general_program_equal_to_the_p1_gradient_plans_like_it(o: int, capabi
     assert twin_launch == launch
     assert kernel_source(twin_variant) == kernel_source(variant)
     expected = {(80, 1): variants.SimtGrad, (80, 16): variants.MmaGrad, (90, 1): variants.SimtGrad}
-    expected[90, 16] = variants.SignGrad
+    expected[90, 16] = variants.MmaGrad
     assert isinstance(variant, expected[capability, o] if dtype == torch.float32 else variants.SimtGrad)
 
 
@@ -214,8 +215,9 @@ def test_tensor_core_sources_refuse_a_general_program() -> None:
     """Built by hand (the planner never does), a tensor-core variant of a general program is refused."""
     problem = _problem(grad_program(1.0), 16)
     general = GradProgram(A + ir.sign(D - B), ACC, C * TERM)
+    sign = dataclasses.replace(DEFAULT_TUNING, sign_product_min_features=1)  # the sign product on sm_90 too
     for capability in (80, 90):
-        variant = plan.plan_grad(problem, capability, DEFAULT_TUNING)[0]
+        variant = plan.plan_grad(problem, capability, sign)[0]
         assert isinstance(variant, variants.MmaGrad | variants.SignGrad)
         with pytest.raises(ValueError, match=r"needs .*product form"):
             kernel_source(dataclasses.replace(variant, program=general))

@@ -456,6 +456,7 @@ def grad_path(request: pytest.FixtureRequest) -> Iterator[str]:
         wgmma=request.param == "wgmma",
         tensor_core_grad_min_o=1,
         sign_product_min_o=1,
+        sign_product_min_features=1,
     ):
         yield request.param
 
@@ -585,7 +586,7 @@ def test_sign_product_flushes_subnormal_differences() -> None:
     from kermac_backend_nvrtc import plan
 
     a, b, c, d = _subnormal_differences()
-    with nvrtc_tuning(sign_product_min_o=1) as backend:
+    with nvrtc_tuning(sign_product_min_o=1, sign_product_min_features=1) as backend:
         got = kermac.cdist_grad(a, b, c, d, p=1.0, backend="nvrtc")
     expected = ref_grad(a, b, c, d, 1.0)
     expected[:, :, :2] = 0.0  # subnormal differences: ties

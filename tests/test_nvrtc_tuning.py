@@ -39,6 +39,7 @@ OLD_DEFAULTS = {
     "tensor_core_min_d": 16,
     "tensor_core_grad_min_o": 5,
     "sign_product_min_o": 3,
+    "sign_product_min_features": 96,
 }
 
 #: Every environment variable the planner used to read at import.
@@ -139,7 +140,7 @@ def test_no_module_reads_the_old_variables() -> None:
         l2 = pairwise_problem(presets.l2_distance.lower(), x, x, out=None, hypers={})
         lp = pairwise_problem(cdist_program(1.3), x, x, out=None, hypers={"p": HyperValue("p", 1.3)})
         l1 = pairwise_problem(cdist_program(1.0), x, x, out=None, hypers={})
-        a, b, c, d = torch.randn(16, 64), torch.randn(64, 16), torch.randn(8, 16), torch.randn(64, 64)
+        a, b, c, d = torch.randn(16, 64), torch.randn(128, 16), torch.randn(8, 16), torch.randn(128, 64)
         g = grad_problem(grad_program(1.0), a, b, c, d, out=None, hypers={})
         v2, vp, v1 = (plan.plan_pairwise(pr, 90, backend.tuning)[0] for pr in (l2, lp, l1))
         vg = plan.plan_grad(g, 90, backend.tuning)[0]

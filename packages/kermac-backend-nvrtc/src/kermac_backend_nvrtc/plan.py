@@ -371,7 +371,8 @@ def plan_grad(problem: GradProblem, capability: int | None, tuning: NvrtcTuning)
     m, n, o, _ = problem.sizes
     prog = problem.program
     wgmma = tuning.tensor_cores and tuning.wgmma and capability == 90 and dtype == "float32"
-    if wgmma and o >= tuning.sign_product_min_o and is_sign_product(prog):
+    sign = o >= tuning.sign_product_min_o and n >= tuning.sign_product_min_features and is_sign_product(prog)
+    if wgmma and sign:
         return _plan_sign_grad(problem)
     tensor_cores = tuning.tensor_cores and dtype == "float32" and o >= tuning.tensor_core_grad_min_o
     tensor_cores = tensor_cores and product_factor(prog) is not None

@@ -21,7 +21,7 @@ the `*_pairs` fields divide between the special-function unit and the FMA pipe.
 
 _PAIR_COUNTS = ("power_table_pairs", "power_table_pairs_high_p", "ex2_polynomial_pairs")
 _MIN_OUTPUTS = ("tensor_core_grad_min_o", "sign_product_min_o")
-_MIN_FEATURES = ("tensor_core_min_d",)
+_MIN_FEATURES = ("tensor_core_min_d", "sign_product_min_features")
 
 
 @dataclass(frozen=True)
@@ -125,6 +125,13 @@ class NvrtcTuning:
     """Smallest O for which a float32 sign(d − b) gradient (p = 1) runs as the bf16 sign product
     on sm_90 (`wgmma`).  Its cost is the same for every O ≤ 8 while the SIMT kernel's grows
     with O: it wins from this O on."""
+
+    sign_product_min_features: int = 96
+    """Smallest number of features N (the rows of `b` and `d`) for which the sign product runs.  Its block
+    holds 128 features, so its cost is flat up to 128 while the other kernels' grows with N: with 3 to 64
+    features the SIMT and `mma.sync` kernels were 1.1 to 11 times faster, with 128 and 256 the sign product
+    1.3 times (K = 50 000, M = 16 384, O = 3 to 16, H200; docs/dev/gradient-routes.md); linear in N, the
+    others reach its time near 96."""
 
     def __post_init__(self) -> None:
         for f in fields(self):
