@@ -101,7 +101,7 @@ def blocked_jacobian(
     op: str = "predictor_gradient",
 ) -> torch.Tensor:
     """`J[M, C, D]` (the formula of the module documentation) for an unbatched `program` summing `|x − z|^P`
-    (`difference_exponent` not None), from row blocks of its slope matrix and `cdist_grad`."""
+    (`difference_exponent` not None), from blocks of its slope matrix over the centres and `cdist_grad`."""
     from kermac.api import cdist_grad  # kermac.api imports the modules that import this one
 
     power = difference_exponent(program, hypers)
