@@ -18,8 +18,9 @@ from helpers import CPU_BACKENDS, require_backend
 from test_predictor import _dense_jacobian, _randn
 
 import kermac
-from kermac import jacobian_blocked, presets, product_blocked
+from kermac import ir, jacobian_blocked, presets, product_blocked
 from kermac.hyperparams import program_hypers
+from kermac.programs import LINF_TERM, PairwiseProgram
 
 F64 = torch.float64
 P_NORMS = [
@@ -64,6 +65,33 @@ def test_blocks_match_autograd_of_the_dense_predictor(backend: str, name: str, k
     torch.testing.assert_close(got.double(), want, rtol=tol, atol=tol * want.abs().max().item())
 
 
+T = ir.Var("x") - ir.Var("z")
+DIAGONAL = PairwiseProgram(abs(T), "sum", ir.exp(-ir.Var("acc")) * (1.0 + ir.Var("diag")))
+"""Laplace-L1 with its diagonal doubled: a slope that reads the diagonal, found at each block's centres."""
+POWER_Q = PairwiseProgram(ir.pow(abs(T), ir.Hyper("q")), "sum", ir.exp(-ir.Hyper("g") * ir.Var("acc")))
+"""A user's `Σ |x − z|^q` whose epilogue reads another hyperparameter."""
+
+
+@pytest.mark.parametrize("backend", CPU_BACKENDS)
+@pytest.mark.parametrize(
+    ("program", "hypers"),
+    [(DIAGONAL, {}), (POWER_Q, {"q": 0.6, "g": 0.7}), (POWER_Q, {"q": 2.0, "g": 0.7})],
+    ids=["diagonal", "q=0.6", "q=2"],
+)
+def test_user_programs_in_blocks(backend: str, program: PairwiseProgram, hypers: dict, forced) -> None:
+    """User programs: an epilogue reading the diagonal (x and z of one set, so it lies in every block of
+    centres), and `|x − z|^q` with a hyperparameter q (2 included: not the squared-difference form)."""
+    require_backend(backend, "cpu", "product")
+    dtype = F64 if backend == "torch" else torch.float32
+    z, alpha = _randn(29, 4, seed=7), _randn(29, 3, seed=8)
+    x = z.clone() if program is DIAGONAL else _randn(23, 4, seed=9)
+    want = _dense_jacobian(lambda xx: kermac.run_program(program, xx, z, hypers=hypers, backend="torch") @ alpha, x)
+    got = kermac.predictor_gradient(program, *(t.to(dtype) for t in (x, z, alpha)), backend=backend, **hypers)
+    assert forced == [x.shape[0]]
+    tol = 1e-10 if dtype == F64 else 3e-5
+    torch.testing.assert_close(got.double(), want, rtol=tol, atol=tol * want.abs().max().item())
+
+
 @pytest.mark.parametrize("backend", CPU_BACKENDS)
 def test_duplicated_points_and_nan_agree_with_the_fused_route(backend: str, forced, monkeypatch) -> None:
     """Points of `x` that are centres (every difference 0: the pair contributes 0 on both routes), and a NaN in
@@ -71,7 +99,7 @@ def test_duplicated_points_and_nan_agree_with_the_fused_route(backend: str, forc
     require_backend(backend, "cpu", "product")
     dtype = F64 if backend == "torch" else torch.float32
     z, alpha = _randn(29, 3, seed=4).to(dtype), _randn(29, 3, seed=5).to(dtype)
-    x = torch.cat([z[:7], _randn(12, 3, seed=6).to(dtype)])
+    x = torch.cat([z[::4], _randn(11, 3, seed=6).to(dtype)])  # centres of every block of 7 among the points
     alpha[4, 1] = float("nan")
     for name, kw in (("laplace_l1", {"bandwidth": 2.0}), ("laplace_lp", {"bandwidth": 2.0, "p": 1.5})):
         got = kermac.predictor_gradient(name, x, z, alpha, backend=backend, **kw)
@@ -103,10 +131,12 @@ def test_the_measured_rule() -> None:
     assert not faster(*_meta("laplace_l1", big, big, 3, 1))  # one output, few features: fused is faster
     assert faster(*_meta("laplace_lp", big, big, 8, 16, p=1.5))
     assert faster(*_meta("lp_distance", big, big, 8, 16, p=0.5))
-    assert not faster(*_meta("laplace_lp", big, big, 8, 16, p=2.0))  # squared differences: one product
-    assert not faster(*_meta("gaussian", big, big, 8, 16))
+    assert faster(*_meta("laplace_lp", big, big, 8, 16, p=2.0))  # a hyperparameter p = 2: not the (x − z)² form
+    assert not faster(*_meta("gaussian", big, big, 8, 16))  # squared differences: one product
     assert not faster(*_meta("linf_distance", big, big, 8, 16))  # a maximum over features
     assert not faster(*_meta("l0_distance", big, big, 8, 16))  # a count: P = 0
+    program, *tensors, hv = _meta("laplace_l1", big, big, 8, 16)
+    assert not faster(PairwiseProgram(LINF_TERM, "sum", program.epilogue), *tensors, hv)  # skips NaN coordinates
     assert not faster(*_meta("laplace_l1", big, big, 8, 16, F64))
     assert not faster(*_meta("laplace_l1", big, big, 8, 16, grad=True))  # the fused route's result for autograd
     assert not faster(*_meta("laplace_l1", 1000, 1000, 8, 16))  # small

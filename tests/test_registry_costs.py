@@ -221,6 +221,8 @@ def test_format_2_gradient_cases_rank_by_their_work(tmp_path: Path) -> None:
     (tmp_path / "cpu.json").write_text(json.dumps(data))
     table = CostTables(tmp_path).table("cpu")
     assert table.cases == cases
+    assert table.to_json()["format"] == 2  # written as read: its gradient cases have no features
+    assert CostTable.from_json(json.loads(json.dumps(table.to_json())), "x") == table
     assert table.ms(g1, 3, 2**32) == pytest.approx({"a": 2.0, "b": 2.0})  # half way in log work
     assert list(table.ms(g1, 768, 2**33)) == ["b", "a"]
 
@@ -255,7 +257,8 @@ def _valid() -> dict:
         (lambda d: d["costs"][0].update(cases=[3]), "costs[0].cases[0]: expected an object, got int"),
         (
             lambda d: d["costs"][0].update(cases=[{"work": 8, "ms": {"low": 1.0}}]),
-            "costs[0].cases[0].features: expected a positive integer (the features) here, got None",
+            "costs[0].cases[0].features: expected a positive integer (D of a pairwise class, N of a gradient), "
+            "got None",
         ),
         (
             lambda d: d["costs"][0].update(cases=[{"features": 4, "work": 2.5, "ms": {"low": 1.0}}]),
@@ -267,7 +270,8 @@ def _valid() -> dict:
         ),
         (
             lambda d: d["costs"][0].update(op="grad", cases=[{"features": None, "work": 8, "ms": {"low": 1.0}}]),
-            "costs[0].cases[0].features: expected a positive integer (the features) here, got None",
+            "costs[0].cases[0].features: expected a positive integer (D of a pairwise class, N of a gradient), "
+            "got None",
         ),
         (
             lambda d: (

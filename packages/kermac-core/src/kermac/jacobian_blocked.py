@@ -1,4 +1,4 @@
-r"""Predictor gradients of p-norm kernels with many outputs, as row blocks of the slope matrix and `cdist_grad`.
+r"""Predictor gradients of p-norm kernels with many outputs, as blocks of the slope matrix and `cdist_grad`.
 
 For a kernel on `acc = Σ_j |x_j − z_j|^P` (Laplace-L1, the Lp kernels and distances), `K = e(acc)`, the Jacobian
 of the predictor `f(x) = K(x, z) α` ([`kermac.jacobians`][kermac.jacobians]) is
@@ -32,10 +32,19 @@ from __future__ import annotations
 import torch
 
 from kermac import ops, product_blocked
+from kermac.canonical import canonical
 from kermac.hyperparams import HyperValue
 from kermac.ir import Const, Hyper
 from kermac.logs import logger
-from kermac.programs import PairwiseProgram, inner_difference_power, slope_program
+from kermac.lowering import grad_program
+from kermac.programs import (
+    LINF_TERM,
+    PairwiseProgram,
+    canonical_inner,
+    inner_difference_power,
+    is_squared_difference_sum,
+    slope_program,
+)
 
 __all__ = ["MIN_FEATURES", "applies", "blocked_jacobian", "difference_exponent", "faster_blocked"]
 
@@ -45,9 +54,13 @@ gradient product is faster with one output)."""
 
 
 def difference_exponent(program: PairwiseProgram, hypers: dict[str, HyperValue]) -> float | None:
-    """P if `program` sums `|x − z|^P` with a constant or scalar hyperparameter `P > 0` other than 2, else None."""
+    """P if `program` sums `|x − z|^P` with a constant or scalar hyperparameter `0 < P < ∞`, else None; also None
+    for the squared differences (their Jacobian is one product) and for a sum of the l∞ term, which skips NaN
+    coordinates where `cdist_grad` carries them."""
     power = inner_difference_power(program)
-    if program.reduction != "sum":
+    if program.reduction != "sum" or is_squared_difference_sum(program):
+        return None
+    if canonical_inner(program) == _CANONICAL_LINF_TERM:
         return None
     if isinstance(power, Const):
         value = power.value
@@ -55,7 +68,10 @@ def difference_exponent(program: PairwiseProgram, hypers: dict[str, HyperValue])
         value = hypers[power.name].scalar
     else:
         return None
-    return value if value > 0 and value != 2.0 and value < float("inf") else None
+    return value if 0 < value < float("inf") else None
+
+
+_CANONICAL_LINF_TERM = canonical(LINF_TERM)
 
 
 def applies(
@@ -77,14 +93,13 @@ def faster_blocked(
     """Whether the program, dtypes and sizes are those the blocked route was measured faster on (the conditions of
     the module documentation but the device and the backend), whatever the device."""
     (m, d), n, c = x.shape[-2:], z.shape[-2], alpha.shape[-1]
-    tensors = (x, z, alpha, *(h.tensor for h in hypers.values() if h.tensor is not None))
     return (
         x.dtype == torch.float32
         and x.dim() == z.dim() == alpha.dim() == 2
         and all(h.tensor is None for h in hypers.values())
         and (c > 1 or (c == 1 and d >= MIN_FEATURES))
         and m * n >= product_blocked.MIN_ENTRIES
-        and not (torch.is_grad_enabled() and any(t.requires_grad for t in tensors))
+        and not (torch.is_grad_enabled() and any(t.requires_grad for t in (x, z, alpha)))
         and difference_exponent(program, hypers) is not None
     )
 
@@ -102,11 +117,13 @@ def blocked_jacobian(
 ) -> torch.Tensor:
     """`J[M, C, D]` (the formula of the module documentation) for an unbatched `program` summing `|x − z|^P`
     (`difference_exponent` not None), from blocks of its slope matrix over the centres and `cdist_grad`."""
-    from kermac.api import cdist_grad  # kermac.api imports the modules that import this one
-
     power = difference_exponent(program, hypers)
     if power is None:
-        raise ValueError(f"program: expected a sum of |x − z|^P with a scalar P > 0 other than 2, got {program.key()}")
+        raise ValueError(
+            f"program: expected a sum of |x − z|^P with a scalar 0 < P < ∞, not (x − z)², got {program.key()}"
+        )
+    contraction = grad_program(power)  # cdist_grad's program for this P
+    powers = {"p": HyperValue("p", power)} if "p" in contraction.hypers else {}
     slope = slope_program(program)
     used = {name: hypers[name] for name in slope.hypers}
     (m, d), n, c = x.shape, z.shape[0], alpha.shape[1]
@@ -120,11 +137,12 @@ def blocked_jacobian(
                      -(-n // rows))  # fmt: skip
     for start in range(0, n, rows):
         stop = min(n, start + rows)
-        e = ops.pairwise(slope.key(), z[start:stop], x, used, out=block[: stop - start], backend=backend, debug=debug,
-                         op=op)  # fmt: skip
+        # centre start + k is row k here: a slope reading the diagonal finds it at offset_m = start
+        e = ops.pairwise(slope.key(), z[start:stop], x, used, out=block[: stop - start], offset_m=start,
+                         backend=backend, debug=debug, op=op)  # fmt: skip
         target = out if start == 0 else part  # [M, C, D], written as cdist_grad's [O, N, M] = [C, D, M]
-        cdist_grad(e, z[start:stop].mT, alpha[start:stop].mT, xt, p=power, out=target.permute(1, 2, 0), backend=backend,
-                   debug=debug)  # fmt: skip
+        ops.grad(contraction.key(), e, z[start:stop].mT, alpha[start:stop].mT, xt, powers,
+                 out=target.permute(1, 2, 0), backend=backend, debug=debug, op=op)  # fmt: skip
         if start > 0:
             out.add_(part)
     return out.mul_(power) if power != 1.0 else out

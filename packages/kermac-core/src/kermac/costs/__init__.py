@@ -33,14 +33,17 @@ A problem class ([`ProblemClass`][kermac.costs.ProblemClass]) is
   host work) or `"large"`.
 
 File format (`format` 3; format 2 is the same with `"features": null` in gradient cases, format 1 without
-`cases`; both still read):
+`cases`; both still read, and a table read from format 2 is written as format 2):
 
 ```text
-{"format": 2, "device_class": "sm_90", "device": "NVIDIA H100 80GB HBM3",
+{"format": 3, "device_class": "sm_90", "device": "NVIDIA H100 80GB HBM3",
  "source": "how the numbers were made",
  "costs": [{"op": "pairwise", "family": "l2", "dtype": "float32", "size": "large",
             "ms": {"nvrtc": 0.53, "triton": 0.56},
             "cases": [{"features": 256, "work": 17179869184, "ms": {"nvrtc": 0.53, "triton": 0.54}}, ...]},
+           {"op": "grad", "family": "l1", "dtype": "float32", "size": "large",
+            "ms": {"nvrtc": 10.2, "triton": 12.1},
+            "cases": [{"features": 3, "work": 2457600000, "ms": {"triton": 5.88, "nvrtc": 8.11}}, ...]},
            ...]}
 ```
 
@@ -271,8 +274,9 @@ class CostTable:
                     {"features": case.features, "work": case.work, "ms": dict(case.ms)} for case in self.cases[c]
                 ]
             entries.append(entry)
+        without_features = any(c.features is None for cases in self.cases.values() for c in cases)
         return {
-            "format": FORMAT,
+            "format": 2 if without_features else FORMAT,  # format 2's gradient cases have no features
             "device_class": self.device_class,
             "device": self.device,
             "source": self.source,
@@ -354,7 +358,9 @@ def _case(case: object, where: str, with_features: bool, fail: Callable[[str], C
         raise fail(f"{where}: expected an object, got {type(case).__name__}")
     features, work = case.get("features"), case.get("work")
     if with_features and not (_positive_int(features)):
-        raise fail(f"{where}.features: expected a positive integer (the features) here, got {features!r}")
+        raise fail(
+            f"{where}.features: expected a positive integer (D of a pairwise class, N of a gradient), got {features!r}"
+        )
     if not with_features and features is not None:
         raise fail(f"{where}.features: expected null for a gradient class of a format 2 table, got {features!r}")
     if not _positive_int(work):
