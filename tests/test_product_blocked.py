@@ -107,7 +107,7 @@ def test_the_measured_rule() -> None:
     assert not product_blocked.faster_blocked(_meta_problem("laplace_l1", big, big, 16, 16))
     assert not product_blocked.faster_blocked(_meta_problem("gaussian", big, big, 784, 16))  # tensor cores
     assert product_blocked.faster_blocked(_meta_problem("gaussian", big, big, 3, 65))  # ... with many columns
-    assert product_blocked.faster_blocked(_meta_problem("laplace_l2", big, big, 784, 528))
+    assert product_blocked.faster_blocked(_meta_problem("laplace_l2", big, big, 128, 528))
     assert not product_blocked.faster_blocked(_meta_problem("gaussian", big, big, 128, 64))
     assert not product_blocked.faster_blocked(_meta_problem("gaussian", big, big, 3, 65, F64))  # SIMT in float64
     assert not product_blocked.faster_blocked(_meta_problem("gaussian", 1000, 1000, 3, 65))  # small
