@@ -212,16 +212,16 @@ def _pairwise_variant(c: str | None) -> object:
     return dataclasses.replace(problem, x=_OnDevice(problem.x, 1)) if c == "device" else problem
 
 
-def _grad_variant(c: str | None, *, o: int = 3, sign: bool = False) -> object:
-    """One gradient problem (of ``o`` outputs; ``sign``: p = 1), or the same with only key component
-    ``c`` changed."""
+def _grad_variant(c: str | None, *, o: int = 3, sign: bool = False, features: int = 24) -> object:
+    """One gradient problem (of ``o`` outputs and ``features`` rows of b and d; ``sign``: p = 1), or the same
+    with only key component ``c`` changed."""
     dtype = torch.float64 if c == "dtype" else torch.float32
-    k, m, n = 32, (41 if c == "a.shape" else 40), (25 if c == "b.shape" else 24)
+    k, m, n = 32, (41 if c == "a.shape" else 40), features + (c == "b.shape")
     o += c == "c.shape"
 
     def operand(name: str, shape: tuple[int, ...]) -> torch.Tensor:
         row = 56 if c == f"{name}.stride" else 48
-        strides = (row * 32, row, 1) if len(shape) == 3 else (row, 1)
+        strides = (row * 128, row, 1) if len(shape) == 3 else (row, 1)  # room for up to 128 rows n
         return _strided(shape, strides, int(c == f"{name}.align"), dtype)
 
     shapes = {"a": (k, m), "b": (n, k), "c": (o, k), "d": (n, m), "out": (o, n, m)}
@@ -237,9 +237,9 @@ def _grad_variant(c: str | None, *, o: int = 3, sign: bool = False) -> object:
 
 
 # Which alignments planning reads depends on the kernel: a's and b's on the SIMT one (O = 3), c's on
-# the tensor-core one (O = 16), out's on the sign product (p = 1, sm_90); d's on none today (it is
-# in the key in case a planner comes to read it).
-_GRAD_SETUP = {"c.align": {"o": 16}, "out.align": {"o": 16, "sign": True}}
+# the tensor-core one (O = 16), out's on the sign product (p = 1, sm_90, from 96 features); d's on none
+# today (it is in the key in case a planner comes to read it).
+_GRAD_SETUP = {"c.align": {"o": 16}, "out.align": {"o": 16, "sign": True, "features": 96}}
 _UNREAD = ("device", "d.align")  # planning on the CPU reads no device; a kernel is loaded per device
 
 
