@@ -168,3 +168,20 @@ def test_other_sum_reduced_kernels_on_cuda(name: str, kw: dict) -> None:
     got = kermac.predictor_gradient(name, *(t.to("cuda", torch.float32) for t in (x, z, alpha)), **kw)
     assert got.shape == (67, 2, 9) and got.dtype == torch.float32
     torch.testing.assert_close(got.double().cpu(), want, rtol=3e-5, atol=3e-5 * want.abs().max().item())
+
+
+@pytest.mark.parametrize(("backend", "device"), BACKEND_DEVICES)
+@pytest.mark.parametrize(("name", "kw"), [("laplace_lp", {"bandwidth": 1.3, "p": 0.6}), ("lp_distance", {"p": 0.5})])
+def test_a_power_below_one_at_coordinate_ties(backend: str, device: str, name: str, kw: dict) -> None:
+    """|x − z|^P with P < 1 has no derivative where a coordinate of x equals that of a centre; as `cdist_grad` and
+    the dense predictor's autograd, the fused gradient takes 0 there (not ∞·0 = NaN): one coordinate per point tied."""
+    require_backend(backend, device, "product")
+    dtype = F64 if backend == "torch" else torch.float32
+    z, alpha = _randn(13, 3, seed=22), _randn(13, 2, seed=23)
+    x = _randn(7, 3, seed=24)
+    x[torch.arange(7), torch.arange(7) % 3] = z[torch.arange(7), torch.arange(7) % 3]
+    want = _dense_jacobian(lambda xx: kermac.run_kernel(name, xx, z, backend="torch", **kw) @ alpha, x)
+    assert torch.isfinite(want).all()
+    got = kermac.predictor_gradient(name, *(t.to(device, dtype) for t in (x, z, alpha)), backend=backend, **kw)
+    tol = 1e-10 if dtype == F64 else 3e-5
+    torch.testing.assert_close(got.double().cpu(), want, rtol=tol, atol=tol * want.abs().max().item())

@@ -16,7 +16,7 @@ import fuzz_programs
 import pytest
 import torch
 from dense_programs import dense_kernel
-from helpers import PairwiseOnlyBackend
+from helpers import CPU_BACKENDS, PairwiseOnlyBackend, require_backend
 
 import kermac
 from kermac import ops, presets, registry, testing
@@ -238,6 +238,35 @@ def test_coincident_points_take_the_subgradient_and_nan_in_v_propagates() -> Non
     nan_v = v.clone()
     nan_v[3, 1] = float("nan")
     assert ops.product_grad(key, x, z, nan_v, g, hypers, backend="torch").isnan().all()
+
+
+@pytest.mark.parametrize("backend", CPU_BACKENDS)
+def test_a_power_below_one_takes_zero_at_coordinate_ties(backend: str) -> None:
+    """|x − z|^P with P < 1 (here a hyperparameter, Laplace-Lp, and a constant, a user program): where one coordinate
+    of x equals that of a centre, P·sgn(t)·|t|^(P−1) is 0·∞; the x and z gradients take 0 there, as the dense
+    product's autograd (cdist_grad's convention), finite everywhere."""
+    require_backend(backend, "cpu", "product")
+    dtype = F64 if backend == "torch" else torch.float32
+    z, v, g = _randn(13, 3, seed=26), _randn(13, 2, seed=27), _randn(7, 2, seed=28)
+    x = _randn(7, 3, seed=29)
+    rows = torch.arange(7)
+    x[rows, rows % 3] = z[rows, rows % 3]
+    user = PairwiseProgram(kermac.ir.pow(abs(kermac.ir.Var("x") - kermac.ir.Var("z")), 0.5), "sum",
+                           kermac.ir.exp(-kermac.ir.Var("acc")))  # fmt: skip
+    for run, dense in (
+        (lambda a, b: kermac.kernel_product("laplace_lp", a, b, v.to(dtype), bandwidth=1.3, p=0.6, backend=backend),
+         lambda a, b: kermac.run_kernel("laplace_lp", a, b, bandwidth=1.3, p=0.6, backend="torch") @ v),
+        (lambda a, b: kermac.program_product(user, a, b, v.to(dtype), backend=backend),
+         lambda a, b: kermac.run_program(user, a, b, backend="torch") @ v),
+    ):  # fmt: skip
+        leaves = [t.to(dtype).requires_grad_() for t in (x, z)]
+        got = torch.autograd.grad(run(*leaves), leaves, g.to(dtype))
+        exact = [t.clone().requires_grad_() for t in (x, z)]
+        want = torch.autograd.grad(dense(*exact), exact, g)
+        tol = 1e-12 if dtype == F64 else 3e-5
+        for a, b in zip(got, want, strict=True):
+            assert torch.isfinite(b).all() and torch.isfinite(a).all()
+            torch.testing.assert_close(a.double(), b, rtol=tol, atol=tol * b.abs().max().item())
 
 
 def test_acc_zero_keeps_the_slope_where_the_inner_term_is_not_flat() -> None:

@@ -201,7 +201,8 @@ class ProductGradProblem(_ProductSizes):
     drops out) and `τ_x = ∂τ/∂x` ([`inner_slope`][kermac.programs.inner_slope]).  The bracket is taken as 0
     where `τ_x = 0` or `w_j = 0`: a flat inner term (or one the maximum passes over) contributes nothing even
     where `e'` is infinite (Laplace-L2 or the l2 distance at `x_m = z_n`, where
-    `acc = 0`: torch.cdist's subgradient there is 0 too).  The gradient in `z` is this problem for the
+    `acc = 0`: torch.cdist's subgradient there is 0 too); `τ_x` of `|x − z|^P` with P < 1 is 0 at a coordinate
+    tie (`inner_slope`), where `P·sgn(t)·|t|^(P−1)` would be `0·∞`.  The gradient in `z` is this problem for the
     program with its operands swapped ([`swap_operands`][kermac.programs.swap_operands]) on `(z, x)`, with
     `v` and `g` exchanged and the offsets too.
 

@@ -618,8 +618,21 @@ def epilogue_slope(program: PairwiseProgram) -> Expr:
 @cache
 def inner_slope(program: PairwiseProgram) -> Expr:
     """`∂inner/∂x`: the symbolic derivative of `program`'s inner term with respect to `x` (it may read `z` and the
-    hyperparameters).  With [`swap_operands`][kermac.programs.swap_operands] it gives `∂inner/∂z` too."""
-    return derivative(program.inner, "x")
+    hyperparameters).  With [`swap_operands`][kermac.programs.swap_operands] it gives `∂inner/∂z` too.
+
+    For `|x − z|^P` with P below 1, or not known before run time ([`difference_power`][kermac.programs.difference_power]
+    a hyperparameter), the derivative `P·sgn(t)·|t|^(P−1)` is `0·∞` at a tie `x = z`; it is taken as 0 there, as
+    [`cdist_grad`][kermac.api.cdist_grad] and torch.cdist's subgradient take it (the exact derivative does not
+    exist at the cusp)."""
+    slope = derivative(program.inner, "x")
+    power = inner_difference_power(program)
+    if (
+        power is None
+        or slope == Const(0.0)
+        or (isinstance(power, Const) and (power.value >= 1.0 or power.value == 0.0))
+    ):
+        return slope
+    return select(eq(Var("x"), Var("z")), 0.0, slope)
 
 
 @cache
