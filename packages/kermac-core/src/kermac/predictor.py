@@ -62,8 +62,11 @@ def predictor_gradient(
     (Laplace-L1, the Lp kernels, dot products, the l∞ distance, soft minima, user programs) takes one gradient
     product per output column (`C` passes; [`kermac.jacobians`][kermac.jacobians]; a maximum, minimum or
     log-sum-exp over features weighs each feature by `∂acc/∂τ_j`), and the result has first derivatives only.
-    Where the inner term is flat (`∂τ/∂x = 0`, e.g. `|x − z|` at `x = z`) a pair contributes 0, torch.cdist's
-    subgradient.
+    Where the inner term is flat (`∂τ/∂x = 0`, e.g. `|x − z|` at `x = z`), or has no derivative (`|x − z|^P` with
+    P < 1 at `x = z`), a pair contributes 0 in that feature, torch.cdist's subgradient.  With `backend="auto"` on a
+    CUDA device, large problems with several outputs may run in blocks
+    ([`kermac.product_blocked`][kermac.product_blocked], [`kermac.jacobian_blocked`][kermac.jacobian_blocked]); a
+    named backend runs its fused kernels.
 
     Raises the usual `TypeError`/`ValueError` for inputs, naming the argument.
     """
