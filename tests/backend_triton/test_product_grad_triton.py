@@ -321,12 +321,13 @@ def test_the_module_of_a_sum_is_unchanged() -> None:
     """The generated module of a sum program is pinned: the one of the weighted reductions' change, with
     `REDUCTION='sum'` and `weight=None` passed explicitly (Triton 3.6 refused them as defaults; 3.9 takes them):
     digests of Laplace-L1, Laplace-Lp and the Gaussian, in float32 and in float64 with batches, a tensor
-    hyperparameter and 64-bit indices.  A deliberate change of the sum's generated source updates them."""
+    hyperparameter and 64-bit indices.  A deliberate change of the sum's generated source updates them (Laplace-Lp's
+    last: the derivative of |t|^p taken as 0 at a tie, `kermac.programs.inner_slope`)."""
     want = {
         ("laplace_l1", "float32"): "2b5edcee7899ecb418ebdd40b712a98bf1f5cde708f2d1ae2020898354a4b7ee",
         ("laplace_l1", "float64"): "189eed57538f1534924a6ea7d5eafc23ebeed92ba0caa4257125ef7d1a3917f4",
-        ("laplace_lp", "float32"): "156c1062f8d1a6f89e5ef0eef7eba364afbcb6a1dce3413a5304b6b247c79723",
-        ("laplace_lp", "float64"): "4ef60845b675740d5c7a8b5c47cf26611855c9e1f0bbc8eeb8483b93ab513914",
+        ("laplace_lp", "float32"): "44bf5cb0ab1dc520f1c693ba7a2371cc77f97c66320164e47aed54315c0ece3e",
+        ("laplace_lp", "float64"): "8163987d60394906eacc556026ad88bf3cdd70eb4cd314e830860fa6cf7983bf",
         ("gaussian", "float32"): "a26b302e682587a50699f3f8eb03fce184f99fb73ac81ae682d2cb0f92b4a0aa",
         ("gaussian", "float64"): "e4ce2d5dbb52cbfa3fe3bfd5fc6808f1c820def749c16c6cf9104fc2cee344dc",
     }
@@ -563,11 +564,13 @@ def compile_reports() -> dict[str, str]:
     return compile_in_clean_process(Path(__file__).with_name("product_grad_compile.py"), list(_compile_jobs().values()))
 
 
-SPILLS_OUTSIDE_LOOPS = {"laplace_lp-sm90"}
+SPILLS_OUTSIDE_LOOPS = {"laplace_lp-sm90", "laplace_lp-float64-batched-int64-sm90"}
 """Jobs whose stack frame holds values only outside the loops: Laplace-Lp's 16 features in registers (sm_90), whose
 per-pair root and its derivative (`kernel_math.pow_nonneg`, the exponent split off and rounding errors carried) keep
 more registers live in the n loop: ptxas stores 4 values before the loops and loads them after (cuobjdump -sass,
-Triton 3.9: 4 `STL`, 4 `LDL`, none in a loop)."""
+Triton 3.9: 4 `STL`, 4 `LDL`, none in a loop).  In float64 with batches, tensor hyperparameters and 64-bit indices the
+same kernel used 254 of 255 registers; the select that takes the derivative of |t|^p as 0 at a tie for a run-time p
+(`kermac.programs.inner_slope`) leaves it a 112-byte stack frame, none of it in an innermost loop (Triton 3.9)."""
 
 
 @pytest.mark.parametrize("job", sorted(_compile_jobs()))

@@ -632,7 +632,7 @@ def inner_slope(program: PairwiseProgram) -> Expr:
         or (isinstance(power, Const) and (power.value >= 1.0 or power.value == 0.0))
     ):
         return slope
-    return select(eq(Var("x"), Var("z")), 0.0, slope)
+    return select(eq(_T, 0.0), 0.0, slope)
 
 
 @cache
