@@ -93,8 +93,8 @@ def gradient_product_jacobian(
     """`J[*B, M, C, D]` (as [`product_jacobian`][kermac.jacobians.product_jacobian]) for any `program` (the second
     formula of the module docstring): one gradient product per output column `c`, `v = α[..., c:c + 1]` and `g` a
     column of ones broadcast over the rows of `x` (a view of one per-call element); with
-    `backend="auto"` a large p-norm problem with several outputs runs as row blocks of its slope matrix and
-    `cdist_grad` instead ([`kermac.jacobian_blocked`][kermac.jacobian_blocked])."""
+    `backend="auto"` a large p-norm problem with several outputs (or one and D ≥ 32) runs as blocks of its slope
+    matrix over the centres and `cdist_grad` instead ([`kermac.jacobian_blocked`][kermac.jacobian_blocked])."""
     (m, d), c = x.shape[-2:], alpha.shape[-1]
     if c == 0:
         shapes = [x.shape[:-2], z.shape[:-2], alpha.shape[:-2]]
